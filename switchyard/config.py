@@ -1,0 +1,60 @@
+"""Settings read from the environment, with defaults that work against the local stack.
+
+Every variable is documented in the README's "Configuration" table; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from switchyard.errors import ConfigError
+
+
+def env_str(name: str, default: str) -> str:
+    value = os.environ.get(name)
+    return default if value is None or value == "" else value
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from exc
+
+
+@dataclass(frozen=True)
+class Connections:
+    """Where the backing services are. Defaults are the local stack on 127.0.0.1."""
+
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/%2F"
+    management_url: str = "http://guest:guest@127.0.0.1:15672"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/switchyard"
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    aws_endpoint_url: str | None = None
+
+    @classmethod
+    def from_env(cls) -> Connections:
+        d = cls()
+        return cls(
+            amqp_url=env_str("SWITCHYARD_AMQP_URL", d.amqp_url),
+            management_url=env_str("SWITCHYARD_MANAGEMENT_URL", d.management_url),
+            redis_url=env_str("SWITCHYARD_REDIS_URL", d.redis_url),
+            postgres_dsn=env_str("SWITCHYARD_POSTGRES_DSN", d.postgres_dsn),
+            kafka_bootstrap=env_str("SWITCHYARD_KAFKA_BOOTSTRAP", d.kafka_bootstrap),
+            aws_endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
+        )
