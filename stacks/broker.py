@@ -1,0 +1,145 @@
+"""Amazon MQ for RabbitMQ: the request router of keyed RPC."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_amazonmq as amazonmq
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_secretsmanager as secretsmanager
+from constructs import Construct
+
+from stacks import constants as c
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """What differs between deployments, read from CDK context (see ``from_context``)."""
+
+    engine_version: str = c.DEFAULT_BROKER_ENGINE_VERSION
+    instance_type: str = c.DEFAULT_BROKER_INSTANCE_TYPE
+    deployment_mode: str = c.DEFAULT_BROKER_DEPLOYMENT_MODE
+
+    def __post_init__(self) -> None:
+        if self.deployment_mode not in c.BROKER_DEPLOYMENT_MODES:
+            raise ValueError(
+                f"{c.CTX_BROKER_DEPLOYMENT_MODE} must be one of {c.BROKER_DEPLOYMENT_MODES}, "
+                f"got {self.deployment_mode!r}"
+            )
+        if self.engine_version.startswith("4.") and not self.instance_type.startswith("mq.m7g."):
+            raise ValueError(
+                f"Amazon MQ runs RabbitMQ {self.engine_version} only on mq.m7g instance types, "
+                f"got {self.instance_type!r}"
+            )
+
+    @classmethod
+    def from_context(cls, scope: Construct) -> BrokerSettings:
+        def ctx(key: str, default: str) -> str:
+            value = scope.node.try_get_context(key)
+            return default if value in (None, "") else str(value)
+
+        return cls(
+            engine_version=ctx(c.CTX_BROKER_ENGINE_VERSION, c.DEFAULT_BROKER_ENGINE_VERSION),
+            instance_type=ctx(c.CTX_BROKER_INSTANCE_TYPE, c.DEFAULT_BROKER_INSTANCE_TYPE),
+            deployment_mode=ctx(c.CTX_BROKER_DEPLOYMENT_MODE, c.DEFAULT_BROKER_DEPLOYMENT_MODE),
+        )
+
+
+class BrokerConstruct(Construct):
+    """A private Amazon MQ for RabbitMQ broker with its admin secret and security group.
+
+    Attributes for the constructs that come next:
+    - ``broker``: the ``CfnBroker`` (``broker.attr_arn`` for Lambda event source mappings,
+      ``broker.attr_amqp_endpoints`` for clients);
+    - ``secret``: admin credentials (JSON ``username``/``password``), the BASIC_AUTH secret of
+      Amazon MQ event source mappings;
+    - ``security_group``: the broker's group, open on AMQPS 5671 and HTTPS 443 to the VPC CIDR.
+      Event source mappings run their pollers in the broker's subnets with this group, so it
+      keeps all outbound traffic allowed.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        vpc: ec2.IVpc,
+        vpc_cidr: str,
+        subnets: ec2.SubnetSelection,
+        settings: BrokerSettings | None = None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.vpc = vpc
+        self.vpc_cidr = vpc_cidr
+        self.settings = settings or BrokerSettings.from_context(self)
+        self.subnets = vpc.select_subnets(
+            subnet_type=subnets.subnet_type,
+            subnet_group_name=subnets.subnet_group_name,
+        )
+        self.security_group = self._build_security_group()
+        self.secret = self._build_secret()
+        self.broker = self._build_broker()
+
+    def _build_security_group(self) -> ec2.SecurityGroup:
+        group = ec2.SecurityGroup(
+            self,
+            c.BROKER_SECURITY_GROUP_ID,
+            vpc=self.vpc,
+            description="Amazon MQ for RabbitMQ: AMQPS and the management API from inside the VPC",
+            allow_all_outbound=True,
+        )
+        vpc_cidr = ec2.Peer.ipv4(self.vpc_cidr)
+        group.add_ingress_rule(vpc_cidr, ec2.Port.tcp(c.AMQPS_PORT), "AMQPS from the VPC")
+        group.add_ingress_rule(vpc_cidr, ec2.Port.tcp(c.HTTPS_PORT), "RabbitMQ management API from the VPC")
+        return group
+
+    def _build_secret(self) -> secretsmanager.Secret:
+        return secretsmanager.Secret(
+            self,
+            c.BROKER_SECRET_ID,
+            description="Amazon MQ for RabbitMQ admin user (username/password JSON)",
+            generate_secret_string=secretsmanager.SecretStringGenerator(
+                secret_string_template=json.dumps({"username": c.BROKER_ADMIN_USERNAME}),
+                generate_string_key="password",
+                exclude_characters=c.BROKER_PASSWORD_EXCLUDED_CHARACTERS,
+                include_space=False,
+                password_length=c.BROKER_PASSWORD_LENGTH,
+            ),
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+
+    def _subnet_ids(self) -> list[str]:
+        ids = list(self.subnets.subnet_ids)
+        # A single-instance broker takes exactly one subnet; a cluster spreads over all of them.
+        return ids[:1] if self.settings.deployment_mode == "SINGLE_INSTANCE" else ids
+
+    def _build_broker(self) -> amazonmq.CfnBroker:
+        s = self.settings
+        return amazonmq.CfnBroker(
+            self,
+            c.BROKER_ID,
+            broker_name=c.BROKER_NAME,
+            engine_type=c.BROKER_ENGINE,
+            engine_version=s.engine_version,
+            host_instance_type=s.instance_type,
+            deployment_mode=s.deployment_mode,
+            publicly_accessible=False,
+            subnet_ids=self._subnet_ids(),
+            security_groups=[self.security_group.security_group_id],
+            # Amazon MQ requires automatic minor upgrades from RabbitMQ 3.13 on.
+            auto_minor_version_upgrade=True,
+            maintenance_window_start_time=amazonmq.CfnBroker.MaintenanceWindowProperty(
+                day_of_week=c.BROKER_MAINTENANCE_DAY,
+                time_of_day=c.BROKER_MAINTENANCE_TIME,
+                time_zone=c.BROKER_MAINTENANCE_TIME_ZONE,
+            ),
+            logs=amazonmq.CfnBroker.LogListProperty(general=True),
+            users=[
+                amazonmq.CfnBroker.UserProperty(
+                    username=self.secret.secret_value_from_json("username").unsafe_unwrap(),
+                    password=self.secret.secret_value_from_json("password").unsafe_unwrap(),
+                )
+            ],
+        )

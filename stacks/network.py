@@ -1,0 +1,77 @@
+"""The VPC every Switchyard resource lives in."""
+
+from __future__ import annotations
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from stacks import constants as c
+
+
+class NetworkConstruct(Construct):
+    """A VPC over two AZs with public, private-with-egress and private-isolated subnets.
+
+    - ``egress_subnets``: workloads that call AWS APIs or the internet through the one NAT
+      gateway (Lambda functions, ECS tasks, and the Amazon MQ broker, whose Lambda event source
+      mappings need to reach Lambda, STS and Secrets Manager from the broker's subnets).
+    - ``isolated_subnets``: data stores that talk to nothing outside the VPC (RDS, ElastiCache, MSK).
+
+    All traffic is recorded by VPC flow logs into a CloudWatch log group.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str) -> None:
+        super().__init__(scope, construct_id)
+        self.flow_log_group = self._build_flow_log_group()
+        self.vpc = self._build_vpc()
+        self.flow_log = self._build_flow_log()
+
+    @property
+    def cidr(self) -> str:
+        """The VPC's IPv4 CIDR as a plain string (not a token)."""
+        return c.VPC_CIDR
+
+    @property
+    def egress_subnets(self) -> ec2.SubnetSelection:
+        return ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+
+    @property
+    def isolated_subnets(self) -> ec2.SubnetSelection:
+        return ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)
+
+    def _build_flow_log_group(self) -> logs.LogGroup:
+        return logs.LogGroup(
+            self,
+            c.FLOW_LOG_GROUP_ID,
+            retention=logs.RetentionDays.ONE_MONTH,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+
+    def _build_vpc(self) -> ec2.Vpc:
+        return ec2.Vpc(
+            self,
+            c.VPC_ID,
+            ip_addresses=ec2.IpAddresses.cidr(c.VPC_CIDR),
+            max_azs=c.VPC_MAX_AZS,
+            nat_gateways=c.VPC_NAT_GATEWAYS,
+            restrict_default_security_group=True,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(
+                    name=c.PUBLIC_SUBNET_NAME, subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24
+                ),
+                ec2.SubnetConfiguration(
+                    name=c.EGRESS_SUBNET_NAME, subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=22
+                ),
+                ec2.SubnetConfiguration(
+                    name=c.ISOLATED_SUBNET_NAME, subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=24
+                ),
+            ],
+        )
+
+    def _build_flow_log(self) -> ec2.FlowLog:
+        return self.vpc.add_flow_log(
+            c.FLOW_LOG_ID,
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(self.flow_log_group),
+            traffic_type=ec2.FlowLogTrafficType.ALL,
+        )
