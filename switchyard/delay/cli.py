@@ -1,0 +1,143 @@
+"""``switchyard delay``: run the scheduler locally, migrate, invoke a handler, send a test message."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+
+from switchyard.config import Connections
+from switchyard.delay import runtime
+from switchyard.delay.errors import PublishError
+from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
+from switchyard.delay.parsing import format_deadline, parse_deadline
+from switchyard.delay.settings import DelaySettings, validate_topic
+from switchyard.errors import ConfigError
+from switchyard.local.msk_bridge import FakeLambdaContext
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings, connections = DelaySettings.from_env(), Connections.from_env()
+    local = runtime.LocalRuntime(settings, connections, roles=args.roles)
+    stopped = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        print(f"switchyard delay: {signal.Signals(signum).name}, stopping", file=sys.stderr)
+        stopped.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    local.start()
+    print(f"switchyard delay: running {', '.join(local.roles)}: {settings.input_topic} -> "
+          f"{settings.output_topic} (schema {settings.schema}); Ctrl-C to stop", file=sys.stderr)
+    while not stopped.wait(0.5):
+        pass
+    local.join()
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    svc = runtime.configure(DelaySettings.from_env(), Connections.from_env())
+    applied = svc.store.migrate()
+    print(json.dumps({"schema": svc.settings.schema, "applied": applied}))
+    svc.close()
+    return 0
+
+
+def _invoke(args: argparse.Namespace) -> int:
+    event = json.loads(Path(args.event).read_text(encoding="utf-8")) if args.event else \
+        runtime.scheduled_event(f"switchyard-delay-{args.handler}")
+    module = runtime.load_function(args.handler)
+    result = module.lambda_handler(event, FakeLambdaContext(runtime.FUNCTIONS[args.handler], args.timeout_ms))
+    print(json.dumps(result, default=str))
+    return 0
+
+
+def _send(args: argparse.Namespace) -> int:
+    settings, connections = DelaySettings.from_env(), Connections.from_env()
+    topic = validate_topic(args.topic or settings.input_topic)
+    if args.deadline:
+        try:
+            deadline = format_deadline(parse_deadline(args.deadline))
+        except ValueError as exc:
+            raise ConfigError(f"--deadline: {exc}") from exc
+    else:
+        deadline = format_deadline(datetime.now(UTC) + timedelta(milliseconds=args.delay_ms))
+    message_id = args.id or str(uuid.uuid4())
+    headers = [(MESSAGE_ID_HEADER, message_id.encode()), (DEADLINE_HEADER, deadline.encode())]
+    for item in args.header:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--header must be NAME=VALUE, got {item!r}")
+        headers.append((name, value.encode()))
+    producer = Producer({"bootstrap.servers": connections.kafka_bootstrap, "enable.idempotence": True,
+                         "acks": "all", "message.timeout.ms": 10_000})
+    errors: list[str] = []
+    producer.produce(topic, key=args.key.encode() if args.key is not None else None,
+                     value=args.value.encode() if args.value is not None else None, headers=headers,
+                     on_delivery=lambda err, _msg: errors.append(str(err)) if err else None)
+    if producer.flush(15) or errors:
+        raise PublishError(f"message {message_id} not confirmed by {connections.kafka_bootstrap}: {errors}")
+    print(json.dumps({"topic": topic, "chronosMessageId": message_id, "chronosDeadline": deadline}))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    svc = runtime.configure(DelaySettings.from_env(), Connections.from_env())
+    waiting, ready = svc.store.counts()
+    print(json.dumps({"schema": svc.settings.schema, "waiting": waiting, "ready": ready, "at": time.time()}))
+    svc.close()
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``delay`` and its subcommands to the ``switchyard`` command line."""
+    delay = subparsers.add_parser(
+        "delay", help="persistent delay scheduler (Chronos): Kafka in, Postgres underneath, Kafka out",
+        description="Persistent delay scheduler. Configuration: SWITCHYARD_DELAY_* variables (see README).",
+    )
+    delay.set_defaults(func=lambda _args: delay.print_help() or 2)
+    sub = delay.add_subparsers(dest="delay_command", metavar="SUBCOMMAND")
+
+    run = sub.add_parser("run", help="local runtime: MSK bridge + ready/fire loop + failure sweep",
+                         description="Run the scheduler continuously until Ctrl-C / SIGTERM.")
+    run.add_argument("--roles", nargs="+", choices=list(runtime.FUNCTIONS), default=list(runtime.FUNCTIONS),
+                     help="which loops this process runs (default: all three)")
+    run.set_defaults(func=_run)
+
+    migrate = sub.add_parser("migrate", help="create or upgrade the schema (idempotent)",
+                             description="Apply the delay store's migrations to SWITCHYARD_DELAY_SCHEMA.")
+    migrate.set_defaults(func=_migrate)
+
+    invoke = sub.add_parser("invoke", help="invoke one Lambda handler with an event file",
+                            description="Call functions/delay_HANDLER.py's lambda_handler once, locally.")
+    invoke.add_argument("handler", choices=list(runtime.FUNCTIONS))
+    invoke.add_argument("--event", help="JSON event file (default: an EventBridge scheduled event)")
+    invoke.add_argument("--timeout-ms", type=int, default=5000,
+                        help="the fake context's remaining time; fire/sweep loop until it runs short")
+    invoke.set_defaults(func=_invoke)
+
+    send = sub.add_parser("send", help="publish a test message with Chronos headers",
+                          description="Publish one message to the input topic (or --topic).")
+    send.add_argument("--id", help="chronosMessageId (default: a random UUID)")
+    when = send.add_mutually_exclusive_group()
+    when.add_argument("--deadline", help="chronosDeadline, ISO-8601 (naive means UTC)")
+    when.add_argument("--delay-ms", type=int, default=5000, help="deadline = now + this (default 5000)")
+    send.add_argument("--key")
+    send.add_argument("--value", default="{}")
+    send.add_argument("--header", action="append", default=[], metavar="NAME=VALUE", help="extra header")
+    send.add_argument("--topic", help="default: SWITCHYARD_DELAY_INPUT_TOPIC")
+    send.set_defaults(func=_send)
+
+    status = sub.add_parser("status", help="count waiting and ready rows",
+                            description="Print waiting/ready row counts of the schema as JSON.")
+    status.set_defaults(func=_status)

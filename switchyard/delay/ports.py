@@ -1,0 +1,61 @@
+"""What the core needs from the outside world: a store (Postgres) and a publisher (the output topic).
+
+The core (enqueue, fire, sweep) only sees these protocols; ``store`` and ``publisher`` are the adapters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Protocol
+
+from switchyard.delay.model import DelayedMessage, Header, ReadyMessage, StuckMessage
+
+
+class DelayStore(Protocol):
+    """Persistent delayed messages (the seed's single table)."""
+
+    def existing_ids(self, ids: Sequence[str]) -> set[str]: ...
+
+    def insert(self, messages: Sequence[DelayedMessage]) -> set[str]:
+        """Insert in one transaction; returns the ids inserted (others were already stored)."""
+        ...
+
+    def ready(self, node_id: str, horizon: timedelta, limit: int) -> list[ReadyMessage]: ...
+
+    def delete(self, messages: Sequence[ReadyMessage]) -> set[str]:
+        """Delete fired rows; returns the ids deleted (the rest were already gone)."""
+        ...
+
+    def release(self, node_id: str, messages: Sequence[ReadyMessage]) -> set[str]: ...
+
+    def find_stuck(self, hold: timedelta, limit: int) -> list[StuckMessage]: ...
+
+    def reset_stuck(self, stuck: Sequence[StuckMessage]) -> list[StuckMessage]: ...
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """The broker's answer for one sent message: ``error`` is None when delivery was confirmed."""
+
+    token: object
+    error: str | None
+
+
+class Publisher(Protocol):
+    """Asynchronous publishing with explicit confirmations (nothing counts until delivered)."""
+
+    def send(
+        self, key: bytes | None, value: bytes | None, headers: Sequence[Header], token: object
+    ) -> None: ...
+
+    def poll(self, timeout_s: float) -> list[Delivery]:
+        """Wait up to ``timeout_s`` for confirmations; return those that arrived since the last call."""
+        ...
+
+    def in_flight(self) -> int: ...
+
+    def flush(self, timeout_s: float) -> list[Delivery]:
+        """Wait up to ``timeout_s`` for every outstanding confirmation and return them."""
+        ...

@@ -1,0 +1,113 @@
+"""Settings of the delay scheduler: the seed's parameters with its defaults, plus topics and schema.
+
+Every value comes from a ``SWITCHYARD_DELAY_*`` variable (see the README) and is validated here,
+once, so that a bad topic or schema name fails at start-up rather than in a query.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+from switchyard.config import env_int, env_str
+from switchyard.errors import ConfigError, InvalidNameError
+
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def validate_topic(name: str) -> str:
+    """Return ``name`` if Kafka would accept it as a topic name, else raise InvalidNameError."""
+    if not _TOPIC_RE.match(name) or name in (".", ".."):
+        raise InvalidNameError(f"invalid Kafka topic name {name!r}: use 1-249 of [A-Za-z0-9._-]")
+    return name
+
+
+def validate_schema(name: str) -> str:
+    """Return ``name`` if it is a plain lower-case Postgres identifier, else raise InvalidNameError."""
+    if not _SCHEMA_RE.match(name) or name.startswith("pg_"):
+        raise InvalidNameError(f"invalid Postgres schema name {name!r}: use [a-z_][a-z0-9_]{{0,62}}")
+    return name
+
+
+@dataclass(frozen=True)
+class DelaySettings:
+    """What one queuing node needs to know. Durations are milliseconds, as in the seed."""
+
+    input_topic: str = "switchyard-delay-input"
+    output_topic: str = "switchyard-delay-output"
+    schema: str = "switchyard_delay"
+    timing_advance_ms: int = 50
+    hold_time_ms: int = 5000
+    poll_interval_ms: int = 100
+    failure_detection_interval_ms: int = 500
+    ready_batch_size: int = 2000
+    publish_timeout_ms: int = 2000
+    consumer_group: str = "switchyard-delay"
+    batch_size: int = 1000
+    batch_window_ms: int = 100
+    application_name: str = "switchyard-delay"
+
+    def __post_init__(self) -> None:
+        validate_topic(self.input_topic)
+        validate_topic(self.output_topic)
+        validate_schema(self.schema)
+        if self.input_topic == self.output_topic:
+            raise ConfigError("the delay input and output topics must differ (messages would loop)")
+        for name in ("hold_time_ms", "poll_interval_ms", "failure_detection_interval_ms",
+                     "ready_batch_size", "publish_timeout_ms", "batch_size", "batch_window_ms"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"delay setting {name} must be positive, got {getattr(self, name)}")
+        if self.timing_advance_ms < 0:
+            raise ConfigError(f"delay setting timing_advance_ms must be >= 0, got {self.timing_advance_ms}")
+        # A readied row is held in memory for up to advance + lookahead, then for the publish
+        # confirmation: all of it must fit well inside the hold time or peers would take over
+        # healthy work and fire it twice.
+        held = self.timing_advance_ms + self.lookahead_ms + self.publish_timeout_ms
+        if 2 * held > self.hold_time_ms:
+            raise ConfigError(
+                f"hold time {self.hold_time_ms} ms must be at least twice timing advance + poll interval"
+                f" + publish timeout ({held} ms), or healthy nodes would be suspected of failure"
+            )
+
+    @property
+    def lookahead_ms(self) -> int:
+        """How far ahead phase 1 readies: one poll interval, so the timer, not the poll, sets precision."""
+        return self.poll_interval_ms
+
+    @property
+    def ready_horizon(self) -> timedelta:
+        """Rows with deadline <= now() + this are readied (timing advance plus lookahead)."""
+        return timedelta(milliseconds=self.timing_advance_ms + self.lookahead_ms)
+
+    @property
+    def hold_time(self) -> timedelta:
+        return timedelta(milliseconds=self.hold_time_ms)
+
+    @property
+    def stop_margin_ms(self) -> int:
+        """Stop readying when less than this is left: enough to fire and confirm what is held."""
+        return self.timing_advance_ms + self.lookahead_ms + self.publish_timeout_ms + 500
+
+    @classmethod
+    def from_env(cls) -> DelaySettings:
+        """Read ``SWITCHYARD_DELAY_*`` variables, falling back to the seed's defaults."""
+        d = cls()
+        return cls(
+            input_topic=env_str("SWITCHYARD_DELAY_INPUT_TOPIC", d.input_topic),
+            output_topic=env_str("SWITCHYARD_DELAY_OUTPUT_TOPIC", d.output_topic),
+            schema=env_str("SWITCHYARD_DELAY_SCHEMA", d.schema),
+            timing_advance_ms=env_int("SWITCHYARD_DELAY_TIMING_ADVANCE_MS", d.timing_advance_ms),
+            hold_time_ms=env_int("SWITCHYARD_DELAY_HOLD_TIME_MS", d.hold_time_ms),
+            poll_interval_ms=env_int("SWITCHYARD_DELAY_POLL_INTERVAL_MS", d.poll_interval_ms),
+            failure_detection_interval_ms=env_int(
+                "SWITCHYARD_DELAY_FAILURE_DETECTION_INTERVAL_MS", d.failure_detection_interval_ms
+            ),
+            ready_batch_size=env_int("SWITCHYARD_DELAY_READY_BATCH_SIZE", d.ready_batch_size),
+            publish_timeout_ms=env_int("SWITCHYARD_DELAY_PUBLISH_TIMEOUT_MS", d.publish_timeout_ms),
+            consumer_group=env_str("SWITCHYARD_DELAY_CONSUMER_GROUP", d.consumer_group),
+            batch_size=env_int("SWITCHYARD_DELAY_BATCH_SIZE", d.batch_size),
+            batch_window_ms=env_int("SWITCHYARD_DELAY_BATCH_WINDOW_MS", d.batch_window_ms),
+            application_name=env_str("SWITCHYARD_DELAY_APPLICATION_NAME", d.application_name),
+        )

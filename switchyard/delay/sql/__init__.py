@@ -1,0 +1,1 @@
+"""Named SQL of the delay store (loaded by switchyard.delay.queries)."""

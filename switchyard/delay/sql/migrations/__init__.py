@@ -1,0 +1,1 @@
+"""Numbered schema migrations of the delay store, applied in order."""

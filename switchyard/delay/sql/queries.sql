@@ -1,0 +1,90 @@
+-- Named queries of the delay store. Each block starts with "-- name --" and a comment saying why.
+-- {schema} is a psycopg.sql.Identifier; every value is a bound parameter.
+
+-- create_schema --
+-- The schema and the migration ledger, created before any migration runs.
+CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- lock_migrations --
+-- One migrator at a time per schema, for the length of the transaction.
+SELECT pg_advisory_xact_lock(hashtext('switchyard.delay.migrate.' || %(schema)s));
+
+-- applied_migrations --
+-- Versions already applied, so migrating is idempotent.
+SELECT version FROM {schema}.schema_migrations ORDER BY version;
+
+-- record_migration --
+-- Mark a migration applied (in the same transaction as its DDL).
+INSERT INTO {schema}.schema_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- existing_ids --
+-- Which of these ids are already stored (a lapsed message is fired at once only if not).
+SELECT id FROM {schema}.delayed_messages WHERE id = ANY(%(ids)s::text[]);
+
+-- insert_messages --
+-- Enqueue a batch in one statement; an id already waiting or ready is ignored (re-delivery is a no-op).
+INSERT INTO {schema}.delayed_messages (id, deadline, message_key, message_value, message_headers)
+SELECT * FROM unnest(%(ids)s::text[], %(deadlines)s::timestamptz[], %(keys)s::bytea[],
+                     %(values)s::bytea[], %(headers)s::jsonb[])
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- ready_due --
+-- Phase 1: claim a bounded batch of due rows for this node. SKIP LOCKED lets several nodes run at
+-- once without blocking; the re-check of readied_at IS NULL under the row lock stops double claims.
+WITH due AS (
+    SELECT id FROM {schema}.delayed_messages
+    WHERE readied_at IS NULL AND deadline <= now() + %(horizon)s
+    ORDER BY deadline
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.delayed_messages AS m
+SET readied_at = now(), readied_by = %(node)s
+FROM due
+WHERE m.id = due.id
+RETURNING m.id, m.seq, m.deadline, m.readied_at, m.message_key, m.message_value, m.message_headers;
+
+-- delete_fired --
+-- Phase 2: forget rows whose publication the broker confirmed; matching seq never deletes a newer
+-- enqueuing of the same id. Ids not returned were already gone (taken over by a peer).
+DELETE FROM {schema}.delayed_messages AS m
+USING unnest(%(ids)s::text[], %(seqs)s::bigint[]) AS f(id, seq)
+WHERE m.id = f.id AND m.seq = f.seq
+RETURNING m.id;
+
+-- release_unfired --
+-- Hand back rows this node readied but could not publish, so any node can fire them without
+-- waiting for the hold time. Compare-and-set: only if still readied by us, at the time we read.
+UPDATE {schema}.delayed_messages AS m
+SET readied_at = NULL, readied_by = NULL
+FROM unnest(%(ids)s::text[], %(seqs)s::bigint[], %(readied_ats)s::timestamptz[]) AS r(id, seq, readied_at)
+WHERE m.id = r.id AND m.seq = r.seq AND m.readied_at = r.readied_at AND m.readied_by = %(node)s
+RETURNING m.id;
+
+-- find_stuck --
+-- Failure detection, part 1: rows readied longer ago than the hold time.
+SELECT id, readied_at, readied_by::text FROM {schema}.delayed_messages
+WHERE readied_at < now() - %(hold)s
+ORDER BY readied_at
+LIMIT %(limit)s;
+
+-- reset_stuck --
+-- Failure detection, part 2: compare-and-set on the values read, so a row that its node fired
+-- meanwhile, or that another node already reset, is left alone.
+UPDATE {schema}.delayed_messages AS m
+SET readied_at = NULL, readied_by = NULL
+FROM unnest(%(ids)s::text[], %(readied_ats)s::timestamptz[], %(readied_bys)s::uuid[]) AS s(id, readied_at, readied_by)
+WHERE m.id = s.id AND m.readied_at = s.readied_at AND m.readied_by = s.readied_by
+RETURNING m.id, s.readied_by::text;
+
+-- counts --
+-- Waiting and ready rows, for status and tests.
+SELECT count(*) FILTER (WHERE readied_at IS NULL) AS waiting,
+       count(*) FILTER (WHERE readied_at IS NOT NULL) AS ready
+FROM {schema}.delayed_messages;

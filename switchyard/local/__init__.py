@@ -1,0 +1,1 @@
+"""Local stand-ins for AWS machinery (event-source bridges, fake Lambda contexts)."""
