@@ -33,3 +33,36 @@ class PoolNotFoundError(TopologyError):
 
 class ManagementApiError(BrokerError):
     """The RabbitMQ management HTTP API answered with an error."""
+
+
+class RpcError(SwitchyardError):
+    """A keyed RPC call did not produce a usable response."""
+
+
+class CallTimeoutError(RpcError, TimeoutError):
+    """No response arrived within the call's timeout; the slot was freed."""
+
+
+class UnroutableError(RpcError):
+    """The broker returned the request (basic.return): nothing could route it."""
+
+
+class PublishRejectedError(RpcError):
+    """The broker nacked the request under publisher confirms: it was not stored."""
+
+
+class ClientBusyError(RpcError):
+    """Every slot of the client stayed taken until the caller's wait ran out."""
+
+
+class ClientClosedError(RpcError):
+    """The client was closed (or lost its connection) while the call was in flight."""
+
+
+class RemoteError(RpcError):
+    """A response whose status is not ``ok``: a worker error or a dead-letter reason."""
+
+    def __init__(self, status: str, body: bytes) -> None:
+        super().__init__(f"{status}: {body[:200].decode('utf-8', 'replace')}")
+        self.status = status
+        self.body = body

@@ -1,0 +1,75 @@
+"""pika connection helpers shared by the client, the worker and the topology code."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pika
+import pika.exceptions
+from pika.adapters.blocking_connection import BlockingChannel
+
+from switchyard.errors import BrokerUnavailableError
+
+
+def connection_parameters(amqp_url: str, name: str, heartbeat: int = 30) -> pika.URLParameters:
+    params = pika.URLParameters(amqp_url)
+    params.client_properties = {"connection_name": name, "product": "switchyard"}
+    params.heartbeat = heartbeat
+    params.blocked_connection_timeout = 60
+    params.connection_attempts = 1
+    return params
+
+
+def connect(amqp_url: str, name: str, heartbeat: int = 30) -> pika.BlockingConnection:
+    """Open a blocking connection, turning pika's failures into a message that says what to do."""
+    try:
+        return pika.BlockingConnection(connection_parameters(amqp_url, name, heartbeat))
+    except pika.exceptions.AMQPError as exc:
+        raise BrokerUnavailableError(
+            f"cannot connect to RabbitMQ at {redact(amqp_url)} ({type(exc).__name__}: {exc}). "
+            "Check SWITCHYARD_AMQP_URL, or start the local stack with ./dev services."
+        ) from exc
+
+
+def redact(url: str) -> str:
+    """The URL with its password hidden, for messages and logs."""
+    params = pika.URLParameters(url)
+    return f"amqp://{params.credentials.username}:***@{params.host}:{params.port}/"
+
+
+# pika's BlockingChannel hides two things Switchyard needs; both are reached through its
+# underlying asynchronous channel (``_impl``), in this one place only.
+
+
+def enable_async_confirms(channel: BlockingChannel, on_ack_nack: Callable[[Any], None]) -> None:
+    """Turn on publisher confirms with an ack/nack callback instead of a wait per publish.
+
+    BlockingChannel.confirm_delivery makes each basic_publish block until its confirm, which
+    serializes a pipeline. The callback runs inside pika's frame processing: it must not call
+    blocking methods (use ``ack`` and ``requeue`` below, or defer the work).
+    """
+    selected: list[bool] = []
+    channel._impl.confirm_delivery(ack_nack_callback=on_ack_nack,
+                                   callback=lambda _frame: selected.append(True))
+    deadline = time.monotonic() + 10
+    while not selected:
+        if time.monotonic() > deadline:
+            raise BrokerUnavailableError("the broker did not acknowledge confirm.select")
+        channel.connection.process_data_events(time_limit=0.05)
+
+
+def close_reason(channel: BlockingChannel) -> Exception | None:
+    """Why a closed channel was closed (e.g. ChannelClosedByBroker with reply code 404)."""
+    return getattr(channel, "_closing_reason", None)
+
+
+def ack(channel: BlockingChannel, delivery_tag: int) -> None:
+    """Non-blocking ack, safe inside a confirm callback."""
+    channel._impl.basic_ack(delivery_tag)
+
+
+def requeue(channel: BlockingChannel, delivery_tag: int) -> None:
+    """Non-blocking reject with requeue, safe inside a confirm callback."""
+    channel._impl.basic_reject(delivery_tag, requeue=True)

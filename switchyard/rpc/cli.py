@@ -1,0 +1,128 @@
+"""``switchyard pool``, ``switchyard call`` and ``switchyard worker``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from switchyard.rpc import protocol as p
+from switchyard.rpc.client import RpcClient
+from switchyard.rpc.settings import PoolPolicy, RpcSettings
+from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.worker import run_worker
+
+
+def _settings(args: argparse.Namespace) -> RpcSettings:
+    settings = RpcSettings.from_env()
+    overrides = {}
+    if getattr(args, "queue_type", None):
+        overrides["queue_type"] = p.QueueType(args.queue_type)
+    if getattr(args, "ttl_ms", None):
+        overrides["message_ttl_ms"] = args.ttl_ms
+    if getattr(args, "delivery_limit", None):
+        overrides["delivery_limit"] = args.delivery_limit
+    if overrides:
+        policy = PoolPolicy(**{**vars(settings.policy), **overrides})
+        settings = RpcSettings(**{**vars(settings), "policy": policy})
+    return settings
+
+
+def cmd_pool_init(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    with PoolTopology(args.pool, settings) as topology:
+        topology.declare()
+    policy = settings.policy
+    print(f"pool {args.pool!r} ready: exchange {p.req_exchange(args.pool)}, request queues "
+          f"{policy.queue_type.value}, ttl {policy.message_ttl_ms} ms, "
+          f"delivery limit {policy.delivery_limit}")
+    return 0
+
+
+def cmd_pool_bind(args: argparse.Namespace) -> int:
+    with PoolTopology(args.pool, _settings(args)) as topology:
+        topology.require()
+        queue = topology.ensure_request_queue(args.key)
+    print(f"queue {queue} bound to {p.req_exchange(args.pool)} by key {args.key!r}")
+    return 0
+
+
+def cmd_pool_status(args: argparse.Namespace) -> int:
+    with PoolTopology(args.pool, _settings(args)) as topology:
+        topology.require()
+        queues = topology.management.list_queues(f"^{args.pool}-")
+    print(f"{'queue':60} {'type':8} {'messages':>8} {'consumers':>9}")
+    for q in sorted(queues, key=lambda q: q["name"]):
+        print(f"{q['name'][:60]:60} {q.get('type', '?'):8} "
+              f"{q.get('messages', 0):>8} {q.get('consumers', 0):>9}")
+    return 0
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode()
+    with RpcClient(args.pool, RpcSettings.from_env(), timeout=args.timeout, confirm=args.confirm) as client:
+        started = time.perf_counter()
+        response = client.call(args.key, body, expiration_ms=args.expiration_ms)
+        elapsed = time.perf_counter() - started
+    if args.json:
+        print(json.dumps({"status": response.status, "body": response.text(),
+                          "latency_ms": round(elapsed * 1000, 3)}))
+    else:
+        print(f"status: {response.status} ({elapsed * 1000:.1f} ms)")
+        sys.stdout.write(response.text() + "\n")
+    return 0 if response.ok else 3
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    stats = run_worker(args.handler)
+    print(f"worker stopped: {stats.handled} handled, {stats.errors} errors, {stats.requeued} requeued",
+          file=sys.stderr)
+    return 0
+
+
+def _pool_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pool", required=True, help="pool name: 1-64 of A-Z a-z 0-9 _")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    pool = subparsers.add_parser("pool", help="declare and inspect a pool's exchanges and queues")
+    pool_sub = pool.add_subparsers(dest="pool_command", metavar="SUBCOMMAND", required=True)
+
+    init = pool_sub.add_parser("init", help="declare a pool (idempotent; safe from several processes)")
+    _pool_arg(init)
+    init.add_argument("--queue-type", choices=[t.value for t in p.QueueType],
+                      help="request queue type (default SWITCHYARD_QUEUE_TYPE or quorum)")
+    init.add_argument("--ttl-ms", type=int, help="request TTL in ms (default SWITCHYARD_REQUEST_TTL_MS)")
+    init.add_argument("--delivery-limit", type=int,
+                      help="deliveries before a request is dead-lettered (default SWITCHYARD_DELIVERY_LIMIT)")
+    init.set_defaults(func=cmd_pool_init)
+
+    bind = pool_sub.add_parser("bind", help="create a key's request queue and bind it (no worker needed)")
+    _pool_arg(bind)
+    bind.add_argument("--key", required=True, help="the worker key (any UTF-8 string)")
+    bind.set_defaults(func=cmd_pool_bind)
+
+    status = pool_sub.add_parser("status", help="list the pool's queues with their depth and consumers")
+    _pool_arg(status)
+    status.set_defaults(func=cmd_pool_status)
+
+    call = subparsers.add_parser("call", help="send one request and print the response")
+    _pool_arg(call)
+    call.add_argument("--key", required=True, help="the worker key (any UTF-8 string)")
+    call.add_argument("--body", default="", help="request body; '-' reads standard input")
+    call.add_argument("--timeout", type=float, default=None,
+                      help="seconds to wait (default SWITCHYARD_CALL_TIMEOUT)")
+    call.add_argument("--expiration-ms", type=int, default=None, help="request TTL (default: the timeout)")
+    call.add_argument("--confirm", action="store_true", help="use publisher confirms")
+    call.add_argument("--json", action="store_true", help="print the response as JSON")
+    call.set_defaults(func=cmd_call)
+
+    worker = subparsers.add_parser(
+        "worker",
+        help="run a worker (reads WORKER_POOL, WORKER_KEY, WORKER_ID, WORKER_REQUESTS_QUEUE, "
+             "WORKER_ACTIVITY_EXCHANGE)",
+    )
+    worker.add_argument("--handler", required=True,
+                        help="module:function taking a Request, e.g. switchyard.rpc.examples:echo")
+    worker.set_defaults(func=cmd_worker)

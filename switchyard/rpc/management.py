@@ -1,0 +1,91 @@
+"""Adapter for the RabbitMQ management HTTP API: policies and queue inventory.
+
+Amazon MQ sends no per-queue metrics to CloudWatch on 4.x, and quorum queues refuse
+``if-empty`` deletes, so queue depth and existence are read here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+import requests
+
+from switchyard.errors import BrokerUnavailableError, ManagementApiError
+
+
+def vhost_from_amqp_url(amqp_url: str) -> str:
+    path = urlsplit(amqp_url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+class ManagementApi:
+    """A thin, typed client for the few management endpoints Switchyard needs."""
+
+    def __init__(self, url: str, vhost: str = "/", timeout: float = 10.0) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ManagementApiError(f"management URL must be http(s)://user:pass@host:port, got {url!r}")
+        netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+        self._base = f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}/api"
+        self._vhost = quote(vhost, safe="")
+        self._timeout = timeout
+        self._session = requests.Session()
+        self._session.auth = (unquote(parts.username or "guest"), unquote(parts.password or "guest"))
+        self._session.headers["content-type"] = "application/json"
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        try:
+            response = self._session.request(method, self._base + path, timeout=self._timeout, **kwargs)
+        except requests.RequestException as exc:
+            raise BrokerUnavailableError(
+                f"RabbitMQ management API unreachable at {self._base}: {exc}. "
+                "Is the rabbitmq_management plugin enabled (./dev services)?"
+            ) from exc
+        if response.status_code >= 400 and response.status_code != 404:
+            raise ManagementApiError(
+                f"{method} {path} answered {response.status_code}: {response.text[:300]}"
+            )
+        return response
+
+    def put_policy(
+        self, name: str, pattern: str, definition: dict[str, Any], priority: int, apply_to: str = "queues"
+    ) -> None:
+        body = {"pattern": pattern, "definition": definition, "priority": priority, "apply-to": apply_to}
+        self._request("PUT", f"/policies/{self._vhost}/{quote(name, safe='')}", json=body)
+
+    def get_policy(self, name: str) -> dict[str, Any] | None:
+        return self._get_or_none(f"/policies/{self._vhost}/{quote(name, safe='')}")
+
+    def get_queue(self, name: str) -> dict[str, Any] | None:
+        return self._get_or_none(f"/queues/{self._vhost}/{quote(name, safe='')}")
+
+    def get_exchange(self, name: str) -> dict[str, Any] | None:
+        return self._get_or_none(f"/exchanges/{self._vhost}/{quote(name, safe='')}")
+
+    def list_queues(
+        self, name_regex: str, columns: str = "name,messages,consumers,type,policy"
+    ) -> list[dict[str, Any]]:
+        """All queues whose name matches ``name_regex``, following pagination."""
+        found: list[dict] = []
+        page = 1
+        while True:
+            params = {
+                "page": page,
+                "page_size": 500,
+                "name": name_regex,
+                "use_regex": "true",
+                "columns": columns,
+            }
+            data = self._request("GET", f"/queues/{self._vhost}", params=params).json()
+            found.extend(data.get("items", []))
+            if page >= data.get("page_count", 1):
+                return found
+            page += 1
+
+    def delete_policy(self, name: str) -> None:
+        self._request("DELETE", f"/policies/{self._vhost}/{quote(name, safe='')}")
+
+    def _get_or_none(self, path: str) -> dict[str, Any] | None:
+        response = self._request("GET", path)
+        return None if response.status_code == 404 else response.json()

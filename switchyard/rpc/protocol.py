@@ -1,0 +1,175 @@
+"""The keyed-RPC wire protocol (seed 000): names, headers, statuses, events. Defined once here.
+
+Names
+-----
+A pool owns ``{pool}-req-xchg`` (direct, alternate exchange ``{pool}-orphan-xchg``),
+``{pool}-orphan-xchg`` / ``{pool}-orphan``, ``{pool}-dl-xchg`` / ``{pool}-dl``,
+``{pool}-activity-xchg`` / ``{pool}-activity`` and ``{pool}-poison``. Pool names are
+``[A-Za-z0-9_]{1,64}``: no ``-``, so one pool's names can never fall under another pool's
+patterns, and no regex metacharacters, so policy patterns need no escaping.
+
+Keys
+----
+A key is any UTF-8 string (empty included). It is carried two ways:
+
+* routing key: the raw key, when it fits AMQP's 255-byte short string and does not start with
+  ``~sha256:``; otherwise ``~sha256:`` + the hex SHA-256 of the key, with the raw key in the
+  ``x-switchyard-key`` header. Both branches are injective and cannot meet.
+* queue name ``{pool}-req-{encoded}``: the key percent-encoded byte by byte, keeping only
+  ``A-Z a-z 0-9 _ . - = , :`` (``%`` itself is always escaped, so decoding is unambiguous);
+  when the whole name would pass RabbitMQ's 255-byte limit, a readable prefix of the encoding
+  followed by ``~`` and the full hex SHA-256 of the key. ``~`` never appears in an encoding, so
+  the two forms cannot collide either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from enum import StrEnum
+
+from switchyard.errors import InvalidNameError
+
+MAX_NAME_BYTES = 255
+POOL_NAME_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+
+# Headers
+STATUS_HEADER = "x-status"
+EVENT_HEADER = "x-event"
+WORKER_ID_HEADER = "x-worker-id"
+KEY_HEADER = "x-switchyard-key"
+FIRST_DEATH_REASON_HEADER = "x-first-death-reason"
+DELIVERY_COUNT_HEADER = "x-delivery-count"
+DEATH_HEADER = "x-death"
+
+HASHED_ROUTING_PREFIX = "~sha256:"
+_SAFE_KEY_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-=,:")
+
+
+class Status(StrEnum):
+    """Values of the ``x-status`` response header."""
+
+    OK = "ok"  # the worker answered
+    ERROR = "error"  # the worker's handler failed: a negative response (seed 001)
+    EXPIRED = "expired"  # dead-lettered: the request's TTL ran out before a worker answered
+    DELIVERY_LIMIT = "delivery_limit"  # dead-lettered: delivered too many times (poison)
+    REJECTED = "rejected"  # dead-lettered: rejected without requeue
+    MAXLEN = "maxlen"  # dead-lettered: the queue was full
+
+
+class Event(StrEnum):
+    """Values of the ``x-event`` header on worker activity reports."""
+
+    STARTED = "started"
+    REQUEST_RECEIVED = "request-received"
+
+
+class QueueType(StrEnum):
+    QUORUM = "quorum"
+    CLASSIC = "classic"
+
+
+def validate_pool(pool: str) -> str:
+    if not isinstance(pool, str) or not POOL_NAME_RE.match(pool):
+        raise InvalidNameError(
+            f"invalid pool name {pool!r}: use 1 to 64 characters from A-Z, a-z, 0-9 and _"
+        )
+    return pool
+
+
+def _key_bytes(key: str) -> bytes:
+    if not isinstance(key, str):
+        raise InvalidNameError(f"a key must be a string, got {type(key).__name__}")
+    try:
+        return key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidNameError(f"key {key!r} is not valid UTF-8") from exc
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(_key_bytes(key)).hexdigest()
+
+
+def routing_key(key: str) -> str:
+    """The AMQP routing key that carries ``key`` (see the module docstring)."""
+    raw = _key_bytes(key)
+    if len(raw) <= MAX_NAME_BYTES and not key.startswith(HASHED_ROUTING_PREFIX):
+        return key
+    return HASHED_ROUTING_PREFIX + hashlib.sha256(raw).hexdigest()
+
+
+def needs_key_header(key: str) -> bool:
+    return routing_key(key) != key
+
+
+def encode_key(key: str) -> str:
+    """Percent-encode a key for use inside a queue name (injective)."""
+    return "".join(chr(b) if b in _SAFE_KEY_CHARS else f"%{b:02X}" for b in _key_bytes(key))
+
+
+def request_queue_prefix(pool: str) -> str:
+    return f"{validate_pool(pool)}-req-"
+
+
+def request_queue(pool: str, key: str) -> str:
+    """``{pool}-req-{key}``, encoded to stay a valid, unique queue name under 255 bytes."""
+    prefix = request_queue_prefix(pool)
+    encoded = encode_key(key)
+    if len(prefix) + len(encoded) <= MAX_NAME_BYTES:
+        return prefix + encoded
+    room = MAX_NAME_BYTES - len(prefix) - 1 - 64
+    head = encoded[:room]
+    cut = head.rfind("%")
+    if cut != -1 and cut > len(head) - 3:  # never split a %XX escape
+        head = head[:cut]
+    return f"{prefix}{head}~{key_digest(key)}"
+
+
+def req_exchange(pool: str) -> str:
+    return f"{validate_pool(pool)}-req-xchg"
+
+
+def orphan_exchange(pool: str) -> str:
+    return f"{validate_pool(pool)}-orphan-xchg"
+
+
+def orphan_queue(pool: str) -> str:
+    return f"{validate_pool(pool)}-orphan"
+
+
+def dl_exchange(pool: str) -> str:
+    return f"{validate_pool(pool)}-dl-xchg"
+
+
+def dl_queue(pool: str) -> str:
+    return f"{validate_pool(pool)}-dl"
+
+
+def activity_exchange(pool: str) -> str:
+    return f"{validate_pool(pool)}-activity-xchg"
+
+
+def activity_queue(pool: str) -> str:
+    return f"{validate_pool(pool)}-activity"
+
+
+def poison_queue(pool: str) -> str:
+    return f"{validate_pool(pool)}-poison"
+
+
+def request_policy_name(pool: str) -> str:
+    return f"switchyard-{validate_pool(pool)}-requests"
+
+
+def pool_queues_policy_name(pool: str) -> str:
+    return f"switchyard-{validate_pool(pool)}-pool-queues"
+
+
+def request_policy_pattern(pool: str) -> str:
+    """Matches exactly the pool's request queues (pool names hold no regex metacharacters)."""
+    return f"^{request_queue_prefix(pool)}"
+
+
+def pool_queues_policy_pattern(pool: str) -> str:
+    """Matches exactly the pool's own four queues."""
+    return f"^{validate_pool(pool)}-(orphan|dl|activity|poison)$"

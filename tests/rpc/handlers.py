@@ -1,0 +1,35 @@
+"""Handlers the RPC tests run in real worker subprocesses."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from switchyard.rpc.worker import Request, Requeue
+
+
+def whoami(request: Request) -> str:
+    return f"{request.worker_id}|{request.key}|{request.text()}"
+
+
+def slow_echo(request: Request) -> bytes:
+    time.sleep(float(os.environ.get("SLOW_SECONDS", "1.0")))
+    return request.body
+
+
+def fail(request: Request) -> bytes:
+    raise ValueError(f"cannot handle {request.text()}")
+
+
+def requeue_unless_named(request: Request) -> str:
+    """Requeues everything unless this worker's id is ANSWERER: proves another worker answers."""
+    if request.worker_id != os.environ["ANSWERER"]:
+        raise Requeue()
+    return f"{request.worker_id}|{request.delivery_count}"
+
+
+def crash(request: Request) -> bytes:
+    """Kills the worker process mid-request, as a poison message would."""
+    if request.body == b"crash":
+        os._exit(17)
+    return request.body

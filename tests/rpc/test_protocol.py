@@ -1,0 +1,74 @@
+"""Names built from user input: pool validation, key -> routing key and key -> queue name."""
+
+from __future__ import annotations
+
+import pytest
+
+from switchyard.errors import InvalidNameError
+from switchyard.rpc import protocol as p
+
+ODD_KEYS = ["", "k" * 1024, "#", "*", ".", "-", "a key with spaces", "🚂💨", "%41", "A", "%2541",
+            "~sha256:" + "0" * 64, "é" * 200, "x" * 255, "x" * 256]
+
+
+def test_queue_names_are_unique_and_fit_the_limit() -> None:
+    names = [p.request_queue("core", key) for key in ODD_KEYS]
+    assert len(set(names)) == len(ODD_KEYS)
+    assert all(len(name.encode()) <= p.MAX_NAME_BYTES for name in names)
+    assert all(name.startswith("core-req-") for name in names)
+
+
+def test_encoding_escapes_percent_so_encoded_looking_keys_do_not_collide() -> None:
+    assert p.request_queue("core", "A") == "core-req-A"
+    assert p.request_queue("core", "%41") == "core-req-%2541"
+    assert p.request_queue("core", "a b") == "core-req-a%20b"
+    assert p.request_queue("core", "infra=42,timetable=24") == "core-req-infra=42,timetable=24"
+
+
+def test_long_keys_get_a_hashed_queue_name_with_a_readable_prefix() -> None:
+    name = p.request_queue("core", "é" * 200)
+    assert len(name.encode()) <= 255
+    assert name.startswith("core-req-%C3%A9")
+    assert name.endswith("~" + p.key_digest("é" * 200))
+    head = name[len("core-req-"):].split("~")[0]
+    assert head.count("%") * 3 == len(head)  # no %XX escape was cut in half
+
+
+def test_routing_key_is_the_raw_key_when_amqp_allows_it() -> None:
+    for key in ["", "#", "*", ".", "-", "a key with spaces", "🚂💨", "x" * 255]:
+        assert p.routing_key(key) == key
+        assert not p.needs_key_header(key)
+
+
+def test_keys_too_long_for_amqp_or_using_the_reserved_prefix_are_hashed() -> None:
+    long_key = "k" * 1024
+    assert p.routing_key(long_key) == "~sha256:" + p.key_digest(long_key)
+    reserved = "~sha256:" + p.key_digest(long_key)  # a short key forging a long key's route
+    assert p.routing_key(reserved) != p.routing_key(long_key)
+    assert p.needs_key_header(long_key) and p.needs_key_header(reserved)
+
+
+@pytest.mark.parametrize("pool", ["", "a-b", "a.b", "a*", "x" * 65, "spa ce", "é"])
+def test_bad_pool_names_are_refused(pool: str) -> None:
+    with pytest.raises(InvalidNameError):
+        p.validate_pool(pool)
+
+
+def test_keys_that_are_not_utf8_are_refused() -> None:
+    with pytest.raises(InvalidNameError):
+        p.request_queue("core", "\udcff")
+    with pytest.raises(InvalidNameError):
+        p.routing_key(b"bytes")  # type: ignore[arg-type]
+
+
+def test_policy_pattern_matches_only_request_queues_of_its_pool() -> None:
+    import re
+
+    pattern = re.compile(p.request_policy_pattern("core"))
+    assert pattern.match(p.request_queue("core", "42"))
+    for other in ["core-orphan", "core-dl", "core-activity", "core-poison", "core2-req-42",
+                  p.request_queue("score", "1"), "xcore-req-1"]:
+        assert not pattern.match(other), other
+    pool_queues = re.compile(p.pool_queues_policy_pattern("core"))
+    assert all(pool_queues.match(q) for q in ["core-orphan", "core-dl", "core-activity", "core-poison"])
+    assert not pool_queues.match("core-req-orphan") and not pool_queues.match("core-dl2")

@@ -1,0 +1,264 @@
+"""Client and worker end to end on the real RabbitMQ, workers in real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import pika
+import pytest
+
+from switchyard.errors import (
+    CallTimeoutError,
+    ClientBusyError,
+    PoolNotFoundError,
+    UnroutableError,
+)
+from switchyard.rpc import protocol as p
+from switchyard.rpc.client import RpcClient
+from switchyard.rpc.topology import PoolTopology
+from tests.conftest import unique, wait_for
+from tests.rpc.conftest import get_message
+from tests.rpc.test_protocol import ODD_KEYS
+
+H = "tests.rpc.handlers"
+
+
+def bind(pool: str, settings, *keys: str) -> None:
+    with PoolTopology(pool, settings) as topology:
+        for key in keys:
+            topology.ensure_request_queue(key)
+
+
+def test_fast_path_for_every_odd_key(pool, workers) -> None:
+    name, settings = pool
+    keys = ODD_KEYS[:9]  # "", 1 KB, "#", "*", ".", "-", spaces, emoji, "%41"
+    bind(name, settings, *keys)
+    for key in keys:
+        workers.start(name, key, f"{H}:whoami")
+    for key in keys:
+        workers.wait_consuming(settings, p.request_queue(name, key))
+    with RpcClient(name, settings, timeout=10) as client:
+        futures = {key: client.submit(key, f"hello {len(key)}") for key in keys}
+        for key, future in futures.items():
+            response = future.result(15)
+            assert response.ok, (key, response)
+            _, served_key, body = response.text().split("|", 2)
+            assert served_key == key
+            assert body == f"hello {len(key)}"
+
+
+def test_late_response_never_completes_the_call_reusing_its_slot(pool, workers) -> None:
+    """Seed 001's mismatch: A times out, A's response arrives while B holds the same slot."""
+    name, settings = pool
+    bind(name, settings, "slow")
+    workers.start(name, "slow", f"{H}:slow_echo", SLOW_SECONDS="0.6", WORKER_PREFETCH="4")
+    workers.wait_consuming(settings, p.request_queue(name, "slow"))
+    with RpcClient(name, settings, concurrency=1) as client:
+        with pytest.raises(CallTimeoutError):
+            client.call("slow", "A", timeout=0.2, expiration_ms=10_000)
+        started = time.monotonic()
+        response = client.call("slow", "B", timeout=5, expiration_ms=10_000)
+        assert response.body == b"B"
+        assert time.monotonic() - started > 0.6  # B waited behind A: A's answer came first
+        assert client.stats.stale_responses == 1
+
+
+def test_all_slots_taken_waits_then_reports_busy(pool, workers) -> None:
+    name, settings = pool
+    bind(name, settings, "slow")
+    workers.start(name, "slow", f"{H}:slow_echo", SLOW_SECONDS="1.0")
+    workers.wait_consuming(settings, p.request_queue(name, "slow"))
+    with RpcClient(name, settings, concurrency=2, timeout=5) as client:
+        first = [client.submit("slow", str(i)) for i in range(2)]
+        assert client.in_flight == 2
+        started = time.monotonic()
+        with pytest.raises(ClientBusyError):
+            client.submit("slow", "3", timeout=0.3)
+        assert 0.25 < time.monotonic() - started < 1.0
+        # With a longer wait the call proceeds as soon as a slot frees.
+        late = client.submit("slow", "late", timeout=5)
+        assert late.result(10).body == b"late"
+        assert [f.result(10).body for f in first] == [b"0", b"1"]
+
+
+def test_handler_exception_is_a_negative_response(pool, workers) -> None:
+    name, settings = pool
+    bind(name, settings, "bad")
+    workers.start(name, "bad", f"{H}:fail")
+    workers.wait_consuming(settings, p.request_queue(name, "bad"))
+    with RpcClient(name, settings, timeout=10) as client:
+        started = time.monotonic()
+        response = client.call("bad", "x")
+        assert time.monotonic() - started < 5
+    assert response.status == p.Status.ERROR and not response.ok
+    assert json.loads(response.body) == {"error": "ValueError", "message": "cannot handle x"}
+    with pytest.raises(Exception, match="cannot handle"):
+        response.raise_for_status()
+
+
+def test_requeued_request_is_answered_by_another_worker(make_pool, workers) -> None:
+    name, settings = make_pool(delivery_limit=50)
+    bind(name, settings, "k")
+    answerer = unique("answerer")
+    workers.start(name, "k", f"{H}:requeue_unless_named", worker_id=unique("refuser"), ANSWERER=answerer)
+    workers.start(name, "k", f"{H}:requeue_unless_named", worker_id=answerer, ANSWERER=answerer)
+    workers.wait_consuming(settings, p.request_queue(name, "k"), consumers=2)
+    with RpcClient(name, settings, timeout=15) as client:
+        responses = [f.result(20) for f in [client.submit("k", str(i)) for i in range(6)]]
+    assert all(r.ok and r.headers[p.WORKER_ID_HEADER] == answerer for r in responses)
+    # Deliveries alternate between the two consumers: some requests went to the refuser first.
+    counts = [int(r.text().split("|")[1]) for r in responses]
+    assert max(counts) >= 1, counts
+
+
+def test_request_that_crashes_every_worker_is_dead_lettered_after_the_limit(make_pool, workers) -> None:
+    name, settings = make_pool(delivery_limit=2)
+    bind(name, settings, "poison")
+    with RpcClient(name, settings, timeout=60) as client:
+        future = client.submit("poison", "crash", expiration_ms=60_000)
+        dead = None
+        for _ in range(6):  # a worker group restarting its crashed workers
+            proc = workers.start(name, "poison", f"{H}:crash", WORKER_PREFETCH="1")
+            try:
+                proc.wait(15)
+            except Exception:
+                break
+            assert proc.returncode == 17
+            dead = get_message(settings, p.dl_queue(name), timeout=0.5)
+            if dead:
+                break
+        assert dead is not None, "the poison request never reached the dead-letter queue"
+        _, props, body = dead
+        assert body == b"crash"
+        assert props.headers[p.FIRST_DEATH_REASON_HEADER] == p.Status.DELIVERY_LIMIT
+        assert props.correlation_id and props.reply_to  # enough for the dead-letter responder
+        assert not future.done()
+
+
+def test_expired_request_without_worker_is_dead_lettered_as_expired(pool) -> None:
+    name, settings = pool
+    bind(name, settings, "nobody")
+    with RpcClient(name, settings) as client, pytest.raises(CallTimeoutError):
+        client.call("nobody", "too late", timeout=0.3)
+    dead = get_message(settings, p.dl_queue(name), timeout=10)
+    assert dead is not None
+    _, props, body = dead
+    assert body == b"too late"
+    assert props.headers[p.FIRST_DEATH_REASON_HEADER] == p.Status.EXPIRED
+
+
+def test_pool_never_initialized_is_a_clear_error_not_a_timeout() -> None:
+    started = time.monotonic()
+    with pytest.raises(PoolNotFoundError, match="switchyard pool init"):
+        RpcClient(unique("never"))
+    assert time.monotonic() - started < 5
+
+
+def test_pool_deleted_under_a_live_client_fails_calls_clearly(pool) -> None:
+    name, settings = pool
+    with RpcClient(name, settings, timeout=30) as client:
+        connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+        connection.channel().exchange_delete(p.req_exchange(name))
+        connection.close()
+        with pytest.raises(PoolNotFoundError):
+            client.call("k", "x", timeout=30)
+
+
+def test_unroutable_request_is_an_error_not_a_timeout(pool) -> None:
+    name, settings = pool
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    connection.channel().queue_unbind(p.orphan_queue(name), p.orphan_exchange(name))
+    connection.close()
+    with RpcClient(name, settings, timeout=30) as client:
+        started = time.monotonic()
+        with pytest.raises(UnroutableError, match="NO_ROUTE"):
+            client.call("unbound", "x")
+        assert time.monotonic() - started < 5
+        assert client.stats.returned == 1
+
+
+def test_publisher_confirms_mode_round_trip(pool, workers) -> None:
+    name, settings = pool
+    bind(name, settings, "k")
+    workers.start(name, "k", f"{H}:whoami")
+    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    with RpcClient(name, settings, timeout=10, confirm=True) as client:
+        futures = [client.submit("k", str(i)) for i in range(50)]
+        bodies = [f.result(15).text().split("|")[2] for f in futures]
+    assert bodies == [str(i) for i in range(50)]
+
+
+def test_foreign_and_malformed_responses_are_dropped_and_counted(pool, workers) -> None:
+    name, settings = pool
+    bind(name, settings, "k")
+    workers.start(name, "k", f"{H}:whoami")
+    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    with RpcClient(name, settings, timeout=10) as client:
+        connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+        channel = connection.channel()
+        junk = (None, "", "garbage", "a.b.c", "deadbeef.0.1", f"{client._tag}.x.1", f"{client._tag}.99.1")
+        for cid in junk:
+            channel.basic_publish("", client._reply_queue, b"junk",
+                                  pika.BasicProperties(correlation_id=cid))
+        connection.close()
+        assert client.call("k", "still fine").text().endswith("|still fine")
+        wait_for(lambda: client.stats.malformed_responses + client.stats.stale_responses == 7,
+                 what="all junk responses counted")
+
+
+def test_activity_reports_started_and_request_received(pool, workers) -> None:
+    name, settings = pool
+    bind(name, settings, "act")
+    worker_id = unique("w")
+    workers.start(name, "act", f"{H}:whoami", worker_id=worker_id, WORKER_ACTIVITY_INTERVAL="0")
+    workers.wait_consuming(settings, p.request_queue(name, "act"))
+    with RpcClient(name, settings, timeout=10) as client:
+        for i in range(3):
+            client.call("act", str(i))
+    events = []
+    while (msg := get_message(settings, p.activity_queue(name), timeout=2)) is not None:
+        method, props, _ = msg
+        assert method.routing_key == "act"
+        assert props.headers[p.WORKER_ID_HEADER] == worker_id
+        assert props.timestamp is not None
+        events.append(props.headers[p.EVENT_HEADER])
+    assert events == ["started", "request-received", "request-received", "request-received"]
+
+
+def test_sigterm_finishes_the_request_in_hand_then_exits(pool, workers) -> None:
+    name, settings = pool
+    bind(name, settings, "slow")
+    proc = workers.start(name, "slow", f"{H}:slow_echo", SLOW_SECONDS="1.0", WORKER_PREFETCH="1")
+    workers.wait_consuming(settings, p.request_queue(name, "slow"))
+    with RpcClient(name, settings, timeout=10) as client:
+        future = client.submit("slow", "in hand")
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        assert future.result(10).body == b"in hand"
+    assert proc.wait(10) == 0
+
+
+def test_calls_from_many_threads_each_get_their_own_response(pool, workers) -> None:
+    name, settings = pool
+    bind(name, settings, "k")
+    workers.start(name, "k", f"{H}:whoami")
+    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    errors: list[str] = []
+    with RpcClient(name, settings, concurrency=8, timeout=10) as client:
+        def caller(n: int) -> None:
+            for i in range(25):
+                body = f"{n}-{i}"
+                got = client.call("k", body).text().split("|")[2]
+                if got != body:
+                    errors.append(f"{body} got {got}")
+
+        threads = [threading.Thread(target=caller, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert errors == []
+    assert client.stats.responses == 200
