@@ -6,6 +6,7 @@ whoever polls, so a shared producer would hand one loop another's confirmations)
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -14,6 +15,7 @@ from switchyard.delay.errors import PublishError
 from switchyard.delay.model import Header
 from switchyard.delay.ports import Delivery
 from switchyard.delay.settings import validate_topic
+from switchyard.observability import logger
 
 
 class KafkaPublisher:
@@ -22,8 +24,10 @@ class KafkaPublisher:
     def __init__(self, bootstrap: str, topic: str, timeout_ms: int, linger_ms: int = 1) -> None:
         self.topic = validate_topic(topic)
         self._deliveries: list[Delivery] = []
-        self._in_flight = 0
-        self._producer = Producer({
+        self._outstanding: dict[int, object] = {}
+        self._sequence = itertools.count()
+        self._fatal = False
+        self._config = {
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "acks": "all",
@@ -32,36 +36,63 @@ class KafkaPublisher:
             "socket.connection.setup.timeout.ms": max(1000, timeout_ms),
             "reconnect.backoff.max.ms": 500,
             "client.id": "switchyard-delay",
-        })
+            "error_cb": self._on_error,
+        }
+        self._producer = Producer(self._config)
 
-    def _on_delivery(self, token: object) -> object:
+    def _on_error(self, err: KafkaError) -> None:
+        # An idempotent producer turns fatal when the broker forgot its producer id (e.g. the
+        # broker restarted with empty storage): it must be replaced, or it never sends again.
+        if err.fatal():
+            self._fatal = True
+            logger.error("output producer failed fatally; replacing it", extra={"error": str(err)})
+
+    def _replace_if_fatal(self) -> None:
+        if self._fatal:
+            self._producer.poll(0)
+            for token in self._outstanding.values():  # never confirmed: report them failed
+                self._deliveries.append(Delivery(token, "producer replaced after a fatal error"))
+            self._outstanding.clear()
+            self._producer = Producer(self._config)
+            self._fatal = False
+
+    def _on_delivery(self, number: int) -> object:
         def callback(err: KafkaError | None, _msg: Message) -> None:
-            self._in_flight -= 1
+            token = self._outstanding.pop(number, None)
+            if token is None:
+                return  # already reported failed when the producer was replaced
+            if err is not None and err.fatal():
+                self._fatal = True
             self._deliveries.append(Delivery(token, None if err is None else str(err)))
         return callback
 
     def send(self, key: bytes | None, value: bytes | None, headers: Sequence[Header], token: object) -> None:
         """Queue a message; its Delivery comes back from a later poll()."""
+        self._replace_if_fatal()
+        number = next(self._sequence)
         while True:
             try:
                 self._producer.produce(
                     self.topic, value=value, key=key, headers=list(headers),
-                    on_delivery=self._on_delivery(token),
+                    on_delivery=self._on_delivery(number),
                 )
-                self._in_flight += 1
+                self._outstanding[number] = token
                 return
             except BufferError:
                 self._producer.poll(0.05)  # local queue full: let confirmations drain first
             except KafkaException as exc:
+                if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].fatal():
+                    self._fatal = True
                 raise PublishError(f"cannot produce to {self.topic}: {exc}") from exc
 
     def poll(self, timeout_s: float) -> list[Delivery]:
         self._producer.poll(max(0.0, timeout_s))
+        self._replace_if_fatal()
         out, self._deliveries = self._deliveries, []
         return out
 
     def in_flight(self) -> int:
-        return self._in_flight
+        return len(self._outstanding)
 
     def flush(self, timeout_s: float) -> list[Delivery]:
         """Wait for every outstanding confirmation (up to ``timeout_s``) and return them."""
