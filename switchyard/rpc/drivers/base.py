@@ -1,0 +1,111 @@
+"""The worker group driver contract (seed 000, "Worker group" and "Worker groups control loop").
+
+A worker group is every worker of one (pool, key): they consume the same request queue. The
+worker groups control loop decides which groups should run and asks a driver to make it so;
+the driver knows nothing of queues or demand, only how to start, stop, count and size workers.
+
+Shape for an ECS driver (later): ``start`` is ``run_task`` (or ``create_service``) named after
+``group.group_id``, with ``group.environment(worker_id)`` as container overrides and tags
+carrying the pool and the raw key; ``stop`` is ``stop_task`` on the tasks tagged with that pool
+and key (or ``delete_service``); ``list_running`` lists the pool's tasks and reads the raw key
+back from their tags (ECS tag values hold at most 256 characters of a restricted set, so long
+or unusual keys must be stored encoded, e.g. base64url split over several tags); ``scale`` is
+``update_service(desiredCount=...)``. Everything a control loop needs is in ``WorkerGroup``;
+no driver method takes a handle that only one backend could produce.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from switchyard.errors import ConfigError, InvalidNameError, SwitchyardError
+from switchyard.rpc import protocol as p
+
+GROUP_ID_DIGEST_CHARS = 24
+GROUP_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+
+
+class DriverError(SwitchyardError):
+    """A driver could not start, stop or inspect workers; the control loop retries on its next tick."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerGroup:
+    """One (pool, key): the unit a driver starts and stops. The key is any UTF-8 string."""
+
+    pool: str
+    key: str
+
+    def __post_init__(self) -> None:
+        p.validate_pool(self.pool)
+        p.key_digest(self.key)  # rejects non-strings and strings that are not valid UTF-8
+
+    @property
+    def group_id(self) -> str:
+        """``{pool}-{24 hex of sha256(key)}``: deterministic and safe as an ECS service or task name.
+
+        Pools are ``[A-Za-z0-9_]{1,64}``, so the id is at most 89 characters of ``[A-Za-z0-9_-]``;
+        96 bits of digest make a collision between two keys of one pool negligible.
+        """
+        group_id = f"{self.pool}-{p.key_digest(self.key)[:GROUP_ID_DIGEST_CHARS]}"
+        if not GROUP_ID_RE.match(group_id):  # cannot happen with a valid pool; guards future edits
+            raise InvalidNameError(f"unsafe worker group id {group_id!r}")
+        return group_id
+
+    @property
+    def requests_queue(self) -> str:
+        return p.request_queue(self.pool, self.key)
+
+    def environment(self, worker_id: str) -> dict[str, str]:
+        """The worker protocol's variables (seed 000, "Worker protocol") for one worker."""
+        return {
+            "WORKER_ID": worker_id,
+            "WORKER_KEY": self.key,
+            "WORKER_POOL": self.pool,
+            "WORKER_REQUESTS_QUEUE": self.requests_queue,
+            "WORKER_ACTIVITY_EXCHANGE": p.activity_exchange(self.pool),
+        }
+
+
+def desired_workers(backlog: int, *, min_workers: int, max_workers: int, target_backlog: int) -> int:
+    """KEDA's queue-length rule: ``ceil(backlog / target_backlog)`` clamped to ``[min, max]``."""
+    if target_backlog < 1:
+        raise ConfigError("target backlog must be at least 1 message per worker")
+    wanted = math.ceil(max(0, backlog) / target_backlog)
+    return max(min_workers, min(max_workers, wanted))
+
+
+class WorkerGroupDriver(ABC):
+    """Starts and stops worker groups. Methods never retry internally: the control loop retries.
+
+    ``start`` and ``stop`` are idempotent; failures raise ``DriverError``.
+    """
+
+    @abstractmethod
+    def start(self, group: WorkerGroup) -> None:
+        """Make the group run (at least its minimum number of workers); no-op if it already runs."""
+
+    @abstractmethod
+    def stop(self, group: WorkerGroup) -> None:
+        """Stop every worker of the group (each finishes its request in hand); no-op if none runs."""
+
+    @abstractmethod
+    def list_running(self, pool: str) -> set[str]:
+        """The keys of the pool's groups that have at least one live worker."""
+
+    def worker_count(self, group: WorkerGroup) -> int:
+        """Live workers of the group; drivers that cannot count say 1 for a running group."""
+        return 1 if group.key in self.list_running(group.pool) else 0
+
+    def scale(self, group: WorkerGroup, backlog: int) -> int:
+        """Size a running group for ``backlog`` waiting requests; returns the worker count now wanted.
+
+        Call it only for groups the control loop wants running. The default does not scale.
+        """
+        return self.worker_count(group)
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for drivers that hold nothing
+        """Release what the driver holds (the subprocess driver stops its workers)."""

@@ -1,0 +1,187 @@
+"""Worker groups as local subprocesses (seed 000's subprocess driver), for the local runtime and tests.
+
+The driver lives inside the local runtime process and keeps its children in memory: a restart of
+the runtime forgets them (``close()`` stops them first). Each worker runs the configured command
+with the worker protocol's environment and a unique ``WORKER_ID``; its stdout and stderr go to
+``{log_dir}/{group_id}.log``, never to a pipe nobody reads (a full pipe would freeze the worker).
+
+Thread-safe: the reconciler and the orphan handler may call it from different threads. The lock
+is held to change the table of processes, never while waiting for workers to exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from switchyard.errors import ConfigError
+from switchyard.observability import logger
+from switchyard.rpc.drivers.base import DriverError, WorkerGroup, WorkerGroupDriver, desired_workers
+
+DEFAULT_LOG_DIR = Path(".local/logs/workers")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerProcess:
+    """One running worker: its id (``WORKER_ID``) and process."""
+
+    worker_id: str
+    process: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+class SubprocessDriver(WorkerGroupDriver):
+    """Runs ``command`` once per worker, between ``min_workers`` and ``max_workers`` per group."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        min_workers: int = 1,
+        max_workers: int = 4,
+        target_backlog: int = 10,
+        log_dir: Path | str = DEFAULT_LOG_DIR,
+        stop_timeout: float = 15.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if not command:
+            raise ConfigError("the worker command is empty")
+        if min_workers < 1:
+            raise ConfigError("SWITCHYARD_MIN_WORKERS must be at least 1 (a started group runs a worker)")
+        if max_workers < min_workers:
+            raise ConfigError("SWITCHYARD_MAX_WORKERS must be at least SWITCHYARD_MIN_WORKERS")
+        if target_backlog < 1:
+            raise ConfigError("SWITCHYARD_TARGET_BACKLOG must be at least 1")
+        self.command = tuple(command)
+        self.min_workers = min_workers
+        self.max_workers = max_workers
+        self.target_backlog = target_backlog
+        self.log_dir = Path(log_dir)
+        self.stop_timeout = stop_timeout
+        self._base_env = dict(os.environ if env is None else env)
+        self._groups: dict[WorkerGroup, list[WorkerProcess]] = {}
+        self._lock = threading.Lock()
+
+    # -- contract ---------------------------------------------------------------------------
+    def start(self, group: WorkerGroup) -> None:
+        with self._lock:
+            live = self._reap(group)
+            for _ in range(self.min_workers - len(live)):
+                self._spawn(group)
+
+    def stop(self, group: WorkerGroup) -> None:
+        with self._lock:
+            procs = self._groups.pop(group, [])
+        if procs:
+            logger.info("stopping worker group", extra={"group_id": group.group_id, "workers": len(procs)})
+        self._terminate_and_wait(procs)
+
+    def list_running(self, pool: str) -> set[str]:
+        with self._lock:
+            groups = [group for group in self._groups if group.pool == pool]
+            return {group.key for group in groups if self._reap(group)}
+
+    def worker_count(self, group: WorkerGroup) -> int:
+        with self._lock:
+            return len(self._reap(group))
+
+    def workers(self, group: WorkerGroup) -> list[WorkerProcess]:
+        """The group's live workers, oldest first (for inspection and tests)."""
+        with self._lock:
+            return list(self._reap(group))
+
+    def scale(self, group: WorkerGroup, backlog: int) -> int:
+        """Start or stop workers so the group runs ``clamp(ceil(backlog / target), min, max)``.
+
+        Scaling down sends SIGTERM to the newest workers; each finishes its request in hand.
+        A group that is not running is started at the wanted size.
+        """
+        wanted = desired_workers(backlog, min_workers=self.min_workers, max_workers=self.max_workers,
+                                 target_backlog=self.target_backlog)
+        with self._lock:
+            live = self._reap(group)
+            surplus: list[WorkerProcess] = []
+            if len(live) < wanted:
+                for _ in range(wanted - len(live)):
+                    self._spawn(group)
+            elif len(live) > wanted:
+                surplus = live[wanted:]
+                self._groups[group] = live[:wanted]
+        if surplus:
+            logger.info("scaling worker group down", extra={"group_id": group.group_id,
+                                                            "workers": wanted, "stopping": len(surplus)})
+        self._terminate_and_wait(surplus)
+        return wanted
+
+    def close(self) -> None:
+        """Stop every worker of every group (terminate all first, then wait once)."""
+        with self._lock:
+            procs = [proc for group_procs in self._groups.values() for proc in group_procs]
+            self._groups.clear()
+        self._terminate_and_wait(procs)
+
+    # -- internals (call with the lock held) ------------------------------------------------
+    def _reap(self, group: WorkerGroup) -> list[WorkerProcess]:
+        """Drop exited workers; a group with none left is forgotten so the control loop restarts it."""
+        procs = self._groups.get(group)
+        if procs is None:
+            return []
+        live = []
+        for proc in procs:
+            code = proc.process.poll()
+            if code is None:
+                live.append(proc)
+            else:
+                logger.warning("worker exited", extra={"group_id": group.group_id,
+                                                       "worker_id": proc.worker_id, "returncode": code})
+        if live:
+            self._groups[group] = live
+        else:
+            del self._groups[group]
+        return live
+
+    def _spawn(self, group: WorkerGroup) -> WorkerProcess:
+        worker_id = f"{group.group_id}-{uuid.uuid4().hex[:8]}"
+        env = {**self._base_env, **group.environment(worker_id), "PYTHONUNBUFFERED": "1"}
+        log_path = self.log_dir / f"{group.group_id}.log"
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            # The child keeps its own copy of the descriptor; the parent's is closed at once.
+            with open(log_path, "ab") as log:
+                process = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
+                                           stdout=log, stderr=subprocess.STDOUT)
+        except OSError as exc:
+            raise DriverError(
+                f"cannot start a worker for {group.group_id} with {self.command!r}: {exc}"
+            ) from exc
+        proc = WorkerProcess(worker_id, process)
+        self._groups.setdefault(group, []).append(proc)
+        logger.info("worker started", extra={"group_id": group.group_id, "worker_id": worker_id,
+                                             "pid": process.pid, "log": str(log_path)})
+        return proc
+
+    # -- stopping (without the lock) --------------------------------------------------------
+    def _terminate_and_wait(self, procs: Sequence[WorkerProcess]) -> None:
+        """SIGTERM all, wait up to ``stop_timeout`` for all together, then SIGKILL the stragglers."""
+        for proc in procs:
+            if proc.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):  # exited between poll and kill
+                    proc.process.terminate()
+        deadline = time.monotonic() + self.stop_timeout
+        for proc in procs:
+            try:
+                proc.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("worker ignored SIGTERM; killing it", extra={"worker_id": proc.worker_id})
+                proc.process.kill()
+                proc.process.wait()
