@@ -107,6 +107,7 @@ class FireLoop:
 
     def collect(self, deliveries: list[Delivery]) -> None:
         """Sort confirmations: delivered rows are to be deleted, failed ones released."""
+        failed: list[Delivery] = []
         for d in deliveries:
             row = d.token
             assert isinstance(row, ReadyMessage)
@@ -114,10 +115,13 @@ class FireLoop:
                 self._c.fired += 1
                 self._to_delete.append(row)
             else:
-                self._c.publish_failures += 1
+                failed.append(d)
                 self._to_release.append(row)
-                logger.error("publish not confirmed; releasing the row",
-                             extra={"message_id": row.id, "error": d.error, "node_id": self.node_id})
+        if failed:  # one line per batch: a broker outage must not flood the log
+            self._c.publish_failures += len(failed)
+            logger.error(f"{len(failed)} publications not confirmed; releasing their rows",
+                         extra={"message_ids": [d.token.id for d in failed[:10]],  # type: ignore[attr-defined]
+                                "error": failed[0].error, "node_id": self.node_id})
 
     # -- phase 2 -----------------------------------------------------------------------------
 

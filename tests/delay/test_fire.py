@@ -1,0 +1,220 @@
+"""Ready-and-fire and failure detection end to end, with the crash points of at-least-once.
+
+Each test uses its own schema and topics on the real Postgres and tansu; the broker-down test runs
+a private tansu it can kill; the Postgres test kills this test's server connections.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from switchyard.config import Connections
+from switchyard.delay.fire import FireLoop
+from switchyard.delay.model import CHRONOS_HEADERS, FireOutcome, SweepOutcome
+from switchyard.delay.runtime import DelayService, LocalRuntime
+from switchyard.delay.settings import DelaySettings
+from switchyard.delay.store import PostgresDelayStore
+from switchyard.delay.sweep import run_sweeps
+from tests.conftest import wait_for
+from tests.delay.conftest import (
+    OutputReader,
+    ServiceFactory,
+    Tansu,
+    chronos_headers,
+    create_topics,
+    in_ms,
+    message,
+    produce,
+    terminate_backends,
+)
+
+SHORT_HOLD = {"hold_time_ms": 2500, "publish_timeout_ms": 1000}
+
+
+class Background:
+    """Runs fire loops / sweeps in threads until stopped, like scheduled invocations that end on stop."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.results: list[Any] = []
+        self.threads: list[threading.Thread] = []
+
+    def remaining_ms(self) -> int:
+        return 0 if self.stop.is_set() else 60_000
+
+    def start(self, run: Callable[[Callable[[], int]], Any]) -> None:
+        thread = threading.Thread(target=lambda: self.results.append(run(self.remaining_ms)))
+        thread.start()
+        self.threads.append(thread)
+
+    def finish(self) -> list[Any]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(15)
+        return self.results
+
+
+@pytest.fixture
+def background() -> Any:
+    bg = Background()
+    yield bg
+    bg.finish()
+
+
+def fire_loop(svc: DelayService) -> FireLoop:
+    return FireLoop(svc.store, svc.publisher(), svc.settings, svc.node_id)
+
+
+def test_message_comes_out_after_its_delay_intact(settings: DelaySettings, connections: Connections,
+                                                  store: PostgresDelayStore, output: OutputReader) -> None:
+    local = LocalRuntime(settings, connections)
+    local.start()
+    try:
+        deadlines = {"a": in_ms(2500), "b": in_ms(3000)}
+        produce(connections.kafka_bootstrap, settings.input_topic, [
+            {"key": b"key-a", "value": b'{"x": 1}\x00\xff',
+             "headers": [("first", b"1"), *chronos_headers("a", deadlines["a"]), ("test-id", b"a"),
+                         ("bin", b"\x00\xff")]},
+            {"key": None, "value": None,
+             "headers": [*chronos_headers("b", deadlines["b"]), ("test-id", b"b")]},
+        ])
+        wait_for(lambda: store.counts() == (2, 0), timeout=10, what="both messages enqueued")
+        ids = output.wait_for_ids({"a", "b"}, timeout=15)
+        wait_for(lambda: store.counts() == (0, 0), timeout=5, what="rows deleted after firing")
+    finally:
+        local.join()
+    assert sorted(ids) == ["a", "b"]
+    by_id = {dict(m.headers())["test-id"].decode(): m for m in output.messages}
+    a, b = by_id["a"], by_id["b"]
+    assert (a.key(), a.value()) == (b"key-a", b'{"x": 1}\x00\xff')
+    assert a.headers() == [("first", b"1"), ("test-id", b"a"), ("bin", b"\x00\xff")]
+    assert (b.key(), b.value(), b.headers()) == (None, None, [("test-id", b"b")])
+    for m in (a, b):
+        assert not {h for h, _ in m.headers()} & CHRONOS_HEADERS
+        fired_ms = m.timestamp()[1]  # CreateTime: when the scheduler produced it
+        deadline_ms = deadlines[dict(m.headers())["test-id"].decode()].timestamp() * 1000
+        assert fired_ms >= deadline_ms - settings.timing_advance_ms - 5, "fired before deadline - advance"
+
+
+def test_two_loops_fire_each_message_once(make_service: ServiceFactory, store: PostgresDelayStore,
+                                          output: OutputReader, background: Background) -> None:
+    ids = [f"m{i}" for i in range(1500)]
+    store.insert([message(i, in_ms(300 + n)) for n, i in enumerate(ids)])  # due over 1.5 s
+    nodes = [make_service(), make_service()]
+    for svc in nodes:
+        background.start(fire_loop(svc).run)
+    background.start(lambda remaining: run_sweeps(nodes[0].store, nodes[0].settings, remaining))
+    fired = output.wait_for_ids(set(ids), timeout=20)
+    wait_for(lambda: store.counts() == (0, 0), timeout=5, what="all rows deleted")
+    results = background.finish()
+    counts = collections.Counter(fired)
+    assert set(counts) == set(ids) and max(counts.values()) == 1
+    fires = [r for r in results if isinstance(r, FireOutcome)]
+    [sweep] = [r for r in results if isinstance(r, SweepOutcome)]
+    assert sum(f.fired for f in fires) == 1500 and all(f.gone_at_delete == 0 for f in fires)
+    assert sweep.scans > 0 and sweep.reset == 0  # no failure suspected
+
+
+def test_dead_node_rows_are_fired_by_another_after_the_hold_time(
+    make_service: ServiceFactory, store: PostgresDelayStore, output: OutputReader, background: Background,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ids = [f"d{i}" for i in range(100)]
+    store.insert([message(i, in_ms(100)) for i in ids])
+    dead = str(uuid.uuid4())
+    readied = store.ready(dead, make_service().settings.ready_horizon, 1000)  # ...and then it died
+    assert len(readied) == 100
+    live = make_service(**SHORT_HOLD)
+    background.start(fire_loop(live).run)
+    background.start(lambda remaining: run_sweeps(live.store, live.settings, remaining))
+    fired = output.wait_for_ids(set(ids), timeout=15)
+    wait_for(lambda: store.counts() == (0, 0), timeout=5, what="all rows deleted")
+    results = background.finish()
+    assert sorted(fired) == sorted(ids)
+    readied_at_ms = min(r.readied_at.timestamp() for r in readied) * 1000
+    assert min(m.timestamp()[1] for m in output.messages) >= readied_at_ms + SHORT_HOLD["hold_time_ms"] - 5
+    [sweep] = [r for r in results if isinstance(r, SweepOutcome)]
+    assert sweep.reset == 100
+    suspected = [r.getMessage() for r in caplog.records if r.getMessage().startswith("suspected failure")]
+    assert len(suspected) == 100 and all(m.startswith(f"suspected failure of {dead} for message d")
+                                         for m in suspected)
+
+
+def test_crash_after_publish_before_delete_duplicates_but_loses_nothing(
+    make_service: ServiceFactory, store: PostgresDelayStore, output: OutputReader, background: Background,
+) -> None:
+    ids = [f"c{i}" for i in range(50)]
+    store.insert([message(i, in_ms(50)) for i in ids])
+    crashing = make_service(**SHORT_HOLD)
+    loop = fire_loop(crashing)
+    assert loop.ready_once(time.time()) == 50
+    loop.fire_due(time.time() + 10)  # publish everything held...
+    loop.collect(crashing.publisher().flush(10))  # ...the broker confirms...
+    assert loop.outcome().fired == 50 and store.counts() == (0, 50)  # ...and the node dies before deleting
+    output.wait_for_ids(set(ids), timeout=10)
+    survivor = make_service(**SHORT_HOLD)
+    background.start(fire_loop(survivor).run)
+    background.start(lambda remaining: run_sweeps(survivor.store, survivor.settings, remaining))
+    wait_for(lambda: store.counts() == (0, 0), timeout=15, what="rows fired again and deleted")
+    output.wait_for_ids(set(ids), timeout=5)
+    output.poll(0.5)
+    counts = collections.Counter(output.ids())
+    assert set(counts) == set(ids) and min(counts.values()) == 2  # duplicated, never lost
+
+
+def test_output_broker_down_leaves_rows_then_fires_after_it_returns(
+    make_service: ServiceFactory, store: PostgresDelayStore, settings: DelaySettings,
+    connections: Connections, private_tansu: Tansu, background: Background,
+) -> None:
+    create_topics(private_tansu.bootstrap, settings.output_topic)
+    ids = [f"b{i}" for i in range(30)]
+    store.insert([message(i, in_ms(800)) for i in ids])
+    svc = make_service(connections_=Connections(postgres_dsn=connections.postgres_dsn,
+                                                kafka_bootstrap=private_tansu.bootstrap),
+                       publish_timeout_ms=800)
+    svc.publisher()  # connect while the broker is up, as a running node would be
+    private_tansu.kill()
+    background.start(fire_loop(svc).run)
+    time.sleep(3.0)  # the deadlines pass while the broker is down
+    waiting, ready = store.counts()
+    assert waiting + ready == 30, "rows must stay in place while nothing is confirmed"
+    private_tansu.start()  # memory storage: an empty broker, so recreate the topic
+    create_topics(private_tansu.bootstrap, settings.output_topic)
+    wait_for(lambda: store.counts() == (0, 0), timeout=30, what="rows fired after the broker returned")
+    [outcome] = background.finish()
+    assert outcome.publish_failures > 0 and outcome.fired >= 30
+    reader = OutputReader(private_tansu.bootstrap, settings.output_topic)
+    try:
+        assert set(reader.wait_for_ids(set(ids), timeout=10)) == set(ids)
+    finally:
+        reader.close()
+
+
+def test_postgres_connections_lost_mid_run_recovers_and_loses_nothing(
+    settings: DelaySettings, connections: Connections, store: PostgresDelayStore, output: OutputReader,
+) -> None:
+    local = LocalRuntime(settings, connections)
+    local.start()
+    ids = [f"p{i}" for i in range(300)]
+    try:
+        produce(connections.kafka_bootstrap, settings.input_topic, [
+            {"value": i.encode(),
+             "headers": [*chronos_headers(i, in_ms(1500 + 8 * n)), ("test-id", i.encode())]}
+            for n, i in enumerate(ids)])
+        killed = 0
+        for _ in range(6):  # every half second while messages are enqueued, readied and fired
+            time.sleep(0.5)
+            killed += terminate_backends(connections.postgres_dsn, settings.application_name)
+        assert killed >= 3
+        fired = output.wait_for_ids(set(ids), timeout=30)
+        wait_for(lambda: store.counts() == (0, 0), timeout=10, what="all rows deleted")
+    finally:
+        local.join()
+    assert set(fired) == set(ids)
