@@ -13,6 +13,7 @@ from switchyard.errors import SwitchyardError
 # Modules exposing ``register(subparsers)``; each adds its subcommands with a ``func`` default.
 COMMAND_MODULES = (
     "switchyard.rpc.cli",
+    "switchyard.local.cli",
     "switchyard.delay.cli",
     "switchyard.demo",
 )

@@ -29,3 +29,27 @@ def _build_logger() -> Logger:
 
 logger = _build_logger()
 metrics = Metrics(namespace=METRICS_NAMESPACE, service=SERVICE)
+
+
+def emit_gauge(name: str, value: float, dimension: str, dimension_value: str) -> None:
+    """One metric with its own dimension (e.g. queue depth per worker group), flushed at once."""
+    from aws_lambda_powertools.metrics import MetricUnit, single_metric
+    from aws_lambda_powertools.metrics.functions import is_metrics_disabled
+
+    if is_metrics_disabled():
+        return
+    with single_metric(name=name, unit=MetricUnit.Count, value=value, namespace=METRICS_NAMESPACE) as metric:
+        metric.add_dimension(name=dimension, value=dimension_value)
+
+
+def emit_counts(outcome: object, prefix: str = "") -> None:
+    """Add every integer field of an outcome dataclass as a Count metric (``forwarded`` -> ``Forwarded``)."""
+    from dataclasses import fields
+
+    from aws_lambda_powertools.metrics import MetricUnit
+
+    for f in fields(outcome):  # type: ignore[arg-type]
+        value = getattr(outcome, f.name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            name = prefix + "".join(part.capitalize() for part in f.name.split("_"))
+            metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)

@@ -77,7 +77,7 @@ class _Call:
     body: bytes
     timeout: float
     expiration_ms: int | None
-    headers: dict[str, Any] | None
+    headers: dict[str, Any]
     future: Future
     slot: int = 0
     seq: int = 0
@@ -161,10 +161,8 @@ class RpcClient:
             raise ValueError("timeout must be positive")
         if isinstance(body, str):
             body = body.encode("utf-8")
-        routing_key = p.routing_key(key)  # validates the key before anything is queued
-        msg_headers = dict(headers) if headers else None
-        if routing_key != key:
-            msg_headers = {**(msg_headers or {}), p.KEY_HEADER: key}
+        p.routing_key(key)  # validates the key before anything is queued
+        msg_headers = {**headers, p.KEY_HEADER: key} if headers else {p.KEY_HEADER: key}
         if expiration_ms is None:
             expiration_ms = max(1, int(timeout * 1000))
         future: Future[Response] = Future()

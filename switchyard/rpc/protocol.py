@@ -13,8 +13,12 @@ Keys
 A key is any UTF-8 string (empty included). It is carried two ways:
 
 * routing key: the raw key, when it fits AMQP's 255-byte short string and does not start with
-  ``~sha256:``; otherwise ``~sha256:`` + the hex SHA-256 of the key, with the raw key in the
-  ``x-switchyard-key`` header. Both branches are injective and cannot meet.
+  ``~sha256:``; otherwise ``~sha256:`` + the hex SHA-256 of the key. Both branches are
+  injective and cannot meet.
+* header ``x-switchyard-key``: the raw key, on every request and activity report. Lambda's
+  Amazon MQ events carry no routing key, so the control plane reads the key from here.
+* queue argument ``x-switchyard-key``: the raw key, so a lost pool state can be rebuilt from
+  the broker's queue list even when the queue name is hashed.
 * queue name ``{pool}-req-{encoded}``: the key percent-encoded byte by byte, keeping only
   ``A-Z a-z 0-9 _ . - = , :`` (``%`` itself is always escaped, so decoding is unambiguous);
   when the whole name would pass RabbitMQ's 255-byte limit, a readable prefix of the encoding
@@ -38,6 +42,7 @@ STATUS_HEADER = "x-status"
 EVENT_HEADER = "x-event"
 WORKER_ID_HEADER = "x-worker-id"
 KEY_HEADER = "x-switchyard-key"
+KEY_QUEUE_ARGUMENT = "x-switchyard-key"
 FIRST_DEATH_REASON_HEADER = "x-first-death-reason"
 DELIVERY_COUNT_HEADER = "x-delivery-count"
 DEATH_HEADER = "x-death"
@@ -96,10 +101,6 @@ def routing_key(key: str) -> str:
     if len(raw) <= MAX_NAME_BYTES and not key.startswith(HASHED_ROUTING_PREFIX):
         return key
     return HASHED_ROUTING_PREFIX + hashlib.sha256(raw).hexdigest()
-
-
-def needs_key_header(key: str) -> bool:
-    return routing_key(key) != key
 
 
 def encode_key(key: str) -> str:

@@ -73,8 +73,11 @@ class PoolTopology:
             self._chan = self._connection.channel()
         return self._chan
 
-    def _queue_arguments(self) -> dict[str, Any]:
-        return {"x-queue-type": self.policy.queue_type.value}
+    def _queue_arguments(self, key: str | None = None) -> dict[str, Any]:
+        arguments: dict[str, Any] = {"x-queue-type": self.policy.queue_type.value}
+        if key is not None:
+            arguments[p.KEY_QUEUE_ARGUMENT] = key
+        return arguments
 
     # -- pool -------------------------------------------------------------------------------
     def declare(self) -> None:
@@ -133,7 +136,7 @@ class PoolTopology:
     def ensure_request_queue(self, key: str, bind: bool = True) -> str:
         """Declare ``{pool}-req-{key}`` and (by default) bind it to the request exchange by key."""
         queue = p.request_queue(self.pool, key)
-        self._queue(queue)
+        self._queue(queue, key)
         if bind:
             self.bind_request_queue(key)
         return queue
@@ -157,15 +160,16 @@ class PoolTopology:
         self._guard(f"deleting {p.request_queue(self.pool, key)!r}",
                     lambda ch: ch.queue_delete(p.request_queue(self.pool, key)))
 
-    def queue_depth(self, queue: str) -> int | None:
-        """Ready messages in ``queue`` by passive declare (exact and immediate), None if absent."""
+    def queue_status(self, queue: str) -> tuple[int, int] | None:
+        """``(ready messages, consumers)`` by passive declare (exact, unlike the management
+        API's sampled stats), or None if the queue does not exist."""
         try:
             frame = self._channel().queue_declare(queue, passive=True)
         except pika.exceptions.ChannelClosedByBroker as exc:
             if exc.reply_code == NOT_FOUND:
                 return None
             raise TopologyError(f"inspecting {queue!r}: {exc.reply_text}") from exc
-        return frame.method.message_count
+        return frame.method.message_count, frame.method.consumer_count
 
     # -- helpers ----------------------------------------------------------------------------
     def _exchange(self, name: str, kind: str, arguments: dict[str, Any] | None = None) -> None:
@@ -174,10 +178,10 @@ class PoolTopology:
             lambda ch: ch.exchange_declare(name, kind, durable=True, arguments=arguments),
         )
 
-    def _queue(self, name: str) -> None:
+    def _queue(self, name: str, key: str | None = None) -> None:
         """Declare a durable queue; an existing one of another type is accepted as it is."""
         try:
-            self._channel().queue_declare(name, durable=True, arguments=self._queue_arguments())
+            self._channel().queue_declare(name, durable=True, arguments=self._queue_arguments(key))
         except pika.exceptions.ChannelClosedByBroker as exc:
             if exc.reply_code != PRECONDITION_FAILED:
                 raise TopologyError(f"declaring queue {name!r}: {exc.reply_text}") from exc

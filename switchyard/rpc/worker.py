@@ -237,7 +237,8 @@ class Worker:
 
     def _report(self, event: p.Event) -> None:
         props = pika.BasicProperties(
-            headers={p.EVENT_HEADER: event.value, p.WORKER_ID_HEADER: self.config.worker_id},
+            headers={p.EVENT_HEADER: event.value, p.WORKER_ID_HEADER: self.config.worker_id,
+                     p.KEY_HEADER: self.config.key},
             timestamp=int(time.time()),
         )
         self._publish(self.config.activity_exchange, p.routing_key(self.config.key), b"", props)

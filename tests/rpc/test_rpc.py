@@ -223,6 +223,7 @@ def test_activity_reports_started_and_request_received(pool, workers) -> None:
         method, props, _ = msg
         assert method.routing_key == "act"
         assert props.headers[p.WORKER_ID_HEADER] == worker_id
+        assert props.headers[p.KEY_HEADER] == "act"
         assert props.timestamp is not None
         events.append(props.headers[p.EVENT_HEADER])
     assert events == ["started", "request-received", "request-received", "request-received"]

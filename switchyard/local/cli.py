@@ -1,0 +1,83 @@
+"""``switchyard local`` (the control plane of a pool, locally) and ``switchyard invoke``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from switchyard.errors import ConfigError
+from switchyard.local.functions import FUNCTIONS_DIR, load_function
+from switchyard.local.lambda_context import FakeLambdaContext
+
+
+def quiet_metrics() -> None:
+    """Locally, EMF metric blobs would flood the terminal: off unless the user turned them on."""
+    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    quiet_metrics()
+    from switchyard.local.rpc_runtime import LocalControlPlane
+    from switchyard.rpc.control_plane import ControlSettings
+
+    env = {"SWITCHYARD_POOL": args.pool}
+    if args.unbind_delay is not None:
+        env["SWITCHYARD_UNBIND_DELAY"] = str(args.unbind_delay)
+    if args.stop_delay is not None:
+        env["SWITCHYARD_STOP_DELAY"] = str(args.stop_delay)
+    os.environ.update(env)
+    control = ControlSettings.from_env()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with LocalControlPlane(control) as runtime:
+        print(f"control plane of pool {control.pool!r} running (unbind after {control.delays.unbind_s:g} s, "
+              f"stop after {control.delays.stop_s:g} s); Ctrl-C to stop", flush=True)
+        while not stop.wait(args.status_every):
+            groups = runtime.plane.state.groups()
+            running = runtime.driver.list_running(control.pool)
+            summary = ", ".join(f"{k!r}:{g.status.value}{'+' if k in running else ''}"
+                                for k, g in sorted(groups.items())) or "no groups"
+            print(f"{time.strftime('%H:%M:%S')} {summary}", flush=True)
+    print("stopped: workers terminated, batches settled")
+    return 0
+
+
+def cmd_invoke(args: argparse.Namespace) -> int:
+    quiet_metrics()
+    name = args.function.removesuffix(".py")
+    if not (FUNCTIONS_DIR / f"{name}.py").exists():
+        available = ", ".join(sorted(p.stem for p in FUNCTIONS_DIR.glob("*.py")))
+        raise ConfigError(f"no function {name!r}; available: {available}")
+    try:
+        event = json.loads(Path(args.event).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read event file {args.event}: {exc}") from exc
+    result = load_function(name).lambda_handler(event, FakeLambdaContext(name, args.timeout_ms))
+    json.dump(result, sys.stdout, indent=2, default=str)
+    print()
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    local = subparsers.add_parser(
+        "local", help="run a pool's control plane locally (orphans, dead letters, activity, reconciler)")
+    local.add_argument("--pool", required=True, help="the pool to manage (declared if missing)")
+    local.add_argument("--unbind-delay", type=float,
+                       help="seconds idle before unbinding (SWITCHYARD_UNBIND_DELAY)")
+    local.add_argument("--stop-delay", type=float,
+                       help="seconds unbound before stopping (SWITCHYARD_STOP_DELAY)")
+    local.add_argument("--status-every", type=float, default=5.0, help="print the groups every N seconds")
+    local.set_defaults(func=cmd_local)
+
+    invoke = subparsers.add_parser("invoke", help="call one Lambda handler of functions/ with an event file")
+    invoke.add_argument("function", help="e.g. rpc_orphans, rpc_dead_letters, rpc_activity, rpc_reconcile")
+    invoke.add_argument("--event", required=True, help="JSON event file, e.g. events/rmq_orphan.json")
+    invoke.add_argument("--timeout-ms", type=int, default=60_000, help="the fake context's time budget")
+    invoke.set_defaults(func=cmd_invoke)

@@ -1,0 +1,97 @@
+"""``switchyard local``: a pool's control plane on this machine, through the Lambda handlers.
+
+Three RabbitMQ event-source bridges (orphans, dead letters, activity) consume the pool's queues
+as the Amazon MQ mappings would and call ``functions/rpc_*.py``; a ticker calls the reconciler
+handler with a scheduled event every ``reconcile_interval`` seconds. One in-process subprocess
+driver serves both, so the workers it starts are the ones the reconciler sees.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from switchyard.local.functions import load_function, scheduled_event
+from switchyard.local.lambda_context import FakeLambdaContext
+from switchyard.local.rmq_bridge import RabbitMQEventSource
+from switchyard.observability import logger
+from switchyard.rpc import protocol as p
+from switchyard.rpc.control_plane import ControlPlane, ControlSettings, install
+from switchyard.rpc.drivers import WorkerGroupDriver
+from switchyard.rpc.settings import RpcSettings
+from switchyard.rpc.topology import PoolTopology
+
+
+@dataclass(frozen=True)
+class BridgeSettings:
+    """Batching of the three mappings (the Amazon MQ mapping allows up to 10,000 and 300 s)."""
+
+    orphan_batch: int = 1000
+    dead_letter_batch: int = 100
+    activity_batch: int = 1000
+    window_s: float = 0.05
+
+
+class LocalControlPlane:
+    def __init__(self, control: ControlSettings, settings: RpcSettings | None = None,
+                 driver: WorkerGroupDriver | None = None, bridges: BridgeSettings | None = None) -> None:
+        self.control = control
+        self.settings = settings or RpcSettings.from_env()
+        self.plane = ControlPlane(control, self.settings, driver)
+        self.bridges = bridges or BridgeSettings()
+        self.sources: list[RabbitMQEventSource] = []
+        self.reconcile_passes = 0
+        self.last_reconcile: dict = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def driver(self) -> WorkerGroupDriver:
+        return self.plane.driver
+
+    def start(self) -> LocalControlPlane:
+        pool = self.control.pool
+        with PoolTopology(pool, self.settings) as topology:
+            topology.declare()
+        install(self.plane)
+        b = self.bridges
+        for queue, function, batch in (
+            (p.orphan_queue(pool), "rpc_orphans", b.orphan_batch),
+            (p.dl_queue(pool), "rpc_dead_letters", b.dead_letter_batch),
+            (p.activity_queue(pool), "rpc_activity", b.activity_batch),
+        ):
+            source = RabbitMQEventSource(
+                queue, load_function(function).lambda_handler, amqp_url=self.settings.connections.amqp_url,
+                function_name=f"{function}-{pool}", batch_size=batch, batching_window_s=b.window_s)
+            self.sources.append(source)
+            self._threads.append(source.run_in_thread(self._stop))
+        ticker = threading.Thread(target=self._tick, name=f"reconciler-{pool}", daemon=True)
+        ticker.start()
+        self._threads.append(ticker)
+        logger.info("local control plane started", extra={"pool": pool})
+        return self
+
+    def _tick(self) -> None:
+        handler = load_function("rpc_reconcile").lambda_handler
+        name = f"rpc_reconcile-{self.control.pool}"
+        while not self._stop.is_set():
+            try:
+                self.last_reconcile = handler(scheduled_event(name), FakeLambdaContext(name, 60_000))
+                self.reconcile_passes += 1
+            except Exception:  # the next tick tries again, as the schedule would
+                logger.exception("reconciler pass failed", extra={"pool": self.control.pool})
+            self._stop.wait(self.control.reconcile_interval_s)
+
+    def stop(self) -> None:
+        """Stop the bridges (each settles its batch in hand), the ticker, then the workers."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+        install(None)
+        self.plane.close()
+
+    def __enter__(self) -> LocalControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,61 @@
+"""The activity tracker's logic: worker activity keeps a group Active.
+
+A batch is reduced to one update per key, stamped with the tracker's own clock (seed 000 warns
+against trusting worker clocks). Any activity, however rare, moves ``seen`` forward, so a group
+with occasional traffic stays up (the public osrdyne's debounce did the opposite). A group found
+Unbound, or unknown (state lost, or workers started by hand), becomes Active under a new
+generation and its queue is declared and bound again, under the key's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from switchyard.observability import logger
+from switchyard.rpc import protocol as p
+from switchyard.rpc.rmq_event import AmqpMessage
+from switchyard.rpc.state import PoolState, now_ms
+from switchyard.rpc.topology import PoolTopology
+
+_EVENTS = {e.value for e in p.Event}
+
+
+@dataclass
+class ActivityOutcome:
+    events: int = 0
+    keys: int = 0
+    reactivated: int = 0
+    without_key: int = 0
+    unknown_events: int = 0
+
+
+def track_activity(
+    messages: Iterable[AmqpMessage], *, state: PoolState, topology: PoolTopology, at_ms: int | None = None
+) -> ActivityOutcome:
+    outcome = ActivityOutcome()
+    keys: set[str] = set()
+    for message in messages:
+        outcome.events += 1
+        key = message.key
+        if key is None:
+            outcome.without_key += 1
+            worker_id = message.headers.get(p.WORKER_ID_HEADER)
+            logger.warning("activity report without x-switchyard-key dropped",
+                           extra={"pool": topology.pool, "worker_id": worker_id})
+            continue
+        if message.header_str(p.EVENT_HEADER) not in _EVENTS:
+            outcome.unknown_events += 1
+            logger.warning("activity report with an unknown x-event dropped",
+                           extra={"pool": topology.pool, "event": repr(message.headers.get(p.EVENT_HEADER))})
+            continue
+        keys.add(key)
+    outcome.keys = len(keys)
+    touched = state.touch(keys, at_ms or now_ms())
+    reactivated = [key for key, touch in touched.items() if touch.became_active]
+    if reactivated:
+        with state.locked(reactivated):
+            for key in reactivated:
+                topology.ensure_request_queue(key)
+        outcome.reactivated = len(reactivated)
+    return outcome

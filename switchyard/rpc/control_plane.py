@@ -1,0 +1,127 @@
+"""The control plane of one pool: the four handlers' logic wired to its state, broker and driver.
+
+Lambda handlers in ``functions/`` call ``control_plane()``, which builds one instance per process
+from the environment (connections reused across invocations). The local runtime builds its own,
+sharing one in-process subprocess driver, and installs it with ``install()`` so the very same
+handler functions use it. AMQP connections are per thread (pika's are not thread-safe); Redis
+and the driver are shared.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import redis
+
+from switchyard.config import env_float, env_str
+from switchyard.errors import ConfigError
+from switchyard.rpc import protocol as p
+from switchyard.rpc.activity import ActivityOutcome, track_activity
+from switchyard.rpc.dead_letters import DeadLetterOutcome, respond_dead_letters
+from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
+from switchyard.rpc.orphans import OrphanOutcome, forward_orphans
+from switchyard.rpc.publisher import ConfirmingPublisher
+from switchyard.rpc.reconciler import Delays, ReconcileOutcome, Reconciler
+from switchyard.rpc.rmq_event import AmqpMessage
+from switchyard.rpc.settings import RpcSettings
+from switchyard.rpc.state import PoolState
+from switchyard.rpc.topology import PoolTopology
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    pool: str
+    delays: Delays
+    reconcile_interval_s: float = 1.0
+
+    @classmethod
+    def from_env(cls, pool: str | None = None) -> ControlSettings:
+        pool = pool or env_str("SWITCHYARD_POOL", "")
+        if not pool:
+            raise ConfigError("SWITCHYARD_POOL must name the pool this control plane manages")
+        d = Delays()
+        return cls(
+            pool=p.validate_pool(pool),
+            delays=Delays(unbind_s=env_float("SWITCHYARD_UNBIND_DELAY", d.unbind_s),
+                          stop_s=env_float("SWITCHYARD_STOP_DELAY", d.stop_s)),
+            reconcile_interval_s=env_float("SWITCHYARD_RECONCILE_INTERVAL", 1.0),
+        )
+
+
+class ControlPlane:
+    def __init__(self, control: ControlSettings, settings: RpcSettings | None = None,
+                 driver: WorkerGroupDriver | None = None, redis_client: redis.Redis | None = None) -> None:
+        self.control = control
+        self.pool = control.pool
+        self.settings = settings or RpcSettings.from_env()
+        self.driver = driver or driver_from_env()
+        self.redis = redis_client or redis.Redis.from_url(self.settings.connections.redis_url)
+        self.state = PoolState(self.redis, self.pool)
+        self._local = threading.local()
+        self._opened: list[PoolTopology | ConfirmingPublisher] = []
+        self._opened_lock = threading.Lock()
+
+    def _track(self, resource: PoolTopology | ConfirmingPublisher) -> None:
+        with self._opened_lock:
+            self._opened.append(resource)
+
+    def _topology(self) -> PoolTopology:
+        topology = getattr(self._local, "topology", None)
+        if topology is None:
+            topology = self._local.topology = PoolTopology(self.pool, self.settings)
+            self._track(topology)
+        return topology
+
+    def _publisher(self) -> ConfirmingPublisher:
+        publisher = getattr(self._local, "publisher", None)
+        if publisher is None:
+            publisher = self._local.publisher = ConfirmingPublisher(
+                self.settings.connections.amqp_url, f"switchyard-control-{self.pool}")
+            self._track(publisher)
+        return publisher
+
+    def forward_orphans(self, messages: Iterable[AmqpMessage]) -> OrphanOutcome:
+        return forward_orphans(messages, state=self.state, topology=self._topology(),
+                               publisher=self._publisher(), driver=self.driver)
+
+    def respond_dead_letters(self, messages: Iterable[AmqpMessage]) -> DeadLetterOutcome:
+        return respond_dead_letters(messages, pool=self.pool, publisher=self._publisher())
+
+    def track_activity(self, messages: Iterable[AmqpMessage]) -> ActivityOutcome:
+        return track_activity(messages, state=self.state, topology=self._topology())
+
+    def reconcile(self) -> ReconcileOutcome:
+        return Reconciler(self.state, self._topology(), self.driver, self.control.delays).run_pass()
+
+    def close(self) -> None:
+        """Close every connection this plane opened and the driver (which stops local workers).
+
+        Call it once the threads using the plane have stopped.
+        """
+        with self._opened_lock:
+            opened, self._opened = self._opened, []
+        for resource in opened:
+            resource.close()
+        self.driver.close()
+
+
+_installed: ControlPlane | None = None
+_lock = threading.Lock()
+
+
+def install(plane: ControlPlane | None) -> None:
+    """Make ``control_plane()`` return ``plane`` (the local runtime's shared instance)."""
+    global _installed
+    with _lock:
+        _installed = plane
+
+
+def control_plane() -> ControlPlane:
+    """The process's control plane, built from the environment on first use."""
+    global _installed
+    with _lock:
+        if _installed is None:
+            _installed = ControlPlane(ControlSettings.from_env())
+        return _installed

@@ -1,0 +1,86 @@
+"""The dead-letter responder's logic (seed 000, "osrdyne responds to dead lettered messages").
+
+Every dead-lettered request with a reply-to gets a response through the default exchange with
+its correlation id and ``x-status`` = the request's ``x-first-death-reason`` (RabbitMQ's header
+name; the public osrdyne read ``x-first-death`` and never answered). Requests that died by
+``delivery_limit`` also go to the poison inventory. All of it is confirmed before the batch is
+acked. A request without reply-to is logged and counted; nothing crashes the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from switchyard.observability import logger
+from switchyard.rpc import protocol as p
+from switchyard.rpc.orphans import negative_response, poison_copy
+from switchyard.rpc.publisher import ConfirmingPublisher, Outgoing
+from switchyard.rpc.rmq_event import AmqpMessage
+
+UNKNOWN_REASON = "dead_lettered"
+
+
+@dataclass
+class DeadLetterOutcome:
+    dead_letters: int = 0
+    responses: int = 0
+    poisoned: int = 0
+    without_reply_to: int = 0
+    without_reason: int = 0
+    malformed_fields: int = 0
+
+
+def death_reason(message: AmqpMessage) -> str | None:
+    """``x-first-death-reason``, else the reason of the first ``x-death`` entry."""
+    reason = message.header_str(p.FIRST_DEATH_REASON_HEADER)
+    if reason:
+        return reason
+    deaths = message.headers.get(p.DEATH_HEADER)
+    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+        first = deaths[0].get("reason")
+        return first if isinstance(first, str) and first else None
+    return None
+
+
+def _details(message: AmqpMessage, reason: str) -> dict[str, Any]:
+    headers = message.headers
+    return {
+        "reason": reason,
+        "key": message.key,
+        "queue": headers.get("x-first-death-queue"),
+        "detail": "the request was dead-lettered before a worker answered it",
+    }
+
+
+def respond_dead_letters(
+    messages: Iterable[AmqpMessage], *, pool: str, publisher: ConfirmingPublisher
+) -> DeadLetterOutcome:
+    outcome = DeadLetterOutcome()
+    outgoing: list[Outgoing] = []
+    for message in messages:
+        outcome.dead_letters += 1
+        outcome.malformed_fields += bool(message.problems)
+        reason = death_reason(message)
+        if reason is None:
+            outcome.without_reason += 1
+            reason = UNKNOWN_REASON
+            logger.warning("dead letter without x-first-death-reason",
+                           extra={"pool": pool, "correlation_id": message.properties.correlation_id})
+        if reason == p.Status.DELIVERY_LIMIT:
+            outcome.poisoned += 1
+            outgoing.append(poison_copy(pool, message, reason))
+            logger.warning("poison request moved to the poison inventory",
+                           extra={"pool": pool, "key": message.key,
+                                  "correlation_id": message.properties.correlation_id})
+        reply = negative_response(message, reason, _details(message, reason))
+        if reply is None:
+            outcome.without_reply_to += 1
+            logger.info("dead letter without reply-to: no one to answer",
+                        extra={"pool": pool, "reason": reason, "key": message.key})
+            continue
+        outcome.responses += 1
+        outgoing.append(reply)
+    publisher.publish_all(outgoing)
+    return outcome

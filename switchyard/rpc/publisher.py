@@ -1,0 +1,112 @@
+"""Batch publishing with publisher confirms, pipelined: the control plane's only way to publish.
+
+Handlers publish a whole batch, then wait until the broker has confirmed every message, and
+only then return (so their input batch is acked). Any nack, return of a mandatory message,
+lost connection or timeout raises: the input batch is redelivered and duplicates, never losses,
+follow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+import pika.exceptions
+import pika.spec
+
+from switchyard.errors import BrokerError, PublishRejectedError, UnroutableError
+from switchyard.rpc.amqp import connect, enable_async_confirms
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: pika.BasicProperties
+    mandatory: bool = False
+
+
+class ConfirmingPublisher:
+    """One connection and confirm-mode channel, reopened after failures. Not thread-safe."""
+
+    def __init__(self, amqp_url: str, name: str) -> None:
+        self._url = amqp_url
+        self._name = name
+        self._connection: pika.BlockingConnection | None = None
+        self._channel: Any = None
+        self._unconfirmed: set[int] = set()
+        self._nacked = 0
+        self._returned: list[str] = []
+        self._next_tag = 0
+
+    def _ensure_channel(self) -> Any:
+        if self._connection is None or not self._connection.is_open:
+            self._connection = connect(self._url, self._name)
+            self._channel = None
+        if self._channel is None or not self._channel.is_open:
+            channel = self._connection.channel()
+            channel.add_on_return_callback(self._on_return)
+            self._unconfirmed.clear()
+            self._next_tag = 0
+            enable_async_confirms(channel, self._on_confirm)
+            self._channel = channel
+        return self._channel
+
+    def publish_all(self, messages: Iterable[Outgoing], timeout: float = 30.0) -> int:
+        """Publish every message and wait for all confirms; returns how many were published."""
+        try:
+            return self._publish_all(messages, timeout)
+        except pika.exceptions.AMQPError as exc:
+            self.close()
+            raise BrokerError(f"publishing failed, nothing acknowledged: {exc!r}") from exc
+
+    def _publish_all(self, messages: Iterable[Outgoing], timeout: float) -> int:
+        channel = self._ensure_channel()
+        self._nacked = 0
+        self._returned = []
+        count = 0
+        for msg in messages:
+            channel.basic_publish(msg.exchange, msg.routing_key, msg.body, msg.properties,
+                                  mandatory=msg.mandatory)
+            self._next_tag += 1
+            self._unconfirmed.add(self._next_tag)
+            count += 1
+        deadline = time.monotonic() + timeout
+        while self._unconfirmed:
+            if time.monotonic() > deadline:
+                self.close()
+                raise BrokerError(f"{len(self._unconfirmed)} publishes unconfirmed after {timeout:.0f}s")
+            self._connection.process_data_events(time_limit=0.05)
+            if not channel.is_open:
+                self.close()
+                raise BrokerError("the channel closed before every publish was confirmed")
+        if self._nacked:
+            raise PublishRejectedError(f"the broker nacked {self._nacked} of {count} messages")
+        if self._returned:
+            raise UnroutableError(
+                f"{len(self._returned)} mandatory messages were returned: {self._returned[0]}")
+        return count
+
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        tags = ([t for t in self._unconfirmed if t <= method.delivery_tag] if method.multiple
+                else [method.delivery_tag])
+        for tag in tags:
+            self._unconfirmed.discard(tag)
+        if isinstance(method, pika.spec.Basic.Nack):
+            self._nacked += len(tags)
+
+    def _on_return(self, _channel: Any, method: pika.spec.Basic.Return, _props: Any, _body: bytes) -> None:
+        self._returned.append(
+            f"{method.reply_code} {method.reply_text} ({method.exchange}/{method.routing_key})")
+
+    def close(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None and connection.is_open:
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                connection.close()

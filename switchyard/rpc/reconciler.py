@@ -1,0 +1,215 @@
+"""The pool reconciler: seed 000's two control loops, one pass per scheduled tick.
+
+Request queues (two-stage shutdown):
+- Active, nothing seen for ``unbind_delay``: unbind the queue (new requests become orphans).
+- Unbound, nothing seen for ``stop_delay``: if the queue still holds requests, bind it again and
+  keep the group; otherwise stop the group, check again that the queue is empty and has no
+  consumer (a worker killed mid-request returns its request), and only then delete the queue.
+  Quorum queues refuse ``if-empty`` deletes, so emptiness is checked under the key's lock, which
+  every code path that binds a queue also holds: nothing can enter between check and delete.
+Worker groups: start the groups the state expects and the driver does not run, stop the ones it
+runs and the state does not expect; once each, no retries inside a pass, errors logged and counted.
+A lost state (no ``initialized`` marker) is rebuilt from the broker's ``{pool}-req-*`` queues and
+the driver's running groups, all marked Active: the normal delays then apply and nothing that
+holds work is deleted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+from switchyard.observability import logger
+from switchyard.rpc import protocol as p
+from switchyard.rpc.drivers import WorkerGroup, WorkerGroupDriver
+from switchyard.rpc.state import GroupState, GroupStatus, PoolState, now_ms
+from switchyard.rpc.topology import PoolTopology
+
+
+@dataclass(frozen=True)
+class Delays:
+    unbind_s: float = 300.0
+    stop_s: float = 600.0
+
+
+@dataclass
+class ReconcileOutcome:
+    skipped: int = 0  # another pass held the pool's reconciler lock
+    rebuilt_groups: int = 0
+    unbound: int = 0
+    stopped: int = 0
+    queues_deleted: int = 0
+    kept_nonempty: int = 0
+    waiting_for_consumers: int = 0
+    groups_started: int = 0
+    groups_stopped: int = 0
+    driver_errors: int = 0
+    queue_errors: int = 0
+    depths: dict[str, int] = field(default_factory=dict)  # worker group id -> messages in its queue
+
+
+def key_from_queue(pool: str, queue: dict) -> str | None:
+    """The raw key of a request queue: its ``x-switchyard-key`` argument, else its decoded name."""
+    key = (queue.get("arguments") or {}).get(p.KEY_QUEUE_ARGUMENT)
+    if isinstance(key, str):
+        return key
+    suffix = queue["name"][len(p.request_queue_prefix(pool)):]
+    if "~" in suffix:
+        return None  # hashed name without the argument: not one of ours
+    key = unquote(suffix, errors="strict")
+    return key if p.request_queue(pool, key) == queue["name"] else None
+
+
+class Reconciler:
+    def __init__(self, state: PoolState, topology: PoolTopology, driver: WorkerGroupDriver,
+                 delays: Delays) -> None:
+        self.state = state
+        self.topology = topology
+        self.driver = driver
+        self.delays = delays
+        self.pool = topology.pool
+
+    def run_pass(self, at_ms: int | None = None) -> ReconcileOutcome:
+        outcome = ReconcileOutcome()
+        with self.state.reconciler_turn() as mine:
+            if not mine:
+                outcome.skipped = 1
+                return outcome
+            if not self.state.is_initialized():
+                self._rebuild(outcome)
+            now = at_ms or now_ms()
+            for group in self.state.groups().values():
+                try:
+                    self._step_queue(group, now, outcome)
+                except Exception:  # one group's failure must not stop the pass
+                    outcome.queue_errors += 1
+                    logger.exception("request queue step failed", extra={"pool": self.pool, "key": group.key})
+            running = self._converge_groups(outcome)
+            self._observe_depths(outcome, running)
+        return outcome
+
+    # -- request queues -----------------------------------------------------------------------
+    def _step_queue(self, group: GroupState, now: int, outcome: ReconcileOutcome) -> None:
+        idle_ms = now - max(group.seen_ms, group.since_ms)
+        if group.status is GroupStatus.ACTIVE and idle_ms >= self.delays.unbind_s * 1000:
+            with self.state.locked([group.key]):
+                if self.state.set_status(group, GroupStatus.UNBOUND, now):
+                    self.topology.unbind_request_queue(group.key)
+                    outcome.unbound += 1
+                    logger.info("request queue unbound", extra={"pool": self.pool, "key": group.key})
+        elif group.status is GroupStatus.UNBOUND and idle_ms >= self.delays.stop_s * 1000:
+            with self.state.locked([group.key]):
+                self._stop_group(group, outcome)
+
+    def _stop_group(self, group: GroupState, outcome: ReconcileOutcome) -> None:
+        """Under the key's lock: stop the group and delete its queue, unless work is waiting."""
+        current = self.state.get(group.key)
+        if current is None or current.raw != group.raw:
+            return  # an orphan or activity arrived: the group lives on
+        queue = p.request_queue(self.pool, group.key)
+        if self._holds_work(group, queue, outcome):
+            return
+        wg = WorkerGroup(self.pool, group.key)
+        self.driver.stop(wg)
+        outcome.stopped += 1
+        status = self.topology.queue_status(queue)
+        if status is not None:
+            messages, consumers = status
+            if consumers:
+                outcome.waiting_for_consumers += 1  # workers still draining (ECS): next pass
+                return
+            if messages:
+                self._keep(group, queue, outcome)  # a stopped worker handed a request back
+                return
+            self.topology.delete_request_queue(group.key)
+            outcome.queues_deleted += 1
+        self.state.remove(group)
+        logger.info("worker group stopped and request queue deleted",
+                    extra={"pool": self.pool, "key": group.key})
+
+    def _holds_work(self, group: GroupState, queue: str, outcome: ReconcileOutcome) -> bool:
+        status = self.topology.queue_status(queue)
+        if status is not None and status[0] > 0:
+            self._keep(group, queue, outcome)
+            return True
+        return False
+
+    def _keep(self, group: GroupState, queue: str, outcome: ReconcileOutcome) -> None:
+        """Work is waiting in an unbound queue: serve it (bind, Active) rather than drop it."""
+        self.state.touch([group.key])
+        self.topology.ensure_request_queue(group.key)
+        outcome.kept_nonempty += 1
+        logger.warning("unbound queue still holds requests: bound again", extra={"pool": self.pool,
+                                                                                  "queue": queue})
+
+    # -- worker groups --------------------------------------------------------------------------
+    def _converge_groups(self, outcome: ReconcileOutcome) -> set[str]:
+        """Start missing groups, stop extra ones; returns the keys running afterwards."""
+        try:
+            running = self.driver.list_running(self.pool)
+        except Exception:  # seed 000: log and continue to the next iteration
+            outcome.driver_errors += 1
+            logger.exception("listing running worker groups failed", extra={"pool": self.pool})
+            return set()
+        expected = set(self.state.groups())
+        now_running = set(running)
+        for key in expected - running:
+            try:
+                self.driver.start(WorkerGroup(self.pool, key))
+                outcome.groups_started += 1
+                now_running.add(key)
+            except Exception:  # no retries inside a pass; the next pass tries again
+                outcome.driver_errors += 1
+                logger.exception("worker group start failed", extra={"pool": self.pool, "key": key})
+        for key in running - expected:
+            try:
+                self.driver.stop(WorkerGroup(self.pool, key))
+                outcome.groups_stopped += 1
+                now_running.discard(key)
+            except Exception:
+                outcome.driver_errors += 1
+                logger.exception("worker group stop failed", extra={"pool": self.pool, "key": key})
+        return now_running
+
+    def _observe_depths(self, outcome: ReconcileOutcome, running: set[str]) -> None:
+        """Queue depth per group: a metric (Amazon MQ 4.x sends none) and the autoscaling input."""
+        try:
+            queues = self.topology.management.list_queues(
+                f"^{p.request_queue_prefix(self.pool)}", columns="name,messages,arguments")
+        except Exception:  # observability must not break the pass
+            outcome.queue_errors += 1
+            logger.exception("reading queue depths failed", extra={"pool": self.pool})
+            return
+        for queue in queues:
+            key = key_from_queue(self.pool, queue)
+            if key is None:
+                continue
+            depth = int(queue.get("messages") or 0)
+            wg = WorkerGroup(self.pool, key)
+            outcome.depths[wg.group_id] = depth
+            if key in running:
+                try:
+                    self.driver.scale(wg, depth)
+                except Exception:
+                    outcome.driver_errors += 1
+                    logger.exception("scaling failed", extra={"pool": self.pool, "key": key})
+
+    # -- lost state ---------------------------------------------------------------------------
+    def _rebuild(self, outcome: ReconcileOutcome) -> None:
+        queues = self.topology.management.list_queues(
+            f"^{p.request_queue_prefix(self.pool)}", columns="name,messages,arguments")
+        keys = {k for q in queues if (k := key_from_queue(self.pool, q)) is not None}
+        try:
+            keys |= self.driver.list_running(self.pool)
+        except Exception:
+            outcome.driver_errors += 1
+            logger.exception("listing running groups during rebuild failed", extra={"pool": self.pool})
+        if keys:
+            with self.state.locked(keys):
+                self.state.touch(keys)
+                for key in keys:
+                    self.topology.ensure_request_queue(key)
+        self.state.mark_initialized()
+        outcome.rebuilt_groups = len(keys)
+        logger.warning("pool state rebuilt from the broker and the driver",
+                       extra={"pool": self.pool, "groups": len(keys)})

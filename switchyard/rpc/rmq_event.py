@@ -1,0 +1,134 @@
+"""Amazon MQ (RabbitMQ) Lambda events back into AMQP messages.
+
+The event gives each message's ``basicProperties`` with string header values as
+``{"bytes": [...]}`` and the timestamp as text (``"Jan 1, 1970, 12:33:41 AM"``, UTC), the body as
+base64, and no routing key or exchange. Converting never raises: a field that cannot be read is
+left out and named in ``problems`` so handlers can count it, and nothing else is lost.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import calendar
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pika
+from aws_lambda_powertools.utilities.data_classes.rabbit_mq_event import RabbitMQEvent
+
+from switchyard.rpc import protocol as p
+
+_TIMESTAMP_FORMAT = "%b %d, %Y, %I:%M:%S %p"
+_SPACES = re.compile(r"\s+")
+
+_PROPERTY_FIELDS = {
+    "contentType": "content_type",
+    "contentEncoding": "content_encoding",
+    "deliveryMode": "delivery_mode",
+    "priority": "priority",
+    "correlationId": "correlation_id",
+    "replyTo": "reply_to",
+    "expiration": "expiration",
+    "messageId": "message_id",
+    "type": "type",
+    "userId": "user_id",
+    "appId": "app_id",
+    "clusterId": "cluster_id",
+}
+
+
+@dataclass(frozen=True)
+class AmqpMessage:
+    """One message as it was published: body, properties (headers decoded), redelivery flag."""
+
+    body: bytes
+    properties: pika.BasicProperties
+    redelivered: bool = False
+    queue: str = ""
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        return self.properties.headers or {}
+
+    def header_str(self, name: str) -> str | None:
+        value = self.headers.get(name)
+        return value if isinstance(value, str) else None
+
+    @property
+    def key(self) -> str | None:
+        """The worker key carried in ``x-switchyard-key`` (None if absent or not a string)."""
+        return self.header_str(p.KEY_HEADER)
+
+
+def decode_header_value(value: Any) -> Any:
+    """``{"bytes": [...]}`` -> str (or bytes when not UTF-8); tables and arrays recursively."""
+    if isinstance(value, dict):
+        raw = value.get("bytes")
+        if len(value) == 1 and isinstance(raw, list) and all(isinstance(b, int) for b in raw):
+            data = bytes(b & 0xFF for b in raw)
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError:
+                return data
+        return {str(k): decode_header_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_header_value(v) for v in value]
+    return value
+
+
+def parse_timestamp(text: str) -> int | None:
+    """The event's timestamp text (UTC) -> POSIX seconds, or None if unreadable."""
+    try:
+        parsed = datetime.strptime(_SPACES.sub(" ", text.strip()), _TIMESTAMP_FORMAT)
+    except (ValueError, AttributeError):
+        return None
+    return calendar.timegm(parsed.timetuple())
+
+
+def to_amqp_message(queue: str, message: dict[str, Any]) -> AmqpMessage:
+    problems: list[str] = []
+    try:
+        body = base64.b64decode(message.get("data") or "", validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        problems.append("data is not base64")
+        body = str(message.get("data")).encode()
+    props = message.get("basicProperties")
+    if not isinstance(props, dict):
+        problems.append("basicProperties missing")
+        props = {}
+    kwargs: dict[str, Any] = {}
+    for aws_name, pika_name in _PROPERTY_FIELDS.items():
+        value = props.get(aws_name)
+        if value is not None:
+            kwargs[pika_name] = value
+    headers = props.get("headers")
+    if isinstance(headers, dict):
+        kwargs["headers"] = {str(k): decode_header_value(v) for k, v in headers.items()}
+    elif headers is not None:
+        problems.append("headers is not a table")
+    if props.get("timestamp") is not None:
+        stamp = parse_timestamp(str(props["timestamp"]))
+        if stamp is None:
+            problems.append(f"unreadable timestamp {props['timestamp']!r}")
+        else:
+            kwargs["timestamp"] = stamp
+    for name in ("delivery_mode", "priority"):
+        if name in kwargs and not isinstance(kwargs[name], int):
+            problems.append(f"{name} is not an integer")
+            del kwargs[name]
+    return AmqpMessage(body, pika.BasicProperties(**kwargs), bool(message.get("redelivered")), queue,
+                       tuple(problems))
+
+
+def messages_from_event(event: RabbitMQEvent | dict[str, Any]) -> Iterator[AmqpMessage]:
+    """Every message of an ``aws:rmq`` event, in order, queue name without ``::vhost``."""
+    raw = event.raw_event if isinstance(event, RabbitMQEvent) else event
+    for queue_vhost, messages in (raw.get("rmqMessagesByQueue") or {}).items():
+        queue = queue_vhost.rsplit("::", 1)[0]
+        for message in messages or []:
+            yield to_amqp_message(queue, message if isinstance(message, dict) else {})

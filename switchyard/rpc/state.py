@@ -1,0 +1,182 @@
+"""Pool state (seed 000's pool state tracker), kept in Redis so stateless handlers can share it.
+
+Each worker group is Active or Unbound, with the generation it entered that state under and the
+last time an orphan or activity was seen for it. Handlers that bind a queue and the reconciler
+that unbinds or deletes one take the same per-key lock, and the reconciler changes a group only
+by compare-and-set on the state it read: an orphan or activity arriving meanwhile wins.
+
+Redis layout (prefix ``switchyard:rpc:{pool}:``):
+
+- ``groups``       hash, worker key -> JSON ``{"s", "g", "seen", "since"}``
+- ``generation``   counter of expected-state generations (64-bit)
+- ``initialized``  present once the state was built; absent after a flush -> rebuild
+- ``lock:{sha256(key)[:32]}``  per-key lock (token, with expiry)
+- ``reconciler``   lock held by the running reconciler pass
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from importlib import resources
+
+import redis
+
+from switchyard.errors import SwitchyardError
+from switchyard.rpc import protocol as p
+
+LOCK_TTL_MS = 120_000
+
+
+class GroupStatus(StrEnum):
+    ACTIVE = "active"
+    UNBOUND = "unbound"
+
+
+class LockTimeoutError(SwitchyardError):
+    """A per-key lock stayed taken too long; the caller fails so its batch is redelivered."""
+
+
+@dataclass(frozen=True)
+class GroupState:
+    key: str
+    status: GroupStatus
+    generation: int
+    seen_ms: int
+    since_ms: int
+    raw: str  # exactly as stored: the compare-and-set token
+
+    @classmethod
+    def parse(cls, key: str, raw: str) -> GroupState:
+        data = json.loads(raw)
+        return cls(key, GroupStatus(data["s"]), int(data["g"]), int(data["seen"]), int(data["since"]), raw)
+
+    def encode(self, status: GroupStatus, since_ms: int) -> str:
+        return json.dumps({"s": status.value, "g": self.generation, "seen": self.seen_ms, "since": since_ms})
+
+
+@dataclass(frozen=True)
+class Touch:
+    generation: int
+    became_active: bool
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _script(name: str) -> str:
+    return resources.files("switchyard.rpc.lua").joinpath(name).read_text()
+
+
+class PoolState:
+    """The expected state of one pool's worker groups. Thread-safe (redis-py pools connections)."""
+
+    def __init__(self, client: redis.Redis, pool: str) -> None:
+        self.pool = p.validate_pool(pool)
+        self.redis = client
+        self.prefix = f"switchyard:rpc:{pool}:"
+        self._groups = self.prefix + "groups"
+        self._generation = self.prefix + "generation"
+        self._initialized = self.prefix + "initialized"
+        self._touch = client.register_script(_script("touch_groups.lua"))
+        self._cas = client.register_script(_script("compare_and_set.lua"))
+        self._release = client.register_script(_script("release_lock.lua"))
+
+    # -- state ------------------------------------------------------------------------------
+    def touch(self, keys: Iterable[str], at_ms: int | None = None) -> dict[str, Touch]:
+        """Mark groups Active (an orphan or activity was seen); new or Unbound ones get a new generation."""
+        keys = list(dict.fromkeys(keys))
+        if not keys:
+            return {}
+        flat = self._touch(keys=[self._groups, self._generation], args=[at_ms or now_ms(), *keys])
+        result = {}
+        for i in range(0, len(flat), 3):
+            key = flat[i].decode() if isinstance(flat[i], bytes) else flat[i]
+            result[key] = Touch(int(flat[i + 1]), bool(int(flat[i + 2])))
+        return result
+
+    def groups(self) -> dict[str, GroupState]:
+        raw = self.redis.hgetall(self._groups)
+        return {k.decode(): GroupState.parse(k.decode(), v.decode()) for k, v in raw.items()}
+
+    def get(self, key: str) -> GroupState | None:
+        raw = self.redis.hget(self._groups, key)
+        return GroupState.parse(key, raw.decode()) if raw is not None else None
+
+    def set_status(self, group: GroupState, status: GroupStatus, at_ms: int | None = None) -> bool:
+        """Compare-and-set: move ``group`` to ``status`` only if it is still exactly as read."""
+        new = group.encode(status, at_ms or now_ms())
+        return bool(self._cas(keys=[self._groups], args=[group.key, group.raw, new]))
+
+    def remove(self, group: GroupState) -> bool:
+        """Compare-and-set removal (the group was stopped and its queue deleted)."""
+        return bool(self._cas(keys=[self._groups], args=[group.key, group.raw, ""]))
+
+    def is_initialized(self) -> bool:
+        return bool(self.redis.exists(self._initialized))
+
+    def mark_initialized(self) -> None:
+        self.redis.set(self._initialized, "1")
+
+    def generation(self) -> int:
+        return int(self.redis.get(self._generation) or 0)
+
+    # -- locks ------------------------------------------------------------------------------
+    def _lock_key(self, key: str) -> str:
+        return f"{self.prefix}lock:{p.key_digest(key)[:32]}"
+
+    @contextmanager
+    def locked(self, keys: Iterable[str], wait: float = 30.0) -> Iterator[None]:
+        """Hold the per-key locks of ``keys`` (taken in sorted order, so holders never deadlock)."""
+        lock_keys = sorted({self._lock_key(k) for k in keys})
+        token = uuid.uuid4().hex
+        held: list[str] = []
+        try:
+            self._acquire_all(lock_keys, token, held, wait)
+            yield
+        finally:
+            if held:
+                self._release(keys=held, args=[token])
+
+    def _acquire_all(self, lock_keys: list[str], token: str, held: list[str], wait: float) -> None:
+        # Fast path: everything free, one round trip.
+        pipe = self.redis.pipeline(transaction=False)
+        for lock_key in lock_keys:
+            pipe.set(lock_key, token, nx=True, px=LOCK_TTL_MS)
+        results = pipe.execute()
+        first_miss = next((i for i, ok in enumerate(results) if not ok), None)
+        if first_miss is None:
+            held.extend(lock_keys)
+            return
+        # Keep the prefix before the first miss; give back what was taken out of order.
+        held.extend(lock_keys[:first_miss])
+        out_of_order = [k for k, ok in zip(lock_keys[first_miss:], results[first_miss:], strict=True) if ok]
+        if out_of_order:
+            self._release(keys=out_of_order, args=[token])
+        deadline = time.monotonic() + wait
+        for lock_key in lock_keys[first_miss:]:
+            delay = 0.002
+            while not self.redis.set(lock_key, token, nx=True, px=LOCK_TTL_MS):
+                if time.monotonic() > deadline:
+                    raise LockTimeoutError(f"lock {lock_key} still taken after {wait:.0f}s")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+            held.append(lock_key)
+
+    @contextmanager
+    def reconciler_turn(self, ttl_ms: int = 60_000) -> Iterator[bool]:
+        """Yields True if this process may run a reconciler pass now (one pass at a time per pool)."""
+        key = self.prefix + "reconciler"
+        token = uuid.uuid4().hex
+        acquired = bool(self.redis.set(key, token, nx=True, px=ttl_ms))
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                self._release(keys=[key], args=[token])
