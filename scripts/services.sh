@@ -21,8 +21,9 @@ PG_PORT=5432
 REDIS_PORT=6379
 AMQP_PORT=5672
 MGMT_PORT=15672
-KAFKA_PORT=9092
-MOTO_PORT=5000
+# The two services the project runs itself can move, e.g. to test this script beside running ones.
+KAFKA_PORT="${SWITCHYARD_TANSU_PORT:-9092}"
+MOTO_PORT="${SWITCHYARD_MOTO_PORT:-5000}"
 
 APT_UPDATED=0
 FAILED=0
@@ -119,7 +120,7 @@ start_postgres() {
             sed -i "1i host all all $HOST/32 trust" "/etc/postgresql/$ver/main/pg_hba.conf"
         fi
         if ! listening "$PG_PORT"; then
-            pg_ctlcluster --skip-systemctl-redirect "$ver" main start >>"$LOGS/postgres.log" 2>&1 || true
+            pg_ctlcluster --skip-systemctl-redirect "$ver" main start >>"$LOGS/postgres.log" 2>&1 8>&- 9>&- || true
             echo "$ver" >"$STATE/postgres.started"
         fi
         if ! wait_for 30 pg_ready; then
@@ -149,7 +150,7 @@ start_redis() {
     if ! listening "$REDIS_PORT"; then
         mkdir -p "$STATE/redis"
         redis-server --daemonize yes --bind "$HOST" -::1 --port "$REDIS_PORT" --save "" --appendonly no \
-            --dir "$STATE/redis" --logfile "$LOGS/redis.log" --pidfile "$STATE/redis.pid" ||
+            --dir "$STATE/redis" --logfile "$LOGS/redis.log" --pidfile "$STATE/redis.pid" 8>&- 9>&- ||
             { fail redis "$REDIS_PORT" "redis-server did not start; see $LOGS/redis.log"; return; }
     fi
     if ! wait_for 15 redis_ready; then
@@ -193,7 +194,7 @@ start_rabbitmq() {
         {
             rabbitmqctl eval "application:set_env(rabbitmq_management, tcp_config, [{ip, \"$HOST\"}, {port, $MGMT_PORT}])." &&
                 rabbitmq-plugins enable rabbitmq_management
-        } >>"$LOGS/rabbitmq.log" 2>&1 || {
+        } >>"$LOGS/rabbitmq.log" 2>&1 8>&- 9>&- || {
             fail rabbitmq "$AMQP_PORT" "could not enable rabbitmq_management on the running node; see $LOGS/rabbitmq.log"
             return
         }
@@ -214,7 +215,7 @@ start_rabbitmq() {
             fail rabbitmq "$AMQP_PORT" "rabbitmq-plugins enable --offline failed; see $LOGS/rabbitmq.log"
             return
         }
-        rabbitmq-server -detached >>"$LOGS/rabbitmq.log" 2>&1 || true
+        rabbitmq-server -detached >>"$LOGS/rabbitmq.log" 2>&1 8>&- 9>&- || true
         touch "$STATE/rabbitmq.started"
     fi
     if ! wait_for 90 mgmt_ready; then
@@ -233,7 +234,7 @@ start_bg() {
     local log="$LOGS/$name.log" pidf="$STATE/$name.pid"
     echo "=== $(date -Is) starting: $*" >>"$log"
     rm -f "$pidf"
-    setsid bash -c 'echo $$ >"$0"; exec nohup "$@"' "$pidf" "$@" >>"$log" 2>&1 </dev/null &
+    setsid bash -c 'echo $$ >"$0"; exec nohup "$@"' "$pidf" "$@" >>"$log" 2>&1 </dev/null 8>&- 9>&- &
     wait_for 5 test -s "$pidf" || true
 }
 
@@ -369,8 +370,11 @@ main() {
     *) die "usage: scripts/services.sh [start|stop|status]" ;;
     esac
     # Serialize concurrent runs: the second one waits, then finds everything running.
+    # (Every daemon is started with fd 8 closed, so none of them keeps holding this lock.)
     exec 8>"$STATE/services.lock"
-    command -v flock >/dev/null 2>&1 && flock 8
+    if command -v flock >/dev/null 2>&1 && ! flock -w 180 8; then
+        die "another scripts/services.sh has held $STATE/services.lock for 3 minutes; is one stuck?"
+    fi
     if [ "$action" = stop ]; then
         stop_all
         return
