@@ -45,11 +45,10 @@ def death_reason(message: AmqpMessage) -> str | None:
 
 
 def _details(message: AmqpMessage, reason: str) -> dict[str, Any]:
-    headers = message.headers
     return {
         "reason": reason,
         "key": message.key,
-        "queue": headers.get("x-first-death-queue"),
+        "queue": message.header_str("x-first-death-queue"),  # a str or None: always JSON
         "detail": "the request was dead-lettered before a worker answered it",
     }
 

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import pika
+import pika.data
 from aws_lambda_powertools.utilities.data_classes.rabbit_mq_event import RabbitMQEvent
 
 from switchyard.rpc import protocol as p
@@ -81,6 +82,35 @@ def decode_header_value(value: Any) -> Any:
     return value
 
 
+def _encodable(value: Any) -> bool:
+    """Whether pika can put ``value`` in an AMQP field table (so the message can be re-published)."""
+    try:
+        pika.data.encode_table([], {"v": value})
+    except Exception:
+        return False
+    return True
+
+
+def _short_string(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        return len(value.encode("utf-8")) <= p.MAX_NAME_BYTES
+    except UnicodeEncodeError:
+        return False
+
+
+def _valid_property(name: str, value: Any) -> bool:
+    """A property RabbitMQ could have delivered; anything else would make re-publishing fail."""
+    if name == "delivery_mode":
+        return isinstance(value, int) and not isinstance(value, bool) and value in (1, 2)
+    if name == "priority":
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 255
+    if name == "expiration":  # RabbitMQ closes the channel on anything but a non-negative integer
+        return _short_string(value) and value.isascii() and value.isdigit()
+    return _short_string(value)
+
+
 def parse_timestamp(text: str) -> int | None:
     """The event's timestamp text (UTC) -> POSIX seconds, or None if unreadable."""
     try:
@@ -104,11 +134,21 @@ def to_amqp_message(queue: str, message: dict[str, Any]) -> AmqpMessage:
     kwargs: dict[str, Any] = {}
     for aws_name, pika_name in _PROPERTY_FIELDS.items():
         value = props.get(aws_name)
-        if value is not None:
+        if value is None:
+            continue
+        if _valid_property(pika_name, value):
             kwargs[pika_name] = value
+        else:
+            problems.append(f"{aws_name} is not a valid AMQP value: dropped")
     headers = props.get("headers")
     if isinstance(headers, dict):
-        kwargs["headers"] = {str(k): decode_header_value(v) for k, v in headers.items()}
+        kwargs["headers"] = {}
+        for name, raw_value in headers.items():
+            value = decode_header_value(raw_value)
+            if _short_string(name) and _encodable(value):
+                kwargs["headers"][name] = value
+            else:
+                problems.append(f"header {str(name)[:64]!r} cannot be carried over AMQP: dropped")
     elif headers is not None:
         problems.append("headers is not a table")
     if props.get("timestamp") is not None:
@@ -117,10 +157,6 @@ def to_amqp_message(queue: str, message: dict[str, Any]) -> AmqpMessage:
             problems.append(f"unreadable timestamp {props['timestamp']!r}")
         else:
             kwargs["timestamp"] = stamp
-    for name in ("delivery_mode", "priority"):
-        if name in kwargs and not isinstance(kwargs[name], int):
-            problems.append(f"{name} is not an integer")
-            del kwargs[name]
     return AmqpMessage(body, pika.BasicProperties(**kwargs), bool(message.get("redelivered")), queue,
                        tuple(problems))
 

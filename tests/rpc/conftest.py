@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pika
 import pytest
+import redis
 
+from switchyard.config import Connections
+from switchyard.local.rpc_runtime import BridgeSettings, LocalControlPlane
 from switchyard.rpc import protocol as p
-from switchyard.rpc.management import ManagementApi
+from switchyard.rpc.control_plane import ControlSettings
+from switchyard.rpc.drivers import SubprocessDriver, WorkerGroup
+from switchyard.rpc.reconciler import Delays
 from switchyard.rpc.settings import PoolPolicy, RpcSettings
 from switchyard.rpc.topology import PoolTopology
 from tests.conftest import subprocess_env, unique
@@ -19,18 +26,8 @@ from tests.conftest import subprocess_env, unique
 
 def delete_pool(settings: RpcSettings, pool: str) -> None:
     """Remove every queue, exchange and policy of a test pool."""
-    api = ManagementApi(settings.connections.management_url)
-    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
-    try:
-        for queue in api.list_queues(f"^{pool}-", columns="name"):
-            connection.channel().queue_delete(queue["name"])
-        for exchange in (p.req_exchange(pool), p.orphan_exchange(pool), p.dl_exchange(pool),
-                         p.activity_exchange(pool)):
-            connection.channel().exchange_delete(exchange)
-    finally:
-        connection.close()
-    api.delete_policy(p.request_policy_name(pool))
-    api.delete_policy(p.pool_queues_policy_name(pool))
+    with PoolTopology(pool, settings) as topology:
+        topology.delete()
 
 
 PoolFactory = Callable[..., tuple[str, RpcSettings]]
@@ -135,3 +132,84 @@ def get_message(settings: RpcSettings, queue: str, timeout: float = 10.0):
         return None
     finally:
         connection.close()
+
+
+# -- control plane --------------------------------------------------------------------------------
+# Powertools would print one EMF blob per handler invocation; the tests read outcomes instead.
+os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+
+WORKER_COMMAND = (sys.executable, "-m", "switchyard", "worker", "--handler")
+
+
+def state_prefix(pool: str) -> str:
+    return f"switchyard:rpc:{pool}:"
+
+
+def flush_pool_state(client: redis.Redis, pool: str) -> int:
+    """Delete every Redis key of ``pool``'s state; returns how many there were."""
+    keys = list(client.scan_iter(match=state_prefix(pool) + "*", count=1000))
+    if keys:
+        client.delete(*keys)
+    return len(keys)
+
+
+@pytest.fixture
+def redis_client() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(Connections.from_env().redis_url)
+    yield client
+    client.close()
+
+
+class CountingDriver(SubprocessDriver):
+    """The real subprocess driver, counting the starts that actually spawned workers."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.spawns: dict[str, int] = {}
+
+    def _spawn(self, group: WorkerGroup):
+        proc = super()._spawn(group)
+        self.spawns[group.key] = self.spawns.get(group.key, 0) + 1
+        return proc
+
+
+def worker_driver(tmp_path: Path, handler: str, *, max_workers: int = 1, **env: str) -> CountingDriver:
+    return CountingDriver([*WORKER_COMMAND, handler], min_workers=1, max_workers=max_workers,
+                          log_dir=tmp_path / "workers", stop_timeout=10,
+                          env=subprocess_env(WORKER_ACTIVITY_INTERVAL="0.2", **env))
+
+
+class Planes:
+    """Starts ``LocalControlPlane``s for test pools; stops them (and their workers) and wipes the
+    pools' Redis state afterwards."""
+
+    def __init__(self, tmp_path: Path, redis_client: redis.Redis) -> None:
+        self.tmp_path = tmp_path
+        self.redis = redis_client
+        self.started: list[LocalControlPlane] = []
+        self.pools: list[str] = []
+
+    def start(self, pool: str, settings: RpcSettings, *, handler: str = "tests.rpc.handlers:whoami",
+              unbind_s: float = 30.0, stop_s: float = 30.0, interval_s: float = 0.2,
+              max_workers: int = 1, driver: SubprocessDriver | None = None,
+              worker_env: dict[str, str] | None = None) -> LocalControlPlane:
+        self.pools.append(pool)
+        driver = driver or worker_driver(self.tmp_path, handler, max_workers=max_workers,
+                                         **(worker_env or {}))
+        plane = LocalControlPlane(ControlSettings(pool, Delays(unbind_s, stop_s), interval_s), settings,
+                                  driver, BridgeSettings(window_s=0.02))
+        self.started.append(plane)
+        return plane.start()
+
+    def close(self) -> None:
+        for plane in reversed(self.started):
+            plane.stop()
+        for pool in self.pools:
+            flush_pool_state(self.redis, pool)
+
+
+@pytest.fixture
+def planes(tmp_path: Path, redis_client: redis.Redis) -> Iterator[Planes]:
+    planes = Planes(tmp_path, redis_client)
+    yield planes
+    planes.close()

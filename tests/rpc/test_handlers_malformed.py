@@ -1,0 +1,283 @@
+"""The Lambda handlers fed malformed messages: they keep going, count, and lose nothing else.
+
+The handlers of ``functions/`` are called directly with ``aws:rmq`` events (built by the bridge's
+own ``build_rmq_event`` or by hand) and a fake context, against a control plane installed for a
+throwaway pool on the real RabbitMQ and Redis.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pika
+import pytest
+import redis
+
+from switchyard.local.functions import load_function
+from switchyard.local.lambda_context import FakeLambdaContext
+from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event, rmq_message
+from switchyard.rpc import protocol as p
+from switchyard.rpc.control_plane import ControlPlane, ControlSettings, install
+from switchyard.rpc.drivers import NoopDriver
+from switchyard.rpc.orphans import POISON_REASON_HEADER
+from switchyard.rpc.reconciler import Delays
+from switchyard.rpc.state import GroupStatus, PoolState
+from tests.conftest import wait_for
+from tests.rpc.conftest import flush_pool_state
+
+ODD_KEYS = ["", "#", "🚂💨", "k" * 1024, "a key", "*"]
+
+
+class Env:
+    def __init__(self, pool: str, settings, plane: ControlPlane) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.plane = plane
+        self.state: PoolState = plane.state
+        self.connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+        self.channel = self.connection.channel()
+        self.reply_queue = self.channel.queue_declare("", exclusive=True).method.queue
+
+    def call(self, function: str, event: dict[str, Any]) -> dict[str, Any]:
+        handler = load_function(function).lambda_handler
+        return handler(event, FakeLambdaContext(function, 60_000))
+
+    def replies(self, expected: int, timeout: float = 10.0) -> list[tuple[pika.BasicProperties, bytes]]:
+        got: list[tuple[pika.BasicProperties, bytes]] = []
+
+        def arrived() -> bool:
+            got.extend(self.drain(self.reply_queue))
+            return len(got) >= expected
+
+        wait_for(arrived, timeout=timeout, what=f"{expected} replies")
+        return got
+
+    def replies_with(self, correlation_ids: set[str], timeout: float = 10.0) -> list:
+        """Replies from the reply queue until every one of ``correlation_ids`` has come."""
+        got: list[tuple[pika.BasicProperties, bytes]] = []
+
+        def arrived() -> bool:
+            got.extend(self.drain(self.reply_queue))
+            return correlation_ids <= {props.correlation_id for props, _ in got}
+
+        wait_for(arrived, timeout=timeout, what=f"replies {sorted(correlation_ids)}")
+        return got
+
+    def drain(self, queue: str) -> list[tuple[pika.BasicProperties, bytes]]:
+        out = []
+        while True:
+            method, props, body = self.channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                return out
+            out.append((props, body))
+
+
+@pytest.fixture
+def env(pool, redis_client: redis.Redis) -> Iterator[Env]:
+    name, settings = pool
+    plane = ControlPlane(ControlSettings(name, Delays(30, 30)), settings, NoopDriver(), redis_client)
+    install(plane)
+    e = Env(name, settings, plane)
+    try:
+        yield e
+    finally:
+        install(None)
+        plane.close()
+        e.connection.close()
+        flush_pool_state(redis_client, name)
+
+
+def request(key: str | None, body: bytes = b"x", *, reply_to: str | None = None, correlation_id: str = "c",
+            headers: dict[str, Any] | None = None) -> RmqDelivery:
+    hdrs = dict(headers or {})
+    if key is not None:
+        hdrs[p.KEY_HEADER] = key
+    props = pika.BasicProperties(reply_to=reply_to, correlation_id=correlation_id, headers=hdrs,
+                                 delivery_mode=2, content_type="application/octet-stream")
+    return RmqDelivery(body, props)
+
+
+def event_of(queue: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    event = build_rmq_event(queue, "/", [])
+    event["rmqMessagesByQueue"][f"{queue}::/"] = messages
+    return event
+
+
+def garbage_messages() -> list[dict[str, Any]]:
+    """Hand-made ``aws:rmq`` messages no real mapping should send, but a handler must survive."""
+    good_props = rmq_message(request("g"))["basicProperties"]
+    return [
+        {"data": base64.b64encode(b"no props").decode()},  # basicProperties missing
+        {"basicProperties": None, "data": "", "redelivered": False},
+        {"basicProperties": "nonsense", "data": "aGk="},
+        {"basicProperties": {**good_props}, "data": "%%% not base64 %%%"},
+        {"basicProperties": {**good_props, "headers": "not a table"}, "data": ""},
+        {"basicProperties": {**good_props, "headers": None}, "data": ""},
+        {"basicProperties": {**good_props, "headers": {p.KEY_HEADER: 42}}, "data": ""},
+        {"basicProperties": {**good_props, "headers": {p.KEY_HEADER: {"bytes": [255, 254]}}}, "data": ""},
+        {"basicProperties": {**good_props, "headers": {p.KEY_HEADER: {"bytes": "oops"}}}, "data": ""},
+        {"basicProperties": {**good_props, "headers": {p.KEY_HEADER: [1, 2]}}, "data": ""},
+        {"basicProperties": {**good_props, "headers": {p.KEY_HEADER: None}}, "data": ""},
+        {"basicProperties": {**good_props, "timestamp": "yesterday-ish", "deliveryMode": "two",
+                             "priority": "high", "headers": {}}, "data": ""},
+        "not even a dict",
+    ]
+
+
+def hostile_messages(key: str, reply_to: str) -> list[dict[str, Any]]:
+    """Messages whose fields RabbitMQ would never deliver and pika cannot (or must not) re-publish."""
+    base = rmq_message(request(key, reply_to=reply_to))["basicProperties"]
+    return [
+        {"basicProperties": {**base, "correlationId": 12345}, "data": ""},
+        {"basicProperties": {**base, "replyTo": {"bytes": [1, 2]}}, "data": ""},
+        {"basicProperties": {**base, "replyTo": "r" * 300}, "data": ""},
+        {"basicProperties": {**base, "expiration": "soon"}, "data": ""},
+        {"basicProperties": {**base, "priority": 1000}, "data": ""},
+        {"basicProperties": {**base, "headers": {**base["headers"], "huge": 10**30}}, "data": ""},
+        {"basicProperties": {**base, "headers": {**base["headers"], "s": "\ud800"}}, "data": ""},
+        {"basicProperties": {**base, "headers": {p.KEY_HEADER: "\ud800"}}, "data": ""},
+        {"basicProperties": {**base, "headers": {**base["headers"], "x-first-death-queue": {"bytes": [255]},
+                                                 "x-first-death-reason": {"bytes": list(b"expired")}}},
+         "data": ""},
+    ]
+
+
+# -- orphans ----------------------------------------------------------------------------------------
+def test_orphan_handler_survives_garbage_and_forwards_the_good(env: Env) -> None:
+    good = [request(key, f"body {i}".encode(), reply_to=env.reply_queue, correlation_id=f"good-{i}")
+            for i, key in enumerate(ODD_KEYS)]
+    big = request("big", b"B" * (1024 * 1024), correlation_id="big")
+    empty = request("empty", b"", correlation_id="empty")
+    lost_key = request(None, b"who am I", reply_to=env.reply_queue, correlation_id="no-key")
+    no_reply = request("fire-and-forget", b"f", correlation_id="ff")
+    messages = [rmq_message(d) for d in (*good, big, empty, lost_key, no_reply)]
+    garbage = garbage_messages()
+    outcome = env.call("rpc_orphans", event_of(p.orphan_queue(env.pool), [*garbage, *messages]))
+
+    # Of the garbage only the bad-base64 one carries a key ("g"): it is forwarded as it came.
+    without_key = len(garbage) - 1 + 1  # + the keyless request
+    assert outcome["orphans"] == len(garbage) + len(messages)
+    assert outcome["forwarded"] == len(good) + 4  # + big, empty, fire-and-forget, "g"
+    assert outcome["without_key"] == without_key
+    assert outcome["malformed_fields"] >= 6
+    assert outcome["keys"] == len(ODD_KEYS) + 4
+
+    # Every good request sits in its own bound queue, body and properties intact.
+    for i, key in enumerate(ODD_KEYS):
+        got = env.drain(p.request_queue(env.pool, key))
+        assert [(props.correlation_id, body) for props, body in got] == [(f"good-{i}", f"body {i}".encode())]
+        assert got[0][0].headers[p.KEY_HEADER] == key and got[0][0].reply_to == env.reply_queue
+        assert env.state.get(key).status is GroupStatus.ACTIVE
+    assert [b for _, b in env.drain(p.request_queue(env.pool, "big"))] == [b"B" * (1024 * 1024)]
+    assert [b for _, b in env.drain(p.request_queue(env.pool, "empty"))] == [b""]
+    assert [b for _, b in env.drain(p.request_queue(env.pool, "fire-and-forget"))] == [b"f"]
+
+    # The keyless request got a negative response and went to the poison inventory with the rest.
+    (props, body), = env.replies(1)
+    assert props.correlation_id == "no-key" and props.headers[p.STATUS_HEADER] == p.Status.ERROR
+    assert json.loads(body)["error"] == "MissingKey"
+    poisoned = env.drain(p.poison_queue(env.pool))
+    assert len(poisoned) == without_key
+    assert all(props.headers[POISON_REASON_HEADER] for props, _ in poisoned)
+    assert b"who am I" in [body for _, body in poisoned]
+
+
+def test_orphan_handler_survives_fields_pika_cannot_publish(env: Env) -> None:
+    good = request("ok", b"fine", reply_to=env.reply_queue, correlation_id="fine")
+    event = event_of(p.orphan_queue(env.pool), [*hostile_messages("h", env.reply_queue), rmq_message(good)])
+    outcome = env.call("rpc_orphans", event)
+    assert outcome["orphans"] == 10
+    assert outcome["malformed_fields"] >= 8
+    assert [(props.correlation_id, body) for props, body in env.drain(p.request_queue(env.pool, "ok"))] == [
+        ("fine", b"fine")]
+    forwarded_h = env.drain(p.request_queue(env.pool, "h"))
+    poisoned = env.drain(p.poison_queue(env.pool))
+    assert outcome["forwarded"] == 1 + len(forwarded_h)
+    assert len(forwarded_h) + len(poisoned) == 9  # nothing vanished
+
+
+# -- dead letters -----------------------------------------------------------------------------------
+def dead(key: str | None, reason: str | None, correlation_id: str, reply_to: str | None) -> RmqDelivery:
+    headers: dict[str, Any] = {}
+    if reason is not None:
+        headers["x-first-death-reason"] = reason
+        headers["x-first-death-queue"] = "q"
+        headers["x-death"] = [{"reason": reason, "queue": "q", "count": 1, "exchange": "x",
+                               "routing-keys": [key or ""]}]
+    return request(key, b"dl", reply_to=reply_to, correlation_id=correlation_id, headers=headers)
+
+
+def test_dead_letter_handler_survives_garbage_and_answers_the_good(env: Env) -> None:
+    rq = env.reply_queue
+    good = [dead("k1", "expired", "e1", rq), dead("", "delivery_limit", "d1", rq),
+            dead("🚂", "maxlen", "m1", rq), dead("k" * 1024, "rejected", "r1", rq)]
+    only_x_death = request("k2", b"dl", reply_to=rq, correlation_id="xd",
+                           headers={"x-death": [{"reason": "expired", "queue": "q", "count": 1}]})
+    no_reason = dead("k3", None, "nr", rq)
+    no_reply = dead("k4", "expired", "nrt", None)
+    big = RmqDelivery(b"B" * (1024 * 1024), dead("k5", "expired", "big", rq).properties)
+    messages = [rmq_message(d) for d in (*good, only_x_death, no_reason, no_reply, big)]
+    garbage = garbage_messages()
+    hostile = hostile_messages("h", rq)
+    outcome = env.call("rpc_dead_letters", event_of(p.dl_queue(env.pool), [*garbage, *hostile, *messages]))
+
+    assert outcome["dead_letters"] == len(garbage) + len(hostile) + len(messages)
+    assert outcome["without_reply_to"] >= 1 and outcome["without_reason"] >= 1
+    assert outcome["malformed_fields"] >= 8
+    assert outcome["poisoned"] == 1
+    expected = {"e1": "expired", "d1": "delivery_limit", "m1": "maxlen", "r1": "rejected", "xd": "expired",
+                "nr": "dead_lettered", "big": "expired"}
+    replies = env.replies_with(set(expected))
+    statuses = {props.correlation_id: props.headers[p.STATUS_HEADER] for props, _ in replies}
+    assert {cid: statuses.get(cid) for cid in expected} == expected
+    detail = json.loads(next(body for props, body in replies if props.correlation_id == "e1"))
+    assert detail["reason"] == "expired" and detail["key"] == "k1"
+    poisoned = env.drain(p.poison_queue(env.pool))
+    assert [props.correlation_id for props, _ in poisoned] == ["d1"]
+    assert poisoned[0][0].headers["x-first-death-reason"] == "delivery_limit"
+
+
+# -- activity ---------------------------------------------------------------------------------------
+def activity(key: str | None, event: Any = "request-received") -> RmqDelivery:
+    headers: dict[str, Any] = {p.WORKER_ID_HEADER: "w1"}
+    if event is not None:
+        headers[p.EVENT_HEADER] = event
+    if key is not None:
+        headers[p.KEY_HEADER] = key
+    return RmqDelivery(b"", pika.BasicProperties(headers=headers, timestamp=1_700_000_000))
+
+
+def test_activity_handler_survives_garbage_and_tracks_the_good(env: Env) -> None:
+    for key in ("b1", "b2"):
+        env.state.touch([key])
+        assert env.state.set_status(env.state.get(key), GroupStatus.UNBOUND)
+    good = [activity(k) for k in ODD_KEYS] + [activity("b1"), activity("b2", "started")]
+    odd_events = [activity("z", "exploded"), activity("z", None), activity("z", 7)]
+    messages = [rmq_message(d) for d in (*good, *odd_events, activity(None))]
+    garbage = garbage_messages()
+    hostile = hostile_messages("h", env.reply_queue)
+    outcome = env.call("rpc_activity", event_of(p.activity_queue(env.pool), [*garbage, *hostile, *messages]))
+
+    assert outcome["events"] == len(garbage) + len(hostile) + len(messages)
+    assert outcome["unknown_events"] >= 3
+    # b1, b2 were Unbound; the others were unknown (state lost, or workers started by hand).
+    assert outcome["reactivated"] == len(ODD_KEYS) + 2
+    groups = env.state.groups()
+    assert "z" not in groups
+    for key in [*ODD_KEYS, "b1", "b2"]:
+        assert groups[key].status is GroupStatus.ACTIVE
+    # The revived groups' queues are bound again: a request routed by key lands in the queue.
+    env.channel.confirm_delivery()
+    env.channel.basic_publish(p.req_exchange(env.pool), p.routing_key("b1"), b"to b1", mandatory=True)
+    assert [b for _, b in env.drain(p.request_queue(env.pool, "b1"))] == [b"to b1"]
+
+
+def test_empty_and_missing_batches(env: Env) -> None:
+    for function in ("rpc_orphans", "rpc_dead_letters", "rpc_activity"):
+        outcome = env.call(function, {"eventSource": "aws:rmq", "rmqMessagesByQueue": {}})
+        assert all(v == 0 for v in outcome.values() if isinstance(v, int)), (function, outcome)
+        outcome = env.call(function, {"eventSource": "aws:rmq", "rmqMessagesByQueue": {"q::/": []}})
+        assert all(v == 0 for v in outcome.values() if isinstance(v, int)), (function, outcome)
