@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
 import time
 from collections.abc import Callable
@@ -166,7 +167,9 @@ class FireLoop:
             wake = min(wake, self._next_ready)
         if self._to_delete or self._to_release:
             wake = min(wake, self._last_delete + DELETE_INTERVAL_S)
-        return max(0.0, wake - now)
+        # librdkafka waits in whole milliseconds and truncates: round up, or a wait under 1 ms
+        # becomes poll(0) and the loop spins. Firing is thus at most ~1 ms late, never early.
+        return math.ceil(max(0.0, wake - now) * 1000) / 1000
 
     def step(self, accepting: bool) -> None:
         """One turn: claim if it is time, fire what is due, handle confirmations, delete, then wait."""
