@@ -33,6 +33,20 @@ def connect(amqp_url: str, name: str, heartbeat: int = 30) -> pika.BlockingConne
         ) from exc
 
 
+def is_alive(connection: pika.BlockingConnection | None) -> bool:
+    """Whether a connection kept between uses (e.g. across Lambda invocations) still works.
+
+    Processing pending I/O surfaces a close the broker sent meanwhile (heartbeat timeout, restart).
+    """
+    if connection is None or not connection.is_open:
+        return False
+    try:
+        connection.process_data_events(time_limit=0)
+    except pika.exceptions.AMQPError:
+        return False
+    return connection.is_open
+
+
 def redact(url: str) -> str:
     """The URL with its password hidden, for messages and logs."""
     params = pika.URLParameters(url)

@@ -59,6 +59,25 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pool_delete(args: argparse.Namespace) -> int:
+    import redis
+
+    from switchyard.rpc.state import PoolState
+
+    settings = _settings(args)
+    with PoolTopology(args.pool, settings) as topology:
+        queues = topology.management.list_queues(f"^{args.pool}-", columns="name,messages")
+        waiting = sum(int(q.get("messages") or 0) for q in queues)
+        if waiting and not args.force:
+            print(f"pool {args.pool!r} still holds {waiting} messages; nothing deleted "
+                  "(add --force to drop them)", file=sys.stderr)
+            return 1
+        dropped = topology.delete()
+    PoolState(redis.Redis.from_url(settings.connections.redis_url), args.pool).clear()
+    print(f"pool {args.pool!r} deleted ({len(queues)} queues, {dropped} messages dropped)")
+    return 0
+
+
 def cmd_call(args: argparse.Namespace) -> int:
     body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode()
     with RpcClient(args.pool, RpcSettings.from_env(), timeout=args.timeout, confirm=args.confirm) as client:
@@ -102,6 +121,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _pool_arg(bind)
     bind.add_argument("--key", required=True, help="the worker key (any UTF-8 string)")
     bind.set_defaults(func=cmd_pool_bind)
+
+    delete = pool_sub.add_parser("delete", help="delete a pool's queues, exchanges, policies and state")
+    _pool_arg(delete)
+    delete.add_argument("--force", action="store_true", help="delete even if queues still hold messages")
+    delete.set_defaults(func=cmd_pool_delete)
 
     status = pool_sub.add_parser("status", help="list the pool's queues with their depth and consumers")
     _pool_arg(status)

@@ -312,11 +312,11 @@ class RpcClient:
                 headers=call.headers,
                 delivery_mode=pika.DeliveryMode.Persistent,
             )
-            channel.basic_publish(self._exchange, p.routing_key(call.key), call.body, props, mandatory=True)
-            self.stats.published += 1
-            if self.confirm:
+            if self.confirm:  # record before publishing: basic_publish may process the confirm
                 self._publish_seq += 1
                 self._unconfirmed[self._publish_seq] = call
+            channel.basic_publish(self._exchange, p.routing_key(call.key), call.body, props, mandatory=True)
+            self.stats.published += 1
             heapq.heappush(self._deadlines, (now + call.timeout, call.slot, call.seq))
 
     def _expire(self) -> None:

@@ -3,14 +3,15 @@
 Lambda handlers in ``functions/`` call ``control_plane()``, which builds one instance per process
 from the environment (connections reused across invocations). The local runtime builds its own,
 sharing one in-process subprocess driver, and installs it with ``install()`` so the very same
-handler functions use it. AMQP connections are per thread (pika's are not thread-safe); Redis
-and the driver are shared.
+handler functions use it. AMQP connections are leased to one caller at a time (pika's are not
+thread-safe); Redis and the driver are shared.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import redis
@@ -59,51 +60,55 @@ class ControlPlane:
         self.driver = driver or driver_from_env()
         self.redis = redis_client or redis.Redis.from_url(self.settings.connections.redis_url)
         self.state = PoolState(self.redis, self.pool)
-        self._local = threading.local()
-        self._opened: list[PoolTopology | ConfirmingPublisher] = []
-        self._opened_lock = threading.Lock()
+        # pika connections are not thread-safe, and the Lambda runtime (or the local bridge) may
+        # call each handler from a new thread: connections are leased, one user at a time.
+        self._idle: list[tuple[PoolTopology, ConfirmingPublisher]] = []
+        self._all: list[tuple[PoolTopology, ConfirmingPublisher]] = []
+        self._lease_lock = threading.Lock()
 
-    def _track(self, resource: PoolTopology | ConfirmingPublisher) -> None:
-        with self._opened_lock:
-            self._opened.append(resource)
-
-    def _topology(self) -> PoolTopology:
-        topology = getattr(self._local, "topology", None)
-        if topology is None:
-            topology = self._local.topology = PoolTopology(self.pool, self.settings)
-            self._track(topology)
-        return topology
-
-    def _publisher(self) -> ConfirmingPublisher:
-        publisher = getattr(self._local, "publisher", None)
-        if publisher is None:
-            publisher = self._local.publisher = ConfirmingPublisher(
-                self.settings.connections.amqp_url, f"switchyard-control-{self.pool}")
-            self._track(publisher)
-        return publisher
+    @contextmanager
+    def _lease(self) -> Iterator[tuple[PoolTopology, ConfirmingPublisher]]:
+        with self._lease_lock:
+            pair = self._idle.pop() if self._idle else None
+        if pair is None:
+            url = self.settings.connections.amqp_url
+            pair = (PoolTopology(self.pool, self.settings),
+                    ConfirmingPublisher(url, f"switchyard-control-{self.pool}"))
+            with self._lease_lock:
+                self._all.append(pair)
+        try:
+            yield pair
+        finally:
+            with self._lease_lock:
+                self._idle.append(pair)
 
     def forward_orphans(self, messages: Iterable[AmqpMessage]) -> OrphanOutcome:
-        return forward_orphans(messages, state=self.state, topology=self._topology(),
-                               publisher=self._publisher(), driver=self.driver)
+        with self._lease() as (topology, publisher):
+            return forward_orphans(messages, state=self.state, topology=topology,
+                                   publisher=publisher, driver=self.driver)
 
     def respond_dead_letters(self, messages: Iterable[AmqpMessage]) -> DeadLetterOutcome:
-        return respond_dead_letters(messages, pool=self.pool, publisher=self._publisher())
+        with self._lease() as (_, publisher):
+            return respond_dead_letters(messages, pool=self.pool, publisher=publisher)
 
     def track_activity(self, messages: Iterable[AmqpMessage]) -> ActivityOutcome:
-        return track_activity(messages, state=self.state, topology=self._topology())
+        with self._lease() as (topology, _):
+            return track_activity(messages, state=self.state, topology=topology)
 
     def reconcile(self) -> ReconcileOutcome:
-        return Reconciler(self.state, self._topology(), self.driver, self.control.delays).run_pass()
+        with self._lease() as (topology, _):
+            return Reconciler(self.state, topology, self.driver, self.control.delays).run_pass()
 
     def close(self) -> None:
         """Close every connection this plane opened and the driver (which stops local workers).
 
         Call it once the threads using the plane have stopped.
         """
-        with self._opened_lock:
-            opened, self._opened = self._opened, []
-        for resource in opened:
-            resource.close()
+        with self._lease_lock:
+            pairs, self._all, self._idle = self._all, [], []
+        for topology, publisher in pairs:
+            topology.close()
+            publisher.close()
         self.driver.close()
 
 

@@ -28,3 +28,12 @@ def divide(request: Request) -> str:
     """``a/b`` -> the quotient; a bad input raises, which becomes a negative response."""
     a, b = request.text().split("/")
     return str(float(a) / float(b))
+
+
+def demo(request: Request) -> bytes | str:
+    """The demo's workers: ``math`` divides, ``slow`` sleeps ``SLEEPY_SECONDS``, others describe."""
+    if request.key == "math":
+        return divide(request)
+    if request.key == "slow":
+        return sleepy(request)
+    return describe(request)

@@ -19,7 +19,7 @@ import pika.exceptions
 import pika.spec
 
 from switchyard.errors import BrokerError, PublishRejectedError, UnroutableError
-from switchyard.rpc.amqp import connect, enable_async_confirms
+from switchyard.rpc.amqp import connect, enable_async_confirms, is_alive
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class ConfirmingPublisher:
         self._next_tag = 0
 
     def _ensure_channel(self) -> Any:
-        if self._connection is None or not self._connection.is_open:
+        if not is_alive(self._connection):
             self._connection = connect(self._url, self._name)
             self._channel = None
         if self._channel is None or not self._channel.is_open:
@@ -71,10 +71,11 @@ class ConfirmingPublisher:
         self._returned = []
         count = 0
         for msg in messages:
-            channel.basic_publish(msg.exchange, msg.routing_key, msg.body, msg.properties,
-                                  mandatory=msg.mandatory)
+            # Record before publishing: basic_publish may already process the broker's confirm.
             self._next_tag += 1
             self._unconfirmed.add(self._next_tag)
+            channel.basic_publish(msg.exchange, msg.routing_key, msg.body, msg.properties,
+                                  mandatory=msg.mandatory)
             count += 1
         deadline = time.monotonic() + timeout
         while self._unconfirmed:

@@ -84,7 +84,7 @@ class Reconciler:
                 except Exception:  # one group's failure must not stop the pass
                     outcome.queue_errors += 1
                     logger.exception("request queue step failed", extra={"pool": self.pool, "key": group.key})
-            running = self._converge_groups(outcome)
+            running = self._converge_groups(outcome, now)
             self._observe_depths(outcome, running)
         return outcome
 
@@ -143,7 +143,19 @@ class Reconciler:
                                                                                   "queue": queue})
 
     # -- worker groups --------------------------------------------------------------------------
-    def _converge_groups(self, outcome: ReconcileOutcome) -> set[str]:
+    def _expected_running(self, now: int) -> set[str]:
+        """Active groups, and Unbound ones still inside STOP_DELAY (their workers drain the queue).
+
+        An Unbound group past STOP_DELAY is being stopped: ``_stop_group`` may have stopped its
+        workers and be waiting for the broker to drop their consumers before deleting the queue.
+        Starting it again here would undo that stop on every pass, and the group would stay up,
+        Unbound, for ever. If its queue still holds work, ``_keep`` makes it Active again.
+        """
+        stop_ms = self.delays.stop_s * 1000
+        return {key for key, group in self.state.groups().items()
+                if group.status is GroupStatus.ACTIVE or now - max(group.seen_ms, group.since_ms) < stop_ms}
+
+    def _converge_groups(self, outcome: ReconcileOutcome, now: int) -> set[str]:
         """Start missing groups, stop extra ones; returns the keys running afterwards."""
         try:
             running = self.driver.list_running(self.pool)
@@ -151,7 +163,7 @@ class Reconciler:
             outcome.driver_errors += 1
             logger.exception("listing running worker groups failed", extra={"pool": self.pool})
             return set()
-        expected = set(self.state.groups())
+        expected = self._expected_running(now)
         now_running = set(running)
         for key in expected - running:
             try:

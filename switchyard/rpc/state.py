@@ -124,6 +124,11 @@ class PoolState:
     def mark_initialized(self) -> None:
         self.redis.set(self._initialized, "1")
 
+    def clear(self) -> int:
+        """Forget the pool entirely (``switchyard pool delete``); returns the keys removed."""
+        keys = list(self.redis.scan_iter(match=self.prefix + "*", count=500))
+        return self.redis.delete(*keys) if keys else 0
+
     def generation(self) -> int:
         return int(self.redis.get(self._generation) or 0)
 

@@ -16,7 +16,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from switchyard.errors import PoolNotFoundError, TopologyError
 from switchyard.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.amqp import connect
+from switchyard.rpc.amqp import connect, is_alive
 from switchyard.rpc.management import ManagementApi, vhost_from_amqp_url
 from switchyard.rpc.settings import PoolPolicy, RpcSettings
 
@@ -66,7 +66,7 @@ class PoolTopology:
         self._connection = self._chan = None
 
     def _channel(self) -> BlockingChannel:
-        if self._connection is None or not self._connection.is_open:
+        if not is_alive(self._connection):
             self._connection = connect(self.settings.connections.amqp_url, f"switchyard-topology-{self.pool}")
             self._chan = None
         if self._chan is None or not self._chan.is_open:
@@ -114,6 +114,22 @@ class PoolTopology:
                 {"delivery-limit": POOL_QUEUE_DELIVERY_LIMIT},
                 self.policy.priority,
             )
+
+    def delete(self) -> int:
+        """Remove the pool: every queue (messages included), exchange and policy. Returns the
+        number of messages dropped, so callers can refuse or report it."""
+        dropped = 0
+        queues = self.management.list_queues(f"^{self.pool}-", columns="name,messages")
+        for queue in queues:
+            if queue["name"].startswith(self.pool + "-"):
+                frame = self._channel().queue_delete(queue["name"])
+                dropped += frame.method.message_count
+        for exchange in (p.req_exchange(self.pool), p.orphan_exchange(self.pool),
+                         p.dl_exchange(self.pool), p.activity_exchange(self.pool)):
+            self._channel().exchange_delete(exchange)
+        self.management.delete_policy(p.request_policy_name(self.pool))
+        self.management.delete_policy(p.pool_queues_policy_name(self.pool))
+        return dropped
 
     def exists(self) -> bool:
         """Whether the pool's request exchange exists (passive declare)."""

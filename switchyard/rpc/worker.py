@@ -245,9 +245,10 @@ class Worker:
 
     def _publish(self, exchange: str, routing_key: str, body: bytes, props: pika.BasicProperties,
                  ack_after: int | None = None) -> None:
-        self._channel.basic_publish(exchange, routing_key, body, props)
+        # Record before publishing: basic_publish may already process the broker's confirm.
         self._pending.next_tag += 1
         self._pending.entries[self._pending.next_tag] = ack_after
+        self._channel.basic_publish(exchange, routing_key, body, props)
 
     def _on_confirm(self, frame: Any) -> None:
         """Ack each request once its reply is confirmed; requeue it if the broker refused the reply."""

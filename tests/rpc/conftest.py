@@ -176,7 +176,7 @@ class CountingDriver(SubprocessDriver):
 def worker_driver(tmp_path: Path, handler: str, *, max_workers: int = 1, **env: str) -> CountingDriver:
     return CountingDriver([*WORKER_COMMAND, handler], min_workers=1, max_workers=max_workers,
                           log_dir=tmp_path / "workers", stop_timeout=10,
-                          env=subprocess_env(WORKER_ACTIVITY_INTERVAL="0.2", **env))
+                          env=subprocess_env(**{"WORKER_ACTIVITY_INTERVAL": "0.2", **env}))
 
 
 class Planes:

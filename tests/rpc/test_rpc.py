@@ -263,3 +263,16 @@ def test_calls_from_many_threads_each_get_their_own_response(pool, workers) -> N
             t.join(60)
     assert errors == []
     assert client.stats.responses == 200
+
+
+def test_worker_keeps_answering_with_prefetch_one_and_an_activity_report_per_request(pool, workers) -> None:
+    """Regression: a confirm processed inside basic_publish was once missed, so the request was
+    never acked and a prefetch-1 worker stalled after a few hundred requests."""
+    name, settings = pool
+    bind(name, settings, "k")
+    workers.start(name, "k", f"{H}:whoami", WORKER_PREFETCH="1", WORKER_ACTIVITY_INTERVAL="0")
+    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    with RpcClient(name, settings, concurrency=64, timeout=60) as client:
+        futures = [client.submit("k", str(i)) for i in range(600)]
+        bodies = [f.result(90).text().split("|")[2] for f in futures]
+    assert bodies == [str(i) for i in range(600)]
