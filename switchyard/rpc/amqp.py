@@ -54,7 +54,7 @@ def redact(url: str) -> str:
 
 
 # pika's BlockingChannel hides two things Switchyard needs; both are reached through its
-# underlying asynchronous channel (``_impl``), in this one place only.
+# underlying asynchronous channel (``_impl``) or state, in this one place only.
 
 
 def enable_async_confirms(channel: BlockingChannel, on_ack_nack: Callable[[Any], None]) -> None:
@@ -62,7 +62,7 @@ def enable_async_confirms(channel: BlockingChannel, on_ack_nack: Callable[[Any],
 
     BlockingChannel.confirm_delivery makes each basic_publish block until its confirm, which
     serializes a pipeline. The callback runs inside pika's frame processing: it must not call
-    blocking methods (use ``ack`` and ``requeue`` below, or defer the work).
+    blocking methods (defer such work to after the publish loop).
     """
     selected: list[bool] = []
     channel._impl.confirm_delivery(ack_nack_callback=on_ack_nack,
@@ -77,13 +77,3 @@ def enable_async_confirms(channel: BlockingChannel, on_ack_nack: Callable[[Any],
 def close_reason(channel: BlockingChannel) -> Exception | None:
     """Why a closed channel was closed (e.g. ChannelClosedByBroker with reply code 404)."""
     return getattr(channel, "_closing_reason", None)
-
-
-def ack(channel: BlockingChannel, delivery_tag: int) -> None:
-    """Non-blocking ack, safe inside a confirm callback."""
-    channel._impl.basic_ack(delivery_tag)
-
-
-def requeue(channel: BlockingChannel, delivery_tag: int) -> None:
-    """Non-blocking reject with requeue, safe inside a confirm callback."""
-    channel._impl.basic_reject(delivery_tag, requeue=True)

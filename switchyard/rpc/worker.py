@@ -5,8 +5,11 @@ hand the request back (``basic.reject`` with requeue); any other exception becom
 response (status ``error``, a JSON body naming the error) so the caller's slot frees at once.
 
 Replies go through the default exchange to ``reply-to`` with the request's correlation id and
-``x-status``. The channel is in confirm mode: a request is acked only once its reply is
-confirmed by the broker, so a crash anywhere before that redelivers the request (at-least-once).
+``x-status``, and the request is acked right after, on the same channel. The broker handles a
+channel's frames in order, so the reply is routed before the ack takes effect, and a crash
+anywhere before the ack redelivers the request (at-least-once). Waiting for a publisher confirm
+of the reply would add a round trip per request and protect nothing more: replies go to
+transient reply queues that a broker restart loses anyway.
 Activity reports (``started``, ``request-received``) go to the pool's activity exchange, with the
 worker key as routing key; ``request-received`` is sent at most once per activity interval
 (0 sends one per request), which is all the activity tracker needs.
@@ -22,7 +25,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pika
@@ -33,7 +36,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from switchyard.errors import ConfigError, TopologyError
 from switchyard.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.amqp import ack, connect, enable_async_confirms, requeue
+from switchyard.rpc.amqp import connect
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.topology import NOT_FOUND
 
@@ -103,7 +106,6 @@ class WorkerStats:
     errors: int = 0
     requeued: int = 0
     no_reply_to: int = 0
-    replies_nacked: int = 0
 
 
 def load_handler(spec: str) -> Handler:
@@ -132,14 +134,6 @@ def _encode_result(result: bytes | str | None) -> bytes:
     raise TypeError(f"a handler must return bytes, str or None, not {type(result).__name__}")
 
 
-@dataclass
-class _Pending:
-    """Publishes awaiting their broker confirm (by delivery tag), with the request to ack after."""
-
-    entries: dict[int, int | None] = field(default_factory=dict)
-    next_tag: int = 0
-
-
 class Worker:
     """Consumes one request queue and answers each request. ``run()`` blocks until stopped."""
 
@@ -150,7 +144,6 @@ class Worker:
         self.stats = WorkerStats()
         self._stopping = False
         self._last_activity = float("-inf")
-        self._pending = _Pending()
         self._channel: BlockingChannel | None = None
 
     def stop(self) -> None:
@@ -167,7 +160,6 @@ class Worker:
         try:
             channel = connection.channel()
             self._channel = channel
-            enable_async_confirms(channel, self._on_confirm)
             channel.basic_qos(prefetch_count=cfg.prefetch)
             self._report(p.Event.STARTED)
             try:
@@ -185,9 +177,6 @@ class Worker:
                 connection.process_data_events(time_limit=0.5)
             # SIGTERM: stop taking requests; pika nacks (requeues) those prefetched but not started.
             channel.basic_cancel(tag)
-            deadline = time.monotonic() + 10
-            while self._pending.entries and time.monotonic() < deadline:
-                connection.process_data_events(time_limit=0.1)
             logger.info("worker stopped", extra={"worker_id": cfg.worker_id, **vars(self.stats)})
         finally:
             if connection.is_open:
@@ -233,7 +222,8 @@ class Worker:
             correlation_id=props.correlation_id,
             headers={p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: cfg.worker_id},
         )
-        self._publish("", props.reply_to, reply_body, reply_props, ack_after=method.delivery_tag)
+        channel.basic_publish("", props.reply_to, reply_body, reply_props)
+        channel.basic_ack(method.delivery_tag)
 
     def _report(self, event: p.Event) -> None:
         props = pika.BasicProperties(
@@ -241,33 +231,7 @@ class Worker:
                      p.KEY_HEADER: self.config.key},
             timestamp=int(time.time()),
         )
-        self._publish(self.config.activity_exchange, p.routing_key(self.config.key), b"", props)
-
-    def _publish(self, exchange: str, routing_key: str, body: bytes, props: pika.BasicProperties,
-                 ack_after: int | None = None) -> None:
-        # Record before publishing: basic_publish may already process the broker's confirm.
-        self._pending.next_tag += 1
-        self._pending.entries[self._pending.next_tag] = ack_after
-        self._channel.basic_publish(exchange, routing_key, body, props)
-
-    def _on_confirm(self, frame: Any) -> None:
-        """Ack each request once its reply is confirmed; requeue it if the broker refused the reply."""
-        method = frame.method
-        nack = isinstance(method, pika.spec.Basic.Nack)
-        entries = self._pending.entries
-        if method.multiple:
-            tags = [tag for tag in entries if tag <= method.delivery_tag]
-        else:
-            tags = [method.delivery_tag] if method.delivery_tag in entries else []
-        for tag in tags:
-            request_tag = entries.pop(tag)
-            if request_tag is None:
-                continue
-            if nack:
-                self.stats.replies_nacked += 1
-                requeue(self._channel, request_tag)
-            else:
-                ack(self._channel, request_tag)
+        self._channel.basic_publish(self.config.activity_exchange, p.routing_key(self.config.key), b"", props)
 
 
 def run_worker(handler_spec: str, settings: RpcSettings | None = None) -> WorkerStats:
