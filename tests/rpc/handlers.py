@@ -33,3 +33,12 @@ def crash(request: Request) -> bytes:
     if request.body == b"crash":
         os._exit(17)
     return request.body
+
+
+def control_plane_echo(request: Request) -> bytes:
+    """Echoes the body; ``crash`` kills the worker (poison), ``slow:<s>`` sleeps first."""
+    if request.body == b"crash":
+        os._exit(17)
+    if request.body.startswith(b"slow:"):
+        time.sleep(float(request.body[5:]))
+    return request.body
