@@ -5,6 +5,7 @@ to start the worker alone.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import uuid
@@ -23,10 +24,8 @@ def run_worker(amqp_url: str, queue: str, prefetch: int) -> None:
         ch.basic_ack(method.delivery_tag)
 
     channel.basic_consume(queue, on_request)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         channel.start_consuming()
-    except KeyboardInterrupt:
-        pass
 
 
 class PlainClient:

@@ -45,7 +45,9 @@ def wait_consumers(url: str, queue: str, count: int = 1, timeout: float = 20) ->
         connection.close()
 
 
-def switchyard_phase(settings: RpcSettings, pool: str, mode: str, seconds: float, in_flight: int) -> list[float]:
+def switchyard_phase(
+    settings: RpcSettings, pool: str, mode: str, seconds: float, in_flight: int
+) -> list[float]:
     latencies: list[float] = []
     with RpcClient(pool, settings, concurrency=max(in_flight, 1), timeout=30) as client:
         client.call("k", b"warm")
@@ -155,7 +157,8 @@ def main() -> int:
                         worker.wait(20)
                     rate = len(latencies) / elapsed
                     results[(mode, impl)] = (rate, LatencySummary.of(latencies))
-                    print(f"  {mode:10} {impl:11} {rate:9,.0f} calls/s   {results[(mode, impl)][1]}", flush=True)
+                    summary = results[(mode, impl)][1]
+                    print(f"  {mode:10} {impl:11} {rate:9,.0f} calls/s   {summary}", flush=True)
         finally:
             topology.delete()
             connection = pika.BlockingConnection(pika.URLParameters(url))

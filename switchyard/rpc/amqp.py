@@ -74,6 +74,21 @@ def enable_async_confirms(channel: BlockingChannel, on_ack_nack: Callable[[Any],
         channel.connection.process_data_events(time_limit=0.05)
 
 
+def publish_buffered(channel: BlockingChannel, exchange: str, routing_key: str, body: bytes,
+                     properties: pika.BasicProperties, mandatory: bool = False) -> None:
+    """basic_publish without BlockingChannel's socket flush per message (about 10x cheaper).
+
+    The frames are written by the next ``process_data_events``: batch publishers and consumer
+    callbacks publish many, then let the loop write them at once.
+    """
+    channel._impl.basic_publish(exchange, routing_key, body, properties, mandatory)
+
+
+def ack_buffered(channel: BlockingChannel, delivery_tag: int) -> None:
+    """basic_ack without a flush; written with the frames around it."""
+    channel._impl.basic_ack(delivery_tag)
+
+
 def close_reason(channel: BlockingChannel) -> Exception | None:
     """Why a closed channel was closed (e.g. ChannelClosedByBroker with reply code 404)."""
     return getattr(channel, "_closing_reason", None)

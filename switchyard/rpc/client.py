@@ -40,7 +40,7 @@ from switchyard.errors import (
 )
 from switchyard.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.amqp import close_reason, connect, enable_async_confirms
+from switchyard.rpc.amqp import close_reason, connect, enable_async_confirms, publish_buffered
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.slots import SlotTable
 from switchyard.rpc.topology import NOT_FOUND
@@ -315,7 +315,8 @@ class RpcClient:
             if self.confirm:  # record before publishing: basic_publish may process the confirm
                 self._publish_seq += 1
                 self._unconfirmed[self._publish_seq] = call
-            channel.basic_publish(self._exchange, p.routing_key(call.key), call.body, props, mandatory=True)
+            publish_buffered(channel, self._exchange, p.routing_key(call.key), call.body, props,
+                             mandatory=True)
             self.stats.published += 1
             heapq.heappush(self._deadlines, (now + call.timeout, call.slot, call.seq))
 

@@ -19,7 +19,7 @@ import pika.exceptions
 import pika.spec
 
 from switchyard.errors import BrokerError, PublishRejectedError, UnroutableError
-from switchyard.rpc.amqp import connect, enable_async_confirms, is_alive
+from switchyard.rpc.amqp import connect, enable_async_confirms, is_alive, publish_buffered
 
 
 @dataclass(frozen=True)
@@ -74,15 +74,16 @@ class ConfirmingPublisher:
             # Record before publishing: basic_publish may already process the broker's confirm.
             self._next_tag += 1
             self._unconfirmed.add(self._next_tag)
-            channel.basic_publish(msg.exchange, msg.routing_key, msg.body, msg.properties,
-                                  mandatory=msg.mandatory)
+            publish_buffered(channel, msg.exchange, msg.routing_key, msg.body, msg.properties,
+                             mandatory=msg.mandatory)
             count += 1
         deadline = time.monotonic() + timeout
         while self._unconfirmed:
             if time.monotonic() > deadline:
                 self.close()
                 raise BrokerError(f"{len(self._unconfirmed)} publishes unconfirmed after {timeout:.0f}s")
-            self._connection.process_data_events(time_limit=0.05)
+            # Confirms are handled inside the I/O, which does not end the wait: poll in short steps.
+            self._connection.process_data_events(time_limit=0.002)
             if not channel.is_open:
                 self.close()
                 raise BrokerError("the channel closed before every publish was confirmed")

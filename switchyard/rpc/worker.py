@@ -36,7 +36,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from switchyard.errors import ConfigError, TopologyError
 from switchyard.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.amqp import connect
+from switchyard.rpc.amqp import ack_buffered, connect, publish_buffered
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.topology import NOT_FOUND
 
@@ -216,14 +216,15 @@ class Worker:
         self.stats.handled += 1
         if not props.reply_to:
             self.stats.no_reply_to += 1
-            channel.basic_ack(method.delivery_tag)
+            ack_buffered(channel, method.delivery_tag)
             return
         reply_props = pika.BasicProperties(
             correlation_id=props.correlation_id,
             headers={p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: cfg.worker_id},
         )
-        channel.basic_publish("", props.reply_to, reply_body, reply_props)
-        channel.basic_ack(method.delivery_tag)
+        # Both frames go out together when this callback returns to the I/O loop, in this order.
+        publish_buffered(channel, "", props.reply_to, reply_body, reply_props)
+        ack_buffered(channel, method.delivery_tag)
 
     def _report(self, event: p.Event) -> None:
         props = pika.BasicProperties(
@@ -231,7 +232,8 @@ class Worker:
                      p.KEY_HEADER: self.config.key},
             timestamp=int(time.time()),
         )
-        self._channel.basic_publish(self.config.activity_exchange, p.routing_key(self.config.key), b"", props)
+        publish_buffered(self._channel, self.config.activity_exchange, p.routing_key(self.config.key),
+                         b"", props)
 
 
 def run_worker(handler_spec: str, settings: RpcSettings | None = None) -> WorkerStats:
