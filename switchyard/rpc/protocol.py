@@ -171,6 +171,14 @@ def request_policy_pattern(pool: str) -> str:
     return f"^{request_queue_prefix(pool)}"
 
 
+def orphan_policy_name(pool: str) -> str:
+    return f"switchyard-{validate_pool(pool)}-orphans"
+
+
+def orphan_policy_pattern(pool: str) -> str:
+    return f"^{orphan_queue(pool)}$"
+
+
 def pool_queues_policy_pattern(pool: str) -> str:
-    """Matches exactly the pool's own four queues."""
-    return f"^{validate_pool(pool)}-(orphan|dl|activity|poison)$"
+    """Matches exactly the pool's dead-letter, activity and poison queues."""
+    return f"^{validate_pool(pool)}-(dl|activity|poison)$"

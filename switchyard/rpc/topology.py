@@ -27,17 +27,24 @@ PRECONDITION_FAILED = 406
 POOL_QUEUE_DELIVERY_LIMIT = 1_000_000
 
 
-def request_policy_definition(policy: PoolPolicy, pool: str) -> dict[str, Any]:
-    definition: dict[str, Any] = {
-        "dead-letter-exchange": p.dl_exchange(pool),
-        "message-ttl": policy.message_ttl_ms,
-    }
+def _dead_lettering(policy: PoolPolicy, pool: str, delivery_limit: int) -> dict[str, Any]:
+    definition: dict[str, Any] = {"dead-letter-exchange": p.dl_exchange(pool)}
     if policy.queue_type is p.QueueType.QUORUM:
-        definition["delivery-limit"] = policy.delivery_limit
+        definition["delivery-limit"] = delivery_limit
         # Dead letters are requests whose caller awaits an answer: do not drop them in transit.
         definition["dead-letter-strategy"] = "at-least-once"
         definition["overflow"] = "reject-publish"
     return definition
+
+
+def request_policy_definition(policy: PoolPolicy, pool: str) -> dict[str, Any]:
+    return {**_dead_lettering(policy, pool, policy.delivery_limit), "message-ttl": policy.message_ttl_ms}
+
+
+def orphan_policy_definition(policy: PoolPolicy, pool: str) -> dict[str, Any]:
+    """An orphan whose own expiration passes while it waits is answered ``expired``, not dropped;
+    a failing orphan handler never exhausts a delivery limit."""
+    return _dead_lettering(policy, pool, POOL_QUEUE_DELIVERY_LIMIT)
 
 
 class PoolTopology:
@@ -107,6 +114,12 @@ class PoolTopology:
             request_policy_definition(self.policy, pool),
             self.policy.priority,
         )
+        self.management.put_policy(
+            p.orphan_policy_name(pool),
+            p.orphan_policy_pattern(pool),
+            orphan_policy_definition(self.policy, pool),
+            self.policy.priority,
+        )
         if self.policy.queue_type is p.QueueType.QUORUM:
             self.management.put_policy(
                 p.pool_queues_policy_name(pool),
@@ -129,6 +142,7 @@ class PoolTopology:
             self._channel().exchange_delete(exchange)
         self.management.delete_policy(p.request_policy_name(self.pool))
         self.management.delete_policy(p.pool_queues_policy_name(self.pool))
+        self.management.delete_policy(p.orphan_policy_name(self.pool))
         return dropped
 
     def exists(self) -> bool:

@@ -69,5 +69,9 @@ def test_policy_pattern_matches_only_request_queues_of_its_pool() -> None:
                   p.request_queue("score", "1"), "xcore-req-1"]:
         assert not pattern.match(other), other
     pool_queues = re.compile(p.pool_queues_policy_pattern("core"))
-    assert all(pool_queues.match(q) for q in ["core-orphan", "core-dl", "core-activity", "core-poison"])
+    assert all(pool_queues.match(q) for q in ["core-dl", "core-activity", "core-poison"])
+    assert not pool_queues.match("core-orphan")
     assert not pool_queues.match("core-req-orphan") and not pool_queues.match("core-dl2")
+    orphans = re.compile(p.orphan_policy_pattern("core"))
+    assert orphans.match("core-orphan")
+    assert not orphans.match("core-orphans") and not orphans.match("core-req-core-orphan")

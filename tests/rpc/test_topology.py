@@ -108,3 +108,30 @@ def test_unknown_pool_is_reported_clearly() -> None:
         assert topology.exists() is False
         with pytest.raises(PoolNotFoundError, match="switchyard pool init"):
             topology.require()
+
+
+def test_an_orphan_that_expires_before_any_handler_is_dead_lettered_not_dropped(pool, api) -> None:
+    """With no control plane running, an orphan's own expiration still produces a dead letter."""
+    import pika
+
+    from tests.rpc.conftest import get_message
+
+    name, settings = pool
+    info = wait_for(lambda: (q := api.get_queue(p.orphan_queue(name))) and q.get("policy") and q,
+                    what="the orphan queue's policy")
+    assert info["policy"] == p.orphan_policy_name(name)
+    assert info["effective_policy_definition"]["dead-letter-exchange"] == p.dl_exchange(name)
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    try:
+        connection.channel().basic_publish(
+            p.req_exchange(name), "no-such-key", b"lonely",
+            pika.BasicProperties(expiration="200", correlation_id="c1", reply_to="r",
+                                 headers={p.KEY_HEADER: "no-such-key"}))
+    finally:
+        connection.close()
+    dead = get_message(settings, p.dl_queue(name), timeout=10)
+    assert dead is not None, "the expired orphan was dropped"
+    _, props, body = dead
+    assert body == b"lonely" and props.correlation_id == "c1"
+    assert props.headers[p.FIRST_DEATH_REASON_HEADER] == "expired"
+    assert props.headers["x-first-death-queue"] == p.orphan_queue(name)
