@@ -17,7 +17,7 @@ The event, as Lambda builds it (a Java service serializing the RabbitMQ Java cli
 * header strings are the Java client's ``LongString``: ``{"bytes": [...]}``, with Java's signed
   bytes (non-ASCII UTF-8 bytes appear negative); numbers and booleans are plain; nested tables
   are objects and arrays are lists, converted the same way. Powertools does not decode headers:
-  use ``decode_header_value``.
+  use ``switchyard.rpc.rmq_event.decode_headers``.
 """
 
 from __future__ import annotations
@@ -86,30 +86,6 @@ def encode_header_value(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [encode_header_value(v) for v in value]
     raise TypeError(f"cannot put a {type(value).__name__} header value in an aws:rmq event")
-
-
-def decode_header_value(value: Any) -> Any:
-    """The inverse for handlers: ``{"bytes": [...]}`` -> ``str`` (``bytes`` if not UTF-8), recursively.
-
-    Accepts signed (Java) and unsigned byte values. Numbers, booleans, nulls and formatted
-    timestamps come back as they are.
-    """
-    if isinstance(value, dict):
-        if set(value) == {"bytes"} and isinstance(value["bytes"], list):
-            raw = bytes(b & 0xFF for b in value["bytes"])
-            try:
-                return raw.decode("utf-8")
-            except UnicodeDecodeError:
-                return raw
-        return {k: decode_header_value(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [decode_header_value(v) for v in value]
-    return value
-
-
-def decode_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
-    """All of a message's ``basicProperties.headers`` decoded (empty when there are none)."""
-    return {k: decode_header_value(v) for k, v in (headers or {}).items()}
 
 
 @dataclass(frozen=True, slots=True)

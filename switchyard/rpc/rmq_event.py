@@ -12,7 +12,7 @@ import base64
 import binascii
 import calendar
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -109,6 +109,11 @@ def _valid_property(name: str, value: Any) -> bool:
     if name == "expiration":  # RabbitMQ closes the channel on anything but a non-negative integer
         return _short_string(value) and value.isascii() and value.isdigit()
     return _short_string(value)
+
+
+def decode_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """All of a message's ``basicProperties.headers`` decoded (empty when there are none)."""
+    return {str(k): decode_header_value(v) for k, v in (headers or {}).items()}
 
 
 def parse_timestamp(text: str) -> int | None:

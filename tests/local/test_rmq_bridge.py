@@ -22,10 +22,9 @@ from switchyard.local.rmq_bridge import (
     RabbitMQEventSource,
     RmqDelivery,
     build_rmq_event,
-    decode_header_value,
-    decode_headers,
     format_timestamp,
 )
+from switchyard.rpc.rmq_event import decode_header_value, decode_headers
 from tests.conftest import unique, wait_for
 from tests.local import sample_rmq_events
 
