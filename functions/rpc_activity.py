@@ -1,27 +1,16 @@
-"""RPC activity tracker: Amazon MQ event source on ``{pool}-activity``."""
+"""RPC activity tracker: Amazon MQ event source on ``{pool}-activity``.
 
-from __future__ import annotations
+One state update per key per batch; activity keeps a group Active and re-binds an Unbound one.
+"""
 
-from dataclasses import asdict
-from typing import Any
-
-from aws_lambda_powertools import Tracer
-from aws_lambda_powertools.utilities.data_classes import event_source
 from aws_lambda_powertools.utilities.data_classes.rabbit_mq_event import RabbitMQEvent
-from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from switchyard.observability import emit_counts, logger, metrics
+from switchyard.observability import lambda_handler_for
 from switchyard.rpc.control_plane import control_plane
 from switchyard.rpc.rmq_event import messages_from_event
 
-tracer = Tracer()
-
-
-@metrics.log_metrics
-@tracer.capture_lambda_handler
-@logger.inject_lambda_context
-@event_source(data_class=RabbitMQEvent)
-def lambda_handler(event: RabbitMQEvent, context: LambdaContext) -> dict[str, Any]:
-    outcome = control_plane().track_activity(messages_from_event(event))
-    emit_counts(outcome, prefix="Activity")
-    return asdict(outcome)
+lambda_handler = lambda_handler_for(
+    lambda event: control_plane().track_activity(messages_from_event(event)),
+    data_class=RabbitMQEvent,
+    metric_prefix="Activity",
+)

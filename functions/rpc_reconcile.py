@@ -1,29 +1,22 @@
 """RPC pool reconciler: an EventBridge schedule (locally, the runtime's ticker, every second).
 
 One pass of both control loops; the pool-wide reconciler lock keeps overlapping invocations
-from running two passes at once.
+from running two passes at once. Queue depth per worker group goes out as a metric (Amazon MQ
+4.x sends none per queue).
 """
 
-from __future__ import annotations
+from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 
-from dataclasses import asdict
-from typing import Any
-
-from aws_lambda_powertools import Tracer
-from aws_lambda_powertools.utilities.typing import LambdaContext
-
-from switchyard.observability import emit_counts, emit_gauge, logger, metrics
+from switchyard.observability import emit_gauge, lambda_handler_for
 from switchyard.rpc.control_plane import control_plane
+from switchyard.rpc.reconciler import ReconcileOutcome
 
-tracer = Tracer()
 
-
-@metrics.log_metrics
-@tracer.capture_lambda_handler
-@logger.inject_lambda_context
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+def reconcile(_event: EventBridgeEvent) -> ReconcileOutcome:
     outcome = control_plane().reconcile()
-    emit_counts(outcome, prefix="Reconcile")
     for group_id, depth in outcome.depths.items():
         emit_gauge("QueueDepth", depth, "WorkerGroup", group_id)
-    return asdict(outcome)
+    return outcome
+
+
+lambda_handler = lambda_handler_for(reconcile, data_class=EventBridgeEvent, metric_prefix="Reconcile")

@@ -10,8 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.utilities.data_classes import event_source
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "switchyard"
 METRICS_NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "Switchyard"
@@ -29,6 +33,7 @@ def _build_logger() -> Logger:
 
 logger = _build_logger()
 metrics = Metrics(namespace=METRICS_NAMESPACE, service=SERVICE)
+tracer = Tracer(service=SERVICE)
 
 
 def emit_gauge(name: str, value: float, dimension: str, dimension_value: str) -> None:
@@ -53,3 +58,22 @@ def emit_counts(outcome: object, prefix: str = "") -> None:
         if isinstance(value, int) and not isinstance(value, bool):
             name = prefix + "".join(part.capitalize() for part in f.name.split("_"))
             metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+
+
+def lambda_handler_for(work: Callable[[Any], Any], *, data_class: type, metric_prefix: str) -> Callable:
+    """A Lambda entry point around one core call, in the Powertools way.
+
+    Logger context, tracing and metrics decorators; the event parsed into ``data_class``; the
+    outcome dataclass ``work`` returns becomes Count metrics and the handler's JSON result.
+    """
+
+    @metrics.log_metrics
+    @tracer.capture_lambda_handler
+    @logger.inject_lambda_context
+    @event_source(data_class=data_class)
+    def lambda_handler(event: Any, context: Any) -> dict[str, Any]:
+        outcome = work(event)
+        emit_counts(outcome, prefix=metric_prefix)
+        return asdict(outcome)
+
+    return lambda_handler
