@@ -1,0 +1,72 @@
+"""The command line as a user meets it: help everywhere, handlers invoked with the sample events."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import redis
+
+from switchyard.cli import build_parser
+from switchyard.rpc.settings import RpcSettings
+from switchyard.rpc.state import PoolState
+from switchyard.rpc.topology import PoolTopology
+from tests.conftest import subprocess_env, unique
+
+
+def _subcommands(parser, prefix=()):
+    for action in parser._actions:
+        if action.__class__.__name__ == "_SubParsersAction":
+            for name, sub in action.choices.items():
+                yield (*prefix, name)
+                yield from _subcommands(sub, (*prefix, name))
+
+
+def test_every_subcommand_has_help(capsys) -> None:
+    commands = list(_subcommands(build_parser()))
+    assert {("pool", "init"), ("call",), ("worker",), ("local",), ("invoke",), ("demo",),
+            ("delay", "run")} <= set(commands)
+    for command in commands:
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args([*command, "--help"])
+        assert exit_info.value.code == 0
+        assert "usage: switchyard" in capsys.readouterr().out
+
+
+def run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "switchyard", *args], capture_output=True, text=True,
+                          env=subprocess_env(**env), timeout=120)
+
+
+def test_invoke_runs_a_handler_on_a_sample_event() -> None:
+    pool = unique("cli")
+    settings = RpcSettings.from_env()
+    with PoolTopology(pool, settings) as topology:
+        topology.declare()
+    try:
+        result = run("invoke", "rpc_dead_letters", "--event", "events/rmq_dead_letter.json",
+                     SWITCHYARD_POOL=pool)
+        assert result.returncode == 0, result.stderr
+        outcome = json.loads(result.stdout)
+        assert outcome["dead_letters"] == 1 and outcome["responses"] == 1
+        result = run("invoke", "rpc_reconcile", "--event", "events/eventbridge_schedule.json",
+                     SWITCHYARD_POOL=pool, SWITCHYARD_DRIVER="noop")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["skipped"] == 0
+    finally:
+        with PoolTopology(pool, settings) as topology:
+            topology.delete()
+        PoolState(redis.Redis.from_url(settings.connections.redis_url), pool).clear()
+
+
+def test_errors_say_what_to_do() -> None:
+    result = run("invoke", "no_such_function", "--event", "events/rmq_orphan.json")
+    assert result.returncode == 1
+    assert "available:" in result.stderr and "rpc_orphans" in result.stderr
+    result = run("call", "--pool", unique("never"), "--key", "k")
+    assert result.returncode == 1
+    assert "switchyard pool init" in result.stderr
+    result = run("pool", "init", "--pool", "bad-name")
+    assert result.returncode == 1 and "invalid pool name" in result.stderr
