@@ -55,7 +55,6 @@ def track_activity(
     reactivated = [key for key, touch in touched.items() if touch.became_active]
     if reactivated:
         with state.locked(reactivated):
-            for key in reactivated:
-                topology.ensure_request_queue(key)
+            topology.ensure_request_queues(reactivated, likely_new=reactivated)
         outcome.reactivated = len(reactivated)
     return outcome

@@ -76,6 +76,7 @@ class ControlPlane:
                     ConfirmingPublisher(url, f"switchyard-control-{self.pool}"))
             with self._lease_lock:
                 self._all.append(pair)
+        pair[0].refresh()
         try:
             yield pair
         finally:

@@ -89,9 +89,10 @@ def forward_orphans(
 
     with state.locked(by_key):
         touched = state.touch(by_key)
-        outcome.new_groups = sum(t.became_active for t in touched.values())
+        became_active = [key for key, touch in touched.items() if touch.became_active]
+        outcome.new_groups = len(became_active)
+        topology.ensure_request_queues(by_key, likely_new=became_active)
         for key, batch in by_key.items():
-            topology.ensure_request_queue(key)
             exchange, routing_key = p.req_exchange(pool), p.routing_key(key)
             outgoing.extend(Outgoing(exchange, routing_key, m.body, m.properties, mandatory=True)
                             for m in batch)

@@ -219,8 +219,7 @@ class Reconciler:
         if keys:
             with self.state.locked(keys):
                 self.state.touch(keys)
-                for key in keys:
-                    self.topology.ensure_request_queue(key)
+                self.topology.ensure_request_queues(keys)
         self.state.mark_initialized()
         outcome.rebuilt_groups = len(keys)
         logger.warning("pool state rebuilt from the broker and the driver",

@@ -6,6 +6,8 @@ same entity with the same arguments are no-ops in RabbitMQ, and policies are PUT
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -58,6 +60,7 @@ class PoolTopology:
         self.management = ManagementApi(conn.management_url, vhost_from_amqp_url(conn.amqp_url))
         self._connection: pika.BlockingConnection | None = None
         self._chan: BlockingChannel | None = None
+        self._helpers: list[PoolTopology] = []
 
     # -- connection -------------------------------------------------------------------------
     def __enter__(self) -> PoolTopology:
@@ -68,12 +71,20 @@ class PoolTopology:
         self.close()
 
     def close(self) -> None:
+        for helper in self._helpers:
+            helper.close()
+        self._helpers = []
         if self._connection is not None and self._connection.is_open:
             self._connection.close()
         self._connection = self._chan = None
 
+    def refresh(self) -> None:
+        """Drop a connection the broker closed while it sat idle (call before reusing it)."""
+        if self._connection is not None and not is_alive(self._connection):
+            self._connection = self._chan = None
+
     def _channel(self) -> BlockingChannel:
-        if not is_alive(self._connection):
+        if self._connection is None or not self._connection.is_open:
             self._connection = connect(self.settings.connections.amqp_url, f"switchyard-topology-{self.pool}")
             self._chan = None
         if self._chan is None or not self._chan.is_open:
@@ -170,6 +181,46 @@ class PoolTopology:
         if bind:
             self.bind_request_queue(key)
         return queue
+
+    def ensure_request_queues(self, keys: Iterable[str], likely_new: Iterable[str] = (),
+                              parallel: int = 8) -> None:
+        """``ensure_request_queue`` for many keys, fast: a batch of orphans may name 100 keys.
+
+        Keys in ``likely_new`` are declared first, over up to ``parallel`` connections at once
+        (creating a quorum queue takes the broker milliseconds); the others are only bound, and
+        declared if the bind finds no queue.
+        """
+        new = list(dict.fromkeys(likely_new))
+        new_set = set(new)
+        known = [k for k in dict.fromkeys(keys) if k not in new_set]
+        missing = []
+        for key in known:
+            try:
+                self._channel().queue_bind(p.request_queue(self.pool, key), p.req_exchange(self.pool),
+                                           routing_key=p.routing_key(key))
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code != NOT_FOUND:
+                    raise TopologyError(f"binding the queue of {key!r}: {exc.reply_text}") from exc
+                missing.append(key)
+        to_declare = new + missing
+        lanes = max(1, min(parallel, len(to_declare) // 4))
+        while len(self._helpers) < lanes - 1:
+            self._helpers.append(PoolTopology(self.pool, self.settings))
+        for helper in self._helpers[: lanes - 1]:
+            helper.refresh()
+        chunks = [to_declare[i::lanes] for i in range(lanes)]
+        if lanes == 1:
+            self._declare_and_bind(chunks[0])
+            return
+        with ThreadPoolExecutor(lanes, thread_name_prefix=f"declare-{self.pool}") as pool:
+            futures = [pool.submit(t._declare_and_bind, chunk)
+                       for t, chunk in zip([self, *self._helpers], chunks, strict=False)]
+            for future in futures:
+                future.result()
+
+    def _declare_and_bind(self, keys: list[str]) -> None:
+        for key in keys:
+            self.ensure_request_queue(key)
 
     def bind_request_queue(self, key: str) -> None:
         self._guard(
