@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -135,8 +134,13 @@ def get_message(settings: RpcSettings, queue: str, timeout: float = 10.0):
 
 
 # -- control plane --------------------------------------------------------------------------------
-# Powertools would print one EMF blob per handler invocation; the tests read outcomes instead.
-os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+@pytest.fixture(autouse=True)
+def _quiet_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Powertools would print an EMF blob per handler invocation; these tests read outcomes.
+
+    Scoped to the RPC tests: the delay tests read the EMF output.
+    """
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
 
 WORKER_COMMAND = (sys.executable, "-m", "switchyard", "worker", "--handler")
 
