@@ -6,9 +6,13 @@ Every variable is documented in the README's "Configuration" table; keep the two
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from switchyard.errors import ConfigError
+
+T = TypeVar("T")
 
 
 def env_str(name: str, default: str) -> str:
@@ -16,24 +20,22 @@ def env_str(name: str, default: str) -> str:
     return default if value is None or value == "" else value
 
 
-def env_int(name: str, default: int) -> int:
+def _env_number(name: str, default: T, cast: Callable[[str], T], kind: str) -> T:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        return cast(raw)
     except ValueError as exc:
-        raise ConfigError(f"{name} must be an integer, got {raw!r}") from exc
+        raise ConfigError(f"{name} must be {kind}, got {raw!r}") from exc
+
+
+def env_int(name: str, default: int) -> int:
+    return _env_number(name, default, int, "an integer")
 
 
 def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from exc
+    return _env_number(name, default, float, "a number")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,37 @@
+"""Settings from the environment: defaults, overrides, and errors that name the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from switchyard.config import Connections, env_float, env_int
+from switchyard.errors import ConfigError
+from switchyard.rpc.settings import PoolPolicy
+
+
+def test_defaults_point_at_the_local_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("SWITCHYARD_AMQP_URL", "SWITCHYARD_REDIS_URL", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    conn = Connections.from_env()
+    assert conn.amqp_url == "amqp://guest:guest@127.0.0.1:5672/%2F"
+    assert conn.redis_url.startswith("redis://127.0.0.1:6379")
+    assert conn.aws_endpoint_url is None
+
+
+def test_numbers_are_parsed_and_bad_ones_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWITCHYARD_X", "12")
+    assert env_int("SWITCHYARD_X", 1) == 12 and env_float("SWITCHYARD_X", 1.0) == 12.0
+    assert env_int("SWITCHYARD_UNSET_FOR_TEST", 7) == 7
+    monkeypatch.setenv("SWITCHYARD_X", "twelve")
+    with pytest.raises(ConfigError, match="SWITCHYARD_X must be an integer"):
+        env_int("SWITCHYARD_X", 1)
+
+
+def test_pool_policy_refuses_nonsense(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWITCHYARD_QUEUE_TYPE", "stream")
+    with pytest.raises(ConfigError, match="quorum or classic"):
+        PoolPolicy.from_env()
+    monkeypatch.setenv("SWITCHYARD_QUEUE_TYPE", "classic")
+    monkeypatch.setenv("SWITCHYARD_DELIVERY_LIMIT", "0")
+    with pytest.raises(ConfigError, match="delivery limit"):
+        PoolPolicy.from_env()
