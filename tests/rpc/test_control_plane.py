@@ -190,7 +190,7 @@ def test_two_orphan_handlers_and_a_fast_reconciler_lose_nothing(make_pool, plane
 # -- dead letters -----------------------------------------------------------------------------------
 def test_expired_response_reaches_its_caller_only(make_pool, planes) -> None:
     pool, settings = make_pool()
-    planes.start(pool, settings, handler=ECHO, worker_env={"WORKER_PREFETCH": "1"})
+    plane = planes.start(pool, settings, handler=ECHO, worker_env={"WORKER_PREFETCH": "1"})
     with RpcClient(pool, settings, timeout=30) as client:
         assert client.call("slow", "warm").ok  # the group is up
         busy = client.submit("slow", "slow:2")
@@ -203,6 +203,10 @@ def test_expired_response_reaches_its_caller_only(make_pool, planes) -> None:
         assert [f.result(25).body for f in others] == [f"o{i}".encode() for i in range(10)]
         assert all(f.result().ok for f in others)
         assert client.stats.stale_responses == 0 and client.stats.malformed_responses == 0
+    # The responder's batch was acked (the public osrdyne never acked its dead letters).
+    [dead_letters] = [s for s in plane.sources if s.queue == p.dl_queue(pool)]
+    assert dead_letters.stats.acked >= 1 and dead_letters.stats.failures == 0
+    assert dead_letters.stats.requeued == 0
 
 
 def test_poison_request_gets_delivery_limit_and_lands_in_the_poison_inventory(make_pool, planes) -> None:
