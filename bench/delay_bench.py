@@ -57,6 +57,15 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": rank(50), "p99": rank(99), "p99.9": rank(99.9), "max": s[-1], "min": s[0]}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process (all its threads) has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def read_output(bootstrap: str, topic: str, partitions: int, expected: int, idle_s: float, out: str) -> None:
     """Child process: read the output topic until ``expected`` messages or ``idle_s`` without any."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4()}",
@@ -77,6 +86,7 @@ def read_output(bootstrap: str, topic: str, partitions: int, expected: int, idle
 
 
 def run_rate(rate: int, args: argparse.Namespace, conn: Connections, workdir: Path) -> dict:
+    load_before = [round(x, 2) for x in os.getloadavg()]
     name = f"bench_{rate}_{uuid.uuid4().hex[:6]}"
     in_topic, out_topic = f"{name}-in", f"{name}-out"
     admin = AdminClient({"bootstrap.servers": conn.kafka_bootstrap})
@@ -87,19 +97,22 @@ def run_rate(rate: int, args: argparse.Namespace, conn: Connections, workdir: Pa
                SWITCHYARD_LOG_LEVEL="WARNING", SWITCHYARD_DELAY_SCHEMA=name,
                SWITCHYARD_DELAY_INPUT_TOPIC=in_topic, SWITCHYARD_DELAY_OUTPUT_TOPIC=out_topic,
                SWITCHYARD_DELAY_CONSUMER_GROUP=f"{name}-g", SWITCHYARD_DELAY_APPLICATION_NAME=name,
-               SWITCHYARD_DELAY_TIMING_ADVANCE_MS=str(args.advance_ms))
+               SWITCHYARD_DELAY_TIMING_ADVANCE_MS=str(args.advance_ms),
+               SWITCHYARD_DELAY_BATCH_SIZE=str(args.batch_size))
     subprocess.run([sys.executable, "-m", "switchyard", "delay", "migrate"], env=env, check=True,
                    stdout=subprocess.DEVNULL)
-    logs = [open(workdir / f"{name}-{i}.log", "wb") for i in range(2)]  # noqa: SIM115 - closed below
+    roles_per_proc = [["enqueue"]] * args.enqueue_procs + [["fire", "sweep"]]
+    logs = [open(workdir / f"{name}-{i}.log", "wb") for i in range(len(roles_per_proc))]  # noqa: SIM115
     procs = [subprocess.Popen([sys.executable, "-m", "switchyard", "delay", "run", "--roles", *roles],
                               env=env, stdout=logs[i], stderr=subprocess.STDOUT)
-             for i, roles in enumerate((["enqueue"], ["fire", "sweep"]))]
+             for i, roles in enumerate(roles_per_proc)]
     expected = rate * args.duration
     result_file = workdir / f"{name}.json"
     reader = mp.Process(target=read_output, args=(conn.kafka_bootstrap, out_topic, args.partitions,
                                                   expected, 15.0 + args.max_delay, str(result_file)))
     reader.start()
     time.sleep(3.0)  # group join of the bridge, producers connected
+    cpu0 = [cpu_seconds(p.pid) for p in procs]
 
     producer = Producer({"bootstrap.servers": conn.kafka_bootstrap, "enable.idempotence": True,
                          "acks": "all", "linger.ms": 5, "queue.buffering.max.messages": 1_000_000})
@@ -127,6 +140,8 @@ def run_rate(rate: int, args: argparse.Namespace, conn: Connections, workdir: Pa
     offered_s = time.time() - start
     producer.flush(30)
     reader.join(args.max_delay + 120)
+    cpu1 = [cpu_seconds(p.pid) for p in procs]
+    load_after = os.getloadavg()
     for p in procs:
         p.send_signal(signal.SIGTERM)
     for p in procs:
@@ -157,6 +172,10 @@ def run_rate(rate: int, args: argparse.Namespace, conn: Connections, workdir: Pa
         "received": len(rows), "unique": len(unique), "duplicates": len(rows) - len(unique),
         "lost": sent - len(unique), "rows_left_in_db": left,
         "fired_per_s_steady": round(in_window / (w1 - w0), 1) if w1 > w0 else None,
+        # CPU per message of each scheduler process over the run: independent of the machine's load.
+        "cpu_us_per_msg": {"+".join(r) + f"#{i}": round((b - a) / max(1, sent) * 1e6, 1)
+                           for i, (r, a, b) in enumerate(zip(roles_per_proc, cpu0, cpu1, strict=True))},
+        "load_avg_before": load_before, "load_avg_after": [round(x, 2) for x in load_after],
         "fire_jitter_ms": {k: round(v, 2) for k, v in percentiles(fire).items()},
         "arrival_jitter_ms": {k: round(v, 2) for k, v in percentiles(arrival).items()},
         "fire_jitter_samples": fire,
@@ -198,6 +217,9 @@ def main() -> int:
     parser.add_argument("--max-delay", type=float, default=10.0)
     parser.add_argument("--advance-ms", type=int, default=0)
     parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--enqueue-procs", type=int, default=1,
+                        help="enqueue processes (MSK bridge + handler) in one consumer group")
+    parser.add_argument("--batch-size", type=int, default=1000, help="the MSK mapping's batch size")
     parser.add_argument("--out", default=str(ROOT / "bench" / "delay_results.json"))
     parser.add_argument("--plot", default=str(ROOT / "bench" / "delay_jitter.png"))
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 """Readying and firing (seed, operation 2), with the firing time set by a timer, not by the poll.
 
 Phase 1 readies, every poll interval, a bounded batch of rows due within the timing advance plus
-one poll interval (the lookahead). Each readied row waits in an in-memory heap and is published
+two poll intervals (the lookahead). Each readied row waits in an in-memory heap and is published
 at exactly ``deadline - timing advance``; phase 2 deletes it once the broker confirmed delivery.
 So precision is the timer's (about a millisecond), while a readied row is held for at most the
 lookahead before publishing: far inside the hold time, so peers do not suspect healthy nodes.
@@ -26,7 +26,7 @@ from switchyard.delay.settings import DelaySettings
 from switchyard.observability import logger
 
 DELETE_BATCH = 1000
-DELETE_INTERVAL_S = 0.02  # confirmed rows are deleted in batches at least this often
+DELETE_INTERVAL_S = 0.1  # confirmed rows are deleted in batches at least this often (one commit each)
 HARD_STOP_MS = 300  # below this much remaining time, leave at once (failure detection recovers)
 
 

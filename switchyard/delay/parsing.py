@@ -32,8 +32,19 @@ _DEADLINE_RE = re.compile(
 )
 
 
+# The form format_deadline writes (and most producers send): UTC, "T", 0, 3 or 6 fraction digits, "Z".
+# For it, datetime.fromisoformat (C) gives the same value as the general parser, six times faster.
+_CANONICAL_RE = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{3}|\.[0-9]{6})?Z")
+
+
 def parse_deadline(text: str) -> datetime:
     """Parse an accepted deadline string into an aware UTC datetime (ValueError if not accepted)."""
+    if _CANONICAL_RE.fullmatch(text):
+        try:
+            return datetime.fromisoformat(text)
+        except ValueError:
+            pass  # e.g. month 13: the general parser below says why
     m = _DEADLINE_RE.match(text.strip())
     if not m:
         raise ValueError(f"not an ISO-8601 date-time with seconds: {text!r}")
@@ -57,19 +68,30 @@ def format_deadline(deadline: datetime) -> str:
     return deadline.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _single(headers: Iterable[Header], name: str, missing: DropReason) -> bytes:
-    values = [v for k, v in headers if k == name]
-    if not values:
-        raise InvalidMessageError(missing.value, f"no {name} header")
-    if len(values) > 1:
-        raise InvalidMessageError(DropReason.DUPLICATE_HEADER.value, f"{len(values)} {name} headers")
-    return values[0] or b""
-
-
 def parse_record(record: InputRecord) -> DelayedMessage:
     """Validate a record's Chronos headers and split them off; InvalidMessageError says why not."""
-    raw_id = _single(record.headers, MESSAGE_ID_HEADER, DropReason.MISSING_MESSAGE_ID)
-    raw_deadline = _single(record.headers, DEADLINE_HEADER, DropReason.MISSING_DEADLINE)
+    ids: list[bytes | None] = []
+    deadlines: list[bytes | None] = []
+    relayed: list[Header] = []
+    for header in record.headers:  # one pass: this runs for every record
+        name = header[0]
+        if name == MESSAGE_ID_HEADER:
+            ids.append(header[1])
+        elif name == DEADLINE_HEADER:
+            deadlines.append(header[1])
+        else:
+            relayed.append(header)
+    if not ids:
+        raise InvalidMessageError(DropReason.MISSING_MESSAGE_ID.value, f"no {MESSAGE_ID_HEADER} header")
+    if len(ids) > 1:
+        raise InvalidMessageError(DropReason.DUPLICATE_HEADER.value,
+                                  f"{len(ids)} {MESSAGE_ID_HEADER} headers")
+    if not deadlines:
+        raise InvalidMessageError(DropReason.MISSING_DEADLINE.value, f"no {DEADLINE_HEADER} header")
+    if len(deadlines) > 1:
+        raise InvalidMessageError(DropReason.DUPLICATE_HEADER.value,
+                                  f"{len(deadlines)} {DEADLINE_HEADER} headers")
+    raw_id, raw_deadline = ids[0] or b"", deadlines[0] or b""
     try:
         message_id = raw_id.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -83,19 +105,20 @@ def parse_record(record: InputRecord) -> DelayedMessage:
         deadline = parse_deadline(raw_deadline.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise InvalidMessageError(DropReason.INVALID_DEADLINE.value, f"chronosDeadline: {exc}") from exc
-    relayed = tuple((k, v) for k, v in record.headers if k not in (MESSAGE_ID_HEADER, DEADLINE_HEADER))
     for name, _ in relayed:
         if "\x00" in name:
             raise InvalidMessageError(DropReason.INVALID_HEADER_NAME.value, f"header {name!r} contains NUL")
-    return DelayedMessage(message_id, deadline, record.key, record.value, relayed)
+    return DelayedMessage(message_id, deadline, record.key, record.value, tuple(relayed))
+
+
+_to_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps builds one per call
 
 
 def headers_to_json(headers: Iterable[Header]) -> str:
     """Headers as stored: the seed's ``[{"name": "value"}, ...]``, values base64 (bytes kept exactly)."""
-    return json.dumps(
-        [{k: None if v is None else base64.b64encode(v).decode("ascii")} for k, v in headers],
-        separators=(",", ":"),
-    )
+    if not headers:
+        return "[]"
+    return _to_json([{k: None if v is None else base64.b64encode(v).decode("ascii")} for k, v in headers])
 
 
 def headers_from_json(stored: list[dict[str, str | None]]) -> tuple[Header, ...]:

@@ -73,8 +73,13 @@ class DelaySettings:
 
     @property
     def lookahead_ms(self) -> int:
-        """How far ahead phase 1 readies: one poll interval, so the timer, not the poll, sets precision."""
-        return self.poll_interval_ms
+        """How far ahead phase 1 readies: two poll intervals, so the timer, not the poll, sets precision.
+
+        With one, a row became claimable one interval before its firing time and the next claim came
+        up to 10 % (the randomised interval) plus the query's own time later: a slice of the rows was
+        claimed after its firing time. Two intervals leave a whole interval of slack for a slow claim.
+        """
+        return 2 * self.poll_interval_ms
 
     @property
     def ready_horizon(self) -> timedelta:

@@ -133,7 +133,8 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_named_queries_and_migrations_load() -> None:
-    assert {"ready_due", "delete_fired", "find_stuck", "reset_stuck", "insert_messages"} <= set(queries())
+    assert {"ready_due", "delete_fired", "find_stuck", "reset_stuck", "insert_staged",
+            "copy_staging"} <= set(queries())
     assert all("--" not in q for q in queries().values())
     assert [m.version for m in migrations()] == list(range(1, len(migrations()) + 1))
     parsed = parse_queries("-- a --\n-- why\nSELECT 1;\n-- b --\nSELECT 2;")

@@ -26,11 +26,25 @@ INSERT INTO {schema}.schema_migrations (version, name) VALUES (%(version)s, %(na
 -- Which of these ids are already stored (a lapsed message is fired at once only if not).
 SELECT id FROM {schema}.delayed_messages WHERE id = ANY(%(ids)s::text[]);
 
--- insert_messages --
--- Enqueue a batch in one statement; an id already waiting or ready is ignored (re-delivery is a no-op).
+-- create_staging --
+-- Per session, once: where a batch is COPYed before it is inserted (emptied at every commit).
+CREATE TEMP TABLE IF NOT EXISTS delay_staging (
+    id              text,
+    deadline        timestamptz,
+    message_key     bytea,
+    message_value   bytea,
+    message_headers text
+) ON COMMIT DELETE ROWS;
+
+-- copy_staging --
+-- Binary COPY of one batch into the staging table (same transaction as insert_staged).
+COPY pg_temp.delay_staging (id, deadline, message_key, message_value, message_headers)
+FROM STDIN (FORMAT BINARY);
+
+-- insert_staged --
+-- Enqueue the staged batch; an id already waiting or ready is ignored (re-delivery is a no-op).
 INSERT INTO {schema}.delayed_messages (id, deadline, message_key, message_value, message_headers)
-SELECT * FROM unnest(%(ids)s::text[], %(deadlines)s::timestamptz[], %(keys)s::bytea[],
-                     %(values)s::bytea[], %(headers)s::jsonb[])
+SELECT id, deadline, message_key, message_value, message_headers::jsonb FROM pg_temp.delay_staging
 ON CONFLICT (id) DO NOTHING
 RETURNING id;
 
@@ -48,13 +62,14 @@ UPDATE {schema}.delayed_messages AS m
 SET readied_at = now(), readied_by = %(node)s
 FROM due
 WHERE m.id = due.id
-RETURNING m.id, m.seq, m.deadline, m.readied_at, m.message_key, m.message_value, m.message_headers;
+RETURNING m.id, m.seq, m.deadline, m.readied_at, m.message_key, m.message_value, m.message_headers::text;
 
 -- delete_fired --
 -- Phase 2: forget rows whose publication the broker confirmed; matching seq never deletes a newer
 -- enqueuing of the same id. Ids not returned were already gone (taken over by a peer).
+-- The batch comes as one JSON array of [id, seq] pairs (encoded in C, unlike array parameters).
 DELETE FROM {schema}.delayed_messages AS m
-USING unnest(%(ids)s::text[], %(seqs)s::bigint[]) AS f(id, seq)
+USING (SELECT e->>0 AS id, (e->>1)::bigint AS seq FROM jsonb_array_elements(%(pairs)s::jsonb) AS e) AS f
 WHERE m.id = f.id AND m.seq = f.seq
 RETURNING m.id;
 
