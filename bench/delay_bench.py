@@ -69,7 +69,7 @@ def cpu_seconds(pid: int) -> float:
 def read_output(bootstrap: str, topic: str, partitions: int, expected: int, idle_s: float, out: str) -> None:
     """Child process: read the output topic until ``expected`` messages or ``idle_s`` without any."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": 5, "fetch.min.bytes": 1})
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 5, "fetch.min.bytes": 65536})
     consumer.assign([TopicPartition(topic, p, -2) for p in range(partitions)])
     rows: list[tuple[str, int, int, float]] = []
     last = time.time()
@@ -115,7 +115,7 @@ def run_rate(rate: int, args: argparse.Namespace, conn: Connections, workdir: Pa
     cpu0 = [cpu_seconds(p.pid) for p in procs]
 
     producer = Producer({"bootstrap.servers": conn.kafka_bootstrap, "enable.idempotence": True,
-                         "acks": "all", "linger.ms": 5, "queue.buffering.max.messages": 1_000_000})
+                         "acks": "all", "linger.ms": 20, "queue.buffering.max.messages": 1_000_000})
     rnd = random.Random(rate)
     start = time.time()
     sent = 0

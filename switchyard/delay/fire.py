@@ -17,6 +17,7 @@ import math
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from switchyard.delay.errors import PublishError, StoreError
@@ -27,6 +28,7 @@ from switchyard.observability import logger
 
 DELETE_BATCH = 1000
 DELETE_INTERVAL_S = 0.1  # confirmed rows are deleted in batches at least this often (one commit each)
+WORKER_CHECK_S = 0.005  # while the store worker is busy, look for its result this often
 HARD_STOP_MS = 300  # below this much remaining time, leave at once (failure detection recovers)
 
 
@@ -43,7 +45,13 @@ class _Counters:
 
 
 class FireLoop:
-    """One node's ready-and-fire loop. ``run`` loops until the invocation's remaining time runs short."""
+    """One node's ready-and-fire loop. ``run`` loops until the invocation's remaining time runs short.
+
+    In ``run``, the store's queries (claiming, deleting, releasing) go to one worker thread, so the
+    thread that fires never waits for Postgres: a slow claim or delete (a busy machine, a commit)
+    delays nothing that is already held, and the lookahead leaves a poll interval of slack for the
+    next claim. ``ready_once`` and ``delete_confirmed`` do the same work synchronously.
+    """
 
     def __init__(
         self, store: DelayStore, publisher: Publisher, settings: DelaySettings, node_id: str
@@ -62,23 +70,23 @@ class FireLoop:
         self._next_ready = 0.0
         self._last_delete = 0.0
         self._c = _Counters()
+        self._worker: ThreadPoolExecutor | None = None
+        self._claiming: Future[list[ReadyMessage]] | None = None
+        self._phase2: Future[tuple[object, object]] | None = None
+        self._phase2_batches: tuple[list[ReadyMessage], list[ReadyMessage]] = ([], [])
 
     # -- phase 1 -----------------------------------------------------------------------------
 
     def _held(self) -> int:
         return len(self._heap) + self.publisher.in_flight() + len(self._to_delete)
 
-    def ready_once(self, now: float) -> int:
-        """Claim due rows into the timer heap; schedules the next claim. Returns the rows claimed."""
-        try:
-            rows = self.store.ready(self.node_id, self.settings.ready_horizon, self.settings.ready_batch_size)
-        except StoreError as exc:
-            self._c.store_errors += 1
-            self._next_ready = now + min(1.0, 2 * self._poll_s)
-            logger.warning("ready failed; retrying", extra={"error": str(exc), "node_id": self.node_id})
-            return 0
+    def _claim(self) -> list[ReadyMessage]:
+        return self.store.ready(self.node_id, self.settings.ready_horizon, self.settings.ready_batch_size)
+
+    def _claimed(self, now: float, rows: list[ReadyMessage]) -> int:
+        advance, push, heap, order = self._advance_s, heapq.heappush, self._heap, self._order
         for row in rows:
-            heapq.heappush(self._heap, (row.deadline.timestamp() - self._advance_s, next(self._order), row))
+            push(heap, (row.deadline.timestamp() - advance, next(order), row))
         self._c.readied += len(rows)
         if len(rows) >= self.settings.ready_batch_size:
             self._next_ready = now  # a backlog: claim the next batch straight away
@@ -87,13 +95,28 @@ class FireLoop:
             self._next_ready = now + self._poll_s * random.uniform(0.9, 1.1)
         return len(rows)
 
+    def _claim_failed(self, now: float, exc: StoreError) -> None:
+        self._c.store_errors += 1
+        self._next_ready = now + min(1.0, 2 * self._poll_s)
+        logger.warning("ready failed; retrying", extra={"error": str(exc), "node_id": self.node_id})
+
+    def ready_once(self, now: float) -> int:
+        """Claim due rows into the timer heap; schedules the next claim. Returns the rows claimed."""
+        try:
+            rows = self._claim()
+        except StoreError as exc:
+            self._claim_failed(now, exc)
+            return 0
+        return self._claimed(now, rows)
+
     # -- firing ------------------------------------------------------------------------------
 
     def fire_due(self, now: float) -> int:
         """Publish every held row whose firing time has come."""
         sent = 0
-        while self._heap and self._heap[0][0] <= now:
-            fire_at, _, row = heapq.heappop(self._heap)
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            fire_at, _, row = heapq.heappop(heap)
             late_ms = (now - fire_at) * 1000
             if late_ms > self._c.max_late_ms:
                 self._c.max_late_ms = late_ms
@@ -109,15 +132,16 @@ class FireLoop:
     def collect(self, deliveries: list[Delivery]) -> None:
         """Sort confirmations: delivered rows are to be deleted, failed ones released."""
         failed: list[Delivery] = []
+        to_delete = self._to_delete
         for d in deliveries:
             row = d.token
             assert isinstance(row, ReadyMessage)
             if d.error is None:
-                self._c.fired += 1
-                self._to_delete.append(row)
+                to_delete.append(row)
             else:
                 failed.append(d)
                 self._to_release.append(row)
+        self._c.fired += len(deliveries) - len(failed)
         if failed:  # one line per batch: a broker outage must not flood the log
             self._c.publish_failures += len(failed)
             logger.error(f"{len(failed)} publications not confirmed; releasing their rows",
@@ -126,35 +150,89 @@ class FireLoop:
 
     # -- phase 2 -----------------------------------------------------------------------------
 
-    def delete_confirmed(self, now: float, force: bool = False) -> None:
-        """Delete confirmed rows in batches; keep them for a retry if Postgres is unavailable."""
+    def _phase2_due(self, now: float, force: bool) -> tuple[list[ReadyMessage], list[ReadyMessage]]:
+        """The batches to delete and to release now (taken off ``_to_release``; deletes stay queued)."""
         due = force or len(self._to_delete) >= DELETE_BATCH or now - self._last_delete >= DELETE_INTERVAL_S
-        if self._to_delete and due:
-            batch = self._to_delete[:DELETE_BATCH]
+        to_delete = self._to_delete[:DELETE_BATCH] if due else []
+        to_release, self._to_release = self._to_release, []
+        return to_delete, to_release
+
+    def _run_phase2(self, to_delete: list[ReadyMessage], to_release: list[ReadyMessage],
+                    ) -> tuple[set[str] | StoreError | None, set[str] | StoreError | None]:
+        """Store calls of phase 2; errors are returned (handled by the caller's thread), not raised."""
+        deleted: set[str] | StoreError | None = None
+        released: set[str] | StoreError | None = None
+        if to_delete:
             try:
-                deleted = self.store.delete(batch)
+                deleted = self.store.delete(to_delete)
             except StoreError as exc:
-                self._c.store_errors += 1
-                self._last_delete = now + self._poll_s  # back off before retrying
-                logger.warning("delete failed; retrying", extra={"error": str(exc), "pending": len(batch)})
-            else:
-                del self._to_delete[:len(batch)]
-                self._last_delete = now
-                self._c.deleted += len(deleted)
-                for row in batch:
+                deleted = exc
+        if to_release:
+            try:
+                released = self.store.release(self.node_id, to_release)
+            except StoreError as exc:
+                released = exc
+        return deleted, released
+
+    def _phase2_done(self, now: float, to_delete: list[ReadyMessage], deleted: object,
+                     to_release: list[ReadyMessage], released: object) -> None:
+        if isinstance(deleted, StoreError):
+            self._c.store_errors += 1
+            self._last_delete = now + self._poll_s  # back off before retrying
+            logger.warning("delete failed; retrying",
+                           extra={"error": str(deleted), "pending": len(to_delete)})
+        elif isinstance(deleted, set):
+            del self._to_delete[:len(to_delete)]  # only this loop removes from the front
+            self._last_delete = now
+            self._c.deleted += len(deleted)
+            if len(deleted) < len(to_delete):
+                for row in to_delete:
                     if row.id not in deleted:
                         self._c.gone_at_delete += 1
                         logger.warning(f"message {row.id} already gone at delete time (a peer took it over?)",
                                        extra={"message_id": row.id, "node_id": self.node_id})
-        if self._to_release:
-            batch, self._to_release = self._to_release, []
+        if isinstance(released, StoreError):
+            # Still readied by us: failure detection resets them after the hold time.
+            self._c.store_errors += 1
+            logger.warning("release failed; failure detection will reset the rows",
+                           extra={"error": str(released), "rows": len(to_release)})
+        elif isinstance(released, set):
+            self._c.released += len(released)
+
+    def delete_confirmed(self, now: float, force: bool = False) -> None:
+        """Delete confirmed rows in batches; keep them for a retry if Postgres is unavailable."""
+        to_delete, to_release = self._phase2_due(now, force)
+        if to_delete or to_release:
+            deleted, released = self._run_phase2(to_delete, to_release)
+            self._phase2_done(now, to_delete, deleted, to_release, released)
+
+    # -- the store worker ----------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        """Take in what the store worker finished (on this thread: the heap and counters are ours)."""
+        if self._claiming is not None and self._claiming.done():
+            job, self._claiming = self._claiming, None
             try:
-                self._c.released += len(self.store.release(self.node_id, batch))
+                self._claimed(time.time(), job.result())
             except StoreError as exc:
-                # Still readied by us: failure detection resets them after the hold time.
-                self._c.store_errors += 1
-                logger.warning("release failed; failure detection will reset the rows",
-                               extra={"error": str(exc), "rows": len(batch)})
+                self._claim_failed(time.time(), exc)
+        if self._phase2 is not None and self._phase2.done():
+            job, self._phase2 = self._phase2, None
+            (to_delete, to_release), self._phase2_batches = self._phase2_batches, ([], [])
+            deleted, released = job.result()
+            self._phase2_done(time.time(), to_delete, deleted, to_release, released)
+
+    def _submit(self, now: float, accepting: bool) -> None:
+        """Hand the worker a claim and a phase-2 batch when due, one of each at a time."""
+        worker = self._worker
+        assert worker is not None
+        if self._claiming is None and accepting and now >= self._next_ready and self._held() < self._capacity:
+            self._claiming = worker.submit(self._claim)
+        if self._phase2 is None:
+            to_delete, to_release = self._phase2_due(now, force=not accepting)
+            if to_delete or to_release:
+                self._phase2_batches = (to_delete, to_release)
+                self._phase2 = worker.submit(self._run_phase2, to_delete, to_release)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -163,35 +241,44 @@ class FireLoop:
         wake = now + self._poll_s
         if self._heap:
             wake = min(wake, self._heap[0][0])
-        if accepting and self._held() < self._capacity:
-            wake = min(wake, self._next_ready)
-        if self._to_delete or self._to_release:
-            wake = min(wake, self._last_delete + DELETE_INTERVAL_S)
+        if self._claiming is not None or self._phase2 is not None:
+            wake = min(wake, now + WORKER_CHECK_S)  # take its result in soon
+        else:
+            if accepting and self._held() < self._capacity:
+                wake = min(wake, self._next_ready)
+            if self._to_delete or self._to_release:
+                wake = min(wake, self._last_delete + DELETE_INTERVAL_S)
         # librdkafka waits in whole milliseconds and truncates: round up, or a wait under 1 ms
         # becomes poll(0) and the loop spins. Firing is thus at most ~1 ms late, never early.
         return math.ceil(max(0.0, wake - now) * 1000) / 1000
 
     def step(self, accepting: bool) -> None:
-        """One turn: claim if it is time, fire what is due, handle confirmations, delete, then wait."""
-        now = time.time()
-        if accepting and now >= self._next_ready and self._held() < self._capacity:
-            self.ready_once(now)
+        """One turn: fire what is due, hand store work to the worker, handle confirmations, then wait."""
+        self.fire_due(time.time())
+        self._reap()
         self.fire_due(time.time())
         self.collect(self.publisher.poll(0))
-        self.delete_confirmed(time.time(), force=not accepting)
+        self._submit(time.time(), accepting)
         self.collect(self.publisher.poll(self._idle_timeout(accepting)))
 
     def busy(self) -> bool:
-        return bool(self._heap or self._to_delete or self._to_release or self.publisher.in_flight())
+        return bool(self._heap or self._to_delete or self._to_release or self.publisher.in_flight()
+                    or self._claiming is not None or self._phase2 is not None)
 
     def run(self, remaining_ms: Callable[[], int]) -> FireOutcome:
         """Loop until less than the stop margin remains, then fire and confirm what is held, and return."""
         margin = self.settings.stop_margin_ms
-        while remaining_ms() > margin:
-            self.step(accepting=True)
-        drain_until = time.monotonic() + margin / 1000
-        while self.busy() and remaining_ms() > HARD_STOP_MS and time.monotonic() < drain_until:
-            self.step(accepting=False)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delay-store")
+        try:
+            while remaining_ms() > margin:
+                self.step(accepting=True)
+            drain_until = time.monotonic() + margin / 1000
+            while self.busy() and remaining_ms() > HARD_STOP_MS and time.monotonic() < drain_until:
+                self.step(accepting=False)
+        finally:
+            self._worker.shutdown(wait=True)  # a query in flight finishes (its rows are taken in below)
+            self._reap()
+            self._worker = None
         if self.busy():
             logger.warning("stopping with rows still held; failure detection will reset them",
                            extra={"held": self._held(), "node_id": self.node_id})

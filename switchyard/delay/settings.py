@@ -44,6 +44,10 @@ class DelaySettings:
     failure_detection_interval_ms: int = 500
     ready_batch_size: int = 2000
     publish_timeout_ms: int = 2000
+    # librdkafka's linger.ms for the output topic: how long a produced message may wait to share a
+    # request with others. 5 ms halves the producer's and the broker's CPU per message at 10,000/s
+    # against 1 ms; it delays arrival, not the firing time (the record's CreateTime is set at send).
+    publish_linger_ms: int = 5
     consumer_group: str = "switchyard-delay"
     batch_size: int = 1000
     batch_window_ms: int = 100
@@ -59,6 +63,8 @@ class DelaySettings:
                      "ready_batch_size", "publish_timeout_ms", "batch_size", "batch_window_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"delay setting {name} must be positive, got {getattr(self, name)}")
+        if self.publish_linger_ms < 0:
+            raise ConfigError(f"delay setting publish_linger_ms must be >= 0, got {self.publish_linger_ms}")
         if self.timing_advance_ms < 0:
             raise ConfigError(f"delay setting timing_advance_ms must be >= 0, got {self.timing_advance_ms}")
         # A readied row is held in memory for up to advance + lookahead, then for the publish
@@ -111,6 +117,7 @@ class DelaySettings:
             ),
             ready_batch_size=env_int("SWITCHYARD_DELAY_READY_BATCH_SIZE", d.ready_batch_size),
             publish_timeout_ms=env_int("SWITCHYARD_DELAY_PUBLISH_TIMEOUT_MS", d.publish_timeout_ms),
+            publish_linger_ms=env_int("SWITCHYARD_DELAY_PUBLISH_LINGER_MS", d.publish_linger_ms),
             consumer_group=env_str("SWITCHYARD_DELAY_CONSUMER_GROUP", d.consumer_group),
             batch_size=env_int("SWITCHYARD_DELAY_BATCH_SIZE", d.batch_size),
             batch_window_ms=env_int("SWITCHYARD_DELAY_BATCH_WINDOW_MS", d.batch_window_ms),

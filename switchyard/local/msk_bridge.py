@@ -111,6 +111,9 @@ class MskBridge:
             "session.timeout.ms": config.session_timeout_ms,
             "heartbeat.interval.ms": max(100, config.session_timeout_ms // 4),
             "fetch.wait.max.ms": 10,
+            # A fetch returns at 64 KiB or after 10 ms, not at the first byte: at 10,000 records/s
+            # that is ~100 fetches a second instead of one per handful of records (broker CPU).
+            "fetch.min.bytes": 65536,
             "client.id": f"msk-bridge-{config.function_name}",
         })
 
