@@ -9,6 +9,7 @@ from datetime import timedelta
 import psycopg
 
 from switchyard.config import Connections
+from switchyard.delay.model import DelayedMessage
 from switchyard.delay.settings import DelaySettings
 from switchyard.delay.store import PostgresDelayStore
 from tests.delay.conftest import in_ms, message
@@ -92,6 +93,20 @@ def test_reset_is_a_compare_and_set(store: PostgresDelayStore) -> None:
     # The reset with the values read earlier touches only the row still as it was.
     assert [s.id for s in store.reset_stuck(list(stuck.values()))] == ["stuck"]
     assert store.counts() == (1, 1)
+
+
+def test_awkward_ids_and_headers_survive_copy_claim_and_delete(store: PostgresDelayStore) -> None:
+    # Insert goes through binary COPY, deletes through a JSON batch: quotes, backslashes, tabs,
+    # newlines, non-ASCII and the longest id must come back and be matched exactly.
+    ids = ['q"uote', "back\\slash", "tab\tnew\nline", "caf\u00e9-\u2603-\U0001f600", "x" * 128, "[1,2]", "{}"]
+    headers = (("h\"1", b"\x00\xff"), ("h\"1", None), ("\u00e9", b""))
+    store.insert([DelayedMessage(i, in_ms(-10), i.encode(), None, headers) for i in ids])
+    assert store.insert([DelayedMessage(i, in_ms(-10), None, None, ()) for i in ids]) == set()
+    rows = store.ready(str(uuid.uuid4()), NOW, 100)
+    assert {r.id for r in rows} == set(ids)
+    assert all(r.headers == headers and r.key == r.id.encode() and r.value is None for r in rows)
+    assert store.delete(rows) == set(ids)
+    assert store.counts() == (0, 0)
 
 
 def test_delete_and_release_match_this_enqueuing_only(store: PostgresDelayStore) -> None:
