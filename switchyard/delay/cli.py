@@ -22,7 +22,7 @@ from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.parsing import format_deadline, parse_deadline
 from switchyard.delay.settings import DelaySettings, validate_topic
 from switchyard.errors import ConfigError
-from switchyard.local.msk_bridge import FakeLambdaContext
+from switchyard.local.lambda_context import FakeLambdaContext
 
 
 def _run(args: argparse.Namespace) -> int:

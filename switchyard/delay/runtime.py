@@ -7,14 +7,10 @@ for fire and sweep, whose fake context reports no time left once Ctrl-C / SIGTER
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
-from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 from switchyard.config import Connections
 from switchyard.delay.enqueue import enqueue_records
@@ -24,10 +20,12 @@ from switchyard.delay.publisher import KafkaPublisher
 from switchyard.delay.settings import DelaySettings
 from switchyard.delay.store import PostgresDelayStore
 from switchyard.delay.sweep import run_sweeps
-from switchyard.local.msk_bridge import FakeLambdaContext, MskBridge, MskBridgeConfig
+from switchyard.local import functions as local_functions
+from switchyard.local.functions import scheduled_event
+from switchyard.local.lambda_context import FakeLambdaContext
+from switchyard.local.msk_bridge import MskBridge, MskBridgeConfig
 from switchyard.observability import logger
 
-FUNCTIONS_DIR = Path(__file__).resolve().parents[2] / "functions"
 FUNCTIONS = {"enqueue": "delay_enqueue", "fire": "delay_fire", "sweep": "delay_sweep"}
 
 
@@ -88,24 +86,8 @@ def configure(settings: DelaySettings, connections: Connections, node_id: str | 
 
 
 def load_function(role: str) -> ModuleType:
-    """Import ``functions/delay_<role>.py`` (the Lambda code itself, not a copy)."""
-    name = FUNCTIONS[role]
-    path = FUNCTIONS_DIR / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"switchyard_functions.{name}", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {FUNCTIONS_DIR / name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def scheduled_event(rule: str) -> dict[str, Any]:
-    """An EventBridge scheduled event, as a schedule rule delivers it."""
-    return {
-        "version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event", "source": "aws.events",
-        "account": "000000000000", "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "region": "local", "resources": [f"arn:aws:events:local:000000000000:rule/{rule}"], "detail": {},
-    }
+    """``functions/delay_<role>.py`` (the Lambda code itself, not a copy)."""
+    return local_functions.load_function(FUNCTIONS[role])
 
 
 class LocalRuntime:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from binascii import b2a_base64
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -18,31 +17,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.observability import logger
 
 Handler = Callable[[dict[str, Any], Any], Any]
 
 _TIMESTAMP_TYPES = {0: "NO_TIMESTAMP_TYPE", 1: "CREATE_TIME", 2: "LOG_APPEND_TIME"}
-
-
-class FakeLambdaContext:
-    """What handlers (and Powertools) read from a Lambda context; time runs out at the timeout or on stop."""
-
-    def __init__(self, function_name: str, timeout_ms: int, stop: threading.Event | None = None) -> None:
-        self.function_name = function_name
-        self.function_version = "$LATEST"
-        self.invoked_function_arn = f"arn:aws:lambda:local:000000000000:function:{function_name}"
-        self.memory_limit_in_mb = 1024
-        self.aws_request_id = str(uuid.uuid4())
-        self.log_group_name = f"/aws/lambda/{function_name}"
-        self.log_stream_name = "local"
-        self._deadline = time.monotonic() + timeout_ms / 1000
-        self._stop = stop
-
-    def get_remaining_time_in_millis(self) -> int:
-        if self._stop is not None and self._stop.is_set():
-            return 0
-        return max(0, int((self._deadline - time.monotonic()) * 1000))
 
 
 def _b64(data: bytes) -> str:

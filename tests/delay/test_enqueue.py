@@ -14,7 +14,9 @@ from switchyard.delay import runtime
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.runtime import DelayService
 from switchyard.delay.settings import DelaySettings
-from switchyard.local.msk_bridge import FakeLambdaContext, MskBridge, MskBridgeConfig
+from switchyard.local.functions import FUNCTIONS_DIR
+from switchyard.local.lambda_context import FakeLambdaContext
+from switchyard.local.msk_bridge import MskBridge, MskBridgeConfig
 from tests.conftest import wait_for
 from tests.delay.conftest import OutputReader, chronos_headers, in_ms, msk_event, produce
 
@@ -94,7 +96,7 @@ def test_bad_header_is_dropped_logged_and_counted_and_the_batch_goes_on(
 
 
 def test_sample_event_file_is_accepted(handler_service: DelayService) -> None:
-    event = json.loads((runtime.FUNCTIONS_DIR.parent / "events/msk_delay_input.json").read_text())
+    event = json.loads((FUNCTIONS_DIR.parent / "events/msk_delay_input.json").read_text())
     result = enqueue_handler(event, FakeLambdaContext("delay_enqueue", 60_000))
     assert (result["received"], result["enqueued"], len(result["dropped"])) == (3, 2, 1)
 
