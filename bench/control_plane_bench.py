@@ -95,6 +95,7 @@ def bench_orphans(settings: RpcSettings, batch: int, keys: int) -> dict[str, flo
             rates[f"orphan handler, {batch} orphans over {keys} {label}"] = batch / elapsed
         # The ceiling in the same run: the same confirmed publishes, no parsing, locks or declares.
         publisher = ConfirmingPublisher(settings.connections.amqp_url, "bench-raw")
+        publisher.publish_all([Outgoing("", "bench-nowhere", b"warm", pika.BasicProperties())])  # connected
         outgoing = [Outgoing(p.req_exchange(pool), p.routing_key(f"key-{n % keys}"), b"x" * 100,
                              request_props(f"key-{n % keys}", n, "bench-replies"), mandatory=True)
                     for n in range(batch)]
