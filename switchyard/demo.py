@@ -233,7 +233,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--concurrency", type=int, default=32, help="calls in flight during the traffic phase")
     demo.add_argument("--unbind-delay", type=float, default=3.0, help="seconds idle before a group unbinds")
     demo.add_argument("--stop-delay", type=float, default=3.0, help="seconds unbound before a group stops")
-    demo.add_argument("--pool", help="pool name (default: a fresh demo_XXXXXX)")
+    demo.add_argument("--pool", help="pool name (default: a fresh demo_<6 hex digits>)")
     demo.add_argument("--keep", action="store_true", help="keep the pool afterwards")
     demo.add_argument("--verbose", action="store_true", help="show the structured logs too")
     demo.set_defaults(func=run_demo)

@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import replace
 
 from switchyard.delay.errors import PublishError, StoreError
 from switchyard.delay.model import FireOutcome, ReadyMessage
@@ -30,18 +30,6 @@ DELETE_BATCH = 1000
 DELETE_INTERVAL_S = 0.1  # confirmed rows are deleted in batches at least this often (one commit each)
 WORKER_CHECK_S = 0.005  # while the store worker is busy, look for its result this often
 HARD_STOP_MS = 300  # below this much remaining time, leave at once (failure detection recovers)
-
-
-@dataclass
-class _Counters:
-    readied: int = 0
-    fired: int = 0
-    deleted: int = 0
-    gone_at_delete: int = 0
-    publish_failures: int = 0
-    released: int = 0
-    store_errors: int = 0
-    max_late_ms: float = 0.0
 
 
 class FireLoop:
@@ -69,7 +57,7 @@ class FireLoop:
         self._poll_s = settings.poll_interval_ms / 1000
         self._next_ready = 0.0
         self._last_delete = 0.0
-        self._c = _Counters()
+        self._c = FireOutcome()
         self._worker: ThreadPoolExecutor | None = None
         self._claiming: Future[list[ReadyMessage]] | None = None
         self._phase2: Future[tuple[object, object]] | None = None
@@ -285,6 +273,4 @@ class FireLoop:
         return self.outcome()
 
     def outcome(self) -> FireOutcome:
-        c = self._c
-        return FireOutcome(c.readied, c.fired, c.deleted, c.gone_at_delete, c.publish_failures, c.released,
-                           c.store_errors, round(c.max_late_ms, 3))
+        return replace(self._c, max_late_ms=round(self._c.max_late_ms, 3))

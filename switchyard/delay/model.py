@@ -103,9 +103,9 @@ class EnqueueOutcome:
     dropped: tuple[Drop, ...] = field(default=())
 
 
-@dataclass(frozen=True)
+@dataclass
 class FireOutcome:
-    """What one ready-and-fire run did."""
+    """What one ready-and-fire run did (the fire loop counts into one, and hands out copies)."""
 
     readied: int = 0
     fired: int = 0
