@@ -55,8 +55,8 @@ class StateWatcher:
             running = self.runtime.driver.list_running(self.pool)
             for key in set(groups) | set(self._seen) | running:
                 group = groups.get(key)
-                status = group.status.value if group else "stopped"
-                status += ", workers up" if key in running else ""
+                workers = "workers up" if key in running else "no workers"
+                status = f"{group.status.value}, {workers}" if group else "stopped, queue deleted"
                 if self._seen.get(key) != status:
                     self._seen[key] = status
                     self.events.append((time.monotonic(), key, status))
