@@ -70,3 +70,40 @@ def test_errors_say_what_to_do() -> None:
     assert "switchyard pool init" in result.stderr
     result = run("pool", "init", "--pool", "bad-name")
     assert result.returncode == 1 and "invalid pool name" in result.stderr
+
+
+def test_local_control_plane_serves_calls_from_the_command_line() -> None:
+    """`switchyard local` starts groups on demand; `switchyard call` gets the answer; SIGTERM ends it."""
+    import signal
+    import time
+
+    pool = unique("cli")
+    settings = RpcSettings.from_env()
+    local = subprocess.Popen(
+        [sys.executable, "-m", "switchyard", "local", "--pool", pool, "--status-every", "0.5"],
+        env=subprocess_env(SWITCHYARD_WORKER_HANDLER="switchyard.rpc.examples:echo"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # `local` declares the pool; `call` refuses an uninitialized one
+            with PoolTopology(pool, settings) as topology:
+                if topology.exists():
+                    break
+            assert time.monotonic() < deadline and local.poll() is None, local.stderr.read()
+            time.sleep(0.2)
+        result = run("call", "--pool", pool, "--key", "a key", "--body", "hi there", "--json",
+                     "--timeout", "30")
+        assert result.returncode == 0, result.stderr
+        answer = json.loads(result.stdout)
+        assert answer["status"] == "ok" and answer["body"] == "hi there"
+        local.send_signal(signal.SIGTERM)
+        out, err = local.communicate(timeout=60)
+        assert local.returncode == 0, err
+        assert "'a key':active+" in out  # the status line showed the group active with workers
+        assert "stopped: workers terminated" in out
+    finally:
+        if local.poll() is None:
+            local.kill()
+        with PoolTopology(pool, settings) as topology:
+            topology.delete()
+        PoolState(redis.Redis.from_url(settings.connections.redis_url), pool).clear()
