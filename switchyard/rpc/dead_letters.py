@@ -48,7 +48,7 @@ def _details(message: AmqpMessage, reason: str) -> dict[str, Any]:
     return {
         "reason": reason,
         "key": message.key,
-        "queue": message.header_str("x-first-death-queue"),  # a str or None: always JSON
+        "queue": message.header_str(p.FIRST_DEATH_QUEUE_HEADER),  # a str or None: always JSON
         "detail": "the request was dead-lettered before a worker answered it",
     }
 

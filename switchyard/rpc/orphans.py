@@ -25,8 +25,6 @@ from switchyard.rpc.rmq_event import AmqpMessage
 from switchyard.rpc.state import PoolState
 from switchyard.rpc.topology import PoolTopology
 
-POISON_REASON_HEADER = "x-switchyard-poison-reason"
-
 
 @dataclass
 class OrphanOutcome:
@@ -43,7 +41,7 @@ class OrphanOutcome:
 def poison_copy(pool: str, message: AmqpMessage, reason: str) -> Outgoing:
     """The message as it was, into the pool's poison inventory, with why it is there."""
     props = message.properties
-    headers = {**message.headers, POISON_REASON_HEADER: reason}
+    headers = {**message.headers, p.POISON_REASON_HEADER: reason}
     copy = pika.BasicProperties(**{**props.__dict__, "headers": headers, "expiration": None})
     return Outgoing("", p.poison_queue(pool), message.body, copy)
 

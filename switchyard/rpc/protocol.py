@@ -44,6 +44,9 @@ WORKER_ID_HEADER = "x-worker-id"
 KEY_HEADER = "x-switchyard-key"
 KEY_QUEUE_ARGUMENT = "x-switchyard-key"
 FIRST_DEATH_REASON_HEADER = "x-first-death-reason"
+FIRST_DEATH_QUEUE_HEADER = "x-first-death-queue"
+POISON_REASON_HEADER = "x-switchyard-poison-reason"  # why a message is in {pool}-poison
+QUEUE_TYPE_ARGUMENT = "x-queue-type"
 DELIVERY_COUNT_HEADER = "x-delivery-count"
 DEATH_HEADER = "x-death"
 

@@ -92,7 +92,7 @@ class PoolTopology:
         return self._chan
 
     def _queue_arguments(self, key: str | None = None) -> dict[str, Any]:
-        arguments: dict[str, Any] = {"x-queue-type": self.policy.queue_type.value}
+        arguments: dict[str, Any] = {p.QUEUE_TYPE_ARGUMENT: self.policy.queue_type.value}
         if key is not None:
             arguments[p.KEY_QUEUE_ARGUMENT] = key
         return arguments

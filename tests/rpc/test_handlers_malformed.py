@@ -22,7 +22,6 @@ from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event, rmq_messag
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control_plane import ControlPlane, ControlSettings, install
 from switchyard.rpc.drivers import NoopDriver
-from switchyard.rpc.orphans import POISON_REASON_HEADER
 from switchyard.rpc.reconciler import Delays
 from switchyard.rpc.state import GroupStatus, PoolState
 from tests.conftest import wait_for
@@ -181,7 +180,7 @@ def test_orphan_handler_survives_garbage_and_forwards_the_good(env: Env) -> None
     assert json.loads(body)["error"] == "MissingKey"
     poisoned = env.drain(p.poison_queue(env.pool))
     assert len(poisoned) == without_key
-    assert all(props.headers[POISON_REASON_HEADER] for props, _ in poisoned)
+    assert all(props.headers[p.POISON_REASON_HEADER] for props, _ in poisoned)
     assert b"who am I" in [body for _, body in poisoned]
 
 
