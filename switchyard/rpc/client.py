@@ -319,6 +319,10 @@ class RpcClient:
                              mandatory=True)
             self.stats.published += 1
             heapq.heappush(self._deadlines, (now + call.timeout, call.slot, call.seq))
+        if len(self._deadlines) > 4 * self._slots.size + 1024:
+            # Answered calls leave their deadline behind; drop those so the heap stays small.
+            self._deadlines = [d for d in self._deadlines if self._slots.holds(d[1], d[2])]
+            heapq.heapify(self._deadlines)
 
     def _expire(self) -> None:
         now = time.monotonic()

@@ -57,6 +57,11 @@ class SlotTable(Generic[T]):
             slot.sent_at = time.monotonic()
             return index, slot.seq
 
+    def holds(self, index: int, seq: int) -> bool:
+        """Whether call ``seq`` still occupies slot ``index`` (read without the lock: a hint)."""
+        slot = self._slots[index]
+        return slot.waiter is not None and slot.seq == seq
+
     def complete(self, index: int, seq: int) -> T | None:
         """Free the slot if it still belongs to call ``seq``; returns that call's waiter."""
         if not 0 <= index < self.size:

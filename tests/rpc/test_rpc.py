@@ -276,3 +276,14 @@ def test_worker_keeps_answering_with_prefetch_one_and_an_activity_report_per_req
         futures = [client.submit("k", str(i)) for i in range(600)]
         bodies = [f.result(90).text().split("|")[2] for f in futures]
     assert bodies == [str(i) for i in range(600)]
+
+
+def test_answered_calls_do_not_pile_up_in_the_timeout_heap(pool, workers) -> None:
+    name, settings = pool
+    bind(name, settings, "k")
+    workers.start(name, "k", f"{H}:whoami")
+    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    with RpcClient(name, settings, concurrency=1, timeout=60) as client:
+        for i in range(1200):
+            client.call("k", str(i))
+        assert len(client._deadlines) <= 4 * 1 + 1024

@@ -52,3 +52,11 @@ def test_drain_returns_every_waiter_and_frees_all() -> None:
 def test_size_must_be_positive() -> None:
     with pytest.raises(ValueError):
         SlotTable(0)
+
+
+def test_holds_tells_whether_a_call_still_occupies_its_slot() -> None:
+    table: SlotTable[str] = SlotTable(2)
+    slot, seq = table.acquire("A", wait=0)
+    assert table.holds(slot, seq)
+    table.complete(slot, seq)
+    assert not table.holds(slot, seq)
