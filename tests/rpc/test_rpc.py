@@ -287,3 +287,21 @@ def test_answered_calls_do_not_pile_up_in_the_timeout_heap(pool, workers) -> Non
         for i in range(1200):
             client.call("k", str(i))
         assert len(client._deadlines) <= 4 * 1 + 1024
+
+
+def test_a_worker_killed_mid_request_loses_nothing(pool, workers) -> None:
+    """At-least-once: the request a crashed worker held is redelivered and answered by another."""
+    name, settings = pool
+    bind(name, settings, "k")
+    doomed = workers.start(name, "k", f"{H}:slow_echo", worker_id=unique("doomed"), SLOW_SECONDS="30")
+    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    with RpcClient(name, settings, timeout=60) as client:
+        future = client.submit("k", "survives")
+        time.sleep(0.5)  # the doomed worker holds the request (its handler sleeps 30 s)
+        assert not future.done()
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait(10)
+        rescuer = unique("rescuer")
+        workers.start(name, "k", f"{H}:whoami", worker_id=rescuer)
+        response = future.result(30)
+    assert response.ok and response.text() == f"{rescuer}|k|survives"
