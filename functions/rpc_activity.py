@@ -10,7 +10,7 @@ from switchyard.rpc.control_plane import control_plane
 from switchyard.rpc.rmq_event import messages_from_event
 
 lambda_handler = lambda_handler_for(
-    lambda event: control_plane().track_activity(messages_from_event(event)),
+    lambda event, _context: control_plane().track_activity(messages_from_event(event)),
     data_class=RabbitMQEvent,
     metric_prefix="Activity",
 )

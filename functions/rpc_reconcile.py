@@ -12,7 +12,7 @@ from switchyard.rpc.control_plane import control_plane
 from switchyard.rpc.reconciler import ReconcileOutcome
 
 
-def reconcile(_event: EventBridgeEvent) -> ReconcileOutcome:
+def reconcile(_event: EventBridgeEvent, _context: object) -> ReconcileOutcome:
     outcome = control_plane().reconcile()
     for group_id, depth in outcome.depths.items():
         emit_gauge("QueueDepth", depth, "WorkerGroup", group_id)

@@ -60,11 +60,18 @@ def emit_counts(outcome: object, prefix: str = "") -> None:
             metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
 
 
-def lambda_handler_for(work: Callable[[Any], Any], *, data_class: type, metric_prefix: str) -> Callable:
+def lambda_handler_for(
+    work: Callable[[Any, Any], Any],
+    *,
+    data_class: type,
+    metric_prefix: str = "",
+    report: Callable[[Any], None] | None = None,
+) -> Callable:
     """A Lambda entry point around one core call, in the Powertools way.
 
-    Logger context, tracing and metrics decorators; the event parsed into ``data_class``; the
-    outcome dataclass ``work`` returns becomes Count metrics and the handler's JSON result.
+    Logger context, tracing and metrics decorators; the event parsed into ``data_class`` and
+    handed to ``work(event, context)``; the outcome dataclass it returns is reported as metrics
+    (``report(outcome)``, or every count field under ``metric_prefix``) and returned as JSON.
     """
 
     @metrics.log_metrics
@@ -72,8 +79,11 @@ def lambda_handler_for(work: Callable[[Any], Any], *, data_class: type, metric_p
     @logger.inject_lambda_context
     @event_source(data_class=data_class)
     def lambda_handler(event: Any, context: Any) -> dict[str, Any]:
-        outcome = work(event)
-        emit_counts(outcome, prefix=metric_prefix)
+        outcome = work(event, context)
+        if report is not None:
+            report(outcome)
+        else:
+            emit_counts(outcome, prefix=metric_prefix)
         return asdict(outcome)
 
     return lambda_handler
