@@ -1,10 +1,14 @@
 """The activity tracker's logic: worker activity keeps a group Active.
 
 A batch is reduced to one update per key, stamped with the tracker's own clock (seed 000 warns
-against trusting worker clocks). Any activity, however rare, moves ``seen`` forward, so a group
-with occasional traffic stays up (the public osrdyne's debounce did the opposite). A group found
-Unbound, or unknown (state lost, or workers started by hand), becomes Active under a new
-generation and its queue is declared and bound again, under the key's lock.
+against trusting worker clocks). The key is the report's routing key (seed 000's worker protocol),
+which the staging hop recorded in ``x-death``, or ``x-switchyard-key``. Any activity, however
+rare, moves ``seen`` forward, so a group with occasional traffic stays up (the public osrdyne's
+debounce did the opposite). A group found Unbound, or unknown (workers started by hand), becomes
+Active under a new generation and its queue is declared and bound again, under the key's lock,
+which the reconciler's stop also holds. A Stopped group stays stopped: a report that lands after
+the stop is late, and starting workers again (ECS tasks cost money) is an orphan's call, not a
+report's.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 from switchyard.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.rmq_event import AmqpMessage
-from switchyard.rpc.state import PoolState, now_ms
+from switchyard.rpc.state import PoolState, TouchMode, now_ms
 from switchyard.rpc.topology import PoolTopology
 
 _EVENTS = {e.value for e in p.Event}
@@ -26,8 +30,10 @@ class ActivityOutcome:
     events: int = 0
     keys: int = 0
     reactivated: int = 0
+    late_for_stopped: int = 0
     without_key: int = 0
     unknown_events: int = 0
+    malformed_fields: int = 0  # reports with a field the event could not carry (still used if keyed)
 
 
 def track_activity(
@@ -37,11 +43,12 @@ def track_activity(
     keys: set[str] = set()
     for message in messages:
         outcome.events += 1
+        outcome.malformed_fields += bool(message.problems)
         key = message.key
         if key is None:
             outcome.without_key += 1
             worker_id = message.headers.get(p.WORKER_ID_HEADER)
-            logger.warning("activity report without x-switchyard-key dropped",
+            logger.warning("activity report without a usable key dropped",
                            extra={"pool": topology.pool, "worker_id": worker_id})
             continue
         if message.header_str(p.EVENT_HEADER) not in _EVENTS:
@@ -51,10 +58,19 @@ def track_activity(
             continue
         keys.add(key)
     outcome.keys = len(keys)
-    touched = state.touch(keys, at_ms or now_ms())
-    reactivated = [key for key, touch in touched.items() if touch.became_active]
-    if reactivated:
-        with state.locked(reactivated):
-            topology.ensure_request_queues(reactivated, likely_new=reactivated)
+    at = at_ms or now_ms()
+    touched = state.touch(keys, at, TouchMode.SEEN)  # the common case: Active groups, no locks
+    others = [key for key, touch in touched.items() if touch.needs_lock]
+    outcome.late_for_stopped = sum(touch.stopped for touch in touched.values())
+    if others:
+        with state.locked(others):
+            touched = state.touch(others, at, TouchMode.ACTIVITY)
+            reactivated = [key for key, touch in touched.items() if touch.became_active]
+            outcome.late_for_stopped += sum(touch.stopped for touch in touched.values())
+            if reactivated:
+                topology.ensure_request_queues(reactivated, likely_new=reactivated)
         outcome.reactivated = len(reactivated)
+    if outcome.late_for_stopped:
+        logger.info("late activity for stopped groups ignored",
+                    extra={"pool": topology.pool, "reports": outcome.late_for_stopped})
     return outcome

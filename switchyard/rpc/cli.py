@@ -60,20 +60,19 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_delete(args: argparse.Namespace) -> int:
-    import redis
-
+    from switchyard.errors import PoolNotEmptyError
+    from switchyard.redis_client import connect_redis
     from switchyard.rpc.state import PoolState
 
     settings = _settings(args)
     with PoolTopology(args.pool, settings) as topology:
-        queues = topology.management.list_queues(f"^{args.pool}-", columns="name,messages")
-        waiting = sum(int(q.get("messages") or 0) for q in queues)
-        if waiting and not args.force:
-            print(f"pool {args.pool!r} still holds {waiting} messages; nothing deleted "
-                  "(add --force to drop them)", file=sys.stderr)
+        queues = topology.own_queues()
+        try:
+            dropped = topology.delete(force=args.force)
+        except PoolNotEmptyError as exc:
+            print(exc, file=sys.stderr)
             return 1
-        dropped = topology.delete()
-    PoolState(redis.Redis.from_url(settings.connections.redis_url), args.pool).clear()
+    PoolState(connect_redis(settings.connections), args.pool).clear()
     print(f"pool {args.pool!r} deleted ({len(queues)} queues, {dropped} messages dropped)")
     return 0
 

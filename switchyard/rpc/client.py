@@ -3,19 +3,31 @@
 One connection, one channel and one reply queue per client, driven by a background I/O thread.
 Every public method is thread-safe. ``submit`` returns a ``concurrent.futures.Future`` (wrap it
 with ``asyncio.wrap_future`` in async code); ``call`` blocks for the response. Futures complete
-in the I/O thread: their done-callbacks must not block, but they may call ``submit``.
+in the I/O thread: their done-callbacks must not block, but they may call ``submit`` and ``close``.
 
 When all slots are taken, ``submit`` waits for one to free up, at most the call's timeout, then
 raises ``ClientBusyError`` (called from a done-callback, it raises at once instead of waiting).
+
+A bad call fails alone: ``submit`` validates and encodes the request in the caller's thread and
+raises a clear error there (``InvalidNameError`` for a key, ``TypeError`` / ``ValueError`` for a
+body, headers, timeout or expiration), before it takes a slot. Nothing but a broker failure ends
+the I/O loop; anything else fails the calls in flight and the client goes on.
+
+The I/O thread runs a ``_ClientCore`` and never holds the ``RpcClient`` itself, so a client that is
+dropped without ``close()`` is garbage collected, and a finalizer then closes its core: the thread
+ends, the connection closes and the broker deletes the reply queue. Calls in flight keep their
+client alive through their futures' callbacks only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
+import math
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -36,11 +48,12 @@ from switchyard.errors import (
     PoolNotFoundError,
     PublishRejectedError,
     RemoteError,
+    RpcError,
     UnroutableError,
 )
 from switchyard.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.amqp import close_reason, connect, enable_async_confirms, publish_buffered
+from switchyard.rpc.amqp import close_reason, connect, enable_async_confirms, frame_max, publish_buffered
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.slots import SlotTable
 from switchyard.rpc.topology import NOT_FOUND
@@ -74,10 +87,10 @@ class Response:
 @dataclass(slots=True)
 class _Call:
     key: str
+    routing_key: str
     body: bytes
     timeout: float
-    expiration_ms: int | None
-    headers: dict[str, Any]
+    props: pika.BasicProperties
     future: Future
     slot: int = 0
     seq: int = 0
@@ -101,7 +114,7 @@ def _header_str(value: Any) -> str:
 
 
 class RpcClient:
-    """Calls workers of one pool by key. See the module docstring for threading rules."""
+    """Calls workers of one pool by key. See the module docstring for threading and reclaim rules."""
 
     def __init__(
         self,
@@ -113,35 +126,31 @@ class RpcClient:
         confirm: bool = False,
         name: str = "switchyard-client",
     ) -> None:
-        self.pool = p.validate_pool(pool)
-        self.settings = settings or RpcSettings.from_env()
-        self.default_timeout = timeout if timeout is not None else self.settings.call_timeout
-        self.confirm = confirm
-        self.stats = ClientStats()
-        self._name = name
-        self._exchange = p.req_exchange(pool)
-        self._slots: SlotTable[_Call] = SlotTable(concurrency or self.settings.client_concurrency)
-        self._tag = os.urandom(4).hex()
-        self._outbox: deque[_Call] = deque()
-        self._wake_pending = False
-        self._wake_lock = threading.Lock()
-        self._deadlines: list[tuple[float, int, int]] = []
-        self._unconfirmed: dict[int, _Call] = {}
-        self._publish_seq = 0
-        self._connection: pika.BlockingConnection | None = None
-        self._channel: BlockingChannel | None = None
-        self._reply_queue = ""
-        self._closing = False
-        self._ready = threading.Event()
-        self._setup_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"{name}-io", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._setup_error is not None:
-            self._thread.join()
-            raise self._setup_error
+        settings = settings or RpcSettings.from_env()
+        self._core = _ClientCore(pool, settings, concurrency, timeout, confirm, name)
+        # Runs once: at close(), when the client is garbage collected, or at interpreter exit.
+        self._finalizer = weakref.finalize(self, self._core.close)
 
-    # -- public API -------------------------------------------------------------------------
+    @property
+    def pool(self) -> str:
+        return self._core.pool
+
+    @property
+    def settings(self) -> RpcSettings:
+        return self._core.settings
+
+    @property
+    def default_timeout(self) -> float:
+        return self._core.default_timeout
+
+    @property
+    def stats(self) -> ClientStats:
+        return self._core.stats
+
+    @property
+    def in_flight(self) -> int:
+        return self._core.slots.in_use()
+
     def submit(
         self,
         key: str,
@@ -154,53 +163,25 @@ class RpcClient:
         """Send a request; the future resolves to a ``Response`` or fails with an ``RpcError``.
 
         ``expiration_ms`` defaults to the timeout: a request nobody waits for anymore expires in
-        its queue instead of being worked on.
+        its queue instead of being worked on (0: no expiration). A malformed request raises here,
+        for this caller only.
         """
-        timeout = self.default_timeout if timeout is None else timeout
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
-        if isinstance(body, str):
-            body = body.encode("utf-8")
-        p.routing_key(key)  # validates the key before anything is queued
-        msg_headers = {**headers, p.KEY_HEADER: key} if headers else {p.KEY_HEADER: key}
-        if expiration_ms is None:
-            expiration_ms = max(1, int(timeout * 1000))
-        future: Future[Response] = Future()
-        call = _Call(key, body, timeout, expiration_ms, msg_headers, future)
-        if self._closing:
-            raise ClientClosedError("the client is closed")
-        on_io_thread = threading.current_thread() is self._thread
-        taken = self._slots.acquire(call, 0 if on_io_thread else timeout)
-        if taken is None:
-            raise ClientBusyError(
-                f"all {self._slots.size} slots stayed busy for {timeout:.3g}s; "
-                "raise the client's concurrency or add workers"
-            )
-        call.slot, call.seq = taken
-        self._outbox.append(call)
-        if not on_io_thread:
-            self._wake()
-        return future
+        return self._core.submit(key, body, timeout, expiration_ms, headers)
 
     def call(self, key: str, body: bytes | str = b"", *, timeout: float | None = None,
              expiration_ms: int | None = None, headers: Mapping[str, Any] | None = None) -> Response:
         """Send a request and wait for its response (raises ``CallTimeoutError`` on timeout)."""
-        timeout = self.default_timeout if timeout is None else timeout
-        future = self.submit(key, body, timeout=timeout, expiration_ms=expiration_ms, headers=headers)
+        timeout = self._core.default_timeout if timeout is None else timeout
+        future = self._core.submit(key, body, timeout, expiration_ms, headers)
         # The I/O thread enforces the timeout; the margin only guards against a dead I/O thread.
         return future.result(timeout + 5.0)
 
-    @property
-    def in_flight(self) -> int:
-        return self._slots.in_use()
-
     def close(self) -> None:
-        """Fail calls still in flight with ``ClientClosedError`` and close the connection."""
-        if self._closing:
-            return
-        self._closing = True
-        self._wake()
-        self._thread.join(10)
+        """Fail calls still in flight with ``ClientClosedError`` and close the connection.
+
+        Safe from any thread, a done-callback included (it then does not wait for the I/O thread).
+        """
+        self._finalizer()
 
     def __enter__(self) -> RpcClient:
         return self
@@ -209,20 +190,136 @@ class RpcClient:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    # -- I/O thread -------------------------------------------------------------------------
+
+_CID_ROOM = 40  # bytes a correlation id may take: tag, slot and sequence number
+_FRAME_OVERHEAD = 8 + 14  # frame header and end, content header's class, weight and body size
+
+
+class _ClientCore:
+    """The state the I/O thread works on. It holds no reference to its ``RpcClient``."""
+
+    def __init__(self, pool: str, settings: RpcSettings, concurrency: int | None, timeout: float | None,
+                 confirm: bool, name: str) -> None:
+        self.pool = p.validate_pool(pool)
+        self.settings = settings
+        self.default_timeout = timeout if timeout is not None else self.settings.call_timeout
+        self.confirm = confirm
+        self.stats = ClientStats()
+        self.slots: SlotTable[_Call] = SlotTable(concurrency or self.settings.client_concurrency)
+        self._name = name
+        self._exchange = p.req_exchange(pool)
+        self._tag = os.urandom(4).hex()
+        self._outbox: deque[_Call] = deque()
+        self._submit_lock = threading.Lock()  # orders submit's enqueue against close
+        self._wake_pending = False
+        self._wake_lock = threading.Lock()
+        self._deadlines: list[tuple[float, int, int]] = []
+        self._unconfirmed: dict[int, _Call] = {}
+        self._publish_seq = 0
+        self._connection: pika.BlockingConnection | None = None
+        self._channel: BlockingChannel | None = None
+        self._reply_queue = ""
+        self._frame_max = pika.spec.FRAME_MAX_SIZE
+        self._closing = False
+        self._ready = threading.Event()
+        self._setup_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"{name}-io", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._setup_error is not None:
+            self._thread.join()
+            raise self._setup_error
+
+    # -- caller threads ---------------------------------------------------------------------
+    def submit(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
+               headers: Mapping[str, Any] | None) -> Future[Response]:
+        timeout = self.default_timeout if timeout is None else timeout
+        call = self._encode(key, body, timeout, expiration_ms, headers)
+        if self._closing:
+            raise ClientClosedError("the client is closed")
+        on_io_thread = threading.current_thread() is self._thread
+        taken = self.slots.acquire(call, 0 if on_io_thread else timeout)
+        if taken is None:
+            raise ClientBusyError(
+                f"all {self.slots.size} slots stayed busy for {timeout:.3g}s; "
+                "raise the client's concurrency or add workers"
+            )
+        call.slot, call.seq = taken
+        call.props.correlation_id = f"{self._tag}.{call.slot}.{call.seq}"
+        with self._submit_lock:
+            if self._closing:  # close() won the race: the I/O thread may have drained already
+                self.slots.complete(call.slot, call.seq)
+                raise ClientClosedError("the client is closed")
+            self._outbox.append(call)
+        if not on_io_thread:
+            self._wake()
+        return call.future
+
+    def _encode(self, key: str, body: bytes | str, timeout: float, expiration_ms: int | None,
+                headers: Mapping[str, Any] | None) -> _Call:
+        """Validate a request and build its properties, so a bad one fails here, for its caller."""
+        p.validate_key(key)
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        elif isinstance(body, bytearray | memoryview):
+            body = bytes(body)
+        elif not isinstance(body, bytes):
+            raise TypeError(f"a request body must be bytes or str, not {type(body).__name__}")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout) \
+                or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if expiration_ms is None:
+            expiration_ms = max(1, int(timeout * 1000))
+        elif isinstance(expiration_ms, bool) or not isinstance(expiration_ms, int) or expiration_ms < 0:
+            raise ValueError(f"expiration_ms must be a non-negative integer, got {expiration_ms!r}")
+        if headers is not None and not isinstance(headers, Mapping):
+            raise TypeError(f"headers must be a mapping, not {type(headers).__name__}")
+        msg_headers = {**headers, p.KEY_HEADER: key} if headers else {p.KEY_HEADER: key}
+        props = pika.BasicProperties(
+            reply_to=self._reply_queue,
+            expiration=str(expiration_ms) if expiration_ms else None,  # 0: never expires
+            headers=msg_headers,
+            delivery_mode=pika.DeliveryMode.Persistent,
+        )
+        if headers:  # only the caller's headers can hold what AMQP cannot encode
+            try:
+                size = sum(len(piece) for piece in props.encode())
+            except Exception as exc:
+                raise ValueError(f"request headers cannot be encoded in AMQP: {type(exc).__name__}: {exc}"
+                                 ) from exc
+        else:
+            size = 256 + len(key.encode("utf-8"))  # the fixed properties and the key header
+        if size + _CID_ROOM + _FRAME_OVERHEAD > self._frame_max:
+            raise ValueError(f"request properties and headers take {size} bytes: more than the "
+                             f"broker's frame size ({self._frame_max} bytes) can carry")
+        return _Call(key, p.routing_key(key), body, timeout, props, Future())
+
+    def close(self) -> None:
+        with self._submit_lock:
+            if self._closing:
+                return
+            self._closing = True
+        self._wake()
+        if threading.current_thread() is not self._thread:  # a done-callback must not join itself
+            self._thread.join(10)
+
     def _wake(self) -> None:
         with self._wake_lock:
             if self._wake_pending or self._connection is None:
                 return
             self._wake_pending = True
-        # A closed connection is noticed by the loop, which fails the calls.
-        with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
-            self._connection.add_callback_threadsafe(self._on_wake)
+            connection = self._connection
+        try:
+            connection.add_callback_threadsafe(self._on_wake)
+        except pika.exceptions.ConnectionWrongStateError:
+            # Closed: the loop notices and reconnects; the next wake must not be swallowed.
+            self._on_wake()
 
     def _on_wake(self) -> None:
         with self._wake_lock:
             self._wake_pending = False
 
+    # -- I/O thread -------------------------------------------------------------------------
     def _run(self) -> None:
         attempt = 0
         while not self._closing:
@@ -254,12 +351,17 @@ class RpcClient:
                 logger.warning("client connection lost; reconnecting", extra={"pool": self.pool,
                                                                              "error": repr(exc)})
                 self._fail_all(BrokerUnavailableError(f"connection to RabbitMQ lost: {exc!r}"))
+            except Exception as exc:  # a bug must not end the loop: fail what is in flight, go on
+                logger.exception("client I/O failed; reopening the channel", extra={"pool": self.pool})
+                self._fail_all(RpcError(f"the client's I/O failed: {type(exc).__name__}: {exc}"))
         self._fail_all(ClientClosedError("the client was closed while the call was in flight"))
         self._shutdown_connection()
 
     def _open(self) -> None:
         if self._connection is None or not self._connection.is_open:
             self._connection = connect(self.settings.connections.amqp_url, self._name)
+            self._frame_max = frame_max(self._connection)
+            self._on_wake()  # a wake sent to the lost connection will never be dispatched
         channel = self._connection.channel()
         try:
             channel.exchange_declare(self._exchange, passive=True)
@@ -305,30 +407,36 @@ class RpcClient:
             call = outbox.popleft()
             if call.future.done():  # already failed (e.g. client closing)
                 continue
-            props = pika.BasicProperties(
-                reply_to=self._reply_queue,
-                correlation_id=f"{self._tag}.{call.slot}.{call.seq}",
-                expiration=str(call.expiration_ms) if call.expiration_ms else None,
-                headers=call.headers,
-                delivery_mode=pika.DeliveryMode.Persistent,
-            )
+            props = call.props
+            if props.reply_to != self._reply_queue:  # encoded before a reconnect
+                props.reply_to = self._reply_queue
             if self.confirm:  # record before publishing: basic_publish may process the confirm
                 self._publish_seq += 1
                 self._unconfirmed[self._publish_seq] = call
-            publish_buffered(channel, self._exchange, p.routing_key(call.key), call.body, props,
-                             mandatory=True)
+            try:
+                publish_buffered(channel, self._exchange, call.routing_key, call.body, props, mandatory=True)
+            except Exception as exc:  # nothing was written for this call: it fails alone
+                if self.confirm:
+                    self._unconfirmed.pop(self._publish_seq, None)
+                    self._publish_seq -= 1
+                if isinstance(exc, pika.exceptions.AMQPError) and not channel.is_open:
+                    raise
+                if self.slots.complete(call.slot, call.seq) is not None:
+                    call.future.set_exception(RpcError(f"request for key {call.key!r} could not be sent: "
+                                                       f"{type(exc).__name__}: {exc}"))
+                continue
             self.stats.published += 1
             heapq.heappush(self._deadlines, (now + call.timeout, call.slot, call.seq))
-        if len(self._deadlines) > 4 * self._slots.size + 1024:
+        if len(self._deadlines) > 4 * self.slots.size + 1024:
             # Answered calls leave their deadline behind; drop those so the heap stays small.
-            self._deadlines = [d for d in self._deadlines if self._slots.holds(d[1], d[2])]
+            self._deadlines = [d for d in self._deadlines if self.slots.holds(d[1], d[2])]
             heapq.heapify(self._deadlines)
 
     def _expire(self) -> None:
         now = time.monotonic()
         while self._deadlines and self._deadlines[0][0] <= now:
             _, slot, seq = heapq.heappop(self._deadlines)
-            call = self._slots.complete(slot, seq)
+            call = self.slots.complete(slot, seq)
             if call is not None:
                 self.stats.timeouts += 1
                 call.future.set_exception(CallTimeoutError(
@@ -353,7 +461,7 @@ class RpcClient:
             logger.warning("response with a foreign or malformed correlation id dropped",
                            extra={"correlation_id": props.correlation_id})
             return
-        call = self._slots.complete(*parsed)
+        call = self.slots.complete(*parsed)
         if call is None:
             # A late response to a call that timed out: its slot may already serve another call.
             self.stats.stale_responses += 1
@@ -366,7 +474,7 @@ class RpcClient:
     def _on_return(self, _channel: BlockingChannel, method: pika.spec.Basic.Return,
                    props: pika.BasicProperties, _body: bytes) -> None:
         parsed = self._parse_correlation_id(props.correlation_id)
-        call = self._slots.complete(*parsed) if parsed else None
+        call = self.slots.complete(*parsed) if parsed else None
         if call is not None:
             self.stats.returned += 1
             call.future.set_exception(UnroutableError(
@@ -382,7 +490,7 @@ class RpcClient:
         nack = isinstance(method, pika.spec.Basic.Nack)
         for tag in tags:
             call = self._unconfirmed.pop(tag, None)
-            if nack and call is not None and self._slots.complete(call.slot, call.seq) is not None:
+            if nack and call is not None and self.slots.complete(call.slot, call.seq) is not None:
                 self.stats.nacked += 1
                 call.future.set_exception(PublishRejectedError(
                     f"the broker refused the request for key {call.key!r}"))
@@ -391,13 +499,17 @@ class RpcClient:
         self._outbox.clear()
         self._deadlines.clear()
         self._unconfirmed.clear()
-        for call in self._slots.drain():
+        channel, self._channel = self._channel, None
+        if channel is not None and channel.is_open:  # reopened below: do not leak this one
+            with contextlib.suppress(Exception):
+                channel.close()
+        for call in self.slots.drain():
             if not call.future.done():
                 call.future.set_exception(error)
-        self._channel = None
 
     def _shutdown_connection(self) -> None:
-        connection, self._connection = self._connection, None
+        with self._wake_lock:
+            connection, self._connection = self._connection, None
         if connection is not None and connection.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError):
                 connection.close()

@@ -18,6 +18,7 @@ import redis
 
 from switchyard.config import env_float, env_str
 from switchyard.errors import ConfigError
+from switchyard.redis_client import connect_redis
 from switchyard.rpc import protocol as p
 from switchyard.rpc.activity import ActivityOutcome, track_activity
 from switchyard.rpc.dead_letters import DeadLetterOutcome, respond_dead_letters
@@ -46,7 +47,8 @@ class ControlSettings:
         return cls(
             pool=p.validate_pool(pool),
             delays=Delays(unbind_s=env_float("SWITCHYARD_UNBIND_DELAY", d.unbind_s),
-                          stop_s=env_float("SWITCHYARD_STOP_DELAY", d.stop_s)),
+                          stop_s=env_float("SWITCHYARD_STOP_DELAY", d.stop_s),
+                          tombstone_s=env_float("SWITCHYARD_TOMBSTONE_TTL", d.tombstone_s)),
             reconcile_interval_s=env_float("SWITCHYARD_RECONCILE_INTERVAL", 1.0),
         )
 
@@ -58,7 +60,7 @@ class ControlPlane:
         self.pool = control.pool
         self.settings = settings or RpcSettings.from_env()
         self.driver = driver or driver_from_env()
-        self.redis = redis_client or redis.Redis.from_url(self.settings.connections.redis_url)
+        self.redis = redis_client or connect_redis(self.settings.connections)
         self.state = PoolState(self.redis, self.pool)
         # pika connections are not thread-safe, and the Lambda runtime (or the local bridge) may
         # call each handler from a new thread: connections are leased, one user at a time.

@@ -20,6 +20,7 @@ from switchyard.rpc.publisher import ConfirmingPublisher, Outgoing
 from switchyard.rpc.rmq_event import AmqpMessage
 
 UNKNOWN_REASON = "dead_lettered"
+_PER_REASON = frozenset({p.Status.EXPIRED, p.Status.DELIVERY_LIMIT, p.Status.REJECTED, p.Status.MAXLEN})
 
 
 @dataclass
@@ -30,6 +31,11 @@ class DeadLetterOutcome:
     without_reply_to: int = 0
     without_reason: int = 0
     malformed_fields: int = 0
+    # Per reason (metrics DeadLetterExpired, ...: each has its own alarm).
+    expired: int = 0
+    delivery_limit: int = 0
+    rejected: int = 0
+    maxlen: int = 0
 
 
 def death_reason(message: AmqpMessage) -> str | None:
@@ -67,6 +73,8 @@ def respond_dead_letters(
             reason = UNKNOWN_REASON
             logger.warning("dead letter without x-first-death-reason",
                            extra={"pool": pool, "correlation_id": message.properties.correlation_id})
+        if reason in _PER_REASON:
+            setattr(outcome, reason, getattr(outcome, reason) + 1)
         if reason == p.Status.DELIVERY_LIMIT:
             outcome.poisoned += 1
             outgoing.append(poison_copy(pool, message, reason))

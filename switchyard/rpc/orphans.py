@@ -1,10 +1,18 @@
 """The orphan handler's logic: requests that found no bound queue (seed 000, "Worker group startup").
 
-For a batch: group the orphans by key (read from ``x-switchyard-key``: the Lambda event has no
-routing key), and under the keys' locks mark each group Active (new generation), declare and bind
-its queue, and forward every orphan to the request exchange with its body, properties and headers
-intact, waiting for every confirm. Then ask the driver to start each key's group once. Anything
-that fails before the confirms raises, so the batch is redelivered: duplicates, never losses.
+For a batch: group the orphans by key (``x-switchyard-key``, else the routing key that the staging
+hop wrote into ``x-death``: the Lambda event has no routing key), and under the keys' locks mark
+each group Active (new generation), declare and bind its queue, and forward every orphan to the
+request exchange with its body, properties and headers, waiting for every confirm. Then ask the
+driver to start each key's group once. Anything that fails before the confirms raises, so the
+batch is redelivered: duplicates, never losses.
+
+Forwarding undoes the staging hop: its death bookkeeping is stripped (a later death of the
+request must read as its own), the key goes into ``x-switchyard-key``, and the request's own
+``expiration``, which dead-lettering moved into ``x-death``, is restored minus the time spent since
+(``x-death`` times have one-second resolution: the estimate is centred, within 0.5 s). An orphan
+whose time is already up is answered ``expired`` at once. ``user_id`` moves into a header: the
+broker refuses a ``user_id`` that is not the publishing connection's own.
 An orphan without a key cannot be routed: it goes to the poison inventory (and gets a negative
 response if it has a reply-to), confirmed like the rest.
 """
@@ -14,6 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import pika
 
@@ -21,8 +30,8 @@ from switchyard.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.drivers import WorkerGroup, WorkerGroupDriver
 from switchyard.rpc.publisher import ConfirmingPublisher, Outgoing
-from switchyard.rpc.rmq_event import AmqpMessage
-from switchyard.rpc.state import PoolState
+from switchyard.rpc.rmq_event import AmqpMessage, timestamp_seconds
+from switchyard.rpc.state import PoolState, now_ms
 from switchyard.rpc.topology import PoolTopology
 
 
@@ -33,17 +42,50 @@ class OrphanOutcome:
     keys: int = 0
     new_groups: int = 0
     without_key: int = 0
+    expired: int = 0
     malformed_fields: int = 0
     group_starts: int = 0
     group_start_failures: int = 0
 
 
+def republishable(props: pika.BasicProperties, headers: dict[str, Any],
+                  expiration: str | None) -> pika.BasicProperties:
+    """``props`` with ``headers`` and ``expiration``, and its ``user_id`` (which the broker checks
+    against the publishing connection's user) kept in a header instead."""
+    fields: dict[str, Any] = {**props.__dict__, "headers": headers, "expiration": expiration}
+    user_id = fields.pop("user_id", None)
+    if user_id is not None:
+        headers[p.ORIGINAL_USER_ID_HEADER] = user_id
+    return pika.BasicProperties(**fields)
+
+
 def poison_copy(pool: str, message: AmqpMessage, reason: str) -> Outgoing:
     """The message as it was, into the pool's poison inventory, with why it is there."""
-    props = message.properties
     headers = {**message.headers, p.POISON_REASON_HEADER: reason}
-    copy = pika.BasicProperties(**{**props.__dict__, "headers": headers, "expiration": None})
-    return Outgoing("", p.poison_queue(pool), message.body, copy)
+    return Outgoing("", p.poison_queue(pool), message.body, republishable(message.properties, headers, None))
+
+
+def remaining_expiration_ms(message: AmqpMessage, at_ms: int) -> int | None:
+    """What is left of the request's expiration once the staging hop is undone (None: it has none).
+
+    Dead-lettering moved it into the staging death's ``original-expiration``; the time spent since
+    is measured from that death's ``time`` (whole seconds: add half a second to centre it)."""
+    staged = message.death(p.STAGING_SUFFIX)
+    original = staged.get("original-expiration") if staged else None
+    if not (isinstance(original, str) and original.isascii() and original.isdigit()):
+        own = message.properties.expiration  # validated digits, or None
+        return int(own) if own is not None else None
+    died_s = timestamp_seconds(staged.get("time")) if staged else None
+    if died_s is None:
+        return int(original)  # the time spent is unknown: keep the whole expiration
+    return int(original) - max(0, at_ms - int(died_s * 1000 + 500))
+
+
+def forwarded_properties(message: AmqpMessage, key: str, expiration: str | None) -> pika.BasicProperties:
+    headers = {name: value for name, value in message.headers.items()
+               if not name.startswith(p.BROKER_BOOKKEEPING_PREFIXES)}
+    headers[p.KEY_HEADER] = key
+    return republishable(message.properties, headers, expiration)
 
 
 def negative_response(message: AmqpMessage, status: str, detail: dict) -> Outgoing | None:
@@ -66,38 +108,51 @@ def forward_orphans(
 ) -> OrphanOutcome:
     pool = topology.pool
     outcome = OrphanOutcome()
-    by_key: dict[str, list[AmqpMessage]] = {}
     outgoing: list[Outgoing] = []
+    forwards: dict[str, list[tuple[bytes, pika.BasicProperties]]] = {}
+    at_ms = now_ms()
     for message in messages:
         outcome.orphans += 1
         outcome.malformed_fields += bool(message.problems)
         key = message.key
         if key is None:
             outcome.without_key += 1
-            logger.error("orphan without x-switchyard-key sent to the poison inventory",
+            logger.error("orphan without a usable key sent to the poison inventory",
                          extra={"pool": pool, "correlation_id": message.properties.correlation_id})
-            outgoing.append(poison_copy(pool, message, "missing x-switchyard-key header"))
+            outgoing.append(poison_copy(pool, message, "no key: no routing key or x-switchyard-key header"))
             reply = negative_response(message, p.Status.ERROR, {
-                "error": "MissingKey", "message": f"requests must carry the {p.KEY_HEADER} header"})
+                "error": "MissingKey",
+                "message": f"requests must carry their key as routing key (at most {p.MAX_NAME_BYTES} "
+                           f"bytes) or in the {p.KEY_HEADER} header"})
             if reply is not None:
                 outgoing.append(reply)
             continue
-        by_key.setdefault(key, []).append(message)
-    outcome.keys = len(by_key)
+        left_ms = remaining_expiration_ms(message, at_ms)
+        if left_ms is not None and left_ms <= 0:
+            outcome.expired += 1
+            reply = negative_response(message, p.Status.EXPIRED, {
+                "reason": p.Status.EXPIRED, "key": key,
+                "detail": "the request expired before a worker group could take it"})
+            if reply is not None:
+                outgoing.append(reply)
+            continue
+        expiration = str(left_ms) if left_ms is not None else None
+        forwards.setdefault(key, []).append((message.body, forwarded_properties(message, key, expiration)))
+    outcome.keys = len(forwards)
 
-    with state.locked(by_key):
-        touched = state.touch(by_key)
+    with state.locked(forwards):
+        touched = state.touch(forwards)
         became_active = [key for key, touch in touched.items() if touch.became_active]
         outcome.new_groups = len(became_active)
-        topology.ensure_request_queues(by_key, likely_new=became_active)
-        for key, batch in by_key.items():
+        topology.ensure_request_queues(forwards, likely_new=became_active)
+        for key, batch in forwards.items():
             exchange, routing_key = p.req_exchange(pool), p.routing_key(key)
-            outgoing.extend(Outgoing(exchange, routing_key, m.body, m.properties, mandatory=True)
-                            for m in batch)
+            outgoing.extend(Outgoing(exchange, routing_key, body, props, mandatory=True)
+                            for body, props in batch)
         publisher.publish_all(outgoing)
-    outcome.forwarded = sum(len(batch) for batch in by_key.values())
+    outcome.forwarded = sum(len(batch) for batch in forwards.values())
 
-    for key in by_key:
+    for key in forwards:
         try:
             driver.start(WorkerGroup(pool, key))
             outcome.group_starts += 1

@@ -15,8 +15,15 @@ A key is any UTF-8 string (empty included). It is carried two ways:
 * routing key: the raw key, when it fits AMQP's 255-byte short string and does not start with
   ``~sha256:``; otherwise ``~sha256:`` + the hex SHA-256 of the key. Both branches are
   injective and cannot meet.
-* header ``x-switchyard-key``: the raw key, on every request and activity report. Lambda's
-  Amazon MQ events carry no routing key, so the control plane reads the key from here.
+* header ``x-switchyard-key``: the raw key, set by Switchyard's client and worker. Optional:
+  seed 000's clients and workers send the key as routing key only.
+* ``x-death`` routing keys: Lambda's Amazon MQ events carry no routing key, so the orphan and
+  activity exchanges feed *staging* queues (``{pool}-orphan-staging``, ``{pool}-activity-staging``)
+  whose messages expire at once (TTL 0) and are dead-lettered, through the default exchange, into
+  ``{pool}-orphan`` and ``{pool}-activity``. Dead-lettering writes the original routing key into
+  ``x-death``, where the handlers read it when the header is absent. It also moves a message's own
+  ``expiration`` into ``x-death`` (``original-expiration``): the orphan handler restores what is
+  left of it when it forwards the request.
 * queue argument ``x-switchyard-key``: the raw key, so a lost pool state can be rebuilt from
   the broker's queue list even when the queue name is hashed.
 * queue name ``{pool}-req-{encoded}``: the key percent-encoded byte by byte, keeping only
@@ -30,7 +37,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
+from urllib.parse import unquote
 
 from switchyard.errors import InvalidNameError
 
@@ -49,8 +59,24 @@ POISON_REASON_HEADER = "x-switchyard-poison-reason"  # why a message is in {pool
 QUEUE_TYPE_ARGUMENT = "x-queue-type"
 DELIVERY_COUNT_HEADER = "x-delivery-count"
 DEATH_HEADER = "x-death"
+# A request a worker shed (``Requeue``) is republished, not rejected, so shedding never counts
+# against the delivery limit; these carry what the broker's own count and TTL clock would lose.
+DEADLINE_HEADER = "x-switchyard-deadline-ms"  # epoch ms at which the request's expiration runs out
+REDELIVERIES_HEADER = "x-switchyard-redeliveries"  # deliveries before its last republish
+# What the broker wrote on a message's way to the orphan queue (dead-lettering: x-death, 3.10's
+# x-first-death-*, 3.13+'s x-last-death-*; quorum delivery: x-delivery-count): the orphan handler
+# strips it, so a forwarded request's later deaths and deliveries read as its own.
+BROKER_BOOKKEEPING_PREFIXES = ("x-death", "x-first-death-", "x-last-death-", DELIVERY_COUNT_HEADER)
+# Where the orphan handler keeps a request's ``user_id`` property: the broker checks that property
+# against the publishing connection's user, so a republished ``user_id`` of another user is refused.
+ORIGINAL_USER_ID_HEADER = "x-switchyard-user-id"
+STAGING_SUFFIX = "-staging"
 
 HASHED_ROUTING_PREFIX = "~sha256:"
+# The longest key a request may carry. The raw key travels in a header (the content header frame
+# must fit the broker's frame_max), in a queue argument and in the worker's environment (ECS
+# RunTask overrides hold 8 KiB in all): 4 KiB leaves room for the rest.
+MAX_KEY_BYTES = 4096
 _SAFE_KEY_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-=,:")
 
 
@@ -94,6 +120,20 @@ def _key_bytes(key: str) -> bytes:
         raise InvalidNameError(f"key {key!r} is not valid UTF-8") from exc
 
 
+def validate_key(key: str) -> str:
+    """A key every part of the protocol can carry: UTF-8, no NUL, at most ``MAX_KEY_BYTES``.
+
+    NUL cannot pass through a worker's environment (WORKER_KEY), so such a key could never be served.
+    """
+    raw = _key_bytes(key)
+    if "\x00" in key:
+        raise InvalidNameError(f"key {key[:80]!r} contains NUL, which no worker's environment can carry")
+    if len(raw) > MAX_KEY_BYTES:
+        raise InvalidNameError(f"key of {len(raw)} bytes is longer than the {MAX_KEY_BYTES} bytes "
+                               "the protocol carries (header, queue argument, worker environment)")
+    return key
+
+
 def key_digest(key: str) -> str:
     return hashlib.sha256(_key_bytes(key)).hexdigest()
 
@@ -129,6 +169,25 @@ def request_queue(pool: str, key: str) -> str:
     return f"{prefix}{head}~{key_digest(key)}"
 
 
+def key_from_request_queue(pool: str, name: str, arguments: Mapping[str, Any] | None = None) -> str | None:
+    """The raw key of one of the pool's request queues: its ``x-switchyard-key`` argument, else its
+    decoded name. None for a name Switchyard would not have made (another application's queue, an
+    undecodable or hashed name): callers skip it, they never fail on it."""
+    prefix = request_queue_prefix(pool)
+    key = (arguments or {}).get(KEY_QUEUE_ARGUMENT)
+    if not isinstance(key, str):
+        if not name.startswith(prefix) or "~" in name:
+            return None  # a hashed name is readable only through its argument
+        try:
+            key = unquote(name[len(prefix):], errors="strict")
+        except UnicodeDecodeError:
+            return None
+    try:
+        return key if request_queue(pool, key) == name else None
+    except InvalidNameError:
+        return None
+
+
 def req_exchange(pool: str) -> str:
     return f"{validate_pool(pool)}-req-xchg"
 
@@ -155,6 +214,35 @@ def activity_exchange(pool: str) -> str:
 
 def activity_queue(pool: str) -> str:
     return f"{validate_pool(pool)}-activity"
+
+
+def orphan_staging_queue(pool: str) -> str:
+    """Bound to ``{pool}-orphan-xchg``; dead-letters every message at once into ``{pool}-orphan``."""
+    return orphan_queue(pool) + STAGING_SUFFIX
+
+
+def activity_staging_queue(pool: str) -> str:
+    """Bound to ``{pool}-activity-xchg``; dead-letters every report at once into ``{pool}-activity``."""
+    return activity_queue(pool) + STAGING_SUFFIX
+
+
+def staging_policy_name(pool: str, target_queue: str) -> str:
+    return f"switchyard-{validate_pool(pool)}-{target_queue[len(pool) + 1:]}-staging"
+
+
+def staging_policy_pattern(target_queue: str) -> str:
+    return f"^{target_queue}{STAGING_SUFFIX}$"
+
+
+def pool_queue_names(pool: str) -> tuple[str, ...]:
+    """Every fixed-name queue a pool owns (request queues aside)."""
+    return (orphan_staging_queue(pool), orphan_queue(pool), dl_queue(pool),
+            activity_staging_queue(pool), activity_queue(pool), poison_queue(pool))
+
+
+def key_from_routing_key(routing: str) -> str | None:
+    """The key a routing key carries, or None for a hashed one (its key cannot be recovered)."""
+    return None if routing.startswith(HASHED_ROUTING_PREFIX) else routing
 
 
 def poison_queue(pool: str) -> str:

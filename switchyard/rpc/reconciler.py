@@ -9,15 +9,16 @@ Request queues (two-stage shutdown):
   every code path that binds a queue also holds: nothing can enter between check and delete.
 Worker groups: start the groups the state expects and the driver does not run, stop the ones it
 runs and the state does not expect; once each, no retries inside a pass, errors logged and counted.
+A stopped group stays in the state as Stopped (a tombstone, purged after ``tombstone_s``), so
+that late activity cannot start it again.
 A lost state (no ``initialized`` marker) is rebuilt from the broker's ``{pool}-req-*`` queues and
 the driver's running groups, all marked Active: the normal delays then apply and nothing that
-holds work is deleted.
+holds work is deleted. Queue names Switchyard would not have made are skipped, logged and counted.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from urllib.parse import unquote
 
 from switchyard.observability import logger
 from switchyard.rpc import protocol as p
@@ -30,6 +31,9 @@ from switchyard.rpc.topology import PoolTopology
 class Delays:
     unbind_s: float = 300.0
     stop_s: float = 600.0
+    # How long a stopped group's tombstone is kept: activity reports later than this (from
+    # workers nobody stopped, e.g. started by hand) count as a new group again.
+    tombstone_s: float = 3600.0
 
 
 @dataclass
@@ -45,19 +49,9 @@ class ReconcileOutcome:
     groups_stopped: int = 0
     driver_errors: int = 0
     queue_errors: int = 0
+    tombstones_purged: int = 0
+    foreign_queues: int = 0  # ``{pool}-req-*`` names Switchyard did not make: skipped
     depths: dict[str, int] = field(default_factory=dict)  # worker group id -> messages in its queue
-
-
-def key_from_queue(pool: str, queue: dict) -> str | None:
-    """The raw key of a request queue: its ``x-switchyard-key`` argument, else its decoded name."""
-    key = (queue.get("arguments") or {}).get(p.KEY_QUEUE_ARGUMENT)
-    if isinstance(key, str):
-        return key
-    suffix = queue["name"][len(p.request_queue_prefix(pool)):]
-    if "~" in suffix:
-        return None  # hashed name without the argument: not one of ours
-    key = unquote(suffix, errors="strict")
-    return key if p.request_queue(pool, key) == queue["name"] else None
 
 
 class Reconciler:
@@ -78,7 +72,7 @@ class Reconciler:
             if not self.state.is_initialized():
                 self._rebuild(outcome)
             now = at_ms or now_ms()
-            for group in self.state.groups().values():
+            for group in self.state.groups(include_stopped=True).values():
                 try:
                     self._step_queue(group, now, outcome)
                 except Exception:  # one group's failure must not stop the pass
@@ -91,7 +85,10 @@ class Reconciler:
     # -- request queues -----------------------------------------------------------------------
     def _step_queue(self, group: GroupState, now: int, outcome: ReconcileOutcome) -> None:
         idle_ms = now - max(group.seen_ms, group.since_ms)
-        if group.status is GroupStatus.ACTIVE and idle_ms >= self.delays.unbind_s * 1000:
+        if group.status is GroupStatus.STOPPED:
+            if now - group.since_ms >= self.delays.tombstone_s * 1000 and self.state.remove(group):
+                outcome.tombstones_purged += 1
+        elif group.status is GroupStatus.ACTIVE and idle_ms >= self.delays.unbind_s * 1000:
             with self.state.locked([group.key]):
                 if self.state.set_status(group, GroupStatus.UNBOUND, now):
                     self.topology.unbind_request_queue(group.key)
@@ -123,7 +120,7 @@ class Reconciler:
                 return
             self.topology.delete_request_queue(group.key)
             outcome.queues_deleted += 1
-        self.state.remove(group)
+        self.state.set_status(group, GroupStatus.STOPPED)
         logger.info("worker group stopped and request queue deleted",
                     extra={"pool": self.pool, "key": group.key})
 
@@ -183,19 +180,30 @@ class Reconciler:
                 logger.exception("worker group stop failed", extra={"pool": self.pool, "key": key})
         return now_running
 
+    def _request_queues(self, outcome: ReconcileOutcome) -> list[tuple[str, dict]]:
+        """``(key, queue)`` for every request queue of the pool; foreign names skipped and counted."""
+        queues = self.topology.management.list_queues(
+            f"^{p.request_queue_prefix(self.pool)}", columns="name,messages,arguments")
+        found = []
+        for queue in queues:
+            key = p.key_from_request_queue(self.pool, queue["name"], queue.get("arguments"))
+            if key is None:
+                outcome.foreign_queues += 1
+                logger.warning("queue under the pool's request prefix is not Switchyard's: skipped",
+                               extra={"pool": self.pool, "queue": queue["name"]})
+                continue
+            found.append((key, queue))
+        return found
+
     def _observe_depths(self, outcome: ReconcileOutcome, running: set[str]) -> None:
         """Queue depth per group: a metric (Amazon MQ 4.x sends none) and the autoscaling input."""
         try:
-            queues = self.topology.management.list_queues(
-                f"^{p.request_queue_prefix(self.pool)}", columns="name,messages,arguments")
+            queues = self._request_queues(outcome)
         except Exception:  # observability must not break the pass
             outcome.queue_errors += 1
             logger.exception("reading queue depths failed", extra={"pool": self.pool})
             return
-        for queue in queues:
-            key = key_from_queue(self.pool, queue)
-            if key is None:
-                continue
+        for key, queue in queues:
             depth = int(queue.get("messages") or 0)
             wg = WorkerGroup(self.pool, key)
             outcome.depths[wg.group_id] = depth
@@ -208,9 +216,7 @@ class Reconciler:
 
     # -- lost state ---------------------------------------------------------------------------
     def _rebuild(self, outcome: ReconcileOutcome) -> None:
-        queues = self.topology.management.list_queues(
-            f"^{p.request_queue_prefix(self.pool)}", columns="name,messages,arguments")
-        keys = {k for q in queues if (k := key_from_queue(self.pool, q)) is not None}
+        keys = {key for key, _ in self._request_queues(outcome)}
         try:
             keys |= self.driver.list_running(self.pool)
         except Exception:

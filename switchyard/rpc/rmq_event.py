@@ -14,7 +14,7 @@ import calendar
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pika
@@ -62,8 +62,52 @@ class AmqpMessage:
 
     @property
     def key(self) -> str | None:
-        """The worker key carried in ``x-switchyard-key`` (None if absent or not a string)."""
-        return self.header_str(p.KEY_HEADER)
+        """The worker key: ``x-switchyard-key`` if set, else the routing key that dead-lettering
+        recorded in ``x-death`` (seed 000's clients and workers send no header). None if neither
+        carries a usable key."""
+        header = self.header_str(p.KEY_HEADER)
+        if header is not None:
+            return header
+        routing = death_routing_key(self.headers)
+        return p.key_from_routing_key(routing) if routing is not None else None
+
+    def death(self, queue_suffix: str = "") -> dict[str, Any] | None:
+        """The newest ``x-death`` entry (of a queue ending in ``queue_suffix``), if any."""
+        return _death_entry(self.headers, queue_suffix)
+
+
+def _death_entry(headers: Mapping[str, Any], queue_suffix: str = "") -> dict[str, Any] | None:
+    deaths = headers.get(p.DEATH_HEADER)
+    if not isinstance(deaths, list):
+        return None
+    for entry in deaths:  # RabbitMQ keeps the newest death first
+        if isinstance(entry, dict):
+            queue = entry.get("queue")
+            if not queue_suffix or (isinstance(queue, str) and queue.endswith(queue_suffix)):
+                return entry
+    return None
+
+
+def death_routing_key(headers: Mapping[str, Any]) -> str | None:
+    """The original routing key of the newest death: the staging hop's for orphans and reports."""
+    entry = _death_entry(headers, p.STAGING_SUFFIX) or _death_entry(headers)
+    keys = entry.get("routing-keys") if entry else None
+    if isinstance(keys, list) and keys and isinstance(keys[0], str):
+        return keys[0]
+    return None
+
+
+def timestamp_seconds(value: Any) -> float | None:
+    """An AMQP timestamp as decoded here (pika: datetime; Lambda: text; or a number) -> POSIX s."""
+    if isinstance(value, datetime):
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return moment.timestamp()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        parsed = parse_timestamp(value)
+        return float(parsed) if parsed is not None else None
+    return None
 
 
 def decode_header_value(value: Any) -> Any:

@@ -5,7 +5,12 @@ last time an orphan or activity was seen for it. Handlers that bind a queue and 
 that unbinds or deletes one take the same per-key lock, and the reconciler changes a group only
 by compare-and-set on the state it read: an orphan or activity arriving meanwhile wins.
 
-Redis layout (prefix ``switchyard:rpc:{pool}:``):
+Stopped groups are kept as ``stopped`` (a tombstone) for a while, so that an activity report that
+arrives after the stop is recognised as late and ignored: activity keeps an existing group alive,
+only a request (an orphan) starts a stopped one again. The reconciler purges old tombstones.
+
+Redis layout (prefix ``switchyard:rpc:{<pool>}:``: the braces are a Redis Cluster hash tag, so
+every key one script or pipeline touches lives in the same slot):
 
 - ``groups``       hash, worker key -> JSON ``{"s", "g", "seen", "since"}``
 - ``generation``   counter of expected-state generations (64-bit)
@@ -34,8 +39,17 @@ LOCK_TTL_MS = 120_000
 
 
 class GroupStatus(StrEnum):
-    ACTIVE = "active"
-    UNBOUND = "unbound"
+    ACTIVE = "active"  # queue bound, workers expected
+    UNBOUND = "unbound"  # queue unbound (seed 000's first shutdown stage); workers drain it
+    STOPPED = "stopped"  # workers stopped, queue deleted: a tombstone until purged
+
+
+class TouchMode(StrEnum):
+    """How ``PoolState.touch`` treats groups that are not Active (see touch_groups.lua)."""
+
+    ORPHAN = "orphan"  # a request waits: any group becomes Active
+    ACTIVITY = "activity"  # under the keys' locks: Unbound and unknown groups become Active
+    SEEN = "seen"  # no locks: only Active groups are touched
 
 
 class LockTimeoutError(SwitchyardError):
@@ -63,7 +77,20 @@ class GroupState:
 @dataclass(frozen=True)
 class Touch:
     generation: int
-    became_active: bool
+    code: int  # see touch_groups.lua
+
+    @property
+    def became_active(self) -> bool:
+        return self.code == 1
+
+    @property
+    def needs_lock(self) -> bool:
+        """Not Active and not Stopped: a ``SEEN`` touch left it for a locked ``ACTIVITY`` touch."""
+        return self.code == 2
+
+    @property
+    def stopped(self) -> bool:
+        return self.code == 3
 
 
 def now_ms() -> int:
@@ -80,7 +107,7 @@ class PoolState:
     def __init__(self, client: redis.Redis, pool: str) -> None:
         self.pool = p.validate_pool(pool)
         self.redis = client
-        self.prefix = f"switchyard:rpc:{pool}:"
+        self.prefix = self.key_prefix(pool)
         self._groups = self.prefix + "groups"
         self._generation = self.prefix + "generation"
         self._initialized = self.prefix + "initialized"
@@ -88,22 +115,33 @@ class PoolState:
         self._cas = client.register_script(_script("compare_and_set.lua"))
         self._release = client.register_script(_script("release_lock.lua"))
 
+    @staticmethod
+    def key_prefix(pool: str) -> str:
+        return f"switchyard:rpc:{{{p.validate_pool(pool)}}}:"
+
     # -- state ------------------------------------------------------------------------------
-    def touch(self, keys: Iterable[str], at_ms: int | None = None) -> dict[str, Touch]:
-        """Mark groups Active (an orphan or activity was seen); new or Unbound ones get a new generation."""
+    def touch(self, keys: Iterable[str], at_ms: int | None = None,
+              mode: TouchMode = TouchMode.ORPHAN) -> dict[str, Touch]:
+        """Groups were seen: mark them Active as ``mode`` allows; those that become Active get a new
+        generation. ``ORPHAN`` and ``ACTIVITY`` touches must hold the keys' locks."""
         keys = list(dict.fromkeys(keys))
         if not keys:
             return {}
-        flat = self._touch(keys=[self._groups, self._generation], args=[at_ms or now_ms(), *keys])
+        flat = self._touch(keys=[self._groups, self._generation],
+                           args=[at_ms or now_ms(), mode.value, *keys])
         result = {}
         for i in range(0, len(flat), 3):
             key = flat[i].decode() if isinstance(flat[i], bytes) else flat[i]
-            result[key] = Touch(int(flat[i + 1]), bool(int(flat[i + 2])))
+            result[key] = Touch(int(flat[i + 1]), int(flat[i + 2]))
         return result
 
-    def groups(self) -> dict[str, GroupState]:
+    def groups(self, include_stopped: bool = False) -> dict[str, GroupState]:
+        """The pool's groups (Stopped tombstones only if asked)."""
         raw = self.redis.hgetall(self._groups)
-        return {k.decode(): GroupState.parse(k.decode(), v.decode()) for k, v in raw.items()}
+        groups = {k.decode(): GroupState.parse(k.decode(), v.decode()) for k, v in raw.items()}
+        if include_stopped:
+            return groups
+        return {k: g for k, g in groups.items() if g.status is not GroupStatus.STOPPED}
 
     def get(self, key: str) -> GroupState | None:
         raw = self.redis.hget(self._groups, key)
@@ -115,7 +153,7 @@ class PoolState:
         return bool(self._cas(keys=[self._groups], args=[group.key, group.raw, new]))
 
     def remove(self, group: GroupState) -> bool:
-        """Compare-and-set removal (the group was stopped and its queue deleted)."""
+        """Compare-and-set removal (a Stopped tombstone is purged)."""
         return bool(self._cas(keys=[self._groups], args=[group.key, group.raw, ""]))
 
     def is_initialized(self) -> bool:

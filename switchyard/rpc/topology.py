@@ -6,6 +6,7 @@ same entity with the same arguments are no-ops in RabbitMQ, and policies are PUT
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
@@ -15,7 +16,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.errors import PoolNotFoundError, TopologyError
+from switchyard.errors import PoolNotEmptyError, PoolNotFoundError, TopologyError
 from switchyard.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import connect, is_alive
@@ -44,9 +45,22 @@ def request_policy_definition(policy: PoolPolicy, pool: str) -> dict[str, Any]:
 
 
 def orphan_policy_definition(policy: PoolPolicy, pool: str) -> dict[str, Any]:
-    """An orphan whose own expiration passes while it waits is answered ``expired``, not dropped;
-    a failing orphan handler never exhausts a delivery limit."""
-    return _dead_lettering(policy, pool, POOL_QUEUE_DELIVERY_LIMIT)
+    """A failing orphan handler never exhausts a delivery limit. An orphan left unhandled longer
+    than a request may wait (the control plane is down) expires and is answered ``expired`` by the
+    dead-letter responder: not dropped, and the queue does not grow without bound."""
+    return {**_dead_lettering(policy, pool, POOL_QUEUE_DELIVERY_LIMIT), "message-ttl": policy.message_ttl_ms}
+
+
+def staging_policy_definition(policy: PoolPolicy, target_queue: str) -> dict[str, Any]:
+    """Expire every message at once into ``target_queue`` through the default exchange, which makes
+    the broker record its routing key in ``x-death``. On quorum queues, at-least-once
+    dead-lettering keeps a message in staging until the target has confirmed it."""
+    definition: dict[str, Any] = {"message-ttl": 0, "dead-letter-exchange": "",
+                                  "dead-letter-routing-key": target_queue}
+    if policy.queue_type is p.QueueType.QUORUM:
+        definition.update({"dead-letter-strategy": "at-least-once", "overflow": "reject-publish",
+                           "delivery-limit": POOL_QUEUE_DELIVERY_LIMIT})
+    return definition
 
 
 class PoolTopology:
@@ -74,9 +88,10 @@ class PoolTopology:
         for helper in self._helpers:
             helper.close()
         self._helpers = []
-        if self._connection is not None and self._connection.is_open:
-            self._connection.close()
-        self._connection = self._chan = None
+        connection, self._connection, self._chan = self._connection, None, None
+        if connection is not None and connection.is_open:
+            with contextlib.suppress(pika.exceptions.AMQPError):  # a connection the broker reset
+                connection.close()
 
     def refresh(self) -> None:
         """Drop a connection the broker closed while it sat idle (call before reusing it)."""
@@ -99,61 +114,79 @@ class PoolTopology:
 
     # -- pool -------------------------------------------------------------------------------
     def declare(self) -> None:
-        """Create everything the pool needs; re-running it changes nothing."""
+        """Create everything the pool needs; re-running it changes nothing.
+
+        The orphan and activity exchanges feed staging queues that dead-letter into the queues
+        the handlers consume, so ``x-death`` carries each message's routing key (see protocol).
+        A pool declared before staging existed is moved over: the staging binding is made first,
+        then the direct one removed (a message routed in between arrives twice, never not at all).
+        """
         pool = self.pool
         self._put_policies()
         self._exchange(p.orphan_exchange(pool), "fanout")
         self._exchange(p.dl_exchange(pool), "fanout")
         self._exchange(p.activity_exchange(pool), "fanout")
         self._exchange(p.req_exchange(pool), "direct", {"alternate-exchange": p.orphan_exchange(pool)})
-        for queue, exchange in (
-            (p.orphan_queue(pool), p.orphan_exchange(pool)),
-            (p.dl_queue(pool), p.dl_exchange(pool)),
-            (p.activity_queue(pool), p.activity_exchange(pool)),
-            (p.poison_queue(pool), None),
-        ):
+        for queue in p.pool_queue_names(pool):
             self._queue(queue)
-            if exchange is not None:
-                self._channel().queue_bind(queue, exchange)
+        channel = self._channel()
+        channel.queue_bind(p.dl_queue(pool), p.dl_exchange(pool))
+        for exchange, target in ((p.orphan_exchange(pool), p.orphan_queue(pool)),
+                                 (p.activity_exchange(pool), p.activity_queue(pool))):
+            channel.queue_bind(target + p.STAGING_SUFFIX, exchange)
+            channel.queue_unbind(target, exchange)
         logger.info("pool declared", extra={"pool": pool, "queue_type": self.policy.queue_type.value})
 
-    def _put_policies(self) -> None:
+    def _policies(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """Every policy of the pool: ``(name, pattern, definition)``."""
         pool = self.pool
-        self.management.put_policy(
-            p.request_policy_name(pool),
-            p.request_policy_pattern(pool),
-            request_policy_definition(self.policy, pool),
-            self.policy.priority,
-        )
-        self.management.put_policy(
-            p.orphan_policy_name(pool),
-            p.orphan_policy_pattern(pool),
-            orphan_policy_definition(self.policy, pool),
-            self.policy.priority,
-        )
+        policies = [
+            (p.request_policy_name(pool), p.request_policy_pattern(pool),
+             request_policy_definition(self.policy, pool)),
+            (p.orphan_policy_name(pool), p.orphan_policy_pattern(pool),
+             orphan_policy_definition(self.policy, pool)),
+            *((p.staging_policy_name(pool, target), p.staging_policy_pattern(target),
+               staging_policy_definition(self.policy, target))
+              for target in (p.orphan_queue(pool), p.activity_queue(pool))),
+        ]
         if self.policy.queue_type is p.QueueType.QUORUM:
-            self.management.put_policy(
-                p.pool_queues_policy_name(pool),
-                p.pool_queues_policy_pattern(pool),
-                {"delivery-limit": POOL_QUEUE_DELIVERY_LIMIT},
-                self.policy.priority,
-            )
+            policies.append((p.pool_queues_policy_name(pool), p.pool_queues_policy_pattern(pool),
+                             {"delivery-limit": POOL_QUEUE_DELIVERY_LIMIT}))
+        return policies
 
-    def delete(self) -> int:
-        """Remove the pool: every queue (messages included), exchange and policy. Returns the
-        number of messages dropped, so callers can refuse or report it."""
+    def _put_policies(self) -> None:
+        for name, pattern, definition in self._policies():
+            self.management.put_policy(name, pattern, definition, self.policy.priority)
+
+    def own_queues(self) -> list[str]:
+        """The queues that are this pool's by name: the fixed ones and every request queue whose
+        name Switchyard could have made (other applications' ``{pool}-...`` queues are not)."""
+        names = [q for q in p.pool_queue_names(self.pool) if self.queue_status(q) is not None]
+        listed = self.management.list_queues(f"^{p.request_queue_prefix(self.pool)}",
+                                             columns="name,arguments")
+        names += [q["name"] for q in listed
+                  if p.key_from_request_queue(self.pool, q["name"], q.get("arguments")) is not None]
+        return names
+
+    def delete(self, force: bool = False) -> int:
+        """Remove the pool: its own queues, exchanges and policies, and nothing of anyone else's.
+
+        Unless ``force``, refuses (``PoolNotEmptyError``) while any of its queues holds messages,
+        counted exactly by passive declare; returns the number of messages dropped.
+        """
+        queues = self.own_queues()
+        if not force:
+            waiting = {q: status[0] for q in queues if (status := self.queue_status(q)) and status[0]}
+            if waiting:
+                raise PoolNotEmptyError(self.pool, waiting)
         dropped = 0
-        queues = self.management.list_queues(f"^{self.pool}-", columns="name,messages")
         for queue in queues:
-            if queue["name"].startswith(self.pool + "-"):
-                frame = self._channel().queue_delete(queue["name"])
-                dropped += frame.method.message_count
+            dropped += self._channel().queue_delete(queue).method.message_count
         for exchange in (p.req_exchange(self.pool), p.orphan_exchange(self.pool),
                          p.dl_exchange(self.pool), p.activity_exchange(self.pool)):
             self._channel().exchange_delete(exchange)
-        self.management.delete_policy(p.request_policy_name(self.pool))
-        self.management.delete_policy(p.pool_queues_policy_name(self.pool))
-        self.management.delete_policy(p.orphan_policy_name(self.pool))
+        for name, _, _ in self._policies():
+            self.management.delete_policy(name)
         return dropped
 
     def exists(self) -> bool:

@@ -1,8 +1,13 @@
 """The worker runtime: seed 000's worker protocol around a user handler.
 
 A handler is ``handler(request: Request) -> bytes | str | None``. It may raise ``Requeue`` to
-hand the request back (``basic.reject`` with requeue); any other exception becomes a negative
-response (status ``error``, a JSON body naming the error) so the caller's slot frees at once.
+hand the request back; any other exception becomes a negative response (status ``error``, a JSON
+body naming the error) so the caller's slot frees at once.
+
+Threads. The handler runs on its own thread, never on pika's I/O callback: the main thread keeps
+the connection's I/O (heartbeats included) flowing however long a handler runs, and a handler's
+outcome comes back to it through ``add_callback_threadsafe`` (pika's one thread-safe method). The
+heartbeat is ``SWITCHYARD_AMQP_HEARTBEAT``. Requests are still handled one at a time, in order.
 
 Replies go through the default exchange to ``reply-to`` with the request's correlation id and
 ``x-status``, and the request is acked right after, on the same channel. The broker handles a
@@ -10,6 +15,16 @@ channel's frames in order, so the reply is routed before the ack takes effect, a
 anywhere before the ack redelivers the request (at-least-once). Waiting for a publisher confirm
 of the reply would add a round trip per request and protect nothing more: replies go to
 transient reply queues that a broker restart loses anyway.
+
+``Requeue`` is not a ``basic.reject``: quorum queues count a requeue as a delivery (3.10 and 4.x
+alike), so a worker shedding load would turn healthy requests into ``delivery_limit`` poison. The
+request is republished to its own queue instead (same body, properties and headers; its remaining
+expiration kept in ``x-switchyard-deadline-ms``), on a second channel with publisher confirms,
+and acked only once the broker confirmed the copy (a nack falls back to a reject). A request shed
+after its deadline is rejected without requeue (dead-lettered as ``rejected``). A crash still
+counts: the unacked request returns to the queue with its delivery count raised. On SIGTERM the
+request in hand is finished and answered, and prefetched ones are shed the same way.
+
 Activity reports (``started``, ``request-received``) go to the pool's activity exchange, with the
 worker key as routing key; ``request-received`` is sent at most once per activity interval
 (0 sends one per request), which is all the activity tracker needs.
@@ -17,11 +32,14 @@ worker key as routing key; ``request-received`` is sent at most once per activit
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
+import queue
 import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -36,7 +54,13 @@ from pika.adapters.blocking_connection import BlockingChannel
 from switchyard.errors import ConfigError, TopologyError
 from switchyard.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.amqp import ack_buffered, connect, publish_buffered
+from switchyard.rpc.amqp import (
+    ack_buffered,
+    connect,
+    enable_async_confirms,
+    publish_buffered,
+    reject_buffered,
+)
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.topology import NOT_FOUND
 
@@ -57,8 +81,8 @@ class Request:
 
     @property
     def delivery_count(self) -> int:
-        """How many times the broker delivered this request before (quorum queues)."""
-        return int(self.headers.get(p.DELIVERY_COUNT_HEADER, 0) or 0)
+        """How many times this request was delivered before (quorum queues), sheds included."""
+        return sum(int(self.headers.get(h, 0) or 0) for h in (p.DELIVERY_COUNT_HEADER, p.REDELIVERIES_HEADER))
 
     def text(self) -> str:
         return self.body.decode("utf-8", "replace")
@@ -134,6 +158,43 @@ def _encode_result(result: bytes | str | None) -> bytes:
     raise TypeError(f"a handler must return bytes, str or None, not {type(result).__name__}")
 
 
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    tag: int
+    props: pika.BasicProperties
+    body: bytes
+    redelivered: bool
+    received_ms: int  # epoch ms, the start of the remaining-expiration clock
+
+
+_STOP = None  # sentinel on the handler thread's inbox
+
+
+def _shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int) -> pika.BasicProperties:
+    """The properties of a shed request's copy: everything kept, the clocks carried in headers.
+
+    The copy's expiration is what remains of the original (measured from the first receipt by a
+    worker, or from an earlier shed's deadline); ``user_id`` is dropped, since the broker checks it
+    against the republishing connection's user.
+    """
+    headers = dict(props.headers or {})
+    previous = int(headers.pop(p.DELIVERY_COUNT_HEADER, 0) or 0)
+    headers[p.REDELIVERIES_HEADER] = int(headers.get(p.REDELIVERIES_HEADER, 0) or 0) + previous + 1
+    expiration = props.expiration
+    deadlines = []
+    if props.expiration and props.expiration.isdigit():
+        deadlines.append(received_ms + int(props.expiration))
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        deadlines.append(int(headers[p.DEADLINE_HEADER]))
+    if deadlines:
+        deadline = min(deadlines)
+        headers[p.DEADLINE_HEADER] = deadline
+        expiration = str(max(0, deadline - now_ms))
+    copy = pika.BasicProperties(**{**vars(props), "headers": headers, "expiration": expiration})
+    copy.user_id = None
+    return copy
+
+
 class Worker:
     """Consumes one request queue and answers each request. ``run()`` blocks until stopped."""
 
@@ -144,7 +205,16 @@ class Worker:
         self.stats = WorkerStats()
         self._stopping = False
         self._last_activity = float("-inf")
+        self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
+        self._shed_channel: BlockingChannel | None = None
+        self._shed_seq = 0
+        self._unconfirmed_sheds: dict[int, int] = {}  # shed channel publish seq -> delivery tag
+        self._inbox: queue.SimpleQueue[_Delivery | None] = queue.SimpleQueue()
+        # Handler outcomes wait here for the I/O thread; one wake-up takes all that piled up.
+        self._outcomes: list[tuple[_Delivery, p.Status | None, bytes]] = []
+        self._outcomes_lock = threading.Lock()
+        self._outcomes_wake_pending = False
 
     def stop(self) -> None:
         """Finish the request in hand, then return from ``run()`` (safe from a signal handler)."""
@@ -157,10 +227,14 @@ class Worker:
     def run(self) -> None:
         cfg = self.config
         connection = connect(self.settings.connections.amqp_url, f"switchyard-worker-{cfg.worker_id}")
+        self._connection = connection
+        handler_thread = threading.Thread(target=self._serve, name="switchyard-handler", daemon=True)
         try:
             channel = connection.channel()
             self._channel = channel
             channel.basic_qos(prefetch_count=cfg.prefetch)
+            self._shed_channel = connection.channel()
+            enable_async_confirms(self._shed_channel, self._on_shed_confirm)
             self._report(p.Event.STARTED)
             try:
                 tag = channel.basic_consume(cfg.requests_queue, self._on_request)
@@ -171,60 +245,96 @@ class Worker:
                         "orphan handler, or by `switchyard pool bind`"
                     ) from exc
                 raise
+            handler_thread.start()
             logger.info("worker started", extra={"worker_id": cfg.worker_id, "pool": cfg.pool,
                                                  "queue": cfg.requests_queue})
             while not self._stopping:
                 connection.process_data_events(time_limit=0.5)
-            # SIGTERM: stop taking requests; pika nacks (requeues) those prefetched but not started.
+                if not handler_thread.is_alive():
+                    raise RuntimeError("the handler thread died; exiting so the request is redelivered")
+            # SIGTERM: stop taking requests, shed those prefetched but not started, finish the one
+            # in hand (its reply comes back through add_callback_threadsafe), wait for the confirms.
             channel.basic_cancel(tag)
+            self._shed_waiting()
+            self._inbox.put(_STOP)
+            while handler_thread.is_alive() or self._unconfirmed_sheds:
+                connection.process_data_events(time_limit=0.2)
+            connection.process_data_events(time_limit=0)  # the last reply's callback
             logger.info("worker stopped", extra={"worker_id": cfg.worker_id, **vars(self.stats)})
         finally:
             if connection.is_open:
                 connection.close()
 
-    # -- per request ------------------------------------------------------------------------
-    def _on_request(self, channel: BlockingChannel, method: pika.spec.Basic.Deliver,
+    # -- I/O thread -------------------------------------------------------------------------
+    def _on_request(self, _channel: BlockingChannel, method: pika.spec.Basic.Deliver,
                     props: pika.BasicProperties, body: bytes) -> None:
-        cfg = self.config
         now = time.monotonic()
-        if now - self._last_activity >= cfg.activity_interval:
+        if now - self._last_activity >= self.config.activity_interval:
             self._report(p.Event.REQUEST_RECEIVED)
             self._last_activity = now
-        headers = props.headers or {}
-        request = Request(
-            key=cfg.key,
-            body=body,
-            correlation_id=props.correlation_id,
-            reply_to=props.reply_to,
-            headers=headers,
-            redelivered=method.redelivered,
-            worker_id=cfg.worker_id,
-        )
-        try:
-            reply_body = _encode_result(self.handler(request))
-            status = p.Status.OK
-        except Requeue:
-            self.stats.requeued += 1
-            channel.basic_reject(method.delivery_tag, requeue=True)
+        self._inbox.put(_Delivery(method.delivery_tag, props, body, method.redelivered,
+                                  int(time.time() * 1000)))
+
+    def _finish_outcomes(self) -> None:
+        """Reply to and ack every request the handler thread finished since the last call."""
+        with self._outcomes_lock:
+            outcomes, self._outcomes = self._outcomes, []
+            self._outcomes_wake_pending = False
+        for outcome in outcomes:
+            self._finish(*outcome)
+
+    def _finish(self, delivery: _Delivery, status: p.Status | None, reply_body: bytes) -> None:
+        """Publish the handler's reply and ack, or shed the request (``status`` None)."""
+        if status is None:
+            self._shed(delivery)
             return
-        except Exception as exc:
-            self.stats.errors += 1
-            logger.exception("handler failed", extra={"worker_id": cfg.worker_id,
-                                                      "correlation_id": props.correlation_id})
-            reply_body = json.dumps({"error": type(exc).__name__, "message": str(exc)}).encode()
-            status = p.Status.ERROR
-        self.stats.handled += 1
+        props = delivery.props
         if not props.reply_to:
             self.stats.no_reply_to += 1
-            ack_buffered(channel, method.delivery_tag)
+            ack_buffered(self._channel, delivery.tag)
             return
         reply_props = pika.BasicProperties(
             correlation_id=props.correlation_id,
-            headers={p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: cfg.worker_id},
+            headers={p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: self.config.worker_id},
         )
-        # Both frames go out together when this callback returns to the I/O loop, in this order.
-        publish_buffered(channel, "", props.reply_to, reply_body, reply_props)
-        ack_buffered(channel, method.delivery_tag)
+        # Both frames go out together at the next I/O pass, in this order.
+        publish_buffered(self._channel, "", props.reply_to, reply_body, reply_props)
+        ack_buffered(self._channel, delivery.tag)
+
+    def _shed(self, delivery: _Delivery) -> None:
+        """Republish to the request's own queue; the original is acked when the copy is confirmed."""
+        props = _shed_properties(delivery.props, delivery.received_ms, int(time.time() * 1000))
+        if props.expiration == "0":
+            # Past its deadline: a copy with expiration 0 would go straight back to a ready
+            # consumer. Dead-letter it instead (reason ``rejected``; nobody waits for it anymore).
+            reject_buffered(self._channel, delivery.tag, requeue=False)
+            return
+        self._shed_seq += 1
+        self._unconfirmed_sheds[self._shed_seq] = delivery.tag
+        publish_buffered(self._shed_channel, "", self.config.requests_queue, delivery.body, props)
+
+    def _shed_waiting(self) -> None:
+        while True:
+            try:
+                delivery = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if delivery is not None:
+                self._shed(delivery)
+
+    def _on_shed_confirm(self, frame: pika.frame.Method) -> None:
+        method = frame.method
+        seqs = ([s for s in self._unconfirmed_sheds if s <= method.delivery_tag]
+                if method.multiple else [method.delivery_tag])
+        nack = isinstance(method, pika.spec.Basic.Nack)
+        for seq in seqs:
+            tag = self._unconfirmed_sheds.pop(seq, None)
+            if tag is None:
+                continue
+            if nack:  # the copy was not stored: give the original back (this one counts)
+                reject_buffered(self._channel, tag, requeue=True)
+            else:
+                ack_buffered(self._channel, tag)
 
     def _report(self, event: p.Event) -> None:
         props = pika.BasicProperties(
@@ -234,6 +344,46 @@ class Worker:
         )
         publish_buffered(self._channel, self.config.activity_exchange, p.routing_key(self.config.key),
                          b"", props)
+
+    # -- handler thread ---------------------------------------------------------------------
+    def _serve(self) -> None:
+        while (delivery := self._inbox.get()) is not _STOP:
+            outcome = (delivery, *self._handle(delivery))
+            with self._outcomes_lock:
+                self._outcomes.append(outcome)
+                if self._outcomes_wake_pending:  # the I/O thread has yet to take the earlier ones
+                    continue
+                self._outcomes_wake_pending = True
+            try:
+                self._connection.add_callback_threadsafe(self._finish_outcomes)
+            except pika.exceptions.ConnectionWrongStateError:
+                return  # the connection is gone: the broker redelivers the request
+
+    def _handle(self, delivery: _Delivery) -> tuple[p.Status | None, bytes]:
+        cfg = self.config
+        props = delivery.props
+        request = Request(
+            key=cfg.key,
+            body=delivery.body,
+            correlation_id=props.correlation_id,
+            reply_to=props.reply_to,
+            headers=props.headers or {},
+            redelivered=delivery.redelivered,
+            worker_id=cfg.worker_id,
+        )
+        try:
+            reply_body = _encode_result(self.handler(request))
+        except Requeue:
+            self.stats.requeued += 1
+            return None, b""
+        except Exception as exc:
+            self.stats.errors += 1
+            self.stats.handled += 1
+            logger.exception("handler failed", extra={"worker_id": cfg.worker_id,
+                                                      "correlation_id": props.correlation_id})
+            return p.Status.ERROR, json.dumps({"error": type(exc).__name__, "message": str(exc)}).encode()
+        self.stats.handled += 1
+        return p.Status.OK, reply_body
 
 
 def run_worker(handler_spec: str, settings: RpcSettings | None = None) -> WorkerStats:

@@ -19,6 +19,7 @@ from switchyard.rpc.control_plane import ControlSettings
 from switchyard.rpc.drivers import SubprocessDriver, WorkerGroup
 from switchyard.rpc.reconciler import Delays
 from switchyard.rpc.settings import PoolPolicy, RpcSettings
+from switchyard.rpc.state import PoolState
 from switchyard.rpc.topology import PoolTopology
 from tests.conftest import subprocess_env, unique
 
@@ -26,7 +27,7 @@ from tests.conftest import subprocess_env, unique
 def delete_pool(settings: RpcSettings, pool: str) -> None:
     """Remove every queue, exchange and policy of a test pool."""
     with PoolTopology(pool, settings) as topology:
-        topology.delete()
+        topology.delete(force=True)
 
 
 PoolFactory = Callable[..., tuple[str, RpcSettings]]
@@ -146,7 +147,7 @@ WORKER_COMMAND = (sys.executable, "-m", "switchyard", "worker", "--handler")
 
 
 def state_prefix(pool: str) -> str:
-    return f"switchyard:rpc:{pool}:"
+    return PoolState.key_prefix(pool)
 
 
 def flush_pool_state(client: redis.Redis, pool: str) -> int:

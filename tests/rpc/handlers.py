@@ -42,3 +42,18 @@ def control_plane_echo(request: Request) -> bytes:
     if request.body.startswith(b"slow:"):
         time.sleep(float(request.body[5:]))
     return request.body
+
+
+def shed_until(request: Request) -> str:
+    """Sheds (``Requeue``) until the request was delivered SHED_TIMES times, then answers the count."""
+    if request.delivery_count < int(os.environ.get("SHED_TIMES", "6")):
+        raise Requeue()
+    return str(request.delivery_count)
+
+
+def slow_logged(request: Request) -> bytes:
+    """Appends a line to START_LOG when it starts, sleeps SLOW_SECONDS, then echoes the body."""
+    with open(os.environ["START_LOG"], "a") as log:
+        log.write(f"{request.worker_id} {request.text()}\n")
+    time.sleep(float(os.environ.get("SLOW_SECONDS", "1.0")))
+    return request.body

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pika
@@ -227,6 +228,9 @@ def test_dead_letter_handler_survives_garbage_and_answers_the_good(env: Env) -> 
     assert outcome["without_reply_to"] >= 1 and outcome["without_reason"] >= 1
     assert outcome["malformed_fields"] >= 8
     assert outcome["poisoned"] == 1
+    # Per reason: e1, xd, big, nrt (no reply-to, still counted) and the hostile one expired; d1; r1; m1.
+    per_reason = (outcome["expired"], outcome["delivery_limit"], outcome["rejected"], outcome["maxlen"])
+    assert per_reason == (5, 1, 1, 1)
     expected = {"e1": "expired", "d1": "delivery_limit", "m1": "maxlen", "r1": "rejected", "xd": "expired",
                 "nr": "dead_lettered", "big": "expired"}
     replies = env.replies_with(set(expected))
@@ -280,3 +284,110 @@ def test_empty_and_missing_batches(env: Env) -> None:
         assert all(v == 0 for v in outcome.values() if isinstance(v, int)), (function, outcome)
         outcome = env.call(function, {"eventSource": "aws:rmq", "rmqMessagesByQueue": {"q::/": []}})
         assert all(v == 0 for v in outcome.values() if isinstance(v, int)), (function, outcome)
+
+
+# -- hardening: inputs that once broke a handler for good ------------------------------------------
+def test_an_orphan_with_another_users_user_id_is_forwarded_not_refused_forever(env: Env) -> None:
+    """The broker checks ``user_id`` against the publishing connection (406 otherwise): republished
+    as it was, the batch failed on every redelivery and the orphan queue filled with duplicates."""
+    props = request("u", b"mine", reply_to=env.reply_queue, correlation_id="u1").properties
+    props.user_id = "someone-else"
+    event = event_of(p.orphan_queue(env.pool), [rmq_message(RmqDelivery(b"mine", props))])
+    outcome = env.call("rpc_orphans", event)
+    assert outcome["forwarded"] == 1
+    (got, body), = env.drain(p.request_queue(env.pool, "u"))
+    assert body == b"mine" and got.user_id is None
+    assert got.headers[p.ORIGINAL_USER_ID_HEADER] == "someone-else"
+
+
+def test_a_staged_orphan_is_forwarded_clean_with_its_key_and_remaining_expiration(env: Env) -> None:
+    """What the staging hop added is undone: a later death must read as the request's own."""
+    died = datetime.now(UTC).replace(microsecond=0)
+    staged = {p.DEATH_HEADER: [{"count": 1, "reason": "expired", "queue": p.orphan_staging_queue(env.pool),
+                                "time": died, "exchange": p.req_exchange(env.pool),
+                                "routing-keys": ["plain key"], "original-expiration": "60000"}],
+              "x-first-death-reason": "expired", "x-first-death-queue": p.orphan_staging_queue(env.pool),
+              "x-first-death-exchange": p.req_exchange(env.pool), "app": "kept"}
+    props = pika.BasicProperties(correlation_id="s1", reply_to=env.reply_queue, headers=staged)
+    event = event_of(p.orphan_queue(env.pool), [rmq_message(RmqDelivery(b"s", props))])
+    outcome = env.call("rpc_orphans", event)
+    assert outcome["forwarded"] == 1 and outcome["without_key"] == 0
+    (got, _), = env.drain(p.request_queue(env.pool, "plain key"))
+    headers = {k: v for k, v in got.headers.items() if k != p.DELIVERY_COUNT_HEADER}  # this delivery's
+    assert headers == {p.KEY_HEADER: "plain key", "app": "kept"}
+    assert 55_000 <= int(got.expiration) <= 60_000
+
+
+def test_activity_never_starts_a_stopped_group_but_keeps_others_alive(env: Env) -> None:
+    """Late reports for a stopped group are counted and ignored; only a request revives it."""
+    for key in ("stopped", "unbound"):
+        env.state.touch([key])
+    assert env.state.set_status(env.state.get("stopped"), GroupStatus.STOPPED)
+    assert env.state.set_status(env.state.get("unbound"), GroupStatus.UNBOUND)
+    reports = [rmq_message(activity(k)) for k in ("stopped", "unbound", "stopped")]
+    outcome = env.call("rpc_activity", event_of(p.activity_queue(env.pool), reports))
+    assert outcome["late_for_stopped"] == 1 and outcome["reactivated"] == 1
+    assert env.state.get("stopped").status is GroupStatus.STOPPED
+    assert env.state.get("unbound").status is GroupStatus.ACTIVE
+    outcome = env.call("rpc_orphans", event_of(p.orphan_queue(env.pool), [rmq_message(request("stopped"))]))
+    assert outcome["new_groups"] == 1 and env.state.get("stopped").status is GroupStatus.ACTIVE
+
+
+def test_reconciler_skips_queue_names_it_did_not_make(env: Env) -> None:
+    """``{pool}-req-%FF`` (not UTF-8 once decoded) made every pass raise, so a lost state never came back."""
+    foreign = [f"{env.pool}-req-%FF", f"{env.pool}-req-%zz", f"{env.pool}-req-a%2"]
+    for queue in foreign:
+        env.channel.queue_declare(queue, durable=True)
+    try:
+        env.state.touch(["real"])
+        env.plane.reconcile()  # declares nothing for "real": make its queue as the orphan path would
+        with env.plane._lease() as (topology, _):
+            topology.ensure_request_queue("real")
+        flush_pool_state(env.plane.redis, env.pool)  # state lost: the next pass rebuilds from the broker
+        outcome = env.call("rpc_reconcile", {"source": "aws.events"})
+        assert outcome["foreign_queues"] >= len(foreign) and outcome["rebuilt_groups"] == 1
+        assert env.state.get("real").status is GroupStatus.ACTIVE
+    finally:
+        for queue in foreign:
+            env.channel.queue_delete(queue)
+
+
+def test_a_redis_that_stops_answering_fails_the_call_instead_of_hanging(monkeypatch, pool) -> None:
+    """A server that accepts and never answers: every control-plane call must end within the timeout."""
+    import socket
+    import threading
+    import time
+
+    from switchyard.rpc.settings import RpcSettings
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.extend(listener.accept()[0] for _ in range(16)), daemon=True).start()
+    name, _ = pool
+    monkeypatch.setenv("SWITCHYARD_REDIS_URL", f"redis://127.0.0.1:{listener.getsockname()[1]}/0")
+    monkeypatch.setenv("SWITCHYARD_REDIS_TIMEOUT", "0.3")
+    plane = ControlPlane(ControlSettings(name, Delays(30, 30)), RpcSettings.from_env(), NoopDriver())
+    result: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            plane.reconcile()
+            result.append(None)
+        except BaseException as exc:
+            result.append(exc)
+
+    started = time.monotonic()
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(10)
+    try:
+        assert result, "the control plane hung on a silent Redis"
+        assert isinstance(result[0], redis.exceptions.TimeoutError), result[0]
+        assert time.monotonic() - started < 5
+    finally:
+        plane.close()
+        listener.close()
+        for conn in held:
+            conn.close()

@@ -27,7 +27,8 @@ def test_declare_twice_is_a_no_op(make_pool, api: ManagementApi) -> None:
         topology.declare()
         topology.declare()
     names = {q["name"] for q in api.list_queues(f"^{pool}-", columns="name")}
-    assert names == {p.orphan_queue(pool), p.dl_queue(pool), p.activity_queue(pool), p.poison_queue(pool)}
+    assert names == set(p.pool_queue_names(pool))
+    assert len(p.pool_queue_names(pool)) == 6
 
 
 def test_declare_from_two_processes_at_once() -> None:
@@ -47,7 +48,7 @@ def test_declare_from_two_processes_at_once() -> None:
 
 def test_pool_queues_are_durable_not_exclusive_and_bound(pool, api: ManagementApi) -> None:
     name, _ = pool
-    for queue in (p.orphan_queue(name), p.dl_queue(name), p.activity_queue(name), p.poison_queue(name)):
+    for queue in p.pool_queue_names(name):
         info = api.get_queue(queue)
         assert info is not None, queue
         assert info["durable"] is True and info["exclusive"] is False and info["auto_delete"] is False
@@ -110,13 +111,60 @@ def test_unknown_pool_is_reported_clearly() -> None:
             topology.require()
 
 
-def test_an_orphan_that_expires_before_any_handler_is_dead_lettered_not_dropped(pool, api) -> None:
-    """With no control plane running, an orphan's own expiration still produces a dead letter."""
+def exchange_bindings(api: ManagementApi, exchange: str) -> set[str]:
+    bindings = api._request("GET", f"/exchanges/%2F/{exchange}/bindings/source").json()
+    return {b["destination"] for b in bindings}
+
+
+def test_orphans_and_reports_pass_through_staging_and_keep_their_routing_key(pool, api) -> None:
+    """Seed 000's plain messages carry the key only as routing key, which Lambda's event drops:
+    the staging hop writes it into ``x-death``, with the request's expiration."""
     import pika
 
     from tests.rpc.conftest import get_message
 
     name, settings = pool
+    assert exchange_bindings(api, p.orphan_exchange(name)) == {p.orphan_staging_queue(name)}
+    assert exchange_bindings(api, p.activity_exchange(name)) == {p.activity_staging_queue(name)}
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    try:
+        channel = connection.channel()
+        channel.basic_publish(p.req_exchange(name), "infra=42 é", b"plain",
+                              pika.BasicProperties(expiration="2000", correlation_id="c1", reply_to="r"))
+        channel.basic_publish(p.activity_exchange(name), "infra=42 é", b"",
+                              pika.BasicProperties(headers={p.EVENT_HEADER: "started"}))
+    finally:
+        connection.close()
+    for queue, expiration in ((p.orphan_queue(name), "2000"), (p.activity_queue(name), None)):
+        got = get_message(settings, queue, timeout=10)
+        assert got is not None, f"nothing reached {queue}"
+        _, props, _ = got
+        death = props.headers[p.DEATH_HEADER][0]
+        assert death["routing-keys"] == ["infra=42 é"]
+        assert death["queue"] == queue + p.STAGING_SUFFIX
+        assert death.get("original-expiration") == expiration and props.expiration is None
+
+
+def test_a_pool_declared_before_staging_is_moved_over(pool, api) -> None:
+    name, settings = pool
+    with PoolTopology(name, settings) as topology:  # the old shape: handlers' queues bound directly
+        channel = topology._channel()
+        channel.queue_bind(p.orphan_queue(name), p.orphan_exchange(name))
+        channel.queue_bind(p.activity_queue(name), p.activity_exchange(name))
+        assert p.orphan_queue(name) in exchange_bindings(api, p.orphan_exchange(name))
+        topology.declare()
+    assert exchange_bindings(api, p.orphan_exchange(name)) == {p.orphan_staging_queue(name)}
+    assert exchange_bindings(api, p.activity_exchange(name)) == {p.activity_staging_queue(name)}
+
+
+def test_an_orphan_left_unhandled_past_the_request_ttl_is_dead_lettered_not_dropped(make_pool, api) -> None:
+    """With no control plane running, an orphan waits a request TTL, then becomes a dead letter
+    (which the dead-letter responder answers ``expired``): the queue does not grow for ever."""
+    import pika
+
+    from tests.rpc.conftest import get_message
+
+    name, settings = make_pool(message_ttl_ms=300)
     info = wait_for(lambda: (q := api.get_queue(p.orphan_queue(name))) and q.get("policy") and q,
                     what="the orphan queue's policy")
     assert info["policy"] == p.orphan_policy_name(name)
@@ -125,13 +173,41 @@ def test_an_orphan_that_expires_before_any_handler_is_dead_lettered_not_dropped(
     try:
         connection.channel().basic_publish(
             p.req_exchange(name), "no-such-key", b"lonely",
-            pika.BasicProperties(expiration="200", correlation_id="c1", reply_to="r",
-                                 headers={p.KEY_HEADER: "no-such-key"}))
+            pika.BasicProperties(expiration="60000", correlation_id="c1", reply_to="r"))
     finally:
         connection.close()
     dead = get_message(settings, p.dl_queue(name), timeout=10)
-    assert dead is not None, "the expired orphan was dropped"
+    assert dead is not None, "the unhandled orphan was dropped"
     _, props, body = dead
     assert body == b"lonely" and props.correlation_id == "c1"
-    assert props.headers[p.FIRST_DEATH_REASON_HEADER] == "expired"
-    assert props.headers["x-first-death-queue"] == p.orphan_queue(name)
+    assert props.headers[p.DEATH_HEADER][0]["reason"] == "expired"
+    assert props.headers[p.DEATH_HEADER][0]["queue"] == p.orphan_queue(name)
+
+
+def test_pool_delete_removes_only_its_own_queues_and_counts_exactly(make_pool, api) -> None:
+    """Other applications' ``{pool}-...`` queues survive, and the emptiness check is exact (the
+    management API's sampled counts lag by seconds and once let 3 confirmed requests be dropped)."""
+    from switchyard.errors import PoolNotEmptyError
+
+    name, settings = make_pool()
+    foreign = [f"{name}-other-app", f"{name}-req-%FF", f"{name}-req-x~y"]
+    with PoolTopology(name, settings) as topology:
+        topology.ensure_request_queue("k")
+        channel = topology._channel()
+        for queue in foreign:
+            channel.queue_declare(queue, durable=True)
+        channel.confirm_delivery()
+        for i in range(3):  # published and confirmed just before the delete: not yet in any sample
+            channel.basic_publish(p.req_exchange(name), "k", f"r{i}".encode(), mandatory=True)
+        with pytest.raises(PoolNotEmptyError, match=r"3 messages .*--force"):
+            topology.delete()
+        assert topology.queue_status(p.request_queue(name, "k")) == (3, 0)
+        assert topology.delete(force=True) == 3
+        for queue in p.pool_queue_names(name):
+            assert topology.queue_status(queue) is None, queue
+        assert topology.queue_status(p.request_queue(name, "k")) is None
+        for queue in foreign:
+            assert topology.queue_status(queue) == (0, 0), f"{queue} was not ours to delete"
+            topology._channel().queue_delete(queue)
+    assert not {pol["name"] for pol in api._request("GET", "/policies").json()
+                if pol["name"].startswith(f"switchyard-{name}-")}

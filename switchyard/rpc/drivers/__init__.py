@@ -1,9 +1,9 @@
 """Worker group drivers: how the worker groups control loop starts, stops and sizes workers.
 
-``base`` holds the contract, one module per backend (``subprocess``, ``noop``; ECS later), and
+``base`` holds the contract, one module per backend (``subprocess``, ``noop``, ``ecs``), and
 ``driver_from_env()`` picks one from the environment:
 
-* ``SWITCHYARD_DRIVER``: ``subprocess`` (default) or ``noop``;
+* ``SWITCHYARD_DRIVER``: ``subprocess`` (default), ``noop`` or ``ecs``;
 * ``SWITCHYARD_WORKER_HANDLER``: ``module:function`` (default ``switchyard.rpc.examples:describe``);
 * ``SWITCHYARD_WORKER_COMMAND``: the whole command, shell-split (default
   ``<sys.executable> -m switchyard worker --handler <SWITCHYARD_WORKER_HANDLER>``);
@@ -11,6 +11,10 @@
   (10 waiting requests per worker);
 * ``SWITCHYARD_WORKER_LOG_DIR`` (``.local/logs/workers``), ``SWITCHYARD_WORKER_STOP_TIMEOUT``
   (15 s between SIGTERM and SIGKILL).
+* ECS (``ecs.py``): ``SWITCHYARD_ECS_CLUSTER``, ``SWITCHYARD_ECS_SUBNETS`` and
+  ``SWITCHYARD_ECS_SECURITY_GROUPS`` (comma-separated), ``SWITCHYARD_ECS_TASK_DEFINITION``
+  (``switchyard-worker-{pool}``), ``SWITCHYARD_ECS_CONTAINER`` (``worker``); the group lock
+  lives in ``SWITCHYARD_REDIS_URL``.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ __all__ = [
 ]
 
 DEFAULT_HANDLER = "switchyard.rpc.examples:describe"
-DRIVERS = ("subprocess", "noop")
+DRIVERS = ("subprocess", "noop", "ecs")
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,8 @@ def driver_from_env(settings: DriverSettings | None = None) -> WorkerGroupDriver
     settings = settings or DriverSettings.from_env()
     if settings.driver == "noop":
         return NoopDriver()
+    if settings.driver == "ecs":
+        return _ecs_driver_from_env(settings)
     return SubprocessDriver(
         settings.command,
         min_workers=settings.min_workers,
@@ -94,4 +100,40 @@ def driver_from_env(settings: DriverSettings | None = None) -> WorkerGroupDriver
         target_backlog=settings.target_backlog,
         log_dir=settings.log_dir,
         stop_timeout=settings.stop_timeout,
+    )
+
+
+def _env_list(name: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in env_str(name, "").split(",") if part.strip())
+
+
+def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
+    """The ECS driver (imported here: only the deployment needs boto3's ECS client)."""
+    import redis
+
+    from switchyard.config import Connections
+    from switchyard.rpc.drivers.ecs import (
+        DEFAULT_CONTAINER,
+        DEFAULT_TASK_DEFINITION,
+        EcsDriver,
+        EcsSettings,
+        RedisGroupLock,
+        ecs_client,
+    )
+
+    connections = Connections.from_env()
+    ecs = EcsSettings(
+        cluster=env_str("SWITCHYARD_ECS_CLUSTER", ""),
+        subnets=_env_list("SWITCHYARD_ECS_SUBNETS"),
+        security_groups=_env_list("SWITCHYARD_ECS_SECURITY_GROUPS"),
+        task_definition=env_str("SWITCHYARD_ECS_TASK_DEFINITION", DEFAULT_TASK_DEFINITION),
+        container=env_str("SWITCHYARD_ECS_CONTAINER", DEFAULT_CONTAINER),
+    )
+    return EcsDriver(
+        ecs,
+        lock=RedisGroupLock(redis.Redis.from_url(connections.redis_url), ecs.lock_ttl_s, ecs.lock_wait_s),
+        client=ecs_client(connections.aws_endpoint_url),
+        min_workers=settings.min_workers,
+        max_workers=settings.max_workers,
+        target_backlog=settings.target_backlog,
     )

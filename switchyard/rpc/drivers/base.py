@@ -70,6 +70,16 @@ class WorkerGroup:
         }
 
 
+def check_sizes(min_workers: int, max_workers: int, target_backlog: int) -> None:
+    """Reject group sizes no driver can honour (shared by every driver that scales)."""
+    if min_workers < 1:
+        raise ConfigError("SWITCHYARD_MIN_WORKERS must be at least 1 (a started group runs a worker)")
+    if max_workers < min_workers:
+        raise ConfigError("SWITCHYARD_MAX_WORKERS must be at least SWITCHYARD_MIN_WORKERS")
+    if target_backlog < 1:
+        raise ConfigError("SWITCHYARD_TARGET_BACKLOG must be at least 1")
+
+
 def desired_workers(backlog: int, *, min_workers: int, max_workers: int, target_backlog: int) -> int:
     """KEDA's queue-length rule: ``ceil(backlog / target_backlog)`` clamped to ``[min, max]``."""
     if target_backlog < 1:

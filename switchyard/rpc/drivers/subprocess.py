@@ -23,7 +23,13 @@ from pathlib import Path
 
 from switchyard.errors import ConfigError
 from switchyard.observability import logger
-from switchyard.rpc.drivers.base import DriverError, WorkerGroup, WorkerGroupDriver, desired_workers
+from switchyard.rpc.drivers.base import (
+    DriverError,
+    WorkerGroup,
+    WorkerGroupDriver,
+    check_sizes,
+    desired_workers,
+)
 
 DEFAULT_LOG_DIR = Path(".local/logs/workers")
 
@@ -56,12 +62,7 @@ class SubprocessDriver(WorkerGroupDriver):
     ) -> None:
         if not command:
             raise ConfigError("the worker command is empty")
-        if min_workers < 1:
-            raise ConfigError("SWITCHYARD_MIN_WORKERS must be at least 1 (a started group runs a worker)")
-        if max_workers < min_workers:
-            raise ConfigError("SWITCHYARD_MAX_WORKERS must be at least SWITCHYARD_MIN_WORKERS")
-        if target_backlog < 1:
-            raise ConfigError("SWITCHYARD_TARGET_BACKLOG must be at least 1")
+        check_sizes(min_workers, max_workers, target_backlog)
         self.command = tuple(command)
         self.min_workers = min_workers
         self.max_workers = max_workers

@@ -1,0 +1,328 @@
+"""Worker groups as ECS tasks (seed 000's ECS driver): ``SWITCHYARD_DRIVER=ecs`` on AWS.
+
+Each worker is one Fargate task of the pool's task definition, started with ``RunTask``:
+
+* ``startedBy`` is the group id (``{pool}-{digest}``), so ``ListTasks(startedBy=...)`` finds a
+  group's tasks in one call;
+* tags carry the pool and the raw key (base64url, split over ``switchyard:key:N`` tags because a
+  tag value holds at most 256 characters of a restricted set), so ``list_running`` can rebuild
+  the keys of a pool from ECS alone;
+* the container override sets the worker protocol's environment (``WORKER_ID``, ``WORKER_KEY``...).
+
+Why ``RunTask`` and not one ECS service per group: a task starts in one API call (a service
+needs ``CreateService``, a deployment and then the scheduler's placement, and must be deleted
+and drained before its name can be reused), scaling is ``RunTask``/``StopTask`` of exactly the
+tasks we pick, and an account has a service quota per cluster that a pool with many keys would
+reach. What a service would give for free, restarting a crashed task, the reconciler already
+does: a group with no live task is missing from ``list_running`` and is started on the next pass.
+
+Stopping is ECS's two-stage stop: ``StopTask`` sends SIGTERM (the worker finishes its request in
+hand and exits), and ECS sends SIGKILL only after the container's ``stopTimeout`` (set in the
+task definition, up to 120 s on Fargate). The driver does not wait for that: a Lambda must not.
+
+Concurrency: the reconciler and the orphan handler run in different Lambda environments and may
+start the same group at once. Every change of a group runs under a Redis lock per group
+(``SET NX PX`` with a token, released by compare-and-delete), and ``RunTask`` carries a
+``clientToken`` derived from the group and the tasks seen, so two callers that saw the same state
+(a lock that expired mid-call, ``ListTasks`` lagging a fresh ``RunTask``) make one request in ECS's eyes.
+
+Failures: the boto3 client uses the standard retry mode (throttling and 5xx are retried with
+backoff); what still fails raises ``DriverError``, which the callers count (the reconciler's
+``driver_errors``, the orphan handler's ``group_start_failures``) and retry on their next pass.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from switchyard.errors import ConfigError
+from switchyard.observability import logger
+from switchyard.rpc.drivers.base import (
+    DriverError,
+    WorkerGroup,
+    WorkerGroupDriver,
+    check_sizes,
+    desired_workers,
+)
+
+TAG_POOL = "switchyard:pool"
+TAG_GROUP = "switchyard:group"
+TAG_KEY = "switchyard:key"  # switchyard:key:0, switchyard:key:1, ... (base64url of the UTF-8 key)
+TAG_VALUE_CHARS = 256
+MAX_KEY_TAGS = 40  # ECS allows 50 tags per task; the rest are the pool, the group and spares
+DESCRIBE_TASKS_MAX = 100
+LOCK_PREFIX = "switchyard:ecs-driver:lock:"
+DEFAULT_CONTAINER = "worker"
+DEFAULT_TASK_DEFINITION = "switchyard-worker-{pool}"
+
+
+@dataclass(frozen=True)
+class EcsSettings:
+    """Where the driver runs tasks: cluster, task definition family per pool, network."""
+
+    cluster: str
+    subnets: tuple[str, ...]
+    security_groups: tuple[str, ...]
+    # A family (or family:revision, or ARN); ``{pool}`` is replaced by the group's pool.
+    task_definition: str = DEFAULT_TASK_DEFINITION
+    container: str = DEFAULT_CONTAINER
+    capacity_provider: str = "FARGATE"
+    lock_ttl_s: float = 30.0
+    lock_wait_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.cluster:
+            raise ConfigError("SWITCHYARD_ECS_CLUSTER must name the ECS cluster of the worker tasks")
+        if not self.subnets:
+            raise ConfigError("SWITCHYARD_ECS_SUBNETS must list the worker tasks' subnets (comma-separated)")
+        if not self.security_groups:
+            raise ConfigError("SWITCHYARD_ECS_SECURITY_GROUPS must list the worker tasks' security groups")
+
+    def task_definition_for(self, pool: str) -> str:
+        return self.task_definition.replace("{pool}", pool)
+
+    def family_for(self, pool: str) -> str:
+        """The family part of the task definition (ListTasks filters by family, not revision)."""
+        name = self.task_definition_for(pool).rsplit("/", 1)[-1]
+        return name.split(":", 1)[0]
+
+
+def key_tags(key: str) -> list[dict[str, str]]:
+    """The key as base64url chunks in ``switchyard:key:N`` tags (tag values allow ``A-Za-z0-9 _.:/=+-@``)."""
+    encoded = base64.urlsafe_b64encode(key.encode("utf-8")).decode("ascii")
+    chunks = [encoded[i:i + TAG_VALUE_CHARS] for i in range(0, len(encoded), TAG_VALUE_CHARS)] or [""]
+    if len(chunks) > MAX_KEY_TAGS:
+        raise DriverError(f"key of {len(key.encode())} bytes is too long to tag an ECS task "
+                          f"(at most {MAX_KEY_TAGS * TAG_VALUE_CHARS * 3 // 4} bytes)")
+    return [{"key": f"{TAG_KEY}:{i}", "value": chunk} for i, chunk in enumerate(chunks)]
+
+
+def key_from_tags(tags: Sequence[dict[str, str]]) -> str | None:
+    """The raw key of a task tagged by ``key_tags``; None when absent or damaged."""
+    parts: dict[int, str] = {}
+    for tag in tags:
+        name = tag.get("key", "")
+        if name.startswith(TAG_KEY + ":"):
+            try:
+                parts[int(name[len(TAG_KEY) + 1:])] = tag.get("value", "")
+            except ValueError:
+                return None
+    if not parts or sorted(parts) != list(range(len(parts))):
+        return None
+    try:
+        return base64.urlsafe_b64decode("".join(parts[i] for i in range(len(parts)))).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+class RedisGroupLock:
+    """A lock per worker group shared by every process that drives the pool (Lambda environments)."""
+
+    _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+    def __init__(self, client: redis.Redis, ttl_s: float = 30.0, wait_s: float = 10.0) -> None:
+        self.client = client
+        self.ttl_ms = int(ttl_s * 1000)
+        self.wait_s = wait_s
+        self._release = client.register_script(self._RELEASE)
+
+    @contextmanager
+    def __call__(self, group: WorkerGroup) -> Iterator[None]:
+        name = LOCK_PREFIX + group.group_id
+        token = uuid.uuid4().hex
+        deadline = time.monotonic() + self.wait_s
+        try:
+            while not self.client.set(name, token, nx=True, px=self.ttl_ms):
+                if time.monotonic() > deadline:
+                    raise DriverError(f"worker group {group.group_id} is locked by another caller "
+                                      f"for more than {self.wait_s:g} s")
+                time.sleep(0.05)
+        except redis.RedisError as exc:
+            raise DriverError(f"cannot lock worker group {group.group_id}: {exc}") from exc
+        try:
+            yield
+        finally:
+            try:
+                self._release(keys=[name], args=[token])
+            except redis.RedisError:  # the lock expires on its own
+                logger.warning("releasing a worker group lock failed", extra={"group_id": group.group_id})
+
+
+GroupLock = Callable[[WorkerGroup], Any]  # a context manager factory, e.g. RedisGroupLock
+
+
+def ecs_client(endpoint_url: str | None = None) -> Any:
+    """An ECS client with the standard retry mode (throttles and 5xx retried with backoff)."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=20)
+    return boto3.client("ecs", endpoint_url=endpoint_url, config=config)
+
+
+class EcsDriver(WorkerGroupDriver):
+    """Runs each worker as an ECS task; between ``min_workers`` and ``max_workers`` per group."""
+
+    def __init__(
+        self,
+        settings: EcsSettings,
+        *,
+        lock: GroupLock,
+        client: Any = None,
+        min_workers: int = 1,
+        max_workers: int = 4,
+        target_backlog: int = 10,
+    ) -> None:
+        check_sizes(min_workers, max_workers, target_backlog)
+        self.settings = settings
+        self.lock = lock
+        self.client = client or ecs_client()
+        self.min_workers = min_workers
+        self.max_workers = max_workers
+        self.target_backlog = target_backlog
+
+    # -- contract ---------------------------------------------------------------------------
+    def start(self, group: WorkerGroup) -> None:
+        with self.lock(group):
+            live = self._group_tasks(group)
+            self._run(group, self.min_workers - len(live), live)
+
+    def stop(self, group: WorkerGroup) -> None:
+        with self.lock(group):
+            live = self._group_tasks(group)
+            if live:
+                logger.info("stopping worker group", extra={"group_id": group.group_id, "workers": len(live)})
+            self._stop(group, live)
+
+    def list_running(self, pool: str) -> set[str]:
+        keys: set[str] = set()
+        arns = self._call("list_tasks", paginate=True, cluster=self.settings.cluster,
+                          family=self.settings.family_for(pool), desiredStatus="RUNNING")
+        for task in self._describe(arns):
+            if task.get("desiredStatus") != "RUNNING" or _tag(task, TAG_POOL) != pool:
+                continue
+            key = key_from_tags(task.get("tags", []))
+            if key is None:
+                logger.warning("ECS task without a readable key tag ignored",
+                               extra={"task": task.get("taskArn")})
+                continue
+            keys.add(key)
+        return keys
+
+    def worker_count(self, group: WorkerGroup) -> int:
+        return len(self._group_tasks(group))
+
+    def scale(self, group: WorkerGroup, backlog: int) -> int:
+        """Run or stop tasks so the group has ``clamp(ceil(backlog / target), min, max)``.
+
+        Scaling down stops the newest tasks (SIGTERM first, each finishes its request in hand).
+        """
+        wanted = desired_workers(backlog, min_workers=self.min_workers, max_workers=self.max_workers,
+                                 target_backlog=self.target_backlog)
+        with self.lock(group):
+            live = self._group_tasks(group)
+            if len(live) < wanted:
+                self._run(group, wanted - len(live), live)
+            elif len(live) > wanted:
+                # Newest first by createdAt; ties (or no createdAt) keep the reverse listing order.
+                order = sorted(enumerate(live), key=lambda it: (str(it[1].get("createdAt", "")), it[0]))
+                surplus = [task for _, task in reversed(order)][:len(live) - wanted]
+                logger.info("scaling worker group down", extra={"group_id": group.group_id,
+                                                                "workers": wanted, "stopping": len(surplus)})
+                self._stop(group, surplus)
+        return wanted
+
+    # -- ECS calls ----------------------------------------------------------------------------
+    def _call(self, operation: str, *, paginate: bool = False, **kwargs: Any) -> Any:
+        """One ECS call; botocore's failures (after its retries) become ``DriverError``."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            if paginate:
+                pages = self.client.get_paginator(operation).paginate(**kwargs)
+                return [arn for page in pages for arn in page.get("taskArns", [])]
+            return getattr(self.client, operation)(**kwargs)
+        except (BotoCoreError, ClientError) as exc:
+            raise DriverError(f"ECS {operation} failed: {exc}") from exc
+
+    def _describe(self, arns: Sequence[str]) -> list[dict[str, Any]]:
+        tasks: list[dict[str, Any]] = []
+        for i in range(0, len(arns), DESCRIBE_TASKS_MAX):
+            response = self._call("describe_tasks", cluster=self.settings.cluster,
+                                  tasks=list(arns[i:i + DESCRIBE_TASKS_MAX]), include=["TAGS"])
+            tasks.extend(response.get("tasks", []))
+        return tasks
+
+    def _group_tasks(self, group: WorkerGroup) -> list[dict[str, Any]]:
+        """The group's tasks that ECS wants running (starting ones included: they count)."""
+        # ListTasks accepts startedBy only as its sole filter; desiredStatus defaults to RUNNING.
+        arns = self._call("list_tasks", paginate=True, cluster=self.settings.cluster,
+                          startedBy=group.group_id)
+        return [task for task in self._describe(arns) if task.get("desiredStatus") == "RUNNING"]
+
+    def _run(self, group: WorkerGroup, count: int, live: Sequence[dict[str, Any]]) -> None:
+        """Start ``count`` tasks, one ``RunTask`` each (every worker gets its own ``WORKER_ID``).
+
+        The client token (and the worker id) derive from the group, the tasks seen and the index:
+        two callers that saw the same tasks send identical requests, and ECS starts one task.
+        """
+        tags = [{"key": TAG_POOL, "value": group.pool}, {"key": TAG_GROUP, "value": group.group_id},
+                *key_tags(group.key)]
+        seen = sorted(str(t.get("taskArn")) for t in live)
+        failures: list[str] = []
+        for index in range(max(0, count)):
+            token = hashlib.sha256("|".join([group.group_id, str(index), *seen]).encode()).hexdigest()
+            worker_id = f"{group.group_id}-{token[:8]}"
+            response = self._call(
+                "run_task",
+                cluster=self.settings.cluster,
+                taskDefinition=self.settings.task_definition_for(group.pool),
+                count=1,
+                startedBy=group.group_id,
+                group=f"switchyard:{group.pool}",
+                capacityProviderStrategy=[{"capacityProvider": self.settings.capacity_provider, "weight": 1}],
+                networkConfiguration={"awsvpcConfiguration": {
+                    "subnets": list(self.settings.subnets),
+                    "securityGroups": list(self.settings.security_groups),
+                    "assignPublicIp": "DISABLED",
+                }},
+                overrides={"containerOverrides": [{
+                    "name": self.settings.container,
+                    "environment": [{"name": k, "value": v} for k, v in group.environment(worker_id).items()],
+                }]},
+                tags=tags,
+                clientToken=token[:64],
+            )
+            failures.extend(f"{f.get('reason')} {f.get('detail', '')}".strip()
+                            for f in response.get("failures", []))
+            if response.get("tasks"):
+                logger.info("worker task started", extra={"group_id": group.group_id, "worker_id": worker_id,
+                                                          "task": response["tasks"][0].get("taskArn")})
+        if failures:
+            raise DriverError(f"ECS could not start {len(failures)} task(s) of {group.group_id}: "
+                              f"{sorted(set(failures))}")
+
+    def _stop(self, group: WorkerGroup, tasks: Sequence[dict[str, Any]]) -> None:
+        errors = []
+        for task in tasks:
+            try:
+                self._call("stop_task", cluster=self.settings.cluster, task=task["taskArn"],
+                           reason=f"switchyard: worker group {group.group_id} stopped or scaled down")
+            except DriverError as exc:  # stop the others, then report
+                errors.append(str(exc))
+        if errors:
+            raise DriverError(f"stopping {len(errors)} task(s) of {group.group_id} failed: {errors[0]}")
+
+
+def _tag(task: dict[str, Any], name: str) -> str | None:
+    return next((t.get("value") for t in task.get("tags", []) if t.get("key") == name), None)

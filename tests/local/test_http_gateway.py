@@ -1,0 +1,166 @@
+"""The local API Gateway: real HTTP through a Powertools REST resolver, the code path of the Lambda."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+
+from switchyard.local.http_gateway import HttpGateway, event_from_environ, http_response
+
+app = APIGatewayRestResolver()
+seen_events: list[dict] = []
+
+
+@app.get("/echo/<name>")
+def echo(name: str) -> dict:
+    event = app.current_event
+    seen_events.append(event.raw_event)
+    return {
+        "name": name,
+        "query": event.multi_value_query_string_parameters,
+        "agent": event.headers.get("User-Agent"),
+        "remaining_ms": app.lambda_context.get_remaining_time_in_millis(),
+        "stage": event.request_context.stage,
+    }
+
+
+@app.post("/body")
+def body() -> Response:
+    event = app.current_event
+    raw = base64.b64decode(event.body) if event.is_base64_encoded else event.body.encode()
+    return Response(status_code=201, content_type="application/octet-stream", body=raw[::-1],
+                    headers={"X-Multi": ["a", "b"], "X-Len": str(len(raw))})
+
+
+@app.get("/wait")
+def wait() -> dict:
+    time.sleep(float(app.current_event.get_query_string_value("s", "1")))
+    return {"ok": True}
+
+
+@app.get("/boom")
+def boom() -> dict:
+    raise RuntimeError("handler bug")
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    with HttpGateway(app, threads=400) as gw:
+        yield gw
+
+
+def test_get_with_path_query_and_headers(gateway: HttpGateway) -> None:
+    reply = requests.get(f"{gateway.url}/echo/n%C3%A9?a=1&a=2&b=", headers={"User-Agent": "t/1"}, timeout=5)
+    assert reply.status_code == 200
+    assert reply.headers["Content-Type"] == "application/json"
+    data = reply.json()
+    assert data["name"] == "né"
+    assert data["query"] == {"a": ["1", "2"], "b": [""]}
+    assert data["agent"] == "t/1"
+    assert data["stage"] == "local"
+    assert 25_000 < data["remaining_ms"] <= 29_000
+    event = seen_events[-1]
+    assert event["httpMethod"] == "GET" and event["path"] == "/echo/né"
+    assert event["queryStringParameters"] == {"a": "2", "b": ""}
+    assert event["pathParameters"] == {"proxy": "echo/né"}
+    assert event["multiValueHeaders"]["User-Agent"] == ["t/1"]
+    assert event["requestContext"]["identity"]["sourceIp"] == "127.0.0.1"
+
+
+def test_binary_body_round_trip_base64(gateway: HttpGateway) -> None:
+    payload = bytes(range(256)) * 3
+    reply = requests.post(f"{gateway.url}/body", data=payload, timeout=5)
+    assert reply.status_code == 201
+    assert reply.content == payload[::-1]
+    assert reply.headers["X-Len"] == str(len(payload))
+    assert reply.headers["X-Multi"] == "a, b"  # two header lines, joined by the HTTP client
+
+
+def test_text_body_is_not_base64(gateway: HttpGateway) -> None:
+    reply = requests.post(f"{gateway.url}/body", data="héllo".encode(), timeout=5)
+    assert reply.content == "héllo".encode()[::-1]
+
+
+def test_unknown_route_and_handler_error(gateway: HttpGateway) -> None:
+    assert requests.get(f"{gateway.url}/nope", timeout=5).status_code == 404
+    reply = requests.get(f"{gateway.url}/boom", timeout=5)
+    assert reply.status_code == 502
+    assert reply.json() == {"message": "Internal server error"}
+
+
+def test_hundreds_of_concurrent_long_requests() -> None:
+    with HttpGateway(app, threads=300) as gw, ThreadPoolExecutor(300) as pool:
+        started = time.monotonic()
+        replies = list(pool.map(lambda _: requests.get(f"{gw.url}/wait?s=2", timeout=30), range(300)))
+        elapsed = time.monotonic() - started
+    assert all(r.status_code == 200 for r in replies)
+    assert elapsed < 10, f"300 requests sleeping 2 s took {elapsed:.1f} s: they did not wait concurrently"
+
+
+def test_stop_closes_the_port_and_open_connections() -> None:
+    gw = HttpGateway(app).start()
+    port = gw.port
+    idle = socket.create_connection(("127.0.0.1", port))  # a keep-alive connection left open
+    assert requests.get(f"{gw.url}/echo/x", timeout=5).status_code == 200
+    gw.stop()
+    idle.settimeout(5)
+    assert idle.recv(1) == b""  # closed by the server
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/echo/x", timeout=2)
+    gw.stop()  # a second stop is harmless
+
+
+def test_stop_after_waitress_closed_its_wake_up_pipe() -> None:
+    """Waitress may close its trigger pipe itself while winding down (Pylons/waitress#468): stop()
+    still returns quietly and the port is closed (CI once failed a fixture teardown on EBADF)."""
+    gw = HttpGateway(app).start()
+    port, server = gw.port, gw._server
+    assert requests.get(f"{gw.url}/echo/x", timeout=5).status_code == 200
+    server.trigger.close()  # the pipe is gone, as in the race
+    gw.stop(timeout=2)
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/echo/x", timeout=2)
+
+
+def test_handler_plain_callable_and_non_proxy_result() -> None:
+    calls: list[str] = []
+
+    def handler(event: dict, context: object) -> dict:
+        calls.append(event["httpMethod"])
+        return {"unexpected": True}
+
+    with HttpGateway(handler) as gw:
+        assert requests.delete(f"{gw.url}/x", timeout=5).status_code == 502
+    assert calls == ["DELETE"]
+
+
+def test_event_and_response_conversion_without_server() -> None:
+    import io
+
+    environ = {"REQUEST_METHOD": "PUT", "PATH_INFO": "/", "QUERY_STRING": "", "CONTENT_TYPE": "text/plain",
+               "CONTENT_LENGTH": "2", "wsgi.input": io.BytesIO(b"\xff\xfe"), "HTTP_X_A": "1"}
+    event = event_from_environ(environ)
+    assert event["isBase64Encoded"] and base64.b64decode(event["body"]) == b"\xff\xfe"
+    assert event["resource"] == "/" and event["pathParameters"] is None
+    assert event["headers"] == {"Content-Type": "text/plain", "Content-Length": "2", "X-A": "1"}
+    with pytest.raises(ValueError, match="statusCode"):
+        http_response({"body": "x"})
+    status, headers, body = http_response({"statusCode": 204, "headers": {"A": "1", "Connection": "x"}})
+    assert (status, headers, body) == (204, [("A", "1")], b"")
+
+
+def test_threads_bound_how_many_wait_at_once() -> None:
+    """The thread count is the bound on requests in progress: the 3rd waits for a free thread."""
+    before = threading.active_count()
+    with HttpGateway(app, threads=2) as gw, ThreadPoolExecutor(3) as pool:
+        started = time.monotonic()
+        list(pool.map(lambda _: requests.get(f"{gw.url}/wait?s=1", timeout=10), range(3)))
+        assert time.monotonic() - started >= 1.9
+    assert threading.active_count() <= before  # the gateway's I/O and worker threads ended

@@ -1,0 +1,254 @@
+"""The ECS worker group driver against moto's ECS server (127.0.0.1:5000, started by ./dev) and Redis.
+
+Each test makes its own cluster and pool, so concurrent runs never share tasks.
+
+What moto's ECS does NOT reproduce (so these tests cannot check it; the driver is written for ECS):
+- tasks are RUNNING the moment RunTask returns: no PROVISIONING/PENDING, no image pull, no
+  placement failure (RunTask's ``failures`` list is always empty), and no task ever crashes;
+- StopTask marks the task STOPPED at once: no SIGTERM, no ``stopTimeout``, no SIGKILL, so the
+  two-stage stop is ECS's behaviour, not observable here;
+- RunTask ignores ``clientToken`` (no idempotent retries) and ``capacityProviderStrategy`` weights;
+- ListTasks applies ``desiredStatus`` only when given and returns STOPPED tasks otherwise (ECS
+  defaults to RUNNING), which is why the driver also filters ``desiredStatus`` itself;
+- no throttling, no eventual consistency between RunTask and ListTasks, no ``createdAt`` on tasks
+  (scale-down order falls back to ListTasks order), no tag count or tag value validation;
+- Fargate tasks need ``memory`` on every container and ``securityGroups`` in the network
+  configuration (ECS accepts task-level memory alone); the subnet must exist in moto's EC2, in a
+  VPC with DNS hostnames enabled (else RunTask answers HTTP 500).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+import redis
+
+from switchyard.config import Connections
+from switchyard.errors import ConfigError
+from switchyard.rpc.drivers import DriverError, DriverSettings, WorkerGroup, driver_from_env
+from switchyard.rpc.drivers.ecs import (
+    TAG_KEY,
+    EcsDriver,
+    EcsSettings,
+    RedisGroupLock,
+    ecs_client,
+    key_from_tags,
+    key_tags,
+)
+from tests.conftest import unique
+
+MOTO = "http://127.0.0.1:5000"
+AWKWARD_KEYS = ["infra=42", "", "ключ/🙂 with spaces", "x" * 3000, "a%2Fb\x00c"]
+
+
+@pytest.fixture(scope="module")
+def network() -> tuple[str, str]:
+    """A subnet and a security group in moto's EC2 (its RunTask checks that the subnet exists)."""
+    ec2 = boto3.client("ec2", endpoint_url=MOTO)
+    vpc = ec2.create_vpc(CidrBlock="10.99.0.0/16")["Vpc"]["VpcId"]
+    # moto's awsvpc RunTask fails (HTTP 500) in a VPC without DNS hostnames; ECS does not care.
+    ec2.modify_vpc_attribute(VpcId=vpc, EnableDnsHostnames={"Value": True})
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.99.1.0/24")["Subnet"]["SubnetId"]
+    group = ec2.create_security_group(GroupName=unique("sy_ecs"), Description="test", VpcId=vpc)["GroupId"]
+    return subnet, group
+
+
+@pytest.fixture
+def cluster() -> Iterator[str]:
+    name = unique("sy_ecs")
+    client = ecs_client(MOTO)
+    client.create_cluster(clusterName=name)
+    yield name
+    arns = client.list_tasks(cluster=name, desiredStatus="RUNNING")["taskArns"]
+    for arn in arns:
+        client.stop_task(cluster=name, task=arn)
+    client.delete_cluster(cluster=name)
+
+
+@pytest.fixture
+def pool() -> str:
+    pool = unique("ecspool")
+    ecs_client(MOTO).register_task_definition(
+        family=f"switchyard-worker-{pool}",
+        requiresCompatibilities=["FARGATE"],
+        networkMode="awsvpc",
+        cpu="256",
+        memory="512",
+        containerDefinitions=[{"name": "worker", "image": "switchyard:test", "memory": 512,
+                               "essential": True, "stopTimeout": 120}],
+    )
+    return pool
+
+
+@pytest.fixture
+def redis_client() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(Connections().redis_url)
+    yield client
+    client.close()
+
+
+def make_driver(cluster: str, redis_client: redis.Redis, network: tuple[str, str],
+                **kwargs: Any) -> EcsDriver:
+    subnet, group = network
+    settings = EcsSettings(cluster=cluster, subnets=(subnet,), security_groups=(group,))
+    return EcsDriver(settings, lock=RedisGroupLock(redis_client), client=ecs_client(MOTO), **kwargs)
+
+
+def running_tasks(cluster: str, group: WorkerGroup) -> list[dict[str, Any]]:
+    client = ecs_client(MOTO)
+    arns = client.list_tasks(cluster=cluster, startedBy=group.group_id, desiredStatus="RUNNING")["taskArns"]
+    if not arns:
+        return []
+    return client.describe_tasks(cluster=cluster, tasks=arns, include=["TAGS"])["tasks"]
+
+
+def test_start_is_idempotent_and_tags_the_pool_and_key(cluster: str, pool: str,
+                                                       redis_client: redis.Redis,
+        network: tuple[str, str]) -> None:
+    driver = make_driver(cluster, redis_client, network, min_workers=2, max_workers=3)
+    group = WorkerGroup(pool, "infra=42")
+    driver.start(group)
+    driver.start(group)
+    tasks = running_tasks(cluster, group)
+    assert len(tasks) == 2 == driver.worker_count(group)
+    for task in tasks:
+        assert task["startedBy"] == group.group_id
+        assert task["taskDefinitionArn"].rsplit("/", 1)[-1].startswith(f"switchyard-worker-{pool}:")
+        assert key_from_tags(task["tags"]) == "infra=42"
+        (override,) = task["overrides"]["containerOverrides"]
+        env = {e["name"]: e["value"] for e in override["environment"]}
+        assert env["WORKER_KEY"] == "infra=42"
+        assert env["WORKER_POOL"] == pool
+        assert env["WORKER_REQUESTS_QUEUE"] == group.requests_queue
+    worker_ids = {e["value"] for t in tasks for e in t["overrides"]["containerOverrides"][0]["environment"]
+                  if e["name"] == "WORKER_ID"}
+    assert len(worker_ids) == 2  # each worker its own id
+
+
+def test_list_running_reads_every_key_back_and_ignores_stopped_groups(cluster: str, pool: str,
+                                                                      redis_client: redis.Redis,
+        network: tuple[str, str]) -> None:
+    driver = make_driver(cluster, redis_client, network)
+    for key in AWKWARD_KEYS:
+        driver.start(WorkerGroup(pool, key))
+    assert driver.list_running(pool) == set(AWKWARD_KEYS)
+    driver.stop(WorkerGroup(pool, AWKWARD_KEYS[0]))
+    driver.stop(WorkerGroup(pool, AWKWARD_KEYS[0]))  # idempotent
+    assert driver.list_running(pool) == set(AWKWARD_KEYS[1:])
+    assert driver.worker_count(WorkerGroup(pool, AWKWARD_KEYS[0])) == 0
+    assert driver.list_running(unique("otherpool")) == set()
+
+
+def test_scale_follows_the_backlog_between_min_and_max(cluster: str, pool: str,
+                                                       redis_client: redis.Redis,
+        network: tuple[str, str]) -> None:
+    driver = make_driver(cluster, redis_client, network, min_workers=1, max_workers=4, target_backlog=10)
+    group = WorkerGroup(pool, "k")
+    driver.start(group)
+    first = {t["taskArn"] for t in running_tasks(cluster, group)}
+    for backlog, wanted in [(25, 3), (1000, 4), (31, 4), (0, 1), (0, 1)]:
+        assert driver.scale(group, backlog) == wanted
+        assert driver.worker_count(group) == wanted
+    # Scaling down keeps the oldest task (ECS order here: moto has no createdAt).
+    assert {t["taskArn"] for t in running_tasks(cluster, group)} == first
+
+
+def test_concurrent_starts_never_start_a_group_twice(cluster: str, pool: str,
+                                                     redis_client: redis.Redis,
+        network: tuple[str, str]) -> None:
+    """Eight callers (each its own client, as separate Lambda environments) start one group at once."""
+    group = WorkerGroup(pool, "hot")
+    drivers = [make_driver(cluster, redis_client, network, min_workers=2, max_workers=2) for _ in range(8)]
+    barrier = threading.Barrier(len(drivers))
+    errors: list[BaseException] = []
+
+    def start(driver: EcsDriver) -> None:
+        barrier.wait()
+        try:
+            driver.start(group)
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(d,)) for d in drivers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert len(running_tasks(cluster, group)) == 2
+
+
+def test_a_held_lock_makes_a_clear_driver_error(cluster: str, pool: str, redis_client: redis.Redis,
+        network: tuple[str, str]) -> None:
+    group = WorkerGroup(pool, "locked")
+    slow = RedisGroupLock(redis_client, ttl_s=5, wait_s=0.2)
+    driver = EcsDriver(EcsSettings(cluster=cluster, subnets=(network[0],), security_groups=(network[1],)),
+                       lock=slow, client=ecs_client(MOTO))
+    with slow(group), pytest.raises(DriverError, match="locked by another caller"):
+        driver.start(group)
+    driver.start(group)  # released: goes through
+    assert driver.worker_count(group) == 1
+
+
+def test_ecs_failures_are_driver_errors_not_crashes(pool: str, redis_client: redis.Redis,
+        network: tuple[str, str]) -> None:
+    driver = make_driver(unique("no_such_cluster"), redis_client, network)
+    group = WorkerGroup(pool, "k")
+    for call in (lambda: driver.start(group), lambda: driver.stop(group),
+                 lambda: driver.list_running(pool), lambda: driver.scale(group, 5)):
+        with pytest.raises(DriverError, match=r"ECS \w+ failed"):
+            call()
+
+
+def test_unknown_task_definition_is_a_driver_error(cluster: str, redis_client: redis.Redis,
+        network: tuple[str, str]) -> None:
+    driver = make_driver(cluster, redis_client, network)
+    with pytest.raises(DriverError, match="run_task failed"):
+        driver.start(WorkerGroup(unique("nodef"), "k"))
+
+
+def test_client_uses_the_standard_retry_mode() -> None:
+    client = ecs_client(MOTO)
+    assert client.meta.config.retries["mode"] == "standard"
+    assert client.meta.config.retries["total_max_attempts"] >= 3
+
+
+def test_key_tags_round_trip_and_refuse_keys_ecs_cannot_hold() -> None:
+    for key in AWKWARD_KEYS:
+        tags = key_tags(key)
+        assert all(len(t["value"]) <= 256 for t in tags)
+        assert all(set(t["value"]) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=")
+                   for t in tags)
+        assert key_from_tags(list(reversed(tags))) == key
+    assert key_from_tags([{"key": f"{TAG_KEY}:1", "value": "eA=="}]) is None  # chunk 0 missing
+    assert key_from_tags([]) is None
+    with pytest.raises(DriverError, match="too long"):
+        key_tags("x" * 20_000)
+
+
+def test_driver_from_env_builds_the_ecs_driver(monkeypatch: pytest.MonkeyPatch, cluster: str, pool: str,
+                                               network: tuple[str, str]) -> None:
+    monkeypatch.setenv("SWITCHYARD_DRIVER", "ecs")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", MOTO)
+    monkeypatch.setenv("SWITCHYARD_ECS_CLUSTER", cluster)
+    monkeypatch.setenv("SWITCHYARD_ECS_SUBNETS", f"{network[0]}, {network[0]}")
+    monkeypatch.setenv("SWITCHYARD_ECS_SECURITY_GROUPS", network[1])
+    monkeypatch.setenv("SWITCHYARD_MAX_WORKERS", "2")
+    driver = driver_from_env()
+    assert isinstance(driver, EcsDriver)
+    assert driver.settings.subnets == (network[0], network[0])
+    assert driver.max_workers == 2
+    driver.start(WorkerGroup(pool, "env"))
+    assert driver.list_running(pool) == {"env"}
+    monkeypatch.delenv("SWITCHYARD_ECS_SUBNETS")
+    with pytest.raises(ConfigError, match="SWITCHYARD_ECS_SUBNETS"):
+        driver_from_env(DriverSettings.from_env())
+
+
+def test_moto_is_the_ecs_under_test() -> None:
+    """Guard: these tests must never reach a real account."""
+    assert boto3.client("ecs", endpoint_url=MOTO, region_name="us-east-1").meta.endpoint_url == MOTO
