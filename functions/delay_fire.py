@@ -19,6 +19,8 @@ def report(outcome: FireOutcome) -> None:
     metrics.add_metric(name="DelayPublishFailures", unit=MetricUnit.Count, value=outcome.publish_failures)
     metrics.add_metric(name="DelayStoreErrors", unit=MetricUnit.Count, value=outcome.store_errors)
     metrics.add_metric(name="DelayMaxTimerLateness", unit=MetricUnit.Milliseconds, value=outcome.max_late_ms)
+    if outcome.overdue >= 0:  # -1: Postgres could not count them
+        metrics.add_metric(name="DelayMessagesOverdue", unit=MetricUnit.Count, value=outcome.overdue)
 
 
 lambda_handler = lambda_handler_for(

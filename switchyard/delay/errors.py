@@ -23,11 +23,19 @@ class InvalidMessageError(DelayError, ValueError):
 
 
 class StoreError(DelayError):
-    """The delay store (Postgres) refused an operation."""
+    """The delay store (Postgres) refused an operation (cause unknown: neither retried nor dropped)."""
 
 
-class StoreUnavailableError(StoreError):
+class TransientStoreError(StoreError):
+    """The operation failed for a reason that passes (deadlock, lock or statement timeout, overload)."""
+
+
+class StoreUnavailableError(TransientStoreError):
     """Postgres could not be reached or dropped the connection; the operation may be retried."""
+
+
+class UnstorableMessageError(StoreError):
+    """Postgres refused a message's own data (a data or integrity error): a retry would fail the same way."""
 
 
 class PublishError(BrokerError, DelayError):

@@ -29,7 +29,12 @@ class DropReason(enum.StrEnum):
     INVALID_DEADLINE = "invalid_deadline"
     """Not UTF-8 or not one of the accepted ISO-8601 forms."""
     INVALID_HEADER_NAME = "invalid_header_name"
-    """Another header's name contains NUL, which Postgres cannot store."""
+    """Another header's name contains NUL or is not valid Unicode (Postgres and Kafka cannot carry it)."""
+    MALFORMED_RECORD = "malformed_record"
+    """The event record itself is broken: a field missing or of the wrong type, bad base64, header
+    bytes out of range, or anything else that fails while reading one record."""
+    UNSTORABLE = "unstorable"
+    """Postgres refused the message's own data (a data or integrity error): retrying cannot help."""
 
 
 @dataclass(frozen=True)
@@ -93,14 +98,28 @@ class Drop:
 
 
 @dataclass(frozen=True)
+class RecordPosition:
+    """Where a record is in the input topic (what a partial batch response names)."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
 class EnqueueOutcome:
-    """What one batch of input records became."""
+    """What one batch of input records became.
+
+    ``failed``: records not stored for a transient reason, to be delivered again (the event source
+    re-delivers each partition from its first failed record); every other record is settled.
+    """
 
     received: int = 0
     enqueued: int = 0
     duplicates: int = 0
     fired_immediately: int = 0
     dropped: tuple[Drop, ...] = field(default=())
+    failed: tuple[RecordPosition, ...] = field(default=())
 
 
 @dataclass
@@ -115,6 +134,7 @@ class FireOutcome:
     released: int = 0
     store_errors: int = 0
     max_late_ms: float = 0.0
+    overdue: int = 0  # at the end of the run: waiting rows due over OVERDUE_AFTER_S ago (-1: unknown)
 
 
 @dataclass(frozen=True)

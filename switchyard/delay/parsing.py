@@ -59,13 +59,22 @@ def parse_deadline(text: str) -> datetime:
         tz = timezone(sign * timedelta(hours=off_h, minutes=off_m))
     try:
         return datetime(year, month, day, hour, minute, second, micros, tzinfo=tz).astimezone(UTC)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:  # OverflowError: 9999-12-31T23:59:59-01:00 is past year 9999
         raise ValueError(f"invalid date-time {text!r}: {exc}") from exc
 
 
 def format_deadline(deadline: datetime) -> str:
     """The canonical form this package writes: UTC with milliseconds and ``Z``."""
     return deadline.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _is_unicode(name: str) -> bool:
+    """False for a name with lone surrogates (JSON can carry them; UTF-8, Postgres and Kafka cannot)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_record(record: InputRecord) -> DelayedMessage:
@@ -108,6 +117,8 @@ def parse_record(record: InputRecord) -> DelayedMessage:
     for name, _ in relayed:
         if "\x00" in name:
             raise InvalidMessageError(DropReason.INVALID_HEADER_NAME.value, f"header {name!r} contains NUL")
+        if not name.isascii() and not _is_unicode(name):
+            raise InvalidMessageError(DropReason.INVALID_HEADER_NAME.value, f"header {name!r} is not UTF-8")
     return DelayedMessage(message_id, deadline, record.key, record.value, tuple(relayed))
 
 

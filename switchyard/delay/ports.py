@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from switchyard.delay.model import DelayedMessage, Header, ReadyMessage, StuckMessage
@@ -23,6 +23,20 @@ class DelayStore(Protocol):
         ...
 
     def ready(self, node_id: str, horizon: timedelta, limit: int) -> list[ReadyMessage]: ...
+
+    def next_deadline(self) -> datetime | None:
+        """The earliest deadline still waiting (None when none): how long an idle node may sleep."""
+        ...
+
+    def overdue(self, before: datetime) -> int:
+        """Waiting rows no node claimed although they were due before ``before`` (the backlog)."""
+        ...
+
+    def wait_enqueued(self, timeout_s: float) -> float | None:
+        """Block up to ``timeout_s`` for new work; the earliest deadline enqueued meanwhile (epoch s)."""
+        ...
+
+    def stop_listening(self) -> None: ...
 
     def delete(self, messages: Sequence[ReadyMessage]) -> set[str]:
         """Delete fired rows; returns the ids deleted (the rest were already gone)."""

@@ -15,6 +15,7 @@ from switchyard.delay.errors import PublishError
 from switchyard.delay.model import Header
 from switchyard.delay.ports import Delivery
 from switchyard.delay.settings import validate_topic
+from switchyard.msk_auth import kafka_security_config
 from switchyard.observability import logger
 
 
@@ -37,6 +38,7 @@ class KafkaPublisher:
             "reconnect.backoff.max.ms": 500,
             "client.id": "switchyard-delay",
             "error_cb": self._on_error,
+            **kafka_security_config(),  # MSK on AWS: IAM (SASL/OAUTHBEARER); locally nothing
         }
         self._producer = Producer(self._config)
 
@@ -81,12 +83,18 @@ class KafkaPublisher:
             except BufferError:
                 self._producer.poll(0.05)  # local queue full: let confirmations drain first
             except KafkaException as exc:
-                if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].fatal():
+                error = exc.args[0] if exc.args else None
+                # After a fatal error, produce() raises _FATAL, whose own fatal() is False.
+                if isinstance(error, KafkaError) and (error.fatal() or error.code() == KafkaError._FATAL):
                     self._fatal = True
                 raise PublishError(f"cannot produce to {self.topic}: {exc}") from exc
 
     def poll(self, timeout_s: float) -> list[Delivery]:
-        self._producer.poll(max(0.0, timeout_s))
+        try:
+            self._producer.poll(max(0.0, timeout_s))
+        except KafkaException as exc:  # a fatal error is raised here too, not only to error_cb
+            logger.error("output producer failed fatally; replacing it", extra={"error": str(exc)})
+            self._fatal = True
         self._replace_if_fatal()
         out, self._deliveries = self._deliveries, []
         return out

@@ -15,7 +15,7 @@ from types import ModuleType
 from switchyard.config import Connections
 from switchyard.delay.enqueue import enqueue_records
 from switchyard.delay.fire import FireLoop
-from switchyard.delay.model import EnqueueOutcome, FireOutcome, InputRecord, SweepOutcome
+from switchyard.delay.model import Drop, EnqueueOutcome, FireOutcome, InputRecord, SweepOutcome
 from switchyard.delay.publisher import KafkaPublisher
 from switchyard.delay.settings import DelaySettings
 from switchyard.delay.store import PostgresDelayStore
@@ -49,7 +49,7 @@ class DelayService:
             self._local.publisher = pub
         return pub
 
-    def enqueue(self, records: Iterable[InputRecord]) -> EnqueueOutcome:
+    def enqueue(self, records: Iterable[InputRecord | Drop]) -> EnqueueOutcome:
         return enqueue_records(records, self.store, self.publisher(), self.settings)
 
     def fire(self, remaining_ms: Callable[[], int]) -> FireOutcome:

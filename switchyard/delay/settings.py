@@ -17,6 +17,19 @@ _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
+# What an application reading the output topic should set on its consumer for low arrival latency,
+# on tansu and on MSK alike (the README quotes this; the benchmark's reader and the demo use it):
+# a fetch returns as soon as one byte is there (fetch.min.bytes 1), an empty fetch waits at most
+# 100 ms on the broker instead of 500, and librdkafka prefetches while the application works.
+OUTPUT_CONSUMER_SETTINGS: dict[str, object] = {
+    "fetch.min.bytes": 1,
+    "fetch.wait.max.ms": 100,
+    "queued.min.messages": 1000,
+    "enable.auto.commit": True,
+    "auto.commit.interval.ms": 1000,
+}
+
+
 def validate_topic(name: str) -> str:
     """Return ``name`` if Kafka would accept it as a topic name, else raise InvalidNameError."""
     if not _TOPIC_RE.match(name) or name in (".", ".."):
@@ -41,6 +54,10 @@ class DelaySettings:
     timing_advance_ms: int = 50
     hold_time_ms: int = 5000
     poll_interval_ms: int = 100
+    # A node with nothing due sleeps until the earliest waiting deadline, or this long at most; an
+    # enqueue wakes it sooner (Postgres NOTIFY), so this only bounds how late rows that no enqueue
+    # announced (reset by failure detection, released by a peer) may be noticed.
+    idle_poll_ms: int = 1000
     failure_detection_interval_ms: int = 500
     ready_batch_size: int = 2000
     publish_timeout_ms: int = 2000
@@ -59,7 +76,7 @@ class DelaySettings:
         validate_schema(self.schema)
         if self.input_topic == self.output_topic:
             raise ConfigError("the delay input and output topics must differ (messages would loop)")
-        for name in ("hold_time_ms", "poll_interval_ms", "failure_detection_interval_ms",
+        for name in ("hold_time_ms", "poll_interval_ms", "idle_poll_ms", "failure_detection_interval_ms",
                      "ready_batch_size", "publish_timeout_ms", "batch_size", "batch_window_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"delay setting {name} must be positive, got {getattr(self, name)}")
@@ -112,6 +129,7 @@ class DelaySettings:
             timing_advance_ms=env_int("SWITCHYARD_DELAY_TIMING_ADVANCE_MS", d.timing_advance_ms),
             hold_time_ms=env_int("SWITCHYARD_DELAY_HOLD_TIME_MS", d.hold_time_ms),
             poll_interval_ms=env_int("SWITCHYARD_DELAY_POLL_INTERVAL_MS", d.poll_interval_ms),
+            idle_poll_ms=env_int("SWITCHYARD_DELAY_IDLE_POLL_MS", d.idle_poll_ms),
             failure_detection_interval_ms=env_int(
                 "SWITCHYARD_DELAY_FAILURE_DETECTION_INTERVAL_MS", d.failure_detection_interval_ms
             ),

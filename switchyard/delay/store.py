@@ -1,21 +1,32 @@
 """Postgres adapter of the DelayStore port: the only module that talks to psycopg.
 
 One autocommit connection per thread (psycopg serialises a shared connection), created lazily and
-re-created after the server drops it. Every driver error leaves here as a StoreError.
+re-created after the server drops it. A connection belongs to its thread: when a thread has ended,
+its connection is closed the next time any thread opens one, so threads that come and go (a fire
+loop's store worker, one per invocation) never pile up backends. Every driver error leaves here as
+a StoreError: StoreUnavailableError (connection lost), TransientStoreError (deadlock, timeouts,
+overload: retry), UnstorableMessageError (the data itself was refused), or plain StoreError.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import psycopg
+from psycopg import sql
 
-from switchyard.delay.errors import StoreError, StoreUnavailableError
+from switchyard.delay.errors import (
+    StoreError,
+    StoreUnavailableError,
+    TransientStoreError,
+    UnstorableMessageError,
+)
 from switchyard.delay.model import DelayedMessage, ReadyMessage, StuckMessage
 from switchyard.delay.parsing import headers_from_json, headers_to_json
 from switchyard.delay.queries import bind_schema, migrations, schema_queries
@@ -33,48 +44,67 @@ class PostgresDelayStore:
         self.schema = validate_schema(schema)
         self.application_name = application_name
         self._q = schema_queries(self.schema)
+        # One channel per schema; hashed because a channel name is an identifier of at most 63 bytes.
+        self.channel = "switchyard_delay_" + hashlib.sha256(self.schema.encode()).hexdigest()[:16]
         self._local = threading.local()
-        self._all: list[psycopg.Connection] = []
-        self._all_lock = threading.Lock()
+        self._owners: dict[psycopg.Connection, threading.Thread] = {}
+        self._owners_lock = threading.Lock()
 
     # -- connections -------------------------------------------------------------------------
 
     def _connection(self) -> psycopg.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None or conn.closed:
+            self._close_orphans()
             conn = psycopg.connect(
                 self.dsn, autocommit=True, connect_timeout=5, application_name=self.application_name
             )
             self._local.conn = conn
-            with self._all_lock:
-                self._all.append(conn)
+            with self._owners_lock:
+                self._owners[conn] = threading.current_thread()
         return conn
+
+    def _close_orphans(self) -> None:
+        """Close the connections of threads that have ended (nobody else may use them)."""
+        with self._owners_lock:
+            orphans = [c for c, thread in self._owners.items() if not thread.is_alive()]
+            for conn in orphans:
+                del self._owners[conn]
+        for conn in orphans:
+            conn.close()
 
     def _discard(self) -> None:
         conn = getattr(self._local, "conn", None)
         self._local.conn = None
         if conn is not None:
+            with self._owners_lock:
+                self._owners.pop(conn, None)
             conn.close()
 
     @contextmanager
     def _session(self) -> Iterator[psycopg.Connection]:
-        """A connection for one operation; driver errors become StoreError / StoreUnavailableError."""
+        """A connection for one operation; driver errors become the StoreError they mean."""
+        conn: psycopg.Connection | None = None
         try:
             conn = self._connection()
             yield conn
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            self._discard()
-            raise StoreUnavailableError(f"postgres unavailable: {exc}".strip()) from exc
         except psycopg.Error as exc:
-            conn = getattr(self._local, "conn", None)
-            if conn is not None and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            lost = conn is None or conn.broken or conn.closed or isinstance(exc, psycopg.InterfaceError)
+            if lost or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 self._discard()
-            raise StoreError(f"postgres error: {exc}".strip()) from exc
+            detail = str(exc).strip()
+            if lost:
+                raise StoreUnavailableError(f"postgres unavailable: {detail}") from exc
+            if isinstance(exc, psycopg.OperationalError):  # deadlock, serialization, timeouts, resources
+                raise TransientStoreError(f"postgres transient error: {detail}") from exc
+            if isinstance(exc, psycopg.DataError | psycopg.IntegrityError):
+                raise UnstorableMessageError(f"postgres refused the data: {detail}") from exc
+            raise StoreError(f"postgres error: {detail}") from exc
 
     def close(self) -> None:
         """Close every connection this store opened, in any thread."""
-        with self._all_lock:
-            conns, self._all = self._all, []
+        with self._owners_lock:
+            conns, self._owners = list(self._owners), {}
         for conn in conns:
             conn.close()
 
@@ -125,12 +155,50 @@ class PostgresDelayStore:
                 conn.execute(self._q["create_staging"])
                 conn._switchyard_staging = True  # type: ignore[attr-defined]
             with conn.transaction(), conn.cursor() as cur:
-                with cur.copy(self._q["copy_staging"]) as copy:
-                    write = copy.write_row
-                    for m in messages:
-                        write((m.id, m.deadline, m.key, m.value, headers_to_json(m.headers)))
+                try:
+                    with cur.copy(self._q["copy_staging"]) as copy:
+                        write = copy.write_row
+                        for m in messages:
+                            write((m.id, m.deadline, m.key, m.value, headers_to_json(m.headers)))
+                except UnicodeError as exc:  # a str psycopg cannot encode (rolled back with the COPY)
+                    raise UnstorableMessageError(f"cannot encode a message for postgres: {exc}") from exc
                 cur.execute(self._q["insert_staged"])
-                return {row[0] for row in cur.fetchall()}
+                inserted = {row[0] for row in cur.fetchall()}
+                cur.execute(self._q["notify_enqueued"], {"channel": self.channel})
+                return inserted
+
+    def next_deadline(self) -> datetime | None:
+        """The earliest deadline of a waiting row, or None when nothing waits."""
+        with self._session() as conn:
+            row = conn.execute(self._q["next_deadline"]).fetchone()
+        return row[0] if row else None
+
+    def overdue(self, before: datetime) -> int:
+        """Waiting, unclaimed rows due before ``before`` (at most 100,000)."""
+        with self._session() as conn:
+            row = conn.execute(self._q["count_overdue"], {"before": before}).fetchone()
+        return int(row[0]) if row else 0
+
+    def wait_enqueued(self, timeout_s: float) -> float | None:
+        """Wait up to ``timeout_s`` for enqueue notifications; the earliest deadline notified (epoch s).
+
+        Listens on this thread's connection (keep it for listening only). A new LISTEN returns 0.0
+        at once: whatever was enqueued before it was not notified to us, so the caller claims now.
+        """
+        with self._session() as conn:
+            if not getattr(conn, "_switchyard_listening", False):
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                conn._switchyard_listening = True  # type: ignore[attr-defined]
+                return 0.0
+            payloads = [n.payload for n in conn.notifies(timeout=timeout_s, stop_after=1)]
+            if payloads:  # take whatever else is already queued without waiting again
+                payloads += [n.payload for n in conn.notifies(timeout=0)]
+        due = [float(p) for p in payloads if p]
+        return min(due) if due else None
+
+    def stop_listening(self) -> None:
+        """Close this thread's (listening) connection: a fire invocation's listener ends with it."""
+        self._discard()
 
     def ready(self, node_id: str, horizon: timedelta, limit: int) -> list[ReadyMessage]:
         params = {"node": uuid.UUID(node_id), "horizon": horizon, "limit": limit}

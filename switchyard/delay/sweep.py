@@ -47,4 +47,4 @@ def run_sweeps(store: DelayStore, settings: DelaySettings, remaining_ms: Callabl
         while time.monotonic() < wake:
             if remaining_ms() <= settings.failure_detection_interval_ms + 500:
                 return SweepOutcome(scans, suspected, reset, errors)
-            time.sleep(min(0.05, max(0.0, wake - time.monotonic())))
+            time.sleep(min(0.25, max(0.0, wake - time.monotonic())))  # checks for stop between

@@ -59,14 +59,25 @@ def in_ms(ms: float) -> datetime:
 
 
 def produce(bootstrap: str, topic: str, messages: list[dict[str, Any]]) -> None:
-    """Publish dicts of key/value/headers and wait for every confirmation."""
+    """Publish dicts of key/value/headers (and partition) and wait for every confirmation."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
     errors: list[Any] = []
     for m in messages:
         producer.produce(topic, key=m.get("key"), value=m.get("value"), headers=m.get("headers"),
+                         partition=m.get("partition", -1),  # -1: the partitioner's choice
                          on_delivery=lambda err, _msg: errors.append(err) if err else None)
         producer.poll(0)
     assert producer.flush(15) == 0 and not errors, errors
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int = 2) -> list[int]:
+    """The group's committed offset of each partition (-1001 where none)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        return [tp.offset for tp in c.committed([TopicPartition(topic, p) for p in range(partitions)],
+                                                timeout=10)]
+    finally:
+        c.close()
 
 
 class OutputReader:

@@ -13,15 +13,18 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 
 from switchyard.config import Connections
 from switchyard.delay.fire import FireLoop
 from switchyard.delay.model import CHRONOS_HEADERS, FireOutcome, SweepOutcome
-from switchyard.delay.runtime import DelayService, LocalRuntime
+from switchyard.delay.runtime import DelayService, LocalRuntime, load_function
 from switchyard.delay.settings import DelaySettings
 from switchyard.delay.store import PostgresDelayStore
 from switchyard.delay.sweep import run_sweeps
+from switchyard.local.functions import scheduled_event
+from switchyard.local.lambda_context import FakeLambdaContext
 from tests.conftest import wait_for
 from tests.delay.conftest import (
     OutputReader,
@@ -122,6 +125,35 @@ def test_two_loops_fire_each_message_once(make_service: ServiceFactory, store: P
     assert sweep.scans > 0 and sweep.reset == 0  # no failure suspected
 
 
+class CountingStore(PostgresDelayStore):
+    """The real store, counting claims: how often an idle node queries."""
+
+    claims = 0
+
+    def ready(self, *args: Any, **kwargs: Any) -> Any:
+        self.claims += 1
+        return super().ready(*args, **kwargs)
+
+
+def test_idle_loop_sleeps_and_an_enqueue_wakes_it(make_service: ServiceFactory, settings: DelaySettings,
+                                                  connections: Connections, output: OutputReader,
+                                                  background: Background) -> None:
+    """Nothing due: no claim every poll interval; a new message is claimed on its notification."""
+    svc = make_service(idle_poll_ms=30_000)
+    counting = CountingStore(connections.postgres_dsn, settings.schema, settings.application_name)
+    counting.insert([message("later", in_ms(60_000))])  # waiting, far beyond the horizon
+    background.start(FireLoop(counting, svc.publisher(), svc.settings, svc.node_id).run)
+    time.sleep(2.0)
+    idle_claims = counting.claims
+    assert 1 <= idle_claims <= 3, idle_claims  # polling every 100 ms would be ~20
+    svc.store.insert([message("soon", in_ms(700))])  # another connection: only the NOTIFY tells the loop
+    started = time.monotonic()
+    assert "soon" in output.wait_for_ids({"soon"}, timeout=15)
+    assert time.monotonic() - started < 10  # long before the 30 s idle poll would have found it
+    background.finish()
+    counting.close()
+
+
 def test_dead_node_rows_are_fired_by_another_after_the_hold_time(
     make_service: ServiceFactory, store: PostgresDelayStore, output: OutputReader, background: Background,
     caplog: pytest.LogCaptureFixture,
@@ -218,3 +250,31 @@ def test_postgres_connections_lost_mid_run_recovers_and_loses_nothing(
     finally:
         local.join()
     assert set(fired) == set(ids)
+
+
+def backends(dsn: str, application_name: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                           (application_name,)).fetchone()
+    return row[0] if row else 0
+
+
+def test_warm_fire_invocations_hold_a_constant_number_of_connections(
+    handler_service: DelayService, settings: DelaySettings, connections: Connections, output: OutputReader,
+) -> None:
+    """A warm Lambda (or a long ``switchyard delay run``) invokes the fire handler again and again."""
+    fire_handler = load_function("fire").lambda_handler
+    timeout_ms = settings.stop_margin_ms + 300  # each invocation loops ~0.3 s, then drains and returns
+    counts = []
+    for n in range(10):
+        handler_service.store.insert([message(f"w{n}", in_ms(100))])
+        context = FakeLambdaContext("delay_fire", timeout_ms)
+        result = fire_handler(scheduled_event("switchyard-delay_fire"), context)
+        assert result["fired"] == 1
+        # A closed connection's server process exits a moment later: let the count settle.
+        wait_for(lambda: backends(connections.postgres_dsn, settings.application_name) <= 2, timeout=5,
+                 what="at most 2 backends")
+        counts.append(backends(connections.postgres_dsn, settings.application_name))
+    assert counts == [counts[0]] * 10 and counts[0] <= 2, counts
+    ids = {f"w{n}" for n in range(10)}
+    assert set(output.wait_for_ids(ids, timeout=10)) == ids

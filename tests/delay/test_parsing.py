@@ -39,6 +39,7 @@ def test_accepted_deadline_formats(text: str, expected: datetime) -> None:
     "", "2022-12-01", "2022-12-01T11:09", "1669892941123", "20221201T110901Z", "2022-W48-4T11:09:01Z",
     "2022-13-01T11:09:01Z", "2022-12-01T25:09:01Z", "2022-12-01T11:09:01+24:00", "tomorrow",
     "2022-12-01T11:09:01,5Z",
+    "9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+00:01",  # valid, but out of range once in UTC
 ])
 def test_rejected_deadline_formats(text: str) -> None:
     with pytest.raises(ValueError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 
@@ -45,6 +45,15 @@ def test_insert_ignores_stored_ids_and_keeps_bytes(store: PostgresDelayStore) ->
     rows = {r.id: r for r in store.ready(str(uuid.uuid4()), timedelta(days=1), 10)}
     assert (rows["a"].key, rows["a"].value, rows["a"].deadline) == (None, b"\x00\xff", first.deadline)
     assert rows["b"].value is None and rows["a"].headers == (("test-id", b"a"),)
+
+
+def test_overdue_counts_waiting_rows_due_before_the_cutoff(store: PostgresDelayStore) -> None:
+    store.insert([message(f"late-{i}", in_ms(-120_000 - i)) for i in range(3)])
+    store.insert([message("recent", in_ms(-1_000)), message("future", in_ms(60_000))])
+    minute_ago = datetime.now(UTC) - timedelta(seconds=60)
+    assert store.overdue(minute_ago) == 3
+    store.ready(str(uuid.uuid4()), timedelta(0), 1)  # a claimed row is being fired, not overdue
+    assert store.overdue(minute_ago) == 2
 
 
 def test_ready_claims_only_due_rows_in_bounded_batches(store: PostgresDelayStore) -> None:
@@ -140,4 +149,26 @@ def test_schema_name_is_an_identifier_not_sql(connections: Connections) -> None:
         assert s.counts() == (0, 0)
     finally:
         s.drop_schema()
+        s.close()
+
+
+def test_an_insert_notifies_listeners_of_its_earliest_deadline(store: PostgresDelayStore,
+                                                                settings: DelaySettings,
+                                                                connections: Connections) -> None:
+    """What wakes an idle fire loop: a NOTIFY at commit, and the earliest waiting deadline."""
+    assert store.next_deadline() is None
+    assert store.wait_enqueued(0.1) == 0.0  # a new LISTEN: whatever came before it was not heard
+    assert store.wait_enqueued(0.1) is None
+    writer = PostgresDelayStore(connections.postgres_dsn, settings.schema)
+    soon, later = in_ms(5_000), in_ms(60_000)
+    writer.insert([message("later", later), message("soon", soon)])
+    assert abs(store.wait_enqueued(5.0) - soon.timestamp()) < 0.001
+    assert store.next_deadline() == soon
+    other = PostgresDelayStore(connections.postgres_dsn, settings.schema + "_other")
+    other.migrate()
+    other.insert([message("elsewhere", in_ms(1_000))])  # another schema: another channel
+    assert store.wait_enqueued(0.3) is None
+    store.stop_listening()
+    other.drop_schema()
+    for s in (writer, other):
         s.close()

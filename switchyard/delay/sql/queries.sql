@@ -48,6 +48,26 @@ SELECT id, deadline, message_key, message_value, message_headers::jsonb FROM pg_
 ON CONFLICT (id) DO NOTHING
 RETURNING id;
 
+-- notify_enqueued --
+-- Wake the fire loops (they LISTEN on the channel) with the earliest deadline just staged, in epoch
+-- seconds; delivered at commit, so a node never wakes for rows it cannot see yet.
+SELECT pg_notify(%(channel)s, extract(epoch FROM min(deadline))::text)
+FROM pg_temp.delay_staging HAVING count(*) > 0;
+
+-- next_deadline --
+-- The earliest waiting deadline: how long a node with nothing due may sleep before claiming again.
+SELECT min(deadline) FROM {schema}.delayed_messages WHERE readied_at IS NULL;
+
+-- count_overdue --
+-- Waiting rows whose deadline passed before %(before)s and that no node has claimed: the backlog a
+-- person should hear about. Counted through the partial index, and capped so a huge backlog costs
+-- a bounded scan.
+SELECT count(*) FROM (
+    SELECT 1 FROM {schema}.delayed_messages
+    WHERE readied_at IS NULL AND deadline < %(before)s
+    LIMIT 100000
+) AS overdue;
+
 -- ready_due --
 -- Phase 1: claim a bounded batch of due rows for this node. SKIP LOCKED lets several nodes run at
 -- once without blocking; the re-check of readied_at IS NULL under the row lock stops double claims.
