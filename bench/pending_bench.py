@@ -1,0 +1,328 @@
+"""Pending request queue benchmark: the library and the HTTP long poll against two raw Redis lists.
+
+Everything runs against a private redis-server (started here, on a free port) so the command
+counts are ours alone. Callers and services are separate processes. Four measurements:
+
+1. round trip, one call at a time: raw lists (caller LPUSH + BRPOP its reply list, service BRPOP +
+   LPUSH) against ``queue_and_wait`` -> ``dequeue`` -> ``apply_response``, alternating in short
+   rounds (load on a shared machine drifts), p50/p99 per side and the median of per-round ratios;
+2. throughput with many services: ``--services`` endpoints served by ``--service-procs``
+   processes, ``--callers`` caller processes with ``--in-flight`` calls each, raw and library;
+3. round trip through HTTP: node B is ``switchyard pending serve``, the polling service is a
+   ``PollingService`` process, the caller a library node in this process;
+4. Redis commands per fast call, from INFO commandstats (client commands and, inside scripts,
+   the commands they ran), the raw baseline's being four.
+
+    .venv/bin/python bench/pending_bench.py                   # about a minute and a half
+    .venv/bin/python bench/pending_bench.py --rounds 6 --seconds 3 --services 100 --callers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.stats import load_average  # noqa: E402
+from switchyard.latency import LatencySummary  # noqa: E402
+from switchyard.pending import PendingQueue, PendingSettings  # noqa: E402
+from switchyard.pending.client import PollingService  # noqa: E402
+from tests.pending.conftest import PrivateRedis, free_port  # noqa: E402
+
+TOKEN = "bench-token"
+RAW = "raw"  # key prefix of the baseline's lists
+
+
+def bench_settings(url: str, prefix: str) -> PendingSettings:
+    from switchyard.config import Connections
+
+    return PendingSettings(prefix=prefix, connections=Connections(redis_url=url), redis_connections=256)
+
+
+def endpoints(count: int, proc: int = 0, procs: int = 1) -> list[str]:
+    return [f"svc{i}" for i in range(count) if i % procs == proc]
+
+
+# ------------------------------------------------------------------ processes
+
+
+def serve_library(url: str, prefix: str, names: list[str], pollers: int) -> None:
+    with PendingQueue(bench_settings(url, prefix)) as node:
+        def loop(endpoint: str) -> None:
+            while True:
+                request = node.dequeue(endpoint, 30)
+                if request is not None:
+                    node.apply_response(request, request.body)
+
+        for name in names:
+            for _ in range(pollers):
+                threading.Thread(target=loop, args=(name,), daemon=True).start()
+        print("ready", flush=True)
+        threading.Event().wait()
+
+
+def raw_client(url: str, connections: int = 16) -> redis.Redis:
+    """Blocking pops wait longer than redis-py's default 5 s socket timeout."""
+    return redis.Redis.from_url(url, max_connections=connections, socket_timeout=None)
+
+
+def serve_raw(url: str, names: list[str], pollers: int) -> None:
+    client = raw_client(url, len(names) * pollers + 8)
+
+    def loop(endpoint: str) -> None:
+        while True:
+            item = client.brpop([f"{RAW}:{endpoint}"], timeout=30)
+            if item is not None:
+                reply_to, _, body = item[1].partition(b" ")
+                client.lpush(reply_to, body)
+
+    for name in names:
+        for _ in range(pollers):
+            threading.Thread(target=loop, args=(name,), daemon=True).start()
+    print("ready", flush=True)
+    threading.Event().wait()
+
+
+def serve_http(url: str, names: list[str], pollers: int) -> None:
+    services = [PollingService(url, name, TOKEN, lambda request: request.body, concurrency=pollers).start()
+                for name in names]
+    print("ready", flush=True)
+    threading.Event().wait()
+    for service in services:
+        service.stop()
+
+
+class RawCaller:
+    """The baseline's caller: LPUSH the request with its reply list's name, BRPOP the reply."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.local = threading.local()
+
+    def call(self, endpoint: str, body: str) -> bytes:
+        reply_to = getattr(self.local, "reply_to", None)
+        if reply_to is None:
+            reply_to = self.local.reply_to = f"{RAW}:reply:{uuid.uuid4().hex}"
+        self.client.lpush(f"{RAW}:{endpoint}", f"{reply_to} {body}".encode())
+        return self.client.brpop([reply_to], timeout=30)[1]
+
+
+def caller_process(side: str, url: str, prefix: str, names: list[str], in_flight: int,
+                   seconds: float) -> None:
+    """Run ``in_flight`` callers for ``seconds``; print calls completed and their latencies."""
+    if side == "raw":
+        call: Callable[[str, str], object] = RawCaller(raw_client(url, in_flight + 8)).call
+        node = None
+    else:
+        node = PendingQueue(bench_settings(url, prefix)).start()
+        call = node.queue_and_wait
+    latencies: list[float] = []
+    lock = threading.Lock()
+    sys.stdin.readline()  # all caller processes start together
+    deadline = time.perf_counter() + seconds
+
+    def worker(index: int) -> None:
+        mine = []
+        endpoint = names[index % len(names)]
+        while (now := time.perf_counter()) < deadline:
+            call(endpoint, "x")
+            mine.append(time.perf_counter() - now)
+        with lock:
+            latencies.extend(mine)
+
+    with ThreadPoolExecutor(in_flight) as pool:
+        list(pool.map(worker, range(in_flight)))
+    print(json.dumps(latencies), flush=True)
+    if node is not None:
+        node.close()
+
+
+# ------------------------------------------------------------------- harness
+
+
+class Procs:
+    """Child processes of this benchmark; all killed at the end."""
+
+    def __init__(self) -> None:
+        self.children: list[subprocess.Popen] = []
+
+    def start(self, *args: str, ready: bool = True, stdin: bool = False) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "POWERTOOLS_METRICS_DISABLED": "true"}
+        proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, text=True,
+                                stdin=subprocess.PIPE if stdin else None)
+        self.children.append(proc)
+        if ready:
+            line = proc.stdout.readline()
+            if "ready" not in line and "serving" not in line:
+                raise SystemExit(f"{args} did not start: {line!r}")
+        return proc
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        proc.kill()
+        proc.wait(10)
+        self.children.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in list(self.children):
+            self.stop(proc)
+
+
+def sequential(call: Callable[[], object], seconds: float) -> list[float]:
+    latencies = []
+    deadline = time.perf_counter() + seconds
+    while (now := time.perf_counter()) < deadline:
+        call()
+        latencies.append(time.perf_counter() - now)
+    return latencies
+
+
+def throughput(procs: Procs, side: str, url: str, prefix: str, names: list[str], callers: int,
+               in_flight: int, seconds: float) -> dict[str, float]:
+    me = str(Path(__file__).resolve())
+    children = [procs.start(me, "_callers", side, url, prefix, ",".join(names), str(in_flight), str(seconds),
+                            ready=False, stdin=True) for _ in range(callers)]
+    time.sleep(3 if side == "library" else 1)  # nodes started and subscribed
+    for child in children:
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    latencies: list[float] = []
+    for child in children:
+        latencies.extend(json.loads(child.stdout.readline()))
+        procs.stop(child)
+    summary = LatencySummary.of(latencies)
+    return {"calls_per_s": round(len(latencies) / seconds), "p50_ms": round(summary.p50_ms, 2),
+            "p99_ms": round(summary.p99_ms, 2)}
+
+
+def command_counts(client: redis.Redis, calls: int, do_call: Callable[[], object]) -> dict[str, float]:
+    client.config_resetstat()
+    for _ in range(calls):
+        do_call()
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): round(value["calls"] / calls, 2) for name, value in stats.items()
+            if name not in ("cmdstat_config", "cmdstat_info")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4, help="alternating raw/library rounds (sequential)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of each round")
+    parser.add_argument("--services", type=int, default=100)
+    parser.add_argument("--service-procs", type=int, default=2)
+    parser.add_argument("--pollers", type=int, default=2, help="pollers per service")
+    parser.add_argument("--callers", type=int, default=2, help="caller processes (throughput)")
+    parser.add_argument("--in-flight", type=int, default=100, help="concurrent calls per caller process")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+
+    import tempfile
+
+    me = str(Path(__file__).resolve())
+    results: dict[str, object] = {"load_average_before": load_average()}
+    with tempfile.TemporaryDirectory() as workdir:
+        server = PrivateRedis(Path(workdir))
+        server.start()
+        procs = Procs()
+        try:
+            url, prefix = server.url, f"bench{uuid.uuid4().hex[:6]}"
+            client = server.client()
+            names = endpoints(args.services)
+
+            # 1. sequential round trip, raw vs library, alternating rounds
+            raw_service = procs.start(me, "_raw_service", url, "svc0", "1")
+            lib_service = procs.start(me, "_service", url, prefix, "svc0", "1")
+            raw = RawCaller(raw_client(url))
+            with PendingQueue(bench_settings(url, prefix)) as node:
+                raw_all, lib_all, ratios = [], [], []
+                sequential(lambda: raw.call("svc0", "x"), 0.5)  # warm up both
+                sequential(lambda: node.queue_and_wait("svc0", "x"), 0.5)
+                for _ in range(args.rounds):
+                    r = sequential(lambda: raw.call("svc0", "x"), args.seconds)
+                    lib = sequential(lambda: node.queue_and_wait("svc0", "x"), args.seconds)
+                    raw_all += r
+                    lib_all += lib
+                    ratios.append(statistics.median(lib) / statistics.median(r))
+                results["sequential"] = {
+                    "raw_lists": asdict(LatencySummary.of(raw_all)),
+                    "library": asdict(LatencySummary.of(lib_all)),
+                    "p50_ratio_per_round": [round(x, 2) for x in ratios],
+                    "p50_ratio_median": round(statistics.median(ratios), 2),
+                    "raw_calls_per_s_one_at_a_time": round(len(raw_all) / (args.rounds * args.seconds)),
+                    "library_calls_per_s_one_at_a_time": round(len(lib_all) / (args.rounds * args.seconds)),
+                }
+                # 4. commands per fast call (the service node polls svc0 with one poller)
+                results["commands_per_call"] = {
+                    "library": command_counts(client, 200, lambda: node.queue_and_wait("svc0", "x")),
+                    "raw_lists": command_counts(client, 200, lambda: raw.call("svc0", "x")),
+                }
+            procs.stop(raw_service)
+            procs.stop(lib_service)
+
+            # 2. throughput with many services
+            service_args = [(",".join(endpoints(args.services, i, args.service_procs))) for i in
+                            range(args.service_procs)]
+            raw_services = [procs.start(me, "_raw_service", url, n, str(args.pollers)) for n in service_args]
+            results["throughput_raw_lists"] = throughput(procs, "raw", url, prefix, names, args.callers,
+                                                         args.in_flight, args.seconds * 2)
+            for p in raw_services:
+                procs.stop(p)
+            lib_services = [procs.start(me, "_service", url, prefix, n, str(args.pollers))
+                            for n in service_args]
+            results["throughput_library"] = throughput(procs, "library", url, prefix, names, args.callers,
+                                                       args.in_flight, args.seconds * 2)
+            for p in lib_services:
+                procs.stop(p)
+            results["throughput_setup"] = {"services": args.services, "service_procs": args.service_procs,
+                                           "pollers_per_service": args.pollers, "caller_procs": args.callers,
+                                           "in_flight_per_caller": args.in_flight}
+
+            # 3. through HTTP: node B serves, a polling service process, the caller here
+            port = free_port()
+            env = {"SWITCHYARD_REDIS_URL": url, "SWITCHYARD_PENDING_PREFIX": prefix,
+                   "SWITCHYARD_PENDING_TOKENS": json.dumps({"svc0": TOKEN})}
+            os.environ.update(env)
+            procs.start("-m", "switchyard", "pending", "serve", "--port", str(port))
+            procs.start(me, "_http_service", f"http://127.0.0.1:{port}", "svc0", "1")
+            with PendingQueue(bench_settings(url, prefix)) as node:
+                sequential(lambda: node.queue_and_wait("svc0", "x"), 0.5)
+                http = sequential(lambda: node.queue_and_wait("svc0", "x"), args.seconds * 2)
+            results["http_long_poll_sequential"] = asdict(LatencySummary.of(http))
+        finally:
+            procs.stop_all()
+            server.stop()
+    results["load_average_after"] = load_average()
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
+        role, rest = sys.argv[1], sys.argv[2:]
+        if role == "_service":
+            serve_library(rest[0], rest[1], rest[2].split(","), int(rest[3]))
+        elif role == "_raw_service":
+            serve_raw(rest[0], rest[1].split(","), int(rest[2]))
+        elif role == "_http_service":
+            serve_http(rest[0], rest[1].split(","), int(rest[2]))
+        elif role == "_callers":
+            caller_process(rest[0], rest[1], rest[2], rest[3].split(","), int(rest[4]), float(rest[5]))
+        raise SystemExit(0)
+    raise SystemExit(main())

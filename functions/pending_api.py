@@ -1,0 +1,25 @@
+"""Pending request queue, node API: the Lambda behind API Gateway (REST) that polling services long-poll.
+
+The same Powertools resolver ``switchyard pending serve`` runs locally; this execution environment
+is one node (its pub/sub listener wakes long polls). Importing opens no connection: the node
+starts on the first invocation (so a cold start's init phase, and the layer import check, never
+wait on Redis). Tokens per endpoint come from the Secrets Manager secret
+``SWITCHYARD_PENDING_TOKENS_SECRET_ARN``; Redis is the deployment's ElastiCache.
+"""
+
+from typing import Any
+
+from switchyard.observability import logger, metrics, tracer
+from switchyard.pending.api import TokenStore, build_app
+from switchyard.pending.queue import PendingQueue
+
+queue = PendingQueue()
+app = build_app(queue, TokenStore.from_env())
+
+
+@metrics.log_metrics
+@tracer.capture_lambda_handler
+@logger.inject_lambda_context(correlation_id_path="requestContext.requestId")
+def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    queue.start()  # once per environment; later calls return at once
+    return app.resolve(event, context)

@@ -1,0 +1,39 @@
+"""The pending request queue (seed 002): RPC from any node to polling services, through Redis."""
+
+from switchyard.pending.errors import (
+    CancelledError,
+    DataLossError,
+    MessageTooLargeError,
+    PendingError,
+    PickupTimeoutError,
+    ProcessorLostError,
+    QueueUnavailableError,
+    RemoteError,
+)
+from switchyard.pending.queue import (
+    CancelToken,
+    Delivery,
+    PendingQueue,
+    PendingRequest,
+    ProcessorBeat,
+    Response,
+)
+from switchyard.pending.settings import PendingSettings
+
+__all__ = [
+    "CancelToken",
+    "CancelledError",
+    "DataLossError",
+    "Delivery",
+    "MessageTooLargeError",
+    "PendingError",
+    "PendingQueue",
+    "PendingRequest",
+    "PendingSettings",
+    "PickupTimeoutError",
+    "ProcessorBeat",
+    "ProcessorLostError",
+    "QueueUnavailableError",
+    "RemoteError",
+    "Response",
+]

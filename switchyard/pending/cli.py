@@ -1,0 +1,126 @@
+"""``switchyard pending serve|call|status|echo``: the pending request queue from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from switchyard.local.cli import quiet_metrics
+    from switchyard.local.http_gateway import HttpGateway
+    from switchyard.pending.api import TokenStore, build_app
+    from switchyard.pending.queue import PendingQueue
+
+    quiet_metrics()
+    tokens = TokenStore.from_env()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    queue = PendingQueue().start()
+    gateway = HttpGateway(build_app(queue, tokens), host=args.host, port=args.port, threads=args.threads,
+                          function_name="pending-api").start()
+    try:
+        print(f"pending node {queue.node_id} serving polling services on {gateway.url} "
+              f"(long poll up to {queue.settings.http_poll_wait_s:g} s); Ctrl-C to stop", flush=True)
+        if not tokens.endpoints():
+            print("warning: no endpoint tokens (SWITCHYARD_PENDING_TOKENS): every endpoint answers 404",
+                  file=sys.stderr, flush=True)
+        stop.wait()
+    finally:
+        queue.close()  # first: open long polls end now (204) instead of at their wait
+        gateway.stop()
+    return 0
+
+
+def _parse_body(raw: str) -> object:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw  # plain text is sent as a JSON string
+
+
+def _call(args: argparse.Namespace) -> int:
+    from switchyard.pending.queue import CancelToken, PendingQueue
+
+    cancel = CancelToken()
+    if args.timeout:
+        cancel.cancel_after(args.timeout)
+    with PendingQueue() as queue:
+        started = time.monotonic()
+        response = queue.queue_and_wait(args.endpoint, _parse_body(args.body), cancel=cancel,
+                                        pickup_timeout=args.pickup_timeout)
+        json.dump({"body": response.body, "streams": [s.to_json() for s in response.streams],
+                   "elapsed_ms": round((time.monotonic() - started) * 1000, 1)}, sys.stdout)
+        print()
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from switchyard.pending.queue import PendingQueue
+
+    queue = PendingQueue()  # no background threads: status only reads
+    endpoints = queue.status()
+    if args.json:
+        json.dump(endpoints, sys.stdout, indent=2)
+        print()
+        return 0
+    if not endpoints:
+        print("no pending requests")
+        return 0
+    print(f"{'endpoint':30} {'waiting':>8} {'queued':>7} {'taken':>6} {'answered':>9} {'oldest':>9}")
+    for name, e in endpoints.items():
+        print(f"{name:30} {e['waiting']:>8} {e['queued']:>7} {e['taken']:>6} {e['answered']:>9} "
+              f"{e['oldest_age_s']:>8.1f}s")
+    return 0
+
+
+def _echo(args: argparse.Namespace) -> int:
+    from switchyard.pending.client import PollingService
+
+    service = PollingService(args.url, args.endpoint, args.token, lambda request: {"echo": request.body},
+                             concurrency=args.concurrency)
+    print(f"echo service polling {args.url} for endpoint {args.endpoint!r}; Ctrl-C to stop", flush=True)
+    service.run_forever()
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``pending`` and its subcommands to the ``switchyard`` command line."""
+    pending = subparsers.add_parser(
+        "pending", help="pending request queue: RPC to polling services through Redis (seed 002)",
+        description="Pending request queue. Configuration: SWITCHYARD_PENDING_* variables (see README).")
+    pending.set_defaults(func=lambda _args: pending.print_help() or 2)
+    sub = pending.add_subparsers(dest="pending_command", metavar="SUBCOMMAND")
+
+    serve = sub.add_parser("serve", help="a node: the HTTP long-poll API for polling services",
+                           description="Serve the node API (the Lambda's resolver) on HOST:PORT. Tokens: "
+                                       'SWITCHYARD_PENDING_TOKENS=\'{"endpoint": "token"}\'.')
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--threads", type=int, default=512, help="long polls that can wait at once")
+    serve.set_defaults(func=_serve)
+
+    call = sub.add_parser("call", help="send one request to an endpoint and print the response",
+                          description="QueueAndWait from this process (a caller node).")
+    call.add_argument("--endpoint", required=True)
+    call.add_argument("--body", default="null", help="JSON (plain text is sent as a string)")
+    call.add_argument("--pickup-timeout", type=float, help="seconds (SWITCHYARD_PENDING_PICKUP_TIMEOUT)")
+    call.add_argument("--timeout", type=float, help="cancel the call after this many seconds")
+    call.set_defaults(func=_call)
+
+    status = sub.add_parser("status", help="queue depth, in-flight requests and oldest age per endpoint")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=_status)
+
+    echo = sub.add_parser("echo", help="a polling service that answers {'echo': body} (for trying it out)")
+    echo.add_argument("--url", default="http://127.0.0.1:8765")
+    echo.add_argument("--endpoint", required=True)
+    echo.add_argument("--token", required=True)
+    echo.add_argument("--concurrency", type=int, default=4)
+    echo.set_defaults(func=_echo)
+

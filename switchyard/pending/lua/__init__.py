@@ -1,0 +1,1 @@
+"""Lua scripts of the pending request queue (each one multi-step Redis change, atomic)."""

@@ -1,0 +1,805 @@
+"""The pending request queue on Redis: RPC from any node to a polling service connected to one node.
+
+One ``PendingQueue`` per process (a node). A caller anywhere runs ``queue_and_wait(endpoint, ...)``;
+the node a polling service is connected to runs ``dequeue(endpoint)`` for it and, once the service
+answered, ``apply_response(...)``. The request moves through Redis; see the README's "Pending
+request queue" section and the Lua scripts in ``switchyard/pending/lua/`` for the key layout.
+
+Better than Halibut's (seed 002):
+
+* every multi-step change is one Lua script (enqueue, take, respond, heartbeat, withdraw): a crash
+  between two steps never leaves a key without a TTL or a request nobody owns, and a take retried
+  after a lost reply gets the same request back (take id);
+* one pub/sub connection per node instead of subscriptions per request: the node channel brings
+  responses (with the response inside, so no read) and cancellations; a pulse channel per polled
+  endpoint wakes one waiting poller per request;
+* heartbeats are timestamps in the request's state written by Lua with Redis's clock: one command
+  per interval both beats and checks the other side, the caller's beat is also its pickup check
+  and response poll, and a lost pub/sub message cannot look like a dead node;
+* the fast-RPC shortcut: nothing periodic happens before ``heartbeat_initial_delay_s``, so a quick
+  call costs four commands (enqueue, take, respond, unlink);
+* redis-py's own Retry repeats every command for the retry window (30 s, 1 s apart).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from importlib import resources
+from typing import Any, BinaryIO
+
+import redis
+
+from switchyard.observability import emit_gauge
+from switchyard.pending.errors import (
+    CancelledError,
+    DataLossError,
+    MessageTooLargeError,
+    PendingError,
+    PickupTimeoutError,
+    ProcessorLostError,
+    QueueUnavailableError,
+    RemoteError,
+)
+from switchyard.pending.settings import PendingSettings, check_endpoint, connect_pending_redis
+from switchyard.pending.storage import StreamRef, StreamStore, store_from_uri
+
+logger = logging.getLogger(__name__)
+
+ID_LENGTH = 32  # uuid4().hex: request ids are fixed-length, so node-channel messages need no parsing
+RESPONSE_MESSAGE = b"r"  # node channel: b"r" + id + b"\n" + response JSON
+CANCEL_MESSAGE = b"c"  # node channel: b"c" + id
+LISTENER_TICK_S = 0.05  # how soon the listener applies a new endpoint subscription
+# Metrics (Count, dimension Endpoint; the CDK alarms watch them). Data loss has no endpoint.
+METRIC_PICKUP_TIMEOUTS = "PendingPickupTimeouts"
+METRIC_PROCESSORS_LOST = "PendingProcessorsLost"
+METRIC_UNDELIVERED = "PendingResponsesUndelivered"  # abandoned / cancelled / gone
+METRIC_DATA_LOSS = "PendingDataLossEvents"
+
+
+def _count(metric: str, endpoint: str = "*") -> None:
+    emit_gauge(metric, 1, "Endpoint", endpoint)
+
+
+class Delivery(StrEnum):
+    """What ``apply_response`` did (the values respond.lua returns)."""
+
+    DELIVERED = "delivered"
+    CANCELLED = "cancelled"  # the caller cancelled: the response was dropped
+    ABANDONED = "abandoned"  # the caller stopped heartbeating: the response was dropped
+    GONE = "gone"  # no such request in Redis (data loss, or it expired)
+    NOT_TAKER = "not_taker"  # this take no longer holds the request
+
+
+class CancelToken:
+    """A cancellation signal with a reason; callbacks run once, on the cancelling thread."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[str], None]] = []
+        self.reason: str | None = None
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self.reason = reason
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(reason)
+
+    def cancel_after(self, seconds: float, reason: str = "timed out") -> threading.Timer:
+        """Cancel in ``seconds`` unless cancelled before (a call deadline)."""
+        timer = threading.Timer(seconds, self.cancel, args=(f"{reason} after {seconds:g} s",))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def is_cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def on_cancel(self, callback: Callable[[str], None]) -> None:
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self.reason or "cancelled")
+
+    def remove(self, callback: Callable[[str], None]) -> None:
+        """Forget a callback (a call that ended): one token may serve many calls."""
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+
+@dataclass
+class PendingRequest:
+    """A request a processing node took; answer it with ``apply_response``."""
+
+    id: str
+    endpoint: str
+    take_id: str
+    body: Any
+    streams: list[StreamRef]
+    caller: str
+    enqueued_at_ms: int
+    cancel: CancelToken = field(default_factory=CancelToken, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """What the HTTP long poll hands a polling service."""
+        return {"id": self.id, "take": self.take_id, "body": self.body,
+                "streams": [s.to_json() for s in self.streams], "enqueued_at_ms": self.enqueued_at_ms}
+
+
+@dataclass(frozen=True)
+class Response:
+    """A successful response: its JSON body and stream references (read them from the store)."""
+
+    body: Any
+    streams: list[StreamRef]
+
+
+@dataclass(frozen=True)
+class ProcessorBeat:
+    """What a processor's heartbeat learned: whether to stop working on the request, and why."""
+
+    cancelled: bool
+    reason: str | None = None
+
+
+@dataclass
+class _Call:
+    id: str
+    endpoint: str
+    event: threading.Event = field(default_factory=threading.Event)
+    response: bytes | None = None
+    error: PendingError | None = None
+    recheck: bool = False
+    taken: bool = False
+    cancel_reason: str | None = None
+
+
+@dataclass
+class _Tracked:
+    request: PendingRequest
+    next_beat: float
+
+
+class _Waiters:
+    """Pollers of one endpoint waiting for a pulse; each pulse wakes one of them."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.generation = 0
+        self.empty_at = -1  # the generation at which a take last found the list empty
+        self.subscribed = threading.Event()
+
+    def pulse(self, everyone: bool = False) -> None:
+        with self.cond:
+            self.generation += 1
+            if everyone:
+                self.cond.notify_all()
+            else:
+                self.cond.notify(1)
+
+    def wait_for_pulse(self, seen: int, timeout: float) -> None:
+        with self.cond:
+            if self.generation == seen:
+                self.cond.wait(timeout)
+
+
+def _script(client: redis.Redis, name: str) -> Any:
+    return client.register_script(resources.files("switchyard.pending.lua").joinpath(name).read_text())
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class PendingQueue:
+    """One node of the pending request queue (caller side and processing side)."""
+
+    def __init__(
+        self,
+        settings: PendingSettings | None = None,
+        *,
+        client: redis.Redis | None = None,
+        store: StreamStore | None = None,
+        node_id: str | None = None,
+        on_step: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings or PendingSettings.from_env()
+        self.client = client or connect_pending_redis(self.settings)
+        self.store = store if store is not None else store_from_uri(
+            self.settings.store, self.settings.connections.aws_endpoint_url)
+        self.node_id = node_id or uuid.uuid4().hex
+        self._on_step = on_step
+        prefix = self.settings.prefix
+        self.node_channel_prefix = f"{prefix}:node:"
+        self.node_channel = f"{self.node_channel_prefix}{self.node_id}"
+        self._guard_key = f"{prefix}:guard:{self.node_id}"
+        self._guard_token = uuid.uuid4().hex
+        self._enqueue = _script(self.client, "enqueue.lua")
+        self._take = _script(self.client, "take.lua")
+        self._respond = _script(self.client, "respond.lua")
+        self._heartbeat = _script(self.client, "heartbeat.lua")
+        self._withdraw = _script(self.client, "withdraw.lua")
+        self._lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._unlinks: list[str] = []
+        self._unlink_wake = threading.Event()
+        self._calls: dict[str, _Call] = {}
+        self._tracked: dict[str, _Tracked] = {}
+        self._waiters: dict[str, _Waiters] = {}
+        self._subscribe_queue: list[str] = []
+        self._node_ready = threading.Event()
+        self._closed = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._guard_set_at: float | None = None  # wall-clock time the guard was last set
+        self.data_loss_events = 0
+
+    # ------------------------------------------------------------------ keys
+
+    def key_tag(self, endpoint: str) -> str:
+        """Every key of one endpoint shares this Redis Cluster hash tag (one slot per endpoint)."""
+        return f"{self.settings.prefix}:{{{check_endpoint(endpoint)}}}"
+
+    def state_key(self, endpoint: str, request_id: str) -> str:
+        return f"{self.key_tag(endpoint)}:r:{request_id}"
+
+    def pending_key(self, endpoint: str) -> str:
+        return f"{self.key_tag(endpoint)}:pending"
+
+    def take_key(self, endpoint: str, take_id: str) -> str:
+        return f"{self.key_tag(endpoint)}:t:{take_id}"
+
+    def pulse_channel(self, endpoint: str) -> str:
+        return f"{self.settings.prefix}:pulse:{endpoint}"
+
+    # ------------------------------------------------------------- lifecycle
+
+    def start(self) -> PendingQueue:
+        """Subscribe the node channel, start the data-loss watch; ready for calls when it returns.
+        Starting a started node does nothing (the Lambda handler calls this on every invocation)."""
+        with self._start_lock:
+            if self._threads:
+                return self
+            self._redis(self._check_guard)  # sets the guard (first check)
+            threads = ((self._listen, "listener"), (self._watch, "watchdog"), (self._reap, "reaper"))
+            for target, name in threads:
+                thread = threading.Thread(target=target, name=f"pending-{name}-{self.node_id[:8]}",
+                                          daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            if not self._node_ready.wait(self.settings.retry_window_s):
+                raise QueueUnavailableError("could not subscribe this node's channel within the retry window")
+        return self
+
+    def close(self) -> None:
+        """Stop the background threads; in-flight calls fail, taken requests are cancelled."""
+        self._closed.set()
+        with self._lock:
+            calls, tracked = list(self._calls.values()), list(self._tracked.values())
+        for call in calls:
+            call.error = call.error or PendingError("the pending queue was closed")
+            call.event.set()
+        for item in tracked:
+            item.request.cancel.cancel("the pending queue was closed")
+        for waiters in list(self._waiters.values()):
+            waiters.pulse(everyone=True)
+        self._unlink_wake.set()  # the reaper unlinks what is left, then ends
+        for thread in self._threads:
+            thread.join(5)
+        self._threads.clear()
+
+    def __enter__(self) -> PendingQueue:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _step(self, name: str) -> None:
+        if self._on_step is not None:
+            self._on_step(name)
+
+    @staticmethod
+    def _redis(operation: Callable[[], Any]) -> Any:
+        """Run a Redis operation (redis-py already retried it for the window); map its failure."""
+        try:
+            return operation()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise QueueUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
+
+    # ------------------------------------------------------------ messages
+
+    def _encode(self, message: dict[str, Any], what: str) -> bytes:
+        try:
+            raw = json.dumps(message, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{what} body is not JSON-serialisable: {exc}") from exc
+        if len(raw) > self.settings.max_message_bytes:
+            raise MessageTooLargeError(
+                f"{what} is {len(raw)} bytes, over SWITCHYARD_PENDING_MAX_MESSAGE_BYTES="
+                f"{self.settings.max_message_bytes}; send large data as streams")
+        return raw
+
+    def _store_streams(self, streams: Mapping[str, bytes | BinaryIO] | None) -> list[StreamRef]:
+        if not streams:
+            return []
+        if self.store is None:
+            raise PendingError("streams need a store: set SWITCHYARD_PENDING_STORE")
+        return [self.store.put(name, data) for name, data in streams.items()]
+
+    @staticmethod
+    def _decode_response(request_id: str, raw: bytes) -> Response:
+        try:
+            message = json.loads(raw)
+            ok = bool(message["ok"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PendingError(f"request {request_id}: unreadable response {raw[:200]!r}") from exc
+        if not ok:
+            raise RemoteError(f"request {request_id}: the service failed: {message.get('error')}")
+        return Response(message.get("body"), [StreamRef.from_json(s) for s in message.get("streams") or []])
+
+    # ---------------------------------------------------------- caller side
+
+    def queue_and_wait(
+        self,
+        endpoint: str,
+        body: Any = None,
+        *,
+        streams: Mapping[str, bytes | BinaryIO] | None = None,
+        pickup_timeout: float | None = None,
+        cancel: CancelToken | None = None,
+    ) -> Response:
+        """Send ``body`` (JSON) to the polling service of ``endpoint``; block until it answers.
+
+        Raises PickupTimeoutError, ProcessorLostError, DataLossError, CancelledError (``cancel``
+        fired), RemoteError (the service failed) or QueueUnavailableError.
+        """
+        if not self._threads:
+            raise PendingError("start() the PendingQueue before calling")
+        check_endpoint(endpoint)
+        s = self.settings
+        refs = self._store_streams(streams)
+        try:
+            message = self._encode({"body": body, "streams": [r.to_json() for r in refs]}, "request")
+            return self._call(endpoint, message, pickup_timeout or s.pickup_timeout_s, cancel)
+        finally:
+            for ref in refs:
+                self._delete_stream(ref)
+
+    def _delete_stream(self, ref: StreamRef) -> None:
+        try:
+            self.store.delete(ref)  # type: ignore[union-attr]
+        except Exception:  # a leftover stream is the store's lifecycle rule's to expire
+            logger.warning("could not delete stream %s", ref.id, exc_info=True)
+
+    def _call(self, endpoint: str, message: bytes, pickup_timeout: float,
+              cancel: CancelToken | None) -> Response:
+        s = self.settings
+        call = _Call(uuid.uuid4().hex, endpoint)
+        state_key = self.state_key(endpoint, call.id)
+        with self._lock:
+            self._calls[call.id] = call
+
+        def on_cancel(reason: str) -> None:
+            call.cancel_reason = reason
+            call.event.set()
+
+        if cancel is not None:
+            cancel.on_cancel(on_cancel)
+        try:
+            self._step("before_enqueue")
+            self._redis(lambda: self._enqueue(
+                keys=[state_key, self.pending_key(endpoint)],
+                args=[call.id, message, self.node_id, _ms(pickup_timeout + s.request_ttl_extra_s),
+                      _ms(s.pending_list_ttl_s), self.pulse_channel(endpoint)]))
+            self._step("enqueued")
+            started = time.monotonic()
+            pickup_deadline: float | None = started + pickup_timeout
+            next_beat = started + s.heartbeat_initial_delay_s
+            while True:
+                wake_at = min(next_beat, pickup_deadline or next_beat)
+                call.event.wait(max(0.0, wake_at - time.monotonic()))
+                call.event.clear()
+                if call.response is not None:
+                    return self._collect(call, state_key, call.response)
+                if call.error is not None:
+                    raise call.error
+                if call.cancel_reason is not None:
+                    return self._withdraw_call(call, state_key, "cancel")
+                now = time.monotonic()
+                if pickup_deadline is not None and now >= pickup_deadline:
+                    pickup_deadline = None
+                    answer = self._withdraw_call(call, state_key, "timeout")
+                    if answer is not None:
+                        return answer
+                if call.recheck or now >= next_beat:
+                    call.recheck = False
+                    next_beat = now + s.heartbeat_interval_s
+                    answer = self._caller_beat(call, state_key)
+                    if answer is not None:
+                        return answer
+                    if call.taken:
+                        pickup_deadline = None
+        finally:
+            with self._lock:
+                self._calls.pop(call.id, None)
+            if cancel is not None:
+                cancel.remove(on_cancel)
+
+    def _collect(self, call: _Call, state_key: str, raw: bytes) -> Response:
+        """The call has its response: the answered state is unlinked off the caller's path (the
+        reaper pipelines them); if this process dies first, the state's response TTL removes it."""
+        self._step("before_collect")
+        with self._lock:
+            self._unlinks.append(state_key)
+        self._unlink_wake.set()
+        self._step("collected")
+        return self._decode_response(call.id, raw)
+
+    def _reap(self) -> None:
+        """Unlink answered states in batches: one round trip for all that piled up meanwhile."""
+        while True:
+            self._unlink_wake.wait(1.0)
+            self._unlink_wake.clear()
+            with self._lock:
+                keys, self._unlinks = self._unlinks, []
+            if keys:
+                try:
+                    with self.client.pipeline(transaction=False) as pipe:
+                        for key in keys:
+                            pipe.unlink(key)
+                        pipe.execute()
+                except (redis.ConnectionError, redis.TimeoutError):
+                    logger.warning("could not unlink %d answered states; their TTL will", len(keys))
+            if self._closed.is_set():
+                return
+
+    def _caller_beat(self, call: _Call, state_key: str) -> Response | None:
+        """Heartbeat + pickup check + response poll, one command; raises when the call is lost."""
+        s = self.settings
+        reply = self._redis(lambda: self._heartbeat(keys=[state_key], args=["c", "", _ms(s.in_flight_ttl_s)]))
+        state = _text(reply[0])
+        if state == "missing":
+            self._state_vanished(call)
+        if state == "a":
+            return self._collect(call, state_key, reply[2])
+        if state == "t":
+            call.taken = True
+            if int(reply[1]) > _ms(s.processor_timeout_s):
+                self._redis(lambda: self._withdraw(keys=[state_key, self.pending_key(call.endpoint)],
+                                                   args=[call.id, "cancel", self.node_channel_prefix]))
+                _count(METRIC_PROCESSORS_LOST, call.endpoint)
+                raise ProcessorLostError(
+                    f"request {call.id} to {call.endpoint!r}: the node processing it sent no heartbeat for "
+                    f"{int(reply[1]) / 1000:.0f} s (limit {s.processor_timeout_s:g} s); presumed offline")
+        return None
+
+    def _state_vanished(self, call: _Call) -> None:
+        if self.check_data_loss():
+            raise DataLossError(f"request {call.id} to {call.endpoint!r}: Redis lost its data")
+        raise DataLossError(f"request {call.id} to {call.endpoint!r}: its state is gone from Redis "
+                            "(expired or lost) while the call was waiting")
+
+    def _withdraw_call(self, call: _Call, state_key: str, mode: str) -> Response | None:
+        reply = self._redis(lambda: self._withdraw(keys=[state_key, self.pending_key(call.endpoint)],
+                                                   args=[call.id, mode, self.node_channel_prefix]))
+        outcome = _text(reply[0])
+        self._step(f"withdraw_{mode}")
+        if outcome == "answered":
+            return self._decode_response(call.id, reply[1])
+        if outcome == "missing":
+            self._state_vanished(call)
+        if mode == "timeout":
+            if outcome == "withdrawn":
+                _count(METRIC_PICKUP_TIMEOUTS, call.endpoint)
+                raise PickupTimeoutError(
+                    f"request {call.id} to {call.endpoint!r}: no polling service took it within the pickup "
+                    "timeout; it was taken back from the queue")
+            call.taken = True
+            return None
+        if outcome == "withdrawn":
+            when = "before pickup (taken back)"
+        else:
+            when = "after pickup (the processor was told)"
+        raise CancelledError(f"request {call.id} to {call.endpoint!r} cancelled {when}: {call.cancel_reason}")
+
+    # ------------------------------------------------------- processing side
+
+    def _endpoint_waiters(self, endpoint: str) -> _Waiters:
+        with self._lock:
+            waiters = self._waiters.get(endpoint)
+            if waiters is None:
+                waiters = self._waiters[endpoint] = _Waiters()
+                self._subscribe_queue.append(endpoint)
+        return waiters
+
+    def dequeue(self, endpoint: str, wait: float | None = None, *,
+                track: bool = True) -> PendingRequest | None:
+        """The next request for ``endpoint``, waiting up to ``wait`` s (default: the poll wait) for one.
+
+        ``track``: this node heartbeats for the request and watches for cancellation until
+        ``apply_response`` (an in-process service); the HTTP API passes False and its polling
+        service heartbeats itself through ``processor_heartbeat``.
+        """
+        if self._closed.is_set():
+            raise QueueUnavailableError("this node is shutting down")
+        if not self._threads:
+            raise PendingError("start() the PendingQueue before dequeuing")
+        check_endpoint(endpoint)
+        waiters = self._endpoint_waiters(endpoint)
+        deadline = time.monotonic() + (self.settings.poll_wait_s if wait is None else wait)
+        waiters.subscribed.wait(max(0.0, deadline - time.monotonic()))
+        final = False
+        while not self._closed.is_set():
+            seen = waiters.generation
+            # No pulse since a take found the list empty: it still is (every push pulses), so
+            # skip the command. The take at the end of each wait covers a pulse pub/sub lost.
+            if seen != waiters.empty_at or final:
+                request, left = self._take_next(endpoint)
+                if left == 0:
+                    waiters.empty_at = seen
+                if request is not None:
+                    if track:
+                        self._track(request)
+                    return request
+                if left:
+                    continue  # an unreadable request was answered with an error: take the next
+            if final:
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                final = True
+                continue
+            waiters.wait_for_pulse(seen, remaining)
+        return None
+
+    def _take_next(self, endpoint: str) -> tuple[PendingRequest | None, int]:
+        """The next request (or None) and how many ids were still waiting after it."""
+        s = self.settings
+        take_id = uuid.uuid4().hex
+        reply = self._redis(lambda: self._take(
+            keys=[self.pending_key(endpoint), self.take_key(endpoint, take_id)],
+            args=[f"{self.key_tag(endpoint)}:r:", take_id, self.node_id, _ms(s.in_flight_ttl_s),
+                  _ms(s.retry_window_s + 90)]))
+        if not reply:
+            return None, 0
+        request_id, raw, caller, enqueued_at = _text(reply[0]), reply[1], _text(reply[2]), int(reply[3])
+        left = int(reply[4])
+        self._step("taken")
+        try:
+            message = json.loads(raw)
+            streams = [StreamRef.from_json(r) for r in message.get("streams") or []]
+            body = message.get("body")
+        except (ValueError, TypeError, AttributeError, PendingError) as exc:
+            logger.error("unreadable request %s on %s, answered with an error: %s", request_id, endpoint, exc)
+            self.respond(endpoint, request_id, take_id, {"ok": False, "error": f"unreadable request: {exc}"})
+            return None, left
+        return PendingRequest(request_id, endpoint, take_id, body, streams, caller, enqueued_at), left
+
+    def _track(self, request: PendingRequest) -> None:
+        with self._lock:
+            self._tracked[request.id] = _Tracked(
+                request, time.monotonic() + self.settings.heartbeat_initial_delay_s)
+
+    def apply_response(
+        self,
+        request: PendingRequest,
+        body: Any = None,
+        *,
+        error: str | None = None,
+        streams: Mapping[str, bytes | BinaryIO] | None = None,
+    ) -> Delivery:
+        """Answer a dequeued request (``error``: the service failed). Returns what became of it."""
+        with self._lock:
+            self._tracked.pop(request.id, None)
+        if error is not None:
+            message: dict[str, Any] = {"ok": False, "error": str(error)}
+        else:
+            refs = self._store_streams(streams)
+            message = {"ok": True, "body": body, "streams": [r.to_json() for r in refs]}
+        return self.respond(request.endpoint, request.id, request.take_id, message)
+
+    def respond(self, endpoint: str, request_id: str, take_id: str, message: dict[str, Any]) -> Delivery:
+        """Store a response message for a taken request and tell its caller (respond.lua)."""
+        s = self.settings
+        raw = self._encode(message, "response")
+        outcome = Delivery(_text(self._redis(lambda: self._respond(
+            keys=[self.state_key(endpoint, request_id), self.take_key(endpoint, take_id)],
+            args=[take_id, raw, _ms(s.response_ttl_s), self.node_channel_prefix, _ms(s.sender_timeout_s),
+                  request_id]))))
+        self._step("responded")
+        if outcome is not Delivery.DELIVERED:
+            _count(METRIC_UNDELIVERED, endpoint)
+            logger.info("response to %s on %s not delivered: %s", request_id, endpoint, outcome.value)
+        return outcome
+
+    def processor_heartbeat(self, endpoint: str, request_id: str, take_id: str) -> ProcessorBeat:
+        """The processor is alive; learn whether its work should stop (cancelled, caller gone, lost)."""
+        s = self.settings
+        reply = self._redis(lambda: self._heartbeat(keys=[self.state_key(endpoint, request_id)],
+                                                    args=["p", take_id, _ms(s.in_flight_ttl_s)]))
+        state = _text(reply[0])
+        if state == "missing":
+            if self.check_data_loss():
+                return ProcessorBeat(True, "Redis lost its data")
+            return ProcessorBeat(True, "the request is gone from Redis (expired)")
+        if state == "not_taker":
+            return ProcessorBeat(True, "this take no longer holds the request")
+        if int(reply[2]):
+            return ProcessorBeat(True, "the caller cancelled the request")
+        if int(reply[1]) > _ms(s.sender_timeout_s):
+            return ProcessorBeat(True, f"the caller sent no heartbeat for {int(reply[1]) / 1000:.0f} s "
+                                       f"(limit {s.sender_timeout_s:g} s); it is presumed gone")
+        return ProcessorBeat(False)
+
+    # ------------------------------------------------------------ data loss
+
+    def _check_guard(self) -> bool:
+        """Swap the guard in (SET ... GET, one command); True when it had vanished (Redis lost data).
+
+        A guard last set longer ago than its TTL may simply have expired (a Lambda environment
+        frozen for hours): that re-arms it and is no loss. Wall-clock time, which runs while frozen.
+        """
+        ttl_ms = _ms(self.settings.data_loss_guard_ttl_s)
+        previous = self.client.set(self._guard_key, self._guard_token, px=ttl_ms, get=True)
+        now = time.time()
+        last = self._guard_set_at
+        armed = last is not None and now - last < self.settings.data_loss_guard_ttl_s
+        self._guard_set_at = now
+        return armed and previous != self._guard_token.encode()
+
+    def check_data_loss(self) -> bool:
+        """Check the guard now; on loss every in-flight call fails and every taken request is cancelled."""
+        try:
+            lost = self._redis(self._check_guard)
+        except QueueUnavailableError:
+            return False
+        if lost:
+            self._on_data_loss()
+        return lost
+
+    def _on_data_loss(self) -> None:
+        self.data_loss_events += 1
+        _count(METRIC_DATA_LOSS)
+        logger.error("Redis lost its data (guard %s vanished): failing in-flight requests", self._guard_key)
+        with self._lock:
+            calls, tracked = list(self._calls.values()), list(self._tracked.values())
+            self._tracked.clear()
+        for call in calls:
+            call.error = DataLossError(f"request {call.id} to {call.endpoint!r}: Redis lost its data "
+                                       "while the request was in flight")
+            call.event.set()
+        for item in tracked:
+            item.request.cancel.cancel("Redis lost its data")
+
+    # ------------------------------------------------------ background work
+
+    def _watch(self) -> None:
+        """Data-loss checks and the heartbeats of tracked (in-process) requests."""
+        s = self.settings
+        next_guard = time.monotonic() + s.data_loss_check_s
+        while not self._closed.wait(min(1.0, s.heartbeat_interval_s / 4, s.data_loss_check_s)):
+            now = time.monotonic()
+            if now >= next_guard:
+                next_guard = now + s.data_loss_check_s
+                self.check_data_loss()
+            with self._lock:
+                due = [t for t in self._tracked.values() if t.next_beat <= now]
+            for item in due:
+                item.next_beat = now + s.heartbeat_interval_s
+                request = item.request
+                try:
+                    beat = self.processor_heartbeat(request.endpoint, request.id, request.take_id)
+                except QueueUnavailableError:
+                    logger.warning("heartbeat for %s failed: Redis unreachable", request.id)
+                    continue
+                if beat.cancelled:
+                    with self._lock:
+                        self._tracked.pop(request.id, None)
+                    request.cancel.cancel(beat.reason or "cancelled")
+
+    def _listen(self) -> None:
+        """The node's one pub/sub connection: responses, cancellations, pulses of polled endpoints."""
+        while not self._closed.is_set():
+            pubsub = self.client.pubsub()
+            try:
+                pubsub.subscribe(self.node_channel)
+                with self._lock:
+                    self._subscribe_queue = list(self._waiters)
+                while not self._closed.is_set():
+                    with self._lock:
+                        endpoints, self._subscribe_queue = self._subscribe_queue, []
+                    if endpoints:
+                        pubsub.subscribe(*(self.pulse_channel(e) for e in endpoints))
+                    message = pubsub.get_message(timeout=LISTENER_TICK_S)
+                    if message is not None:
+                        self._on_message(message)
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                logger.warning("pending queue listener lost Redis (%s); reconnecting", exc)
+                self._node_ready.clear()
+                for waiters in list(self._waiters.values()):
+                    waiters.subscribed.clear()
+                self._closed.wait(self.settings.retry_interval_s)
+            finally:
+                pubsub.close()
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        kind, channel, data = message["type"], _text(message["channel"]), message["data"]
+        if kind == "subscribe":
+            # First subscription, or a re-subscription after a reconnect: messages may have been
+            # missed meanwhile, so every waiter checks Redis again.
+            if channel == self.node_channel:
+                self._node_ready.set()
+                with self._lock:
+                    calls = list(self._calls.values())
+                for call in calls:
+                    call.recheck = True
+                    call.event.set()
+            else:
+                waiters = self._waiters.get(channel.removeprefix(f"{self.settings.prefix}:pulse:"))
+                if waiters is not None:
+                    waiters.subscribed.set()
+                    waiters.pulse(everyone=True)
+            return
+        if kind != "message":
+            return
+        if channel != self.node_channel:
+            waiters = self._waiters.get(channel.removeprefix(f"{self.settings.prefix}:pulse:"))
+            if waiters is not None:
+                waiters.pulse()
+            return
+        request_id = data[1:1 + ID_LENGTH].decode()
+        if data[:1] == RESPONSE_MESSAGE:
+            call = self._calls.get(request_id)
+            if call is not None:
+                call.response = data[2 + ID_LENGTH:]
+                call.event.set()
+        elif data[:1] == CANCEL_MESSAGE:
+            with self._lock:
+                item = self._tracked.pop(request_id, None)
+            if item is not None:
+                item.request.cancel.cancel("the caller cancelled the request")
+
+    # ---------------------------------------------------------------- status
+
+    def status(self) -> dict[str, Any]:
+        """Queue depth, in-flight requests by state and oldest age, per endpoint (SCAN: an admin view)."""
+        now_ms = int(self._redis(self.client.time)[0]) * 1000
+        prefix = f"{self.settings.prefix}:{{"
+        endpoints: dict[str, dict[str, Any]] = {}
+
+        def entry(endpoint: str) -> dict[str, Any]:
+            return endpoints.setdefault(endpoint, {"waiting": 0, "queued": 0, "taken": 0, "answered": 0,
+                                                   "oldest_age_s": 0.0})
+
+        for key in self._redis(lambda: list(self.client.scan_iter(match=f"{prefix}*}}:r:*", count=1000))):
+            text = _text(key)
+            endpoint = text[len(prefix):text.rindex("}:r:")]
+            state, at = self.client.hmget(key, "s", "at")
+            if state is None:
+                continue
+            item = entry(endpoint)
+            item[{"q": "queued", "t": "taken", "a": "answered"}[_text(state)]] += 1
+            item["oldest_age_s"] = max(item["oldest_age_s"], (now_ms - int(at)) / 1000)
+        for key in self._redis(lambda: list(self.client.scan_iter(match=f"{prefix}*}}:pending", count=1000))):
+            text = _text(key)
+            entry(text[len(prefix):text.rindex("}:pending")])["waiting"] = self.client.llen(key)
+        return dict(sorted(endpoints.items()))

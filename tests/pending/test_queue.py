@@ -1,0 +1,289 @@
+"""The pending request queue on the real (shared) Redis: caller on node A, processor on node B."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import redis
+
+from switchyard.pending import (
+    CancelledError,
+    CancelToken,
+    Delivery,
+    MessageTooLargeError,
+    PendingQueue,
+    PendingSettings,
+    PickupTimeoutError,
+    RemoteError,
+)
+from switchyard.pending.storage import LocalDirectoryStore
+from tests.conftest import wait_for
+from tests.pending.conftest import NodeFactory, keys_without_ttl, ownerless_requests
+
+
+def serve(node: PendingQueue, endpoint: str, handler: Callable[[Any], Any],
+          pollers: int = 1) -> threading.Event:
+    """Process ``endpoint``'s requests on ``node`` in background threads until the event is set."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            request = node.dequeue(endpoint, 0.5)
+            if request is not None:
+                node.apply_response(request, handler(request.body))
+
+    for _ in range(pollers):
+        threading.Thread(target=loop, daemon=True).start()
+    return stop
+
+
+def test_cross_node_call(make_node: NodeFactory, shared_redis: redis.Redis,
+                         settings: PendingSettings) -> None:
+    caller, service_node = make_node(), make_node()
+    stop = serve(service_node, "svc", lambda body: {"echo": body, "node": service_node.node_id})
+    try:
+        token = CancelToken()  # one token may serve many calls; each lets go of it when it ends
+        response = caller.queue_and_wait("svc", {"n": 1}, cancel=token)
+        assert response.body == {"echo": {"n": 1}, "node": service_node.node_id}
+        assert response.streams == []
+        assert token._callbacks == []
+    finally:
+        stop.set()
+    wait_for(lambda: caller.status() == {}, what="the answered state to be unlinked (off the call's path)")
+    assert keys_without_ttl(shared_redis, settings.prefix) == []
+
+
+def test_fast_call_costs_four_commands_and_no_heartbeat(make_node: NodeFactory) -> None:
+    """The fast-RPC shortcut: nothing periodic before the initial delay (default 7 s)."""
+    caller, service_node = make_node(heartbeat_initial_delay_s=7.0), make_node(heartbeat_initial_delay_s=7.0)
+    calls: list[str] = []
+    for node in (caller, service_node):
+        for name in ("_enqueue", "_take", "_respond", "_heartbeat", "_withdraw"):
+            script = getattr(node, name)
+            setattr(node, name, lambda *a, _s=script, _n=name, **k: calls.append(_n) or _s(*a, **k))
+    request_thread = threading.Thread(target=lambda: calls.append(caller.queue_and_wait("svc", 1).body))
+    request_thread.start()
+    request = None
+    while request is None:
+        request = service_node.dequeue("svc", 1)
+    service_node.apply_response(request, 2)
+    request_thread.join(5)
+    assert [c for c in calls if c != "_take"] == ["_enqueue", "_respond", 2]
+    assert calls.count("_take") <= 2  # one empty take may happen before the request arrives
+    # the next poll does not ask Redis again: no pulse came since the list was found empty
+    calls.clear()
+    threading.Thread(target=service_node.dequeue, args=("svc", 0.3), daemon=True).start()
+    time.sleep(0.1)
+    assert calls == []
+
+
+def test_service_error_reaches_the_caller(make_node: NodeFactory) -> None:
+    caller, service_node = make_node(), make_node()
+    def fail() -> None:
+        service_node.apply_response(service_node.dequeue("svc", 5), error="disk full")
+
+    threading.Thread(target=fail, daemon=True).start()
+    with pytest.raises(RemoteError, match="disk full"):
+        caller.queue_and_wait("svc", "x")
+
+
+def test_pickup_timeout_takes_the_request_back(make_node: NodeFactory, shared_redis: redis.Redis,
+                                               settings: PendingSettings) -> None:
+    caller = make_node()
+    started = time.monotonic()
+    with pytest.raises(PickupTimeoutError, match="taken back"):
+        caller.queue_and_wait("nobody", "x", pickup_timeout=0.5)
+    assert 0.4 < time.monotonic() - started < 3
+    assert caller.status() == {}  # state deleted, id removed from the pending list
+    later = make_node()
+    assert later.dequeue("nobody", 0.2) is None  # nobody can take it afterwards
+
+
+def test_queued_request_ttl_follows_its_own_pickup_timeout(make_node: NodeFactory, shared_redis: redis.Redis,
+                                                          settings: PendingSettings) -> None:
+    """Seed 002: a request lives its pickup timeout + 2 min, also when a call sets a longer one."""
+    caller, cancel = make_node(), CancelToken()
+    threading.Thread(target=_catch, args=(caller.queue_and_wait, "slowpoke", 1),
+                     kwargs={"pickup_timeout": 600, "cancel": cancel}, daemon=True).start()
+    try:
+        keys = wait_for(lambda: list(shared_redis.scan_iter(match=f"{settings.prefix}:{{slowpoke}}:r:*")))
+        ttl_s = shared_redis.pttl(keys[0]) / 1000
+        assert 600 + settings.request_ttl_extra_s - 5 < ttl_s <= 600 + settings.request_ttl_extra_s
+        assert 86_000 < shared_redis.pttl(caller.pending_key("slowpoke")) / 1000 <= 86_400  # list: 1 day
+    finally:
+        cancel.cancel()
+
+
+def test_cancel_before_pickup(make_node: NodeFactory, settings: PendingSettings) -> None:
+    caller = make_node()
+    cancel = CancelToken()
+    threading.Timer(0.3, cancel.cancel, args=("user pressed stop",)).start()
+    with pytest.raises(CancelledError, match=r"before pickup.*user pressed stop"):
+        caller.queue_and_wait("idle", "x", cancel=cancel)
+    assert caller.status() == {}
+    assert make_node().dequeue("idle", 0.2) is None
+
+
+def test_cancel_after_pickup_reaches_the_processor(make_node: NodeFactory, settings: PendingSettings) -> None:
+    caller, service_node = make_node(), make_node()
+    cancel = CancelToken()
+    outcome: list[object] = []
+    thread = threading.Thread(
+        target=lambda: outcome.append(_catch(caller.queue_and_wait, "busy", 1, cancel=cancel)))
+    thread.start()
+    request = service_node.dequeue("busy", 5)
+    assert request is not None
+    cancel.cancel("no longer needed")
+    assert request.cancel.wait(2), "the processor was not told"  # pub/sub on its node channel
+    assert "cancelled" in (request.cancel.reason or "")
+    thread.join(5)
+    assert isinstance(outcome[0], CancelledError) and "after pickup" in str(outcome[0])
+    assert service_node.apply_response(request, "late") is Delivery.CANCELLED
+    assert caller.status() == {}
+
+
+def test_cancellation_seen_by_heartbeat_when_the_message_is_missed(make_node: NodeFactory) -> None:
+    """Pub/sub may lose the cancel message: the processor's heartbeat finds the flag anyway."""
+    caller, service_node = make_node(), make_node()
+    service_node._on_message = lambda message: None  # type: ignore[method-assign]  # deaf node
+    cancel = CancelToken()
+    threading.Thread(target=_catch, args=(caller.queue_and_wait, "deaf", 1), kwargs={"cancel": cancel},
+                     daemon=True).start()
+    request = None
+    deadline = time.monotonic() + 5
+    while request is None and time.monotonic() < deadline:
+        request, _ = service_node._take_next("deaf")
+    assert request is not None
+    service_node._track(request)
+    cancel.cancel("stop")
+    assert request.cancel.wait(3), "the heartbeat did not see the cancellation"
+
+
+def test_response_found_by_heartbeat_when_the_message_is_missed(make_node: NodeFactory) -> None:
+    caller, service_node = make_node(), make_node()
+    original = caller._on_message
+    caller._on_message = lambda m: None if m["type"] == "message" else original(m)  # type: ignore[method-assign]
+    stop = serve(service_node, "lossy", lambda body: body * 2)
+    try:
+        assert caller.queue_and_wait("lossy", 21).body == 42  # via the caller's heartbeat poll
+    finally:
+        stop.set()
+
+
+def test_message_too_large_is_refused_before_redis(make_node: NodeFactory, settings: PendingSettings,
+                                                   shared_redis: redis.Redis) -> None:
+    caller = make_node(max_message_bytes=2048)
+    with pytest.raises(MessageTooLargeError, match="streams"):
+        caller.queue_and_wait("svc", "x" * 5000)
+    with pytest.raises(ValueError, match="endpoint"):
+        caller.queue_and_wait("bad{tag}", 1)
+    with pytest.raises(ValueError, match="JSON"):
+        caller.queue_and_wait("svc", {1, 2})
+    assert list(shared_redis.scan_iter(match=f"{settings.prefix}:{{*", count=1000)) == []
+
+
+def test_large_streams_go_through_storage_not_redis(make_node: NodeFactory, shared_redis: redis.Redis,
+                                                    settings: PendingSettings, tmp_path) -> None:
+    store = LocalDirectoryStore(tmp_path / "streams")
+    caller, service_node = make_node(), make_node()
+    caller.store = service_node.store = store
+    payload = bytes(range(256)) * 12_000  # 3 MB
+    seen: dict[str, int] = {}
+
+    def process() -> None:
+        request = service_node.dequeue("files", 5)
+        state = shared_redis.hgetall(service_node.state_key("files", request.id))
+        seen["state_bytes"] = sum(len(k) + len(v) for k, v in state.items())
+        data = store.read(request.streams[0])
+        service_node.apply_response(request, {"size": len(data)}, streams={"reversed": data[::-1]})
+
+    threading.Thread(target=process, daemon=True).start()
+    response = caller.queue_and_wait("files", "upload", streams={"upload": payload})
+    assert response.body == {"size": len(payload)}
+    assert seen["state_bytes"] < 2048  # the request in Redis held a reference, not 3 MB
+    assert store.read(response.streams[0]) == payload[::-1]
+    assert len(list((tmp_path / "streams").iterdir())) == 1  # the request stream was deleted
+
+
+def test_take_and_enqueue_are_idempotent_on_retry(make_node: NodeFactory, shared_redis: redis.Redis) -> None:
+    """A retried script whose first reply was lost changes nothing (redis-py retries them)."""
+    node = make_node()
+    keys = [node.state_key("idem", "a" * 32), node.pending_key("idem")]
+    args = ["a" * 32, b'{"body":1}', node.node_id, 60_000, 60_000, node.pulse_channel("idem")]
+    assert node._enqueue(keys=keys, args=args) == 1
+    assert node._enqueue(keys=keys, args=args) == 0
+    assert shared_redis.llen(node.pending_key("idem")) == 1
+    take_args = [f"{node.key_tag('idem')}:r:", "t" * 32, node.node_id, 60_000, 60_000]
+    take_keys = [node.pending_key("idem"), node.take_key("idem", "t" * 32)]
+    first = node._take(keys=take_keys, args=take_args)
+    assert first[0] == b"a" * 32
+    assert node._take(keys=take_keys, args=take_args) == first  # same request again, not the next
+    assert node._take(keys=[node.pending_key("idem"), node.take_key("idem", "u" * 32)],
+                      args=[*take_args[:1], "u" * 32, *take_args[2:]]) is None
+    assert node.respond("idem", "a" * 32, "t" * 32, {"ok": True, "body": 1}) is Delivery.DELIVERED
+    assert node.respond("idem", "a" * 32, "t" * 32, {"ok": True, "body": 1}) is Delivery.DELIVERED
+    assert node.respond("idem", "a" * 32, "u" * 32, {"ok": True, "body": 1}) is Delivery.NOT_TAKER
+
+
+@pytest.mark.parametrize("services,concurrent,calls", [
+    pytest.param(100, 20, 2, id="100x20x2"),
+    pytest.param(100, 20, 20, id="100x20x20", marks=[pytest.mark.slow, pytest.mark.skipif(
+        not os.environ.get("SWITCHYARD_PENDING_FULL_SCALE"),
+        reason="40,000 calls: set SWITCHYARD_PENDING_FULL_SCALE=1 (the default run does 100x20x2)")]),
+])
+def test_many_polling_services_each_response_to_its_caller(
+        make_node: NodeFactory, shared_redis: redis.Redis, settings: PendingSettings,
+        services: int, concurrent: int, calls: int) -> None:
+    """Halibut's ManyPollingTentacles shape: every caller gets the answer to its own request.
+
+    With seed 002's timings: 2,000 callers in one test process on a shared 2-core machine can
+    wait longer than the fast test timings allow."""
+    seed_002 = PendingSettings()
+    timings = {name: getattr(seed_002, name) for name in (
+        "heartbeat_interval_s", "heartbeat_initial_delay_s", "sender_timeout_s", "processor_timeout_s",
+        "pickup_timeout_s")}
+    callers = [make_node(**timings) for _ in range(2)]
+    service_node = make_node(**timings)
+    stops = [serve(service_node, f"svc{i}", lambda body, i=i: {"svc": i, "echo": body}, pollers=4)
+             for i in range(services)]
+
+    def one_caller(index: int) -> int:
+        svc, _worker = divmod(index, concurrent)
+        node = callers[index % len(callers)]
+        for n in range(calls):
+            body = {"caller": index, "n": n}
+            assert node.queue_and_wait(f"svc{svc}", body).body == {"svc": svc, "echo": body}
+        return calls
+
+    try:
+        with ThreadPoolExecutor(services * concurrent) as pool:
+            assert sum(pool.map(one_caller, range(services * concurrent))) == services * concurrent * calls
+    finally:
+        for stop in stops:
+            stop.set()
+    assert ownerless_requests(shared_redis, settings.prefix) == []
+    wait_for(lambda: callers[0].status() == {}, what="every answered state to be unlinked")
+
+
+def _catch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        return exc
+
+
+def test_an_unreadable_request_is_answered_with_an_error_not_a_crash(make_node: NodeFactory) -> None:
+    caller, service_node = make_node(), make_node()
+    outcome: list[object] = []
+    garbage = b"{not json"
+    thread = threading.Thread(target=lambda: outcome.append(_catch(caller._call, "svc", garbage, 5, None)))
+    thread.start()
+    assert service_node.dequeue("svc", 2) is None  # answered with an error, the poll goes on
+    thread.join(5)
+    assert isinstance(outcome[0], RemoteError) and "unreadable request" in str(outcome[0])
