@@ -1,0 +1,105 @@
+"""``switchyard bus ...``: serve the API, run delivery workers, manage tokens, show the state."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+from dataclasses import asdict
+
+from switchyard.local.cli import quiet_metrics
+
+
+def _store():
+    from switchyard.bus.settings import BusSettings
+    from switchyard.bus.store import BusStore
+    from switchyard.redis_client import connect_redis
+
+    return BusStore(connect_redis(), BusSettings.from_env())
+
+
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The API over real HTTP, as API Gateway REST would hand it to the Lambda function."""
+    quiet_metrics()
+    from switchyard.bus import api
+    from switchyard.local.http_gateway import HttpGateway
+
+    store = _store()
+    api.configure(store)
+    stop = _stop_event()
+    with HttpGateway(api.handle, host=args.host, port=args.port, threads=args.threads,
+                     function_name="bus_api") as gateway:
+        root = "set" if store.settings.root_key else "NOT set (SWITCHYARD_BUS_ROOT_KEY): no token management"
+        print(f"event bus {store.settings.name!r} API on {gateway.url} (root key {root}); Ctrl-C to stop",
+              flush=True)
+        stop.wait()
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Delivery threads and housekeeping until SIGTERM/SIGINT; in-flight deliveries finish first."""
+    quiet_metrics()
+    from switchyard.bus.worker import BusWorker
+
+    store = _store()
+    worker = BusWorker(store, threads=args.threads)
+    print(f"event bus {store.settings.name!r} worker {worker.process_id}: "
+          f"{len(worker.worker_ids) - 1} delivery threads; Ctrl-C to stop", flush=True)
+    worker.run(_stop_event())
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    """Register a client directly in Redis (what ``POST /api_tokens`` does with the root key)."""
+    print(_store().create_token(args.name, args.token))
+    return 0
+
+
+def cmd_status(_args: argparse.Namespace) -> int:
+    quiet_metrics()
+    from switchyard.bus.housekeeping import telemetry
+
+    print(json.dumps(asdict(telemetry(_store())), indent=2))
+    return 0
+
+
+def cmd_openapi(_args: argparse.Namespace) -> int:
+    from switchyard.bus.api import openapi_document
+
+    print(openapi_document())
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bus = subparsers.add_parser("bus", help="the event bus (Routemaster's API): serve, worker, token, status")
+    sub = bus.add_subparsers(dest="bus_command", metavar="BUS_COMMAND")
+    bus.set_defaults(func=lambda _args: bus.print_help() or 2)
+
+    serve = sub.add_parser("serve", help="serve the HTTP API locally (the Lambda function's resolver)")
+    serve.add_argument("--port", type=int, default=8090)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--threads", type=int, default=32, help="requests in progress at once")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="deliver batches; housekeeping (autodrop, scrub, telemetry)")
+    worker.add_argument("--threads", type=int, help="delivery threads (SWITCHYARD_BUS_WORKER_THREADS)")
+    worker.set_defaults(func=cmd_worker)
+
+    token = sub.add_parser("token", help="register a client token directly in Redis; prints the token")
+    token.add_argument("name", help="client name, [a-z0-9:_-]{1,64}")
+    token.add_argument("--token", help="the token itself (default <name>--<32 hex>)")
+    token.set_defaults(func=cmd_token)
+
+    status = sub.add_parser("status", help="print the telemetry: queued events, health points, jobs, memory")
+    status.set_defaults(func=cmd_status)
+
+    openapi = sub.add_parser("openapi", help="print the API's OpenAPI document")
+    openapi.set_defaults(func=cmd_openapi)

@@ -1,0 +1,94 @@
+"""Settings of the event bus (seed 004): Routemaster's knobs under ``SWITCHYARD_BUS_*`` names.
+
+Every value is read and checked here once, so a bad setting fails at start-up, not in a delivery.
+The README's configuration table lists each variable; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from switchyard.config import env_int, env_str
+from switchyard.errors import ConfigError
+
+_BUS_NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
+
+
+def root_key_from_env() -> str:
+    """The root key: ``SWITCHYARD_BUS_ROOT_KEY``, else the ``root_key`` field of the JSON secret
+    named by ``SWITCHYARD_BUS_SECRET_ARN`` (AWS: Lambda has no secret injection). "" disables root."""
+    key = os.environ.get("SWITCHYARD_BUS_ROOT_KEY", "")
+    if key or not os.environ.get("SWITCHYARD_BUS_SECRET_ARN"):
+        return key
+    from switchyard.aws_secrets import _secret_values
+
+    return _secret_values("BUS", os.environ).get("root_key", "")
+
+
+@dataclass(frozen=True)
+class BusSettings:
+    """One bus. Durations in milliseconds and sizes in bytes, as in Routemaster's ``.env``."""
+
+    name: str = "main"  # the Redis hash tag: every key of one bus lives in one cluster slot
+    root_key: str = ""
+    allow_http_callbacks: bool = False  # local runs and tests only: http:// to loopback addresses
+    max_event_data: int = 1024  # bytes of compact JSON of an event's ``data``
+    worker_threads: int = 4
+    acquire_timeout_s: float = 1.0
+    connect_timeout_s: float = 2.0
+    delivery_timeout_s: float = 20.0
+    max_backoff_ms: int = 60_000
+    heal_rate: int = 1
+    damage_rate: int = 2
+    scrub_after_ms: int = 30_000  # a worker unseen this long has its pending jobs put back
+    heartbeat_ms: int = 2_000
+    schedule_interval_ms: int = 100
+    autodrop_interval_ms: int = 10_000
+    monitor_interval_ms: int = 10_000
+    scrub_interval_ms: int = 10_000
+    max_mem: int = 100_000_000
+    min_free: int = 10_000_000
+    job_error_retry_ms: int = 5_000  # an unexpected exception in a job retries it this much later
+
+    def __post_init__(self) -> None:
+        if not _BUS_NAME_RE.match(self.name):
+            raise ConfigError(f"SWITCHYARD_BUS_NAME must match [a-z0-9_-]{{1,64}}, got {self.name!r}")
+        for field, low in (("worker_threads", 1), ("max_event_data", 0), ("max_backoff_ms", 1),
+                           ("heal_rate", 1), ("damage_rate", 1), ("scrub_after_ms", 1),
+                           ("heartbeat_ms", 1), ("schedule_interval_ms", 1), ("min_free", 0)):
+            if getattr(self, field) < low:
+                raise ConfigError(f"bus setting {field} must be >= {low}, got {getattr(self, field)}")
+        if self.heartbeat_ms * 2 > self.scrub_after_ms:
+            raise ConfigError("SWITCHYARD_BUS_HEARTBEAT_MS must be at most half of "
+                              "SWITCHYARD_BUS_SCRUB_AFTER_MS (a live worker would be scrubbed)")
+        if self.max_mem <= 2 * self.min_free:
+            raise ConfigError("SWITCHYARD_BUS_REDIS_MAX_MEM must exceed twice SWITCHYARD_BUS_REDIS_MIN_FREE")
+
+    @property
+    def key_prefix(self) -> str:
+        """``switchyard:bus:{<name>}:``: the braces are a Redis Cluster hash tag, so that every key a
+        Lua script touches (a topic's subscribers and their streams, the job queues) is in one slot."""
+        return f"switchyard:bus:{{{self.name}}}:"
+
+    @classmethod
+    def from_env(cls) -> BusSettings:
+        d = cls()
+        return cls(
+            name=env_str("SWITCHYARD_BUS_NAME", d.name),
+            root_key=root_key_from_env(),
+            allow_http_callbacks=os.environ.get("SWITCHYARD_BUS_ALLOW_HTTP_CALLBACKS", "") == "1",
+            max_event_data=env_int("SWITCHYARD_BUS_MAX_EVENT_DATA", d.max_event_data),
+            worker_threads=env_int("SWITCHYARD_BUS_WORKER_THREADS", d.worker_threads),
+            connect_timeout_s=env_int("SWITCHYARD_BUS_CONNECT_TIMEOUT_MS", 2000) / 1000,
+            delivery_timeout_s=env_int("SWITCHYARD_BUS_DELIVERY_TIMEOUT_MS", 20000) / 1000,
+            max_backoff_ms=env_int("SWITCHYARD_BUS_MAX_BACKOFF_MS", d.max_backoff_ms),
+            scrub_after_ms=env_int("SWITCHYARD_BUS_SCRUB_AFTER_MS", d.scrub_after_ms),
+            heartbeat_ms=env_int("SWITCHYARD_BUS_HEARTBEAT_MS", d.heartbeat_ms),
+            autodrop_interval_ms=env_int("SWITCHYARD_BUS_AUTODROP_INTERVAL_MS", d.autodrop_interval_ms),
+            monitor_interval_ms=env_int("SWITCHYARD_BUS_MONITOR_INTERVAL_MS", d.monitor_interval_ms),
+            scrub_interval_ms=env_int("SWITCHYARD_BUS_SCRUB_INTERVAL_MS", d.scrub_interval_ms),
+            max_mem=env_int("SWITCHYARD_BUS_REDIS_MAX_MEM", d.max_mem),
+            min_free=env_int("SWITCHYARD_BUS_REDIS_MIN_FREE", d.min_free),
+        )

@@ -1,0 +1,194 @@
+"""The event bus's state in Redis: tokens, topics, subscribers, queued events (one stream per
+subscriber) and the job queues. Every change that touches more than one key is one Lua script
+(``switchyard/bus/lua/``, whose ``_prelude.lua`` documents the key layout).
+
+Where Routemaster batched events into separate ``batch:<uid>`` lists delivered by independent
+jobs (so two batches of one subscriber could be delivered at once, or out of order after a retry),
+here a subscriber's events wait in one stream in acceptance order and ONE job per subscriber
+delivers them: the next batch is the head of the stream, removed only after the subscriber's 2xx.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+
+from switchyard.bus.settings import BusSettings
+from switchyard.errors import InvalidNameError
+
+NAME_RE = re.compile(r"[a-z0-9:_-]{1,64}")  # client names and tokens (Routemaster's User), fullmatch
+DELIVER = "deliver:"  # delivery jobs are "deliver:<subscriber token>"
+QUEUES = ("main", "aux")  # main: deliveries; aux: housekeeping (autodrop, monitor, scrub)
+DEFAULT_MAX_EVENTS = 100
+DEFAULT_TIMEOUT_MS = 500
+MAX_HEALTH = 100
+
+
+class TopicClaimedError(Exception):
+    """Another publisher owns the topic (403)."""
+
+
+class UnknownTokenError(Exception):
+    """The token is not registered (401)."""
+
+
+@functools.cache
+def _script_source(name: str) -> str:
+    folder = resources.files("switchyard.bus.lua")
+    return folder.joinpath("_prelude.lua").read_text() + folder.joinpath(name).read_text()
+
+
+def as_text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class Subscriber:
+    """One subscriber's settings and delivery state, as stored."""
+
+    token: str
+    callback: str
+    uuid: str
+    max_events: int
+    timeout_ms: int
+    health_points: int
+    backoff_until_ms: int
+    topics: tuple[str, ...] = ()
+
+
+class BusStore:
+    """Typed access to one bus's keys (``settings.key_prefix``) on one Redis client."""
+
+    def __init__(self, client: redis.Redis, settings: BusSettings) -> None:
+        self.redis = client
+        self.settings = settings
+        self.prefix = p = settings.key_prefix
+        self.tokens_key, self.topics_key = p + "tokens", p + "topics"
+        self.topic_events_key, self.subscribers_key = p + "topic_events", p + "subscribers"
+        self.workers_key, self.counters_key = p + "workers", p + "counters"
+        self._scripts: dict[str, Any] = {}
+
+    def script(self, name: str) -> Any:
+        """The registered script ``lua/<name>.lua`` (EVALSHA, loaded again after a Redis restart)."""
+        if name not in self._scripts:
+            self._scripts[name] = self.redis.register_script(_script_source(f"{name}.lua"))
+        return self._scripts[name]
+
+    def key(self, *parts: str) -> str:
+        return self.prefix + ":".join(parts)
+
+    def stream_key(self, token: str) -> str:
+        return self.key("events", token)
+
+    # -- tokens -------------------------------------------------------------------------------
+
+    def tokens(self) -> dict[str, str]:
+        """Token -> client name."""
+        return {as_text(k): as_text(v) for k, v in self.redis.hgetall(self.tokens_key).items()}
+
+    def token_exists(self, token: str) -> bool:
+        return bool(self.redis.hexists(self.tokens_key, token))
+
+    def token_name(self, token: str) -> str | None:
+        return as_text(self.redis.hget(self.tokens_key, token))
+
+    def create_token(self, name: str, token: str | None = None) -> str:
+        """Register a client; the default token is ``<name>--<32 hex>`` as in Routemaster."""
+        token = token or f"{name}--{secrets.token_hex(16)}"
+        if not NAME_RE.fullmatch(name) or not NAME_RE.fullmatch(token):
+            raise InvalidNameError("names and tokens must match [a-z0-9:_-]{1,64}")
+        self.redis.hset(self.tokens_key, token, name)
+        return token
+
+    def delete_token(self, token: str) -> None:
+        """Revoke a token. Its subscription (if any) stays: Routemaster destroyed the subscriber too."""
+        self.redis.hdel(self.tokens_key, token)
+
+    # -- topics -------------------------------------------------------------------------------
+
+    def publish(self, topic: str, publisher: str, event_json: str) -> int:
+        """Queue one event for every subscriber of ``topic`` (the publisher's token is checked in the
+        same script); returns how many subscribers it reached."""
+        ok, detail = self.script("ingest")(keys=[self.topics_key, self.topic_events_key, self.tokens_key],
+                                           args=[self.prefix, topic, publisher, event_json])
+        if ok < 0:
+            raise UnknownTokenError("unknown token")
+        if not ok:
+            raise TopicClaimedError(f"topic claimed by {as_text(detail)}")
+        return int(detail)
+
+    def topics(self) -> list[dict[str, Any]]:
+        owners = self.redis.hgetall(self.topics_key)
+        counts = self.redis.hgetall(self.topic_events_key)
+        return [{"name": as_text(name), "publisher": as_text(owner) or None,
+                 "events": int(counts.get(name, 0))} for name, owner in sorted(owners.items())]
+
+    def delete_topic(self, topic: str, caller: str | None) -> int:
+        """1 deleted, 0 no such topic, -1 the caller (a client token; None = root) does not own it."""
+        return int(self.script("delete_topic")(keys=[self.topics_key, self.topic_events_key],
+                                               args=[self.prefix, topic, caller or ""]))
+
+    # -- subscribers --------------------------------------------------------------------------
+
+    def subscribe(self, token: str, topics: list[str], callback: str, uuid: str,
+                  max_events: int | None, timeout_ms: int | None) -> None:
+        self.script("subscribe")(
+            keys=[self.subscribers_key, self.topics_key],
+            args=[self.prefix, token, callback, uuid, "" if max_events is None else max_events,
+                  "" if timeout_ms is None else timeout_ms, *dict.fromkeys(topics)])
+
+    def unsubscribe(self, token: str, topic: str) -> int:
+        """1 done, -1 no such subscriber, -2 no such topic, -3 not subscribed."""
+        return int(self.script("unsubscribe")(keys=[self.subscribers_key, self.topics_key],
+                                              args=[self.prefix, token, topic]))
+
+    def delete_subscriber(self, token: str) -> bool:
+        return bool(self.script("delete_subscriber")(keys=[self.subscribers_key], args=[self.prefix, token]))
+
+    def subscriber_tokens(self) -> list[str]:
+        return sorted(as_text(t) for t in self.redis.smembers(self.subscribers_key))
+
+    def subscriber(self, token: str, with_topics: bool = False) -> Subscriber | None:
+        raw = {as_text(k): as_text(v) for k, v in self.redis.hgetall(self.key("sub", token)).items()}
+        if "callback" not in raw:
+            return None
+        topics = tuple(sorted(as_text(t) for t in self.redis.smembers(self.key("subtopics", token)))) \
+            if with_topics else ()
+        return Subscriber(token=token, callback=raw["callback"], uuid=raw.get("uuid", ""),
+                          max_events=int(raw.get("max", DEFAULT_MAX_EVENTS)),
+                          timeout_ms=int(raw.get("timeout", DEFAULT_TIMEOUT_MS)),
+                          health_points=int(raw.get("hp", MAX_HEALTH)),
+                          backoff_until_ms=int(raw.get("until", 0)), topics=topics)
+
+    def queued(self, token: str) -> tuple[int, int | None]:
+        """(events queued for the subscriber, acceptance time of the oldest in ms or None)."""
+        stream = self.stream_key(token)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xlen(stream)
+        pipe.xrange(stream, count=1)
+        length, head = pipe.execute()
+        oldest = int(as_text(head[0][0]).split("-")[0]) if head else None
+        return int(length), oldest
+
+    def counters(self) -> dict[str, int]:
+        return {as_text(k): int(v) for k, v in self.redis.hgetall(self.counters_key).items()}
+
+    def now_ms(self) -> int:
+        """Redis's clock, the one every stored time uses."""
+        seconds, micros = self.redis.time()
+        return seconds * 1000 + micros // 1000
+
+
+def event_json(topic: str, type_: str, url: str, timestamp: int, data: dict[str, Any] | None) -> str:
+    """An event exactly as a subscriber receives it (``timestamp`` is ``t``; no ``data`` if null)."""
+    event: dict[str, Any] = {"topic": topic, "type": type_, "url": url, "t": timestamp}
+    if data is not None:
+        event["data"] = data
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
