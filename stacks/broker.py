@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import Fn, RemovalPolicy
 from aws_cdk import aws_amazonmq as amazonmq
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from stacks import constants as c
+from stacks.network import allow_from
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,9 @@ class BrokerConstruct(Construct):
       ``broker.attr_amqp_endpoints`` for clients);
     - ``secret``: admin credentials (JSON ``username``/``password``), the BASIC_AUTH secret of
       Amazon MQ event source mappings;
-    - ``security_group``: the broker's group, open on AMQPS 5671 and HTTPS 443 to the VPC CIDR.
-      Event source mappings run their pollers in the broker's subnets with this group, so it
-      keeps all outbound traffic allowed.
+    - ``security_group``: the broker's group, open on AMQPS 5671 and HTTPS 443 (management API)
+      to the client groups only, and to itself: event source mappings run their pollers in the
+      broker's subnets with this group, so it also keeps all outbound traffic allowed.
     """
 
     def __init__(
@@ -66,13 +68,13 @@ class BrokerConstruct(Construct):
         construct_id: str,
         *,
         vpc: ec2.IVpc,
-        vpc_cidr: str,
         subnets: ec2.SubnetSelection,
+        clients: Sequence[ec2.ISecurityGroup],
         settings: BrokerSettings | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.vpc = vpc
-        self.vpc_cidr = vpc_cidr
+        self.clients = tuple(clients)
         self.settings = settings or BrokerSettings.from_context(self)
         self.subnets = vpc.select_subnets(
             subnet_type=subnets.subnet_type,
@@ -87,12 +89,11 @@ class BrokerConstruct(Construct):
             self,
             c.BROKER_SECURITY_GROUP_ID,
             vpc=self.vpc,
-            description="Amazon MQ for RabbitMQ: AMQPS and the management API from inside the VPC",
+            description="Amazon MQ for RabbitMQ: AMQPS and the management API from the Switchyard parts",
             allow_all_outbound=True,
         )
-        vpc_cidr = ec2.Peer.ipv4(self.vpc_cidr)
-        group.add_ingress_rule(vpc_cidr, ec2.Port.tcp(c.AMQPS_PORT), "AMQPS from the VPC")
-        group.add_ingress_rule(vpc_cidr, ec2.Port.tcp(c.HTTPS_PORT), "RabbitMQ management API from the VPC")
+        allow_from(group, c.AMQPS_PORT, "AMQPS", *self.clients, group)
+        allow_from(group, c.HTTPS_PORT, "RabbitMQ management API", *self.clients, group)
         return group
 
     def _build_secret(self) -> secretsmanager.Secret:
@@ -143,3 +144,18 @@ class BrokerConstruct(Construct):
                 )
             ],
         )
+
+    @property
+    def host_port(self) -> str:
+        """``b-....mq.<region>.amazonaws.com:5671`` of the first AMQPS endpoint (a deploy-time token)."""
+        return Fn.select(1, Fn.split("://", Fn.select(0, self.broker.attr_amqp_endpoints)))
+
+    @property
+    def amqp_url_template(self) -> str:
+        """The AMQPS URL with ``{username}``/``{password}`` placeholders (see switchyard/aws_secrets.py)."""
+        return Fn.join("", ["amqps://{username}:{password}@", self.host_port, "/%2F"])
+
+    @property
+    def management_url_template(self) -> str:
+        """The management API (HTTPS 443 on the broker's host) with credential placeholders."""
+        return Fn.join("", ["https://{username}:{password}@", Fn.select(0, Fn.split(":", self.host_port))])

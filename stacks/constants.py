@@ -11,6 +11,11 @@ STACK_DESCRIPTION = "Switchyard: keyed RPC, delay scheduler, pending queue and e
 # Constructs (ids are part of logical ids: changing one replaces the resources under it)
 NETWORK_CONSTRUCT_ID = "Network"
 BROKER_CONSTRUCT_ID = "Broker"
+DATA_CONSTRUCT_ID = "Data"
+FUNCTIONS_CONSTRUCT_ID = "Functions"
+WORKERS_CONSTRUCT_ID = "Workers"
+MONITORING_CONSTRUCT_ID = "Monitoring"
+ANALYTICS_CONSTRUCT_ID = "Analytics"
 
 # NetworkConstruct children
 VPC_ID = "Vpc"
@@ -45,7 +50,65 @@ BROKER_MAINTENANCE_TIME_ZONE = "UTC"
 CTX_BROKER_ENGINE_VERSION = "switchyard:brokerEngineVersion"
 CTX_BROKER_INSTANCE_TYPE = "switchyard:brokerInstanceType"
 CTX_BROKER_DEPLOYMENT_MODE = "switchyard:brokerDeploymentMode"
-DEFAULT_BROKER_ENGINE_VERSION = "3.13"  # quorum queues; "4.2" needs an mq.m7g instance type
+DEFAULT_BROKER_ENGINE_VERSION = "4.2"  # quorum queues by default; needs an mq.m7g instance type
 DEFAULT_BROKER_INSTANCE_TYPE = "mq.m7g.large"  # supports both 3.13 and 4.2
 DEFAULT_BROKER_DEPLOYMENT_MODE = "SINGLE_INSTANCE"
 BROKER_DEPLOYMENT_MODES = ("SINGLE_INSTANCE", "CLUSTER_MULTI_AZ")
+
+# Security groups (NetworkConstruct): one per part, rules name exactly what each part reaches.
+FUNCTIONS_SG_ID = "FunctionsSecurityGroup"
+WORKERS_SG_ID = "WorkersSecurityGroup"
+EMR_SG_ID = "EmrSecurityGroup"
+REDIS_SG_ID = "RedisSecurityGroup"
+POSTGRES_SG_ID = "PostgresSecurityGroup"
+MSK_SG_ID = "MskSecurityGroup"
+REDIS_PORT = 6379
+POSTGRES_PORT = 5432
+MSK_IAM_PORT = 9098  # SASL/IAM over TLS, inside the VPC
+
+# Configuration (context keys, JSON values; see stacks/config.py and the README)
+CTX_POOLS = "switchyard:pools"
+CTX_DELAY = "switchyard:delay"
+CTX_MSK = "switchyard:msk"
+CTX_POSTGRES = "switchyard:postgres"
+CTX_REDIS = "switchyard:redis"
+CTX_ALARM_EMAIL = "switchyard:alarmEmail"
+CTX_LAYER_DIR = "switchyard:layerDir"
+EXAMPLE_POOL = "core"
+MAX_POOL_NAME_CHARS = 32
+POSTGRES_VERSIONS = {"15": "VER_15", "16": "VER_16", "17": "VER_17"}
+
+# Lambda
+LAYER_DIR = "layers/build/switchyard"  # what layers/build.sh writes, relative to the repository
+FUNCTIONS_DIR = "functions"
+LAMBDA_MEMORY_MB = 512
+METRICS_NAMESPACE = "Switchyard"
+LOG_LEVEL = "INFO"
+ESM_TIMEOUT_S = 60  # one batch: forward / answer / track, all confirmed
+RECONCILE_TIMEOUT_S = 60
+# fire and sweep loop until their time runs short; a schedule fires each minute, so with a
+# 70 s timeout at most two overlap (the next starts before the last stops: no gap in firing).
+LOOP_TIMEOUT_S = 70
+FIRE_RESERVED_CONCURRENCY = 2
+SWEEP_RESERVED_CONCURRENCY = 2
+RECONCILE_RESERVED_CONCURRENCY = 1  # one pass at a time per pool (the reconciler lock agrees)
+DEPLOY_TIMEOUT_S = 300
+# Postgres connections each warm environment keeps (the store: one per thread that uses it).
+CONNECTIONS_PER_ENQUEUE = 1
+CONNECTIONS_PER_FIRE = 2  # the firing thread's claims and the store worker thread
+CONNECTIONS_PER_SWEEP = 1
+POSTGRES_BUDGET_SHARE = 50  # percent of max_connections the functions may use; the rest: admin, EMR
+SCHEDULE_RATE_MINUTES = 1
+
+# ECS
+WORKER_CONTAINER = "worker"
+WORKER_STOP_TIMEOUT_S = 120  # Fargate's maximum: SIGTERM, then SIGKILL this much later
+WORKER_FAMILY_PREFIX = "switchyard-worker-"
+
+# Monitoring
+ALARM_PERIOD_MINUTES = 5
+POSTGRES_CONNECTIONS_ALARM_PERCENT = 80
+DELAY_BACKLOG_LATENESS_MS = 60_000  # a message a whole minute late: the fire loop is behind
+
+# EMR Serverless
+EMR_RELEASE = "emr-7.9.0"

@@ -2,24 +2,49 @@
 
 cdk-nag 3 runs as a CDK policy-validation plugin: ``app.synth()`` fails when a finding is not
 acknowledged, printing the report (also written to the cloud assembly as
-``policy-validation-report.json``). A finding is accepted with
-``Validations.of(construct).acknowledge(id=..., reason=...)`` on the construct it concerns,
-never stack-wide, so a new resource of the same kind is checked again.
+``validation-report.json``). A finding is accepted with
+``Validations.of(construct).acknowledge(id=..., reason=...)`` on the construct it concerns (and
+its children), never stack-wide, so a new resource of another kind is checked again.
 """
 
 from __future__ import annotations
 
 from aws_cdk import Acknowledgment, App, Validations
 from cdk_nag import AwsSolutionsChecks
+from constructs import IConstruct
 
 from stacks.switchyard_stack import SwitchyardStack
 
 PACK = "AwsSolutions"
 
+LAMBDA_MANAGED_POLICIES = (
+    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole",
+    "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole",
+)
+REASONS = {
+    "IAM4": (
+        "Lambda's own managed policies: CloudWatch Logs writes and the ENI management a function in a "
+        "VPC needs (ec2:CreateNetworkInterface and friends support no resource-level permissions)."
+    ),
+    "IAM5[Resource::*]": (
+        "Only actions without resource-level permissions: X-Ray PutTraceSegments/"
+        "PutTelemetryRecords, and the EC2 Describe*/network-interface actions that an event "
+        "source mapping's pollers need. Every data-service action names its resource."
+    ),
+    "L1": (
+        "The project runs on CPython 3.11 (pyproject, layers/build.sh downloads cp311 wheels, the image "
+        "is python:3.11); moving the runtime means rebuilding and retesting the layer, not a config flip."
+    ),
+}
+
 
 def rule(rule_id: str) -> str:
     """The acknowledgement id of an AwsSolutions rule, e.g. ``rule("SMG4")``."""
     return f"{PACK}::{PACK}-{rule_id}"
+
+
+def accept(construct: IConstruct, rule_id: str, reason: str) -> None:
+    Validations.of(construct).acknowledge(Acknowledgment(id=rule(rule_id), reason=reason))
 
 
 def apply_checks(app: App) -> None:
@@ -29,13 +54,154 @@ def apply_checks(app: App) -> None:
 
 def acknowledge(stack: SwitchyardStack) -> None:
     """Accepted findings of ``stack``, each with its reason."""
-    Validations.of(stack.broker.secret).acknowledge(
-        Acknowledgment(
-            id=rule("SMG4"),
-            reason=(
-                "Amazon MQ has no managed rotation for broker users: rotating this password needs a "
-                "custom rotation Lambda that also updates the broker user, which is not built yet. "
-                "The secret is only usable from inside the VPC (the broker is not publicly accessible)."
-            ),
+    accept(
+        stack.broker.secret,
+        "SMG4",
+        "Amazon MQ has no managed rotation for broker users: rotating this password needs a custom "
+        "rotation Lambda that also updates the broker user, which is not built yet. The secret is only "
+        "usable from inside the VPC (the broker is not publicly accessible).",
+    )
+    _data(stack)
+    _functions(stack)
+    _workers(stack)
+    _analytics(stack)
+
+
+def _data(stack: SwitchyardStack) -> None:
+    data = stack.data
+    accept(
+        data.postgres,
+        "SMG4",
+        "Rotation would change the password under warm Lambda environments, which read the secret once "
+        "per process; rotate by redeploying (or add single-user rotation with a reconnect-on-auth-failure "
+        "in the store first).",
+    )
+    accept(
+        data.redis_secret,
+        "SMG4",
+        "ElastiCache AUTH tokens rotate with ModifyReplicationGroup (ROTATE then SET), which no managed "
+        "rotation function does; the token is reachable only from the functions' security group.",
+    )
+    accept(
+        data.postgres,
+        "RDS3",
+        "Multi-AZ doubles the instance cost; it is one context switch away (switchyard:postgres multiAz). "
+        "The delay store survives a single-AZ outage late, not lost: Kafka keeps unconsumed input.",
+    )
+    accept(
+        data.postgres,
+        "RDS10",
+        "Deletion protection is off by default so `cdk destroy` tears the stack down (a final snapshot "
+        "is still taken: RemovalPolicy.SNAPSHOT); production sets switchyard:postgres deletionProtection.",
+    )
+    accept(
+        data.postgres,
+        "RDS11",
+        "The port is not a secret: the instance is in isolated subnets and its security group admits "
+        "5432 only from the functions' group.",
+    )
+    accept(
+        data.redis,
+        "AEC4",
+        "One node by default (pool state can be rebuilt from the broker and ECS by the reconciler); "
+        "switchyard:redis replicas >= 1 turns on Multi-AZ with automatic failover.",
+    )
+    for child in stack.node.children:  # CDK's LogRetention singleton: RDS's exported log group
+        if child.node.id.startswith("LogRetention"):
+            accept(child, f"IAM4[{LAMBDA_MANAGED_POLICIES[0]}]", REASONS["IAM4"])
+            accept(
+                child,
+                "IAM5[Resource::*]",
+                "CDK's LogRetention function sets retention on log groups RDS creates itself, whose "
+                "names it cannot know before the instance exists.",
+            )
+    bootstrap = stack.node.try_find_child("AWS679f53fac002430cb0da5b7982bd2287")
+    if bootstrap is not None:  # AwsCustomResource's singleton (reads MSK's IAM bootstrap string)
+        accept(bootstrap, f"IAM4[{LAMBDA_MANAGED_POLICIES[0]}]", REASONS["IAM4"])
+        accept(bootstrap, "L1", "CDK's AwsCustomResource singleton picks its own Node.js runtime.")
+
+
+def _functions(stack: SwitchyardStack) -> None:
+    for fn in stack.functions.functions.values():
+        for policy in LAMBDA_MANAGED_POLICIES:
+            accept(fn, f"IAM4[{policy}]", REASONS["IAM4"])
+        accept(fn, "IAM5[Resource::*]", REASONS["IAM5[Resource::*]"])
+        accept(fn, "L1", REASONS["L1"])
+        # Invoking a function's versions (ARN:*) is how the Provider framework and the schedules call it.
+        accept(
+            fn,
+            f"IAM5[Resource::<{stack.get_logical_id(fn.node.default_child)}.Arn>:*]",
+            "Invocation of the function's own versions and aliases only.",
         )
+    for provider in stack.functions.providers:
+        accept(provider, f"IAM4[{LAMBDA_MANAGED_POLICIES[0]}]", REASONS["IAM4"])
+        target = provider.on_event_handler.node.default_child
+        accept(
+            provider,
+            f"IAM5[Resource::<{stack.get_logical_id(target)}.Arn>:*]",
+            "The Provider framework invokes its one handler function (any version).",
+        )
+    for child in stack.node.children:
+        if child.node.id.startswith("SchedulerRoleForTarget"):
+            for fn in stack.functions.functions.values():
+                accept(
+                    child,
+                    f"IAM5[Resource::<{stack.get_logical_id(fn.node.default_child)}.Arn>:*]",
+                    "EventBridge Scheduler's role invokes its one target function (any version).",
+                )
+    ecs_reason = (
+        "The ECS driver runs tasks of the pool's task definition family (any revision), and "
+        "lists/describes/stops/tags tasks of the one worker cluster (task ids are not known "
+        "before RunTask); every statement is conditioned on that cluster."
+    )
+    for name in stack.functions.pools:
+        for fn in (stack.functions.pools[name].orphans, stack.functions.pools[name].reconcile):
+            cluster = stack.get_logical_id(stack.workers.cluster.node.default_child)
+            for resource in (
+                f"container-instance/<{cluster}>/*",
+                f"task-definition/switchyard-worker-{name}:*",
+                f"task/<{cluster}>/*",
+            ):
+                accept(
+                    fn,
+                    f"IAM5[Resource::arn:<AWS::Partition>:ecs:<AWS::Region>:<AWS::AccountId>:{resource}]",
+                    ecs_reason,
+                )
+
+
+def _workers(stack: SwitchyardStack) -> None:
+    for task in stack.workers.task_definitions.values():
+        accept(
+            task,
+            "ECS2",
+            "Only non-secret settings are environment variables (the broker URL with placeholders, log "
+            "level, pool); the AMQP credentials are ECS secrets from Secrets Manager.",
+        )
+        accept(
+            task,
+            "IAM5[Resource::*]",
+            "ecr:GetAuthorizationToken has no resource-level permissions (image pulls themselves are "
+            "scoped to the asset repository).",
+        )
+
+
+def _analytics(stack: SwitchyardStack) -> None:
+    analytics = stack.analytics
+    accept(
+        analytics.bucket,
+        "S1",
+        "A server-access-log bucket would need its own access logs; access is already audited by "
+        "CloudTrail data events when the account enables them, and the bucket is private, TLS-only.",
+    )
+    for action in ("s3:Abort*", "s3:DeleteObject*", "s3:GetBucket*", "s3:GetObject*", "s3:List*"):
+        accept(
+            analytics.job_role,
+            f"IAM5[Action::{action}]",
+            "CDK's grantReadWrite on the pipeline's own bucket: object-level verbs of that one bucket.",
+        )
+    logical = stack.get_logical_id(analytics.bucket.node.default_child)
+    accept(
+        analytics.job_role,
+        f"IAM5[Resource::<{logical}.Arn>/*]",
+        "Every object of the pipeline's own bucket (job code, inputs, outputs, logs).",
     )

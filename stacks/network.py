@@ -10,6 +10,12 @@ from constructs import Construct
 from stacks import constants as c
 
 
+def allow_from(group: ec2.ISecurityGroup, port: int, what: str, *clients: ec2.ISecurityGroup) -> None:
+    """Admit ``port`` on ``group`` from each client group, and from nothing else."""
+    for client in clients:
+        group.add_ingress_rule(client, ec2.Port.tcp(port), f"{what} from {client.node.id}")
+
+
 class NetworkConstruct(Construct):
     """A VPC over two AZs with public, private-with-egress and private-isolated subnets.
 
@@ -19,6 +25,12 @@ class NetworkConstruct(Construct):
     - ``isolated_subnets``: data stores that talk to nothing outside the VPC (RDS, ElastiCache, MSK).
 
     All traffic is recorded by VPC flow logs into a CloudWatch log group.
+
+    Security groups, one per part; nothing admits traffic from outside the VPC:
+    - ``functions`` (Lambda), ``workers`` (ECS tasks), ``emr`` (EMR Serverless jobs): clients, no
+      ingress at all, outbound open (AWS APIs through the NAT gateway);
+    - ``redis``, ``postgres``, ``msk``: each admits its one port from exactly the clients that use
+      it (``allow_from``); the broker's group lives in ``BrokerConstruct``.
     """
 
     def __init__(self, scope: Construct, construct_id: str) -> None:
@@ -26,6 +38,20 @@ class NetworkConstruct(Construct):
         self.flow_log_group = self._build_flow_log_group()
         self.vpc = self._build_vpc()
         self.flow_log = self._build_flow_log()
+        self.functions_sg = self._group(c.FUNCTIONS_SG_ID, "Switchyard Lambda functions: clients only")
+        self.workers_sg = self._group(c.WORKERS_SG_ID, "Switchyard ECS worker tasks: clients only")
+        self.emr_sg = self._group(c.EMR_SG_ID, "EMR Serverless jobs: clients only")
+        self.redis_sg = self._group(c.REDIS_SG_ID, "ElastiCache: TLS Redis protocol from the control plane")
+        self.postgres_sg = self._group(c.POSTGRES_SG_ID, "RDS Postgres: the delay store, from the functions")
+        self.msk_sg = self._group(c.MSK_SG_ID, "MSK: SASL/IAM over TLS from the functions and EMR")
+        allow_from(self.redis_sg, c.REDIS_PORT, "Redis over TLS", self.functions_sg)
+        allow_from(self.postgres_sg, c.POSTGRES_PORT, "Postgres", self.functions_sg)
+        # The MSK event source's pollers run in the cluster's subnets with the cluster's group.
+        allow_from(self.msk_sg, c.MSK_IAM_PORT, "Kafka SASL/IAM", self.functions_sg, self.emr_sg, self.msk_sg)
+
+    def _group(self, construct_id: str, description: str) -> ec2.SecurityGroup:
+        return ec2.SecurityGroup(self, construct_id, vpc=self.vpc, description=description,
+                                 allow_all_outbound=True)
 
     @property
     def cidr(self) -> str:

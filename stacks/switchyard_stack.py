@@ -8,33 +8,69 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from stacks import constants as c
+from stacks.analytics import AnalyticsConstruct
 from stacks.broker import BrokerConstruct
+from stacks.bus import BUS_CONSTRUCT_ID, BusConstruct
+from stacks.config import DeploymentConfig
+from stacks.data import DataConstruct
+from stacks.functions import FunctionsConstruct
+from stacks.monitoring import MonitoringConstruct
 from stacks.network import NetworkConstruct
+from stacks.pending import PENDING_CONSTRUCT_ID, PendingConstruct
+from stacks.workers import WorkersConstruct
 
 
 class SwitchyardStack(Stack):
-    """Network first, then the broker; later: ElastiCache, RDS, MSK, Lambda functions, ECS."""
+    """Network, broker, data services, ECS workers, Lambda functions, monitoring, EMR Serverless.
+
+    The configuration (pools, delay, sizes) comes from CDK context and is validated first, so a
+    bad value fails synth before any construct is made.
+    """
 
     def __init__(self, scope: Construct, construct_id: str = c.STACK_ID, **kwargs: Any) -> None:
         kwargs.setdefault("description", c.STACK_DESCRIPTION)
         super().__init__(scope, construct_id, **kwargs)
-        self.network = self._build_network()
-        self.broker = self._build_broker()
+        self.config = DeploymentConfig.from_context(self)
+        layer_dir = self.node.try_get_context(c.CTX_LAYER_DIR) or c.LAYER_DIR
+        self.network = NetworkConstruct(self, c.NETWORK_CONSTRUCT_ID)
+        self.broker = BrokerConstruct(
+            self, c.BROKER_CONSTRUCT_ID, vpc=self.network.vpc, subnets=self.network.egress_subnets,
+            clients=[self.network.functions_sg, self.network.workers_sg, self.network.emr_sg])
+        self.data = DataConstruct(self, c.DATA_CONSTRUCT_ID, network=self.network, config=self.config)
+        self.workers = WorkersConstruct(self, c.WORKERS_CONSTRUCT_ID, network=self.network,
+                                        broker=self.broker, config=self.config)
+        self.functions = FunctionsConstruct(
+            self, c.FUNCTIONS_CONSTRUCT_ID, network=self.network, broker=self.broker, data=self.data,
+            workers=self.workers, config=self.config, layer_dir=str(layer_dir))
+        self.monitoring = MonitoringConstruct(self, c.MONITORING_CONSTRUCT_ID, config=self.config,
+                                              functions=self.functions, data=self.data, workers=self.workers)
+        self.analytics = AnalyticsConstruct(self, c.ANALYTICS_CONSTRUCT_ID, network=self.network,
+                                            broker=self.broker, data=self.data, functions=self.functions,
+                                            config=self.config)
+        self.bus = BusConstruct(self, BUS_CONSTRUCT_ID, network=self.network, data=self.data,
+                                workers=self.workers, functions=self.functions, monitoring=self.monitoring)
+        self.pending = PendingConstruct(self, PENDING_CONSTRUCT_ID, data=self.data, functions=self.functions,
+                                        monitoring=self.monitoring, account_logging=self.bus.api)
         self._build_outputs()
 
-    def _build_network(self) -> NetworkConstruct:
-        return NetworkConstruct(self, c.NETWORK_CONSTRUCT_ID)
-
-    def _build_broker(self) -> BrokerConstruct:
-        return BrokerConstruct(
-            self,
-            c.BROKER_CONSTRUCT_ID,
-            vpc=self.network.vpc,
-            vpc_cidr=self.network.cidr,
-            subnets=self.network.egress_subnets,
-        )
-
     def _build_outputs(self) -> None:
-        CfnOutput(self, "BrokerArn", value=self.broker.broker.attr_arn)
-        CfnOutput(self, "BrokerSecretArn", value=self.broker.secret.secret_arn)
-        CfnOutput(self, "VpcId", value=self.network.vpc.vpc_id)
+        outputs = {
+            "BrokerArn": self.broker.broker.attr_arn,
+            "BrokerSecretArn": self.broker.secret.secret_arn,
+            "VpcId": self.network.vpc.vpc_id,
+            "KafkaClusterArn": self.data.kafka.attr_arn,
+            "KafkaBootstrapIam": self.data.kafka_bootstrap,
+            "PostgresSecretArn": self.data.postgres_secret.secret_arn,
+            "EcsCluster": self.workers.cluster.cluster_name,
+            "AlarmTopicArn": self.monitoring.topic.topic_arn,
+            "DashboardName": "Switchyard",
+            "PipelineBucket": self.analytics.bucket.bucket_name,
+            "PipelineApplicationId": self.analytics.application.attr_application_id,
+            "PipelineJobRoleArn": self.analytics.job_role.role_arn,
+            "BusApiUrl": self.bus.api.url,
+            "BusRootKeySecretArn": self.bus.root_key.secret_arn,
+            "PendingApiUrl": self.pending.api.url,
+            "PendingTokensSecretArn": self.pending.tokens.secret_arn,
+        }
+        for name, value in outputs.items():
+            CfnOutput(self, name, value=value)

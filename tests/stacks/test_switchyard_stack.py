@@ -1,164 +1,170 @@
-"""Property tests of the synthesized SwitchyardStack template (no AWS calls)."""
+"""Property tests of the synthesized SwitchyardStack template (no AWS calls), one part at a time."""
 
 from __future__ import annotations
 
 import json
-import os
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-
-from aws_cdk import App
 from aws_cdk.assertions import Match, Template
 
 from stacks import constants as c
-from stacks.application import build_app
 from stacks.broker import BrokerSettings
-from stacks.switchyard_stack import SwitchyardStack
+from tests.stacks.conftest import ROOT, synth
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def synthesized(tmp_path_factory: pytest.TempPathFactory) -> tuple[Template, Path]:
-    """Synthesize once per module (a synth takes seconds). Fails here if cdk-nag finds anything."""
-    outdir = tmp_path_factory.mktemp("cdk.out")
-    app, stack = build_app(outdir=str(outdir))
-    app.synth()
-    return Template.from_stack(stack), outdir
-
-
-@pytest.fixture(scope="module")
-def template(synthesized: tuple[Template, Path]) -> Template:
-    return synthesized[0]
-
-
-def only_resource(template: Template, resource_type: str) -> tuple[str, dict[str, Any]]:
-    resources = template.find_resources(resource_type)
-    assert len(resources) == 1, f"expected one {resource_type}, found {sorted(resources)}"
-    return next(iter(resources.items()))
+Resources = dict[str, dict[str, Any]]
+RUNTIME_HANDLERS = {
+    "rpc_orphans",
+    "rpc_dead_letters",
+    "rpc_activity",
+    "rpc_reconcile",
+    "delay_enqueue",
+    "delay_fire",
+    "delay_sweep",
+}
+DEPLOY_HANDLERS = {"deploy_pools", "deploy_delay_schema", "deploy_topics"}
+# Handlers of parts whose deployment (API Gateway, their schedules) comes with their own issues
+# (pending request queue, event bus). Listed, so that a new handler file forces a decision here.
+NOT_YET_DEPLOYED: set[str] = set()
+BUS_HANDLERS = {"bus_api", "bus_housekeeping"}  # stacks/bus.py; tests/stacks/test_bus_stack.py
+PENDING_HANDLERS = {"pending_api"}  # stacks/pending.py; tests/stacks/test_pending_stack.py
 
 
-def test_broker_is_private_rabbitmq_with_upgrades_logs_and_maintenance(template: Template) -> None:
+def of_type(resources: Resources, kind: str) -> dict[str, dict[str, Any]]:
+    return {k: r for k, r in resources.items() if r["Type"] == kind}
+
+
+def only(resources: Resources, kind: str) -> tuple[str, dict[str, Any]]:
+    found = of_type(resources, kind)
+    assert len(found) == 1, f"expected one {kind}, found {sorted(found)}"
+    return next(iter(found.items()))
+
+
+def switchyard_functions(resources: Resources) -> dict[str, dict[str, Any]]:
+    """Our functions by handler module (``rpc_orphans``), not CDK's own helper functions."""
+    found: dict[str, dict[str, Any]] = {}
+    for logical, fn in of_type(resources, "AWS::Lambda::Function").items():
+        module = fn["Properties"].get("Handler", "").split(".")[0]
+        if module in RUNTIME_HANDLERS | DEPLOY_HANDLERS | BUS_HANDLERS | PENDING_HANDLERS:
+            found.setdefault(module, {})[logical] = fn
+    return found
+
+
+def one_function(resources: Resources, module: str) -> tuple[str, dict[str, Any]]:
+    (item,) = switchyard_functions(resources)[module].items()
+    return item
+
+
+def policy_statements(resources: Resources, function: dict[str, Any]) -> list[dict[str, Any]]:
+    role = function["Properties"]["Role"]["Fn::GetAtt"][0]
+    statements = []
+    for policy in of_type(resources, "AWS::IAM::Policy").values():
+        if {"Ref": role} in policy["Properties"]["Roles"]:
+            statements += policy["Properties"]["PolicyDocument"]["Statement"]
+    return statements
+
+
+def actions_of(statements: list[dict[str, Any]]) -> set[str]:
+    found: set[str] = set()
+    for s in statements:
+        found.update([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    return found
+
+
+def ingress(resources: Resources, group: str) -> set[tuple[int, str]]:
+    """(port, source group logical id) admitted by ``group`` through separate ingress resources."""
+    rules = set()
+    for rule in of_type(resources, "AWS::EC2::SecurityGroupIngress").values():
+        props = rule["Properties"]
+        if props["GroupId"] == {"Fn::GetAtt": [group, "GroupId"]}:
+            rules.add((props["FromPort"], props["SourceSecurityGroupId"]["Fn::GetAtt"][0]))
+    return rules
+
+
+def group_id(resources: Resources, construct_id: str) -> str:
+    (logical,) = [k for k in of_type(resources, "AWS::EC2::SecurityGroup") if construct_id in k]
+    return logical
+
+
+# -- network ------------------------------------------------------------------------------------
+def test_vpc_spans_two_azs_with_one_nat_and_private_subnets(template: Template) -> None:
+    template.resource_count_is("AWS::EC2::NatGateway", 1)
+    template.resource_count_is("AWS::EC2::Subnet", 3 * c.VPC_MAX_AZS)
+    template.has_resource_properties(
+        "AWS::EC2::FlowLog",
+        {"ResourceType": "VPC", "TrafficType": "ALL", "LogDestinationType": "cloud-watch-logs"},
+    )
+
+
+def test_no_security_group_admits_anything_from_a_cidr(resources: Resources) -> None:
+    for group in of_type(resources, "AWS::EC2::SecurityGroup").values():
+        assert group["Properties"].get("SecurityGroupIngress", []) == [], group["Properties"][
+            "GroupDescription"
+        ]
+    for rule in of_type(resources, "AWS::EC2::SecurityGroupIngress").values():
+        assert "CidrIp" not in rule["Properties"] and "CidrIpv6" not in rule["Properties"]
+
+
+def test_each_data_service_admits_its_port_from_exactly_its_clients(resources: Resources) -> None:
+    functions, workers, emr = (
+        group_id(resources, n) for n in ("FunctionsSecurityGroup", "WorkersSecurityGroup", "EmrSecurityGroup")
+    )
+    broker, redis, postgres, msk = (
+        group_id(resources, n)
+        for n in ("BrokerSecurityGroup", "RedisSecurityGroup", "PostgresSecurityGroup", "MskSecurityGroup")
+    )
+    assert ingress(resources, broker) == {
+        (port, src) for port in (c.AMQPS_PORT, c.HTTPS_PORT) for src in (functions, workers, emr, broker)
+    }
+    bus_workers = group_id(resources, "BusDeliverySecurityGroup")
+    assert ingress(resources, redis) == {(c.REDIS_PORT, functions), (c.REDIS_PORT, bus_workers)}
+    assert ingress(resources, postgres) == {(c.POSTGRES_PORT, functions)}
+    assert ingress(resources, msk) == {(c.MSK_IAM_PORT, src) for src in (functions, emr, msk)}
+    for client in (functions, workers, emr):
+        assert ingress(resources, client) == set()
+
+
+# -- Amazon MQ -----------------------------------------------------------------------------------
+def test_broker_is_private_rabbitmq_4_2_by_default(template: Template) -> None:
     template.has_resource_properties(
         "AWS::AmazonMQ::Broker",
         {
             "EngineType": "RABBITMQ",
-            "EngineVersion": c.DEFAULT_BROKER_ENGINE_VERSION,
+            "EngineVersion": "4.2",
             "HostInstanceType": c.DEFAULT_BROKER_INSTANCE_TYPE,
             "DeploymentMode": "SINGLE_INSTANCE",
             "PubliclyAccessible": False,
             "AutoMinorVersionUpgrade": True,
             "Logs": {"General": True},
-            "MaintenanceWindowStartTime": {
-                "DayOfWeek": c.BROKER_MAINTENANCE_DAY,
-                "TimeOfDay": c.BROKER_MAINTENANCE_TIME,
-                "TimeZone": c.BROKER_MAINTENANCE_TIME_ZONE,
-            },
         },
     )
 
 
-def test_broker_runs_in_one_private_subnet_with_its_security_group(template: Template) -> None:
-    _, broker = only_resource(template, "AWS::AmazonMQ::Broker")
-    sg_id, _ = only_resource(template, "AWS::EC2::SecurityGroup")
-    props = broker["Properties"]
-    assert props["SecurityGroups"] == [{"Fn::GetAtt": [sg_id, "GroupId"]}]
-    assert len(props["SubnetIds"]) == 1
-    subnet_id = props["SubnetIds"][0]["Ref"]
-    subnet = template.to_json()["Resources"][subnet_id]
-    assert subnet["Properties"]["MapPublicIpOnLaunch"] is False
-    tags = {t["Key"]: t["Value"] for t in subnet["Properties"]["Tags"]}
-    assert tags["aws-cdk:subnet-name"] == c.EGRESS_SUBNET_NAME
-
-
-def test_broker_user_comes_from_the_generated_secret(template: Template) -> None:
-    secret_id, _ = only_resource(template, "AWS::SecretsManager::Secret")
-    _, broker = only_resource(template, "AWS::AmazonMQ::Broker")
+def test_broker_user_comes_from_the_generated_secret(resources: Resources) -> None:
+    _, broker = only(resources, "AWS::AmazonMQ::Broker")
     (user,) = broker["Properties"]["Users"]
+    secret = next(k for k in of_type(resources, "AWS::SecretsManager::Secret") if "BrokerAdminSecret" in k)
     for field in ("username", "password"):
-        ref = user[field.capitalize()]
-        assert ref == {
-            "Fn::Join": [
-                "",
-                ["{{resolve:secretsmanager:", {"Ref": secret_id}, f":SecretString:{field}::}}}}"],
-            ]
+        assert user[field.capitalize()] == {
+            "Fn::Join": ["", ["{{resolve:secretsmanager:", {"Ref": secret}, f":SecretString:{field}::}}}}"]]
         }
-
-
-def test_secret_generation_avoids_characters_amazon_mq_refuses(template: Template) -> None:
-    _, secret = only_resource(template, "AWS::SecretsManager::Secret")
-    gen = secret["Properties"]["GenerateSecretString"]
-    assert json.loads(gen["SecretStringTemplate"]) == {"username": c.BROKER_ADMIN_USERNAME}
-    assert gen["GenerateStringKey"] == "password"
-    assert gen["IncludeSpace"] is False
-    assert gen["PasswordLength"] >= 12  # Amazon MQ's minimum
-    for refused in ",:=":  # Amazon MQ for RabbitMQ rejects these in passwords
+    gen = resources[secret]["Properties"]["GenerateSecretString"]
+    for refused in ",:=@/%?#":  # Amazon MQ refuses ,:= and the rest would break amqps:// URLs
         assert refused in gen["ExcludeCharacters"]
-    for url_special in "@/%?#":  # would break amqps://user:password@host URLs
-        assert url_special in gen["ExcludeCharacters"]
 
 
-def test_broker_security_group_admits_only_amqps_and_https_from_the_vpc(template: Template) -> None:
-    _, vpc = only_resource(template, "AWS::EC2::VPC")
-    cidr = vpc["Properties"]["CidrBlock"]
-    assert cidr == c.VPC_CIDR
-    _, group = only_resource(template, "AWS::EC2::SecurityGroup")
-    ingress = group["Properties"]["SecurityGroupIngress"]
-    assert sorted((r["IpProtocol"], r["FromPort"], r["ToPort"], r["CidrIp"]) for r in ingress) == [
-        ("tcp", c.HTTPS_PORT, c.HTTPS_PORT, cidr),
-        ("tcp", c.AMQPS_PORT, c.AMQPS_PORT, cidr),
-    ]
-    # No rule added elsewhere as a separate resource.
-    template.resource_count_is("AWS::EC2::SecurityGroupIngress", 0)
-
-
-def test_vpc_spans_two_azs_with_one_nat_and_private_subnets(template: Template) -> None:
-    template.resource_count_is("AWS::EC2::NatGateway", 1)
-    template.resource_count_is("AWS::EC2::Subnet", 3 * c.VPC_MAX_AZS)
-    names = [
-        {t["Key"]: t["Value"] for t in s["Properties"]["Tags"]}["aws-cdk:subnet-type"]
-        for s in template.find_resources("AWS::EC2::Subnet").values()
-    ]
-    assert sorted(set(names)) == ["Isolated", "Private", "Public"]
-
-
-def test_vpc_flow_logs_capture_all_traffic_to_cloudwatch(template: Template) -> None:
-    vpc_id, _ = only_resource(template, "AWS::EC2::VPC")
-    log_group_id, log_group = only_resource(template, "AWS::Logs::LogGroup")
-    assert log_group["Properties"]["RetentionInDays"] == 30
-    template.has_resource_properties(
-        "AWS::EC2::FlowLog",
-        {
-            "ResourceId": {"Ref": vpc_id},
-            "ResourceType": "VPC",
-            "TrafficType": "ALL",
-            "LogDestinationType": "cloud-watch-logs",
-            "LogGroupName": {"Ref": log_group_id},
-            "DeliverLogsPermissionArn": Match.any_value(),
-        },
+def test_engine_3_13_and_cluster_mode_are_selectable(layer_dir: str, tmp_path: Path) -> None:
+    template, _, _ = synth(
+        layer_dir,
+        tmp_path,
+        **{c.CTX_BROKER_ENGINE_VERSION: "3.13", c.CTX_BROKER_DEPLOYMENT_MODE: "CLUSTER_MULTI_AZ"},
     )
-
-
-def test_cdk_nag_finds_nothing_unacknowledged(synthesized: tuple[Template, Path]) -> None:
-    _, outdir = synthesized
-    report = json.loads((outdir / "validation-report.json").read_text())
-    (nag,) = [r for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions"]
-    assert nag["conclusion"] == "success"
-    assert nag["violations"] == []
-    for suppressed in nag["suppressedViolations"]:
-        assert len(suppressed["reason"]) > 40, f"{suppressed['ruleName']} needs a written reason"
-
-
-def test_cluster_mode_spreads_broker_over_the_private_subnets() -> None:
-    app = App(context={c.CTX_BROKER_DEPLOYMENT_MODE: "CLUSTER_MULTI_AZ", c.CTX_BROKER_ENGINE_VERSION: "4.2"})
-    template = Template.from_stack(SwitchyardStack(app))
-    _, broker = only_resource(template, "AWS::AmazonMQ::Broker")
-    assert broker["Properties"]["DeploymentMode"] == "CLUSTER_MULTI_AZ"
-    assert broker["Properties"]["EngineVersion"] == "4.2"
+    (broker,) = template.find_resources("AWS::AmazonMQ::Broker").values()
+    assert broker["Properties"]["EngineVersion"] == "3.13"
     assert len(broker["Properties"]["SubnetIds"]) == c.VPC_MAX_AZS
 
 
@@ -172,3 +178,364 @@ def test_cluster_mode_spreads_broker_over_the_private_subnets() -> None:
 def test_broker_settings_reject_what_amazon_mq_would(settings: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         BrokerSettings(**settings)
+
+
+def test_pools_are_declared_on_deploy_by_a_custom_resource(resources: Resources) -> None:
+    _, pools = only(resources, "Custom::SwitchyardPools")
+    assert pools["Properties"]["Pools"] == [c.EXAMPLE_POOL]
+    assert re.fullmatch(r"[0-9a-f]{16}", pools["Properties"]["CodeVersion"])  # re-runs when the code changes
+    _, fn = one_function(resources, "deploy_pools")
+    env = fn["Properties"]["Environment"]["Variables"]
+    assert "{password}" in json.dumps(env["SWITCHYARD_AMQP_URL"])  # filled from the secret at run time
+    assert "SWITCHYARD_AMQP_SECRET_ARN" in env
+
+
+# -- MSK, RDS, ElastiCache ----------------------------------------------------------------------------
+def test_msk_uses_iam_auth_and_tls_only(template: Template, resources: Resources) -> None:
+    template.has_resource_properties(
+        "AWS::MSK::Cluster",
+        {
+            "ClientAuthentication": {
+                "Sasl": {"Iam": {"Enabled": True}},
+                "Unauthenticated": {"Enabled": False},
+            },
+            "EncryptionInfo": {"EncryptionInTransit": {"ClientBroker": "TLS", "InCluster": True}},
+            "NumberOfBrokerNodes": 2,
+        },
+    )
+    _, topics = only(resources, "Custom::SwitchyardTopics")
+    assert topics["Properties"]["Topics"] == ["switchyard-delay-input", "switchyard-delay-output"]
+    assert topics["Properties"]["Partitions"] == 3
+    assert topics["Properties"]["ReplicationFactor"] == 2
+
+
+def test_postgres_is_encrypted_private_and_migrated_on_deploy(
+    template: Template, resources: Resources
+) -> None:
+    template.has_resource_properties(
+        "AWS::RDS::DBInstance",
+        {
+            "Engine": "postgres",
+            "StorageEncrypted": True,
+            "PubliclyAccessible": False,
+            "MasterUserPassword": Match.any_value(),
+        },
+    )
+    db, _ = only(resources, "AWS::RDS::DBInstance")
+    schema_id, schema = only(resources, "Custom::SwitchyardDelaySchema")
+    assert schema["Properties"]["Schema"] == "switchyard_delay"
+    assert db in template.to_json()["Resources"][schema_id]["DependsOn"]
+
+
+def test_elasticache_has_tls_and_an_auth_token_from_secrets_manager(resources: Resources) -> None:
+    _, group = only(resources, "AWS::ElastiCache::ReplicationGroup")
+    props = group["Properties"]
+    assert props["TransitEncryptionEnabled"] is True and props["AtRestEncryptionEnabled"] is True
+    assert "{{resolve:secretsmanager:" in json.dumps(props["AuthToken"])
+
+
+# -- Lambda --------------------------------------------------------------------------------------------
+def test_every_handler_is_deployed_with_layer_tracing_vpc_and_powertools(resources: Resources) -> None:
+    functions = switchyard_functions(resources)
+    assert set(functions) == RUNTIME_HANDLERS | DEPLOY_HANDLERS | BUS_HANDLERS | PENDING_HANDLERS
+    shipped = {p.stem for p in (ROOT / "functions").glob("*.py")}
+    assert set(functions) | NOT_YET_DEPLOYED == shipped, "every file in functions/ is a deployed handler"
+    ((layer, _),) = of_type(resources, "AWS::Lambda::LayerVersion").items()
+    for module, fns in functions.items():
+        for fn in fns.values():
+            props = fn["Properties"]
+            assert props["Runtime"] == "python3.11", module
+            assert props["Layers"] == [{"Ref": layer}], module
+            assert props["TracingConfig"] == {"Mode": "Active"}, module
+            assert props["VpcConfig"]["SecurityGroupIds"], module
+            env = props["Environment"]["Variables"]
+            assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Switchyard", module
+            assert env["POWERTOOLS_SERVICE_NAME"].startswith("switchyard-"), module
+            assert env["POWERTOOLS_LOG_LEVEL"] == "INFO", module
+
+
+def test_reserved_concurrency_where_a_handler_must_not_pile_up(resources: Resources) -> None:
+    def reserved(module: str) -> Any:
+        return one_function(resources, module)[1]["Properties"].get("ReservedConcurrentExecutions")
+
+    assert reserved("rpc_reconcile") == 1
+    assert reserved("delay_fire") == c.FIRE_RESERVED_CONCURRENCY
+    assert reserved("delay_sweep") == c.SWEEP_RESERVED_CONCURRENCY
+    # Amazon MQ mappings invoke one environment at a time anyway; enqueue scales with partitions.
+    assert reserved("rpc_orphans") is None and reserved("delay_enqueue") is None
+
+
+def test_no_secret_value_in_any_function_or_task_configuration(resources: Resources) -> None:
+    for kind in ("AWS::Lambda::Function", "AWS::ECS::TaskDefinition"):
+        for logical, res in of_type(resources, kind).items():
+            text = json.dumps(res["Properties"])
+            assert "resolve:secretsmanager" not in text, logical  # no dynamic reference resolved into env
+            assert "SecretString" not in text, logical
+
+
+DATA_SERVICES = (
+    "kafka",
+    "kafka-cluster",
+    "secretsmanager",
+    "rds",
+    "rds-db",
+    "elasticache",
+    "mq",
+    "s3",
+    "ecs",
+    "dynamodb",
+    "sqs",
+    "sns",
+)
+
+
+def test_iam_no_wildcard_action_and_no_wildcard_resource_on_a_data_service(resources: Resources) -> None:
+    for logical, policy in of_type(resources, "AWS::IAM::Policy").items():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            actions = actions_of([statement])
+            assert "*" not in actions, logical
+            assert not any(a.split(":")[1] == "*" for a in actions), (logical, actions)
+            if statement.get("Resource") == "*":
+                assert not any(a.split(":")[0] in DATA_SERVICES for a in actions), (logical, actions)
+
+
+def test_each_function_reaches_only_its_own_services(resources: Resources) -> None:
+    def services(module: str) -> set[str]:
+        return {
+            a.split(":")[0]
+            for a in actions_of(policy_statements(resources, one_function(resources, module)[1]))
+        }
+
+    assert services("rpc_orphans") >= {"ecs", "iam", "secretsmanager", "mq"}
+    assert "kafka-cluster" not in services("rpc_orphans")
+    assert "ecs" not in services("rpc_dead_letters") and "ecs" not in services("rpc_activity")
+    assert "kafka-cluster" not in services("delay_sweep")
+    assert "ecs" not in services("delay_fire")
+    fire = actions_of(policy_statements(resources, one_function(resources, "delay_fire")[1]))
+    assert "kafka-cluster:WriteData" in fire and "kafka-cluster:ReadData" not in fire
+    enqueue = actions_of(policy_statements(resources, one_function(resources, "delay_enqueue")[1]))
+    assert {"kafka-cluster:ReadData", "kafka-cluster:AlterGroup", "kafka:DescribeClusterV2"} <= enqueue
+    secret_reads = [
+        s
+        for s in policy_statements(resources, one_function(resources, "rpc_orphans")[1])
+        if "secretsmanager:GetSecretValue" in actions_of([s])
+    ]
+    assert all(s["Resource"] != "*" for s in secret_reads)
+
+
+# -- event sources and schedules -----------------------------------------------------------------
+def test_amazon_mq_mappings_for_the_three_queues_of_every_pool(resources: Resources) -> None:
+    broker, _ = only(resources, "AWS::AmazonMQ::Broker")
+    secret = next(k for k in of_type(resources, "AWS::SecretsManager::Secret") if "BrokerAdminSecret" in k)
+    mq = {
+        m["Properties"]["Queues"][0]: m["Properties"]
+        for m in of_type(resources, "AWS::Lambda::EventSourceMapping").values()
+        if "Queues" in m["Properties"]
+    }
+    assert set(mq) == {f"{c.EXAMPLE_POOL}-orphan", f"{c.EXAMPLE_POOL}-dl", f"{c.EXAMPLE_POOL}-activity"}
+    handler_of = {
+        f"{c.EXAMPLE_POOL}-orphan": "rpc_orphans",
+        f"{c.EXAMPLE_POOL}-dl": "rpc_dead_letters",
+        f"{c.EXAMPLE_POOL}-activity": "rpc_activity",
+    }
+    for queue, props in mq.items():
+        assert props["EventSourceArn"] == {"Fn::GetAtt": [broker, "Arn"]}
+        assert props["SourceAccessConfigurations"] == [
+            {"Type": "BASIC_AUTH", "URI": {"Ref": secret}},
+            {"Type": "VIRTUAL_HOST", "URI": "/"},
+        ]
+        assert props["BatchSize"] == 100 and props["MaximumBatchingWindowInSeconds"] == 1
+        assert props["FunctionName"] == {"Ref": one_function(resources, handler_of[queue])[0]}
+
+
+def test_msk_mapping_reports_batch_item_failures(resources: Resources) -> None:
+    (props,) = [
+        m["Properties"]
+        for m in of_type(resources, "AWS::Lambda::EventSourceMapping").values()
+        if "Topics" in m["Properties"]
+    ]
+    kafka, _ = only(resources, "AWS::MSK::Cluster")
+    assert props["EventSourceArn"] == {"Fn::GetAtt": [kafka, "Arn"]}
+    assert props["Topics"] == ["switchyard-delay-input"]
+    assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert props["StartingPosition"] == "TRIM_HORIZON" and props["BatchSize"] == 1000
+    assert props["FunctionName"] == {"Ref": one_function(resources, "delay_enqueue")[0]}
+
+
+def test_schedules_invoke_reconcile_fire_and_sweep_every_minute(resources: Resources) -> None:
+    targets = {}
+    for schedule in of_type(resources, "AWS::Scheduler::Schedule").values():
+        props = schedule["Properties"]
+        assert props["ScheduleExpression"] == "rate(1 minute)"
+        assert props["FlexibleTimeWindow"] == {"Mode": "OFF"}
+        targets[props["Target"]["Arn"]["Fn::GetAtt"][0]] = props["Target"]["RetryPolicy"]
+    assert set(targets) == {
+        one_function(resources, m)[0]
+        for m in ("rpc_reconcile", "delay_fire", "delay_sweep", "bus_housekeeping")
+    }
+
+
+# -- ECS --------------------------------------------------------------------------------------------
+def test_worker_task_definition_injects_the_amqp_secret_and_stops_in_two_stages(resources: Resources) -> None:
+    (props,) = [t["Properties"] for t in of_type(resources, "AWS::ECS::TaskDefinition").values()
+                if t["Properties"]["Family"].startswith(c.WORKER_FAMILY_PREFIX)]  # the bus has its own
+    assert props["Family"] == f"switchyard-worker-{c.EXAMPLE_POOL}"
+    assert props["RequiresCompatibilities"] == ["FARGATE"] and props["NetworkMode"] == "awsvpc"
+    assert (props["Cpu"], props["Memory"]) == ("256", "512")
+    (container,) = props["ContainerDefinitions"]
+    assert container["Name"] == c.WORKER_CONTAINER
+    assert container["Command"] == ["worker", "--handler", "switchyard.rpc.examples:describe"]
+    assert container["StopTimeout"] == c.WORKER_STOP_TIMEOUT_S
+    assert container["LogConfiguration"]["LogDriver"] == "awslogs"
+    assert {s["Name"] for s in container["Secrets"]} == {
+        "SWITCHYARD_AMQP_USERNAME",
+        "SWITCHYARD_AMQP_PASSWORD",
+    }
+    env = {e["Name"]: e["Value"] for e in container["Environment"]}
+    assert "{password}" in json.dumps(env["SWITCHYARD_AMQP_URL"])
+    assert not any("PASSWORD" in name for name in env)
+
+
+def test_control_plane_drives_the_pools_task_definition_on_ecs(resources: Resources) -> None:
+    _, orphans = one_function(resources, "rpc_orphans")
+    env = orphans["Properties"]["Environment"]["Variables"]
+    assert env["SWITCHYARD_DRIVER"] == "ecs"
+    assert env["SWITCHYARD_ECS_TASK_DEFINITION"] == f"switchyard-worker-{c.EXAMPLE_POOL}"
+    assert (
+        env["SWITCHYARD_MIN_WORKERS"],
+        env["SWITCHYARD_MAX_WORKERS"],
+        env["SWITCHYARD_TARGET_BACKLOG"],
+    ) == ("1", "4", "10")
+    statements = policy_statements(resources, orphans)
+    run = [s for s in statements if "ecs:RunTask" in actions_of([s])]
+    assert run and all("ecs:cluster" in json.dumps(s["Condition"]) for s in run)
+    passes = [s for s in statements if "iam:PassRole" in actions_of([s])]
+    assert passes[0]["Condition"] == {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
+    _, dead = one_function(resources, "rpc_dead_letters")
+    assert dead["Properties"]["Environment"]["Variables"]["SWITCHYARD_DRIVER"] == "noop"
+
+
+# -- CloudWatch ------------------------------------------------------------------------------------------
+def test_every_alarm_says_why_and_notifies_the_topic(resources: Resources) -> None:
+    topic, _ = only(resources, "AWS::SNS::Topic")
+    alarms = of_type(resources, "AWS::CloudWatch::Alarm")
+    assert alarms
+    for logical, alarm in alarms.items():
+        props = alarm["Properties"]
+        assert len(props["AlarmDescription"]) > 60, logical
+        assert props["AlarmActions"] == [{"Ref": topic}], logical
+        assert props["TreatMissingData"] == "notBreaching"
+    only(resources, "AWS::CloudWatch::Dashboard")
+
+
+def alarm(resources: Resources, name: str) -> dict[str, Any]:
+    (found,) = [
+        a["Properties"]
+        for a in of_type(resources, "AWS::CloudWatch::Alarm").values()
+        if a["Properties"]["AlarmName"] == f"switchyard-{name}"
+    ]
+    return found
+
+
+def test_alarm_metrics_and_thresholds(resources: Resources) -> None:
+    pool = c.EXAMPLE_POOL
+    poison = alarm(resources, f"{pool}-poison-growing")
+    assert (poison["MetricName"], poison["Threshold"]) == ("DeadLetterPoisoned", 1)
+    assert poison["Dimensions"] == [{"Name": "service", "Value": f"switchyard-{pool}"}]
+    expiring = alarm(resources, f"{pool}-requests-expiring")
+    assert (expiring["MetricName"], expiring["Threshold"]) == ("DeadLetterExpired", 10)
+    rejected = json.dumps(alarm(resources, f"{pool}-requests-rejected")["Metrics"])
+    assert "DeadLetterRejected" in rejected and "DeadLetterMaxlen" in rejected
+    depth = alarm(resources, f"{pool}-queue-depth-above-target")
+    assert depth["Threshold"] == 4 * 10 and depth["EvaluationPeriods"] == 5
+    assert "MAX(QueueDepth)" in json.dumps(depth["Metrics"]) and f"switchyard-{pool}" in json.dumps(
+        depth["Metrics"]
+    )
+    overdue = alarm(resources, "delay-messages-overdue")
+    assert (overdue["MetricName"], overdue["Statistic"], overdue["EvaluationPeriods"]) == (
+        "DelayMessagesOverdue", "Maximum", 2)
+    lateness = alarm(resources, "delay-lateness-p999-above-sla")
+    assert (lateness["ExtendedStatistic"], lateness["Threshold"]) == ("p99.9", 500)
+    assert alarm(resources, "delay-sweep-takeovers")["MetricName"] == "DelaySuspectedFailures"
+    assert alarm(resources, "delay-msk-offset-lag")["MetricName"] == "OffsetLag"
+    assert alarm(resources, "postgres-connections-near-limit")["Threshold"] == 160  # 80% of 200
+    assert alarm(resources, "elasticache-memory")["MetricName"] == "DatabaseMemoryUsagePercentage"
+    starts = json.dumps(alarm(resources, f"{pool}-worker-group-start-failures")["Metrics"])
+    assert "OrphanGroupStartFailures" in starts and "ReconcileDriverErrors" in starts
+    assert alarm(resources, f"{pool}-orphan-forwarding-failures")["MetricName"] == "Errors"
+    for module in RUNTIME_HANDLERS:
+        role = module.replace("rpc_", f"{pool}-").replace("delay_", "delay-")
+        assert "Throttles" in json.dumps(alarm(resources, f"{role}-errors-or-throttles")["Metrics"])
+
+
+# -- EMR Serverless ------------------------------------------------------------------------------------
+def test_emr_serverless_application_bucket_and_job_role(template: Template, resources: Resources) -> None:
+    template.has_resource_properties(
+        "AWS::EMRServerless::Application",
+        {
+            "Type": "SPARK",
+            "ReleaseLabel": c.EMR_RELEASE,
+            "NetworkConfiguration": {"SecurityGroupIds": Match.any_value(), "SubnetIds": Match.any_value()},
+        },
+    )
+    template.has_resource_properties(
+        "AWS::S3::Bucket",
+        {
+            "PublicAccessBlockConfiguration": {
+                "BlockPublicAcls": True,
+                "BlockPublicPolicy": True,
+                "IgnorePublicAcls": True,
+                "RestrictPublicBuckets": True,
+            }
+        },
+    )
+    (role,) = [
+        r
+        for r in of_type(resources, "AWS::IAM::Role").values()
+        if "emr-serverless" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
+    ]
+    assert role
+
+
+# -- configuration and cdk-nag -------------------------------------------------------------------------
+def test_two_pools_get_their_own_functions_mappings_schedules_and_tasks(
+    layer_dir: str, tmp_path: Path
+) -> None:
+    pools = [
+        {"name": "core"},
+        {"name": "gpu", "cpu": 1024, "memoryMib": 4096, "maxWorkers": 2, "batchSize": 50},
+    ]
+    template, _, _ = synth(layer_dir, tmp_path, **{c.CTX_POOLS: pools})
+    resources = template.to_json()["Resources"]
+    assert len(switchyard_functions(resources)["rpc_orphans"]) == 2
+    queues = {
+        m["Properties"]["Queues"][0]: m["Properties"]["BatchSize"]
+        for m in of_type(resources, "AWS::Lambda::EventSourceMapping").values()
+        if "Queues" in m["Properties"]
+    }
+    assert queues == {
+        "core-orphan": 100,
+        "core-dl": 100,
+        "core-activity": 100,
+        "gpu-orphan": 50,
+        "gpu-dl": 50,
+        "gpu-activity": 50,
+    }
+    template.resource_count_is("AWS::Scheduler::Schedule", 5)  # 2 reconcilers, fire, sweep, bus
+    families = {
+        t["Properties"]["Family"]: t["Properties"]["Memory"]
+        for t in of_type(resources, "AWS::ECS::TaskDefinition").values()
+    }
+    assert families == {"switchyard-worker-core": "512", "switchyard-worker-gpu": "4096",
+                        "switchyard-bus-worker": "1024"}
+    (pools_cr,) = template.find_resources("Custom::SwitchyardPools").values()
+    assert pools_cr["Properties"]["Pools"] == ["core", "gpu"]
+
+
+def test_cdk_nag_finds_nothing_unacknowledged(synthesized: tuple[Template, Path, Any]) -> None:
+    report = json.loads((synthesized[1] / "validation-report.json").read_text())
+    (nag,) = [r for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions"]
+    assert nag["conclusion"] == "success"
+    assert nag["violations"] == []
+    for suppressed in nag["suppressedViolations"]:
+        assert len(suppressed["reason"]) > 40, f"{suppressed['ruleName']} needs a written reason"

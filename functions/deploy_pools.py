@@ -1,0 +1,15 @@
+"""Declares every configured pool (`switchyard pool init`, with its policies) on each deploy.
+
+A CloudFormation custom resource (CDK Provider framework); idempotent; Delete keeps the data.
+The logic is ``switchyard.deploy.declare_pools``.
+"""
+
+from typing import Any
+
+from switchyard import deploy
+from switchyard.observability import logger
+
+
+@logger.inject_lambda_context
+def on_event(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+    return deploy.declare_pools(event)

@@ -1,0 +1,90 @@
+"""EMR Serverless: the application, the S3 bucket and the job role of the PySpark pipeline.
+
+The pipeline itself comes with its own issue; what it needs is here: a Spark application in the
+private subnets (EMR security group: a client of the broker and of MSK), a bucket for code, input
+and logs, and a job role that can read/write that bucket, read the broker's credentials and
+read/write the delay topics.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_emrserverless as emr
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks import constants as c
+from stacks.broker import BrokerConstruct
+from stacks.config import DeploymentConfig
+from stacks.data import DataConstruct
+from stacks.functions import FunctionsConstruct
+from stacks.network import NetworkConstruct
+
+
+class AnalyticsConstruct(Construct):
+    """``application``, ``bucket`` and ``job_role``."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        network: NetworkConstruct,
+        broker: BrokerConstruct,
+        data: DataConstruct,
+        functions: FunctionsConstruct,
+        config: DeploymentConfig,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.bucket = s3.Bucket(
+            self,
+            "Bucket",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            versioned=True,
+            removal_policy=RemovalPolicy.RETAIN,  # job inputs and results outlive the stack
+        )
+        self.application = emr.CfnApplication(
+            self,
+            "Spark",
+            name="switchyard-pipeline",
+            release_label=c.EMR_RELEASE,
+            type="SPARK",
+            network_configuration=emr.CfnApplication.NetworkConfigurationProperty(
+                subnet_ids=network.vpc.select_subnets(
+                    subnet_type=network.egress_subnets.subnet_type
+                ).subnet_ids,
+                security_group_ids=[network.emr_sg.security_group_id],
+            ),
+            auto_start_configuration=emr.CfnApplication.AutoStartConfigurationProperty(enabled=True),
+            auto_stop_configuration=emr.CfnApplication.AutoStopConfigurationProperty(
+                enabled=True, idle_timeout_minutes=15
+            ),
+            maximum_capacity=emr.CfnApplication.MaximumAllowedResourcesProperty(
+                cpu="16 vCPU", memory="64 GB"
+            ),
+        )
+        self.job_role = iam.Role(
+            self,
+            "JobRole",
+            assumed_by=iam.ServicePrincipal("emr-serverless.amazonaws.com"),
+            description="Switchyard PySpark jobs: their bucket, the broker secret, the topics",
+        )
+        self.bucket.grant_read_write(self.job_role)
+        self.job_role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["secretsmanager:GetSecretValue"], resources=[broker.secret.secret_arn]
+            )
+        )
+        topics = (config.delay.input_topic, config.delay.output_topic)
+        self.job_role.add_to_policy(
+            iam.PolicyStatement(actions=["kafka-cluster:Connect"], resources=[data.kafka.attr_arn])
+        )
+        self.job_role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData", "kafka-cluster:WriteData"],
+                resources=[functions.kafka_arn("topic", t) for t in topics],
+            )
+        )

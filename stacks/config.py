@@ -1,0 +1,289 @@
+"""The deployment's configuration: CDK context (cdk.json or ``-c key=json``), validated at synth time.
+
+Every name derived from the configuration (pools, topics, the schema) is checked with the same
+validators the runtime uses, so a bad value fails ``cdk synth`` with a message that names the
+context key, instead of failing a deployment half-way or a Lambda at run time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+from constructs import Construct
+
+from stacks import constants as c
+from switchyard.delay.settings import validate_schema, validate_topic
+from switchyard.errors import InvalidNameError
+from switchyard.rpc.protocol import validate_pool
+
+T = TypeVar("T")
+
+# Fargate's valid cpu -> memory (MiB) combinations for the sizes a worker plausibly needs.
+FARGATE_MEMORY = {
+    256: (512, 1024, 2048),
+    512: tuple(range(1024, 4097, 1024)),
+    1024: tuple(range(2048, 8193, 1024)),
+    2048: tuple(range(4096, 16385, 1024)),
+    4096: tuple(range(8192, 30721, 1024)),
+}
+
+
+class ConfigError(ValueError):
+    """A context value the deployment cannot use; the message names the key and what to write."""
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _build(cls: type[T], raw: Any, where: str) -> T:
+    """``cls`` from a JSON object whose keys are the camelCase field names; unknown keys are errors."""
+    if raw is None:
+        raw = {}
+    if isinstance(raw, str):  # -c switchyard:delay='{"partitions": 6}'
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: not valid JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a JSON object, got {type(raw).__name__}")
+    by_key = {_camel(f.name): f for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(raw) - set(by_key))
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {unknown}; known: {sorted(by_key)}")
+    values = {}
+    for key, value in raw.items():
+        default = getattr(cls, by_key[key].name, None)
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ConfigError(f"{where}.{key} must be true or false, got {value!r}")
+        if (
+            isinstance(default, int)
+            and not isinstance(default, bool)
+            and (isinstance(value, bool) or not isinstance(value, int))
+        ):
+            raise ConfigError(f"{where}.{key} must be an integer, got {value!r}")
+        values[by_key[key].name] = value
+    try:
+        return cls(**values)
+    except InvalidNameError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def _check(ok: bool, where: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """One pool: its workers (ECS) and its control plane (the four Lambda functions)."""
+
+    name: str
+    handler: str = "switchyard.rpc.examples:describe"
+    image: str = ""  # empty: the image built from the repository's Dockerfile
+    cpu: int = 256
+    memory_mib: int = 512
+    min_workers: int = 1
+    max_workers: int = 4
+    target_backlog: int = 10
+    unbind_delay_seconds: int = 300
+    stop_delay_seconds: int = 600
+    batch_size: int = 100  # Amazon MQ event source: messages per invocation (1-10,000)
+    batch_window_seconds: int = 1  # and how long to gather them (0-300)
+    queue_depth_alarm_minutes: int = 5
+
+    def __post_init__(self) -> None:
+        where = f"{c.CTX_POOLS}[{self.name!r}]"
+        validate_pool(self.name)
+        _check(
+            len(self.name) <= c.MAX_POOL_NAME_CHARS,
+            where,
+            f"pool names are at most {c.MAX_POOL_NAME_CHARS} characters in a deployment "
+            "(they become part of function and task definition names)",
+        )
+        _check(
+            ":" in self.handler and all(self.handler.split(":")),
+            where,
+            f"handler must be module:function, got {self.handler!r}",
+        )
+        _check(self.cpu in FARGATE_MEMORY, where, f"cpu must be one of {sorted(FARGATE_MEMORY)}")
+        _check(
+            self.memory_mib in FARGATE_MEMORY.get(self.cpu, ()),
+            where,
+            f"memoryMib {self.memory_mib} is not a Fargate size for cpu {self.cpu}: "
+            f"use one of {FARGATE_MEMORY.get(self.cpu)}",
+        )
+        _check(1 <= self.min_workers <= self.max_workers, where, "need 1 <= minWorkers <= maxWorkers")
+        _check(self.target_backlog >= 1, where, "targetBacklog must be at least 1")
+        _check(
+            0 < self.unbind_delay_seconds < self.stop_delay_seconds,
+            where,
+            "need 0 < unbindDelaySeconds < stopDelaySeconds",
+        )
+        _check(1 <= self.batch_size <= 10_000, where, "batchSize must be 1-10,000 (Amazon MQ event source)")
+        _check(0 <= self.batch_window_seconds <= 300, where, "batchWindowSeconds must be 0-300")
+        _check(self.queue_depth_alarm_minutes >= 1, where, "queueDepthAlarmMinutes must be at least 1")
+
+    @property
+    def queue_depth_threshold(self) -> int:
+        """The backlog ``max_workers`` are sized for: above it for N minutes, the group cannot keep up."""
+        return self.max_workers * self.target_backlog
+
+
+@dataclass(frozen=True)
+class DelayConfig:
+    input_topic: str = "switchyard-delay-input"
+    output_topic: str = "switchyard-delay-output"
+    partitions: int = 3
+    schema: str = "switchyard_delay"
+    batch_size: int = 1000  # MSK event source: records per invocation (1-10,000)
+    batch_window_seconds: int = 1
+    starting_position: str = "TRIM_HORIZON"
+    lateness_sla_ms: int = 500
+    offset_lag_alarm: int = 10_000  # records behind on the input topic
+
+    def __post_init__(self) -> None:
+        where = c.CTX_DELAY
+        validate_topic(self.input_topic)
+        validate_topic(self.output_topic)
+        validate_schema(self.schema)
+        _check(self.input_topic != self.output_topic, where, "inputTopic and outputTopic must differ")
+        _check(1 <= self.partitions <= 1000, where, "partitions must be 1-1000")
+        _check(1 <= self.batch_size <= 10_000, where, "batchSize must be 1-10,000 (MSK event source)")
+        _check(0 <= self.batch_window_seconds <= 300, where, "batchWindowSeconds must be 0-300")
+        _check(
+            self.starting_position in ("LATEST", "TRIM_HORIZON"),
+            where,
+            "startingPosition must be LATEST or TRIM_HORIZON",
+        )
+        _check(
+            self.lateness_sla_ms >= 1 and self.offset_lag_alarm >= 1,
+            where,
+            "latenessSlaMs and offsetLagAlarm must be positive",
+        )
+
+
+@dataclass(frozen=True)
+class MskConfig:
+    instance_type: str = "kafka.t3.small"
+    kafka_version: str = "3.8.x"
+    broker_nodes: int = 2
+    volume_gib: int = 20
+
+    def __post_init__(self) -> None:
+        _check(
+            self.broker_nodes % c.VPC_MAX_AZS == 0,
+            c.CTX_MSK,
+            f"brokerNodes must be a multiple of the {c.VPC_MAX_AZS} availability zones",
+        )
+        _check(self.instance_type.startswith("kafka."), c.CTX_MSK, "instanceType must be a kafka.* type")
+        _check(self.volume_gib >= 1, c.CTX_MSK, "volumeGib must be at least 1")
+
+    @property
+    def replication_factor(self) -> int:
+        return min(3, self.broker_nodes)
+
+
+@dataclass(frozen=True)
+class PostgresConfig:
+    instance_type: str = "t4g.small"
+    engine_version: str = "16"
+    allocated_storage_gib: int = 20
+    # max_connections of the instance class (RDS: DBInstanceClassMemory / 9531392; 2 GiB ~ 200).
+    max_connections: int = 200
+    multi_az: bool = False
+    deletion_protection: bool = False
+
+    def __post_init__(self) -> None:
+        _check(
+            self.engine_version in c.POSTGRES_VERSIONS,
+            c.CTX_POSTGRES,
+            f"engineVersion must be one of {sorted(c.POSTGRES_VERSIONS)}",
+        )
+        _check(self.allocated_storage_gib >= 20, c.CTX_POSTGRES, "allocatedStorageGib must be at least 20")
+        _check(self.max_connections >= 20, c.CTX_POSTGRES, "maxConnections must be at least 20")
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    node_type: str = "cache.t4g.micro"
+    engine: str = "valkey"
+    engine_version: str = "8.0"
+    replicas: int = 0
+    memory_alarm_percent: int = 80
+
+    def __post_init__(self) -> None:
+        _check(self.engine in ("redis", "valkey"), c.CTX_REDIS, "engine must be redis or valkey")
+        _check(self.node_type.startswith("cache."), c.CTX_REDIS, "nodeType must be a cache.* type")
+        _check(0 <= self.replicas <= 5, c.CTX_REDIS, "replicas must be 0-5")
+        _check(1 <= self.memory_alarm_percent <= 100, c.CTX_REDIS, "memoryAlarmPercent must be 1-100")
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    pools: tuple[PoolConfig, ...]
+    delay: DelayConfig = field(default_factory=DelayConfig)
+    msk: MskConfig = field(default_factory=MskConfig)
+    postgres: PostgresConfig = field(default_factory=PostgresConfig)
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    alarm_email: str = ""
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.pools]
+        _check(bool(names), c.CTX_POOLS, "configure at least one pool")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        _check(not dupes, c.CTX_POOLS, f"pool names must be unique, repeated: {dupes}")
+        _check(self.msk.replication_factor <= self.msk.broker_nodes, c.CTX_MSK, "too few brokers")
+        _check(
+            self.alarm_email == "" or "@" in self.alarm_email,
+            c.CTX_ALARM_EMAIL,
+            f"not an e-mail address: {self.alarm_email!r}",
+        )
+        budget = self.postgres_connection_budget
+        limit = self.postgres.max_connections * c.POSTGRES_BUDGET_SHARE // 100
+        _check(
+            budget <= limit,
+            c.CTX_POSTGRES,
+            f"the delay functions may open {budget} connections (enqueue: one per partition, "
+            f"fire and sweep: reserved concurrency x connections each, migration: 1), more than "
+            f"{c.POSTGRES_BUDGET_SHARE}% of maxConnections {self.postgres.max_connections}: "
+            "use fewer partitions or a larger instance",
+        )
+
+    @property
+    def postgres_connection_budget(self) -> int:
+        """Connections the delay functions can hold at once (each warm environment keeps its own)."""
+        return (
+            self.delay.partitions * c.CONNECTIONS_PER_ENQUEUE
+            + c.FIRE_RESERVED_CONCURRENCY * c.CONNECTIONS_PER_FIRE
+            + c.SWEEP_RESERVED_CONCURRENCY * c.CONNECTIONS_PER_SWEEP
+            + 1
+        )
+
+    @classmethod
+    def from_context(cls, scope: Construct) -> DeploymentConfig:
+        def ctx(key: str) -> Any:
+            return scope.node.try_get_context(key)
+
+        raw_pools = ctx(c.CTX_POOLS)
+        if isinstance(raw_pools, str):
+            try:
+                raw_pools = json.loads(raw_pools)
+            except ValueError as exc:
+                raise ConfigError(f"{c.CTX_POOLS}: not valid JSON ({exc})") from exc
+        if raw_pools is None:
+            raw_pools = [{"name": c.EXAMPLE_POOL}]
+        if not isinstance(raw_pools, list) or not all(isinstance(p, dict) and "name" in p for p in raw_pools):
+            raise ConfigError(f'{c.CTX_POOLS} must be a list of objects with a "name", got {raw_pools!r}')
+        pools = tuple(_build(PoolConfig, p, f"{c.CTX_POOLS}[{p['name']!r}]") for p in raw_pools)
+        return cls(
+            pools=pools,
+            delay=_build(DelayConfig, ctx(c.CTX_DELAY), c.CTX_DELAY),
+            msk=_build(MskConfig, ctx(c.CTX_MSK), c.CTX_MSK),
+            postgres=_build(PostgresConfig, ctx(c.CTX_POSTGRES), c.CTX_POSTGRES),
+            redis=_build(RedisConfig, ctx(c.CTX_REDIS), c.CTX_REDIS),
+            alarm_email=str(ctx(c.CTX_ALARM_EMAIL) or ""),
+        )

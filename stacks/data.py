@@ -1,0 +1,210 @@
+"""The data services: MSK (delay topics), RDS Postgres (delay store), ElastiCache (pool state).
+
+All three live in the isolated subnets behind their own security group (``NetworkConstruct``),
+encrypt in transit and at rest, and keep their credentials in Secrets Manager:
+
+- MSK authenticates with IAM only (the Lambda MSK event source and the confluent-kafka producer,
+  signed by ``aws-msk-iam-sasl-signer-python``, both support it; no password to rotate). Its
+  IAM bootstrap string is read at deploy time (``GetBootstrapBrokers``): CloudFormation has no
+  attribute for it.
+- RDS Postgres with a generated secret (``username``/``password``/``host``/``port``/``dbname``).
+  No RDS Proxy: the delay functions' connections are few and bounded at synth time (the
+  connection budget in ``stacks/config.py``), each warm environment keeps its connections, and
+  the store loads batches through a temporary table, which pins every proxied session (RDS
+  Proxy could not multiplex them, only add cost and a hop).
+- ElastiCache (Valkey by default) with TLS and an AUTH token generated into Secrets Manager.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, Fn, RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_elasticache as elasticache
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_msk as msk
+from aws_cdk import aws_rds as rds
+from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import custom_resources as cr
+from constructs import Construct
+
+from stacks import constants as c
+from stacks.config import DeploymentConfig
+from stacks.network import NetworkConstruct
+
+KAFKA_CLUSTER_NAME = "switchyard-kafka"
+REDIS_GROUP_ID = "switchyard-state"
+POSTGRES_DATABASE = "switchyard"
+POSTGRES_USER = "switchyard"
+
+
+class DataConstruct(Construct):
+    """``kafka`` (``kafka_bootstrap``), ``postgres`` (``postgres_secret``), ``redis`` (``redis_secret``)."""
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, network: NetworkConstruct, config: DeploymentConfig
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.network = network
+        self.config = config
+        self.isolated = network.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)
+        self.kafka, self.kafka_bootstrap_lookup = self._build_kafka()
+        self.postgres = self._build_postgres()
+        self.redis_secret, self.redis = self._build_redis()
+
+    # -- MSK ------------------------------------------------------------------------------------
+    def _build_kafka(self) -> tuple[msk.CfnCluster, cr.AwsCustomResource]:
+        cfg = self.config.msk
+        log_group = logs.LogGroup(
+            self,
+            "KafkaBrokerLogs",
+            retention=logs.RetentionDays.ONE_MONTH,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        cluster = msk.CfnCluster(
+            self,
+            "Kafka",
+            cluster_name=KAFKA_CLUSTER_NAME,
+            kafka_version=cfg.kafka_version,
+            number_of_broker_nodes=cfg.broker_nodes,
+            broker_node_group_info=msk.CfnCluster.BrokerNodeGroupInfoProperty(
+                instance_type=cfg.instance_type,
+                client_subnets=self.isolated.subnet_ids,
+                security_groups=[self.network.msk_sg.security_group_id],
+                storage_info=msk.CfnCluster.StorageInfoProperty(
+                    ebs_storage_info=msk.CfnCluster.EBSStorageInfoProperty(volume_size=cfg.volume_gib)
+                ),
+            ),
+            client_authentication=msk.CfnCluster.ClientAuthenticationProperty(
+                sasl=msk.CfnCluster.SaslProperty(iam=msk.CfnCluster.IamProperty(enabled=True)),
+                unauthenticated=msk.CfnCluster.UnauthenticatedProperty(enabled=False),
+            ),
+            encryption_info=msk.CfnCluster.EncryptionInfoProperty(
+                encryption_in_transit=msk.CfnCluster.EncryptionInTransitProperty(
+                    client_broker="TLS", in_cluster=True
+                )
+            ),
+            logging_info=msk.CfnCluster.LoggingInfoProperty(
+                broker_logs=msk.CfnCluster.BrokerLogsProperty(
+                    cloud_watch_logs=msk.CfnCluster.CloudWatchLogsProperty(
+                        enabled=True, log_group=log_group.log_group_name
+                    )
+                )
+            ),
+        )
+        bootstrap = cr.AwsCustomResource(
+            self,
+            "KafkaBootstrap",
+            on_update=cr.AwsSdkCall(
+                service="Kafka",
+                action="getBootstrapBrokers",
+                parameters={"ClusterArn": cluster.attr_arn},
+                physical_resource_id=cr.PhysicalResourceId.of(cluster.attr_arn),
+                output_paths=["BootstrapBrokerStringSaslIam"],
+            ),
+            policy=cr.AwsCustomResourcePolicy.from_sdk_calls(resources=[cluster.attr_arn]),
+            install_latest_aws_sdk=False,
+        )
+        return cluster, bootstrap
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """The SASL/IAM bootstrap servers (a deploy-time token)."""
+        return self.kafka_bootstrap_lookup.get_response_field("BootstrapBrokerStringSaslIam")
+
+    # -- RDS --------------------------------------------------------------------------------------
+    def _build_postgres(self) -> rds.DatabaseInstance:
+        cfg = self.config.postgres
+        version = getattr(rds.PostgresEngineVersion, c.POSTGRES_VERSIONS[cfg.engine_version])
+        return rds.DatabaseInstance(
+            self,
+            "Postgres",
+            engine=rds.DatabaseInstanceEngine.postgres(version=version),
+            instance_type=ec2.InstanceType(cfg.instance_type),
+            vpc=self.network.vpc,
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED),
+            security_groups=[self.network.postgres_sg],
+            credentials=rds.Credentials.from_generated_secret(POSTGRES_USER),
+            database_name=POSTGRES_DATABASE,
+            allocated_storage=cfg.allocated_storage_gib,
+            storage_encrypted=True,
+            multi_az=cfg.multi_az,
+            deletion_protection=cfg.deletion_protection,
+            iam_authentication=True,
+            backup_retention=Duration.days(7),
+            cloudwatch_logs_exports=["postgresql"],
+            cloudwatch_logs_retention=logs.RetentionDays.ONE_MONTH,
+            removal_policy=RemovalPolicy.SNAPSHOT,
+        )
+
+    @property
+    def postgres_secret(self) -> secretsmanager.ISecret:
+        secret = self.postgres.secret
+        assert secret is not None  # from_generated_secret always makes one
+        return secret
+
+    # -- ElastiCache --------------------------------------------------------------------------------
+    def _build_redis(self) -> tuple[secretsmanager.Secret, elasticache.CfnReplicationGroup]:
+        cfg = self.config.redis
+        secret = secretsmanager.Secret(
+            self,
+            "RedisAuthToken",
+            description="ElastiCache AUTH token of Switchyard's pool state (JSON password)",
+            generate_secret_string=secretsmanager.SecretStringGenerator(
+                secret_string_template="{}",
+                generate_string_key="password",
+                exclude_punctuation=True,
+                include_space=False,
+                password_length=64,
+            ),
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        subnets = elasticache.CfnSubnetGroup(
+            self,
+            "RedisSubnets",
+            description="Switchyard pool state: isolated subnets",
+            subnet_ids=self.isolated.subnet_ids,
+        )
+        group = elasticache.CfnReplicationGroup(
+            self,
+            "Redis",
+            replication_group_id=REDIS_GROUP_ID,
+            replication_group_description="Switchyard pool state (generations, activity, locks)",
+            engine=cfg.engine,
+            engine_version=cfg.engine_version,
+            cache_node_type=cfg.node_type,
+            num_cache_clusters=1 + cfg.replicas,
+            automatic_failover_enabled=cfg.replicas > 0,
+            multi_az_enabled=cfg.replicas > 0,
+            transit_encryption_enabled=True,
+            at_rest_encryption_enabled=True,
+            auth_token=secret.secret_value_from_json("password").unsafe_unwrap(),
+            cache_subnet_group_name=subnets.ref,
+            security_group_ids=[self.network.redis_sg.security_group_id],
+            port=c.REDIS_PORT,
+            snapshot_retention_limit=1,
+        )
+        return secret, group
+
+    @property
+    def redis_member_id(self) -> str:
+        """The first node's cache cluster id, the dimension of ElastiCache's per-node metrics."""
+        return f"{REDIS_GROUP_ID}-001"
+
+    @property
+    def postgres_dsn_template(self) -> str:
+        """Every part comes from the RDS secret (see switchyard/aws_secrets.py); TLS required."""
+        return "postgresql://{username}:{password}@{host}:{port}/{dbname}?sslmode=require"
+
+    @property
+    def redis_url_template(self) -> str:
+        """TLS (``rediss``) with the AUTH token from its secret as the password."""
+        return Fn.join(
+            "",
+            [
+                "rediss://:{password}@",
+                self.redis.attr_primary_end_point_address,
+                ":",
+                self.redis.attr_primary_end_point_port,
+                "/0",
+            ],
+        )

@@ -1,0 +1,542 @@
+"""Lambda: the layer, every handler of ``functions/``, their event sources, schedules and the
+deploy-time custom resources (pools declared, delay schema migrated, delay topics created).
+
+Every function: Python 3.11 with the one layer, Powertools' environment (service, metrics
+namespace, log level), X-Ray active tracing, the private subnets with the functions' security
+group, and a role holding only what its handler touches. Connection URLs carry placeholders that
+the runtime fills from Secrets Manager (``switchyard/aws_secrets.py``): no secret value is in the
+template or in a function's configuration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from aws_cdk import CustomResource, Duration, Fn, RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_scheduler as scheduler
+from aws_cdk import aws_scheduler_targets as targets
+from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import custom_resources as cr
+from constructs import Construct
+
+from stacks import constants as c
+from stacks.broker import BrokerConstruct
+from stacks.config import ConfigError, DeploymentConfig, PoolConfig
+from stacks.data import DataConstruct
+from stacks.network import NetworkConstruct
+from stacks.workers import WorkersConstruct, worker_family
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+POOL_QUEUES = {"orphans": "orphan", "dead_letters": "dl", "activity": "activity"}  # handler -> queue suffix
+DELAY_CONSUMER_GROUP = "switchyard-delay"
+
+
+def code_version() -> str:
+    """A digest of the core package and pins: custom resources re-run when the code they run changes."""
+    digest = hashlib.sha256()
+    for path in sorted((REPO_ROOT / "switchyard").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(REPO_ROOT)).encode())
+            digest.update(path.read_bytes())
+    digest.update((REPO_ROOT / "requirements.txt").read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class PoolFunctions:
+    orphans: lambda_.Function
+    dead_letters: lambda_.Function
+    activity: lambda_.Function
+    reconcile: lambda_.Function
+
+    def all(self) -> dict[str, lambda_.Function]:
+        return {
+            "orphans": self.orphans,
+            "dead_letters": self.dead_letters,
+            "activity": self.activity,
+            "reconcile": self.reconcile,
+        }
+
+
+class FunctionsConstruct(Construct):
+    """``layer``, ``pools[name]`` (four functions each), ``delay`` (enqueue, fire, sweep), ``deploy``."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        network: NetworkConstruct,
+        broker: BrokerConstruct,
+        data: DataConstruct,
+        workers: WorkersConstruct,
+        config: DeploymentConfig,
+        layer_dir: str,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.network, self.broker, self.data, self.workers, self.config = (
+            network,
+            broker,
+            data,
+            workers,
+            config,
+        )
+        self.stack = Stack.of(self)
+        self.layer = self._build_layer(layer_dir)
+        self.code = lambda_.Code.from_asset(
+            str(REPO_ROOT / c.FUNCTIONS_DIR), exclude=["__pycache__", "*.pyc"]
+        )
+        self.functions: dict[str, lambda_.Function] = {}
+        self.providers: list[cr.Provider] = []
+        self.deploy = self._build_deploy_resources()
+        self.pools = {pool.name: self._build_pool(pool) for pool in config.pools}
+        self.delay = self._build_delay()
+        self.schedules = self._build_schedules()
+
+    # -- building blocks ------------------------------------------------------------------------
+    def _build_layer(self, layer_dir: str) -> lambda_.LayerVersion:
+        path = Path(layer_dir)
+        path = path if path.is_absolute() else REPO_ROOT / path
+        if not (path / "python").is_dir():
+            raise ConfigError(
+                f"the Lambda layer is not built at {path}: run layers/build.sh first "
+                f"(or point -c {c.CTX_LAYER_DIR}=DIR at a built layer)"
+            )
+        return lambda_.LayerVersion(
+            self,
+            "Layer",
+            code=lambda_.Code.from_asset(str(path)),
+            compatible_runtimes=[lambda_.Runtime.PYTHON_3_11],
+            compatible_architectures=[lambda_.Architecture.X86_64],
+            description="Switchyard: pinned requirements.txt and the switchyard package (layers/build.sh)",
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+
+    def _function(
+        self,
+        construct_id: str,
+        module: str,
+        *,
+        service: str,
+        environment: Mapping[str, str],
+        timeout_s: int,
+        handler: str = "lambda_handler",
+        reserved_concurrency: int | None = None,
+    ) -> lambda_.Function:
+        log_group = logs.LogGroup(
+            self,
+            f"{construct_id}Logs",
+            retention=logs.RetentionDays.ONE_MONTH,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        fn = lambda_.Function(
+            self,
+            construct_id,
+            runtime=lambda_.Runtime.PYTHON_3_11,
+            architecture=lambda_.Architecture.X86_64,
+            code=self.code,
+            handler=f"{module}.{handler}",
+            layers=[self.layer],
+            memory_size=c.LAMBDA_MEMORY_MB,
+            timeout=Duration.seconds(timeout_s),
+            tracing=lambda_.Tracing.ACTIVE,
+            vpc=self.network.vpc,
+            vpc_subnets=self.network.egress_subnets,
+            security_groups=[self.network.functions_sg],
+            reserved_concurrent_executions=reserved_concurrency,
+            log_group=log_group,
+            environment={
+                "POWERTOOLS_SERVICE_NAME": service,
+                "POWERTOOLS_METRICS_NAMESPACE": c.METRICS_NAMESPACE,
+                "POWERTOOLS_LOG_LEVEL": c.LOG_LEVEL,
+                "SWITCHYARD_LOG_LEVEL": c.LOG_LEVEL,
+                **environment,
+            },
+        )
+        self.functions[construct_id] = fn
+        return fn
+
+    def _amqp_env(self) -> dict[str, str]:
+        return {
+            "SWITCHYARD_AMQP_URL": self.broker.amqp_url_template,
+            "SWITCHYARD_MANAGEMENT_URL": self.broker.management_url_template,
+            "SWITCHYARD_AMQP_SECRET_ARN": self.broker.secret.secret_arn,
+        }
+
+    def _redis_env(self) -> dict[str, str]:
+        return {
+            "SWITCHYARD_REDIS_URL": self.data.redis_url_template,
+            "SWITCHYARD_REDIS_SECRET_ARN": self.data.redis_secret.secret_arn,
+        }
+
+    def _postgres_env(self) -> dict[str, str]:
+        return {
+            "SWITCHYARD_POSTGRES_DSN": self.data.postgres_dsn_template,
+            "SWITCHYARD_POSTGRES_SECRET_ARN": self.data.postgres_secret.secret_arn,
+        }
+
+    def _kafka_env(self) -> dict[str, str]:
+        d = self.config.delay
+        return {
+            "SWITCHYARD_KAFKA_BOOTSTRAP": self.data.kafka_bootstrap,
+            "SWITCHYARD_KAFKA_AUTH": "aws-msk-iam",
+            "SWITCHYARD_DELAY_INPUT_TOPIC": d.input_topic,
+            "SWITCHYARD_DELAY_OUTPUT_TOPIC": d.output_topic,
+            "SWITCHYARD_DELAY_SCHEMA": d.schema,
+            "SWITCHYARD_DELAY_CONSUMER_GROUP": DELAY_CONSUMER_GROUP,
+        }
+
+    @staticmethod
+    def _read_secrets(fn: lambda_.Function, *secrets: secretsmanager.ISecret) -> None:
+        for secret in secrets:
+            fn.add_to_role_policy(
+                iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[secret.secret_arn])
+            )
+
+    def kafka_arn(self, kind: str, name: str) -> str:
+        """``arn:...:{kind}/{cluster}/{uuid}/{name}`` from the cluster ARN (IAM resources of MSK)."""
+        head, tail = (Fn.select(i, Fn.split(":cluster/", self.data.kafka.attr_arn)) for i in (0, 1))
+        return Fn.join("", [head, f":{kind}/", tail, f"/{name}"])
+
+    def _kafka_access(
+        self,
+        fn: lambda_.Function,
+        *,
+        write: tuple[str, ...] = (),
+        read: tuple[str, ...] = (),
+        create: tuple[str, ...] = (),
+    ) -> None:
+        fn.add_to_role_policy(
+            iam.PolicyStatement(actions=["kafka-cluster:Connect"], resources=[self.data.kafka.attr_arn])
+        )
+        if write:
+            fn.add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=["kafka-cluster:DescribeTopic", "kafka-cluster:WriteData"],
+                    resources=[self.kafka_arn("topic", t) for t in write],
+                )
+            )
+            # The idempotent producer needs a transactional-id-free idempotent write grant.
+            fn.add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=["kafka-cluster:WriteDataIdempotently"], resources=[self.data.kafka.attr_arn]
+                )
+            )
+        if read:
+            fn.add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"],
+                    resources=[self.kafka_arn("topic", t) for t in read],
+                )
+            )
+            fn.add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=["kafka-cluster:DescribeGroup", "kafka-cluster:AlterGroup"],
+                    resources=[self.kafka_arn("group", DELAY_CONSUMER_GROUP)],
+                )
+            )
+            fn.add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=[
+                        "kafka:DescribeClusterV2",
+                        "kafka:GetBootstrapBrokers",
+                        "kafka-cluster:DescribeClusterDynamicConfiguration",
+                    ],
+                    resources=[self.data.kafka.attr_arn],
+                )
+            )
+        if create:
+            fn.add_to_role_policy(
+                iam.PolicyStatement(
+                    actions=[
+                        "kafka-cluster:CreateTopic",
+                        "kafka-cluster:DescribeTopic",
+                        "kafka-cluster:AlterTopic",
+                    ],
+                    resources=[self.kafka_arn("topic", t) for t in create],
+                )
+            )
+
+    @staticmethod
+    def _event_source_network_access(fn: lambda_.Function) -> None:
+        """What an event source mapping's pollers do with the execution role: ENIs in the VPC.
+
+        EC2's Describe* and network-interface actions support no resource-level permissions.
+        """
+        fn.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "ec2:CreateNetworkInterface",
+                    "ec2:DeleteNetworkInterface",
+                    "ec2:DescribeNetworkInterfaces",
+                    "ec2:DescribeSecurityGroups",
+                    "ec2:DescribeSubnets",
+                    "ec2:DescribeVpcs",
+                ],
+                resources=["*"],
+            )
+        )
+
+    # -- custom resources ------------------------------------------------------------------------
+    def _custom_resource(
+        self, name: str, module: str, properties: Mapping[str, object], environment: Mapping[str, str]
+    ) -> tuple[lambda_.Function, CustomResource]:
+        fn = self._function(
+            f"Deploy{name}",
+            module,
+            handler="on_event",
+            service="switchyard-deploy",
+            environment=environment,
+            timeout_s=c.DEPLOY_TIMEOUT_S,
+        )
+        provider = cr.Provider(
+            self,
+            f"Deploy{name}Provider",
+            on_event_handler=fn,
+            log_group=logs.LogGroup(
+                self,
+                f"Deploy{name}ProviderLogs",
+                retention=logs.RetentionDays.ONE_MONTH,
+                removal_policy=RemovalPolicy.DESTROY,
+            ),
+        )
+        resource = CustomResource(
+            self,
+            f"Deploy{name}Resource",
+            service_token=provider.service_token,
+            resource_type=f"Custom::Switchyard{name}",
+            properties={**properties, "CodeVersion": code_version()},
+        )
+        self.providers.append(provider)
+        return fn, resource
+
+    def _build_deploy_resources(self) -> dict[str, CustomResource]:
+        d = self.config.delay
+        pools_fn, pools = self._custom_resource(
+            "Pools", "deploy_pools", {"Pools": [p.name for p in self.config.pools]}, self._amqp_env()
+        )
+        self._read_secrets(pools_fn, self.broker.secret)
+        schema_fn, schema = self._custom_resource(
+            "DelaySchema",
+            "deploy_delay_schema",
+            {"Schema": d.schema},
+            {**self._postgres_env(), "SWITCHYARD_DELAY_SCHEMA": d.schema},
+        )
+        self._read_secrets(schema_fn, self.data.postgres_secret)
+        schema.node.add_dependency(self.data.postgres)
+        topics_fn, topics = self._custom_resource(
+            "Topics",
+            "deploy_topics",
+            {
+                "Topics": [d.input_topic, d.output_topic],
+                "Partitions": d.partitions,
+                "ReplicationFactor": self.config.msk.replication_factor,
+            },
+            self._kafka_env(),
+        )
+        self._kafka_access(topics_fn, create=(d.input_topic, d.output_topic))
+        return {"pools": pools, "schema": schema, "topics": topics}
+
+    # -- RPC control plane, per pool -------------------------------------------------------------
+    def _pool_env(self, pool: PoolConfig, driver: str) -> dict[str, str]:
+        env = {
+            **self._amqp_env(),
+            **self._redis_env(),
+            "SWITCHYARD_POOL": pool.name,
+            "SWITCHYARD_UNBIND_DELAY": str(pool.unbind_delay_seconds),
+            "SWITCHYARD_STOP_DELAY": str(pool.stop_delay_seconds),
+            "SWITCHYARD_DRIVER": driver,
+        }
+        if driver == "ecs":
+            env.update(
+                {
+                    "SWITCHYARD_ECS_CLUSTER": self.workers.cluster.cluster_name,
+                    "SWITCHYARD_ECS_TASK_DEFINITION": worker_family(pool.name),
+                    "SWITCHYARD_ECS_SUBNETS": Fn.join(
+                        ",",
+                        self.network.vpc.select_subnets(
+                            subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS
+                        ).subnet_ids,
+                    ),
+                    "SWITCHYARD_ECS_SECURITY_GROUPS": self.network.workers_sg.security_group_id,
+                    "SWITCHYARD_MIN_WORKERS": str(pool.min_workers),
+                    "SWITCHYARD_MAX_WORKERS": str(pool.max_workers),
+                    "SWITCHYARD_TARGET_BACKLOG": str(pool.target_backlog),
+                }
+            )
+        return env
+
+    def _ecs_access(self, fn: lambda_.Function, pool: PoolConfig) -> None:
+        """Run, tag, list, describe and stop the pool's worker tasks in the one cluster; pass its roles."""
+        task = self.workers.task_definitions[pool.name]
+        cluster_arn = self.workers.cluster.cluster_arn
+        family_arn = self.stack.format_arn(
+            service="ecs", resource="task-definition", resource_name=f"{worker_family(pool.name)}:*"
+        )
+        task_arns = self.stack.format_arn(
+            service="ecs", resource="task", resource_name=f"{self.workers.cluster.cluster_name}/*"
+        )
+        on_cluster = {"ArnEquals": {"ecs:cluster": cluster_arn}}
+        fn.add_to_role_policy(
+            iam.PolicyStatement(actions=["ecs:RunTask"], resources=[family_arn], conditions=on_cluster)
+        )
+        fn.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["ecs:StopTask", "ecs:DescribeTasks"], resources=[task_arns], conditions=on_cluster
+            )
+        )
+        fn.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["ecs:TagResource"],
+                resources=[task_arns],
+                conditions={"StringEquals": {"ecs:CreateAction": "RunTask"}},
+            )
+        )
+        fn.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["ecs:ListTasks"],
+                resources=[
+                    self.stack.format_arn(
+                        service="ecs",
+                        resource="container-instance",
+                        resource_name=f"{self.workers.cluster.cluster_name}/*",
+                    )
+                ],
+                conditions=on_cluster,
+            )
+        )
+        roles = [task.task_role.role_arn]
+        if task.execution_role is not None:
+            roles.append(task.execution_role.role_arn)
+        fn.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["iam:PassRole"],
+                resources=roles,
+                conditions={"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}},
+            )
+        )
+
+    def _build_pool(self, pool: PoolConfig) -> PoolFunctions:
+        service = f"switchyard-{pool.name}"
+        made: dict[str, lambda_.Function] = {}
+        for role in ("orphans", "dead_letters", "activity", "reconcile"):
+            starts_groups = role in ("orphans", "reconcile")
+            fn = self._function(
+                f"{pool.name}-{role}",
+                f"rpc_{role}",
+                service=service,
+                environment=self._pool_env(pool, "ecs" if starts_groups else "noop"),
+                timeout_s=c.RECONCILE_TIMEOUT_S if role == "reconcile" else c.ESM_TIMEOUT_S,
+                reserved_concurrency=c.RECONCILE_RESERVED_CONCURRENCY if role == "reconcile" else None,
+            )
+            self._read_secrets(fn, self.broker.secret, self.data.redis_secret)
+            if starts_groups:
+                self._ecs_access(fn, pool)
+            if role in POOL_QUEUES:
+                self._amazon_mq_source(fn, pool, POOL_QUEUES[role])
+            made[role] = fn
+        return PoolFunctions(**made)
+
+    def _amazon_mq_source(self, fn: lambda_.Function, pool: PoolConfig, suffix: str) -> None:
+        """The Amazon MQ event source on ``{pool}-{suffix}`` (CDK has no L2 for it)."""
+        fn.add_to_role_policy(
+            iam.PolicyStatement(actions=["mq:DescribeBroker"], resources=[self.broker.broker.attr_arn])
+        )
+        self._event_source_network_access(fn)
+        mapping = lambda_.CfnEventSourceMapping(
+            self,
+            f"{pool.name}-{suffix}-source",
+            function_name=fn.function_name,
+            event_source_arn=self.broker.broker.attr_arn,
+            queues=[f"{pool.name}-{suffix}"],
+            batch_size=pool.batch_size,
+            maximum_batching_window_in_seconds=pool.batch_window_seconds,
+            source_access_configurations=[
+                lambda_.CfnEventSourceMapping.SourceAccessConfigurationProperty(
+                    type="BASIC_AUTH", uri=self.broker.secret.secret_arn
+                ),
+                lambda_.CfnEventSourceMapping.SourceAccessConfigurationProperty(type="VIRTUAL_HOST", uri="/"),
+            ],
+            enabled=True,
+        )
+        mapping.node.add_dependency(fn.role)  # the poller needs its permissions before it starts
+        mapping.node.add_dependency(self.deploy["pools"])  # and the queue, declared by pool init
+
+    # -- delay scheduler ---------------------------------------------------------------------------
+    def _build_delay(self) -> dict[str, lambda_.Function]:
+        d = self.config.delay
+        env = {**self._kafka_env(), **self._postgres_env()}
+        enqueue = self._function(
+            "delay-enqueue",
+            "delay_enqueue",
+            service="switchyard-delay",
+            environment=env,
+            timeout_s=c.ESM_TIMEOUT_S,
+        )
+        fire = self._function(
+            "delay-fire",
+            "delay_fire",
+            service="switchyard-delay",
+            environment=env,
+            timeout_s=c.LOOP_TIMEOUT_S,
+            reserved_concurrency=c.FIRE_RESERVED_CONCURRENCY,
+        )
+        sweep = self._function(
+            "delay-sweep",
+            "delay_sweep",
+            service="switchyard-delay",
+            environment=env,
+            timeout_s=c.LOOP_TIMEOUT_S,
+            reserved_concurrency=c.SWEEP_RESERVED_CONCURRENCY,
+        )
+        for fn in (enqueue, fire, sweep):
+            self._read_secrets(fn, self.data.postgres_secret)
+        # enqueue publishes messages already due; fire publishes the rest; sweep only touches Postgres.
+        self._kafka_access(enqueue, read=(d.input_topic,), write=(d.output_topic,))
+        self._kafka_access(fire, write=(d.output_topic,))
+        self._event_source_network_access(enqueue)
+        mapping = lambda_.CfnEventSourceMapping(
+            self,
+            "delay-input-source",
+            function_name=enqueue.function_name,
+            event_source_arn=self.data.kafka.attr_arn,
+            topics=[d.input_topic],
+            starting_position=d.starting_position,
+            batch_size=d.batch_size,
+            maximum_batching_window_in_seconds=d.batch_window_seconds,
+            function_response_types=["ReportBatchItemFailures"],
+            amazon_managed_kafka_event_source_config=(
+                lambda_.CfnEventSourceMapping.AmazonManagedKafkaEventSourceConfigProperty(
+                    consumer_group_id=DELAY_CONSUMER_GROUP
+                )
+            ),
+            enabled=True,
+        )
+        mapping.node.add_dependency(enqueue.role)
+        mapping.node.add_dependency(self.deploy["topics"])
+        mapping.node.add_dependency(self.deploy["schema"])
+        return {"enqueue": enqueue, "fire": fire, "sweep": sweep}
+
+    # -- schedules -----------------------------------------------------------------------------------
+    def _build_schedules(self) -> dict[str, scheduler.Schedule]:
+        """One minute each (EventBridge's finest); each function loops inside its invocation."""
+        wanted = {f"{name}-reconcile": fns.reconcile for name, fns in self.pools.items()}
+        wanted.update({"delay-fire": self.delay["fire"], "delay-sweep": self.delay["sweep"]})
+        schedules = {}
+        for name, fn in wanted.items():
+            schedules[name] = scheduler.Schedule(
+                self,
+                f"{name}-schedule",
+                schedule=scheduler.ScheduleExpression.rate(Duration.minutes(c.SCHEDULE_RATE_MINUTES)),
+                # A missed tick is not retried: the next one comes within the minute.
+                target=targets.LambdaInvoke(fn, retry_attempts=0, max_event_age=Duration.minutes(1)),
+                description=f"Switchyard {name}: every minute (EventBridge Scheduler's finest rate)",
+            )
+        return schedules

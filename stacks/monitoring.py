@@ -1,0 +1,437 @@
+"""CloudWatch: the alarms (each threshold says why), the SNS topic they notify, one dashboard.
+
+Metrics come from three places: the handlers (Powertools EMF, namespace ``Switchyard``, dimension
+``service`` = ``switchyard-{pool}`` or ``switchyard-delay``), the reconciler (``QueueDepth`` per
+``WorkerGroup``: Amazon MQ 4.x publishes no per-queue metric) and AWS's own (Lambda, RDS,
+ElastiCache, ECS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from constructs import Construct
+
+from stacks import constants as c
+from stacks.config import DeploymentConfig, PoolConfig
+from stacks.data import DataConstruct
+from stacks.functions import FunctionsConstruct
+from stacks.workers import WorkersConstruct
+
+PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
+
+
+@dataclass(frozen=True)
+class AlarmSpec:
+    """An alarm's metric, threshold and the sentence that justifies the threshold."""
+
+    name: str
+    metric: cw.IMetric
+    threshold: float
+    why: str
+    periods: int = 1
+    comparison: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+
+
+class MonitoringConstruct(Construct):
+    """``topic`` (SNS), ``alarms`` (by name) and ``dashboard``."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: DeploymentConfig,
+        functions: FunctionsConstruct,
+        data: DataConstruct,
+        workers: WorkersConstruct,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.config, self.functions, self.data, self.workers = config, functions, data, workers
+        self.topic = self._build_topic()
+        self.alarms: dict[str, cw.Alarm] = {}
+        for spec in self._specs():
+            self._alarm(spec)
+        self.dashboard = self._build_dashboard()
+
+    # -- SNS -------------------------------------------------------------------------------------
+    def _build_topic(self) -> sns.Topic:
+        # CloudWatch can publish to an encrypted topic only with a customer managed key it may use.
+        key = kms.Key(
+            self,
+            "AlarmTopicKey",
+            enable_key_rotation=True,
+            description="Switchyard alarm topic encryption (CloudWatch may use it)",
+        )
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],
+            )
+        )
+        topic = sns.Topic(
+            self, "AlarmTopic", display_name="Switchyard alarms", master_key=key, enforce_ssl=True
+        )
+        if self.config.alarm_email:
+            topic.add_subscription(subscriptions.EmailSubscription(self.config.alarm_email))
+        return topic
+
+    # -- metrics ---------------------------------------------------------------------------------
+    @staticmethod
+    def emf(name: str, service: str, statistic: str = "Sum") -> cw.Metric:
+        return cw.Metric(
+            namespace=c.METRICS_NAMESPACE,
+            metric_name=name,
+            dimensions_map={"service": service},
+            statistic=statistic,
+            period=PERIOD,
+        )
+
+    @staticmethod
+    def queue_depth(pool: PoolConfig) -> cw.MathExpression:
+        """The deepest worker group queue of the pool (Metrics Insights: groups come and go)."""
+        return cw.MathExpression(
+            expression=(
+                f'SELECT MAX(QueueDepth) FROM SCHEMA("{c.METRICS_NAMESPACE}", WorkerGroup, service) '
+                f"WHERE service = 'switchyard-{pool.name}'"
+            ),
+            label=f"{pool.name}: deepest worker group queue",
+            period=Duration.minutes(1),
+        )
+
+    def _specs(self) -> list[AlarmSpec]:
+        specs: list[AlarmSpec] = []
+        for pool in self.config.pools:
+            service = f"switchyard-{pool.name}"
+            fns = self.functions.pools[pool.name]
+            specs += [
+                AlarmSpec(
+                    f"{pool.name}-poison-growing",
+                    self.emf("DeadLetterPoisoned", service),
+                    1,
+                    "A poison request failed delivery-limit times: a handler bug or a bad request "
+                    "that no retry will fix; each one waits in the poison queue for a person.",
+                ),
+                AlarmSpec(
+                    f"{pool.name}-requests-expiring",
+                    self.emf("DeadLetterExpired", service),
+                    10,
+                    "Ten requests in five minutes expired before a worker answered: groups start too "
+                    "slowly or run too few workers for their load (callers got 'expired', nothing lost).",
+                ),
+                AlarmSpec(
+                    f"{pool.name}-requests-rejected",
+                    cw.MathExpression(
+                        expression="rejected + maxlen",
+                        using_metrics={"rejected": self.emf("DeadLetterRejected", service),
+                                       "maxlen": self.emf("DeadLetterMaxlen", service)},
+                        label="rejected or refused by a full queue",
+                        period=PERIOD,
+                    ),
+                    1,
+                    "A worker rejected a request or a full queue refused one: neither happens in normal "
+                    "operation (Requeue republishes; queues have no length limit by default).",
+                ),
+                AlarmSpec(
+                    f"{pool.name}-orphan-forwarding-failures",
+                    fns.orphans.metric_errors(period=PERIOD),
+                    1,
+                    "An orphan batch raised: the whole batch is redelivered and its callers wait "
+                    "(duplicates, never losses); one failure is worth a look, a run of them is an outage.",
+                ),
+                AlarmSpec(
+                    f"{pool.name}-worker-group-start-failures",
+                    cw.MathExpression(
+                        expression="orphan + reconcile",
+                        using_metrics={
+                            "orphan": self.emf("OrphanGroupStartFailures", service),
+                            "reconcile": self.emf("ReconcileDriverErrors", service),
+                        },
+                        label="worker group start/stop/scale failures",
+                        period=PERIOD,
+                    ),
+                    1,
+                    "ECS refused or throttled worker starts for 10 minutes running: the reconciler retries "
+                    "every pass, so a failure that lasts two periods is capacity, quota or permissions.",
+                    periods=2,
+                ),
+                AlarmSpec(
+                    f"{pool.name}-queue-depth-above-target",
+                    self.queue_depth(pool),
+                    pool.queue_depth_threshold,
+                    f"A group's queue held more than maxWorkers x targetBacklog = "
+                    f"{pool.queue_depth_threshold} requests for {pool.queue_depth_alarm_minutes} minutes: "
+                    "the group runs at its maximum and still falls behind.",
+                    periods=pool.queue_depth_alarm_minutes,
+                    comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                ),
+            ]
+            for role, fn in fns.all().items():
+                specs.append(self._errors(f"{pool.name}-{role}", fn))
+        for role, fn in self.functions.delay.items():
+            specs.append(self._errors(f"delay-{role}", fn))
+        delay, sla = self.config.delay, self.config.delay.lateness_sla_ms
+        specs += [
+            AlarmSpec(
+                "delay-backlog-overdue",
+                self.emf("DelayMaxTimerLateness", "switchyard-delay", "Maximum"),
+                c.DELAY_BACKLOG_LATENESS_MS,
+                "A message fired a whole minute after its deadline: the fire loop is behind (or was "
+                "down) and due messages are piling up.",
+            ),
+            AlarmSpec(
+                "delay-messages-overdue",
+                self.emf("DelayMessagesOverdue", "switchyard-delay", "Maximum"),
+                1,
+                "Messages due over a minute ago still wait unclaimed at the end of two invocations in "
+                "a row: the fire loop cannot keep up (or cannot publish); they fire late, never lost.",
+                periods=2,
+            ),
+            AlarmSpec(
+                "delay-lateness-p999-above-sla",
+                self.emf("DelayMaxTimerLateness", "switchyard-delay", "p99.9"),
+                sla,
+                f"p99.9 of each invocation's worst lateness above the {sla} ms SLA for 15 minutes "
+                "(an upper bound of the per-message p99.9).",
+                periods=3,
+                comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            ),
+            AlarmSpec(
+                "delay-sweep-takeovers",
+                self.emf("DelaySuspectedFailures", "switchyard-delay"),
+                1,
+                "The sweep reset messages held past the hold time: a fire node died or stalled; "
+                "its messages fire late (never lost).",
+            ),
+            AlarmSpec(
+                "delay-publish-or-store-errors",
+                cw.MathExpression(
+                    expression="publish + store",
+                    using_metrics={
+                        "publish": self.emf("DelayPublishFailures", "switchyard-delay"),
+                        "store": self.emf("DelayStoreErrors", "switchyard-delay"),
+                    },
+                    label="delay publish failures + store errors",
+                    period=PERIOD,
+                ),
+                1,
+                "MSK did not confirm, or Postgres failed, for 10 minutes: retried messages fire late.",
+                periods=2,
+            ),
+            AlarmSpec(
+                "delay-msk-offset-lag",
+                cw.Metric(
+                    namespace="AWS/Lambda",
+                    metric_name="OffsetLag",
+                    statistic="Maximum",
+                    period=PERIOD,
+                    dimensions_map={"FunctionName": self.functions.delay["enqueue"].function_name},
+                ),
+                delay.offset_lag_alarm,
+                f"The enqueue function is {delay.offset_lag_alarm} records behind the input topic for 15 "
+                "minutes: messages are stored late, and may fire late.",
+                periods=3,
+            ),
+            AlarmSpec(
+                "postgres-connections-near-limit",
+                self.data.postgres.metric_database_connections(statistic="Maximum", period=PERIOD),
+                self.config.postgres.max_connections * c.POSTGRES_CONNECTIONS_ALARM_PERCENT // 100,
+                f"{c.POSTGRES_CONNECTIONS_ALARM_PERCENT}% of max_connections "
+                f"({self.config.postgres.max_connections}): new connections will soon be refused; the "
+                f"functions' budget is {self.config.postgres_connection_budget}: something else holds them.",
+            ),
+            AlarmSpec(
+                "elasticache-memory",
+                cw.Metric(
+                    namespace="AWS/ElastiCache",
+                    metric_name="DatabaseMemoryUsagePercentage",
+                    statistic="Maximum",
+                    period=PERIOD,
+                    dimensions_map={"CacheClusterId": self.data.redis_member_id},
+                ),
+                self.config.redis.memory_alarm_percent,
+                f"Pool state uses {self.config.redis.memory_alarm_percent}% of the node's memory: at 100% "
+                "writes fail and the control plane stops.",
+                periods=2,
+            ),
+        ]
+        return specs
+
+    @staticmethod
+    def _errors(name: str, fn: object) -> AlarmSpec:
+        errors = fn.metric_errors(period=PERIOD)  # type: ignore[attr-defined]
+        throttles = fn.metric_throttles(period=PERIOD)  # type: ignore[attr-defined]
+        return AlarmSpec(
+            f"{name}-errors-or-throttles",
+            cw.MathExpression(
+                expression="errors + throttles",
+                using_metrics={"errors": errors, "throttles": throttles},
+                label=f"{name}: errors + throttles",
+                period=PERIOD,
+            ),
+            1,
+            "Any failed or throttled invocation: every handler is at-least-once and retried, so one error "
+            "delays work and a throttle means reserved concurrency or the account limit was hit.",
+        )
+
+    def _alarm(self, spec: AlarmSpec) -> cw.Alarm:
+        alarm = cw.Alarm(
+            self,
+            spec.name,
+            alarm_name=f"switchyard-{spec.name}",
+            alarm_description=spec.why,
+            metric=spec.metric,
+            threshold=spec.threshold,
+            evaluation_periods=spec.periods,
+            datapoints_to_alarm=spec.periods,
+            comparison_operator=spec.comparison,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        )
+        alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
+        self.alarms[spec.name] = alarm
+        return alarm
+
+    # -- dashboard ---------------------------------------------------------------------------------
+    def _build_dashboard(self) -> cw.Dashboard:
+        board = cw.Dashboard(
+            self, "Dashboard", dashboard_name="Switchyard", default_interval=Duration.hours(3)
+        )
+        widgets: list[cw.IWidget] = [
+            cw.AlarmStatusWidget(alarms=list(self.alarms.values()), width=24, title="Switchyard alarms")
+        ]
+        for pool in self.config.pools:
+            service = f"switchyard-{pool.name}"
+            widgets += [
+                cw.GraphWidget(
+                    title=f"{pool.name}: queue depth (deepest group)",
+                    width=8,
+                    left=[self.queue_depth(pool)],
+                    left_annotations=[
+                        cw.HorizontalAnnotation(value=pool.queue_depth_threshold, label="max x target")
+                    ],
+                ),
+                cw.GraphWidget(
+                    title=f"{pool.name}: dead letters and poison",
+                    width=8,
+                    left=[
+                        self.emf("DeadLetterDeadLetters", service),
+                        self.emf("DeadLetterResponses", service),
+                        self.emf("DeadLetterPoisoned", service),
+                        self.emf("DeadLetterWithoutReason", service),
+                        *(self.emf(f"DeadLetter{reason}", service)
+                          for reason in ("Expired", "DeliveryLimit", "Rejected", "Maxlen")),
+                    ],
+                ),
+                cw.GraphWidget(
+                    title=f"{pool.name}: orphans and worker groups",
+                    width=8,
+                    left=[
+                        self.emf("OrphanForwarded", service),
+                        self.emf("OrphanNewGroups", service),
+                        self.emf("OrphanGroupStartFailures", service),
+                        self.emf("ReconcileGroupsStarted", service),
+                        self.emf("ReconcileGroupsStopped", service),
+                        self.emf("ReconcileDriverErrors", service),
+                    ],
+                ),
+            ]
+        every = {
+            **{f"{p}-{r}": fn for p, fns in self.functions.pools.items() for r, fn in fns.all().items()},
+            **{f"delay-{r}": fn for r, fn in self.functions.delay.items()},
+        }
+        widgets += [
+            cw.GraphWidget(
+                title="Lambda errors per function",
+                width=12,
+                left=[fn.metric_errors(period=PERIOD, label=n) for n, fn in every.items()],
+            ),
+            cw.GraphWidget(
+                title="Lambda throttles per function",
+                width=12,
+                left=[fn.metric_throttles(period=PERIOD, label=n) for n, fn in every.items()],
+            ),
+            cw.GraphWidget(
+                title="Delay: fire lateness (ms)",
+                width=8,
+                left=[
+                    self.emf("DelayMaxTimerLateness", "switchyard-delay", stat)
+                    for stat in ("p50", "p99", "p99.9", "Maximum")
+                ],
+                left_annotations=[
+                    cw.HorizontalAnnotation(value=self.config.delay.lateness_sla_ms, label="SLA")
+                ],
+            ),
+            cw.GraphWidget(
+                title="Delay: flow",
+                width=8,
+                left=[
+                    self.emf(m, "switchyard-delay")
+                    for m in (
+                        "DelayMessagesEnqueued",
+                        "DelayMessagesFired",
+                        "DelayRecordsDropped",
+                        "DelaySuspectedFailures",
+                    )
+                ],
+            ),
+            cw.GraphWidget(
+                title="Delay: MSK offset lag",
+                width=8,
+                left=[
+                    cw.Metric(
+                        namespace="AWS/Lambda",
+                        metric_name="OffsetLag",
+                        statistic="Maximum",
+                        period=PERIOD,
+                        dimensions_map={"FunctionName": self.functions.delay["enqueue"].function_name},
+                    )
+                ],
+            ),
+            cw.GraphWidget(
+                title="Postgres connections",
+                width=8,
+                left=[self.data.postgres.metric_database_connections(statistic="Maximum", period=PERIOD)],
+                left_annotations=[
+                    cw.HorizontalAnnotation(
+                        value=self.config.postgres.max_connections, label="max_connections"
+                    )
+                ],
+            ),
+            cw.GraphWidget(
+                title="ElastiCache memory %",
+                width=8,
+                left=[
+                    cw.Metric(
+                        namespace="AWS/ElastiCache",
+                        metric_name="DatabaseMemoryUsagePercentage",
+                        statistic="Maximum",
+                        period=PERIOD,
+                        dimensions_map={"CacheClusterId": self.data.redis_member_id},
+                    )
+                ],
+            ),
+            cw.GraphWidget(
+                title="ECS worker tasks running",
+                width=8,
+                left=[
+                    cw.Metric(
+                        namespace="ECS/ContainerInsights",
+                        metric_name="RunningTaskCount",
+                        statistic="Maximum",
+                        period=PERIOD,
+                        dimensions_map={"ClusterName": self.workers.cluster.cluster_name},
+                    )
+                ],
+            ),
+        ]
+        for i in range(0, len(widgets), 3):
+            board.add_widgets(*widgets[i : i + 3])
+        return board

@@ -1,0 +1,95 @@
+"""ECS: the cluster and, per pool, the Fargate task definition its worker groups run.
+
+The control plane (``switchyard/rpc/drivers/ecs.py``) starts each worker with ``RunTask`` on the
+pool's task definition and the worker protocol's variables as container overrides; this
+construct only defines what every worker of the pool has in common: image, command, size, logs,
+the AMQP credentials (injected by ECS from Secrets Manager, never in plain environment) and the
+stop timeout of the two-stage stop (SIGTERM, then SIGKILL ``stopTimeout`` later).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from stacks import constants as c
+from stacks.broker import BrokerConstruct
+from stacks.config import DeploymentConfig, PoolConfig
+from stacks.network import NetworkConstruct
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def worker_family(pool: str) -> str:
+    """The task definition family of a pool (``SWITCHYARD_ECS_TASK_DEFINITION`` of its control plane)."""
+    return f"{c.WORKER_FAMILY_PREFIX}{pool}"
+
+
+class WorkersConstruct(Construct):
+    """``cluster``, ``task_definitions[pool]`` and the shared ``log_group`` of the workers."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        network: NetworkConstruct,
+        broker: BrokerConstruct,
+        config: DeploymentConfig,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.network = network
+        self.broker = broker
+        self.cluster = ecs.Cluster(
+            self, "Cluster", vpc=network.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
+        )
+        self.log_group = logs.LogGroup(
+            self, "WorkerLogs", retention=logs.RetentionDays.ONE_MONTH, removal_policy=RemovalPolicy.DESTROY
+        )
+        self._built_image: ecs.ContainerImage | None = None
+        self.task_definitions = {pool.name: self._task_definition(pool) for pool in config.pools}
+
+    def _image(self, pool: PoolConfig) -> ecs.ContainerImage:
+        if pool.image:
+            return ecs.ContainerImage.from_registry(pool.image)
+        if self._built_image is None:  # one asset (one build, one push) for every pool using it
+            self._built_image = ecs.ContainerImage.from_asset(str(REPO_ROOT), file="Dockerfile")
+        return self._built_image
+
+    def _task_definition(self, pool: PoolConfig) -> ecs.FargateTaskDefinition:
+        task = ecs.FargateTaskDefinition(
+            self,
+            f"Worker-{pool.name}",
+            family=worker_family(pool.name),
+            cpu=pool.cpu,
+            memory_limit_mib=pool.memory_mib,
+            runtime_platform=ecs.RuntimePlatform(
+                cpu_architecture=ecs.CpuArchitecture.X86_64,
+                operating_system_family=ecs.OperatingSystemFamily.LINUX,
+            ),
+        )
+        task.add_container(
+            c.WORKER_CONTAINER,
+            image=self._image(pool),
+            command=["worker", "--handler", pool.handler],  # the image's entrypoint is `switchyard`
+            essential=True,
+            memory_limit_mib=pool.memory_mib,
+            stop_timeout=Duration.seconds(c.WORKER_STOP_TIMEOUT_S),
+            logging=ecs.LogDrivers.aws_logs(stream_prefix=pool.name, log_group=self.log_group),
+            environment={
+                "SWITCHYARD_AMQP_URL": self.broker.amqp_url_template,
+                "SWITCHYARD_LOG_LEVEL": c.LOG_LEVEL,
+                "POWERTOOLS_SERVICE_NAME": f"switchyard-{pool.name}-worker",
+                "POWERTOOLS_METRICS_NAMESPACE": c.METRICS_NAMESPACE,
+                "WORKER_POOL": pool.name,  # WORKER_KEY, WORKER_ID...: set per task by the driver
+            },
+            secrets={
+                "SWITCHYARD_AMQP_USERNAME": ecs.Secret.from_secrets_manager(self.broker.secret, "username"),
+                "SWITCHYARD_AMQP_PASSWORD": ecs.Secret.from_secrets_manager(self.broker.secret, "password"),
+            },
+        )
+        return task

@@ -1,0 +1,137 @@
+"""What ``cdk deploy`` runs inside the VPC: CloudFormation custom resources (CDK Provider framework).
+
+Each operation takes the custom resource event (``RequestType``, ``ResourceProperties``) and
+returns the Provider framework's answer (``PhysicalResourceId``, ``Data``); raising fails the
+deployment with the error's message. Every operation is idempotent: CloudFormation retries,
+and an Update runs the whole operation again. Delete keeps the data (queues that may hold
+requests, the delay table, the topics): tearing the stack down removes the broker, the database
+and the cluster themselves.
+
+The handlers in ``functions/deploy_*.py`` only call these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from switchyard.config import Connections
+from switchyard.errors import ConfigError
+from switchyard.msk_auth import kafka_security_config
+from switchyard.observability import logger
+
+
+def _answer(physical_id: str, **data: Any) -> dict[str, Any]:
+    return {"PhysicalResourceId": physical_id, "Data": {k: str(v) for k, v in data.items()}}
+
+
+def _properties(event: Mapping[str, Any], *names: str) -> list[Any]:
+    props = event.get("ResourceProperties") or {}
+    missing = [n for n in names if n not in props]
+    if missing:
+        raise ConfigError(f"custom resource properties lack {', '.join(missing)}")
+    return [props[n] for n in names]
+
+
+def _on_create_or_update(event: Mapping[str, Any], physical_id: str,
+                         work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    kind = event.get("RequestType")
+    if kind == "Delete":
+        logger.info("custom resource deleted; data kept", extra={"resource": physical_id})
+        return _answer(event.get("PhysicalResourceId") or physical_id)
+    if kind not in ("Create", "Update"):
+        raise ConfigError(f"unknown custom resource RequestType {kind!r}")
+    return _answer(physical_id, **work())
+
+
+def declare_pools(event: Mapping[str, Any]) -> dict[str, Any]:
+    """``switchyard pool init`` (exchanges, queues, bindings, policies) for every pool listed."""
+    from switchyard.rpc.protocol import validate_pool
+    from switchyard.rpc.settings import RpcSettings
+    from switchyard.rpc.topology import init_pool
+
+    (pools,) = _properties(event, "Pools")
+    pools = [validate_pool(pool) for pool in pools]
+
+    def work() -> dict[str, Any]:
+        settings = RpcSettings.from_env()
+        for pool in pools:
+            init_pool(pool, settings)
+            logger.info("pool declared", extra={"pool": pool})
+        return {"Pools": ",".join(pools)}
+
+    return _on_create_or_update(event, "switchyard-pools", work)
+
+
+def migrate_delay_schema(event: Mapping[str, Any]) -> dict[str, Any]:
+    """``switchyard delay migrate``: create or upgrade the delay store's schema (advisory-locked)."""
+    from switchyard.delay.settings import DelaySettings
+    from switchyard.delay.store import PostgresDelayStore
+
+    def work() -> dict[str, Any]:
+        settings = DelaySettings.from_env()
+        store = PostgresDelayStore(Connections.from_env().postgres_dsn, settings.schema,
+                                   f"{settings.application_name}-migrate")
+        try:
+            applied = store.migrate()
+        finally:
+            store.close()
+        return {"Schema": settings.schema, "Applied": ",".join(map(str, applied)) or "none"}
+
+    return _on_create_or_update(event, "switchyard-delay-schema", work)
+
+
+def create_topics(event: Mapping[str, Any], admin: Any = None) -> dict[str, Any]:
+    """Create the delay topics (``Topics``: names, ``Partitions``, ``ReplicationFactor``) if missing.
+
+    A topic that exists with fewer partitions is grown (Kafka cannot shrink one); existing
+    topics are otherwise left as they are.
+    """
+    from switchyard.delay.settings import validate_topic
+
+    topics, partitions, replication = _properties(event, "Topics", "Partitions", "ReplicationFactor")
+    topics = [validate_topic(t) for t in topics]
+
+    def work() -> dict[str, Any]:
+        client = admin or _admin_client()
+        created, grown = ensure_topics(client, topics, int(partitions), int(replication))
+        return {"Created": ",".join(created) or "none", "Grown": ",".join(grown) or "none"}
+
+    return _on_create_or_update(event, "switchyard-delay-topics", work)
+
+
+def _admin_client() -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    config = {"bootstrap.servers": Connections.from_env().kafka_bootstrap, **kafka_security_config()}
+    return AdminClient(config)
+
+
+def ensure_topics(admin: Any, topics: Sequence[str], partitions: int,
+                  replication: int, timeout: float = 30.0) -> tuple[list[str], list[str]]:
+    """Create missing topics and grow ones with fewer partitions; returns (created, grown)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewPartitions, NewTopic
+
+    if partitions < 1 or replication < 1:
+        raise ConfigError("topics need at least one partition and one replica")
+    existing = admin.list_topics(timeout=timeout).topics
+    missing = [t for t in topics if t not in existing]
+    created: list[str] = []
+    if missing:
+        futures = admin.create_topics([NewTopic(t, num_partitions=partitions, replication_factor=replication)
+                                       for t in missing], request_timeout=timeout)
+        for topic, future in futures.items():
+            try:
+                future.result(timeout)
+                created.append(topic)
+            except KafkaException as exc:  # created by a concurrent deploy: fine
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+    small = [t for t in topics if t in existing and len(existing[t].partitions) < partitions]
+    if small:
+        for future in admin.create_partitions([NewPartitions(t, partitions) for t in small],
+                                              request_timeout=timeout).values():
+            future.result(timeout)
+    logger.info("delay topics ensured", extra={"created": created, "grown": small})
+    return created, small

@@ -1,0 +1,51 @@
+"""One synthesis of the default app per test session (a synth takes tens of seconds on 2 cores)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+from aws_cdk.assertions import Template
+
+from stacks import constants as c
+from stacks.application import build_app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def layer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A stand-in layer directory: synthesis only stages and hashes the layer, and staging the real
+    ~80 MB one into every test's cloud assembly would cost seconds per synth. The real layer is
+    checked by tests/stacks/test_layer.py and synthesized by the CLI in ./dev test."""
+    stub = tmp_path_factory.mktemp("layer")
+    (stub / "python").mkdir()
+    (stub / "python" / "README").write_text("stand-in layer for synthesis tests\n")
+    return str(stub)
+
+
+def synth(layer_dir: str, outdir: Path, **context: Any) -> tuple[Template, Path, Any]:
+    """Synthesize with cdk.json's context plus ``context``; fails if cdk-nag finds anything."""
+    app, stack = build_app(context={c.CTX_LAYER_DIR: layer_dir, **context}, outdir=str(outdir))
+    app.synth()
+    return Template.from_stack(stack), outdir, stack
+
+
+@pytest.fixture(scope="session")
+def synthesized(layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Template, Path, Any]:
+    return synth(layer_dir, tmp_path_factory.mktemp("cdk.out"))
+
+
+@pytest.fixture(scope="session")
+def template(synthesized: tuple[Template, Path, Any]) -> Template:
+    return synthesized[0]
+
+
+@pytest.fixture(scope="session")
+def resources(template: Template) -> dict[str, dict[str, Any]]:
+    return template.to_json()["Resources"]

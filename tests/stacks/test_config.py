@@ -1,0 +1,67 @@
+"""A bad deployment configuration fails synth with a clear error naming its context key."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from aws_cdk import App, Stack
+
+from stacks import constants as c
+from stacks.config import ConfigError, DeploymentConfig, PoolConfig
+
+
+def config(**context: Any) -> DeploymentConfig:
+    return DeploymentConfig.from_context(Stack(App(context=context)))
+
+
+def test_defaults_give_one_example_pool_and_a_connection_budget_within_the_limit() -> None:
+    cfg = config()
+    assert [p.name for p in cfg.pools] == [c.EXAMPLE_POOL]
+    assert cfg.postgres_connection_budget == 3 * 1 + 2 * 2 + 2 * 1 + 1
+    assert cfg.postgres_connection_budget <= cfg.postgres.max_connections // 2
+
+
+def test_context_from_the_command_line_is_json() -> None:
+    cfg = config(
+        **{c.CTX_POOLS: json.dumps([{"name": "a"}, {"name": "b"}]), c.CTX_DELAY: '{"partitions": 6}'}
+    )
+    assert [p.name for p in cfg.pools] == ["a", "b"]
+    assert cfg.delay.partitions == 6
+
+
+@pytest.mark.parametrize(
+    ("context", "message"),
+    [
+        ({c.CTX_POOLS: [{"name": "bad-name"}]}, "invalid pool name 'bad-name'"),
+        ({c.CTX_POOLS: [{"name": "x" * 40}]}, "at most 32 characters"),
+        ({c.CTX_POOLS: [{"name": "a"}, {"name": "a"}]}, r"repeated: \['a'\]"),
+        ({c.CTX_POOLS: []}, "at least one pool"),
+        ({c.CTX_POOLS: [{"handler": "x:y"}]}, 'objects with a "name"'),
+        ({c.CTX_POOLS: [{"name": "a", "cpu": 256, "memoryMib": 4096}]}, "not a Fargate size for cpu 256"),
+        ({c.CTX_POOLS: [{"name": "a", "minWorkers": 3, "maxWorkers": 2}]}, "minWorkers <= maxWorkers"),
+        ({c.CTX_POOLS: [{"name": "a", "batchSize": 20000}]}, "batchSize must be 1-10,000"),
+        ({c.CTX_POOLS: [{"name": "a", "handler": "nocolon"}]}, "module:function"),
+        ({c.CTX_POOLS: [{"name": "a", "maxWorkerz": 3}]}, r"unknown setting\(s\) \['maxWorkerz'\]"),
+        ({c.CTX_POOLS: [{"name": "a", "maxWorkers": "3"}]}, "maxWorkers must be an integer"),
+        ({c.CTX_DELAY: {"inputTopic": "bad topic"}}, "invalid Kafka topic name"),
+        ({c.CTX_DELAY: {"inputTopic": "t", "outputTopic": "t"}}, "must differ"),
+        ({c.CTX_DELAY: {"schema": "Bad-Schema"}}, "invalid Postgres schema name"),
+        ({c.CTX_DELAY: {"startingPosition": "AT_TIMESTAMP"}}, "LATEST or TRIM_HORIZON"),
+        ({c.CTX_DELAY: {"partitions": 200}}, "may open 207 connections"),
+        ({c.CTX_MSK: {"brokerNodes": 3}}, "multiple of the 2 availability zones"),
+        ({c.CTX_POSTGRES: {"engineVersion": "12"}}, "engineVersion must be one of"),
+        ({c.CTX_REDIS: {"engine": "memcached"}}, "redis or valkey"),
+        ({c.CTX_DELAY: "{not json"}, "not valid JSON"),
+        ({c.CTX_ALARM_EMAIL: "nobody"}, "not an e-mail address"),
+    ],
+)
+def test_bad_values_fail_synth_with_a_message_naming_the_key(context: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as raised:
+        config(**context)
+    assert "switchyard:" in str(raised.value) or "invalid" in str(raised.value)
+
+
+def test_queue_depth_threshold_is_what_max_workers_are_sized_for() -> None:
+    assert PoolConfig(name="p", max_workers=5, target_backlog=20).queue_depth_threshold == 100
