@@ -47,7 +47,7 @@ def new_pool(prefix: str) -> str:
 
 def cleanup(settings: RpcSettings, pool: str, plane: ControlPlane | None = None) -> None:
     with PoolTopology(pool, settings) as topology:
-        topology.delete()
+        topology.delete(force=True)
     if plane is not None:
         plane.state.clear()
 

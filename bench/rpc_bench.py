@@ -1,22 +1,26 @@
 """Keyed RPC benchmark: Switchyard's client and worker against plain pika, in one run.
 
-Both sides use the same queue type and worker prefetch; each phase runs its own worker process
-alone. Sequential (one call at a time) and pipelined (N calls in flight) phases, each for a fixed
-time; prints calls/s, p50, p99 and the ratio Switchyard / plain.
+Both sides use the same queue type and worker prefetch, and each has its own worker process
+(both started once; the idle one waits on its socket). Load on a shared machine drifts, so the
+sides alternate in short rounds (plain, Switchyard, plain, Switchyard, ...) and the ratio is
+reported per round, then as the median over the rounds. Sequential (one call at a time) and
+pipelined (N calls in flight) modes; only the calls are timed, not connection setup.
 
-    .venv/bin/python bench/rpc_bench.py                  # quorum queues, 5 s per phase
-    .venv/bin/python bench/rpc_bench.py --queue-type classic --seconds 10
+    .venv/bin/python bench/rpc_bench.py                  # quorum queues, 8 rounds of 2 s a side
+    .venv/bin/python bench/rpc_bench.py --queue-type classic --rounds 5 --seconds 4
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pika
@@ -32,6 +36,9 @@ from switchyard.rpc.drivers import WorkerGroup  # noqa: E402
 from switchyard.rpc.settings import PoolPolicy, RpcSettings  # noqa: E402
 from switchyard.rpc.topology import PoolTopology  # noqa: E402
 
+SIDES = ("plain pika", "switchyard")
+MODES = ("sequential", "pipelined")
+
 
 def wait_consumers(url: str, queue: str, count: int = 1, timeout: float = 20) -> None:
     connection = pika.BlockingConnection(pika.URLParameters(url))
@@ -45,70 +52,70 @@ def wait_consumers(url: str, queue: str, count: int = 1, timeout: float = 20) ->
         connection.close()
 
 
-def switchyard_phase(
-    settings: RpcSettings, pool: str, mode: str, seconds: float, in_flight: int
-) -> list[float]:
+def switchyard_round(client: RpcClient, mode: str, seconds: float, in_flight: int) -> list[float]:
     latencies: list[float] = []
-    with RpcClient(pool, settings, concurrency=max(in_flight, 1), timeout=30) as client:
-        client.call("k", b"warm")
-        if mode == "sequential":
-            deadline = time.perf_counter() + seconds
-            while time.perf_counter() < deadline:
-                sent = time.perf_counter()
-                client.call("k", b"x")
-                latencies.append(time.perf_counter() - sent)
-            return latencies
-        # Pipelined: each completion submits the next call from its done-callback.
-        deadline = time.perf_counter() + seconds
-        done = threading.Event()
-        outstanding = [0]
-        lock = threading.Lock()
-
-        def launch() -> None:
+    deadline = time.perf_counter() + seconds
+    if mode == "sequential":
+        while time.perf_counter() < deadline:
             sent = time.perf_counter()
-            with lock:
-                outstanding[0] += 1
-            client.submit("k", b"x").add_done_callback(lambda f, sent=sent: finished(f, sent))
-
-        def finished(future, sent: float) -> None:
-            future.result()
+            client.call("k", b"x")
             latencies.append(time.perf_counter() - sent)
-            with lock:
-                outstanding[0] -= 1
-                last = outstanding[0] == 0
-            if time.perf_counter() < deadline:
-                launch()
-            elif last:
-                done.set()
+        return latencies
+    # Pipelined: each completion submits the next call from its done-callback.
+    done = threading.Event()
+    outstanding = [0]
+    lock = threading.Lock()
 
-        for _ in range(in_flight):
+    def launch() -> None:
+        sent = time.perf_counter()
+        with lock:
+            outstanding[0] += 1
+        client.submit("k", b"x").add_done_callback(lambda f, sent=sent: finished(f, sent))
+
+    def finished(future, sent: float) -> None:
+        future.result()
+        latencies.append(time.perf_counter() - sent)
+        with lock:
+            outstanding[0] -= 1
+            last = outstanding[0] == 0
+        if time.perf_counter() < deadline:
             launch()
-        done.wait(seconds + 60)
+        elif last:
+            done.set()
+
+    for _ in range(in_flight):
+        launch()
+    done.wait(seconds + 60)
     return latencies
 
 
-def plain_phase(url: str, queue: str, mode: str, seconds: float, in_flight: int) -> list[float]:
-    client = PlainClient(url, queue)
-    try:
-        client.publish(b"warm")
-        while client.pending:
-            client.connection.process_data_events(time_limit=None)
-        client.latencies.clear()
-        if mode == "sequential":
-            client.sequential(seconds)
-        else:
-            client.pipelined(seconds, in_flight)
-        return client.latencies
-    finally:
-        client.close()
+def plain_round(client: PlainClient, mode: str, seconds: float, in_flight: int) -> list[float]:
+    client.latencies = []
+    if mode == "sequential":
+        client.sequential(seconds)
+    else:
+        client.pipelined(seconds, in_flight)
+    return client.latencies
+
+
+def timed(run: Callable[[], list[float]]) -> tuple[float, list[float]]:
+    started = time.perf_counter()
+    latencies = run()
+    return len(latencies) / (time.perf_counter() - started), latencies
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queue-type", choices=["quorum", "classic"], default="quorum")
-    parser.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds per mode (each side once a round)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of one side's turn in a round")
     parser.add_argument("--in-flight", type=int, default=64, help="calls in flight when pipelined")
     parser.add_argument("--prefetch", type=int, default=4, help="worker prefetch, both sides")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: sequential,pipelined")
     args = parser.parse_args()
 
     os.environ.setdefault("SWITCHYARD_LOG_LEVEL", "ERROR")
@@ -120,9 +127,8 @@ def main() -> int:
     plain_queue = f"{pool}-plain"
     env = {**os.environ, "WORKER_PREFETCH": str(args.prefetch), "PYTHONPATH": str(ROOT)}
 
-    print(f"RPC benchmark: {args.queue_type} queues, worker prefetch {args.prefetch}, "
-          f"{args.seconds:g} s per phase, pipelined = {args.in_flight} in flight")
-    results: dict[tuple[str, str], tuple[float, LatencySummary]] = {}
+    print(f"RPC benchmark: {args.queue_type} queues, worker prefetch {args.prefetch}, {args.rounds} rounds "
+          f"of {args.seconds:g} s a side, pipelined = {args.in_flight} in flight; {load()}", flush=True)
     with PoolTopology(pool, settings) as topology:
         topology.declare()
         topology.ensure_request_queue("k")
@@ -130,46 +136,63 @@ def main() -> int:
         connection.channel().queue_declare(plain_queue, durable=True,
                                            arguments={"x-queue-type": args.queue_type})
         connection.close()
+        workers = [
+            subprocess.Popen([sys.executable, str(ROOT / "bench" / "plain_pika.py"), "worker", plain_queue,
+                              str(args.prefetch), url], env=env),
+            subprocess.Popen([sys.executable, "-m", "switchyard", "worker", "--handler",
+                              "switchyard.rpc.examples:echo"],
+                             env={**env, **WorkerGroup(pool, "k").environment("bench-worker")}),
+        ]
         try:
-            for mode, in_flight in (("sequential", 1), ("pipelined", args.in_flight)):
-                for impl in ("plain pika", "switchyard"):
-                    if impl == "switchyard":
-                        cmd = [sys.executable, "-m", "switchyard", "worker", "--handler",
-                               "switchyard.rpc.examples:echo"]
-                        worker_env = {**env, **WorkerGroup(pool, "k").environment("bench-worker")}
-                        queue = p.request_queue(pool, "k")
-                    else:
-                        cmd = [sys.executable, str(ROOT / "bench" / "plain_pika.py"), "worker", plain_queue,
-                               str(args.prefetch), url]
-                        worker_env = env
-                        queue = plain_queue
-                    worker = subprocess.Popen(cmd, env=worker_env)
-                    try:
-                        wait_consumers(url, queue)
-                        started = time.perf_counter()
-                        if impl == "switchyard":
-                            latencies = switchyard_phase(settings, pool, mode, args.seconds, in_flight)
-                        else:
-                            latencies = plain_phase(url, plain_queue, mode, args.seconds, in_flight)
-                        elapsed = time.perf_counter() - started
-                    finally:
-                        worker.terminate()
-                        worker.wait(20)
-                    rate = len(latencies) / elapsed
-                    results[(mode, impl)] = (rate, LatencySummary.of(latencies))
-                    summary = results[(mode, impl)][1]
-                    print(f"  {mode:10} {impl:11} {rate:9,.0f} calls/s   {summary}", flush=True)
+            wait_consumers(url, plain_queue)
+            wait_consumers(url, p.request_queue(pool, "k"))
+            summary = {mode: run_mode(mode, args, settings, pool, url, plain_queue)
+                       for mode in args.modes.split(",")}
         finally:
-            topology.delete()
+            for worker in workers:
+                worker.terminate()
+            for worker in workers:
+                worker.wait(20)
+            topology.delete(force=True)
             connection = pika.BlockingConnection(pika.URLParameters(url))
             connection.channel().queue_delete(plain_queue)
             connection.close()
 
-    print("\nratio switchyard / plain pika (calls/s):")
-    for mode in ("sequential", "pipelined"):
-        ratio = results[(mode, "switchyard")][0] / results[(mode, "plain pika")][0]
+    print(f"\nmedian ratio switchyard / plain pika (calls/s), {load()}:")
+    for mode, ratio in summary.items():
         print(f"  {mode:10} {ratio:.2f}")
     return 0
+
+
+def run_mode(mode: str, args: argparse.Namespace, settings: RpcSettings, pool: str, url: str,
+             plain_queue: str) -> float:
+    in_flight = 1 if mode == "sequential" else args.in_flight
+    plain = PlainClient(url, plain_queue)
+    ours = RpcClient(pool, settings, concurrency=in_flight, timeout=30)
+    try:
+        plain.publish(b"warm")
+        while plain.pending:
+            plain.connection.process_data_events(time_limit=None)
+        ours.call("k", b"warm")
+        print(f"\n{mode}:", flush=True)
+        ratios: list[float] = []
+        latencies: dict[str, list[float]] = {side: [] for side in SIDES}
+        for n in range(1, args.rounds + 1):
+            plain_rate, plain_lat = timed(lambda: plain_round(plain, mode, args.seconds, in_flight))
+            our_rate, our_lat = timed(lambda: switchyard_round(ours, mode, args.seconds, in_flight))
+            latencies["plain pika"] += plain_lat
+            latencies["switchyard"] += our_lat
+            ratios.append(our_rate / plain_rate)
+            print(f"  round {n}: plain pika {plain_rate:8,.0f}/s   switchyard {our_rate:8,.0f}/s   "
+                  f"ratio {ratios[-1]:.2f}   ({os.getloadavg()[0]:.2f})", flush=True)
+        for side in SIDES:
+            print(f"  {side:11} {LatencySummary.of(latencies[side])}")
+        median = statistics.median(ratios)
+        print(f"  median ratio {median:.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})", flush=True)
+        return median
+    finally:
+        ours.close()
+        plain.close()
 
 
 if __name__ == "__main__":

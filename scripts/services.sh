@@ -6,8 +6,10 @@
 #   scripts/services.sh status    one line per service: answering or not
 #
 # Services: PostgreSQL 5432 (+ database `switchyard`), Redis 6379, RabbitMQ 5672 with the management
-# API on 15672, tansu (Kafka API) 9092, moto (AWS APIs) 5000. Missing Debian packages are installed
-# with apt-get when run as root. Logs of what this script starts: .local/logs/.
+# API on 15672, tansu (Kafka API) 9092, moto (AWS APIs) 5000, and a second RabbitMQ, 4.0, on 5673
+# (management 15673) run from a Debian 13 chroot by scripts/rabbitmq4.sh (skip it: SWITCHYARD_RABBITMQ4=0).
+# Missing Debian packages are installed with apt-get when run as root. Logs of what this script
+# starts: .local/logs/.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -225,6 +227,25 @@ start_rabbitmq() {
     report rabbitmq "$AMQP_PORT" "started"
 }
 
+# ------------------------------------------------ RabbitMQ 4 (scripts/rabbitmq4.sh)
+RABBITMQ4_PORT="${SWITCHYARD_RABBITMQ4_PORT:-5673}"
+
+start_rabbitmq4() {
+    [ "${SWITCHYARD_RABBITMQ4:-1}" = 0 ] && return 0
+    if "$ROOT/scripts/rabbitmq4.sh" status >/dev/null 2>&1; then
+        report rabbitmq4 "$RABBITMQ4_PORT" "used (already running)"
+        return
+    fi
+    [ "$(id -u)" = 0 ] || die "the RabbitMQ 4 broker (127.0.0.1:$RABBITMQ4_PORT) runs from a chroot and needs root:
+  sudo scripts/rabbitmq4.sh start   (or skip it: SWITCHYARD_RABBITMQ4=0)"
+    touch "$STATE/rabbitmq4.started"
+    if ! "$ROOT/scripts/rabbitmq4.sh" start 8>&- 9>&-; then
+        fail rabbitmq4 "$RABBITMQ4_PORT" "scripts/rabbitmq4.sh start failed (see above); skip it with SWITCHYARD_RABBITMQ4=0"
+        return
+    fi
+    report rabbitmq4 "$RABBITMQ4_PORT" "started ($("$ROOT/scripts/rabbitmq4.sh" status | sed -n 's/.*(\(RabbitMQ [^,]*\),.*/\1/p'))"
+}
+
 # ------------------------------------------- background processes (tansu, moto)
 # start_bg NAME COMMAND...: detached from this shell's session, output to .local/logs/NAME.log,
 # pid in .local/NAME.pid (written by the process itself before it execs the command).
@@ -337,6 +358,12 @@ stop_all() {
     else
         echo "rabbitmq: not started by ./dev, left alone"
     fi
+    if [ -f "$STATE/rabbitmq4.started" ]; then
+        "$ROOT/scripts/rabbitmq4.sh" stop 2>&1 || echo "rabbitmq4: stop failed"
+        rm -f "$STATE/rabbitmq4.started"
+    else
+        echo "rabbitmq4: not started by ./dev, left alone"
+    fi
     if [ -f "$STATE/postgres.started" ]; then
         local ver
         ver="$(cat "$STATE/postgres.started")"
@@ -350,7 +377,7 @@ stop_all() {
 
 status_all() {
     local name port
-    for entry in postgres:$PG_PORT redis:$REDIS_PORT rabbitmq:$AMQP_PORT rabbitmq-mgmt:$MGMT_PORT tansu:$KAFKA_PORT moto:$MOTO_PORT; do
+    for entry in postgres:$PG_PORT redis:$REDIS_PORT rabbitmq:$AMQP_PORT rabbitmq-mgmt:$MGMT_PORT rabbitmq4:$RABBITMQ4_PORT rabbitmq4-mgmt:${SWITCHYARD_RABBITMQ4_MGMT_PORT:-15673} tansu:$KAFKA_PORT moto:$MOTO_PORT; do
         name=${entry%%:*}
         port=${entry##*:}
         if listening "$port"; then report "$name" "$port" "listening"; else report "$name" "$port" "down"; fi
@@ -383,6 +410,7 @@ main() {
     start_postgres
     start_redis
     start_rabbitmq
+    start_rabbitmq4
     start_tansu
     start_moto
     [ "$FAILED" = 0 ] || die "some services are not ready (see above)."

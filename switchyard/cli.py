@@ -15,6 +15,8 @@ COMMAND_MODULES = (
     "switchyard.rpc.cli",
     "switchyard.local.cli",
     "switchyard.delay.cli",
+    "switchyard.pending.cli",
+    "switchyard.bus.cli",
     "switchyard.demo",
 )
 

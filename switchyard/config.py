@@ -48,9 +48,13 @@ class Connections:
     postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/switchyard"
     kafka_bootstrap: str = "127.0.0.1:9092"
     aws_endpoint_url: str | None = None
+    redis_timeout_s: float = 5.0
 
     @classmethod
     def from_env(cls) -> Connections:
+        from switchyard.aws_secrets import resolve_secrets
+
+        resolve_secrets()  # on AWS: credentials from Secrets Manager into the URLs' placeholders
         d = cls()
         return cls(
             amqp_url=env_str("SWITCHYARD_AMQP_URL", d.amqp_url),
@@ -59,4 +63,5 @@ class Connections:
             postgres_dsn=env_str("SWITCHYARD_POSTGRES_DSN", d.postgres_dsn),
             kafka_bootstrap=env_str("SWITCHYARD_KAFKA_BOOTSTRAP", d.kafka_bootstrap),
             aws_endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
+            redis_timeout_s=env_float("SWITCHYARD_REDIS_TIMEOUT", d.redis_timeout_s),
         )

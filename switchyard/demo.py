@@ -118,9 +118,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
     if not args.verbose:
         logger.setLevel("ERROR")
-    import redis
-
     from switchyard.local.rpc_runtime import LocalControlPlane
+    from switchyard.redis_client import connect_redis
     from switchyard.rpc.amqp import redact
     from switchyard.rpc.client import RpcClient
     from switchyard.rpc.control_plane import ControlSettings
@@ -210,8 +209,8 @@ def run_demo(args: argparse.Namespace) -> int:
         runtime.stop()
         if not args.keep:
             with PoolTopology(pool, settings) as topology:
-                topology.delete()
-            PoolState(redis.Redis.from_url(settings.connections.redis_url), pool).clear()
+                topology.delete(force=True)
+            PoolState(connect_redis(settings.connections), pool).clear()
 
     out.section("Summary")
     cold_summary = LatencySummary.of(list(cold.values()))
@@ -223,7 +222,133 @@ def run_demo(args: argparse.Namespace) -> int:
              + ", ".join(f"{s.function_name.split('-')[0]} {s.stats.invocations} invocations"
                          for s in runtime.sources))
     out.line("pool deleted" if not args.keep else f"pool kept: switchyard pool status --pool {pool}")
+    delay_scheduler_part(out)
+    event_bus_part(out)
+    pending_queue_part(out)
     return 0
+
+
+def pending_queue_part(out: Printer, calls: int = 50) -> None:
+    """The pending request queue: a polling service connected to node B only, a caller on node A;
+    the request goes A -> Redis -> B -> the service over HTTP long poll, and the response back."""
+    from dataclasses import replace
+
+    from switchyard.local.http_gateway import HttpGateway
+    from switchyard.pending import PendingQueue, PendingSettings, PickupTimeoutError
+    from switchyard.pending.api import TokenStore, build_app
+    from switchyard.pending.client import PollingService
+
+    settings = PendingSettings.from_env()
+    settings = replace(settings, prefix=f"demo{uuid.uuid4().hex[:6]}", pickup_timeout_s=1.0)
+    node_a, node_b = PendingQueue(settings).start(), PendingQueue(settings).start()
+    tokens = TokenStore.static({"tentacle-1": "demo-token"})
+    gateway = HttpGateway(build_app(node_b, tokens), threads=16).start()
+    service = PollingService(gateway.url, "tentacle-1", "demo-token", settings=settings, concurrency=2,
+                             handler=lambda request: {"ran": request.body, "on": "tentacle-1"}).start()
+    out.section("Pending request queue (seed 002): caller on node A, polling service connected to node B")
+    try:
+        out.line(f"node A {node_a.node_id[:8]} (caller); node B {node_b.node_id[:8]} serves the long poll on "
+                 f"{gateway.url}; the service polls node B only")
+        latencies = []
+        for n in range(calls):
+            started = time.perf_counter()
+            response = node_a.queue_and_wait("tentacle-1", f"deploy step {n}")
+            latencies.append(time.perf_counter() - started)
+        out.line(f"{calls} calls A -> Redis -> B -> service -> B -> Redis -> A: last answer {response.body}; "
+                 f"{LatencySummary.of(latencies)}")
+        try:
+            node_a.queue_and_wait("tentacle-2", "nobody polls this")
+        except PickupTimeoutError as exc:
+            out.line(f"endpoint nobody polls -> {type(exc).__name__} after {settings.pickup_timeout_s:g} s, "
+                     "request taken back")
+    finally:
+        node_b.close()  # first: the service's open long polls end now (204)
+        service.stop()
+        gateway.stop()
+        node_a.close()
+        for key in node_a.client.scan_iter(match=f"{settings.prefix}:*"):
+            node_a.client.unlink(key)
+
+
+def event_bus_part(out: Printer) -> None:
+    """The event bus: a publisher, two subscribers (one failing, then recovering) and the
+    deliveries, over real HTTP on 127.0.0.1 (API, subscribers) with a delivery worker."""
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import requests
+
+    from switchyard.bus import api
+    from switchyard.bus.settings import BusSettings
+    from switchyard.bus.store import BusStore
+    from switchyard.bus.worker import BusWorker
+    from switchyard.local.http_gateway import HttpGateway
+    from switchyard.redis_client import connect_redis
+
+    started = time.monotonic()
+    failures_left = {"billing": 3}
+
+    def subscriber(name: str) -> ThreadingHTTPServer:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                events = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status = 503 if failures_left.get(name, 0) > 0 else 204
+                failures_left[name] = failures_left.get(name, 0) - 1
+                urls = ", ".join(e["url"].rsplit("/", 1)[-1] for e in events)
+                out.line(f"+{(time.monotonic() - started) * 1000:5.0f} ms  {name:9} got {len(events)} "
+                         f"event(s) [orders {urls}] -> {status}")
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+    settings = BusSettings(name=f"demo_{uuid.uuid4().hex[:6]}", root_key=uuid.uuid4().hex,
+                           allow_http_callbacks=True, max_backoff_ms=2000, acquire_timeout_s=0.2)
+    store = BusStore(connect_redis(), settings)
+    servers = {name: subscriber(name) for name in ("warehouse", "billing")}
+    api.configure(store)
+    gateway = HttpGateway(api.handle, threads=8).start()
+    worker = BusWorker(store, threads=2).start()
+    out.section("Event bus (Routemaster's API): a publisher, two subscribers; billing fails 3 times")
+    try:
+        def post(token: str, path: str, body: dict) -> requests.Response:
+            return requests.post(gateway.url + path, json=body, auth=(token, "x"), timeout=10)
+
+        tokens = {name: post(settings.root_key, "/api_tokens", {"name": name}).json()["token"]
+                  for name in ("shop", "warehouse", "billing")}
+        for name, options in (("warehouse", {"timeout": 0}), ("billing", {"max": 5, "timeout": 200})):
+            callback = f"http://127.0.0.1:{servers[name].server_port}/events"
+            post(tokens[name], "/subscription",
+                 {"topics": ["orders"], "callback": callback, "uuid": name, **options})
+        out.line(f"API on {gateway.url}; warehouse: every event at once (timeout 0); "
+                 "billing: up to 5 per batch, 200 ms timeout")
+        started = time.monotonic()
+        for n in range(1, 7):
+            event = {"type": "create", "url": f"https://shop.example/orders/{n}"}
+            post(tokens["shop"], "/topics/orders", event)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(store.queued(t)[0] for t in tokens.values()):
+            time.sleep(0.05)
+        for name in ("warehouse", "billing"):
+            sub = store.subscriber(tokens[name])
+            out.line(f"{name}: {store.queued(tokens[name])[0]} events left, health points "
+                     f"{sub.health_points} (-2 per failure, +1 per success); batches in acceptance order")
+    finally:
+        worker.close()
+        gateway.stop()
+        api.configure(None)
+        for server in servers.values():
+            server.shutdown()
+        pattern = store.prefix.replace("{", "\\{").replace("}", "\\}") + "*"
+        keys = list(store.redis.scan_iter(match=pattern))
+        if keys:
+            store.redis.delete(*keys)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -237,3 +362,104 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--keep", action="store_true", help="keep the pool afterwards")
     demo.add_argument("--verbose", action="store_true", help="show the structured logs too")
     demo.set_defaults(func=run_demo)
+
+
+def delay_scheduler_part(out: Printer, messages: int = 300) -> None:
+    """The delay scheduler on the local stack: ``messages`` Chronos messages with delays of 1-5 s go
+    through a fresh input topic, the local runtime (enqueue bridge, fire and sweep loops) publishes
+    each at its deadline, and a reader with the recommended consumer settings counts and times them."""
+    import random
+    from datetime import UTC, datetime, timedelta
+    from pathlib import Path
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from switchyard.config import Connections
+    from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
+    from switchyard.delay.parsing import format_deadline
+    from switchyard.delay.runtime import LocalRuntime
+    from switchyard.delay.settings import OUTPUT_CONSUMER_SETTINGS, DelaySettings
+    from switchyard.delay.store import PostgresDelayStore
+
+    name = f"demo_delay_{uuid.uuid4().hex[:6]}"
+    settings = DelaySettings(input_topic=f"{name}-in", output_topic=f"{name}-out", schema=name,
+                             consumer_group=f"{name}-g", application_name=name)
+    connections = Connections.from_env()
+    out.section(f"Delay scheduler: {messages} messages due 1-5 s after they are sent, through "
+                f"{settings.input_topic} -> Postgres -> {settings.output_topic}")
+    admin = AdminClient({"bootstrap.servers": connections.kafka_bootstrap})
+    for future in admin.create_topics([NewTopic(t, 2, 1) for t in (settings.input_topic,
+                                                                   settings.output_topic)]).values():
+        future.result(15)
+    local = LocalRuntime(settings, connections)
+    store = PostgresDelayStore(connections.postgres_dsn, name)
+    reader = Consumer({**OUTPUT_CONSUMER_SETTINGS, "bootstrap.servers": connections.kafka_bootstrap,
+                       "group.id": f"{name}-reader"})
+    reader.assign([TopicPartition(settings.output_topic, p, -2) for p in range(2)])
+    deadlines: dict[str, datetime] = {}
+    fired: list[tuple[str, float, float]] = []  # id, fired (CreateTime) and received, seconds past deadline
+    try:
+        local.start()
+        time.sleep(3.0)  # the enqueue bridge joins its consumer group
+        producer = Producer({"bootstrap.servers": connections.kafka_bootstrap, "acks": "all"})
+        rnd = random.Random(13)
+        for n in range(messages):
+            message_id = f"{name}-{n}"
+            deadlines[message_id] = datetime.now(UTC) + timedelta(seconds=rnd.uniform(1.0, 5.0))
+            producer.produce(settings.input_topic, value=f"delayed #{n}".encode(), headers=[
+                (MESSAGE_ID_HEADER, message_id.encode()),
+                (DEADLINE_HEADER, format_deadline(deadlines[message_id]).encode())])
+        producer.flush(10)
+        out.line(f"sent {messages} messages; the latest is due at "
+                 f"{max(deadlines.values()).strftime('%H:%M:%S.%f')[:-3]} UTC")
+        until = time.monotonic() + 20
+        while len(fired) < messages and time.monotonic() < until:
+            msg = reader.poll(0.2)
+            if msg is None or msg.error() is not None:
+                continue
+            received = time.time()
+            for m in [msg, *reader.consume(500, 0)]:  # what came with it, stamped at the same moment
+                message_id = f"{name}-{int(m.value().decode().rsplit('#', 1)[1])}"
+                deadline = deadlines[message_id].timestamp()
+                fired.append((message_id, m.timestamp()[1] / 1000 - deadline, received - deadline))
+        until = time.monotonic() + 3  # a fired row is deleted once the broker confirmed it
+        while store.counts() != (0, 0) and time.monotonic() < until:
+            time.sleep(0.1)
+    finally:
+        reader.close()
+        local.join()
+        left = store.counts()
+        store.drop_schema()
+        store.close()
+        admin.delete_topics([settings.input_topic, settings.output_topic])
+    counts = Counter(f[0] for f in fired)
+    fire = LatencySummary.of([f[1] for f in fired])
+    arrival = LatencySummary.of([f[2] for f in fired])
+    out.line(f"fired {len(counts)} of {messages}, {sum(1 for c in counts.values() if c == 1)} exactly once, "
+             f"{sum(c - 1 for c in counts.values())} duplicates, {messages - len(counts)} missing; "
+             f"rows left in Postgres (waiting, ready): {left}")
+    out.line(f"published vs deadline: p50 {fire.p50_ms:+.0f} ms, p99 {fire.p99_ms:+.0f} ms, "
+             f"max {fire.max_ms:+.0f} ms (the timing advance fires {settings.timing_advance_ms} ms early "
+             "by design)")
+    out.line(f"received by a reader vs deadline: p50 {arrival.p50_ms:+.0f} ms, p99 {arrival.p99_ms:+.0f} ms, "
+             f"max {arrival.max_ms:+.0f} ms (adds the local broker and the reader's fetch)")
+    plot = Path(os.environ.get("TMPDIR", "/tmp")) / f"{name}-jitter.png"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        out.line("no jitter plot: matplotlib is not installed (pip install -r requirements-dev.txt)")
+        return
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.hist([f[1] * 1000 for f in fired], bins=60, histtype="step", label="published (CreateTime)")
+    ax.hist([f[2] * 1000 for f in fired], bins=60, histtype="step", label="received by the reader")
+    ax.set(xlabel="ms after the deadline", ylabel="messages",
+           title=f"Delay scheduler demo: {messages} messages")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plot, dpi=100)
+    plt.close(fig)
+    out.line(f"jitter plot written to {plot}")

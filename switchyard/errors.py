@@ -31,6 +31,17 @@ class PoolNotFoundError(TopologyError):
     """The pool was never initialized: its request exchange does not exist."""
 
 
+class PoolNotEmptyError(TopologyError):
+    """A pool delete was refused: its queues still hold messages (``--force`` drops them)."""
+
+    def __init__(self, pool: str, waiting: dict[str, int]) -> None:
+        total = sum(waiting.values())
+        queues = ", ".join(f"{q} ({n})" for q, n in sorted(waiting.items()))
+        super().__init__(f"pool {pool!r} still holds {total} messages in {queues}; nothing deleted "
+                         "(add --force to drop them)")
+        self.waiting = waiting
+
+
 class ManagementApiError(BrokerError):
     """The RabbitMQ management HTTP API answered with an error."""
 

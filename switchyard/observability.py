@@ -31,9 +31,33 @@ def _build_logger() -> Logger:
     return Logger(service=SERVICE, level=level, logger_handler=handler)
 
 
+class NoTracer:
+    """Stands in for Powertools' ``Tracer`` where no trace would be recorded (outside Lambda, or
+    ``POWERTOOLS_TRACE_DISABLED``). ``Tracer()`` imports the X-Ray SDK and botocore whether or not
+    it traces: about half a second of CPU that every worker start, CLI call and local handler would
+    pay for nothing."""
+
+    @staticmethod
+    def capture_lambda_handler(function: Callable | None = None, **_: Any) -> Callable:
+        return function if function is not None else (lambda f: f)
+
+    capture_method = capture_lambda_handler
+
+
+def _build_tracer() -> Tracer | NoTracer:
+    disabled = os.environ.get("POWERTOOLS_TRACE_DISABLED", "").lower() in ("1", "true", "yes", "on")
+    if os.environ.get("LAMBDA_TASK_ROOT") and not disabled:
+        # No auto-patching: patching botocore imports it whole (about 350 ms of a cold start) for
+        # subsegments of AWS calls that only the reconciler's ECS driver makes. The handler's own
+        # segment is still recorded; SWITCHYARD_XRAY_PATCH=botocore,requests patches on demand.
+        patch = [m for m in os.environ.get("SWITCHYARD_XRAY_PATCH", "").split(",") if m.strip()]
+        return Tracer(service=SERVICE, auto_patch=bool(patch), patch_modules=patch or None)
+    return NoTracer()
+
+
 logger = _build_logger()
 metrics = Metrics(namespace=METRICS_NAMESPACE, service=SERVICE)
-tracer = Tracer(service=SERVICE)
+tracer = _build_tracer()
 
 
 def emit_gauge(name: str, value: float, dimension: str, dimension_value: str) -> None:
@@ -66,12 +90,14 @@ def lambda_handler_for(
     data_class: type,
     metric_prefix: str = "",
     report: Callable[[Any], None] | None = None,
+    respond: Callable[[Any], Any] | None = None,
 ) -> Callable:
     """A Lambda entry point around one core call, in the Powertools way.
 
     Logger context, tracing and metrics decorators; the event parsed into ``data_class`` and
     handed to ``work(event, context)``; the outcome dataclass it returns is reported as metrics
-    (``report(outcome)``, or every count field under ``metric_prefix``) and returned as JSON.
+    (``report(outcome)``, or every count field under ``metric_prefix``) and returned as JSON, or
+    as ``respond(outcome)`` where the event source reads a response (a partial batch response).
     """
 
     @metrics.log_metrics
@@ -84,6 +110,6 @@ def lambda_handler_for(
             report(outcome)
         else:
             emit_counts(outcome, prefix=metric_prefix)
-        return asdict(outcome)
+        return respond(outcome) if respond is not None else asdict(outcome)
 
     return lambda_handler

@@ -6,6 +6,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -28,6 +29,40 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def python() -> str:
     return sys.executable
+
+
+BROKER = pytest.StashKey[str]()
+
+
+def rabbitmq_broker(config: pytest.Config) -> str:
+    """Which RabbitMQ this run talks to (version from the management API), asked once per run.
+
+    ``./dev test`` runs the RPC suites against two brokers (3.10 and 4.0); the output must say which.
+    """
+    if BROKER not in config.stash:
+        import requests
+
+        from switchyard.config import Connections
+
+        conn = Connections.from_env()
+        mgmt, amqp = urlsplit(conn.management_url), urlsplit(conn.amqp_url)
+        try:
+            overview = requests.get(f"{mgmt.scheme}://{mgmt.hostname}:{mgmt.port}/api/overview", timeout=5,
+                                    auth=(mgmt.username or "guest", mgmt.password or "guest")).json()
+            version = f"RabbitMQ {overview['rabbitmq_version']} (Erlang {overview['erlang_version']})"
+        except (requests.RequestException, ValueError, KeyError) as exc:
+            version = f"RabbitMQ version unknown ({type(exc).__name__})"
+        config.stash[BROKER] = f"{version} at {amqp.hostname}:{amqp.port or 5672}"
+    return config.stash[BROKER]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"broker: {rabbitmq_broker(config)}"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    # Also at the end: -q hides the header, and two runs' outputs must not be confused.
+    terminalreporter.write_line(f"broker: {rabbitmq_broker(config)}")
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.1, what: str = "condition"):

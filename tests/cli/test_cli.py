@@ -57,7 +57,7 @@ def test_invoke_runs_a_handler_on_a_sample_event() -> None:
         assert json.loads(result.stdout)["skipped"] == 0
     finally:
         with PoolTopology(pool, settings) as topology:
-            topology.delete()
+            topology.delete(force=True)
         PoolState(redis.Redis.from_url(settings.connections.redis_url), pool).clear()
 
 
@@ -105,5 +105,5 @@ def test_local_control_plane_serves_calls_from_the_command_line() -> None:
         if local.poll() is None:
             local.kill()
         with PoolTopology(pool, settings) as topology:
-            topology.delete()
+            topology.delete(force=True)
         PoolState(redis.Redis.from_url(settings.connections.redis_url), pool).clear()

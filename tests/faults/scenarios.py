@@ -1,0 +1,79 @@
+"""Every scenario of the fault suite, at two sizes: ``full`` (``./dev faults``) and ``short`` (CI)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from switchyard.config import Connections
+from tests.faults import delay, rpc
+from tests.faults.account import Account
+
+RPC_SIZES = {"full": rpc.RpcSize(requests=2000, keys=12, rate=100), "short": rpc.RpcSize(300, 6, 60)}
+DELAY_SIZES = {"full": delay.DelaySize(chunks=20, chunk=300, every=0.5),
+               "short": delay.DelaySize(chunks=10, chunk=100, every=0.5)}
+# The Kafka restart: everything produced up front; no deadline in the second before the kill.
+KAFKA_KILL_AT = 4.5
+KAFKA_SIZES = {size: delay.DelaySize(d.chunks, d.chunk, d.every, produce_every=0.02,
+                                     gap=(KAFKA_KILL_AT - 1.0, KAFKA_KILL_AT + 0.5))
+               for size, d in DELAY_SIZES.items()}
+
+
+def rabbitmq4() -> Connections:
+    """The suite's own RabbitMQ 4.0 (scripts/rabbitmq4.sh), which the restart scenario may disturb."""
+    port = os.environ.get("SWITCHYARD_RABBITMQ4_PORT", "5673")
+    mgmt = os.environ.get("SWITCHYARD_RABBITMQ4_MGMT_PORT", "15673")
+    base = Connections.from_env()
+    return Connections(f"amqp://guest:guest@127.0.0.1:{port}/%2F", f"http://guest:guest@127.0.0.1:{mgmt}",
+                       base.redis_url, base.postgres_dsn, base.kafka_bootstrap, base.aws_endpoint_url)
+
+
+def ensure_rabbitmq4() -> None:
+    """Start the 4.0 broker if it is not answering (reused when it is)."""
+    status = subprocess.run([*rpc.RABBITMQ4_SCRIPT, "status"], capture_output=True, timeout=60)
+    if status.returncode != 0:
+        subprocess.run([*rpc.RABBITMQ4_SCRIPT, "start"], check=True, capture_output=True, timeout=600)
+
+
+def _rabbitmq_restart(size: str, workdir: Path) -> Account:
+    ensure_rabbitmq4()
+    return rpc.run_rpc("rpc: RabbitMQ 4.0 restarted", rpc.restart_rabbitmq, RPC_SIZES[size], workdir,
+                       rabbitmq4())
+
+
+def _kafka_restart(size: str, workdir: Path) -> Account:
+    broker = delay.private_kafka(workdir)
+    broker.start()
+    try:
+        return delay.run_delay("delay: Kafka broker restarted", delay.restart_kafka(broker, KAFKA_KILL_AT),
+                               KAFKA_SIZES[size], workdir, bootstrap=broker.bootstrap)
+    finally:
+        broker.kill()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    run: Callable[[str, Path], Account]  # (size, workdir) -> account
+
+
+def _rpc(name: str, fault: rpc.Fault) -> Scenario:
+    return Scenario(name, lambda size, workdir: rpc.run_rpc(name, fault, RPC_SIZES[size], workdir))
+
+
+def _delay(name: str, fault: delay.Fault) -> Scenario:
+    return Scenario(name, lambda size, workdir: delay.run_delay(name, fault, DELAY_SIZES[size], workdir))
+
+
+SCENARIOS = [
+    _rpc("rpc: SIGKILL workers", rpc.kill_workers),
+    _rpc("rpc: SIGKILL control plane", rpc.kill_control_plane),
+    _rpc("rpc: Redis state flushed", rpc.flush_state),
+    Scenario("rpc: RabbitMQ 4.0 restarted", _rabbitmq_restart),
+    _delay("delay: SIGKILL mid-batch", delay.kill_fire_loop),
+    _delay("delay: Postgres backends killed", delay.kill_postgres_connections),
+    Scenario("delay: Kafka broker restarted", _kafka_restart),
+]
