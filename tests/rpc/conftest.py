@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -171,11 +172,24 @@ class CountingDriver(SubprocessDriver):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self.spawns: dict[str, int] = {}
+        self.spawned: dict[WorkerGroup, list] = {}
 
     def _spawn(self, group: WorkerGroup):
         proc = super()._spawn(group)
         self.spawns[group.key] = self.spawns.get(group.key, 0) + 1
+        self.spawned.setdefault(group, []).append(proc)
         return proc
+
+    def crashes(self) -> dict[WorkerGroup, int]:
+        """Workers per group that exited on their own with a failure code (the driver restarts those)."""
+        counts = {group: sum(proc.process.poll() not in (None, 0, -signal.SIGTERM) for proc in procs)
+                  for group, procs in self.spawned.items()}
+        return {group: n for group, n in counts.items() if n}
+
+    def crash_logs(self, limit: int = 2000) -> str:
+        """The tail of each crashed group's log, so a failing assertion says why the workers died."""
+        return "\n".join(f"--- {group.key}:\n" + (self.log_dir / f"{group.group_id}.log")
+                         .read_text(errors="replace")[-limit:] for group in self.crashes())
 
 
 def worker_driver(tmp_path: Path, handler: str, *, max_workers: int = 1, **env: str) -> CountingDriver:

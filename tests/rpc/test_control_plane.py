@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future
 from urllib.parse import quote
@@ -119,7 +120,15 @@ def test_thousand_requests_across_fifty_new_keys(make_pool, planes) -> None:
             assert served_by(response)[1:] == (key, f"{key}/{n}")
         assert client.stats.timeouts == 0
     assert set(plane.plane.state.groups()) == set(keys)
-    assert all(count == 1 for count in plane.driver.spawns.values()), plane.driver.spawns
+    # One start per key: a second spawn is only allowed to replace a worker that died on its own
+    # (CI once saw three workers exit 1 seconds after starting, on a loaded machine; the driver
+    # restarted them and every call was answered). Their logs go into the warning and the message.
+    driver = plane.driver
+    crashed = {group.key: n for group, n in driver.crashes().items()}
+    if crashed:
+        warnings.warn(f"workers crashed and were restarted: {crashed}\n{driver.crash_logs()}", stacklevel=1)
+    extra = {key: count - 1 - crashed.get(key, 0) for key, count in driver.spawns.items()}
+    assert not any(extra.values()), (driver.spawns, crashed, driver.crash_logs())
 
 
 # -- orphan handler crash ---------------------------------------------------------------------------
