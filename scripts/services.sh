@@ -7,7 +7,8 @@
 #
 # Services: PostgreSQL 5432 (+ database `switchyard`), Redis 6379, RabbitMQ 5672 with the management
 # API on 15672, tansu (Kafka API) 9092, moto (AWS APIs) 5000, and a second RabbitMQ, 4.0, on 5673
-# (management 15673) run from a Debian 13 chroot by scripts/rabbitmq4.sh (skip it: SWITCHYARD_RABBITMQ4=0).
+# (management 15673) run from a Debian 13 chroot by scripts/rabbitmq4.sh (skip it: SWITCHYARD_RABBITMQ4=0),
+# and LocalStack 4566 from its own virtualenv by scripts/localstack.sh (skip it: SWITCHYARD_LOCALSTACK=0).
 # Missing Debian packages are installed with apt-get when run as root. Logs of what this script
 # starts: .local/logs/.
 set -euo pipefail
@@ -246,6 +247,20 @@ start_rabbitmq4() {
     report rabbitmq4 "$RABBITMQ4_PORT" "started ($("$ROOT/scripts/rabbitmq4.sh" status | sed -n 's/.*(\(RabbitMQ [^,]*\),.*/\1/p'))"
 }
 
+# ------------------------------------------------ LocalStack (scripts/localstack.sh)
+start_localstack() {
+    [ "${SWITCHYARD_LOCALSTACK:-1}" = 0 ] && return 0
+    if "$ROOT/scripts/localstack.sh" status >/dev/null 2>&1; then
+        report localstack 4566 "used (already running)"
+        return
+    fi
+    if ! "$ROOT/scripts/localstack.sh" start 8>&- 9>&-; then
+        fail localstack 4566 "scripts/localstack.sh start failed (see above); skip it with SWITCHYARD_LOCALSTACK=0"
+        return
+    fi
+    report localstack 4566 "started ($("$ROOT/scripts/localstack.sh" status | sed -n 's/.*(\(LocalStack [^)]*\)).*/\1/p'))"
+}
+
 # ------------------------------------------- background processes (tansu, moto)
 # start_bg NAME COMMAND...: detached from this shell's session, output to .local/logs/NAME.log,
 # pid in .local/NAME.pid (written by the process itself before it execs the command).
@@ -364,6 +379,7 @@ stop_all() {
     else
         echo "rabbitmq4: not started by ./dev, left alone"
     fi
+    "$ROOT/scripts/localstack.sh" stop 2>&1 || echo "localstack: stop failed; see $LOGS/localstack.log"
     if [ -f "$STATE/postgres.started" ]; then
         local ver
         ver="$(cat "$STATE/postgres.started")"
@@ -377,7 +393,7 @@ stop_all() {
 
 status_all() {
     local name port
-    for entry in postgres:$PG_PORT redis:$REDIS_PORT rabbitmq:$AMQP_PORT rabbitmq-mgmt:$MGMT_PORT rabbitmq4:$RABBITMQ4_PORT rabbitmq4-mgmt:${SWITCHYARD_RABBITMQ4_MGMT_PORT:-15673} tansu:$KAFKA_PORT moto:$MOTO_PORT; do
+    for entry in postgres:$PG_PORT redis:$REDIS_PORT rabbitmq:$AMQP_PORT rabbitmq-mgmt:$MGMT_PORT rabbitmq4:$RABBITMQ4_PORT rabbitmq4-mgmt:${SWITCHYARD_RABBITMQ4_MGMT_PORT:-15673} tansu:$KAFKA_PORT moto:$MOTO_PORT localstack:4566; do
         name=${entry%%:*}
         port=${entry##*:}
         if listening "$port"; then report "$name" "$port" "listening"; else report "$name" "$port" "down"; fi
@@ -413,6 +429,7 @@ main() {
     start_rabbitmq4
     start_tansu
     start_moto
+    start_localstack
     [ "$FAILED" = 0 ] || die "some services are not ready (see above)."
 }
 
