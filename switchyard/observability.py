@@ -7,6 +7,7 @@ blobs flushed by the handler decorators, exactly as in Lambda. ``SWITCHYARD_LOG_
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -15,6 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 from aws_lambda_powertools.utilities.data_classes import event_source
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "switchyard"
@@ -58,6 +60,33 @@ def _build_tracer() -> Tracer | NoTracer:
 logger = _build_logger()
 metrics = Metrics(namespace=METRICS_NAMESPACE, service=SERVICE)
 tracer = _build_tracer()
+_provider_factory: Callable[..., AmazonCloudWatchEMFProvider] | None = None
+
+
+def use_metrics_provider(factory: Callable[..., AmazonCloudWatchEMFProvider] | None) -> None:
+    """Route every metric through providers built by ``factory`` (it takes the keyword arguments of
+    Powertools' ``AmazonCloudWatchEMFProvider``) instead of stdout EMF; ``None`` restores stdout.
+
+    The local runtime ships metrics to CloudWatch this way (nothing reads its stdout); Lambda never
+    calls it. The metric, dimension and metadata sets stay the ones ``Metrics`` shares.
+    """
+    global _provider_factory
+    _provider_factory = factory
+    metrics.provider = (factory or AmazonCloudWatchEMFProvider)(
+        namespace=metrics.namespace, service=metrics.service, metric_set=metrics.metric_set,
+        dimension_set=metrics.dimension_set, metadata_set=metrics.metadata_set,
+        default_dimensions=metrics.default_dimensions)
+
+
+def _log_metrics(handler: Callable) -> Callable:
+    """``metrics.log_metrics`` looked up at each call, so a handler loaded before the local runtime
+    installed its provider flushes through it too (the decorator binds the provider it was built on)."""
+
+    @functools.wraps(handler)
+    def with_metrics(event: Any, context: Any) -> Any:
+        return metrics.log_metrics(handler)(event, context)
+
+    return with_metrics
 
 
 def emit_gauge(name: str, value: float, dimension: str, dimension_value: str) -> None:
@@ -66,6 +95,12 @@ def emit_gauge(name: str, value: float, dimension: str, dimension_value: str) ->
     from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
     if is_metrics_disabled():
+        return
+    if _provider_factory is not None:  # the local runtime's provider (its CloudWatch shipper)
+        gauge = _provider_factory(namespace=METRICS_NAMESPACE, service=metrics.service)
+        gauge.add_dimension(name=dimension, value=dimension_value)
+        gauge.add_metric(name=name, unit=MetricUnit.Count, value=value)
+        gauge.flush_metrics()
         return
     with single_metric(name=name, unit=MetricUnit.Count, value=value, namespace=METRICS_NAMESPACE) as metric:
         metric.add_dimension(name=dimension, value=dimension_value)
@@ -100,7 +135,7 @@ def lambda_handler_for(
     as ``respond(outcome)`` where the event source reads a response (a partial batch response).
     """
 
-    @metrics.log_metrics
+    @_log_metrics
     @tracer.capture_lambda_handler
     @logger.inject_lambda_context
     @event_source(data_class=data_class)

@@ -25,7 +25,15 @@ from switchyard.errors import ConfigError
 from switchyard.local.lambda_context import FakeLambdaContext
 
 
+def ship_metrics(family: str) -> None:
+    """With ``SWITCHYARD_SHIP_METRICS=1`` the handlers' metrics go to CloudWatch, as deployed."""
+    from switchyard.local.metrics_shipper import FUNCTION_SERVICES, ship_if_enabled
+
+    ship_if_enabled(FUNCTION_SERVICES[family])
+
+
 def _run(args: argparse.Namespace) -> int:
+    ship_metrics("delay")
     settings, connections = DelaySettings.from_env(), Connections.from_env()
     local = runtime.LocalRuntime(settings, connections, roles=args.roles)
     stopped = threading.Event()
@@ -54,6 +62,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _invoke(args: argparse.Namespace) -> int:
+    ship_metrics("delay")
     event = json.loads(Path(args.event).read_text(encoding="utf-8")) if args.event else \
         runtime.scheduled_event(f"switchyard-delay-{args.handler}")
     module = runtime.load_function(args.handler)

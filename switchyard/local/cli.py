@@ -16,13 +16,20 @@ from switchyard.local.functions import FUNCTIONS_DIR, load_function
 from switchyard.local.lambda_context import FakeLambdaContext
 
 
-def quiet_metrics() -> None:
-    """Locally, EMF metric blobs would flood the terminal: off unless the user turned them on."""
-    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+def quiet_metrics(service: str | None = None) -> None:
+    """Locally nothing reads stdout: with ``SWITCHYARD_SHIP_METRICS=1`` the handlers' metrics go to
+    CloudWatch under ``service`` (the deployed functions' dimension); otherwise EMF blobs would
+    flood the terminal, so they are off unless the user turned them on."""
+    from switchyard.local.metrics_shipper import ship_if_enabled  # Powertools: only when it runs
+
+    if ship_if_enabled(service) is None:
+        os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 
 
 def cmd_local(args: argparse.Namespace) -> int:
-    quiet_metrics()
+    from switchyard.local.metrics_shipper import pool_service
+
+    quiet_metrics(pool_service(args.pool))
     from switchyard.local.rpc_runtime import LocalControlPlane
     from switchyard.rpc.control_plane import ControlSettings
 
@@ -50,8 +57,10 @@ def cmd_local(args: argparse.Namespace) -> int:
 
 
 def cmd_invoke(args: argparse.Namespace) -> int:
-    quiet_metrics()
     name = args.function.removesuffix(".py")
+    from switchyard.local.metrics_shipper import service_for_function
+
+    quiet_metrics(service_for_function(name))
     if not (FUNCTIONS_DIR / f"{name}.py").exists():
         available = ", ".join(sorted(p.stem for p in FUNCTIONS_DIR.glob("*.py")))
         raise ConfigError(f"no function {name!r}; available: {available}")
