@@ -325,13 +325,20 @@ class MetricsShipper:
                 self._idle.wait(deadline - time.monotonic())
         return self._send_pending() and not self._backlog
 
-    def close(self, timeout_s: float = 10.0) -> ShipperStats:
-        """Stop the thread and send what is left (one try: CloudWatch may be gone for good)."""
+    def close(self, timeout_s: float = 30.0) -> ShipperStats:
+        """Stop the thread and send what is left (one try: CloudWatch may be gone for good); what
+        could not be sent is counted as dropped."""
         if not self._closed.is_set():
             self._closed.set()
             self._wake.set()
             self._thread.join(timeout_s)
             self.flush(timeout_s)
+            with self._lock:
+                left = len(self._backlog)
+                self._backlog.clear()
+                self.stats.dropped += left
+            if left:
+                logger.warning("metrics shipper: closed with datums unsent, dropped", extra={"dropped": left})
         return self.stats
 
 
@@ -420,7 +427,8 @@ def cloudwatch_client() -> Any:
     import boto3
     from botocore.config import Config
 
-    return boto3.client("cloudwatch", config=Config(connect_timeout=2, read_timeout=5,
+    # LocalStack takes seconds to store a full batch: a short read timeout would resend it.
+    return boto3.client("cloudwatch", config=Config(connect_timeout=2, read_timeout=60,
                                                     retries={"max_attempts": 1, "mode": "standard"}))
 
 
