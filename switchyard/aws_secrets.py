@@ -16,14 +16,13 @@ Values are percent-encoded into the URL. ``resolve_secrets()`` is called by
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import threading
 from collections.abc import MutableMapping
 from string import Formatter
 from urllib.parse import quote
 
+from switchyard.deployed_config import DEFAULT_MAX_AGE_S
 from switchyard.errors import ConfigError
 
 # Service -> the variables whose placeholders its secret fills.
@@ -33,8 +32,6 @@ SECRET_URLS: dict[str, tuple[str, ...]] = {
     "REDIS": ("SWITCHYARD_REDIS_URL",),
 }
 PLACEHOLDER = re.compile(r"\{[a-z_]+\}")
-_cache: dict[str, dict[str, str]] = {}
-_lock = threading.Lock()
 
 
 def _secret_values(service: str, environ: MutableMapping[str, str]) -> dict[str, str]:
@@ -43,22 +40,19 @@ def _secret_values(service: str, environ: MutableMapping[str, str]) -> dict[str,
     arn = environ.get(f"SWITCHYARD_{service}_SECRET_ARN")
     if not arn:
         return injected
-    with _lock:
-        if arn not in _cache:
-            _cache[arn] = _fetch(arn)
-    return {**_cache[arn], **injected}
+    return {**_fetch(arn), **injected}
 
 
 def _fetch(arn: str) -> dict[str, str]:
-    import boto3
+    """The secret's JSON object, through Powertools' Parameters cache (one call per max age)."""
+    from aws_lambda_powertools.utilities import parameters
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        raw = boto3.client("secretsmanager").get_secret_value(SecretId=arn)["SecretString"]
-        values = json.loads(raw)
-    except (BotoCoreError, ClientError) as exc:
+        values = parameters.get_secret(arn, transform="json", max_age=DEFAULT_MAX_AGE_S)
+    except (BotoCoreError, ClientError, parameters.GetParameterError) as exc:
         raise ConfigError(f"cannot read secret {arn}: {exc}") from exc
-    except (ValueError, KeyError) as exc:
+    except parameters.TransformParameterError as exc:
         raise ConfigError(f"secret {arn} is not a JSON object with a SecretString") from exc
     if not isinstance(values, dict):
         raise ConfigError(f"secret {arn} is not a JSON object")

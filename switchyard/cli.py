@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from switchyard import __version__
+from switchyard.deployed_config import CONFIG_PATH_ENV, config_path, load_deployed_config
 from switchyard.errors import SwitchyardError
 
 # Modules exposing ``register(subparsers)``; each adds its subcommands with a ``func`` default.
@@ -18,6 +20,7 @@ COMMAND_MODULES = (
     "switchyard.pending.cli",
     "switchyard.bus.cli",
     "switchyard.demo",
+    "switchyard.config_cli",
 )
 
 
@@ -28,10 +31,25 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Configuration comes from SWITCHYARD_* environment variables; see the README.",
     )
     parser.add_argument("--version", action="version", version=f"switchyard {__version__}")
+    add_stack_option(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     return parser
+
+
+def add_stack_option(parser: argparse.ArgumentParser) -> None:
+    """``--stack NAME``: take the configuration a deployed stack wrote to SSM (after its deploy)."""
+    parser.add_argument(
+        "--stack", metavar="NAME", default=argparse.SUPPRESS,  # SUPPRESS: a subcommand's copy keeps the top's
+        help="read the configuration of this deployed stack (SSM parameters and secrets at "
+             "AWS_ENDPOINT_URL), as its Lambda functions do; e.g. SwitchyardLocal on LocalStack")
+
+
+def use_stack(stack: str) -> int:
+    """Point the process at ``stack``'s configuration and load it now, so every setting sees it."""
+    os.environ[CONFIG_PATH_ENV] = config_path(stack)
+    return load_deployed_config()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "stack", None):
+            use_stack(args.stack)
         return int(func(args) or 0)
     except SwitchyardError as exc:
         print(f"switchyard: error: {exc}", file=sys.stderr)

@@ -53,7 +53,9 @@ class Connections:
     @classmethod
     def from_env(cls) -> Connections:
         from switchyard.aws_secrets import resolve_secrets
+        from switchyard.deployed_config import load_deployed_config
 
+        load_deployed_config()  # a deployed stack's settings from SSM, if SWITCHYARD_CONFIG_PATH is set
         resolve_secrets()  # on AWS: credentials from Secrets Manager into the URLs' placeholders
         d = cls()
         return cls(

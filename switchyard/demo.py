@@ -18,6 +18,7 @@ import uuid
 from collections import Counter, defaultdict
 from concurrent.futures import Future
 
+from switchyard.cli import add_stack_option
 from switchyard.latency import LatencySummary
 
 KEYS = ("infra=42", "infra=7", "🚂 express", "timetable #12", "infra=99", "infra=3")
@@ -361,6 +362,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--pool", help="pool name (default: a fresh demo_<6 hex digits>)")
     demo.add_argument("--keep", action="store_true", help="keep the pool afterwards")
     demo.add_argument("--verbose", action="store_true", help="show the structured logs too")
+    add_stack_option(demo)
     demo.set_defaults(func=run_demo)
 
 

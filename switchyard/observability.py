@@ -19,6 +19,8 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 from aws_lambda_powertools.utilities.data_classes import event_source
 
+from switchyard.deployed_config import load_deployed_config
+
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "switchyard"
 METRICS_NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "Switchyard"
 
@@ -140,6 +142,7 @@ def lambda_handler_for(
     @logger.inject_lambda_context
     @event_source(data_class=data_class)
     def lambda_handler(event: Any, context: Any) -> dict[str, Any]:
+        load_deployed_config()  # cached: SSM is called once per max age, not per invocation
         outcome = work(event, context)
         if report is not None:
             report(outcome)

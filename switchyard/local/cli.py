@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from switchyard.cli import add_stack_option
 from switchyard.errors import ConfigError
 from switchyard.local.functions import FUNCTIONS_DIR, load_function
 from switchyard.local.lambda_context import FakeLambdaContext
@@ -83,6 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     local.add_argument("--stop-delay", type=float,
                        help="seconds unbound before stopping (SWITCHYARD_STOP_DELAY)")
     local.add_argument("--status-every", type=float, default=5.0, help="print the groups every N seconds")
+    add_stack_option(local)
     local.set_defaults(func=cmd_local)
 
     invoke = subparsers.add_parser("invoke", help="call one Lambda handler of functions/ with an event file")

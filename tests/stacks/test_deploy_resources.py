@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from switchyard import aws_secrets, deploy
+from switchyard import aws_secrets, deploy, deployed_config
 from switchyard.config import Connections
 from switchyard.errors import ConfigError
 from switchyard.msk_auth import kafka_security_config
@@ -114,7 +114,7 @@ def secret_arn(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     arn = client.create_secret(Name=name, SecretString=json.dumps(
         {"username": "admin", "password": "p@ss:w/rd%?", "host": "db.internal", "port": 5432,
          "dbname": "switchyard"}))["ARN"]
-    aws_secrets._cache.clear()
+    deployed_config.forget()
     yield arn
     client.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
 

@@ -1,0 +1,34 @@
+"""``switchyard config``: the settings this process would run with, and where they came from."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import fields
+
+from switchyard.config import Connections
+from switchyard.deployed_config import CONFIG_PATH_ENV
+
+# user:password@ in any URL; the password is never printed.
+_CREDENTIALS = re.compile(r"(?<=://)([^:/@]*):[^@/]*@")
+
+
+def redact_url(value: str) -> str:
+    return _CREDENTIALS.sub(r"\1:***@", value)
+
+
+def cmd_config(_args: argparse.Namespace) -> int:
+    connections = Connections.from_env()  # loads the deployed stack's parameters and secrets first
+    source = os.environ.get(CONFIG_PATH_ENV)
+    print(f"configuration from {'SSM ' + source + ' and the environment' if source else 'the environment'}"
+          " (defaults: the local stack)")
+    for field in fields(connections):
+        value = getattr(connections, field.name)
+        print(f"  {field.name:<18} {redact_url(str(value)) if value is not None else '-'}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    config = subparsers.add_parser("config", help="print the connection settings in effect (no passwords)")
+    config.set_defaults(func=cmd_config)

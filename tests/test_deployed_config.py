@@ -1,0 +1,103 @@
+"""Configuration read from a deployed stack's SSM path (moto here; LocalStack in tests/localstack)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import boto3
+import pytest
+
+from switchyard import deployed_config
+from switchyard.cli import main
+from switchyard.config import Connections
+from switchyard.deployed_config import CONFIG_PATH_ENV, config_path, load_deployed_config
+from switchyard.errors import ConfigError
+from tests.conftest import unique
+
+MOTO = "http://127.0.0.1:5000"
+
+
+@pytest.fixture
+def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh parameter path on moto, with the process pointed at it."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", MOTO)
+    monkeypatch.setenv(CONFIG_PATH_ENV, "")  # recorded, so the value `main --stack` sets is undone
+    name = unique("Stack").replace("_", "-")
+    deployed_config.forget()
+    yield name
+    ssm = boto3.client("ssm", endpoint_url=MOTO)
+    for page in ssm.get_paginator("get_parameters_by_path").paginate(Path=config_path(name)):
+        for parameter in page["Parameters"]:
+            ssm.delete_parameter(Name=parameter["Name"])
+    deployed_config.forget()
+
+
+def put(stack: str, **values: str) -> None:
+    ssm = boto3.client("ssm", endpoint_url=MOTO)
+    for name, value in values.items():
+        ssm.put_parameter(Name=config_path(stack) + name, Value=value, Type="String", Overwrite=True)
+
+
+def test_parameters_fill_the_environment_and_process_overrides_win(stack: str) -> None:
+    put(stack, SWITCHYARD_REDIS_URL="redis://10.0.0.9:6379/0", SWITCHYARD_POOL="core",
+        PATH="/evil", SWITCHYARD_lower="x")
+    env = {CONFIG_PATH_ENV: config_path(stack), "SWITCHYARD_POOL": "mine"}
+    assert load_deployed_config(env) == 1
+    assert env["SWITCHYARD_REDIS_URL"] == "redis://10.0.0.9:6379/0"
+    assert env["SWITCHYARD_POOL"] == "mine"  # set by the process: the override wins
+    assert "PATH" not in env and "SWITCHYARD_lower" not in env  # only SWITCHYARD_* names are taken
+
+
+def test_cached_until_max_age_then_refreshed(stack: str) -> None:
+    put(stack, SWITCHYARD_REDIS_URL="redis://a:6379/0")
+    env = {CONFIG_PATH_ENV: config_path(stack), "SWITCHYARD_CONFIG_MAX_AGE": "300"}
+    load_deployed_config(env)
+    put(stack, SWITCHYARD_REDIS_URL="redis://b:6379/0")
+    assert load_deployed_config(env) == 0 and env["SWITCHYARD_REDIS_URL"] == "redis://a:6379/0"  # cached
+    env["SWITCHYARD_CONFIG_MAX_AGE"] = "0"
+    assert load_deployed_config(env) == 1 and env["SWITCHYARD_REDIS_URL"] == "redis://b:6379/0"
+
+
+def test_connections_read_the_deployed_stack(stack: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    put(stack, SWITCHYARD_KAFKA_BOOTSTRAP="kafka.internal:9098")
+    monkeypatch.delenv("SWITCHYARD_KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.setenv(CONFIG_PATH_ENV, config_path(stack))
+    assert Connections.from_env().kafka_bootstrap == "kafka.internal:9098"
+
+
+def test_bad_names_and_missing_paths_are_clear_errors(stack: str) -> None:
+    with pytest.raises(ConfigError, match="invalid stack name"):
+        config_path("../x")
+    with pytest.raises(ConfigError, match="no configuration under"):
+        load_deployed_config({CONFIG_PATH_ENV: config_path(stack)})
+    with pytest.raises(ConfigError, match="SWITCHYARD_CONFIG_MAX_AGE"):
+        load_deployed_config({CONFIG_PATH_ENV: config_path(stack), "SWITCHYARD_CONFIG_MAX_AGE": "soon"})
+    assert load_deployed_config({}) == 0  # no path: local defaults, no AWS call
+
+
+def test_cli_stack_option_reads_parameters_and_fills_secrets(
+        stack: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``switchyard --stack NAME config``: the Lambda functions' path, passwords filled but never printed."""
+    secrets = boto3.client("secretsmanager", endpoint_url=MOTO)
+    arn = secrets.create_secret(Name=unique("sy-cli"), SecretString=json.dumps(
+        {"username": "svc", "password": "s3cr:et"}))["ARN"]
+    try:
+        put(stack, SWITCHYARD_AMQP_URL="amqp://{username}:{password}@mq.internal:5671/%2F",
+            SWITCHYARD_AMQP_SECRET_ARN=arn)
+        for name in ("SWITCHYARD_AMQP_URL", "SWITCHYARD_AMQP_SECRET_ARN"):
+            monkeypatch.setenv(name, "")  # recorded for undo; empty counts as unset
+            monkeypatch.delenv(name)
+        assert main(["--stack", stack, "config"]) == 0
+        printed = capsys.readouterr().out
+        assert f"SSM {config_path(stack)}" in printed
+        assert "amqp://svc:***@mq.internal:5671/%2F" in printed and "s3cr" not in printed
+        assert os.environ["SWITCHYARD_AMQP_URL"] == "amqp://svc:s3cr%3Aet@mq.internal:5671/%2F"
+    finally:
+        secrets.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
+
+
+def test_cli_unknown_stack_says_what_to_do(stack: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--stack", stack, "config"]) == 1
+    assert "is the stack deployed" in capsys.readouterr().err
