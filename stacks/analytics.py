@@ -22,6 +22,19 @@ from stacks.functions import FunctionsConstruct
 from stacks.network import NetworkConstruct
 
 
+def pipeline_bucket(scope: Construct, construct_id: str) -> s3.Bucket:
+    """The pipeline's bucket (code, inputs, results, logs): the same in both targets."""
+    return s3.Bucket(
+        scope,
+        construct_id,
+        encryption=s3.BucketEncryption.S3_MANAGED,
+        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+        enforce_ssl=True,
+        versioned=True,
+        removal_policy=RemovalPolicy.RETAIN,  # job inputs and results outlive the stack
+    )
+
+
 class AnalyticsConstruct(Construct):
     """``application``, ``bucket`` and ``job_role``."""
 
@@ -37,15 +50,7 @@ class AnalyticsConstruct(Construct):
         config: DeploymentConfig,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.bucket = s3.Bucket(
-            self,
-            "Bucket",
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
-            versioned=True,
-            removal_policy=RemovalPolicy.RETAIN,  # job inputs and results outlive the stack
-        )
+        self.bucket = pipeline_bucket(self, "Bucket")
         self.application = emr.CfnApplication(
             self,
             "Spark",

@@ -6,6 +6,8 @@ import string
 
 # Stack
 STACK_ID = "SwitchyardStack"
+LOCALSTACK_STACK_ID = "SwitchyardLocal"  # the `localstack` target's stack (stacks/localstack_stack.py)
+LOCALSTACK_STACK_DESCRIPTION = "Switchyard on LocalStack: settings, secrets, alarms (services run locally)"
 STACK_DESCRIPTION = "Switchyard: keyed RPC, delay scheduler, pending queue and event bus"
 
 # Constructs (ids are part of logical ids: changing one replaces the resources under it)
@@ -16,6 +18,7 @@ FUNCTIONS_CONSTRUCT_ID = "Functions"
 WORKERS_CONSTRUCT_ID = "Workers"
 MONITORING_CONSTRUCT_ID = "Monitoring"
 ANALYTICS_CONSTRUCT_ID = "Analytics"
+CONFIG_CONSTRUCT_ID = "Config"  # the configuration parameters (stacks/parameters.py)
 
 # NetworkConstruct children
 VPC_ID = "Vpc"
@@ -74,6 +77,11 @@ CTX_POSTGRES = "switchyard:postgres"
 CTX_REDIS = "switchyard:redis"
 CTX_ALARM_EMAIL = "switchyard:alarmEmail"
 CTX_LAYER_DIR = "switchyard:layerDir"
+# Which stack the app builds: the AWS deployment or what LocalStack can host (the rest runs locally).
+CTX_TARGET = "switchyard:target"
+TARGET_AWS = "aws"
+TARGET_LOCALSTACK = "localstack"
+TARGETS = (TARGET_AWS, TARGET_LOCALSTACK)
 EXAMPLE_POOL = "core"
 MAX_POOL_NAME_CHARS = 32
 POSTGRES_VERSIONS = {"15": "VER_15", "16": "VER_16", "17": "VER_17"}
@@ -107,6 +115,10 @@ WORKER_FAMILY_PREFIX = "switchyard-worker-"
 
 # Monitoring
 ALARM_PERIOD_MINUTES = 5
+DASHBOARD_NAME = "Switchyard"
+# LocalStack target: alarms trip and clear within seconds (CloudWatch accepts 10 s periods; LocalStack
+# evaluates them on standard-resolution data too).
+LOCALSTACK_ALARM_PERIOD_S = 10
 POSTGRES_CONNECTIONS_ALARM_PERCENT = 80
 DELAY_BACKLOG_LATENESS_MS = 60_000  # a message a whole minute late: the fire loop is behind
 

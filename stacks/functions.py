@@ -31,11 +31,12 @@ from stacks.broker import BrokerConstruct
 from stacks.config import ConfigError, DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
 from stacks.network import NetworkConstruct
+from stacks.parameters import DELAY_CONSUMER_GROUP, ConfigParametersConstruct, ServiceEndpoints
 from stacks.workers import WorkersConstruct, worker_family
+from switchyard.deployed_config import CONFIG_PATH_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POOL_QUEUES = {"orphans": "orphan", "dead_letters": "dl", "activity": "activity"}  # handler -> queue suffix
-DELAY_CONSUMER_GROUP = "switchyard-delay"
 
 
 def code_version() -> str:
@@ -78,9 +79,14 @@ class FunctionsConstruct(Construct):
         data: DataConstruct,
         workers: WorkersConstruct,
         config: DeploymentConfig,
+        endpoints: ServiceEndpoints,
+        parameters: ConfigParametersConstruct,
         layer_dir: str,
     ) -> None:
+        """``endpoints``: the connection settings of every function's environment; ``parameters``: the
+        deployed configuration, which every function may read (its path in SWITCHYARD_CONFIG_PATH)."""
         super().__init__(scope, construct_id)
+        self.endpoints, self.parameters = endpoints, parameters
         self.network, self.broker, self.data, self.workers, self.config = (
             network,
             broker,
@@ -157,41 +163,25 @@ class FunctionsConstruct(Construct):
                 "POWERTOOLS_METRICS_NAMESPACE": c.METRICS_NAMESPACE,
                 "POWERTOOLS_LOG_LEVEL": c.LOG_LEVEL,
                 "SWITCHYARD_LOG_LEVEL": c.LOG_LEVEL,
+                CONFIG_PATH_ENV: self.parameters.path,
                 **environment,
             },
         )
+        self.parameters.grant_read(fn)
         self.functions[construct_id] = fn
         return fn
 
     def _amqp_env(self) -> dict[str, str]:
-        return {
-            "SWITCHYARD_AMQP_URL": self.broker.amqp_url_template,
-            "SWITCHYARD_MANAGEMENT_URL": self.broker.management_url_template,
-            "SWITCHYARD_AMQP_SECRET_ARN": self.broker.secret.secret_arn,
-        }
+        return self.endpoints.amqp_env()
 
     def _redis_env(self) -> dict[str, str]:
-        return {
-            "SWITCHYARD_REDIS_URL": self.data.redis_url_template,
-            "SWITCHYARD_REDIS_SECRET_ARN": self.data.redis_secret.secret_arn,
-        }
+        return self.endpoints.redis_env()
 
     def _postgres_env(self) -> dict[str, str]:
-        return {
-            "SWITCHYARD_POSTGRES_DSN": self.data.postgres_dsn_template,
-            "SWITCHYARD_POSTGRES_SECRET_ARN": self.data.postgres_secret.secret_arn,
-        }
+        return self.endpoints.postgres_env()
 
     def _kafka_env(self) -> dict[str, str]:
-        d = self.config.delay
-        return {
-            "SWITCHYARD_KAFKA_BOOTSTRAP": self.data.kafka_bootstrap,
-            "SWITCHYARD_KAFKA_AUTH": "aws-msk-iam",
-            "SWITCHYARD_DELAY_INPUT_TOPIC": d.input_topic,
-            "SWITCHYARD_DELAY_OUTPUT_TOPIC": d.output_topic,
-            "SWITCHYARD_DELAY_SCHEMA": d.schema,
-            "SWITCHYARD_DELAY_CONSUMER_GROUP": DELAY_CONSUMER_GROUP,
-        }
+        return self.endpoints.kafka_env(self.config.delay)
 
     @staticmethod
     def _read_secrets(fn: lambda_.Function, *secrets: secretsmanager.ISecret) -> None:

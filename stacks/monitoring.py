@@ -4,6 +4,11 @@ Metrics come from three places: the handlers (Powertools EMF, namespace ``Switch
 ``service`` = ``switchyard-{pool}`` or ``switchyard-delay``), the reconciler (``QueueDepth`` per
 ``WorkerGroup``: Amazon MQ 4.x publishes no per-queue metric) and AWS's own (Lambda, RDS,
 ElastiCache, ECS).
+
+Both targets build the alarms over Switchyard's own metrics with the same code
+(``switchyard_alarm_specs``); alarms over AWS's own metrics exist only when the AWS resources are
+given (``AwsResources``: the AWS target). The LocalStack target passes a short ``period``, so an
+alarm trips and clears within seconds of its metrics (LocalStack evaluates alarms as CloudWatch).
 """
 
 from __future__ import annotations
@@ -29,6 +34,15 @@ PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
 
 
 @dataclass(frozen=True)
+class AwsResources:
+    """What only the AWS target has, and whose AWS metrics (Lambda, RDS, ElastiCache, ECS) it alarms on."""
+
+    functions: FunctionsConstruct
+    data: DataConstruct
+    workers: WorkersConstruct
+
+
+@dataclass(frozen=True)
 class AlarmSpec:
     """An alarm's metric, threshold and the sentence that justifies the threshold."""
 
@@ -40,8 +54,14 @@ class AlarmSpec:
     comparison: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
 
 
+def alarm_name(name: str) -> str:
+    """The CloudWatch name of the alarm a spec calls ``name`` (the same in both targets)."""
+    return f"switchyard-{name}"
+
+
 class MonitoringConstruct(Construct):
-    """``topic`` (SNS), ``alarms`` (by name) and ``dashboard``."""
+    """``topic`` (SNS), ``alarms`` (spec name -> alarm; CloudWatch name ``alarm_name(spec name)``) and
+    ``dashboard``. ``aws``: the AWS target's resources (None on LocalStack)."""
 
     def __init__(
         self,
@@ -49,20 +69,26 @@ class MonitoringConstruct(Construct):
         construct_id: str,
         *,
         config: DeploymentConfig,
-        functions: FunctionsConstruct,
-        data: DataConstruct,
-        workers: WorkersConstruct,
+        aws: AwsResources | None = None,
+        period: Duration = PERIOD,
+        encrypt_topic: bool = True,
     ) -> None:
+        """``encrypt_topic``: with a customer managed KMS key (LocalStack 4.13 cannot create symmetric
+        keys on Python 3.11: its KMS passes bytes to ``uuid.uuid5``, which takes them only from 3.12)."""
         super().__init__(scope, construct_id)
-        self.config, self.functions, self.data, self.workers = config, functions, data, workers
-        self.topic = self._build_topic()
+        self.config, self.aws, self.period = config, aws, period
+        self.topic = self._build_topic(encrypt_topic)
         self.alarms: dict[str, cw.Alarm] = {}
-        for spec in self._specs():
+        for spec in self.switchyard_alarm_specs() + (self._aws_specs(aws) if aws else []):
             self._alarm(spec)
         self.dashboard = self._build_dashboard()
 
     # -- SNS -------------------------------------------------------------------------------------
-    def _build_topic(self) -> sns.Topic:
+    def _build_topic(self, encrypt: bool) -> sns.Topic:
+        if not encrypt:
+            topic = sns.Topic(self, "AlarmTopic", display_name="Switchyard alarms", enforce_ssl=True)
+            self._subscribe(topic)
+            return topic
         # CloudWatch can publish to an encrypted topic only with a customer managed key it may use.
         key = kms.Key(
             self,
@@ -80,20 +106,26 @@ class MonitoringConstruct(Construct):
         topic = sns.Topic(
             self, "AlarmTopic", display_name="Switchyard alarms", master_key=key, enforce_ssl=True
         )
+        self._subscribe(topic)
+        return topic
+
+    def _subscribe(self, topic: sns.Topic) -> None:
         if self.config.alarm_email:
             topic.add_subscription(subscriptions.EmailSubscription(self.config.alarm_email))
-        return topic
 
     # -- metrics ---------------------------------------------------------------------------------
     @staticmethod
-    def emf(name: str, service: str, statistic: str = "Sum") -> cw.Metric:
+    def emf(name: str, service: str, statistic: str = "Sum", period: Duration = PERIOD) -> cw.Metric:
         return cw.Metric(
             namespace=c.METRICS_NAMESPACE,
             metric_name=name,
             dimensions_map={"service": service},
             statistic=statistic,
-            period=PERIOD,
+            period=period,
         )
+
+    def _emf(self, name: str, service: str, statistic: str = "Sum") -> cw.Metric:
+        return self.emf(name, service, statistic, self.period)
 
     @staticmethod
     def queue_depth(pool: PoolConfig) -> cw.MathExpression:
@@ -107,22 +139,23 @@ class MonitoringConstruct(Construct):
             period=Duration.minutes(1),
         )
 
-    def _specs(self) -> list[AlarmSpec]:
+    def switchyard_alarm_specs(self) -> list[AlarmSpec]:
+        """Alarms over Switchyard's own metrics (EMF, namespace ``Switchyard``): both targets."""
         specs: list[AlarmSpec] = []
+        period = self.period
         for pool in self.config.pools:
             service = f"switchyard-{pool.name}"
-            fns = self.functions.pools[pool.name]
             specs += [
                 AlarmSpec(
                     f"{pool.name}-poison-growing",
-                    self.emf("DeadLetterPoisoned", service),
+                    self._emf("DeadLetterPoisoned", service),
                     1,
                     "A poison request failed delivery-limit times: a handler bug or a bad request "
                     "that no retry will fix; each one waits in the poison queue for a person.",
                 ),
                 AlarmSpec(
                     f"{pool.name}-requests-expiring",
-                    self.emf("DeadLetterExpired", service),
+                    self._emf("DeadLetterExpired", service),
                     10,
                     "Ten requests in five minutes expired before a worker answered: groups start too "
                     "slowly or run too few workers for their load (callers got 'expired', nothing lost).",
@@ -131,32 +164,25 @@ class MonitoringConstruct(Construct):
                     f"{pool.name}-requests-rejected",
                     cw.MathExpression(
                         expression="rejected + maxlen",
-                        using_metrics={"rejected": self.emf("DeadLetterRejected", service),
-                                       "maxlen": self.emf("DeadLetterMaxlen", service)},
+                        using_metrics={"rejected": self._emf("DeadLetterRejected", service),
+                                       "maxlen": self._emf("DeadLetterMaxlen", service)},
                         label="rejected or refused by a full queue",
-                        period=PERIOD,
+                        period=period,
                     ),
                     1,
                     "A worker rejected a request or a full queue refused one: neither happens in normal "
                     "operation (Requeue republishes; queues have no length limit by default).",
                 ),
                 AlarmSpec(
-                    f"{pool.name}-orphan-forwarding-failures",
-                    fns.orphans.metric_errors(period=PERIOD),
-                    1,
-                    "An orphan batch raised: the whole batch is redelivered and its callers wait "
-                    "(duplicates, never losses); one failure is worth a look, a run of them is an outage.",
-                ),
-                AlarmSpec(
                     f"{pool.name}-worker-group-start-failures",
                     cw.MathExpression(
                         expression="orphan + reconcile",
                         using_metrics={
-                            "orphan": self.emf("OrphanGroupStartFailures", service),
-                            "reconcile": self.emf("ReconcileDriverErrors", service),
+                            "orphan": self._emf("OrphanGroupStartFailures", service),
+                            "reconcile": self._emf("ReconcileDriverErrors", service),
                         },
                         label="worker group start/stop/scale failures",
-                        period=PERIOD,
+                        period=period,
                     ),
                     1,
                     "ECS refused or throttled worker starts for 10 minutes running: the reconciler retries "
@@ -174,22 +200,18 @@ class MonitoringConstruct(Construct):
                     comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
                 ),
             ]
-            for role, fn in fns.all().items():
-                specs.append(self._errors(f"{pool.name}-{role}", fn))
-        for role, fn in self.functions.delay.items():
-            specs.append(self._errors(f"delay-{role}", fn))
-        delay, sla = self.config.delay, self.config.delay.lateness_sla_ms
+        sla = self.config.delay.lateness_sla_ms
         specs += [
             AlarmSpec(
                 "delay-backlog-overdue",
-                self.emf("DelayMaxTimerLateness", "switchyard-delay", "Maximum"),
+                self._emf("DelayMaxTimerLateness", "switchyard-delay", "Maximum"),
                 c.DELAY_BACKLOG_LATENESS_MS,
                 "A message fired a whole minute after its deadline: the fire loop is behind (or was "
                 "down) and due messages are piling up.",
             ),
             AlarmSpec(
                 "delay-messages-overdue",
-                self.emf("DelayMessagesOverdue", "switchyard-delay", "Maximum"),
+                self._emf("DelayMessagesOverdue", "switchyard-delay", "Maximum"),
                 1,
                 "Messages due over a minute ago still wait unclaimed at the end of two invocations in "
                 "a row: the fire loop cannot keep up (or cannot publish); they fire late, never lost.",
@@ -197,7 +219,7 @@ class MonitoringConstruct(Construct):
             ),
             AlarmSpec(
                 "delay-lateness-p999-above-sla",
-                self.emf("DelayMaxTimerLateness", "switchyard-delay", "p99.9"),
+                self._emf("DelayMaxTimerLateness", "switchyard-delay", "p99.9"),
                 sla,
                 f"p99.9 of each invocation's worst lateness above the {sla} ms SLA for 15 minutes "
                 "(an upper bound of the per-message p99.9).",
@@ -206,7 +228,7 @@ class MonitoringConstruct(Construct):
             ),
             AlarmSpec(
                 "delay-sweep-takeovers",
-                self.emf("DelaySuspectedFailures", "switchyard-delay"),
+                self._emf("DelaySuspectedFailures", "switchyard-delay"),
                 1,
                 "The sweep reset messages held past the hold time: a fire node died or stalled; "
                 "its messages fire late (never lost).",
@@ -216,25 +238,40 @@ class MonitoringConstruct(Construct):
                 cw.MathExpression(
                     expression="publish + store",
                     using_metrics={
-                        "publish": self.emf("DelayPublishFailures", "switchyard-delay"),
-                        "store": self.emf("DelayStoreErrors", "switchyard-delay"),
+                        "publish": self._emf("DelayPublishFailures", "switchyard-delay"),
+                        "store": self._emf("DelayStoreErrors", "switchyard-delay"),
                     },
                     label="delay publish failures + store errors",
-                    period=PERIOD,
+                    period=period,
                 ),
                 1,
                 "MSK did not confirm, or Postgres failed, for 10 minutes: retried messages fire late.",
                 periods=2,
             ),
+        ]
+        return specs
+
+    def _aws_specs(self, aws: AwsResources) -> list[AlarmSpec]:
+        """Alarms over AWS's own metrics of the AWS target's resources (Lambda, RDS, ElastiCache)."""
+        specs: list[AlarmSpec] = []
+        for pool in self.config.pools:
+            fns = aws.functions.pools[pool.name]
+            specs.append(AlarmSpec(
+                f"{pool.name}-orphan-forwarding-failures",
+                fns.orphans.metric_errors(period=PERIOD),
+                1,
+                "An orphan batch raised: the whole batch is redelivered and its callers wait "
+                "(duplicates, never losses); one failure is worth a look, a run of them is an outage.",
+            ))
+            for role, fn in fns.all().items():
+                specs.append(self._errors(f"{pool.name}-{role}", fn))
+        for role, fn in aws.functions.delay.items():
+            specs.append(self._errors(f"delay-{role}", fn))
+        delay = self.config.delay
+        specs += [
             AlarmSpec(
                 "delay-msk-offset-lag",
-                cw.Metric(
-                    namespace="AWS/Lambda",
-                    metric_name="OffsetLag",
-                    statistic="Maximum",
-                    period=PERIOD,
-                    dimensions_map={"FunctionName": self.functions.delay["enqueue"].function_name},
-                ),
+                self.offset_lag(aws),
                 delay.offset_lag_alarm,
                 f"The enqueue function is {delay.offset_lag_alarm} records behind the input topic for 15 "
                 "minutes: messages are stored late, and may fire late.",
@@ -242,7 +279,7 @@ class MonitoringConstruct(Construct):
             ),
             AlarmSpec(
                 "postgres-connections-near-limit",
-                self.data.postgres.metric_database_connections(statistic="Maximum", period=PERIOD),
+                aws.data.postgres.metric_database_connections(statistic="Maximum", period=PERIOD),
                 self.config.postgres.max_connections * c.POSTGRES_CONNECTIONS_ALARM_PERCENT // 100,
                 f"{c.POSTGRES_CONNECTIONS_ALARM_PERCENT}% of max_connections "
                 f"({self.config.postgres.max_connections}): new connections will soon be refused; the "
@@ -250,13 +287,7 @@ class MonitoringConstruct(Construct):
             ),
             AlarmSpec(
                 "elasticache-memory",
-                cw.Metric(
-                    namespace="AWS/ElastiCache",
-                    metric_name="DatabaseMemoryUsagePercentage",
-                    statistic="Maximum",
-                    period=PERIOD,
-                    dimensions_map={"CacheClusterId": self.data.redis_member_id},
-                ),
+                self.redis_memory(aws),
                 self.config.redis.memory_alarm_percent,
                 f"Pool state uses {self.config.redis.memory_alarm_percent}% of the node's memory: at 100% "
                 "writes fail and the control plane stops.",
@@ -264,6 +295,17 @@ class MonitoringConstruct(Construct):
             ),
         ]
         return specs
+
+    @staticmethod
+    def offset_lag(aws: AwsResources) -> cw.Metric:
+        return cw.Metric(namespace="AWS/Lambda", metric_name="OffsetLag", statistic="Maximum", period=PERIOD,
+                         dimensions_map={"FunctionName": aws.functions.delay["enqueue"].function_name})
+
+    @staticmethod
+    def redis_memory(aws: AwsResources) -> cw.Metric:
+        return cw.Metric(namespace="AWS/ElastiCache", metric_name="DatabaseMemoryUsagePercentage",
+                         statistic="Maximum", period=PERIOD,
+                         dimensions_map={"CacheClusterId": aws.data.redis_member_id})
 
     @staticmethod
     def _errors(name: str, fn: object) -> AlarmSpec:
@@ -286,7 +328,7 @@ class MonitoringConstruct(Construct):
         alarm = cw.Alarm(
             self,
             spec.name,
-            alarm_name=f"switchyard-{spec.name}",
+            alarm_name=alarm_name(spec.name),
             alarm_description=spec.why,
             metric=spec.metric,
             threshold=spec.threshold,
@@ -302,7 +344,7 @@ class MonitoringConstruct(Construct):
     # -- dashboard ---------------------------------------------------------------------------------
     def _build_dashboard(self) -> cw.Dashboard:
         board = cw.Dashboard(
-            self, "Dashboard", dashboard_name="Switchyard", default_interval=Duration.hours(3)
+            self, "Dashboard", dashboard_name=c.DASHBOARD_NAME, default_interval=Duration.hours(3)
         )
         widgets: list[cw.IWidget] = [
             cw.AlarmStatusWidget(alarms=list(self.alarms.values()), width=24, title="Switchyard alarms")
@@ -322,11 +364,11 @@ class MonitoringConstruct(Construct):
                     title=f"{pool.name}: dead letters and poison",
                     width=8,
                     left=[
-                        self.emf("DeadLetterDeadLetters", service),
-                        self.emf("DeadLetterResponses", service),
-                        self.emf("DeadLetterPoisoned", service),
-                        self.emf("DeadLetterWithoutReason", service),
-                        *(self.emf(f"DeadLetter{reason}", service)
+                        self._emf("DeadLetterDeadLetters", service),
+                        self._emf("DeadLetterResponses", service),
+                        self._emf("DeadLetterPoisoned", service),
+                        self._emf("DeadLetterWithoutReason", service),
+                        *(self._emf(f"DeadLetter{reason}", service)
                           for reason in ("Expired", "DeliveryLimit", "Rejected", "Maxlen")),
                     ],
                 ),
@@ -334,35 +376,21 @@ class MonitoringConstruct(Construct):
                     title=f"{pool.name}: orphans and worker groups",
                     width=8,
                     left=[
-                        self.emf("OrphanForwarded", service),
-                        self.emf("OrphanNewGroups", service),
-                        self.emf("OrphanGroupStartFailures", service),
-                        self.emf("ReconcileGroupsStarted", service),
-                        self.emf("ReconcileGroupsStopped", service),
-                        self.emf("ReconcileDriverErrors", service),
+                        self._emf("OrphanForwarded", service),
+                        self._emf("OrphanNewGroups", service),
+                        self._emf("OrphanGroupStartFailures", service),
+                        self._emf("ReconcileGroupsStarted", service),
+                        self._emf("ReconcileGroupsStopped", service),
+                        self._emf("ReconcileDriverErrors", service),
                     ],
                 ),
             ]
-        every = {
-            **{f"{p}-{r}": fn for p, fns in self.functions.pools.items() for r, fn in fns.all().items()},
-            **{f"delay-{r}": fn for r, fn in self.functions.delay.items()},
-        }
         widgets += [
-            cw.GraphWidget(
-                title="Lambda errors per function",
-                width=12,
-                left=[fn.metric_errors(period=PERIOD, label=n) for n, fn in every.items()],
-            ),
-            cw.GraphWidget(
-                title="Lambda throttles per function",
-                width=12,
-                left=[fn.metric_throttles(period=PERIOD, label=n) for n, fn in every.items()],
-            ),
             cw.GraphWidget(
                 title="Delay: fire lateness (ms)",
                 width=8,
                 left=[
-                    self.emf("DelayMaxTimerLateness", "switchyard-delay", stat)
+                    self._emf("DelayMaxTimerLateness", "switchyard-delay", stat)
                     for stat in ("p50", "p99", "p99.9", "Maximum")
                 ],
                 left_annotations=[
@@ -373,51 +401,51 @@ class MonitoringConstruct(Construct):
                 title="Delay: flow",
                 width=8,
                 left=[
-                    self.emf(m, "switchyard-delay")
+                    self._emf(m, "switchyard-delay")
                     for m in (
                         "DelayMessagesEnqueued",
                         "DelayMessagesFired",
                         "DelayRecordsDropped",
                         "DelaySuspectedFailures",
+                        "DelayMessagesOverdue",
                     )
                 ],
+            ),
+        ]
+        if self.aws:
+            widgets += self._aws_widgets(self.aws)
+        for i in range(0, len(widgets), 3):
+            board.add_widgets(*widgets[i : i + 3])
+        return board
+
+    def _aws_widgets(self, aws: AwsResources) -> list[cw.IWidget]:
+        every = {
+            **{f"{p}-{r}": fn for p, fns in aws.functions.pools.items() for r, fn in fns.all().items()},
+            **{f"delay-{r}": fn for r, fn in aws.functions.delay.items()},
+        }
+        return [
+            cw.GraphWidget(
+                title="Lambda errors per function",
+                width=12,
+                left=[fn.metric_errors(period=PERIOD, label=n) for n, fn in every.items()],
             ),
             cw.GraphWidget(
-                title="Delay: MSK offset lag",
-                width=8,
-                left=[
-                    cw.Metric(
-                        namespace="AWS/Lambda",
-                        metric_name="OffsetLag",
-                        statistic="Maximum",
-                        period=PERIOD,
-                        dimensions_map={"FunctionName": self.functions.delay["enqueue"].function_name},
-                    )
-                ],
+                title="Lambda throttles per function",
+                width=12,
+                left=[fn.metric_throttles(period=PERIOD, label=n) for n, fn in every.items()],
             ),
+            cw.GraphWidget(title="Delay: MSK offset lag", width=8, left=[self.offset_lag(aws)]),
             cw.GraphWidget(
                 title="Postgres connections",
                 width=8,
-                left=[self.data.postgres.metric_database_connections(statistic="Maximum", period=PERIOD)],
+                left=[aws.data.postgres.metric_database_connections(statistic="Maximum", period=PERIOD)],
                 left_annotations=[
                     cw.HorizontalAnnotation(
                         value=self.config.postgres.max_connections, label="max_connections"
                     )
                 ],
             ),
-            cw.GraphWidget(
-                title="ElastiCache memory %",
-                width=8,
-                left=[
-                    cw.Metric(
-                        namespace="AWS/ElastiCache",
-                        metric_name="DatabaseMemoryUsagePercentage",
-                        statistic="Maximum",
-                        period=PERIOD,
-                        dimensions_map={"CacheClusterId": self.data.redis_member_id},
-                    )
-                ],
-            ),
+            cw.GraphWidget(title="ElastiCache memory %", width=8, left=[self.redis_memory(aws)]),
             cw.GraphWidget(
                 title="ECS worker tasks running",
                 width=8,
@@ -427,11 +455,8 @@ class MonitoringConstruct(Construct):
                         metric_name="RunningTaskCount",
                         statistic="Maximum",
                         period=PERIOD,
-                        dimensions_map={"ClusterName": self.workers.cluster.cluster_name},
+                        dimensions_map={"ClusterName": aws.workers.cluster.cluster_name},
                     )
                 ],
             ),
         ]
-        for i in range(0, len(widgets), 3):
-            board.add_widgets(*widgets[i : i + 3])
-        return board

@@ -13,6 +13,7 @@ from aws_cdk import Acknowledgment, App, Validations
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
+from stacks.localstack_stack import LocalStackTargetStack
 from stacks.switchyard_stack import SwitchyardStack
 
 PACK = "AwsSolutions"
@@ -205,3 +206,12 @@ def _analytics(stack: SwitchyardStack) -> None:
         f"IAM5[Resource::<{logical}.Arn>/*]",
         "Every object of the pipeline's own bucket (job code, inputs, outputs, logs).",
     )
+
+
+def acknowledge_localstack(stack: LocalStackTargetStack) -> None:
+    """Accepted findings of the ``localstack`` target's stack, each with its reason."""
+    accept(stack.broker_secret, "SMG4", "The local RabbitMQ's guest user, a fixed development credential "
+           "of a broker that listens on 127.0.0.1 only; there is nothing to rotate.")
+    accept(stack.bucket, "S1", "A LocalStack bucket on the developer's machine: no access log to audit.")
+    accept(stack.monitoring.topic, "SNS2", "LocalStack 4.13 on Python 3.11 cannot create the symmetric KMS "
+           "key (its KMS passes bytes to uuid.uuid5); the topic carries only alarm notifications locally.")

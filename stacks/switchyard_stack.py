@@ -14,8 +14,9 @@ from stacks.bus import BUS_CONSTRUCT_ID, BusConstruct
 from stacks.config import DeploymentConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
-from stacks.monitoring import MonitoringConstruct
+from stacks.monitoring import AwsResources, MonitoringConstruct
 from stacks.network import NetworkConstruct
+from stacks.parameters import ConfigParametersConstruct, ServiceEndpoints
 from stacks.pending import PENDING_CONSTRUCT_ID, PendingConstruct
 from stacks.workers import WorkersConstruct
 
@@ -39,11 +40,21 @@ class SwitchyardStack(Stack):
         self.data = DataConstruct(self, c.DATA_CONSTRUCT_ID, network=self.network, config=self.config)
         self.workers = WorkersConstruct(self, c.WORKERS_CONSTRUCT_ID, network=self.network,
                                         broker=self.broker, config=self.config)
+        self.endpoints = ServiceEndpoints(
+            amqp_url=self.broker.amqp_url_template, management_url=self.broker.management_url_template,
+            redis_url=self.data.redis_url_template, postgres_dsn=self.data.postgres_dsn_template,
+            kafka_bootstrap=self.data.kafka_bootstrap, kafka_auth="aws-msk-iam",
+            amqp_secret=self.broker.secret, redis_secret=self.data.redis_secret,
+            postgres_secret=self.data.postgres_secret)
+        self.parameters = ConfigParametersConstruct(self, c.CONFIG_CONSTRUCT_ID,
+                                                    values=self.endpoints.shared_env(self.config.delay))
         self.functions = FunctionsConstruct(
             self, c.FUNCTIONS_CONSTRUCT_ID, network=self.network, broker=self.broker, data=self.data,
-            workers=self.workers, config=self.config, layer_dir=str(layer_dir))
-        self.monitoring = MonitoringConstruct(self, c.MONITORING_CONSTRUCT_ID, config=self.config,
-                                              functions=self.functions, data=self.data, workers=self.workers)
+            workers=self.workers, config=self.config, endpoints=self.endpoints, parameters=self.parameters,
+            layer_dir=str(layer_dir))
+        self.monitoring = MonitoringConstruct(
+            self, c.MONITORING_CONSTRUCT_ID, config=self.config,
+            aws=AwsResources(functions=self.functions, data=self.data, workers=self.workers))
         self.analytics = AnalyticsConstruct(self, c.ANALYTICS_CONSTRUCT_ID, network=self.network,
                                             broker=self.broker, data=self.data, functions=self.functions,
                                             config=self.config)
@@ -63,7 +74,8 @@ class SwitchyardStack(Stack):
             "PostgresSecretArn": self.data.postgres_secret.secret_arn,
             "EcsCluster": self.workers.cluster.cluster_name,
             "AlarmTopicArn": self.monitoring.topic.topic_arn,
-            "DashboardName": "Switchyard",
+            "DashboardName": c.DASHBOARD_NAME,
+            "ConfigPath": self.parameters.path,
             "PipelineBucket": self.analytics.bucket.bucket_name,
             "PipelineApplicationId": self.analytics.application.attr_application_id,
             "PipelineJobRoleArn": self.analytics.job_role.role_arn,

@@ -1,0 +1,117 @@
+"""The deployed configuration: where the services are, as SSM parameters a process reads at start.
+
+Both targets write the same thing: one String parameter per setting, named after its environment
+variable, under ``/switchyard/<stack name>/config/`` (``switchyard.deployed_config.config_path``,
+which reads them back). Only the settings every part shares go there (connection URLs with their
+``{username}``/``{password}`` placeholders and the ARNs of the secrets that fill them, the Kafka
+bootstrap, the delay scheduler's topics and schema); per-function settings (pool, driver) stay in
+each function's environment. No secret value is ever a parameter.
+
+``ServiceEndpoints`` is the one source of these settings: the AWS target builds it from the broker
+and the data services, the LocalStack target from the local services, and the Lambda functions'
+environments are built from it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aws_cdk import Acknowledgment, Stack, Validations
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from stacks.config import ConfigError, DelayConfig
+from switchyard.deployed_config import CONFIG_PATH_ENV, VARIABLE_RE, config_path
+
+DELAY_CONSUMER_GROUP = "switchyard-delay"
+
+
+@dataclass(frozen=True)
+class ServiceEndpoints:
+    """Connection settings of one target; a secret fills the placeholders of its service's URLs."""
+
+    amqp_url: str
+    management_url: str
+    redis_url: str
+    postgres_dsn: str
+    kafka_bootstrap: str
+    kafka_auth: str = "none"
+    amqp_secret: secretsmanager.ISecret | None = None
+    redis_secret: secretsmanager.ISecret | None = None
+    postgres_secret: secretsmanager.ISecret | None = None
+
+    @staticmethod
+    def _with_secret(
+        env: dict[str, str], service: str, secret: secretsmanager.ISecret | None
+    ) -> dict[str, str]:
+        if secret is not None:
+            env[f"SWITCHYARD_{service}_SECRET_ARN"] = secret.secret_arn
+        return env
+
+    def amqp_env(self) -> dict[str, str]:
+        env = {"SWITCHYARD_AMQP_URL": self.amqp_url, "SWITCHYARD_MANAGEMENT_URL": self.management_url}
+        return self._with_secret(env, "AMQP", self.amqp_secret)
+
+    def redis_env(self) -> dict[str, str]:
+        return self._with_secret({"SWITCHYARD_REDIS_URL": self.redis_url}, "REDIS", self.redis_secret)
+
+    def postgres_env(self) -> dict[str, str]:
+        return self._with_secret({"SWITCHYARD_POSTGRES_DSN": self.postgres_dsn}, "POSTGRES",
+                                 self.postgres_secret)
+
+    def kafka_env(self, delay: DelayConfig) -> dict[str, str]:
+        return {
+            "SWITCHYARD_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            "SWITCHYARD_KAFKA_AUTH": self.kafka_auth,
+            "SWITCHYARD_DELAY_INPUT_TOPIC": delay.input_topic,
+            "SWITCHYARD_DELAY_OUTPUT_TOPIC": delay.output_topic,
+            "SWITCHYARD_DELAY_SCHEMA": delay.schema,
+            "SWITCHYARD_DELAY_CONSUMER_GROUP": DELAY_CONSUMER_GROUP,
+        }
+
+    def shared_env(self, delay: DelayConfig) -> dict[str, str]:
+        """Every setting the parts share: what the configuration parameters hold."""
+        return {**self.amqp_env(), **self.redis_env(), **self.postgres_env(), **self.kafka_env(delay)}
+
+    def secrets(self) -> list[secretsmanager.ISecret]:
+        return [s for s in (self.amqp_secret, self.redis_secret, self.postgres_secret) if s is not None]
+
+
+class ConfigParametersConstruct(Construct):
+    """``parameters`` (variable name -> ``StringParameter``) under ``path``; ``grant_read``."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, values: Mapping[str, str]) -> None:
+        super().__init__(scope, construct_id)
+        self.stack = Stack.of(self)
+        self.path = config_path(self.stack.stack_name)
+        self.values = dict(values)
+        bad = sorted(name for name in self.values if not VARIABLE_RE.match(name))
+        if bad:
+            raise ConfigError(f"configuration parameters must be named {VARIABLE_RE.pattern}, got {bad}")
+        self.parameters = {
+            name: ssm.StringParameter(
+                self, name, parameter_name=f"{self.path}{name}", string_value=value,
+                description=f"Switchyard setting {name} (read at start through {CONFIG_PATH_ENV})")
+            for name, value in sorted(self.values.items())
+        }
+
+    def path_arns(self) -> list[str]:
+        """The path itself (GetParametersByPath is authorized on it) and the parameters below it."""
+        base = self.path.rstrip("/")
+        return [self.stack.format_arn(service="ssm", resource="parameter", resource_name=name)
+                for name in (base.lstrip("/"), f"{base.lstrip('/')}/*")]
+
+    def grant_read(self, grantee: iam.IGrantable) -> None:
+        """Read the whole path (Powertools ``get_parameters`` calls GetParametersByPath)."""
+        iam.Grant.add_to_principal(
+            grantee=grantee, actions=["ssm:GetParametersByPath", "ssm:GetParameters", "ssm:GetParameter"],
+            resource_arns=self.path_arns())
+        if isinstance(grantee, Construct):  # cdk-nag (stacks/nag.py cannot be imported here: a cycle)
+            wildcard = self.path_arns()[1].replace(self.stack.partition, "<AWS::Partition>").replace(
+                self.stack.region, "<AWS::Region>").replace(self.stack.account, "<AWS::AccountId>")
+            Validations.of(grantee).acknowledge(Acknowledgment(
+                id=f"AwsSolutions::AwsSolutions-IAM5[Resource::{wildcard}]",
+                reason="The deployment's own configuration parameters, every one under its one path."))

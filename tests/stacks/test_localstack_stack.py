@@ -1,0 +1,106 @@
+"""The ``localstack`` target's template (no AWS calls): only what LocalStack hosts, the configuration
+parameters both targets write, and the alarms over Switchyard's own metrics, built by the same code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_cdk.assertions import Template
+
+from stacks import constants as c
+from stacks.application import build_app
+from stacks.config import ConfigError
+from stacks.monitoring import alarm_name
+from tests.stacks.conftest import synth
+from tests.stacks.test_switchyard_stack import actions_of, of_type, policy_statements, switchyard_functions
+
+pytestmark = pytest.mark.slow
+
+NOT_ON_LOCALSTACK = ("AWS::EC2::", "AWS::AmazonMQ::", "AWS::MSK::", "AWS::RDS::", "AWS::ElastiCache::",
+                     "AWS::ECS::", "AWS::Lambda::", "AWS::EMRServerless::", "AWS::Scheduler::",
+                     "AWS::ApiGateway::", "AWS::KMS::", "Custom::")
+
+
+@pytest.fixture(scope="module")
+def local(layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Template, Path, Any]:
+    return synth(layer_dir, tmp_path_factory.mktemp("cdk.out.local"), **{c.CTX_TARGET: c.TARGET_LOCALSTACK})
+
+
+def _parameters(resources: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {r["Properties"]["Name"]: r["Properties"]["Value"]
+            for r in of_type(resources, "AWS::SSM::Parameter").values()}
+
+
+def test_only_what_localstack_hosts(local: tuple[Template, Path, Any]) -> None:
+    template, _, stack = local
+    assert stack.stack_name == c.LOCALSTACK_STACK_ID
+    kinds = {r["Type"] for r in template.to_json()["Resources"].values()}
+    assert not [k for k in kinds if k.startswith(NOT_ON_LOCALSTACK)], kinds
+    assert {"AWS::SSM::Parameter", "AWS::SecretsManager::Secret", "AWS::IAM::Role", "AWS::CloudWatch::Alarm",
+            "AWS::CloudWatch::Dashboard", "AWS::SNS::Topic", "AWS::S3::Bucket"} <= kinds
+
+
+def test_parameters_point_at_the_local_services(local: tuple[Template, Path, Any]) -> None:
+    template, _, _ = local
+    params = _parameters(template.to_json()["Resources"])
+    prefix = "/switchyard/SwitchyardLocal/config/"
+    assert all(name.startswith(prefix) for name in params)
+    values = {name.removeprefix(prefix): value for name, value in params.items()}
+    assert values["SWITCHYARD_AMQP_URL"] == "amqp://{username}:{password}@127.0.0.1:5672/%2F"
+    assert values["SWITCHYARD_MANAGEMENT_URL"] == "http://{username}:{password}@127.0.0.1:15672"
+    assert values["SWITCHYARD_REDIS_URL"] == "redis://127.0.0.1:6379/0"
+    assert values["SWITCHYARD_POSTGRES_DSN"] == "postgresql://postgres@127.0.0.1:5432/switchyard"
+    assert values["SWITCHYARD_KAFKA_BOOTSTRAP"] == "127.0.0.1:9092"
+    assert values["SWITCHYARD_AMQP_SECRET_ARN"] == {"Ref": template_secret(template)}
+
+
+def template_secret(template: Template) -> str:
+    (logical,) = of_type(template.to_json()["Resources"], "AWS::SecretsManager::Secret")
+    return logical
+
+
+def test_both_targets_write_the_same_settings(local: tuple[Template, Path, Any], resources) -> None:
+    local_names = {n.rsplit("/", 1)[1] for n in _parameters(local[0].to_json()["Resources"])}
+    aws_names = {n.rsplit("/", 1)[1] for n in _parameters(resources)}
+    # The AWS target's Redis and Postgres URLs take credentials from secrets; the local ones need none.
+    assert aws_names - local_names == {"SWITCHYARD_REDIS_SECRET_ARN", "SWITCHYARD_POSTGRES_SECRET_ARN"}
+    assert local_names <= aws_names
+    assert all(n.startswith("/switchyard/SwitchyardStack/config/SWITCHYARD_") for n in _parameters(resources))
+
+
+def test_every_aws_function_reads_the_configuration_path(resources) -> None:
+    for module, functions in switchyard_functions(resources).items():
+        for logical, fn in functions.items():
+            env = fn["Properties"]["Environment"]["Variables"]
+            assert env["SWITCHYARD_CONFIG_PATH"] == "/switchyard/SwitchyardStack/config/", module
+            assert "ssm:GetParametersByPath" in actions_of(policy_statements(resources, fn)), logical
+
+
+def _alarms(resources: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["Properties"]["AlarmName"]: r["Properties"]
+            for r in of_type(resources, "AWS::CloudWatch::Alarm").values()}
+
+
+def test_switchyard_alarms_are_shared_and_aws_alarms_are_not(local: tuple[Template, Path, Any],
+                                                             resources) -> None:
+    here, there = _alarms(local[0].to_json()["Resources"]), _alarms(resources)
+    assert set(here) == {alarm_name(n) for n in local[2].monitoring.alarms}
+    assert set(here) < set(there)
+    for name, props in here.items():
+        aws = there[name]
+        assert props.get("MetricName") == aws.get("MetricName"), name
+        for key in ("Threshold", "EvaluationPeriods", "ComparisonOperator"):
+            assert props[key] == aws[key], (name, key)
+        assert len(props["AlarmActions"]) == 1, name
+    poison = here["switchyard-core-poison-growing"]
+    assert (poison["Namespace"], poison["Period"], there["switchyard-core-poison-growing"]["Period"]) == (
+        "Switchyard", c.LOCALSTACK_ALARM_PERIOD_S, 300)
+    assert not [n for n in here if "errors-or-throttles" in n or n.startswith(("switchyard-postgres",
+                                                                                "switchyard-elasticache"))]
+
+
+def test_an_unknown_target_is_refused() -> None:
+    with pytest.raises(ConfigError, match="switchyard:target"):
+        build_app(context={c.CTX_TARGET: "gcp"})
