@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -54,6 +55,35 @@ def rabbitmq_broker(config: pytest.Config) -> str:
             version = f"RabbitMQ version unknown ({type(exc).__name__})"
         config.stash[BROKER] = f"{version} at {amqp.hostname}:{amqp.port or 5672}"
     return config.stash[BROKER]
+
+
+TEST_CREDENTIALS = ("testing", "test")  # ./dev's (moto) and LocalStack's
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def aws_safety_problems(environ: Mapping[str, str]) -> list[str]:
+    """Why an AWS call from this environment could reach real AWS (empty: it cannot)."""
+    problems = []
+    endpoints = {k: v for k, v in environ.items() if k.startswith("AWS_ENDPOINT_URL")}
+    endpoints.setdefault("AWS_ENDPOINT_URL", "")  # unset: boto3 would call AWS itself
+    for name, url in sorted(endpoints.items()):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or parts.hostname not in LOOPBACK_HOSTS:
+            problems.append(f"{name}={url!r} is not an http://127.0.0.1 or localhost URL")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        if environ.get(name) not in TEST_CREDENTIALS:
+            problems.append(f"{name} is not one of the test credentials {TEST_CREDENTIALS}")
+    problems += [f"{name} is set" for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN") if environ.get(name)]
+    return problems
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Fail fast if any AWS call could reach real AWS: every endpoint local, test credentials only."""
+    problems = aws_safety_problems(os.environ)
+    if problems:
+        raise pytest.UsageError(
+            "refusing to run: AWS calls could reach real AWS:\n  " + "\n  ".join(problems)
+            + "\nRun the tests with ./dev test (it points AWS_ENDPOINT_URL at moto, with test credentials).")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
