@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "switchyard.bus.cli",
     "switchyard.demo",
     "switchyard.config_cli",
+    "switchyard.local.alarm_scenario",
 )
 
 

@@ -30,8 +30,20 @@ def divide(request: Request) -> str:
     return str(float(a) / float(b))
 
 
+def crash(request: Request) -> bytes:
+    """A poison request: the worker process dies on it (as a segfault would), every time.
+
+    The broker redelivers it to the next worker until the delivery limit dead-letters it to the
+    poison inventory; the other requests of the key are served meanwhile.
+    """
+    os._exit(70)
+
+
 def demo(request: Request) -> bytes | str:
-    """The demo's workers: ``math`` divides, ``slow`` sleeps ``SLEEPY_SECONDS``, others describe."""
+    """The demo's workers: ``math`` divides, ``slow`` sleeps ``SLEEPY_SECONDS``, ``poison`` crashes
+    the worker (see ``crash``), others describe."""
+    if request.key == "poison":
+        return crash(request)
     if request.key == "math":
         return divide(request)
     if request.key == "slow":
