@@ -169,13 +169,16 @@ def read(aws: dict, key: str) -> bytes:
 
 
 def test_package_then_submit_and_wait_sends_the_entry_point_args_and_environment(
-        aws: dict, archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        aws: dict, archive: Path, wheels: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     entry = tmp_path / "publish_requests.py"
     entry.write_text("print('job')\n")
     bucket = f"s3://{aws['bucket']}"
-    code, out, err = cli(capsys, "spark", "package", "--bucket", bucket, "--archive", str(archive),
-                         "--entry-point", str(entry))
+    code, out, err = cli(capsys, "spark", "package", "--bucket", bucket, "--entry-point", str(entry),
+                         "--output", str(tmp_path / "dist"), "--constraints", "",
+                         "--requirements", str(requirements(tmp_path, "sy_pure", "sy_native")),
+                         *(f"--pip-option={option}" for option in offline(wheels)))
     assert code == 0, err
+    assert f"built {tmp_path / 'dist' / archive.name}" in out  # the same inputs, the same archive
     manifest = json.loads(read(aws, "switchyard/spark/latest.json"))
     assert f"--archive {manifest['archive']}" in out and f"--entry-point {manifest['entryPoint']}" in out
     assert manifest["archive"] == f"{bucket}/switchyard/spark/env/{archive.name}"
