@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "switchyard.demo",
     "switchyard.config_cli",
     "switchyard.local.alarm_scenario",
+    "switchyard.spark.cli",
 )
 
 

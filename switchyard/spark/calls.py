@@ -1,0 +1,152 @@
+"""One Spark partition's calls: a slotted ``RpcClient`` per pool, many calls in flight, bounded retries.
+
+Runs inside a task (no Spark import here). Every request yields exactly one results row, in the
+order answers arrive. Retried: timeouts, unanswered dead letters (TTL, full queue) and broker
+failures (lost connection, nack, return), at most ``retries`` times more, with a short backoff.
+A worker's own error answer (``error``) and poison (``delivery_limit``) are final at once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import queue
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from switchyard.errors import CallTimeoutError, RpcError
+from switchyard.rpc import protocol as p
+from switchyard.rpc.client import Response, RpcClient
+from switchyard.rpc.settings import RpcSettings
+from switchyard.spark.rows import Request, Status, result_row
+
+_BACKOFF_S = (0.1, 0.5, 1.0, 2.0)
+_RETRIED_ANSWERS = {p.Status.EXPIRED: Status.EXPIRED, p.Status.MAXLEN: Status.MAXLEN}
+_FINAL_ANSWERS = {p.Status.OK: Status.OK, p.Status.ERROR: Status.ERROR,
+                  p.Status.DELIVERY_LIMIT: Status.DELIVERY_LIMIT, p.Status.REJECTED: Status.REJECTED}
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """How a partition calls: per-call timeout, retries after the first attempt, calls in flight."""
+
+    timeout_s: float = 30.0
+    retries: int = 2
+    concurrency: int = 64
+
+
+@dataclass
+class _Attempt:
+    request: Request
+    attempts: int = 0
+    started: float = 0.0
+
+
+def _outcome(future: Future[Response]) -> tuple[Status, bytes | None, str | None, bool]:
+    """(status, response body, error text, retry?) of one finished attempt."""
+    try:
+        response = future.result()
+    except CallTimeoutError as exc:
+        return Status.TIMEOUT, None, str(exc), True
+    except RpcError as exc:  # broker lost, nacked or returned it; client reconnecting
+        return Status.FAILED, None, f"{type(exc).__name__}: {exc}", True
+    if response.status in _FINAL_ANSWERS:
+        status = _FINAL_ANSWERS[response.status]
+        return status, response.body, None if status is Status.OK else response.text()[:1000], False
+    retried = _RETRIED_ANSWERS.get(response.status, Status.FAILED)
+    return retried, response.body, f"dead-lettered: {response.status}", True
+
+
+def call_partition(
+    requests: Iterable[Request],
+    options: CallOptions,
+    settings: RpcSettings | None = None,
+    on_result: Callable[[tuple], None] | None = None,
+    before_send: Callable[[Request], None] | None = None,
+) -> Iterator[tuple]:
+    """Call every request; yield one results row each (``rows.RESULT_FIELDS``).
+
+    ``on_result`` sees every row (progress counters); ``before_send`` every request before its first
+    attempt (a hook: an exception there fails the task, as a lost executor would).
+    """
+    settings = settings or RpcSettings.from_env()
+    clients: dict[str, RpcClient] = {}
+    done: queue.SimpleQueue[tuple[_Attempt, Future[Response]]] = queue.SimpleQueue()
+    source = iter(requests)
+    waiting: list[tuple[float, int, _Attempt]] = []  # retries: a heap by when they may go
+    order = itertools.count()
+    in_flight = 0
+    exhausted = False
+
+    def client_for(pool: str) -> RpcClient:
+        if pool not in clients:
+            clients[pool] = RpcClient(pool, settings, concurrency=options.concurrency,
+                                      timeout=options.timeout_s, confirm=True, name="switchyard-spark")
+        return clients[pool]
+
+    def send(attempt: _Attempt) -> tuple | None:
+        """Submit one attempt; a row if it failed at once and has no retry left."""
+        nonlocal in_flight
+        attempt.attempts += 1
+        attempt.started = time.monotonic()
+        request = attempt.request
+        try:
+            future = client_for(request.pool).submit(request.key, request.body, timeout=options.timeout_s)
+        except RpcError as exc:
+            return settle(attempt, Status.FAILED, None, f"{type(exc).__name__}: {exc}", True)
+        in_flight += 1
+        future.add_done_callback(lambda f, a=attempt: done.put((a, f)))
+        return None
+
+    def settle(attempt: _Attempt, status: Status, body: bytes | None, error: str | None,
+               retry: bool) -> tuple | None:
+        if retry and attempt.attempts <= options.retries:
+            delay = _BACKOFF_S[min(attempt.attempts - 1, len(_BACKOFF_S) - 1)]
+            not_before = time.monotonic() + (delay if status is Status.FAILED else 0.0)
+            heapq.heappush(waiting, (not_before, next(order), attempt))
+            return None
+        latency = round((time.monotonic() - attempt.started) * 1000, 3)
+        row = result_row(attempt.request, status, attempt.attempts, latency, body, error)
+        if on_result is not None:
+            on_result(row)
+        return row
+
+    try:
+        while True:
+            while in_flight < options.concurrency:
+                now = time.monotonic()
+                if waiting and waiting[0][0] <= now:
+                    row = send(heapq.heappop(waiting)[2])
+                elif not exhausted:
+                    request = next(source, None)
+                    if request is None:
+                        exhausted = True
+                        continue
+                    if before_send is not None:
+                        before_send(request)
+                    row = send(_Attempt(request))
+                else:
+                    break
+                if row is not None:
+                    yield row
+            if in_flight == 0 and not waiting and exhausted:
+                return
+            wait = 0.2
+            if waiting and in_flight < options.concurrency:
+                wait = max(0.001, min(wait, waiting[0][0] - time.monotonic()))
+            try:
+                attempt, future = done.get(timeout=wait) if in_flight else (None, None)
+            except queue.Empty:
+                continue
+            if attempt is None:
+                time.sleep(wait)
+                continue
+            in_flight -= 1
+            row = settle(attempt, *_outcome(future))
+            if row is not None:
+                yield row
+    finally:
+        for client in clients.values():
+            client.close()

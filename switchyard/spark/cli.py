@@ -1,0 +1,108 @@
+"""``switchyard spark``: the publish job locally (``publish``); EMR Serverless (``submit``, ``package``).
+
+pyspark is imported only when ``publish`` runs, so ``switchyard --help`` works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from switchyard.errors import ConfigError
+from switchyard.spark import emr, package
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return value
+
+
+def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
+    """The job's options, shared by ``switchyard spark publish`` and ``jobs/publish_requests.py``."""
+    parser.add_argument("--input", required=True, metavar="PATH",
+                        help="rows to send: Parquet, JSON Lines or CSV, a file or a directory, local or "
+                             "s3:// (columns: key; optional body, pool, id, deadline)")
+    parser.add_argument("--output", required=True, metavar="PATH",
+                        help="where PATH/results (one row per id) and PATH/errors (bad rows) are written")
+    parser.add_argument("--pool", help="pool of rows without a pool column value")
+    parser.add_argument("--format", dest="output_format", choices=("parquet", "json"), default="parquet",
+                        help="output format (json: JSON Lines; default parquet)")
+    parser.add_argument("--input-format", choices=("parquet", "json", "csv"),
+                        help="default: from the input's file names (.parquet, .jsonl/.json, .csv)")
+    parser.add_argument("--resume", action="store_true",
+                        help="append a run to an existing output, sending only ids without a final status")
+    parser.add_argument("--timeout", dest="timeout_s", type=_positive, default=30.0, metavar="S",
+                        help="seconds one call may wait for its answer (default 30)")
+    parser.add_argument("--retries", type=_count, default=2, metavar="N",
+                        help="retries of a call that timed out or that the broker lost (default 2)")
+    parser.add_argument("--concurrency", type=int, default=64, metavar="N",
+                        help="calls in flight per Spark partition (default 64)")
+    parser.add_argument("--partitions", type=int, metavar="N",
+                        help="call partitions (default: one per 1,000 rows, at least the cores)")
+    parser.add_argument("--progress-interval", dest="progress_interval_s", type=_positive, default=5.0,
+                        metavar="S", help="seconds between progress lines (default 5)")
+    parser.add_argument("--delay-topic", help="where rows with a deadline go (default "
+                                              "SWITCHYARD_DELAY_INPUT_TOPIC)")
+    parser.add_argument("--master", help="Spark master, e.g. local[2] "
+                                         "(default: spark-submit's, else local[*])")
+
+
+def options_from_args(args: argparse.Namespace):  # -> job.PublishOptions (pyspark imported lazily)
+    """The job's options from parsed arguments."""
+    from switchyard.spark.job import PublishOptions
+
+    if args.concurrency < 1 or (args.partitions is not None and args.partitions < 1):
+        raise ConfigError("--concurrency and --partitions must be at least 1")
+    return PublishOptions(
+        input=args.input, output=args.output, pool=args.pool, input_format=args.input_format,
+        output_format=args.output_format, resume=args.resume, timeout_s=args.timeout_s,
+        retries=args.retries, concurrency=args.concurrency, partitions=args.partitions,
+        progress_interval_s=args.progress_interval_s, delay_topic=args.delay_topic)
+
+
+def run_publish(args: argparse.Namespace) -> int:
+    try:
+        from switchyard.spark import job
+    except ImportError as exc:
+        raise ConfigError(f"pyspark is not installed ({exc}); install requirements-spark.txt "
+                          "(./dev setup does)") from exc
+    return job.main(options_from_args(args), args.master)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The spark-submit entry point's body: parse the job's arguments and run it."""
+    parser = argparse.ArgumentParser(prog="publish_requests", description=PUBLISH_DESCRIPTION)
+    add_publish_arguments(parser)
+    return run_publish(parser.parse_args(argv))
+
+
+PUBLISH_DESCRIPTION = (
+    "Send every input row as a call to its pool's workers (rows without a deadline) or schedule it "
+    "through the delay scheduler (rows with an ISO-8601 deadline). Bad rows go to PATH/errors with "
+    "the reason; every sent row ends in PATH/results with id, pool, key, status, attempts, latency_ms "
+    "and the response or error. Delivery is at-least-once: a retried Spark task may send rows again "
+    "(same id). Progress every few seconds on stderr, a summary at the end; exit 1 if a row ended "
+    "without a final status (rerun with --resume).")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``spark`` and its subcommands to the ``switchyard`` command line."""
+    spark = subparsers.add_parser("spark", help="the PySpark pipeline: publish requests in bulk",
+                                  description="The PySpark pipeline (pyspark: requirements-spark.txt).")
+    spark.set_defaults(func=lambda _args: spark.print_help() or 2)
+    sub = spark.add_subparsers(dest="spark_command", metavar="SUBCOMMAND")
+    publish = sub.add_parser("publish", help="run the publish job with a local (or given) Spark master",
+                             description=PUBLISH_DESCRIPTION)
+    add_publish_arguments(publish)
+    publish.set_defaults(func=run_publish)
+    emr.add_submit_parsers(sub)
+    package.add_package_parser(sub)

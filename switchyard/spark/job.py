@@ -1,0 +1,322 @@
+"""The publish job on Spark: read rows, validate, call or schedule them, write results and errors.
+
+The only module that imports pyspark. Layout of ``--output PATH``:
+
+* ``PATH/results``: one row per sent id: ``id, pool, key, status, attempts, latency_ms, response,
+  error, deadline, run_id`` (``rows.RESULT_FIELDS`` and the run's id);
+* ``PATH/errors``: one row per bad input row: ``id, pool, key, reason, detail, run_id``.
+
+Delivery is at-least-once, like the rest of Switchyard: a Spark task that fails and is retried
+sends its rows again (the worker may see an id twice); Spark's output commit keeps one results row
+per id for a run. ``--resume`` appends a new run to ``PATH``: it sends only the ids that have no
+final status (``rows.FINAL_STATUSES``) in ``PATH/results``; readers take, per id, the row with a
+final status (or the latest run's).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from switchyard.config import Connections
+from switchyard.delay.settings import DelaySettings
+from switchyard.errors import ConfigError
+from switchyard.rpc.settings import RpcSettings
+from switchyard.rpc.topology import PoolTopology
+from switchyard.spark import rows as r
+from switchyard.spark.calls import CallOptions, call_partition
+from switchyard.spark.schedule import schedule_partition
+
+INPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "json", ".json": "json",
+                 ".ndjson": "json", ".csv": "csv"}
+OUTPUT_FORMATS = ("parquet", "json")
+
+RESULT_SCHEMA = T.StructType([
+    T.StructField("id", T.StringType(), False),
+    T.StructField("pool", T.StringType(), False),
+    T.StructField("key", T.StringType(), False),
+    T.StructField("status", T.StringType(), False),
+    T.StructField("attempts", T.IntegerType(), False),
+    T.StructField("latency_ms", T.DoubleType(), True),
+    T.StructField("response", T.BinaryType(), True),
+    T.StructField("error", T.StringType(), True),
+    T.StructField("deadline", T.StringType(), True),
+])
+ERROR_SCHEMA = T.StructType([T.StructField(name, T.StringType(), name == "reason")
+                             for name in r.ERROR_FIELDS])
+assert tuple(RESULT_SCHEMA.names) == r.RESULT_FIELDS
+
+
+@dataclass(frozen=True)
+class PublishOptions:
+    """One run of the job (the CLI's and the entry point's flags)."""
+
+    input: str
+    output: str
+    pool: str | None = None
+    input_format: str | None = None  # parquet, json or csv; default: from the input's file names
+    output_format: str = "parquet"
+    resume: bool = False
+    timeout_s: float = 30.0
+    retries: int = 2
+    concurrency: int = 64
+    partitions: int | None = None  # call partitions; default: one per ~1,000 rows, at least the cores
+    progress_interval_s: float = 5.0
+    delay_topic: str | None = None  # default: SWITCHYARD_DELAY_INPUT_TOPIC
+
+
+@dataclass
+class PublishSummary:
+    """What a run did: counts per pool and status, bad rows per reason, latency percentiles."""
+
+    run_id: str
+    total: int  # valid rows this run sent
+    skipped: int  # ids --resume found already final
+    bad: dict[str, int]
+    counts: dict[tuple[str, str], int]
+    latency_ms: dict[str, tuple[float, float, float]]  # pool -> p50, p95, p99 of answered calls
+    elapsed_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.total / self.elapsed_s if self.elapsed_s > 0 else math.nan
+
+    def __str__(self) -> str:
+        lines = [f"run {self.run_id}: {self.total:,} rows sent in {self.elapsed_s:.1f} s "
+                 f"({self.rows_per_s:,.0f} rows/s), {sum(self.bad.values()):,} bad rows, "
+                 f"{self.skipped:,} already final (--resume)"]
+        for (pool, status), n in sorted(self.counts.items()):
+            lines.append(f"  {pool:<24} {status:<16} {n:>10,}")
+        for pool, (p50, p95, p99) in sorted(self.latency_ms.items()):
+            lines.append(f"  {pool:<24} latency p50 {p50:.1f} ms, p95 {p95:.1f} ms, p99 {p99:.1f} ms")
+        for reason, n in sorted(self.bad.items()):
+            lines.append(f"  errors: {reason:<24} {n:>10,}")
+        return "\n".join(lines)
+
+
+def build_session(master: str | None = None, app_name: str = "switchyard-publish",
+                  conf: dict[str, str] | None = None) -> SparkSession:
+    """A session (``master`` None: whatever spark-submit or EMR set); timestamps in UTC."""
+    builder = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
+    if master:
+        builder = builder.master(master)
+    for name, value in (conf or {}).items():
+        builder = builder.config(name, value)
+    return builder.getOrCreate()
+
+
+def input_format(path: str, given: str | None) -> str:
+    """``parquet``, ``json`` (JSON Lines) or ``csv``: given, else from the file names."""
+    if given:
+        if given not in ("parquet", "json", "csv"):
+            raise ConfigError(f"--input-format must be parquet, json or csv, got {given!r}")
+        return given
+    names = [path]
+    if "://" not in path and Path(path).is_dir():
+        names = [f.name for f in Path(path).iterdir() if not f.name.startswith(("_", "."))]
+    found = {INPUT_FORMATS.get(Path(n).suffix.lower()) for n in names} - {None}
+    if len(found) != 1:
+        raise ConfigError(f"cannot tell the format of {path!r} from its file names; give --input-format")
+    return found.pop()
+
+
+def read_input(spark: SparkSession, path: str, fmt: str) -> DataFrame:
+    """The input as the five columns (missing ones null): strings, ``body`` string or binary."""
+    reader = spark.read
+    df = {"parquet": lambda: reader.parquet(path), "json": lambda: reader.json(path),
+          "csv": lambda: reader.option("header", True).csv(path)}[fmt]()
+    types = {f.name: f.dataType for f in df.schema.fields}
+    if r.KEY not in types:
+        raise ConfigError(f"{path}: the input has no {r.KEY!r} column "
+                          f"(columns: {', '.join(types) or 'none'})")
+    columns = []
+    for name in r.INPUT_COLUMNS:
+        if name not in types:
+            column = F.lit(None).cast("string")
+        elif name == r.BODY and isinstance(types[name], T.BinaryType):
+            column = F.col(name)
+        elif name == r.DEADLINE and isinstance(types[name], T.TimestampType | T.TimestampNTZType):
+            column = F.date_format(F.col(name), "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'")
+        else:
+            column = F.col(name).cast("string")
+        columns.append(column.alias(name))
+    return df.select(*columns)
+
+
+def _key_partition(key: str) -> int:
+    """Partition by a stable hash of the key (Python's own str hash differs per process)."""
+    return zlib.crc32(key.encode("utf-8"))
+
+
+def _unknown_pools(pools: list[str], settings: RpcSettings) -> set[str]:
+    unknown = set()
+    for pool in pools:
+        with PoolTopology(pool, settings) as topology:
+            if not topology.exists():
+                unknown.add(pool)
+    return unknown
+
+
+def _path(output: str, name: str) -> str:
+    return output.rstrip("/") + "/" + name
+
+
+def _final_ids(spark: SparkSession, options: PublishOptions) -> DataFrame | None:
+    """Ids with a final status in an existing results output (None: there is none)."""
+    path = _path(options.output, "results")
+    if "://" not in path and not Path(path).exists():
+        return None
+    try:
+        previous = spark.read.format(options.output_format).load(path)
+    except Exception as exc:  # AnalysisException: nothing there yet
+        if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
+            return None
+        raise
+    return previous.where(F.col("status").isin(sorted(r.FINAL_STATUSES))).select("id").distinct()
+
+
+class Progress:
+    """Prints rows done / total, rate, failures and ETA every few seconds from a driver thread.
+
+    Reads accumulators, which tasks report when they finish: the count moves a partition at a time.
+    """
+
+    def __init__(self, spark: SparkSession, total: int, bad: int, interval_s: float,
+                 report: Callable[[str], None]) -> None:
+        self.done = spark.sparkContext.accumulator(0)
+        self.unfinished = spark.sparkContext.accumulator(0)
+        self.total, self.bad, self.interval_s, self.report = total, bad, interval_s, report
+        self._stop = threading.Event()
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="switchyard-spark-progress", daemon=True)
+
+    def line(self) -> str:
+        done, elapsed = self.done.value, time.monotonic() - self._started
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = f"{(self.total - done) / rate:,.0f} s" if rate > 0 else "?"
+        share = 100.0 * done / self.total if self.total else 100.0
+        return (f"spark publish: {done:,}/{self.total:,} rows ({share:.0f}%), {rate:,.0f} rows/s, "
+                f"{self.unfinished.value:,} not final, {self.bad:,} bad rows, ETA {eta}")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.report(self.line())
+
+    def __enter__(self) -> Progress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run(spark: SparkSession, options: PublishOptions, *, report: Callable[[str], None] | None = None,
+        before_send: Callable[[r.Request], None] | None = None) -> PublishSummary:
+    """Run the job on ``spark``; ``before_send`` runs in the tasks before each row's first call."""
+    report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+    if options.output_format not in OUTPUT_FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(OUTPUT_FORMATS)}, "
+                          f"got {options.output_format!r}")
+    started = time.monotonic()
+    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+    rpc_settings = RpcSettings.from_env()
+    bootstrap = Connections.from_env().kafka_bootstrap
+    delay_topic = options.delay_topic or DelaySettings.from_env().input_topic
+    default_pool = options.pool
+
+    frame = read_input(spark, options.input, input_format(options.input, options.input_format))
+    prepared = frame.rdd.map(lambda row: r.prepare(row.asDict(), default_pool)).persist()
+    valid = prepared.filter(lambda x: isinstance(x, r.Request))
+    unknown = _unknown_pools(valid.map(lambda x: x.pool).distinct().collect(), rpc_settings)
+    rejected = prepared.filter(lambda x: isinstance(x, r.Rejected)).union(
+        valid.filter(lambda x: x.pool in unknown).map(
+            lambda x: r.Rejected(x.id, x.pool, x.key, r.Reason.UNKNOWN_POOL,
+                                 f"pool {x.pool!r} does not exist on the broker; "
+                                 f"run: switchyard pool init --pool {x.pool}")))
+    valid = valid.filter(lambda x: x.pool not in unknown)
+
+    skipped = 0
+    done_ids = _final_ids(spark, options) if options.resume else None
+    if done_ids is not None:
+        final = done_ids.rdd.map(lambda row: (row.id, None))
+        keyed = valid.keyBy(lambda x: x.id)
+        before = keyed.count()
+        valid = keyed.subtractByKey(final).values().persist()
+        skipped = before - valid.count()
+
+    bad = dict(rejected.map(lambda x: (str(x.reason), 1)).reduceByKey(lambda a, b: a + b).collect())
+    total = valid.count()
+    calls = valid.filter(lambda x: x.deadline is None)
+    scheduled = valid.filter(lambda x: x.deadline is not None)
+    partitions = options.partitions or max(spark.sparkContext.defaultParallelism, math.ceil(total / 1000))
+    call_options = CallOptions(options.timeout_s, options.retries, options.concurrency)
+
+    progress = Progress(spark, total, sum(bad.values()), options.progress_interval_s, report)
+    done_acc, unfinished_acc = progress.done, progress.unfinished
+
+    def counted(row: tuple) -> None:
+        done_acc.add(1)
+        if row[3] not in r.FINAL_STATUSES:
+            unfinished_acc.add(1)
+
+    called = calls.keyBy(lambda x: x.key).partitionBy(partitions, _key_partition).values().mapPartitions(
+        lambda it: call_partition(it, call_options, rpc_settings, counted, before_send))
+    produced = scheduled.mapPartitions(
+        lambda it: schedule_partition(it, bootstrap, delay_topic, options.timeout_s, counted))
+    mode = "append" if options.resume else "overwrite"
+
+    def write(rdd: Any, schema: T.StructType, name: str) -> None:
+        frame = spark.createDataFrame(rdd, schema).withColumn("run_id", F.lit(run_id))
+        frame.write.mode(mode).format(options.output_format).save(_path(options.output, name))
+
+    with progress:
+        write(called.union(produced), RESULT_SCHEMA, "results")
+    write(rejected.map(r.error_row), ERROR_SCHEMA, "errors")
+    elapsed = time.monotonic() - started
+    prepared.unpersist()
+    summary = _summarize(spark, options, run_id, total, skipped, bad, elapsed)
+    report(progress.line())
+    report(str(summary))
+    return summary
+
+
+def _summarize(spark: SparkSession, options: PublishOptions, run_id: str, total: int, skipped: int,
+               bad: dict[str, int], elapsed: float) -> PublishSummary:
+    """Counts and percentiles of this run, read back from what was written (nothing is sent again)."""
+    written = (spark.read.format(options.output_format).load(_path(options.output, "results"))
+               .where(F.col("run_id") == run_id))
+    grouped = written.groupBy("pool", "status").count().collect()
+    counts = {(row.pool, row.status): row["count"] for row in grouped}
+    latency = {
+        row.pool: tuple(row.q) for row in written.where(F.col("status") == r.Status.OK.value).groupBy("pool")
+        .agg(F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], 10000).alias("q")).collect()
+    }
+    return PublishSummary(run_id, total, skipped, bad, counts, latency, elapsed)
+
+
+def main(options: PublishOptions, master: str | None = None) -> int:
+    """Build a session, run, stop: 0 when every sent row reached a final status, else 1."""
+    if master and master.startswith("local"):  # local mode binds to loopback unless told otherwise
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = build_session(master)
+    try:
+        summary = run(spark, options)
+    finally:
+        spark.stop()
+    unfinished = sum(n for (_, status), n in summary.counts.items() if status not in r.FINAL_STATUSES)
+    return 0 if unfinished == 0 else 1

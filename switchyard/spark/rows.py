@@ -1,0 +1,158 @@
+"""The pipeline's rows, without Spark: input validation, stable ids, output statuses and columns.
+
+Pure functions, so the rules are tested alone and run the same in every Spark task.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from switchyard.delay.model import MAX_MESSAGE_ID_LENGTH
+from switchyard.delay.parsing import format_deadline, parse_deadline
+from switchyard.errors import InvalidNameError
+from switchyard.rpc import protocol as p
+
+# Input columns (every one but ``key`` optional).
+KEY, BODY, POOL, ID, DEADLINE = "key", "body", "pool", "id", "deadline"
+INPUT_COLUMNS = (KEY, BODY, POOL, ID, DEADLINE)
+
+# Kafka header that carries a scheduled row's pool beside the key (``p.KEY_HEADER``), so whoever
+# consumes the delay scheduler's output knows where to call.
+POOL_HEADER = "x-switchyard-pool"
+
+ID_HEX_CHARS = 32  # 128 bits of SHA-256: a stable id per distinct row
+
+
+class Status(StrEnum):
+    """A row's ``status`` in the results output."""
+
+    OK = "ok"  # the worker answered
+    ERROR = "error"  # the worker's handler failed (a negative answer: final, not retried)
+    DELIVERY_LIMIT = "delivery_limit"  # poison: the broker dead-lettered it after too many deliveries
+    REJECTED = "rejected"  # dead-lettered: rejected without requeue
+    SCHEDULED = "scheduled"  # produced to the delay scheduler's input topic, confirmed
+    TIMEOUT = "timeout"  # no answer within --timeout, after every retry
+    EXPIRED = "expired"  # dead-lettered unanswered (TTL), after every retry
+    MAXLEN = "maxlen"  # dead-lettered: the queue was full, after every retry
+    FAILED = "failed"  # the broker lost or refused it, after every retry
+
+
+# What --resume never sends again. The others may succeed on a later run.
+FINAL_STATUSES = frozenset({Status.OK, Status.ERROR, Status.DELIVERY_LIMIT, Status.REJECTED,
+                            Status.SCHEDULED})
+
+
+class Reason(StrEnum):
+    """Why a row went to the ``errors`` output instead of being sent."""
+
+    MISSING_KEY = "missing_key"
+    INVALID_KEY = "invalid_key"  # one the protocol cannot carry (NUL, longer than MAX_KEY_BYTES)
+    INVALID_BODY = "invalid_body"  # neither a string nor bytes
+    MISSING_POOL = "missing_pool"  # no pool column value and no --pool
+    INVALID_POOL = "invalid_pool"  # not a pool name
+    UNKNOWN_POOL = "unknown_pool"  # a valid name, but no such pool on the broker
+    INVALID_ID = "invalid_id"  # empty, over 128 characters, or with NUL (Chronos' limits)
+    INVALID_DEADLINE = "invalid_deadline"  # not an accepted ISO-8601 date-time
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A valid row: what is sent (``deadline`` None: called now; else scheduled)."""
+
+    id: str
+    pool: str
+    key: str
+    body: bytes
+    deadline: str | None  # canonical UTC form (format_deadline)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A bad row: what could be read of it, and why it is not sent."""
+
+    id: str | None
+    pool: str | None
+    key: str | None
+    reason: Reason
+    detail: str
+
+
+def _body_bytes(body: Any) -> bytes:
+    if body is None:
+        return b""
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    raise TypeError(f"body must be a string or bytes, not {type(body).__name__}")
+
+
+def stable_id(pool: str, key: str, body: bytes, deadline: str | None) -> str:
+    """The id of a row without one: a hash of what it sends, so a re-run sends the same ids."""
+    material = json.dumps([pool, key, base64.b64encode(body).decode("ascii"), deadline],
+                          separators=(",", ":"))
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()[:ID_HEX_CHARS]
+
+
+def prepare(row: dict[str, Any], default_pool: str | None) -> Request | Rejected:
+    """Validate one input row (column name -> value; missing columns are None)."""
+    key, raw_id = row.get(KEY), row.get(ID)
+    pool = row.get(POOL) or default_pool
+    given_id = None if raw_id is None else str(raw_id)
+    key_text = None if key is None else str(key)
+
+    def reject(reason: Reason, detail: str) -> Rejected:
+        return Rejected(given_id, pool, key_text, reason, detail)
+
+    if key is None:
+        return reject(Reason.MISSING_KEY, "the row has no key")
+    try:
+        p.validate_key(key_text)
+    except InvalidNameError as exc:
+        return reject(Reason.INVALID_KEY, str(exc))
+    if pool is None:
+        return reject(Reason.MISSING_POOL, "the row has no pool and no --pool was given")
+    try:
+        p.validate_pool(pool)
+    except InvalidNameError as exc:
+        return reject(Reason.INVALID_POOL, str(exc))
+    try:
+        body = _body_bytes(row.get(BODY))
+    except TypeError as exc:
+        return reject(Reason.INVALID_BODY, str(exc))
+    deadline = row.get(DEADLINE)
+    if deadline is not None:
+        try:
+            if isinstance(deadline, datetime):  # naive means UTC, as for the delay scheduler's strings
+                parsed = deadline if deadline.tzinfo else deadline.replace(tzinfo=UTC)
+            else:
+                parsed = parse_deadline(str(deadline))
+            deadline = format_deadline(parsed)
+        except ValueError as exc:
+            return reject(Reason.INVALID_DEADLINE, str(exc))
+    if given_id is not None and (not given_id or len(given_id) > MAX_MESSAGE_ID_LENGTH or "\x00" in given_id):
+        return reject(Reason.INVALID_ID, f"id must be 1-{MAX_MESSAGE_ID_LENGTH} characters without NUL")
+    row_id = given_id if given_id is not None else stable_id(pool, key_text, body, deadline)
+    return Request(row_id, pool, key_text, body, deadline)
+
+
+def result_row(request: Request, status: Status | str, attempts: int, latency_ms: float | None,
+               response: bytes | None = None, error: str | None = None) -> tuple:
+    """One results row, in ``RESULT_FIELDS`` order."""
+    return (request.id, request.pool, request.key, str(status), attempts, latency_ms, response, error,
+            request.deadline)
+
+
+RESULT_FIELDS = ("id", "pool", "key", "status", "attempts", "latency_ms", "response", "error", "deadline")
+ERROR_FIELDS = ("id", "pool", "key", "reason", "detail")
+
+
+def error_row(rejected: Rejected) -> tuple:
+    """One errors row, in ``ERROR_FIELDS`` order."""
+    return (rejected.id, rejected.pool, rejected.key, str(rejected.reason), rejected.detail)

@@ -1,0 +1,72 @@
+"""One Spark partition's scheduled rows: produced to the delay scheduler's input topic.
+
+The same conventions as ``switchyard delay send``: an idempotent producer (``enable.idempotence``,
+``acks=all``), the Chronos headers ``chronosMessageId`` (the row's id) and ``chronosDeadline``
+(canonical UTC), and here the pool and key in headers too (``x-switchyard-pool``,
+``x-switchyard-key``); the Kafka key is the row's key, the value its body. A row is ``scheduled``
+once the broker confirmed it, ``failed`` (retried by ``--resume``) if not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from confluent_kafka import Producer
+
+from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
+from switchyard.delay.settings import validate_topic
+from switchyard.msk_auth import kafka_security_config
+from switchyard.rpc import protocol as p
+from switchyard.spark.rows import POOL_HEADER, Request, Status, result_row
+
+
+def chronos_headers(request: Request) -> list[tuple[str, bytes]]:
+    """The headers a scheduled row carries (``request.deadline`` must be set)."""
+    return [(MESSAGE_ID_HEADER, request.id.encode()), (DEADLINE_HEADER, request.deadline.encode()),
+            (POOL_HEADER, request.pool.encode()), (p.KEY_HEADER, request.key.encode())]
+
+
+def schedule_partition(
+    requests: Iterable[Request],
+    bootstrap: str,
+    topic: str,
+    timeout_s: float = 30.0,
+    on_result: Callable[[tuple], None] | None = None,
+) -> Iterator[tuple]:
+    """Produce every request; yield one results row each once the broker confirmed (or refused) it."""
+    topic = validate_topic(topic)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 5, "message.timeout.ms": int(timeout_s * 1000),
+                         "client.id": "switchyard-spark", **kafka_security_config()})
+    finished: list[tuple] = []
+    pending: dict[int, Request] = {}
+
+    def delivered(seq: int, started: float, err: object) -> None:
+        request = pending.pop(seq)
+        latency = round((time.monotonic() - started) * 1000, 3)
+        status, error = (Status.FAILED, f"Kafka: {err}") if err is not None else (Status.SCHEDULED, None)
+        row = result_row(request, status, 1, latency, None, error)
+        if on_result is not None:
+            on_result(row)
+        finished.append(row)
+
+    for seq, request in enumerate(requests):
+        started = time.monotonic()
+        pending[seq] = request
+        while True:
+            try:
+                producer.produce(topic, key=request.key.encode(), value=request.body,
+                                 headers=chronos_headers(request),
+                                 on_delivery=lambda err, _msg, n=seq, t=started: delivered(n, t, err))
+                break
+            except BufferError:  # the local queue is full: serve confirmations, then try again
+                producer.poll(0.1)
+        producer.poll(0)
+        if finished:
+            yield from finished
+            finished.clear()
+    producer.flush(timeout_s + 5)
+    yield from finished
+    for request in pending.values():  # never confirmed nor refused in time: not known to be there
+        yield result_row(request, Status.FAILED, 1, None, None, "Kafka: no delivery report in time")

@@ -1,0 +1,32 @@
+"""Spark fixtures: one local SparkSession for the whole run, the RPC fixtures (pools, control planes)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.rpc.conftest import _quiet_metrics, make_pool, planes, redis_client  # noqa: F401 (fixtures)
+
+# local[2, 3]: two cores, and a failed task is tried up to 3 times (local mode ignores
+# spark.task.maxFailures; the master URL carries it).
+MASTER = "local[2,3]"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """Started once (~6 s, more under load) for every Spark test; the tasks' Python workers import
+    ``tests`` (test hooks travel by reference), hence the repository on their PYTHONPATH."""
+    from switchyard.spark.job import build_session
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    session = build_session(MASTER, "switchyard-tests", {
+        "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
+        "spark.driver.memory": "1g", "spark.sql.adaptive.enabled": "false"})
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
