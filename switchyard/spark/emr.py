@@ -244,11 +244,15 @@ def read_manifest(s3: Any, bucket: str) -> dict[str, str]:
     name, prefix = bucket_location(bucket)
     key = f"{prefix}/{MANIFEST_NAME}"
     try:
-        return json.loads(s3.get_object(Bucket=name, Key=key)["Body"].read())
+        manifest = json.loads(s3.get_object(Bucket=name, Key=key)["Body"].read())
     except (BotoCoreError, ClientError, ValueError) as exc:
         raise InvalidJobInputError("no --entry-point/--archive given and no package manifest at "
                                    f"s3://{name}/{key} ({exc}); run `switchyard spark package` first"
                                    ) from exc
+    if not isinstance(manifest, dict):
+        raise InvalidJobInputError(f"the package manifest s3://{name}/{key} is not a JSON object; "
+                                   "run `switchyard spark package` again")
+    return manifest
 
 
 def _application_id(args: argparse.Namespace, outputs: Mapping[str, str]) -> str | None:
@@ -267,7 +271,7 @@ def spec_from_args(args: argparse.Namespace, outputs: Mapping[str, str]) -> JobS
         import boto3
 
         manifest = read_manifest(boto3.client("s3"), bucket)
-        entry_point, archive = entry_point or manifest["entryPoint"], archive or manifest["archive"]
+        entry_point, archive = entry_point or manifest.get("entryPoint"), archive or manifest.get("archive")
     log_uri = args.logs or os.environ.get(LOG_URI_ENV) or (
         f"s3://{location[0]}/{location[1]}/{LOGS_SUFFIX}" if location else None)
     if not log_uri:

@@ -37,6 +37,7 @@ from switchyard.spark.emr import (
     STACK_OUTPUTS,
     InvalidJobInputError,
     JobSpec,
+    bucket_location,
 )
 from switchyard.spark.package import PLATFORMS, PYTHON_VERSION, PackagingError, build_environment
 from tests.conftest import ROOT, unique
@@ -274,6 +275,14 @@ def test_a_malformed_submission_names_what_is_wrong(field: str, value: str, mess
         JobSpec(**{**GOOD, field: value})
 
 
+def test_bucket_locations_default_their_prefix() -> None:
+    assert bucket_location("sy-bucket") == ("sy-bucket", "switchyard/spark")
+    assert bucket_location("s3://sy-bucket/") == ("sy-bucket", "switchyard/spark")
+    assert bucket_location("s3://sy-bucket/team/jobs/") == ("sy-bucket", "team/jobs")
+    with pytest.raises(InvalidJobInputError, match="--bucket must be"):
+        bucket_location("s3://UPPER")
+
+
 def test_bad_flags_fail_before_anything_is_submitted(aws: dict, capsys: pytest.CaptureFixture[str]) -> None:
     bucket = f"s3://{aws['bucket']}"
     cases = [
@@ -285,7 +294,12 @@ def test_bad_flags_fail_before_anything_is_submitted(aws: dict, capsys: pytest.C
          "--role-arn (or SWITCHYARD_EMR_JOB_ROLE_ARN, or --stack) is required"),
         (["--role-arn", ROLE_ARN, "--bucket", "s3://no..dots", "--entry-point", f"{bucket}/p.py"],
          "--bucket must be"),
+        (["--role-arn", ROLE_ARN, "--bucket", f"{bucket}/broken"], "is not a JSON object"),
+        (["--role-arn", ROLE_ARN, "--bucket", f"{bucket}/partial"], "--archive must be an s3://"),
     ]
+    aws["s3"].put_object(Bucket=aws["bucket"], Key="broken/latest.json", Body=b"[]")
+    aws["s3"].put_object(Bucket=aws["bucket"], Key="partial/latest.json",
+                         Body=json.dumps({"entryPoint": f"{bucket}/p.py"}).encode())
     for flags, message in cases:
         code, _, err = cli(capsys, "spark", "submit", "--application-id", aws["app"], *flags)
         assert code == 1 and message in err, (flags, err)
