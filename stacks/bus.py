@@ -31,11 +31,11 @@ from stacks.functions import FunctionsConstruct
 from stacks.monitoring import PERIOD, AlarmSpec, MonitoringConstruct
 from stacks.network import NetworkConstruct, allow_from
 from stacks.workers import WorkersConstruct
+from switchyard.observability import BUS_SERVICE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUS_CONSTRUCT_ID = "Bus"
 BUS_NAME = "main"  # SWITCHYARD_BUS_NAME: the Redis hash tag of the bus's keys
-BUS_SERVICE = "switchyard-bus"
 BUS_WORKERS = 2  # ECS tasks; each runs SWITCHYARD_BUS_WORKER_THREADS delivery threads
 BUS_WORKER_CPU = 512
 BUS_WORKER_MEMORY_MIB = 1024

@@ -34,6 +34,7 @@ from stacks.network import NetworkConstruct
 from stacks.parameters import DELAY_CONSUMER_GROUP, ConfigParametersConstruct, ServiceEndpoints
 from stacks.workers import WorkersConstruct, worker_family
 from switchyard.deployed_config import CONFIG_PATH_ENV
+from switchyard.observability import DELAY_SERVICE, DEPLOY_SERVICE, pool_service
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POOL_QUEUES = {"orphans": "orphan", "dead_letters": "dl", "activity": "activity"}  # handler -> queue suffix
@@ -282,7 +283,7 @@ class FunctionsConstruct(Construct):
             f"Deploy{name}",
             module,
             handler="on_event",
-            service="switchyard-deploy",
+            service=DEPLOY_SERVICE,
             environment=environment,
             timeout_s=c.DEPLOY_TIMEOUT_S,
         )
@@ -414,7 +415,7 @@ class FunctionsConstruct(Construct):
         )
 
     def _build_pool(self, pool: PoolConfig) -> PoolFunctions:
-        service = f"switchyard-{pool.name}"
+        service = pool_service(pool.name)
         made: dict[str, lambda_.Function] = {}
         for role in ("orphans", "dead_letters", "activity", "reconcile"):
             starts_groups = role in ("orphans", "reconcile")
@@ -466,14 +467,14 @@ class FunctionsConstruct(Construct):
         enqueue = self._function(
             "delay-enqueue",
             "delay_enqueue",
-            service="switchyard-delay",
+            service=DELAY_SERVICE,
             environment=env,
             timeout_s=c.ESM_TIMEOUT_S,
         )
         fire = self._function(
             "delay-fire",
             "delay_fire",
-            service="switchyard-delay",
+            service=DELAY_SERVICE,
             environment=env,
             timeout_s=c.LOOP_TIMEOUT_S,
             reserved_concurrency=c.FIRE_RESERVED_CONCURRENCY,
@@ -481,7 +482,7 @@ class FunctionsConstruct(Construct):
         sweep = self._function(
             "delay-sweep",
             "delay_sweep",
-            service="switchyard-delay",
+            service=DELAY_SERVICE,
             environment=env,
             timeout_s=c.LOOP_TIMEOUT_S,
             reserved_concurrency=c.SWEEP_RESERVED_CONCURRENCY,

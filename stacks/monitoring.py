@@ -29,6 +29,7 @@ from stacks.config import DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.workers import WorkersConstruct
+from switchyard.observability import DELAY_SERVICE, pool_service
 
 PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
 
@@ -133,7 +134,7 @@ class MonitoringConstruct(Construct):
         return cw.MathExpression(
             expression=(
                 f'SELECT MAX(QueueDepth) FROM SCHEMA("{c.METRICS_NAMESPACE}", WorkerGroup, service) '
-                f"WHERE service = 'switchyard-{pool.name}'"
+                f"WHERE service = '{pool_service(pool.name)}'"
             ),
             label=f"{pool.name}: deepest worker group queue",
             period=Duration.minutes(1),
@@ -144,7 +145,7 @@ class MonitoringConstruct(Construct):
         specs: list[AlarmSpec] = []
         period = self.period
         for pool in self.config.pools:
-            service = f"switchyard-{pool.name}"
+            service = pool_service(pool.name)
             specs += [
                 AlarmSpec(
                     f"{pool.name}-poison-growing",
@@ -204,14 +205,14 @@ class MonitoringConstruct(Construct):
         specs += [
             AlarmSpec(
                 "delay-backlog-overdue",
-                self._emf("DelayMaxTimerLateness", "switchyard-delay", "Maximum"),
+                self._emf("DelayMaxTimerLateness", DELAY_SERVICE, "Maximum"),
                 c.DELAY_BACKLOG_LATENESS_MS,
                 "A message fired a whole minute after its deadline: the fire loop is behind (or was "
                 "down) and due messages are piling up.",
             ),
             AlarmSpec(
                 "delay-messages-overdue",
-                self._emf("DelayMessagesOverdue", "switchyard-delay", "Maximum"),
+                self._emf("DelayMessagesOverdue", DELAY_SERVICE, "Maximum"),
                 1,
                 "Messages due over a minute ago still wait unclaimed at the end of two invocations in "
                 "a row: the fire loop cannot keep up (or cannot publish); they fire late, never lost.",
@@ -219,7 +220,7 @@ class MonitoringConstruct(Construct):
             ),
             AlarmSpec(
                 "delay-lateness-p999-above-sla",
-                self._emf("DelayMaxTimerLateness", "switchyard-delay", "p99.9"),
+                self._emf("DelayMaxTimerLateness", DELAY_SERVICE, "p99.9"),
                 sla,
                 f"p99.9 of each invocation's worst lateness above the {sla} ms SLA for 15 minutes "
                 "(an upper bound of the per-message p99.9).",
@@ -228,7 +229,7 @@ class MonitoringConstruct(Construct):
             ),
             AlarmSpec(
                 "delay-sweep-takeovers",
-                self._emf("DelaySuspectedFailures", "switchyard-delay"),
+                self._emf("DelaySuspectedFailures", DELAY_SERVICE),
                 1,
                 "The sweep reset messages held past the hold time: a fire node died or stalled; "
                 "its messages fire late (never lost).",
@@ -238,8 +239,8 @@ class MonitoringConstruct(Construct):
                 cw.MathExpression(
                     expression="publish + store",
                     using_metrics={
-                        "publish": self._emf("DelayPublishFailures", "switchyard-delay"),
-                        "store": self._emf("DelayStoreErrors", "switchyard-delay"),
+                        "publish": self._emf("DelayPublishFailures", DELAY_SERVICE),
+                        "store": self._emf("DelayStoreErrors", DELAY_SERVICE),
                     },
                     label="delay publish failures + store errors",
                     period=period,
@@ -350,7 +351,7 @@ class MonitoringConstruct(Construct):
             cw.AlarmStatusWidget(alarms=list(self.alarms.values()), width=24, title="Switchyard alarms")
         ]
         for pool in self.config.pools:
-            service = f"switchyard-{pool.name}"
+            service = pool_service(pool.name)
             widgets += [
                 cw.GraphWidget(
                     title=f"{pool.name}: queue depth (deepest group)",
@@ -390,7 +391,7 @@ class MonitoringConstruct(Construct):
                 title="Delay: fire lateness (ms)",
                 width=8,
                 left=[
-                    self._emf("DelayMaxTimerLateness", "switchyard-delay", stat)
+                    self._emf("DelayMaxTimerLateness", DELAY_SERVICE, stat)
                     for stat in ("p50", "p99", "p99.9", "Maximum")
                 ],
                 left_annotations=[
@@ -401,7 +402,7 @@ class MonitoringConstruct(Construct):
                 title="Delay: flow",
                 width=8,
                 left=[
-                    self._emf(m, "switchyard-delay")
+                    self._emf(m, DELAY_SERVICE)
                     for m in (
                         "DelayMessagesEnqueued",
                         "DelayMessagesFired",

@@ -22,6 +22,16 @@ from aws_lambda_powertools.utilities.data_classes import event_source
 from switchyard.deployed_config import load_deployed_config
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "switchyard"
+# The ``service`` dimension of each part's metrics: the deployed functions carry it (stacks/) and the
+# alarms select on it, so metrics shipped from the local runtime must carry the same.
+DELAY_SERVICE = "switchyard-delay"
+BUS_SERVICE = "switchyard-bus"
+DEPLOY_SERVICE = "switchyard-deploy"
+
+
+def pool_service(pool: str) -> str:
+    """The service of a pool's control-plane functions (``switchyard-<pool>``)."""
+    return f"switchyard-{pool}"
 METRICS_NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "Switchyard"
 
 

@@ -28,7 +28,6 @@ from switchyard.cli import add_stack_option
 from switchyard.errors import ConfigError, SwitchyardError
 
 ALARM_PREFIX = "switchyard-"
-DELAY_SERVICE = "switchyard-delay"
 OVERDUE_ALARM = "switchyard-delay-messages-overdue"
 OK, ALARM = "OK", "ALARM"
 
@@ -102,9 +101,8 @@ class Table:
 # -- traffic ------------------------------------------------------------------------------------
 def rpc_traffic(pool: str, good_calls: int, poison_calls: int, out: Callable[[str], None]) -> None:
     """Good calls, then ``poison_calls`` requests whose worker dies, through the local control plane."""
-    from switchyard.local.metrics_shipper import pool_service
     from switchyard.local.rpc_runtime import LocalControlPlane
-    from switchyard.observability import metrics
+    from switchyard.observability import metrics, pool_service
     from switchyard.rpc import protocol as p
     from switchyard.rpc.client import RpcClient
     from switchyard.rpc.control_plane import ControlSettings
@@ -141,7 +139,7 @@ def delay_fire(backlog: int, budget_ms: int, out: Callable[[str], None]) -> int:
     from switchyard.delay.model import DelayedMessage
     from switchyard.local.functions import load_function, scheduled_event
     from switchyard.local.lambda_context import FakeLambdaContext
-    from switchyard.observability import metrics
+    from switchyard.observability import DELAY_SERVICE, metrics
 
     metrics.service = DELAY_SERVICE
     service = runtime.service()

@@ -28,7 +28,7 @@ def quiet_metrics(service: str | None = None) -> None:
 
 
 def cmd_local(args: argparse.Namespace) -> int:
-    from switchyard.local.metrics_shipper import pool_service
+    from switchyard.observability import pool_service
 
     quiet_metrics(pool_service(args.pool))
     from switchyard.local.rpc_runtime import LocalControlPlane

@@ -395,13 +395,9 @@ def ship_metrics_enabled() -> bool:
     return os.environ.get(SHIP_ENV, "").strip().lower() in TRUE_VALUES
 
 
-# The ``service`` dimension each deployed function carries (stacks/functions.py, stacks/bus.py):
-# the alarms select on it, so locally shipped metrics must carry the same.
-FUNCTION_SERVICES = {"delay": "switchyard-delay", "bus": "switchyard-bus", "deploy": "switchyard-deploy"}
-
-
-def pool_service(pool: str) -> str:
-    return f"switchyard-{pool}"
+# The ``service`` dimension each deployed function family carries (observability names them once).
+FUNCTION_SERVICES = {"delay": observability.DELAY_SERVICE, "bus": observability.BUS_SERVICE,
+                     "deploy": observability.DEPLOY_SERVICE}
 
 
 def service_for_function(function: str) -> str | None:
@@ -412,7 +408,7 @@ def service_for_function(function: str) -> str | None:
     family = function.split("_", 1)[0]
     if family == "rpc":
         pool = os.environ.get("SWITCHYARD_POOL")
-        return pool_service(pool) if pool else None
+        return observability.pool_service(pool) if pool else None
     return FUNCTION_SERVICES.get(family)
 
 
