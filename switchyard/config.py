@@ -6,9 +6,9 @@ Every variable is documented in the README's "Configuration" table; keep the two
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from switchyard.errors import ConfigError
 
@@ -36,6 +36,26 @@ def env_int(name: str, default: int) -> int:
 
 def env_float(name: str, default: float) -> float:
     return _env_number(name, default, float, "a number")
+
+
+def fields_from_env(cls: Callable[..., T], variables: Mapping[str, str], **fixed: Any) -> T:
+    """``cls`` with each field of ``variables`` (field -> variable) read from the environment and
+    parsed like its default (int, float or str); the other fields keep their defaults, ``fixed``
+    ones are passed as given. One reader for every settings class, so all parse alike."""
+    defaults = cls()
+    values: dict[str, Any] = {}
+    for name, variable in variables.items():
+        default = getattr(defaults, name)
+        if isinstance(default, bool):
+            raise TypeError(f"{name}: booleans need an explicit rule, not {variable}")
+        reader = env_int if isinstance(default, int) else env_float if isinstance(default, float) else env_str
+        values[name] = reader(variable, default)
+    return cls(**values, **fixed)
+
+
+def prefixed(prefix: str, *names: str) -> dict[str, str]:
+    """``{field: PREFIX + FIELD}`` for ``fields_from_env``."""
+    return {name: prefix + name.upper() for name in names}
 
 
 @dataclass(frozen=True)

@@ -35,3 +35,21 @@ def test_pool_policy_refuses_nonsense(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWITCHYARD_DELIVERY_LIMIT", "0")
     with pytest.raises(ConfigError, match="delivery limit"):
         PoolPolicy.from_env()
+
+
+def test_settings_classes_read_their_variables_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bus and delay settings go through one reader: typed by the default, errors name the variable."""
+    from switchyard.bus.settings import BusSettings
+    from switchyard.delay.settings import DelaySettings
+
+    monkeypatch.setenv("SWITCHYARD_BUS_NAME", "orders")
+    monkeypatch.setenv("SWITCHYARD_BUS_REDIS_MAX_MEM", "500000000")
+    monkeypatch.setenv("SWITCHYARD_BUS_CONNECT_TIMEOUT_MS", "1500")
+    monkeypatch.setenv("SWITCHYARD_DELAY_BATCH_WINDOW_MS", "40")
+    monkeypatch.delenv("SWITCHYARD_DELAY_SCHEMA", raising=False)
+    bus, delay = BusSettings.from_env(), DelaySettings.from_env()
+    assert (bus.name, bus.max_mem, bus.connect_timeout_s, bus.heal_rate) == ("orders", 500_000_000, 1.5, 1)
+    assert delay.batch_window_ms == 40 and delay.schema == DelaySettings().schema
+    monkeypatch.setenv("SWITCHYARD_BUS_WORKER_THREADS", "many")
+    with pytest.raises(ConfigError, match="SWITCHYARD_BUS_WORKER_THREADS must be an integer"):
+        BusSettings.from_env()

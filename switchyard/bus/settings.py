@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from switchyard.config import env_int, env_str
+from switchyard.config import env_int, fields_from_env, prefixed
 from switchyard.errors import ConfigError
 
 _BUS_NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
@@ -74,21 +74,14 @@ class BusSettings:
 
     @classmethod
     def from_env(cls) -> BusSettings:
-        d = cls()
-        return cls(
-            name=env_str("SWITCHYARD_BUS_NAME", d.name),
+        variables = prefixed("SWITCHYARD_BUS_", "name", "max_event_data", "worker_threads", "max_backoff_ms",
+                             "scrub_after_ms", "heartbeat_ms", "autodrop_interval_ms", "monitor_interval_ms",
+                             "scrub_interval_ms")
+        variables |= {"max_mem": "SWITCHYARD_BUS_REDIS_MAX_MEM", "min_free": "SWITCHYARD_BUS_REDIS_MIN_FREE"}
+        return fields_from_env(
+            cls, variables,
             root_key=root_key_from_env(),
             allow_http_callbacks=os.environ.get("SWITCHYARD_BUS_ALLOW_HTTP_CALLBACKS", "") == "1",
-            max_event_data=env_int("SWITCHYARD_BUS_MAX_EVENT_DATA", d.max_event_data),
-            worker_threads=env_int("SWITCHYARD_BUS_WORKER_THREADS", d.worker_threads),
             connect_timeout_s=env_int("SWITCHYARD_BUS_CONNECT_TIMEOUT_MS", 2000) / 1000,
             delivery_timeout_s=env_int("SWITCHYARD_BUS_DELIVERY_TIMEOUT_MS", 20000) / 1000,
-            max_backoff_ms=env_int("SWITCHYARD_BUS_MAX_BACKOFF_MS", d.max_backoff_ms),
-            scrub_after_ms=env_int("SWITCHYARD_BUS_SCRUB_AFTER_MS", d.scrub_after_ms),
-            heartbeat_ms=env_int("SWITCHYARD_BUS_HEARTBEAT_MS", d.heartbeat_ms),
-            autodrop_interval_ms=env_int("SWITCHYARD_BUS_AUTODROP_INTERVAL_MS", d.autodrop_interval_ms),
-            monitor_interval_ms=env_int("SWITCHYARD_BUS_MONITOR_INTERVAL_MS", d.monitor_interval_ms),
-            scrub_interval_ms=env_int("SWITCHYARD_BUS_SCRUB_INTERVAL_MS", d.scrub_interval_ms),
-            max_mem=env_int("SWITCHYARD_BUS_REDIS_MAX_MEM", d.max_mem),
-            min_free=env_int("SWITCHYARD_BUS_REDIS_MIN_FREE", d.min_free),
         )

@@ -7,10 +7,10 @@ once, so that a bad topic or schema name fails at start-up rather than in a quer
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
 
-from switchyard.config import env_int, env_str
+from switchyard.config import fields_from_env, prefixed
 from switchyard.errors import ConfigError, InvalidNameError
 
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -120,24 +120,5 @@ class DelaySettings:
 
     @classmethod
     def from_env(cls) -> DelaySettings:
-        """Read ``SWITCHYARD_DELAY_*`` variables, falling back to the seed's defaults."""
-        d = cls()
-        return cls(
-            input_topic=env_str("SWITCHYARD_DELAY_INPUT_TOPIC", d.input_topic),
-            output_topic=env_str("SWITCHYARD_DELAY_OUTPUT_TOPIC", d.output_topic),
-            schema=env_str("SWITCHYARD_DELAY_SCHEMA", d.schema),
-            timing_advance_ms=env_int("SWITCHYARD_DELAY_TIMING_ADVANCE_MS", d.timing_advance_ms),
-            hold_time_ms=env_int("SWITCHYARD_DELAY_HOLD_TIME_MS", d.hold_time_ms),
-            poll_interval_ms=env_int("SWITCHYARD_DELAY_POLL_INTERVAL_MS", d.poll_interval_ms),
-            idle_poll_ms=env_int("SWITCHYARD_DELAY_IDLE_POLL_MS", d.idle_poll_ms),
-            failure_detection_interval_ms=env_int(
-                "SWITCHYARD_DELAY_FAILURE_DETECTION_INTERVAL_MS", d.failure_detection_interval_ms
-            ),
-            ready_batch_size=env_int("SWITCHYARD_DELAY_READY_BATCH_SIZE", d.ready_batch_size),
-            publish_timeout_ms=env_int("SWITCHYARD_DELAY_PUBLISH_TIMEOUT_MS", d.publish_timeout_ms),
-            publish_linger_ms=env_int("SWITCHYARD_DELAY_PUBLISH_LINGER_MS", d.publish_linger_ms),
-            consumer_group=env_str("SWITCHYARD_DELAY_CONSUMER_GROUP", d.consumer_group),
-            batch_size=env_int("SWITCHYARD_DELAY_BATCH_SIZE", d.batch_size),
-            batch_window_ms=env_int("SWITCHYARD_DELAY_BATCH_WINDOW_MS", d.batch_window_ms),
-            application_name=env_str("SWITCHYARD_DELAY_APPLICATION_NAME", d.application_name),
-        )
+        """Read ``SWITCHYARD_DELAY_<FIELD>`` for every field, falling back to the seed's defaults."""
+        return fields_from_env(cls, prefixed("SWITCHYARD_DELAY_", *(f.name for f in fields(cls))))
