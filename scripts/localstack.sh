@@ -26,16 +26,13 @@ HOST=127.0.0.1
 PORT=4566
 WAIT="${SWITCHYARD_LOCALSTACK_WAIT:-60}"
 
-die() {
-    echo "localstack: error: $*" >&2
-    exit 1
-}
-say() { echo "localstack: $*" >&2; }
+NAME=localstack
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
 
 health() { curl -fsS -m 2 "http://$HOST:$PORT/_localstack/health" 2>/dev/null; }
 answering() { health | grep -q '"services"'; }
 version() { health | sed -n 's/.*"version": *"\([^"]*\)".*/\1/p'; }
-alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
 
 find_python() {
     local cand

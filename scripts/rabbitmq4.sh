@@ -38,26 +38,12 @@ WAIT="${SWITCHYARD_RABBITMQ4_WAIT:-90}"
 MARKER="$DIR/.switchyard-complete"
 LOG="$DIR.log"
 
-die() {
-    echo "rabbitmq4: error: $*" >&2
-    exit 1
-}
-say() { echo "rabbitmq4: $*" >&2; }
-
-listening() { timeout 1 bash -c "exec 3<>/dev/tcp/$HOST/$1" >/dev/null 2>&1; }
+NAME=rabbitmq4
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$SELF")/lib.sh"
 overview() { curl -fsS -m 2 -u guest:guest "http://$HOST:$MGMT_PORT/api/overview" 2>/dev/null; }
 answering() { listening "$AMQP_PORT" && overview >/dev/null; }
 version() { overview | sed -n 's/.*"rabbitmq_version":"\([^"]*\)".*/\1/p'; }
-
-# wait_for SECONDS CHECK...: poll every 0.2 s until CHECK succeeds.
-wait_for() {
-    local deadline=$((SECONDS + $1))
-    shift
-    until "$@"; do
-        [ "$SECONDS" -ge "$deadline" ] && return 1
-        sleep 0.2
-    done
-}
 
 # Unmount everything below $1 (deepest first): a killed debootstrap or start can leave /proc mounted.
 unmount_below() {

@@ -31,10 +31,9 @@ MOTO_PORT="${SWITCHYARD_MOTO_PORT:-5000}"
 APT_UPDATED=0
 FAILED=0
 
-die() {
-    echo "services: error: $*" >&2
-    exit 1
-}
+NAME=services
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
 report() { printf '%-9s %-16s %s\n' "$1" "$HOST:$2" "$3"; }
 fail() {
     # fail SERVICE PORT MESSAGE: report, remember, go on with the other services.
@@ -42,20 +41,6 @@ fail() {
     echo "services: error: $3" >&2
     FAILED=1
 }
-
-listening() { timeout 1 bash -c "exec 3<>/dev/tcp/$HOST/$1" >/dev/null 2>&1; }
-
-# wait_for SECONDS CHECK_FUNCTION [ARGS...]: poll every 0.2 s until the check succeeds.
-wait_for() {
-    local deadline=$((SECONDS + $1))
-    shift
-    until "$@"; do
-        [ "$SECONDS" -ge "$deadline" ] && return 1
-        sleep 0.2
-    done
-}
-
-alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
 
 apt_install() {
     if [ "$(id -u)" != 0 ]; then
