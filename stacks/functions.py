@@ -464,28 +464,13 @@ class FunctionsConstruct(Construct):
     def _build_delay(self) -> dict[str, lambda_.Function]:
         d = self.config.delay
         env = {**self._kafka_env(), **self._postgres_env()}
-        enqueue = self._function(
-            "delay-enqueue",
-            "delay_enqueue",
-            service=DELAY_SERVICE,
-            environment=env,
-            timeout_s=c.ESM_TIMEOUT_S,
-        )
-        fire = self._function(
-            "delay-fire",
-            "delay_fire",
-            service=DELAY_SERVICE,
-            environment=env,
-            timeout_s=c.LOOP_TIMEOUT_S,
-            reserved_concurrency=c.FIRE_RESERVED_CONCURRENCY,
-        )
-        sweep = self._function(
-            "delay-sweep",
-            "delay_sweep",
-            service=DELAY_SERVICE,
-            environment=env,
-            timeout_s=c.LOOP_TIMEOUT_S,
-            reserved_concurrency=c.SWEEP_RESERVED_CONCURRENCY,
+        # role -> (timeout, reserved concurrency): enqueue runs per batch, fire and sweep loop.
+        roles = {"enqueue": (c.ESM_TIMEOUT_S, None), "fire": (c.LOOP_TIMEOUT_S, c.FIRE_RESERVED_CONCURRENCY),
+                 "sweep": (c.LOOP_TIMEOUT_S, c.SWEEP_RESERVED_CONCURRENCY)}
+        enqueue, fire, sweep = (
+            self._function(f"delay-{role}", f"delay_{role}", service=DELAY_SERVICE, environment=env,
+                           timeout_s=timeout_s, reserved_concurrency=reserved)
+            for role, (timeout_s, reserved) in roles.items()
         )
         for fn in (enqueue, fire, sweep):
             self._read_secrets(fn, self.data.postgres_secret)
