@@ -10,6 +10,11 @@ variables, then the outputs of the stack named by ``switchyard --stack NAME`` (t
 ``PipelineApplicationId``, ``PipelineJobRoleArn``, ``PipelineBucket``). The entry point and the
 archive default to what the last ``package`` run recorded in the bucket's manifest. boto3 calls
 go to ``AWS_ENDPOINT_URL_EMR_SERVERLESS`` / ``AWS_ENDPOINT_URL`` when set (moto in the tests).
+
+The job reads its settings from ``SWITCHYARD_*`` variables like every Switchyard process; on EMR
+they are set on the driver and the executors by ``--env NAME=VALUE`` and, with ``--stack``, from
+the stack's deployed configuration (SSM parameters: no secrets, only ``{password}`` placeholders and
+secret ARNs, which the job role may read), so the job role needs no SSM access.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +57,7 @@ SUCCESS = "SUCCESS"
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<key>.*))?$")
 _ID = re.compile(r"^[0-9a-z]{1,64}$")  # EMR Serverless application and job run ids
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _ROLE_ARN = re.compile(r"^arn:aws[a-zA-Z-]*:iam::\d{12}:role/(?:[\x21-\x7e]+/)?[\w+=,.@-]{1,64}$")
 
 
@@ -93,6 +99,7 @@ class JobSpec:
     archive: str
     log_uri: str
     args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # set on the driver and every executor
     name: str = "switchyard-publish"
 
     def __post_init__(self) -> None:
@@ -110,6 +117,12 @@ class JobSpec:
             raise InvalidJobInputError(f"--archive must be a .tar.gz, .tgz or .zip environment archive, "
                                        f"got {self.archive!r}")
         parse_s3_uri(self.log_uri, "--logs")
+        for name, value in self.env:
+            if not _ENV_NAME.match(name):
+                raise InvalidJobInputError(f"--env {name}=...: not a variable name (A-Z, 0-9, _)")
+            if not value or any(c.isspace() for c in value):
+                raise InvalidJobInputError(f"--env {name}: the value must be non-empty, without spaces "
+                                           "(sparkSubmitParameters are split on whitespace)")
 
     def spark_submit_parameters(self) -> str:
         """The packaged environment as driver and executor Python (EMR Serverless's documented confs)."""
@@ -118,6 +131,8 @@ class JobSpec:
             f"spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON={ENVIRONMENT_PYTHON}",
             f"spark.emr-serverless.driverEnv.PYSPARK_PYTHON={ENVIRONMENT_PYTHON}",
             f"spark.executorEnv.PYSPARK_PYTHON={ENVIRONMENT_PYTHON}",
+            *(f"{where}.{name}={value}" for name, value in self.env
+              for where in ("spark.emr-serverless.driverEnv", "spark.executorEnv")),
         )
         return " ".join(f"--conf {conf}" for conf in confs)
 
@@ -220,6 +235,24 @@ def finish(run: Mapping[str, Any], report: Callable[[str], None] = print) -> int
 
 # -- defaults -----------------------------------------------------------------------------------
 
+def parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    """``NAME=VALUE`` flags as a dict (later ones win)."""
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise InvalidJobInputError(f"--env takes NAME=VALUE, got {pair!r}")
+        env[name] = value
+    return env
+
+
+def stack_config(stack: str) -> dict[str, str]:
+    """The stack's deployed ``SWITCHYARD_*`` settings (Powertools' cache: ``--stack`` just read them)."""
+    from switchyard.deployed_config import config_path, fetch
+
+    return fetch(config_path(stack))
+
+
 def stack_outputs(stack: str) -> dict[str, str]:
     """A deployed stack's outputs (one ``DescribeStacks``), for defaults."""
     import boto3
@@ -259,8 +292,9 @@ def _application_id(args: argparse.Namespace, outputs: Mapping[str, str]) -> str
     return resolve(args.application_id, APPLICATION_ID_ENV, outputs, STACK_OUTPUTS["application_id"])
 
 
-def spec_from_args(args: argparse.Namespace, outputs: Mapping[str, str]) -> JobSpec:
-    """The submission the flags, variables and stack outputs describe."""
+def spec_from_args(args: argparse.Namespace, outputs: Mapping[str, str],
+                   deployed: Mapping[str, str] | None = None) -> JobSpec:
+    """The submission the flags, variables and stack outputs (and deployed settings) describe."""
     bucket = resolve(args.bucket, BUCKET_ENV, outputs, STACK_OUTPUTS["bucket"])
     location = bucket_location(bucket) if bucket else None
     entry_point, archive = args.entry_point, args.archive
@@ -286,20 +320,24 @@ def spec_from_args(args: argparse.Namespace, outputs: Mapping[str, str]) -> JobS
     job_args = list(args.job_args or [])
     if job_args[:1] == ["--"]:
         job_args = job_args[1:]
+    env = {**(deployed or {}), **parse_env(args.env)}
     return JobSpec(application_id=application_id, role_arn=role_arn, entry_point=entry_point,
-                   archive=archive, log_uri=log_uri, args=tuple(job_args), name=args.name)
+                   archive=archive, log_uri=log_uri, args=tuple(job_args), env=tuple(sorted(env.items())),
+                   name=args.name)
 
 
 # -- command line -------------------------------------------------------------------------------
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    outputs = stack_outputs(args.stack) if getattr(args, "stack", None) else {}
-    spec = spec_from_args(args, outputs)
+    stack = getattr(args, "stack", None)
+    spec = spec_from_args(args, stack_outputs(stack) if stack else {}, stack_config(stack) if stack else None)
     client = emr_client()
     job_run_id = start_job_run(client, spec)
     print(f"submitted job run {job_run_id} to application {spec.application_id}")
     print(f"  entry point: {spec.entry_point} {' '.join(spec.args)}".rstrip())
     print(f"  environment: {spec.archive}")
+    if spec.env:
+        print(f"  variables:   {', '.join(name for name, _ in spec.env)}")
     print(f"  driver logs: {driver_logs(spec.log_uri, spec.application_id, job_run_id)}")
     if not args.wait:
         print(f"follow it with: switchyard spark wait --application-id {spec.application_id} "
@@ -357,6 +395,10 @@ def add_submit_parsers(spark_subparsers: argparse._SubParsersAction) -> None:
                                          f"{BUCKET_ENV}, or the --stack output PipelineBucket)")
     submit.add_argument("--logs", help=f"s3:// location of the job's logs (default: {LOG_URI_ENV}, else "
                                        f"BUCKET/{DEFAULT_PREFIX}/{LOGS_SUFFIX})")
+    submit.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable for the job's driver and executors, e.g. SWITCHYARD_AMQP_URL=... "
+                             "(repeatable; with --stack the stack's deployed SWITCHYARD_* settings are "
+                             "passed too, these win)")
     submit.add_argument("--name", default="switchyard-publish", help="the job run's name")
     submit.add_argument("--wait", action="store_true", help="poll until the run ends; exit 1 unless SUCCESS")
     submit.add_argument("job_args", nargs=argparse.REMAINDER, metavar="JOB_ARGS",

@@ -187,7 +187,8 @@ def test_package_then_submit_and_wait_sends_the_entry_point_args_and_environment
 
     job_args = ["--input", f"{bucket}/in/rows.parquet", "--output", f"{bucket}/out", "--pool", "core"]
     code, out, err = cli(capsys, "spark", "submit", "--application-id", aws["app"], "--role-arn", ROLE_ARN,
-                         "--bucket", bucket, "--wait", "--poll-interval", "0.1", "--", *job_args)
+                         "--bucket", bucket, "--wait", "--poll-interval", "0.1",
+                         "--env", "SWITCHYARD_POOL=core", "--", *job_args)
     assert code == 0, err
     run_id = out.split("submitted job run ")[1].split()[0]
     assert f"job run {run_id}: SUCCESS" in out
@@ -203,6 +204,8 @@ def test_package_then_submit_and_wait_sends_the_entry_point_args_and_environment
     for conf in ("spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON",
                  "spark.emr-serverless.driverEnv.PYSPARK_PYTHON", "spark.executorEnv.PYSPARK_PYTHON"):
         assert f"{conf}=./environment/bin/python" in params
+    assert "spark.emr-serverless.driverEnv.SWITCHYARD_POOL=core" in params
+    assert "spark.executorEnv.SWITCHYARD_POOL=core" in params
     assert run["executionRole"] == ROLE_ARN
     monitoring = run["configurationOverrides"]["monitoringConfiguration"]
     assert monitoring["s3MonitoringConfiguration"]["logUri"] == f"{bucket}/switchyard/spark/logs/"
@@ -252,6 +255,10 @@ def test_defaults_come_from_the_deployed_stack_outputs(
     run_id = out.split("submitted job run ")[1].split()[0]
     run = aws["emr"].get_job_run(applicationId=aws["app"], jobRunId=run_id)["jobRun"]
     assert run["jobDriver"]["sparkSubmit"]["entryPoint"] == manifest["entryPoint"]
+    # the stack's deployed settings reach the driver and the executors
+    params = run["jobDriver"]["sparkSubmit"]["sparkSubmitParameters"].split()
+    assert f"spark.emr-serverless.driverEnv.{marker}=1" in params
+    assert f"spark.executorEnv.{marker}=1" in params
     assert run["executionRole"] == ROLE_ARN
 
 
@@ -269,8 +276,10 @@ GOOD = {"application_id": "00fabc123", "role_arn": ROLE_ARN, "entry_point": f"{B
     ("archive", "s3://Bad_Bucket/env.tar.gz", "--archive must be an s3://"),
     ("archive", f"{BUCKET}/env.whl", ".tar.gz, .tgz or .zip"),
     ("log_uri", "https://example.com/logs", "--logs"),
+    ("env", (("lower", "x"),), "not a variable name"),
+    ("env", (("SWITCHYARD_X", "a b"),), "without spaces"),
 ])
-def test_a_malformed_submission_names_what_is_wrong(field: str, value: str, message: str) -> None:
+def test_a_malformed_submission_names_what_is_wrong(field: str, value: object, message: str) -> None:
     with pytest.raises(InvalidJobInputError, match=message):
         JobSpec(**{**GOOD, field: value})
 
@@ -296,6 +305,8 @@ def test_bad_flags_fail_before_anything_is_submitted(aws: dict, capsys: pytest.C
          "--bucket must be"),
         (["--role-arn", ROLE_ARN, "--bucket", f"{bucket}/broken"], "is not a JSON object"),
         (["--role-arn", ROLE_ARN, "--bucket", f"{bucket}/partial"], "--archive must be an s3://"),
+        (["--role-arn", ROLE_ARN, "--entry-point", f"{bucket}/p.py", "--archive", f"{bucket}/e.tar.gz",
+          "--logs", f"{bucket}/logs", "--env", "SWITCHYARD_POOL"], "--env takes NAME=VALUE"),
     ]
     aws["s3"].put_object(Bucket=aws["bucket"], Key="broken/latest.json", Body=b"[]")
     aws["s3"].put_object(Bucket=aws["bucket"], Key="partial/latest.json",

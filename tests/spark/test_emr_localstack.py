@@ -56,5 +56,11 @@ def test_package_and_submit_use_the_deployed_pipeline_bucket(
     run = emr.get_job_run(applicationId=app["applicationId"], jobRunId=run_id)["jobRun"]
     assert run["jobDriver"]["sparkSubmit"]["entryPoint"] == manifest["entryPoint"]
     assert run["jobDriver"]["sparkSubmit"]["entryPointArguments"] == ["--pool", "core"]
+    # the deployed settings go to the driver and executors as stored: placeholders, never the password
+    params = run["jobDriver"]["sparkSubmit"]["sparkSubmitParameters"].split()
+    amqp = [p for p in params if p.startswith("spark.executorEnv.SWITCHYARD_AMQP_URL=")]
+    assert len(amqp) == 1 and "{password}" in amqp[0], params
+    assert any(p.startswith("spark.emr-serverless.driverEnv.SWITCHYARD_AMQP_SECRET_ARN=arn:") for p in params)
+    assert "guest:guest" not in " ".join(params)
     logs = run["configurationOverrides"]["monitoringConfiguration"]["s3MonitoringConfiguration"]["logUri"]
     assert logs == f"s3://{bucket}/switchyard/spark/logs/"
