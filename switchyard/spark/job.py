@@ -55,7 +55,7 @@ RESULT_SCHEMA = T.StructType([
     T.StructField("error", T.StringType(), True),
     T.StructField("deadline", T.StringType(), True),
 ])
-ERROR_SCHEMA = T.StructType([T.StructField(name, T.StringType(), name == "reason")
+ERROR_SCHEMA = T.StructType([T.StructField(name, T.StringType(), name != "reason")
                              for name in r.ERROR_FIELDS])
 assert tuple(RESULT_SCHEMA.names) == r.RESULT_FIELDS
 

@@ -2,9 +2,10 @@
 
 The same conventions as ``switchyard delay send``: an idempotent producer (``enable.idempotence``,
 ``acks=all``), the Chronos headers ``chronosMessageId`` (the row's id) and ``chronosDeadline``
-(canonical UTC), and here the pool and key in headers too (``x-switchyard-pool``,
-``x-switchyard-key``); the Kafka key is the row's key, the value its body. A row is ``scheduled``
-once the broker confirmed it, ``failed`` (retried by ``--resume``) if not.
+(canonical UTC), and here the pool, key and id in headers too (``x-switchyard-pool``,
+``x-switchyard-key``, ``x-switchyard-id``, which the scheduler relays); the Kafka key is the row's
+key, the value its body. A row is ``scheduled`` once the broker confirmed it, ``failed`` (retried
+by ``--resume``) if not.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.settings import validate_topic
 from switchyard.msk_auth import kafka_security_config
 from switchyard.rpc import protocol as p
-from switchyard.spark.rows import POOL_HEADER, Request, Status, result_row
+from switchyard.spark.rows import ID_HEADER, POOL_HEADER, Request, Status, result_row
 
 
 def chronos_headers(request: Request) -> list[tuple[str, bytes]]:
     """The headers a scheduled row carries (``request.deadline`` must be set)."""
     return [(MESSAGE_ID_HEADER, request.id.encode()), (DEADLINE_HEADER, request.deadline.encode()),
-            (POOL_HEADER, request.pool.encode()), (p.KEY_HEADER, request.key.encode())]
+            (POOL_HEADER, request.pool.encode()), (p.KEY_HEADER, request.key.encode()),
+            (ID_HEADER, request.id.encode())]
 
 
 def schedule_partition(
@@ -69,4 +71,7 @@ def schedule_partition(
     producer.flush(timeout_s + 5)
     yield from finished
     for request in pending.values():  # never confirmed nor refused in time: not known to be there
-        yield result_row(request, Status.FAILED, 1, None, None, "Kafka: no delivery report in time")
+        row = result_row(request, Status.FAILED, 1, None, None, "Kafka: no delivery report in time")
+        if on_result is not None:
+            on_result(row)
+        yield row

@@ -1,4 +1,5 @@
-"""Spark fixtures: one local SparkSession for the whole run, the RPC fixtures (pools, control planes)."""
+"""Spark fixtures: one local SparkSession for the whole run; the RPC fixtures (pools, control planes) and
+the delay fixtures (unique topics and schema) reused."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.delay.conftest import connections, output, settings, store  # noqa: F401 (fixtures)
 from tests.rpc.conftest import _quiet_metrics, make_pool, planes, redis_client  # noqa: F401 (fixtures)
 
 # local[2, 3]: two cores, and a failed task is tried up to 3 times (local mode ignores

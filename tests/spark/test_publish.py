@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from switchyard.delay.model import CHRONOS_HEADERS
+from switchyard.delay.parsing import format_deadline
+from switchyard.delay.runtime import LocalRuntime
+from switchyard.rpc import protocol as p
+from switchyard.rpc.client import RpcClient
 from switchyard.spark import rows as r
 from switchyard.spark.job import PublishOptions, run
 
@@ -44,3 +53,115 @@ def test_ten_thousand_rows_over_a_hundred_new_keys_are_all_answered_once(
     assert "10,000/10,000 rows" in lines[-2], lines
     print(f"\n10,000 rows over 100 new keys: {10_000 / elapsed:,.0f} rows/s end to end "
           f"({elapsed:.1f} s incl. reading and writing); {summary}")
+
+
+def fail_once(marker: str, at_body: str, request: r.Request) -> None:
+    """A ``before_send`` hook: the first time ``at_body`` comes up, the task dies (after a pause in
+    which the rows before it are published and answered); the marker file makes it happen once."""
+    if request.body.decode() == at_body and not os.path.exists(marker):
+        Path(marker).write_text("failed once\n")
+        time.sleep(0.5)
+        raise RuntimeError("task killed half-way (test)")
+
+
+def test_a_task_killed_half_way_is_retried_and_nothing_is_lost(
+        spark, make_pool, planes, tmp_path: Path) -> None:
+    pool, settings = make_pool()
+    log = tmp_path / "requests.log"
+    planes.start(pool, settings, handler="tests.rpc.handlers:slow_logged",
+                 worker_env={"START_LOG": str(log), "SLOW_SECONDS": "0"})
+    rows = [{"key": f"k{i % 4}", "body": f"row-{i}"} for i in range(200)]
+    marker = tmp_path / "failed"
+    hook = functools.partial(fail_once, str(marker), "row-120")  # k0's 31st of 50 rows
+    summary = run(spark, PublishOptions(write_jsonl(tmp_path / "rows.jsonl", rows), str(tmp_path / "out"),
+                                        pool=pool, timeout_s=60, partitions=2),
+                  report=lambda _line: None, before_send=hook)
+    assert marker.exists(), "the hook never failed the task"
+    written = results(spark, tmp_path / "out")
+    assert sorted(row.response.decode() for row in written) == sorted(row["body"] for row in rows)
+    assert len({row.id for row in written}) == len(written) == 200
+    assert {row.status for row in written} == {"ok"} and summary.counts == {(pool, "ok"): 200}
+    served = Counter(line.split(" ", 1)[1] for line in log.read_text().splitlines())
+    assert set(served) == {row["body"] for row in rows}
+    resent = {body for body, n in served.items() if n > 1}
+    assert resent, "the retried task sent nothing again: the failure was not half-way"
+    assert served["row-120"] == 1  # the hook failed the task before this row's first send
+
+
+def test_bad_rows_go_to_errors_with_their_reasons_and_scheduled_rows_fire_at_their_deadlines(
+        spark, make_pool, planes, settings, connections, store, output, tmp_path: Path) -> None:
+    pool, rpc_settings = make_pool()
+    planes.start(pool, rpc_settings, handler=ECHO)
+    soon = datetime.now(UTC) + timedelta(seconds=4)
+    rows = [
+        {"key": "a", "body": "called", "id": "call-1"},
+        {"key": "a", "body": "scheduled", "id": "sched-1", "deadline": format_deadline(soon)},
+        {"key": "b", "body": "naive", "id": "sched-2",
+         "deadline": (soon + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%S.%f")},
+        {"body": "no key", "id": "bad-1"},
+        {"key": "nul\x00", "id": "bad-2"},
+        {"key": "x" * 5000, "id": "bad-3"},
+        {"key": "a", "id": "bad-4", "deadline": "tomorrow"},
+        {"key": "a", "id": "bad-5", "pool": "no-such-pool"},
+        {"key": "a", "id": "bad-6", "pool": "nosuchpool_1"},
+        {"key": "a", "id": "x" * 200},
+    ]
+    local = LocalRuntime(settings, connections)
+    local.start()
+    try:
+        summary = run(spark, PublishOptions(write_jsonl(tmp_path / "rows.jsonl", rows), str(tmp_path / "out"),
+                                            pool=pool, timeout_s=30, output_format="json",
+                                            delay_topic=settings.input_topic), report=lambda _line: None)
+        fired = wait_for_headers(output, {"sched-1", "sched-2"}, timeout=20)
+    finally:
+        local.join()
+    written = {row.id: row for row in spark.read.json(str(tmp_path / "out" / "results")).collect()}
+    assert {i: row.status for i, row in written.items()} == {
+        "call-1": "ok", "sched-1": "scheduled", "sched-2": "scheduled"}
+    errors = {row.id: row for row in spark.read.json(str(tmp_path / "out" / "errors")).collect()}
+    assert {i: row.reason for i, row in errors.items()} == {
+        "bad-1": "missing_key", "bad-2": "invalid_key", "bad-3": "invalid_key", "bad-4": "invalid_deadline",
+        "bad-5": "invalid_pool", "bad-6": "unknown_pool", "x" * 200: "invalid_id"}
+    assert "4096" in errors["bad-3"].detail and "nosuchpool_1" in errors["bad-6"].detail
+    assert summary.bad == {"missing_key": 1, "invalid_key": 2, "invalid_deadline": 1, "invalid_pool": 1,
+                           "unknown_pool": 1, "invalid_id": 1}
+    deadlines = {"sched-1": soon, "sched-2": soon + timedelta(seconds=1)}
+    for row_id, message in fired.items():
+        headers = dict(message.headers())
+        assert headers[r.POOL_HEADER] == pool.encode() and message.key() == headers[p.KEY_HEADER]
+        assert message.value() in (b"scheduled", b"naive")
+        assert not CHRONOS_HEADERS & set(headers)  # the scheduler consumed its own headers
+        fired_ms = message.timestamp()[1]
+        assert fired_ms >= deadlines[row_id].timestamp() * 1000 - settings.timing_advance_ms - 5, row_id
+
+
+def wait_for_headers(reader, ids: set[str], timeout: float) -> dict:
+    """Output messages by their ``x-switchyard-id`` header, once all of ``ids`` arrived."""
+    end = time.monotonic() + timeout
+    found: dict = {}
+    while time.monotonic() < end and not ids <= set(found):
+        for message in reader.poll(0.2):
+            found[dict(message.headers() or []).get(r.ID_HEADER, b"").decode()] = message
+    assert ids <= set(found), f"not on the delay output topic: {ids - set(found)}"
+    return found
+
+
+def test_resume_sends_only_the_ids_without_a_final_status(
+        spark, make_pool, planes, tmp_path: Path) -> None:
+    pool, settings = make_pool()
+    planes.start(pool, settings, handler=ECHO)
+    rows = [{"key": "fast", "body": f"fast-{i}", "id": f"f{i}"} for i in range(20)]
+    rows += [{"key": "slow", "body": "slow:1.5", "id": f"s{i}"} for i in range(2)]
+    source, out = write_jsonl(tmp_path / "rows.jsonl", rows), str(tmp_path / "out")
+    with RpcClient(pool, settings, timeout=60) as client:  # workers up: only "slow" may time out
+        assert [client.call(key, "warm").ok for key in ("fast", "slow")] == [True, True]
+    first = run(spark, PublishOptions(source, out, pool=pool, timeout_s=1.0, retries=0),
+                report=lambda _line: None)
+    assert first.counts == {(pool, "ok"): 20, (pool, "timeout"): 2}
+    second = run(spark, PublishOptions(source, out, pool=pool, timeout_s=30, resume=True),
+                 report=lambda _line: None)
+    assert (second.total, second.skipped) == (2, 20)
+    written = results(spark, tmp_path / "out")
+    by_run = Counter((row.run_id, row.status) for row in written)
+    assert by_run == {(first.run_id, "ok"): 20, (first.run_id, "timeout"): 2, (second.run_id, "ok"): 2}
+    assert {row.id for row in written if row.run_id == second.run_id} == {"s0", "s1"}
