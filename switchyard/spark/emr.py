@@ -383,7 +383,7 @@ def add_submit_parsers(spark_subparsers: argparse._SubParsersAction) -> None:
     submit = spark_subparsers.add_parser(
         "submit", help="run the publish job on EMR Serverless (StartJobRun), optionally waiting for it",
         description="Submit jobs/publish_requests.py to EMR Serverless with the packaged environment. "
-                    "Arguments after the options (or after --) go to the job.")
+                    "Arguments after -- go to the job (e.g. -- --input s3://... --output s3://...).")
     _add_common(submit)
     submit.add_argument("--role-arn", help=f"the job's execution role (default: {JOB_ROLE_ARN_ENV}, or the "
                                            "--stack output PipelineJobRoleArn)")
@@ -402,7 +402,7 @@ def add_submit_parsers(spark_subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--name", default="switchyard-publish", help="the job run's name")
     submit.add_argument("--wait", action="store_true", help="poll until the run ends; exit 1 unless SUCCESS")
     submit.add_argument("job_args", nargs=argparse.REMAINDER, metavar="JOB_ARGS",
-                        help="the job's own arguments (e.g. -- --input s3://... --output s3://...)")
+                        help="after --: the job's own arguments, passed as entryPointArguments")
     submit.set_defaults(func=cmd_submit)
 
     wait = spark_subparsers.add_parser("wait", help="follow an EMR Serverless job run until it ends")
