@@ -23,7 +23,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from switchyard.errors import ConfigError
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.topology import PoolTopology
 from switchyard.spark import rows as r
+from switchyard.spark import staging
 from switchyard.spark.calls import CallOptions, call_partition
 from switchyard.spark.schedule import schedule_partition
 
@@ -227,8 +228,31 @@ class Progress:
 
 def run(spark: SparkSession, options: PublishOptions, *, report: Callable[[str], None] | None = None,
         before_send: Callable[[r.Request], None] | None = None) -> PublishSummary:
-    """Run the job on ``spark``; ``before_send`` runs in the tasks before each row's first call."""
+    """Run the job on ``spark``; ``before_send`` runs in the tasks before each row's first call.
+
+    With a local master, ``s3://`` input and output go through a local directory (``staging``).
+    """
     report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+    staged = (staging.is_s3(options.input), staging.is_s3(options.output))
+    if not any(staged) or not spark.sparkContext.master.startswith("local"):
+        return _run(spark, options, report, before_send)
+    with staging.workdir() as tmp:
+        local_input, local_output = options.input, options.output
+        if staged[0]:
+            local_input = str(staging.download(options.input, Path(tmp) / "input"))
+        if staged[1]:
+            local_output = str(Path(tmp) / "output")
+            if options.resume:
+                staging.download(options.output, Path(tmp) / "output", "--output", prefix_only=True)
+        summary = _run(spark, replace(options, input=local_input, output=local_output), report, before_send)
+        if staged[1]:
+            overwritten = () if options.resume else ("results", "errors")
+            staging.upload(Path(local_output), options.output, overwritten)
+    return summary
+
+
+def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], None],
+         before_send: Callable[[r.Request], None] | None) -> PublishSummary:
     if options.output_format not in OUTPUT_FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(OUTPUT_FORMATS)}, "
                           f"got {options.output_format!r}")

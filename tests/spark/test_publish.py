@@ -5,10 +5,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+import boto3
 
 from switchyard.delay.model import CHRONOS_HEADERS
 from switchyard.delay.parsing import format_deadline
@@ -17,6 +21,7 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.spark import rows as r
 from switchyard.spark.job import PublishOptions, run
+from tests.conftest import subprocess_env, unique
 
 ECHO = "tests.rpc.handlers:control_plane_echo"
 
@@ -165,3 +170,32 @@ def test_resume_sends_only_the_ids_without_a_final_status(
     by_run = Counter((row.run_id, row.status) for row in written)
     assert by_run == {(first.run_id, "ok"): 20, (first.run_id, "timeout"): 2, (second.run_id, "ok"): 2}
     assert {row.id for row in written if row.run_id == second.run_id} == {"s0", "s1"}
+
+
+def test_the_command_line_reads_csv_from_s3_and_writes_json_lines_back(
+        make_pool, planes, tmp_path: Path) -> None:
+    """``switchyard spark publish`` in its own process (its own local Spark), S3 at moto or LocalStack."""
+    pool, settings = make_pool()
+    planes.start(pool, settings, handler=ECHO)
+    s3, bucket = boto3.client("s3"), unique("spark").replace("_", "-")
+    s3.create_bucket(Bucket=bucket)
+    lines = ["key,body,id"] + [f"k{i % 2},csv-{i},c{i}" for i in range(20)] + [",no key,c-bad"]
+    s3.put_object(Bucket=bucket, Key="in/rows.csv", Body="\n".join(lines).encode())
+    proc = subprocess.run(
+        [sys.executable, "-m", "switchyard", "spark", "publish", "--input", f"s3://{bucket}/in/",
+         "--output", f"s3://{bucket}/out", "--pool", pool, "--format", "json", "--master", "local[1]",
+         "--timeout", "60", "--progress-interval", "1"],
+        env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1"), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "20/20 rows (100%)" in proc.stderr and f"{pool}" in proc.stderr, proc.stderr[-3000:]
+    written = read_json_lines(s3, bucket, "out/results/")
+    assert {row["id"]: (row["status"], row["key"]) for row in written} == {
+        f"c{i}": ("ok", f"k{i % 2}") for i in range(20)}
+    assert [(row["id"], row["reason"]) for row in read_json_lines(s3, bucket, "out/errors/")] == [
+        ("c-bad", "missing_key")]
+
+
+def read_json_lines(s3, bucket: str, prefix: str) -> list[dict]:
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+    return [json.loads(line) for key in keys if key.endswith(".json")
+            for line in s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode().splitlines()]
