@@ -115,7 +115,9 @@ class LocalRuntime:
     def _ticks(self, role: str) -> None:
         handler = load_function(role).lambda_handler
         while not self.stop.is_set():
-            context = FakeLambdaContext(FUNCTIONS[role], self.invocation_ms, self.stop)
+            # On stop, the margin an invocation keeps for its end: held rows are confirmed and deleted.
+            context = FakeLambdaContext(FUNCTIONS[role], self.invocation_ms, self.stop,
+                                        stop_grace_ms=self.settings.stop_margin_ms)
             try:
                 handler(scheduled_event(f"switchyard-{FUNCTIONS[role]}"), context)
             except Exception:

@@ -252,6 +252,24 @@ def test_postgres_connections_lost_mid_run_recovers_and_loses_nothing(
     assert set(fired) == set(ids)
 
 
+def test_stopping_the_local_runtime_settles_what_it_holds(
+    settings: DelaySettings, connections: Connections, store: PostgresDelayStore, output: OutputReader,
+) -> None:
+    """`switchyard delay run` stopped mid-stream: what fired is deleted, what was held is released,
+    so nothing refires after the hold time (a graceful stop duplicated work before)."""
+    local = LocalRuntime(settings, connections, roles=("fire",))
+    local.start()
+    ids = [f"stop{i}" for i in range(400)]
+    store.insert([message(i, in_ms(500 + 5 * n)) for n, i in enumerate(ids)])  # due over two seconds
+    time.sleep(1.5)  # stop while rows are held, fired, or confirmed and waiting for their delete
+    local.join()
+    waiting, readied = store.counts()
+    assert readied == 0, "rows left readied would be fired again by failure detection"
+    fired = set(output.poll(2.0) and output.ids()) & set(ids)
+    assert 0 < len(fired) < len(ids) and waiting == len(ids) - len(fired)
+    assert len(output.ids()) == len(set(output.ids()))  # nothing fired twice
+
+
 def backends(dsn: str, application_name: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
