@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from switchyard.errors import CallTimeoutError, RpcError
+from switchyard.errors import BrokerError, CallTimeoutError, RpcError, SwitchyardError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import Response, RpcClient
 from switchyard.rpc.settings import RpcSettings
@@ -50,7 +50,7 @@ def _outcome(future: Future[Response]) -> tuple[Status, bytes | None, str | None
         response = future.result()
     except CallTimeoutError as exc:
         return Status.TIMEOUT, None, str(exc), True
-    except RpcError as exc:  # broker lost, nacked or returned it; client reconnecting
+    except (RpcError, BrokerError) as exc:  # broker lost, nacked or returned it; client reconnecting
         return Status.FAILED, None, f"{type(exc).__name__}: {exc}", True
     if response.status in _FINAL_ANSWERS:
         status = _FINAL_ANSWERS[response.status]
@@ -94,7 +94,7 @@ def call_partition(
         request = attempt.request
         try:
             future = client_for(request.pool).submit(request.key, request.body, timeout=options.timeout_s)
-        except RpcError as exc:
+        except SwitchyardError as exc:  # no connection for a client yet, or the client closed
             return settle(attempt, Status.FAILED, None, f"{type(exc).__name__}: {exc}", True)
         in_flight += 1
         future.add_done_callback(lambda f, a=attempt: done.put((a, f)))
