@@ -50,6 +50,7 @@ PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x
              "manylinux2014_x86_64")
 PYTHON_ENV = "SWITCHYARD_EMR_PYTHON"  # read by the launcher on EMR: the interpreter to run
 
+PACKAGE_DIR = Path(switchyard.__file__).resolve().parent  # what the archive ships as `switchyard`
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ENTRY_POINT = ROOT / "jobs" / "publish_requests.py"
 DEFAULT_REQUIREMENTS = ROOT / "requirements.txt"
@@ -118,6 +119,7 @@ def build_environment(
     requirements: Sequence[Path] = (DEFAULT_REQUIREMENTS,),
     constraints: Path | None = DEFAULT_CONSTRAINTS,
     pip_options: Sequence[str] = (),
+    package_dir: Path = PACKAGE_DIR,
 ) -> Path:
     """Build the environment archive in ``output_dir``; returns its path (named after its content)."""
     for path in (*requirements, *([constraints] if constraints else [])):
@@ -139,7 +141,7 @@ def build_environment(
         if any(target.glob("pyspark*")):
             raise PackagingError("pyspark ended up in the environment; EMR provides its own, keep it out "
                                  "of the requirements given to `spark package`")
-        shutil.copytree(Path(switchyard.__file__).parent, target / "switchyard",
+        shutil.copytree(package_dir, target / "switchyard",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         launcher = env_dir / "bin" / "python"
         launcher.parent.mkdir()

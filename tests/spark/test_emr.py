@@ -18,6 +18,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 import zipfile
@@ -39,7 +40,7 @@ from switchyard.spark.emr import (
     JobSpec,
     bucket_location,
 )
-from switchyard.spark.package import PLATFORMS, PYTHON_VERSION, PackagingError, build_environment
+from switchyard.spark.package import PACKAGE_DIR, PLATFORMS, PYTHON_VERSION, PackagingError, build_environment
 from tests.conftest import ROOT, unique
 
 MOTO = "http://127.0.0.1:5000"
@@ -86,10 +87,22 @@ def offline(wheels: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def archive(wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("build")
-    return build_environment(tmp / "dist", requirements=[requirements(tmp, "sy_pure", "sy_native")],
-                             constraints=None, pip_options=offline(wheels))
+def package_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A snapshot of the switchyard package: other work may edit the tree while these tests run."""
+    snapshot = tmp_path_factory.mktemp("source") / "switchyard"
+    shutil.copytree(PACKAGE_DIR, snapshot, ignore=shutil.ignore_patterns("__pycache__"))
+    return snapshot
+
+
+def build(directory: Path, wheels: Path, package_dir: Path, *names: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    return build_environment(directory / "dist", requirements=[requirements(directory, *names)],
+                             constraints=None, pip_options=offline(wheels), package_dir=package_dir)
+
+
+@pytest.fixture(scope="module")
+def archive(wheels: Path, package_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("build"), wheels, package_dir, "sy_pure", "sy_native")
 
 
 def test_environment_holds_dependencies_for_emr_and_the_core_package_behind_a_launcher(
@@ -122,10 +135,14 @@ def test_environment_holds_dependencies_for_emr_and_the_core_package_behind_a_la
     assert done.returncode == 127 and "emr-image.Dockerfile" in done.stderr
 
 
-def test_same_inputs_give_the_same_archive(archive: Path, wheels: Path, tmp_path: Path) -> None:
-    again = build_environment(tmp_path, requirements=[requirements(tmp_path, "sy_pure", "sy_native")],
-                              constraints=None, pip_options=offline(wheels))
+def test_same_inputs_give_the_same_archive(archive: Path, wheels: Path, package_dir: Path,
+                                          tmp_path: Path) -> None:
+    again = build(tmp_path, wheels, package_dir, "sy_pure", "sy_native")
     assert again.name == archive.name and again.read_bytes() == archive.read_bytes()
+    (package_dir / "spark" / "emr.py").touch()  # times do not count, content does
+    assert build(tmp_path / "touched", wheels, package_dir, "sy_pure", "sy_native").name == archive.name
+    other = build(tmp_path / "other", wheels, package_dir, "sy_pure")
+    assert other.name != archive.name
 
 
 def test_a_dependency_without_a_wheel_for_emr_is_refused(wheels: Path, tmp_path: Path) -> None:
@@ -133,7 +150,7 @@ def test_a_dependency_without_a_wheel_for_emr_is_refused(wheels: Path, tmp_path:
         build_environment(tmp_path, requirements=[requirements(tmp_path, "sy_macos")], constraints=None,
                           pip_options=offline(wheels))
     assert "sy_macos" in str(info.value)
-    assert not list(tmp_path.glob("*.tar.gz"))
+    assert not list(tmp_path.glob("**/*.tar.gz"))
     assert PLATFORMS[0] == "manylinux_2_34_x86_64"  # Amazon Linux 2023's glibc, what EMR 7.x runs
 
 
@@ -170,7 +187,7 @@ def read(aws: dict, key: str) -> bytes:
 
 
 def test_package_then_submit_and_wait_sends_the_entry_point_args_and_environment(
-        aws: dict, archive: Path, wheels: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        aws: dict, wheels: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     entry = tmp_path / "publish_requests.py"
     entry.write_text("print('job')\n")
     bucket = f"s3://{aws['bucket']}"
@@ -179,7 +196,8 @@ def test_package_then_submit_and_wait_sends_the_entry_point_args_and_environment
                          "--requirements", str(requirements(tmp_path, "sy_pure", "sy_native")),
                          *(f"--pip-option={option}" for option in offline(wheels)))
     assert code == 0, err
-    assert f"built {tmp_path / 'dist' / archive.name}" in out  # the same inputs, the same archive
+    [archive] = (tmp_path / "dist").glob("switchyard-env-py311-*.tar.gz")
+    assert f"built {archive}" in out
     manifest = json.loads(read(aws, "switchyard/spark/latest.json"))
     assert f"--archive {manifest['archive']}" in out and f"--entry-point {manifest['entryPoint']}" in out
     assert manifest["archive"] == f"{bucket}/switchyard/spark/env/{archive.name}"
