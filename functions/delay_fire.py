@@ -17,6 +17,7 @@ def report(outcome: FireOutcome) -> None:
     metrics.add_metric(name="DelayMessagesFired", unit=MetricUnit.Count, value=outcome.fired)
     metrics.add_metric(name="DelayMessagesGoneAtDelete", unit=MetricUnit.Count, value=outcome.gone_at_delete)
     metrics.add_metric(name="DelayPublishFailures", unit=MetricUnit.Count, value=outcome.publish_failures)
+    metrics.add_metric(name="DelayMessagesParked", unit=MetricUnit.Count, value=outcome.parked)
     metrics.add_metric(name="DelayStoreErrors", unit=MetricUnit.Count, value=outcome.store_errors)
     metrics.add_metric(name="DelayMaxTimerLateness", unit=MetricUnit.Milliseconds, value=outcome.max_late_ms)
     if outcome.overdue >= 0:  # -1: Postgres could not count them

@@ -228,6 +228,13 @@ class MonitoringConstruct(Construct):
                 comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
             ),
             AlarmSpec(
+                "delay-messages-parked",
+                self._emf("DelayMessagesParked", DELAY_SERVICE),
+                1,
+                "The output broker refused a message for good (too large, an invalid record): it was "
+                "parked, not fired; `switchyard delay parked` lists it for a person to act on.",
+            ),
+            AlarmSpec(
                 "delay-sweep-takeovers",
                 self._emf("DelaySuspectedFailures", DELAY_SERVICE),
                 1,

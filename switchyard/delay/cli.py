@@ -108,6 +108,24 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parked(args: argparse.Namespace) -> int:
+    svc = runtime.configure(DelaySettings.from_env(), Connections.from_env())
+    try:
+        svc.store.migrate()
+        rows = svc.store.parked(args.limit)
+    finally:
+        svc.close()
+    if not rows:
+        print(f"no parked messages in schema {svc.settings.schema}")
+        return 0
+    print(f"{len(rows)} parked message(s) in schema {svc.settings.schema}, newest first "
+          "(refused by the output broker for good; fix the cause, then re-send them):")
+    for message_id, deadline, parked_at, reason, size in rows:
+        print(f"  {message_id}  deadline {deadline.isoformat()}  parked {parked_at.isoformat()}  "
+              f"{size or 0} bytes  {reason}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``delay`` and its subcommands to the ``switchyard`` command line."""
     delay = subparsers.add_parser(
@@ -150,3 +168,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status = sub.add_parser("status", help="count waiting and ready rows",
                             description="Print waiting/ready row counts of the schema as JSON.")
     status.set_defaults(func=_status)
+
+    parked = sub.add_parser("parked", help="list messages the output broker refused for good",
+                            description="Messages moved to parked_messages instead of being retried forever.")
+    parked.add_argument("--limit", type=int, default=100, help="at most this many, newest first")
+    parked.set_defaults(func=_parked)

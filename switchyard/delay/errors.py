@@ -42,5 +42,9 @@ class PublishError(BrokerError, DelayError):
     """The output broker refused or did not confirm a message."""
 
 
+class MessageRefusedError(PublishError):
+    """This very message cannot be published, ever (too large, an invalid record): it is parked."""
+
+
 class PublisherUnavailableError(BrokerUnavailableError, PublishError):
     """The output broker could not be reached in time."""

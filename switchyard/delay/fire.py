@@ -23,10 +23,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
-from switchyard.delay.errors import PublishError, StoreError
+from switchyard.delay.errors import MessageRefusedError, PublishError, StoreError
 from switchyard.delay.model import FireOutcome, ReadyMessage
 from switchyard.delay.ports import DelayStore, Delivery, Publisher
 from switchyard.delay.settings import DelaySettings
@@ -45,6 +46,22 @@ OVERDUE_AFTER_S = 60.0
 LISTEN_WAIT_S = 0.5  # the listener's longest wait for a notification (it checks for stop between)
 
 Claim = tuple[list[ReadyMessage], float | None]  # rows claimed; if none, the next waiting deadline (epoch s)
+
+
+@dataclass
+class Phase2:
+    """One round of phase-2 store work (delete fired, release unfired, park refused) and its results:
+    the ids each call returned, or the StoreError it raised (None: nothing to do)."""
+
+    to_delete: list[ReadyMessage]
+    to_release: list[ReadyMessage]
+    to_park: list[tuple[ReadyMessage, str]]
+    deleted: set[str] | StoreError | None = None
+    released: set[str] | StoreError | None = None
+    parked: set[str] | StoreError | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.to_delete or self.to_release or self.to_park)
 
 
 class FireLoop:
@@ -67,6 +84,7 @@ class FireLoop:
         self._order = itertools.count()
         self._to_delete: list[ReadyMessage] = []
         self._to_release: list[ReadyMessage] = []
+        self._to_park: list[tuple[ReadyMessage, str]] = []  # refused for good, with the reason
         self._capacity = 4 * settings.ready_batch_size
         self._advance_s = settings.timing_advance_ms / 1000
         self._poll_s = settings.poll_interval_ms / 1000
@@ -80,8 +98,7 @@ class FireLoop:
         self._c = FireOutcome()
         self._worker: ThreadPoolExecutor | None = None
         self._claiming: Future[Claim] | None = None
-        self._phase2: Future[tuple[object, object]] | None = None
-        self._phase2_batches: tuple[list[ReadyMessage], list[ReadyMessage]] = ([], [])
+        self._phase2: Future[Phase2] | None = None
 
     # -- phase 1 -----------------------------------------------------------------------------
 
@@ -167,6 +184,8 @@ class FireLoop:
             try:
                 self.publisher.send(row.key, row.value, row.headers, row)
                 sent += 1
+            except MessageRefusedError as exc:
+                self._refused(row, str(exc))
             except PublishError as exc:
                 self._c.publish_failures += 1
                 self._to_release.append(row)
@@ -182,6 +201,8 @@ class FireLoop:
             assert isinstance(row, ReadyMessage)
             if d.error is None:
                 to_delete.append(row)
+            elif d.refused:
+                self._refused(row, d.error)
             else:
                 failed.append(d)
                 self._to_release.append(row)
@@ -192,34 +213,44 @@ class FireLoop:
                          extra={"message_ids": [d.token.id for d in failed[:10]],  # type: ignore[attr-defined]
                                 "error": failed[0].error, "node_id": self.node_id})
 
+    def _refused(self, row: ReadyMessage, reason: str) -> None:
+        """The broker will never take this message: park it (phase 2), do not release it to retry."""
+        self._c.publish_failures += 1
+        self._to_park.append((row, reason))
+        logger.error("message refused by the output broker for good; parking it",
+                     extra={"message_id": row.id, "error": reason, "node_id": self.node_id})
+
     # -- phase 2 -----------------------------------------------------------------------------
 
-    def _phase2_due(self, now: float, force: bool) -> tuple[list[ReadyMessage], list[ReadyMessage]]:
-        """The batches to delete and to release now (taken off ``_to_release``; deletes stay queued)."""
+    def _phase2_due(self, now: float, force: bool) -> Phase2:
+        """The batches to settle now (releases and parks are taken off their lists; deletes stay queued)."""
         due = force or len(self._to_delete) >= DELETE_BATCH or now - self._last_delete >= DELETE_INTERVAL_S
-        to_delete = self._to_delete[:DELETE_BATCH] if due else []
-        to_release, self._to_release = self._to_release, []
-        return to_delete, to_release
+        batch = Phase2(self._to_delete[:DELETE_BATCH] if due else [], self._to_release, self._to_park)
+        self._to_release, self._to_park = [], []
+        return batch
 
-    def _run_phase2(self, to_delete: list[ReadyMessage], to_release: list[ReadyMessage],
-                    ) -> tuple[set[str] | StoreError | None, set[str] | StoreError | None]:
-        """Store calls of phase 2; errors are returned (handled by the caller's thread), not raised."""
-        deleted: set[str] | StoreError | None = None
-        released: set[str] | StoreError | None = None
-        if to_delete:
-            try:
-                deleted = self.store.delete(to_delete)
-            except StoreError as exc:
-                deleted = exc
-        if to_release:
-            try:
-                released = self.store.release(self.node_id, to_release)
-            except StoreError as exc:
-                released = exc
-        return deleted, released
+    def _run_phase2(self, batch: Phase2) -> Phase2:
+        """Store calls of phase 2; errors are kept in ``batch`` for the caller's thread, not raised."""
+        for rows, call, result in ((batch.to_delete, self.store.delete, "deleted"),
+                                   (batch.to_release, partial(self.store.release, self.node_id), "released"),
+                                   (batch.to_park, partial(self.store.park, self.node_id), "parked")):
+            if rows:
+                try:
+                    setattr(batch, result, call(rows))
+                except StoreError as exc:
+                    setattr(batch, result, exc)
+        return batch
 
-    def _phase2_done(self, now: float, to_delete: list[ReadyMessage], deleted: object,
-                     to_release: list[ReadyMessage], released: object) -> None:
+    def _phase2_done(self, now: float, batch: Phase2) -> None:
+        to_delete, deleted = batch.to_delete, batch.deleted
+        to_release, released = batch.to_release, batch.released
+        if isinstance(batch.parked, StoreError):
+            self._c.store_errors += 1
+            self._to_park.extend(batch.to_park)  # still readied by us: park them on the next turn
+            logger.warning("park failed; retrying",
+                           extra={"error": str(batch.parked), "rows": len(batch.to_park)})
+        elif isinstance(batch.parked, set):
+            self._c.parked += len(batch.parked)
         if isinstance(deleted, StoreError):
             self._c.store_errors += 1
             self._last_delete = now + self._poll_s  # back off before retrying
@@ -245,10 +276,9 @@ class FireLoop:
 
     def delete_confirmed(self, now: float, force: bool = False) -> None:
         """Delete confirmed rows in batches; keep them for a retry if Postgres is unavailable."""
-        to_delete, to_release = self._phase2_due(now, force)
-        if to_delete or to_release:
-            deleted, released = self._run_phase2(to_delete, to_release)
-            self._phase2_done(now, to_delete, deleted, to_release, released)
+        batch = self._phase2_due(now, force)
+        if batch:
+            self._phase2_done(now, self._run_phase2(batch))
 
     # -- the store worker ----------------------------------------------------------------------
 
@@ -262,9 +292,7 @@ class FireLoop:
                 self._claim_failed(time.time(), exc)
         if self._phase2 is not None and self._phase2.done():
             job, self._phase2 = self._phase2, None
-            (to_delete, to_release), self._phase2_batches = self._phase2_batches, ([], [])
-            deleted, released = job.result()
-            self._phase2_done(time.time(), to_delete, deleted, to_release, released)
+            self._phase2_done(time.time(), job.result())
 
     def _submit(self, now: float, accepting: bool) -> None:
         """Hand the worker a claim and a phase-2 batch when due, one of each at a time."""
@@ -277,10 +305,9 @@ class FireLoop:
             self._last_claim = now
             self._claiming = worker.submit(self._claim)
         if self._phase2 is None:
-            to_delete, to_release = self._phase2_due(now, force=not accepting)
-            if to_delete or to_release:
-                self._phase2_batches = (to_delete, to_release)
-                self._phase2 = worker.submit(self._run_phase2, to_delete, to_release)
+            batch = self._phase2_due(now, force=not accepting)
+            if batch:
+                self._phase2 = worker.submit(self._run_phase2, batch)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -294,7 +321,7 @@ class FireLoop:
         else:
             if accepting and self._held() < self._capacity:
                 wake = min(wake, self._claim_due_at())
-            if self._to_delete or self._to_release:
+            if self._to_delete or self._to_release or self._to_park:
                 wake = min(wake, self._last_delete + DELETE_INTERVAL_S)
         # librdkafka waits in whole milliseconds and truncates: round up, or a wait under 1 ms
         # becomes poll(0) and the loop spins. Firing is thus at most ~1 ms late, never early.
@@ -310,7 +337,8 @@ class FireLoop:
         self.collect(self.publisher.poll(self._idle_timeout(accepting)))
 
     def busy(self) -> bool:
-        return bool(self._heap or self._to_delete or self._to_release or self.publisher.in_flight()
+        return bool(self._heap or self._to_delete or self._to_release or self._to_park
+                    or self.publisher.in_flight()
                     or self._claiming is not None or self._phase2 is not None)
 
     def run(self, remaining_ms: Callable[[], int]) -> FireOutcome:

@@ -132,6 +132,7 @@ class FireOutcome:
     gone_at_delete: int = 0
     publish_failures: int = 0
     released: int = 0
+    parked: int = 0  # refused by the broker for good: moved to parked_messages, never retried
     store_errors: int = 0
     max_late_ms: float = 0.0
     overdue: int = 0  # at the end of the run: waiting rows due over OVERDUE_AFTER_S ago (-1: unknown)

@@ -44,6 +44,10 @@ class DelayStore(Protocol):
 
     def release(self, node_id: str, messages: Sequence[ReadyMessage]) -> set[str]: ...
 
+    def park(self, node_id: str, refused: Sequence[tuple[ReadyMessage, str]]) -> set[str]:
+        """Set aside rows the broker refused for good (with the reason); returns the ids moved."""
+        ...
+
     def find_stuck(self, hold: timedelta, limit: int) -> list[StuckMessage]: ...
 
     def reset_stuck(self, stuck: Sequence[StuckMessage]) -> list[StuckMessage]: ...
@@ -51,10 +55,15 @@ class DelayStore(Protocol):
 
 @dataclass(frozen=True)
 class Delivery:
-    """The broker's answer for one sent message: ``error`` is None when delivery was confirmed."""
+    """The broker's answer for one sent message: ``error`` is None when delivery was confirmed.
+
+    ``refused``: the broker (or the client, before sending) rejected this very message for good (too
+    large, an invalid record); sending it again cannot succeed, unlike a timeout or an outage.
+    """
 
     token: object
     error: str | None
+    refused: bool = False
 
 
 class Publisher(Protocol):

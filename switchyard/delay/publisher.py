@@ -11,18 +11,23 @@ from collections.abc import Sequence
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from switchyard.delay.errors import PublishError
+from switchyard.delay.errors import MessageRefusedError, PublishError
 from switchyard.delay.model import Header
 from switchyard.delay.ports import Delivery
 from switchyard.delay.settings import validate_topic
 from switchyard.msk_auth import kafka_security_config
 from switchyard.observability import logger
 
+# Errors about one message itself: another attempt fails the same way (anything else may pass).
+REFUSED_CODES = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG, KafkaError.INVALID_MSG_SIZE,
+                           KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD})
+
 
 class KafkaPublisher:
     """Publishes to one topic and reports which messages the broker confirmed."""
 
-    def __init__(self, bootstrap: str, topic: str, timeout_ms: int, linger_ms: int = 1) -> None:
+    def __init__(self, bootstrap: str, topic: str, timeout_ms: int, linger_ms: int = 1,
+                 max_message_bytes: int = 1_000_000) -> None:
         self.topic = validate_topic(topic)
         self._deliveries: list[Delivery] = []
         self._outstanding: dict[int, object] = {}
@@ -34,6 +39,7 @@ class KafkaPublisher:
             "acks": "all",
             "linger.ms": linger_ms,
             "message.timeout.ms": timeout_ms,
+            "message.max.bytes": max_message_bytes,  # larger messages are refused (and parked) here
             "socket.connection.setup.timeout.ms": max(1000, timeout_ms),
             "reconnect.backoff.max.ms": 500,
             "client.id": "switchyard-delay",
@@ -65,7 +71,8 @@ class KafkaPublisher:
                 return  # already reported failed when the producer was replaced
             if err is not None and err.fatal():
                 self._fatal = True
-            self._deliveries.append(Delivery(token, None if err is None else str(err)))
+            refused = err is not None and err.code() in REFUSED_CODES
+            self._deliveries.append(Delivery(token, None if err is None else str(err), refused))
         return callback
 
     def send(self, key: bytes | None, value: bytes | None, headers: Sequence[Header], token: object) -> None:
@@ -87,6 +94,8 @@ class KafkaPublisher:
                 # After a fatal error, produce() raises _FATAL, whose own fatal() is False.
                 if isinstance(error, KafkaError) and (error.fatal() or error.code() == KafkaError._FATAL):
                     self._fatal = True
+                if isinstance(error, KafkaError) and error.code() in REFUSED_CODES:
+                    raise MessageRefusedError(f"{self.topic} refuses this message: {error.str()}") from exc
                 raise PublishError(f"cannot produce to {self.topic}: {exc}") from exc
 
     def poll(self, timeout_s: float) -> list[Delivery]:

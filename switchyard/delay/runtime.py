@@ -45,7 +45,8 @@ class DelayService:
         pub = getattr(self._local, "publisher", None)
         if pub is None:
             pub = KafkaPublisher(self.connections.kafka_bootstrap, self.settings.output_topic,
-                                 self.settings.publish_timeout_ms, self.settings.publish_linger_ms)
+                                 self.settings.publish_timeout_ms, self.settings.publish_linger_ms,
+                                 self.settings.max_message_bytes)
             self._local.publisher = pub
         return pub
 

@@ -65,6 +65,9 @@ class DelaySettings:
     # request with others. 5 ms halves the producer's and the broker's CPU per message at 10,000/s
     # against 1 ms; it delays arrival, not the firing time (the record's CreateTime is set at send).
     publish_linger_ms: int = 5
+    # The largest message the output topic takes (MSK's default max.message.bytes); a larger one is
+    # refused before sending and parked, instead of being retried forever.
+    max_message_bytes: int = 1_000_000
     consumer_group: str = "switchyard-delay"
     batch_size: int = 1000
     batch_window_ms: int = 100
@@ -80,6 +83,9 @@ class DelaySettings:
                      "ready_batch_size", "publish_timeout_ms", "batch_size", "batch_window_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"delay setting {name} must be positive, got {getattr(self, name)}")
+        if not 1000 <= self.max_message_bytes <= 1_000_000_000:
+            raise ConfigError("delay setting max_message_bytes must be 1000..1000000000, "
+                              f"got {self.max_message_bytes}")
         if self.publish_linger_ms < 0:
             raise ConfigError(f"delay setting publish_linger_ms must be >= 0, got {self.publish_linger_ms}")
         if self.timing_advance_ms < 0:

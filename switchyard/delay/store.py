@@ -231,6 +231,25 @@ class PostgresDelayStore:
         with self._session() as conn:
             return {row[0] for row in conn.execute(self._q["release_unfired"], params)}
 
+    def park(self, node_id: str, refused: Sequence[tuple[ReadyMessage, str]]) -> set[str]:
+        """Move rows the broker refused for good to ``parked_messages``; returns the ids moved."""
+        if not refused:
+            return set()
+        params = {
+            "ids": [m.id for m, _ in refused],
+            "seqs": [m.seq for m, _ in refused],
+            "readied_ats": [m.readied_at for m, _ in refused],
+            "reasons": [reason for _, reason in refused],
+            "node": uuid.UUID(node_id),
+        }
+        with self._session() as conn:
+            return {row[0] for row in conn.execute(self._q["park_refused"], params)}
+
+    def parked(self, limit: int = 100) -> list[tuple[str, datetime, datetime, str, int | None]]:
+        """``(id, deadline, parked_at, reason, value bytes)`` of the parked messages, newest first."""
+        with self._session() as conn:
+            return [tuple(row) for row in conn.execute(self._q["parked"], {"limit": limit})]
+
     def find_stuck(self, hold: timedelta, limit: int) -> list[StuckMessage]:
         with self._session() as conn:
             rows = conn.execute(self._q["find_stuck"], {"hold": hold, "limit": limit}).fetchall()

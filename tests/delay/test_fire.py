@@ -71,6 +71,12 @@ def background() -> Any:
     bg.finish()
 
 
+def countdown(ms: int) -> Callable[[], int]:
+    """A Lambda invocation's remaining time, starting at ``ms``."""
+    deadline = time.monotonic() + ms / 1000
+    return lambda: max(0, int((deadline - time.monotonic()) * 1000))
+
+
 def fire_loop(svc: DelayService) -> FireLoop:
     return FireLoop(svc.store, svc.publisher(), svc.settings, svc.node_id)
 
@@ -250,6 +256,25 @@ def test_postgres_connections_lost_mid_run_recovers_and_loses_nothing(
     finally:
         local.join()
     assert set(fired) == set(ids)
+
+
+def test_a_message_the_broker_refuses_for_good_is_parked_not_retried_forever(
+    make_service: ServiceFactory, store: PostgresDelayStore, output: OutputReader,
+) -> None:
+    """Too large for the output topic: moved to parked_messages with the reason, counted, and never
+    readied again; the messages around it fire as usual. (Before: released and retried every poll.)"""
+    svc = make_service(max_message_bytes=1000)
+    store.insert([message("small-1", in_ms(200)), message("huge", in_ms(250), value=b"x" * 5000),
+                  message("small-2", in_ms(300))])
+    first = fire_loop(svc).run(countdown(svc.settings.stop_margin_ms + 1500))
+    assert (first.fired, first.parked) == (2, 1) and first.released == 0
+    assert set(output.wait_for_ids({"small-1", "small-2"}, timeout=10)) == {"small-1", "small-2"}
+    assert store.counts() == (0, 0)  # nothing left to retry
+    [(message_id, _deadline, _parked_at, reason, size)] = store.parked()
+    assert (message_id, size) == ("huge", 5000) and "refuses this message" in reason
+    again = fire_loop(svc).run(countdown(svc.settings.stop_margin_ms + 500))
+    assert (again.readied, again.parked, again.publish_failures) == (0, 0, 0)
+    assert "huge" not in output.ids()
 
 
 def test_stopping_the_local_runtime_settles_what_it_holds(

@@ -102,6 +102,30 @@ FROM unnest(%(ids)s::text[], %(seqs)s::bigint[], %(readied_ats)s::timestamptz[])
 WHERE m.id = r.id AND m.seq = r.seq AND m.readied_at = r.readied_at AND m.readied_by = %(node)s
 RETURNING m.id;
 
+-- park_refused --
+-- Move rows the broker refused for good to parked_messages, with the reason; only rows still
+-- readied by this node at the time read (compare-and-set, as release_unfired). One statement, so a
+-- crash leaves each row either waiting-readied (failure detection resets it) or parked.
+WITH moved AS (
+    DELETE FROM {schema}.delayed_messages AS m
+    USING unnest(%(ids)s::text[], %(seqs)s::bigint[], %(readied_ats)s::timestamptz[], %(reasons)s::text[])
+        AS r(id, seq, readied_at, reason)
+    WHERE m.id = r.id AND m.seq = r.seq AND m.readied_at = r.readied_at AND m.readied_by = %(node)s
+    RETURNING m.id, m.seq, m.deadline, m.message_headers, m.message_key, m.message_value, m.enqueued_at,
+              r.reason
+)
+INSERT INTO {schema}.parked_messages
+    (id, seq, deadline, message_headers, message_key, message_value, enqueued_at, reason)
+SELECT * FROM moved
+ON CONFLICT (id, seq) DO NOTHING
+RETURNING id;
+
+-- parked --
+-- The parked messages, newest first, for `switchyard delay parked`.
+SELECT id, deadline, parked_at, reason, octet_length(message_value) FROM {schema}.parked_messages
+ORDER BY parked_at DESC
+LIMIT %(limit)s;
+
 -- find_stuck --
 -- Failure detection, part 1: rows readied longer ago than the hold time.
 SELECT id, readied_at, readied_by::text FROM {schema}.delayed_messages
