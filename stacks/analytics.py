@@ -83,13 +83,5 @@ class AnalyticsConstruct(Construct):
                 actions=["secretsmanager:GetSecretValue"], resources=[broker.secret.secret_arn]
             )
         )
-        topics = (config.delay.input_topic, config.delay.output_topic)
-        self.job_role.add_to_policy(
-            iam.PolicyStatement(actions=["kafka-cluster:Connect"], resources=[data.kafka.attr_arn])
-        )
-        self.job_role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData", "kafka-cluster:WriteData"],
-                resources=[functions.kafka_arn("topic", t) for t in topics],
-            )
-        )
+        # The job schedules rows through the delay input topic with an idempotent producer.
+        functions.kafka_access(self.job_role, write=(config.delay.input_topic,))

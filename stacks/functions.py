@@ -196,44 +196,45 @@ class FunctionsConstruct(Construct):
         head, tail = (Fn.select(i, Fn.split(":cluster/", self.data.kafka.attr_arn)) for i in (0, 1))
         return Fn.join("", [head, f":{kind}/", tail, f"/{name}"])
 
-    def _kafka_access(
+    def kafka_access(
         self,
-        fn: lambda_.Function,
+        grantee: iam.IGrantable,
         *,
         write: tuple[str, ...] = (),
         read: tuple[str, ...] = (),
         create: tuple[str, ...] = (),
     ) -> None:
-        fn.add_to_role_policy(
+        """IAM for MSK (IAM auth): write (idempotently), read as the delay consumer group, create topics."""
+        grantee.grant_principal.add_to_principal_policy(
             iam.PolicyStatement(actions=["kafka-cluster:Connect"], resources=[self.data.kafka.attr_arn])
         )
         if write:
-            fn.add_to_role_policy(
+            grantee.grant_principal.add_to_principal_policy(
                 iam.PolicyStatement(
                     actions=["kafka-cluster:DescribeTopic", "kafka-cluster:WriteData"],
                     resources=[self.kafka_arn("topic", t) for t in write],
                 )
             )
             # The idempotent producer needs a transactional-id-free idempotent write grant.
-            fn.add_to_role_policy(
+            grantee.grant_principal.add_to_principal_policy(
                 iam.PolicyStatement(
                     actions=["kafka-cluster:WriteDataIdempotently"], resources=[self.data.kafka.attr_arn]
                 )
             )
         if read:
-            fn.add_to_role_policy(
+            grantee.grant_principal.add_to_principal_policy(
                 iam.PolicyStatement(
                     actions=["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"],
                     resources=[self.kafka_arn("topic", t) for t in read],
                 )
             )
-            fn.add_to_role_policy(
+            grantee.grant_principal.add_to_principal_policy(
                 iam.PolicyStatement(
                     actions=["kafka-cluster:DescribeGroup", "kafka-cluster:AlterGroup"],
                     resources=[self.kafka_arn("group", DELAY_CONSUMER_GROUP)],
                 )
             )
-            fn.add_to_role_policy(
+            grantee.grant_principal.add_to_principal_policy(
                 iam.PolicyStatement(
                     actions=[
                         "kafka:DescribeClusterV2",
@@ -244,7 +245,7 @@ class FunctionsConstruct(Construct):
                 )
             )
         if create:
-            fn.add_to_role_policy(
+            grantee.grant_principal.add_to_principal_policy(
                 iam.PolicyStatement(
                     actions=[
                         "kafka-cluster:CreateTopic",
@@ -332,7 +333,7 @@ class FunctionsConstruct(Construct):
             },
             self._kafka_env(),
         )
-        self._kafka_access(topics_fn, create=(d.input_topic, d.output_topic))
+        self.kafka_access(topics_fn, create=(d.input_topic, d.output_topic))
         return {"pools": pools, "schema": schema, "topics": topics}
 
     # -- RPC control plane, per pool -------------------------------------------------------------
@@ -475,8 +476,8 @@ class FunctionsConstruct(Construct):
         for fn in (enqueue, fire, sweep):
             self._read_secrets(fn, self.data.postgres_secret)
         # enqueue publishes messages already due; fire publishes the rest; sweep only touches Postgres.
-        self._kafka_access(enqueue, read=(d.input_topic,), write=(d.output_topic,))
-        self._kafka_access(fire, write=(d.output_topic,))
+        self.kafka_access(enqueue, read=(d.input_topic,), write=(d.output_topic,))
+        self.kafka_access(fire, write=(d.output_topic,))
         self._event_source_network_access(enqueue)
         mapping = lambda_.CfnEventSourceMapping(
             self,

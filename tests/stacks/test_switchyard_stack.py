@@ -494,7 +494,18 @@ def test_emr_serverless_application_bucket_and_job_role(template: Template, reso
         for r in of_type(resources, "AWS::IAM::Role").values()
         if "emr-serverless" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
     ]
-    assert role
+    # What the job does on MSK: schedule rows through the delay input topic, idempotently.
+    role_id = next(k for k, v in of_type(resources, "AWS::IAM::Role").items() if v is role)
+    actions = {
+        action
+        for policy in of_type(resources, "AWS::IAM::Policy").values()
+        if {"Ref": role_id} in policy["Properties"]["Roles"]
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+        for action in ([statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"])
+    }
+    wanted = {"kafka-cluster:Connect", "kafka-cluster:WriteData", "kafka-cluster:WriteDataIdempotently"}
+    assert wanted <= actions
+    assert "kafka-cluster:ReadData" not in actions
 
 
 # -- configuration and cdk-nag -------------------------------------------------------------------------
