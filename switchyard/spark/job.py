@@ -313,6 +313,7 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
     write(rejected.map(r.error_row), ERROR_SCHEMA, "errors")
     elapsed = time.monotonic() - started
     prepared.unpersist()
+    valid.unpersist()  # persisted by --resume's filter; a no-op otherwise
     summary = _summarize(spark, options, run_id, total, skipped, bad, elapsed)
     report(progress.line())
     report(str(summary))
@@ -334,13 +335,16 @@ def _summarize(spark: SparkSession, options: PublishOptions, run_id: str, total:
 
 
 def main(options: PublishOptions, master: str | None = None) -> int:
-    """Build a session, run, stop: 0 when every sent row reached a final status, else 1."""
+    """Run in this process's session (built here, and then stopped, unless one is already active):
+    0 when every sent row reached a final status, else 1."""
     if master and master.startswith("local"):  # local mode binds to loopback unless told otherwise
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = build_session(master)
+    active = SparkSession.getActiveSession()
+    spark = active or build_session(master)
     try:
         summary = run(spark, options)
     finally:
-        spark.stop()
+        if active is None:
+            spark.stop()
     unfinished = sum(n for (_, status), n in summary.counts.items() if status not in r.FINAL_STATUSES)
     return 0 if unfinished == 0 else 1

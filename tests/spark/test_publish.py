@@ -5,8 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -14,6 +12,7 @@ from pathlib import Path
 
 import boto3
 
+from switchyard import cli
 from switchyard.delay.model import CHRONOS_HEADERS
 from switchyard.delay.parsing import format_deadline
 from switchyard.delay.runtime import LocalRuntime
@@ -21,7 +20,7 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.spark import rows as r
 from switchyard.spark.job import PublishOptions, run
-from tests.conftest import subprocess_env, unique
+from tests.conftest import unique
 
 ECHO = "tests.rpc.handlers:control_plane_echo"
 
@@ -173,26 +172,25 @@ def test_resume_sends_only_the_ids_without_a_final_status(
 
 
 def test_the_command_line_reads_csv_from_s3_and_writes_json_lines_back(
-        make_pool, planes, tmp_path: Path) -> None:
-    """``switchyard spark publish`` in its own process (its own local Spark), S3 at moto or LocalStack."""
+        spark, make_pool, planes, tmp_path: Path, capsys) -> None:
+    """``switchyard spark publish`` (in this process: it uses the active session), S3 at moto."""
     pool, settings = make_pool()
     planes.start(pool, settings, handler=ECHO)
     s3, bucket = boto3.client("s3"), unique("spark").replace("_", "-")
     s3.create_bucket(Bucket=bucket)
     lines = ["key,body,id"] + [f"k{i % 2},csv-{i},c{i}" for i in range(20)] + [",no key,c-bad"]
     s3.put_object(Bucket=bucket, Key="in/rows.csv", Body="\n".join(lines).encode())
-    proc = subprocess.run(
-        [sys.executable, "-m", "switchyard", "spark", "publish", "--input", f"s3://{bucket}/in/",
-         "--output", f"s3://{bucket}/out", "--pool", pool, "--format", "json", "--master", "local[1]",
-         "--timeout", "60", "--progress-interval", "1"],
-        env=subprocess_env(SPARK_LOCAL_IP="127.0.0.1"), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "20/20 rows (100%)" in proc.stderr and f"{pool}" in proc.stderr, proc.stderr[-3000:]
+    status = cli.main(["spark", "publish", "--input", f"s3://{bucket}/in/", "--output", f"s3://{bucket}/out",
+                       "--pool", pool, "--format", "json", "--timeout", "60", "--progress-interval", "1"])
+    stderr = capsys.readouterr().err
+    assert status == 0, stderr[-3000:]
+    assert "20/20 rows (100%)" in stderr and f"{pool:<24} ok" in stderr, stderr[-3000:]
     written = read_json_lines(s3, bucket, "out/results/")
     assert {row["id"]: (row["status"], row["key"]) for row in written} == {
         f"c{i}": ("ok", f"k{i % 2}") for i in range(20)}
     assert [(row["id"], row["reason"]) for row in read_json_lines(s3, bucket, "out/errors/")] == [
         ("c-bad", "missing_key")]
+    assert not spark.sparkContext._jsc.sc().isStopped()  # the CLI left the active session running
 
 
 def read_json_lines(s3, bucket: str, prefix: str) -> list[dict]:
