@@ -55,6 +55,9 @@ def test_ten_thousand_rows_over_a_hundred_new_keys_are_all_answered_once(
         assert row.attempts >= 1 and row.latency_ms > 0
     assert summary.counts == {(pool, "ok"): 10_000} and summary.bad == {}
     assert "10,000/10,000 rows" in lines[-2], lines
+    periodic = lines[:-2]  # every 2 s while the calls ran: done / total, rate, ETA
+    assert periodic and all("/10,000 rows (" in line and "rows/s" in line and "ETA" in line
+                            for line in periodic), lines
     print(f"\n10,000 rows over 100 new keys: {10_000 / elapsed:,.0f} rows/s end to end "
           f"({elapsed:.1f} s incl. reading and writing); {summary}")
 
@@ -197,3 +200,22 @@ def read_json_lines(s3, bucket: str, prefix: str) -> list[dict]:
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
     return [json.loads(line) for key in keys if key.endswith(".json")
             for line in s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode().splitlines()]
+
+
+def test_parquet_input_keeps_binary_bodies_and_reads_timestamp_deadlines_as_utc(
+        spark, tmp_path: Path) -> None:
+    from pyspark.sql import types as T
+
+    from switchyard.spark.job import input_format, read_input
+
+    schema = T.StructType([T.StructField("key", T.LongType()), T.StructField("body", T.BinaryType()),
+                           T.StructField("deadline", T.TimestampType())])
+    when = datetime(2030, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    path = str(tmp_path / "rows.parquet")
+    spark.createDataFrame([(7, b"\x00\xff", when), (8, None, None)], schema).write.parquet(path)
+    assert input_format(path, None) == "parquet"
+    prepared = [r.prepare(row.asDict(), "p") for row in read_input(spark, path, "parquet").collect()]
+    assert sorted(prepared, key=lambda x: x.key) == [
+        r.Request(r.stable_id("p", "7", b"\x00\xff", "2030-05-06T07:08:09.123Z"), "p", "7", b"\x00\xff",
+                  "2030-05-06T07:08:09.123Z"),
+        r.Request(r.stable_id("p", "8", b"", None), "p", "8", b"", None)]
