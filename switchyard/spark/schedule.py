@@ -10,6 +10,7 @@ by ``--resume``) if not.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -38,6 +39,10 @@ def schedule_partition(
 ) -> Iterator[tuple]:
     """Produce every request; yield one results row each once the broker confirmed (or refused) it."""
     topic = validate_topic(topic)
+    requests = iter(requests)
+    first = next(requests, None)
+    if first is None:  # most partitions hold no scheduled row: no producer, no connection
+        return
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                          "linger.ms": 5, "message.timeout.ms": int(timeout_s * 1000),
                          "client.id": "switchyard-spark", **kafka_security_config()})
@@ -53,7 +58,7 @@ def schedule_partition(
             on_result(row)
         finished.append(row)
 
-    for seq, request in enumerate(requests):
+    for seq, request in enumerate(itertools.chain([first], requests)):
         started = time.monotonic()
         pending[seq] = request
         while True:
