@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -20,7 +22,7 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.spark import rows as r
 from switchyard.spark.job import PublishOptions, run
-from tests.conftest import unique
+from tests.conftest import ROOT, subprocess_env, unique
 
 ECHO = "tests.rpc.handlers:control_plane_echo"
 
@@ -219,3 +221,14 @@ def test_parquet_input_keeps_binary_bodies_and_reads_timestamp_deadlines_as_utc(
         r.Request(r.stable_id("p", "7", b"\x00\xff", "2030-05-06T07:08:09.123Z"), "p", "7", b"\x00\xff",
                   "2030-05-06T07:08:09.123Z"),
         r.Request(r.stable_id("p", "8", b"", None), "p", "8", b"", None)]
+
+
+def test_the_spark_submit_entry_point_takes_the_same_options() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "publish_requests.py"), "--help"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    options = ("--input", "--output", "--pool", "--format", "--resume", "--timeout", "--retries", "--master")
+    assert all(option in proc.stdout for option in options), proc.stdout
+    proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "publish_requests.py"), "--input", "x"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--output" in proc.stderr
