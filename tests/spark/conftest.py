@@ -18,9 +18,10 @@ from tests.rpc.conftest import _quiet_metrics, make_pool, planes, redis_client  
 MASTER = "local[2,3]"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark() -> Iterator[Any]:
-    """Started once (~6 s, more under load) for every Spark test; the tasks' Python workers import
+    """Started once (~6 s, more under load) for the Spark tests, stopped after them (its JVM holds
+    ~1 GB the rest of the suite does not need); the tasks' Python workers import
     ``tests`` (test hooks travel by reference), hence the repository on their PYTHONPATH."""
     from switchyard.spark.job import build_session
 
