@@ -112,6 +112,16 @@ def statistics(cw: Any, namespace: str, name: str, dims: dict[str, str]) -> dict
             for stat in ("Sum", "SampleCount", "Maximum")}
 
 
+def settled(cw: Any, namespace: str, name: str, dims: dict[str, str], sum_: float,
+            timeout: float = 30.0) -> dict[str, float]:
+    """``statistics`` once its Sum reaches ``sum_`` (LocalStack may answer before it has aggregated
+    a call it accepted, on a loaded machine), or as they are after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while (stats := statistics(cw, namespace, name, dims))["Sum"] < sum_ and time.monotonic() < deadline:
+        time.sleep(1.0)
+    return stats
+
+
 def test_handler_metrics_reach_cloudwatch_through_switchyard_invoke(
         localstack: str, cloudwatch: Any, make_pool, tmp_path: Path) -> None:  # noqa: F811
     """The real rpc_dead_letters handler, run by ``switchyard invoke`` with shipping on: its counts
@@ -163,9 +173,9 @@ def test_provider_ships_every_flush_and_prints_nothing(
     assert shipper.flush(FLUSH_S)
     assert capsys.readouterr().out == ""
     dims = {"service": service}
-    assert statistics(cloudwatch, "Switchyard", "ProbeHandled", dims) == {"Sum": 12, "SampleCount": 4,
-                                                                          "Maximum": 3}
-    latency = statistics(cloudwatch, "Switchyard", "ProbeLatency", dims)
+    assert settled(cloudwatch, "Switchyard", "ProbeHandled", dims, 12) == {"Sum": 12, "SampleCount": 4,
+                                                                           "Maximum": 3}
+    latency = settled(cloudwatch, "Switchyard", "ProbeLatency", dims, sum(range(250)))
     assert (latency["Sum"], latency["SampleCount"], latency["Maximum"]) == (sum(range(250)), 250, 249)
     assert statistics(cloudwatch, "Switchyard", "ProbeDepth", {"WorkerGroup": "g1", **dims})["Sum"] == 7
     assert shipper.stats.malformed == shipper.stats.dropped == shipper.stats.errors == 0
@@ -187,7 +197,7 @@ def test_blobs_are_batched_into_few_calls(cloudwatch: Any, shipper: MetricsShipp
     assert shipper.stats.calls <= math.ceil((distinct + 1) / MAX_DATUMS_PER_CALL) + 1
     assert distinct + 1 <= shipper.stats.datums_shipped <= distinct + 2
     assert statistics(cloudwatch, namespace, "Calls", {"Node": "n1034"})["Sum"] == 1
-    hot = statistics(cloudwatch, namespace, "Lateness", {"Node": "hot"})
+    hot = settled(cloudwatch, namespace, "Lateness", {"Node": "hot"}, sum(n % 7 for n in range(repeated)))
     expected = (sum(n % 7 for n in range(repeated)), repeated, 6)
     assert (hot["Sum"], hot["SampleCount"], hot["Maximum"]) == expected
 
