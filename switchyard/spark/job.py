@@ -112,6 +112,10 @@ class PublishSummary:
 def build_session(master: str | None = None, app_name: str = "switchyard-publish",
                   conf: dict[str, str] | None = None) -> SparkSession:
     """A session (``master`` None: whatever spark-submit or EMR set); timestamps in UTC."""
+    if master and master.startswith("local"):
+        # Local tasks run their Python workers with this interpreter (the venv with Switchyard's
+        # dependencies), not whatever `python3` is first on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
     if master:
         builder = builder.master(master)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import boto3
+import pytest
 
 from switchyard import cli
 from switchyard.delay.model import CHRONOS_HEADERS
@@ -232,3 +233,19 @@ def test_the_spark_submit_entry_point_takes_the_same_options() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "publish_requests.py"), "--input", "x"],
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--output" in proc.stderr
+
+
+def test_the_demo_step_calls_its_rows_and_reports_the_bad_ones(
+        make_pool, planes, spark, capsys: pytest.CaptureFixture[str]) -> None:
+    """`switchyard demo`'s Spark step on a running pool: every good row answered, each bad one named."""
+    from switchyard.demo import Printer, spark_part
+
+    pool, settings = make_pool()
+    planes.start(pool, settings, handler=ECHO)
+    spark_part(Printer(), pool, ["a", "b"], rows=200)
+    printed = capsys.readouterr().out
+    assert f"{pool}" in printed and "200/200 rows (100%)" in printed
+    assert " ok " in printed and "200" in printed.split(" ok ", 1)[1].split("\n", 1)[0]
+    for reason in ("missing_key", "invalid_key", "invalid_deadline"):
+        assert f"errors: {reason}" in printed
+    assert spark.sparkContext._jsc is not None  # the shared session was left running
