@@ -95,6 +95,22 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     terminalreporter.write_line(f"broker: {rabbitmq_broker(config)}")
 
 
+LOCALSTACK_URL = os.environ.get("SWITCHYARD_LOCALSTACK_URL", "http://127.0.0.1:4566")
+
+
+def require_localstack(url: str = LOCALSTACK_URL) -> str:
+    """``url`` if LocalStack answers there; otherwise the test fails and says how to start it
+    (``./dev services`` runs LocalStack like the other services: a missing one is an error)."""
+    import requests
+
+    try:
+        requests.get(f"{url}/_localstack/health", timeout=3).raise_for_status()
+    except requests.RequestException as exc:
+        pytest.fail(f"LocalStack does not answer at {url} ({exc}); start it: ./dev services "
+                    "(or scripts/localstack.sh start)")
+    return url
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.1, what: str = "condition"):
     """Poll ``predicate`` until it returns something truthy; returns it, or fails the test."""
     import time

@@ -1,15 +1,14 @@
 """The local runtime's metrics reach CloudWatch on LocalStack, as the deployed functions' EMF would.
 
 Against the real LocalStack (``./dev`` starts it on 127.0.0.1:4566; ``SWITCHYARD_LOCALSTACK_URL``
-points elsewhere). Without it the tests skip, unless ``SWITCHYARD_REQUIRE_LOCALSTACK`` is set (CI),
-where they fail. Each test uses its own namespace or ``service`` dimension, so runs never mix.
+points elsewhere); without it they fail and say how to start it. Each test uses its own namespace
+or ``service`` dimension, so runs never mix.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -21,7 +20,6 @@ from typing import Any
 
 import boto3
 import pytest
-import requests
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 from botocore.config import Config
 
@@ -35,33 +33,19 @@ from switchyard.local.metrics_shipper import (
 )
 from switchyard.local.rmq_bridge import rmq_message
 from switchyard.rpc import protocol as p
-from tests.conftest import ROOT, subprocess_env, unique, wait_for
+from tests.conftest import ROOT, require_localstack, subprocess_env, unique, wait_for
 from tests.rpc.conftest import make_pool  # noqa: F401 - fixture
 from tests.rpc.test_handlers_malformed import dead, event_of
 
-LOCALSTACK_URL = os.environ.get("SWITCHYARD_LOCALSTACK_URL", "http://127.0.0.1:4566")
 CLOSED_PORT_URL = "http://127.0.0.1:9"  # discard: nothing listens here
 # LocalStack stores ~60 datums/s, slower under load (17 s for one 1,000-datum call was seen): flushes
 # in tests wait this long rather than the runtime's shutdown default.
 FLUSH_S = 120.0
 
 
-def _localstack_cloudwatch() -> bool:
-    try:
-        health = requests.get(f"{LOCALSTACK_URL}/_localstack/health", timeout=2).json()
-    except (requests.RequestException, ValueError):
-        return False
-    return health.get("services", {}).get("cloudwatch") in ("available", "running")
-
-
 @pytest.fixture(scope="module")
 def localstack() -> str:
-    if not _localstack_cloudwatch():
-        reason = f"LocalStack CloudWatch does not answer at {LOCALSTACK_URL} (./dev services starts it)"
-        if os.environ.get("SWITCHYARD_REQUIRE_LOCALSTACK"):
-            pytest.fail(reason + "; SWITCHYARD_REQUIRE_LOCALSTACK is set")
-        pytest.skip(reason)
-    return LOCALSTACK_URL
+    return require_localstack()
 
 
 def client_for(url: str) -> Any:

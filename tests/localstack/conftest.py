@@ -6,27 +6,21 @@ it. A deployment whose template equals the synthesized one is reused (``stacks.l
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import requests
 
-from stacks.localstack_deploy import DEFAULT_ENDPOINT, Deployment, client, deploy
+from stacks.localstack_deploy import Deployment, client, deploy
+from tests.conftest import LOCALSTACK_URL, require_localstack
 
-ENDPOINT = os.environ.get("SWITCHYARD_LOCALSTACK_URL", DEFAULT_ENDPOINT)
+ENDPOINT = LOCALSTACK_URL
 
 
 @pytest.fixture(scope="session")
 def localstack_deployment() -> Iterator[Deployment]:
     """``Deployment``: ``stack_name``, ``outputs`` (ConfigPath, BrokerSecretArn, AlarmTopicArn, ...)."""
-    try:
-        requests.get(f"{ENDPOINT}/_localstack/health", timeout=3).raise_for_status()
-    except requests.RequestException as exc:
-        pytest.fail(f"LocalStack does not answer at {ENDPOINT} ({exc}); start it: ./dev services "
-                    "(or scripts/localstack.sh start)")
-    yield deploy(ENDPOINT)
+    yield deploy(require_localstack(ENDPOINT))
 
 
 @pytest.fixture(scope="session")
