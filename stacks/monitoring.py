@@ -128,6 +128,12 @@ class MonitoringConstruct(Construct):
     def _emf(self, name: str, service: str, statistic: str = "Sum") -> cw.Metric:
         return self.emf(name, service, statistic, self.period)
 
+    def _emf_sum(self, label: str, service: str, **metrics: str) -> cw.MathExpression:
+        """One alarm input adding EMF counts, given as ``id=MetricName`` (the ids form the expression)."""
+        inputs = {key: self._emf(name, service) for key, name in metrics.items()}
+        return cw.MathExpression(expression=" + ".join(metrics), using_metrics=inputs, label=label,
+                                 period=self.period)
+
     @staticmethod
     def queue_depth(pool: PoolConfig) -> cw.MathExpression:
         """The deepest worker group queue of the pool (Metrics Insights: groups come and go)."""
@@ -143,7 +149,6 @@ class MonitoringConstruct(Construct):
     def switchyard_alarm_specs(self) -> list[AlarmSpec]:
         """Alarms over Switchyard's own metrics (EMF, namespace ``Switchyard``): both targets."""
         specs: list[AlarmSpec] = []
-        period = self.period
         for pool in self.config.pools:
             service = pool_service(pool.name)
             specs += [
@@ -163,28 +168,16 @@ class MonitoringConstruct(Construct):
                 ),
                 AlarmSpec(
                     f"{pool.name}-requests-rejected",
-                    cw.MathExpression(
-                        expression="rejected + maxlen",
-                        using_metrics={"rejected": self._emf("DeadLetterRejected", service),
-                                       "maxlen": self._emf("DeadLetterMaxlen", service)},
-                        label="rejected or refused by a full queue",
-                        period=period,
-                    ),
+                    self._emf_sum("rejected or refused by a full queue", service,
+                                  rejected="DeadLetterRejected", maxlen="DeadLetterMaxlen"),
                     1,
                     "A worker rejected a request or a full queue refused one: neither happens in normal "
                     "operation (Requeue republishes; queues have no length limit by default).",
                 ),
                 AlarmSpec(
                     f"{pool.name}-worker-group-start-failures",
-                    cw.MathExpression(
-                        expression="orphan + reconcile",
-                        using_metrics={
-                            "orphan": self._emf("OrphanGroupStartFailures", service),
-                            "reconcile": self._emf("ReconcileDriverErrors", service),
-                        },
-                        label="worker group start/stop/scale failures",
-                        period=period,
-                    ),
+                    self._emf_sum("worker group start/stop/scale failures", service,
+                                  orphan="OrphanGroupStartFailures", reconcile="ReconcileDriverErrors"),
                     1,
                     "ECS refused or throttled worker starts for 10 minutes running: the reconciler retries "
                     "every pass, so a failure that lasts two periods is capacity, quota or permissions.",
@@ -243,15 +236,8 @@ class MonitoringConstruct(Construct):
             ),
             AlarmSpec(
                 "delay-publish-or-store-errors",
-                cw.MathExpression(
-                    expression="publish + store",
-                    using_metrics={
-                        "publish": self._emf("DelayPublishFailures", DELAY_SERVICE),
-                        "store": self._emf("DelayStoreErrors", DELAY_SERVICE),
-                    },
-                    label="delay publish failures + store errors",
-                    period=period,
-                ),
+                self._emf_sum("delay publish failures + store errors", DELAY_SERVICE,
+                              publish="DelayPublishFailures", store="DelayStoreErrors"),
                 1,
                 "MSK did not confirm, or Postgres failed, for 10 minutes: retried messages fire late.",
                 periods=2,
