@@ -2,8 +2,10 @@
 
 One connection, one channel and one reply queue per client, driven by a background I/O thread.
 Every public method is thread-safe. ``submit`` returns a ``concurrent.futures.Future`` (wrap it
-with ``asyncio.wrap_future`` in async code); ``call`` blocks for the response. Futures complete
-in the I/O thread: their done-callbacks must not block, but they may call ``submit`` and ``close``.
+with ``asyncio.wrap_future`` in async code); ``call`` blocks for the response; ``send`` publishes a
+request that expects no response (seed 000: no reply-to) and its future resolves once the broker
+has it. Futures complete in the I/O thread: their done-callbacks must not block, but they may call
+``submit``, ``send`` and ``close``.
 
 When all slots are taken, ``submit`` waits for one to free up, at most the call's timeout, then
 raises ``ClientBusyError`` (called from a done-callback, it raises at once instead of waiting).
@@ -94,6 +96,7 @@ class _Call:
     future: Future
     slot: int = 0
     seq: int = 0
+    reply: bool = True  # False: sent without reply-to; done when the broker has it
 
 
 @dataclass
@@ -101,6 +104,7 @@ class ClientStats:
     """Counters a caller or a benchmark can read; updated by the I/O thread only."""
 
     published: int = 0
+    sent: int = 0  # requests without reply-to the broker has (``send``)
     responses: int = 0
     stale_responses: int = 0
     malformed_responses: int = 0
@@ -168,6 +172,24 @@ class RpcClient:
         """
         return self._core.submit(key, body, timeout, expiration_ms, headers)
 
+    def send(
+        self,
+        key: str,
+        body: bytes | str = b"",
+        *,
+        timeout: float | None = None,
+        expiration_ms: int = 0,
+        headers: Mapping[str, Any] | None = None,
+    ) -> Future[None]:
+        """Send a request that expects no response: published without reply-to (seed 000).
+
+        The future resolves to None once the broker has the request: when it confirms it on a
+        ``confirm=True`` client, else once it is written. It fails like ``submit``'s on a nack, a
+        return or a lost connection, and with ``CallTimeoutError`` if no confirm came within
+        ``timeout``. ``expiration_ms`` defaults to 0 (the request waits for a worker however long).
+        """
+        return self._core.submit(key, body, timeout, expiration_ms, headers, reply=False)
+
     def call(self, key: str, body: bytes | str = b"", *, timeout: float | None = None,
              expiration_ms: int | None = None, headers: Mapping[str, Any] | None = None) -> Response:
         """Send a request and wait for its response (raises ``CallTimeoutError`` on timeout)."""
@@ -215,6 +237,7 @@ class _ClientCore:
         self._wake_lock = threading.Lock()
         self._deadlines: list[tuple[float, int, int]] = []
         self._unconfirmed: dict[int, _Call] = {}
+        self._acked_sends: list[_Call] = []  # settled after the dispatch of returns that came first
         self._publish_seq = 0
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
@@ -232,9 +255,9 @@ class _ClientCore:
 
     # -- caller threads ---------------------------------------------------------------------
     def submit(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
-               headers: Mapping[str, Any] | None) -> Future[Response]:
+               headers: Mapping[str, Any] | None, reply: bool = True) -> Future:
         timeout = self.default_timeout if timeout is None else timeout
-        call = self._encode(key, body, timeout, expiration_ms, headers)
+        call = self._encode(key, body, timeout, expiration_ms, headers, reply)
         if self._closing:
             raise ClientClosedError("the client is closed")
         on_io_thread = threading.current_thread() is self._thread
@@ -256,7 +279,7 @@ class _ClientCore:
         return call.future
 
     def _encode(self, key: str, body: bytes | str, timeout: float, expiration_ms: int | None,
-                headers: Mapping[str, Any] | None) -> _Call:
+                headers: Mapping[str, Any] | None, reply: bool) -> _Call:
         """Validate a request and build its properties, so a bad one fails here, for its caller."""
         p.validate_key(key)
         if isinstance(body, str):
@@ -276,7 +299,7 @@ class _ClientCore:
             raise TypeError(f"headers must be a mapping, not {type(headers).__name__}")
         msg_headers = {**headers, p.KEY_HEADER: key} if headers else {p.KEY_HEADER: key}
         props = pika.BasicProperties(
-            reply_to=self._reply_queue,
+            reply_to=self._reply_queue if reply else None,
             expiration=str(expiration_ms) if expiration_ms else None,  # 0: never expires
             headers=msg_headers,
             delivery_mode=pika.DeliveryMode.Persistent,
@@ -292,7 +315,7 @@ class _ClientCore:
         if size + _CID_ROOM + _FRAME_OVERHEAD > self._frame_max:
             raise ValueError(f"request properties and headers take {size} bytes: more than the "
                              f"broker's frame size ({self._frame_max} bytes) can carry")
-        return _Call(key, p.routing_key(key), body, timeout, props, Future())
+        return _Call(key, p.routing_key(key), body, timeout, props, Future(), reply=reply)
 
     def close(self) -> None:
         with self._submit_lock:
@@ -391,6 +414,8 @@ class _ClientCore:
             if self._deadlines:
                 wait = min(wait, max(0.0, self._deadlines[0][0] - time.monotonic()))
             connection.process_data_events(time_limit=wait)
+            if self._acked_sends:
+                self._settle_acked_sends()
             if self._deadlines and self._deadlines[0][0] <= time.monotonic():
                 self._expire()
             if self._channel is None or not self._channel.is_open:
@@ -408,7 +433,7 @@ class _ClientCore:
             if call.future.done():  # already failed (e.g. client closing)
                 continue
             props = call.props
-            if props.reply_to != self._reply_queue:  # encoded before a reconnect
+            if call.reply and props.reply_to != self._reply_queue:  # encoded before a reconnect
                 props.reply_to = self._reply_queue
             if self.confirm:  # record before publishing: basic_publish may process the confirm
                 self._publish_seq += 1
@@ -426,6 +451,9 @@ class _ClientCore:
                                                        f"{type(exc).__name__}: {exc}"))
                 continue
             self.stats.published += 1
+            if not call.reply and not self.confirm:  # written: all an unconfirmed send waits for
+                self._settle_sent(call)
+                continue
             heapq.heappush(self._deadlines, (now + call.timeout, call.slot, call.seq))
         if len(self._deadlines) > 4 * self.slots.size + 1024:
             # Answered calls leave their deadline behind; drop those so the heap stays small.
@@ -490,15 +518,34 @@ class _ClientCore:
         nack = isinstance(method, pika.spec.Basic.Nack)
         for tag in tags:
             call = self._unconfirmed.pop(tag, None)
-            if nack and call is not None and self.slots.complete(call.slot, call.seq) is not None:
-                self.stats.nacked += 1
-                call.future.set_exception(PublishRejectedError(
-                    f"the broker refused the request for key {call.key!r}"))
+            if call is None:
+                continue
+            if nack:
+                if self.slots.complete(call.slot, call.seq) is not None:
+                    self.stats.nacked += 1
+                    call.future.set_exception(PublishRejectedError(
+                        f"the broker refused the request for key {call.key!r}"))
+            elif not call.reply:
+                # The broker sends a mandatory message's return before its ack, but pika runs this
+                # callback as the frame arrives and dispatches returns later, in process_data_events:
+                # the send is settled after that, so a returned one fails instead of passing as sent.
+                self._acked_sends.append(call)
+
+    def _settle_acked_sends(self) -> None:
+        acked, self._acked_sends = self._acked_sends, []
+        for call in acked:
+            self._settle_sent(call)
+
+    def _settle_sent(self, call: _Call) -> None:
+        if self.slots.complete(call.slot, call.seq) is not None:
+            self.stats.sent += 1
+            call.future.set_result(None)
 
     def _fail_all(self, error: Exception) -> None:
         self._outbox.clear()
         self._deadlines.clear()
         self._unconfirmed.clear()
+        self._acked_sends.clear()
         channel, self._channel = self._channel, None
         if channel is not None and channel.is_open:  # reopened below: do not leak this one
             with contextlib.suppress(Exception):

@@ -1,8 +1,10 @@
 """One Spark partition's calls: a slotted ``RpcClient`` per pool, many calls in flight, bounded retries.
 
 Runs inside a task (no Spark import here). Every request yields exactly one results row, in the
-order answers arrive. Retried: timeouts, unanswered dead letters (TTL, full queue) and broker
-failures (lost connection, nack, return), at most ``retries`` times more, with a short backoff.
+order answers arrive. With ``reply=False`` requests go without reply-to (``RpcClient.send``) and a
+row is final (``sent``) once the broker confirms it. Retried: timeouts, unanswered dead letters
+(TTL, full queue) and broker failures (lost connection, nack, return), at most ``retries`` times
+more, with a short backoff.
 A worker's own error answer (``error``) and poison (``delivery_limit``) are final at once.
 """
 
@@ -35,6 +37,7 @@ class CallOptions:
     timeout_s: float = 30.0
     retries: int = 2
     concurrency: int = 64
+    reply: bool = True  # False: send without reply-to; done when the broker confirms
 
 
 @dataclass
@@ -44,7 +47,7 @@ class _Attempt:
     started: float = 0.0
 
 
-def _outcome(future: Future[Response]) -> tuple[Status, bytes | None, str | None, bool]:
+def _outcome(future: Future[Response | None]) -> tuple[Status, bytes | None, str | None, bool]:
     """(status, response body, error text, retry?) of one finished attempt."""
     try:
         response = future.result()
@@ -52,6 +55,8 @@ def _outcome(future: Future[Response]) -> tuple[Status, bytes | None, str | None
         return Status.TIMEOUT, None, str(exc), True
     except (RpcError, BrokerError) as exc:  # broker lost, nacked or returned it; client reconnecting
         return Status.FAILED, None, f"{type(exc).__name__}: {exc}", True
+    if response is None:  # RpcClient.send: the broker confirmed it
+        return Status.SENT, None, None, False
     if response.status in _FINAL_ANSWERS:
         status = _FINAL_ANSWERS[response.status]
         return status, response.body, None if status is Status.OK else response.text()[:1000], False
@@ -93,7 +98,11 @@ def call_partition(
         attempt.started = time.monotonic()
         request = attempt.request
         try:
-            future = client_for(request.pool).submit(request.key, request.body, timeout=options.timeout_s)
+            client = client_for(request.pool)
+            if options.reply:
+                future = client.submit(request.key, request.body, timeout=options.timeout_s)
+            else:
+                future = client.send(request.key, request.body, timeout=options.timeout_s)
         except SwitchyardError as exc:  # no connection for a client yet, or the client closed
             return settle(attempt, Status.FAILED, None, f"{type(exc).__name__}: {exc}", True)
         in_flight += 1

@@ -46,6 +46,9 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
                         help="retries of a call that timed out or that the broker lost (default 2)")
     parser.add_argument("--concurrency", type=int, default=64, metavar="N",
                         help="calls in flight per Spark partition (default 64)")
+    parser.add_argument("--no-reply", dest="reply", action="store_false",
+                        help="send requests that expect no answer (no reply-to): a row is final, status "
+                             "sent, once the broker confirms it; workers' answers are not collected")
     parser.add_argument("--partitions", type=int, metavar="N",
                         help="call partitions (default: one per 1,000 rows, at least the cores)")
     parser.add_argument("--progress-interval", dest="progress_interval_s", type=_positive, default=5.0,
@@ -65,7 +68,7 @@ def options_from_args(args: argparse.Namespace):  # -> job.PublishOptions (pyspa
     return PublishOptions(
         input=args.input, output=args.output, pool=args.pool, input_format=args.input_format,
         output_format=args.output_format, resume=args.resume, timeout_s=args.timeout_s,
-        retries=args.retries, concurrency=args.concurrency, partitions=args.partitions,
+        retries=args.retries, concurrency=args.concurrency, reply=args.reply, partitions=args.partitions,
         progress_interval_s=args.progress_interval_s, delay_topic=args.delay_topic)
 
 

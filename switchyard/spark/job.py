@@ -74,6 +74,7 @@ class PublishOptions:
     timeout_s: float = 30.0
     retries: int = 2
     concurrency: int = 64
+    reply: bool = True  # False (--no-reply): send without reply-to; final (sent) once confirmed
     partitions: int | None = None  # call partitions; default: one per ~1,000 rows, at least the cores
     progress_interval_s: float = 5.0
     delay_topic: str | None = None  # default: SWITCHYARD_DELAY_INPUT_TOPIC
@@ -88,7 +89,7 @@ class PublishSummary:
     skipped: int  # ids --resume found already final
     bad: dict[str, int]
     counts: dict[tuple[str, str], int]
-    latency_ms: dict[str, tuple[float, float, float]]  # pool -> p50, p95, p99 of answered calls
+    latency_ms: dict[str, tuple[float, float, float]]  # pool -> p50, p95, p99 of answered (or sent) rows
     elapsed_s: float
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -292,7 +293,7 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
     calls = valid.filter(lambda x: x.deadline is None)
     scheduled = valid.filter(lambda x: x.deadline is not None)
     partitions = options.partitions or max(spark.sparkContext.defaultParallelism, math.ceil(total / 1000))
-    call_options = CallOptions(options.timeout_s, options.retries, options.concurrency)
+    call_options = CallOptions(options.timeout_s, options.retries, options.concurrency, options.reply)
 
     progress = Progress(spark, total, sum(bad.values()), options.progress_interval_s, report)
     done_acc, unfinished_acc = progress.done, progress.unfinished
@@ -324,6 +325,9 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
     return summary
 
 
+_TIMED = [r.Status.OK.value, r.Status.SENT.value]  # latency: to the answer, or (--no-reply) to the confirm
+
+
 def _summarize(spark: SparkSession, options: PublishOptions, run_id: str, total: int, skipped: int,
                bad: dict[str, int], elapsed: float) -> PublishSummary:
     """Counts and percentiles of this run, read back from what was written (nothing is sent again)."""
@@ -332,7 +336,7 @@ def _summarize(spark: SparkSession, options: PublishOptions, run_id: str, total:
     grouped = written.groupBy("pool", "status").count().collect()
     counts = {(row.pool, row.status): row["count"] for row in grouped}
     latency = {
-        row.pool: tuple(row.q) for row in written.where(F.col("status") == r.Status.OK.value).groupBy("pool")
+        row.pool: tuple(row.q) for row in written.where(F.col("status").isin(_TIMED)).groupBy("pool")
         .agg(F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], 10000).alias("q")).collect()
     }
     return PublishSummary(run_id, total, skipped, bad, counts, latency, elapsed)

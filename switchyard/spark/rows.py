@@ -39,6 +39,7 @@ class Status(StrEnum):
     DELIVERY_LIMIT = "delivery_limit"  # poison: the broker dead-lettered it after too many deliveries
     REJECTED = "rejected"  # dead-lettered: rejected without requeue
     SCHEDULED = "scheduled"  # produced to the delay scheduler's input topic, confirmed
+    SENT = "sent"  # --no-reply: published without reply-to, confirmed by the broker
     TIMEOUT = "timeout"  # no answer within --timeout, after every retry
     EXPIRED = "expired"  # dead-lettered unanswered (TTL), after every retry
     MAXLEN = "maxlen"  # dead-lettered: the queue was full, after every retry
@@ -47,7 +48,7 @@ class Status(StrEnum):
 
 # What --resume never sends again. The others may succeed on a later run.
 FINAL_STATUSES = frozenset({Status.OK, Status.ERROR, Status.DELIVERY_LIMIT, Status.REJECTED,
-                            Status.SCHEDULED})
+                            Status.SCHEDULED, Status.SENT})
 
 
 class Reason(StrEnum):

@@ -308,3 +308,62 @@ def test_a_worker_killed_mid_request_loses_nothing(pool, workers) -> None:
         workers.start(name, "k", f"{H}:whoami", worker_id=rescuer)
         response = future.result(30)
     assert response.ok and response.text() == f"{rescuer}|k|survives"
+
+
+# -- send: requests that expect no response (seed 000: reply-to optional) --------------------------
+def test_send_publishes_without_reply_to_and_resolves_on_the_confirm(pool) -> None:
+    name, settings = pool
+    bind(name, settings, "k")
+    with RpcClient(name, settings, timeout=10, confirm=True) as client:
+        futures = [client.send("k", f"n{i}") for i in range(20)]
+        assert [f.result(15) for f in futures] == [None] * 20
+        assert (client.stats.sent, client.stats.responses) == (20, 0)
+    first = get_message(settings, p.request_queue(name, "k"))
+    assert first is not None
+    _, props, body = first
+    assert body == b"n0"
+    assert props.reply_to is None  # a worker answers nobody
+    assert props.expiration is None  # waits for a worker however long (expiration_ms=0)
+    assert props.headers[p.KEY_HEADER] == "k"
+
+
+def test_send_without_confirms_resolves_once_written(pool) -> None:
+    name, settings = pool
+    bind(name, settings, "k")
+    with RpcClient(name, settings, timeout=10) as client:
+        assert client.send("k", "once", expiration_ms=60_000).result(10) is None
+        assert client.stats.sent == 1
+    _, props, body = get_message(settings, p.request_queue(name, "k"))
+    assert (body, props.reply_to, props.expiration) == (b"once", None, "60000")
+
+
+def test_unroutable_send_fails_with_the_return_not_a_confirm(pool) -> None:
+    name, settings = pool
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    connection.channel().exchange_delete(p.orphan_exchange(name))
+    connection.close()
+    with RpcClient(name, settings, timeout=10, confirm=True) as client:
+        with pytest.raises(UnroutableError, match="NO_ROUTE"):
+            client.send("unbound", "x").result(10)
+        assert (client.stats.returned, client.stats.sent) == (1, 0)
+        # The client goes on: a routable send after the failed one is confirmed.
+        bind(name, settings, "k")
+        assert client.send("k", "y").result(10) is None
+
+
+def test_worker_handles_sent_requests_and_answers_calls_after_them(pool, workers) -> None:
+    name, settings = pool
+    bind(name, settings, "k")
+    workers.start(name, "k", f"{H}:whoami")
+    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    with RpcClient(name, settings, timeout=10, confirm=True) as client:
+        for future in [client.send("k", str(i)) for i in range(30)]:
+            future.result(10)
+        assert client.call("k", "after").text().split("|")[2] == "after"
+        assert client.stats.responses == 1  # the 30 sent requests got no response
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    try:
+        queue = connection.channel().queue_declare(p.request_queue(name, "k"), passive=True)
+        assert queue.method.message_count == 0  # taken in order, before the call behind them
+    finally:
+        connection.close()

@@ -31,5 +31,15 @@ def spark() -> Iterator[Any]:
         "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
         "spark.driver.memory": "1g", "spark.sql.adaptive.enabled": "false"})
     session.sparkContext.setLogLevel("ERROR")
+    import pyspark
+
+    # The JVM must be the Spark of the pyspark imported (scripts/spark35.sh runs these on 3.5.5).
+    assert session.version == pyspark.__version__, (session.version, pyspark.__version__)
     yield session
     session.stop()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from importlib.metadata import version
+
+    return f"pyspark: {version('pyspark')}"

@@ -23,7 +23,7 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.spark import rows as r
 from switchyard.spark.job import PublishOptions, run
-from tests.conftest import ROOT, subprocess_env, unique
+from tests.conftest import ROOT, subprocess_env, unique, wait_for
 
 ECHO = "tests.rpc.handlers:control_plane_echo"
 
@@ -177,6 +177,32 @@ def test_resume_sends_only_the_ids_without_a_final_status(
     assert {row.id for row in written if row.run_id == second.run_id} == {"s0", "s1"}
 
 
+def test_no_reply_rows_are_final_once_confirmed_and_every_worker_gets_them(
+        spark, make_pool, planes, tmp_path: Path) -> None:
+    pool, settings = make_pool()
+    log = tmp_path / "requests.log"
+    planes.start(pool, settings, handler="tests.rpc.handlers:slow_logged",
+                 worker_env={"START_LOG": str(log), "SLOW_SECONDS": "0"})
+    rows = [{"key": f"k{i % 3}", "body": f"row-{i}"} for i in range(300)]
+    source, out = write_jsonl(tmp_path / "rows.jsonl", rows), str(tmp_path / "out")
+    summary = run(spark, PublishOptions(source, out, pool=pool, timeout_s=30, reply=False),
+                  report=lambda _line: None)
+    assert summary.counts == {(pool, "sent"): 300} and summary.bad == {}
+    assert pool in summary.latency_ms  # to the confirm
+    written = results(spark, tmp_path / "out")
+    assert len({row.id for row in written}) == len(written) == 300
+    assert all((row.status, row.response, row.error) == ("sent", None, None) and row.latency_ms > 0
+               for row in written)
+    # The workers (started on the orphaned keys) take every sent row; nobody waits for an answer.
+    wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= 300, timeout=60,
+             what="the workers to take all 300 sent rows")
+    assert sorted(line.split(" ", 1)[1] for line in log.read_text().splitlines()) == \
+        sorted(row["body"] for row in rows)
+    again = run(spark, PublishOptions(source, out, pool=pool, resume=True, reply=False),
+                report=lambda _line: None)
+    assert (again.total, again.skipped) == (0, 300)  # sent is final: --resume sends none again
+
+
 def test_the_command_line_reads_csv_from_s3_and_writes_json_lines_back(
         spark, make_pool, planes, tmp_path: Path, capsys) -> None:
     """``switchyard spark publish`` (in this process: it uses the active session), S3 at moto."""
@@ -228,7 +254,8 @@ def test_the_spark_submit_entry_point_takes_the_same_options() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "publish_requests.py"), "--help"],
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    options = ("--input", "--output", "--pool", "--format", "--resume", "--timeout", "--retries", "--master")
+    options = ("--input", "--output", "--pool", "--format", "--resume", "--timeout", "--retries", "--master",
+               "--no-reply")
     assert all(option in proc.stdout for option in options), proc.stdout
     proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "publish_requests.py"), "--input", "x"],
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
