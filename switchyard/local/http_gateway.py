@@ -37,6 +37,7 @@ from urllib.parse import parse_qsl
 
 import waitress.server
 from waitress import wasyncore
+from waitress.channel import HTTPChannel
 
 from switchyard.local.lambda_context import FakeLambdaContext
 
@@ -167,6 +168,25 @@ def _status_line(code: int) -> str:
         return f"{code} Status {code}"
 
 
+class _Channel(HTTPChannel):
+    """Waitress's channel, less a busy wait of its I/O loop while a task thread sends a response.
+
+    The task thread sends its response itself, holding the channel's output lock. Meanwhile
+    waitress's ``writable()`` says yes (output is buffered), the socket is always ready for
+    writing, and the loop's non-blocking attempt at the lock fails: it turns again, holding the
+    GIL the task thread needs to finish. Measured: ~100 loop turns and ~1.5 ms of CPU per bus
+    publish, half the process's CPU. While the lock is held the task will send the data, or pull
+    the trigger if it cannot (then the lock is free and the loop sends it).
+    """
+
+    def writable(self) -> bool:
+        if self.requests and self.total_outbufs_len and not (self.will_close or self.close_when_flushed):
+            if not self.outbuf_lock.acquire(False):
+                return False
+            self.outbuf_lock.release()
+        return bool(super().writable())
+
+
 class HttpGateway:
     """Serve one Lambda proxy handler over HTTP; ``start()``/``stop()`` or a ``with`` block.
 
@@ -246,6 +266,7 @@ class HttpGateway:
             ident="switchyard-local-gateway",
             clear_untrusted_proxy_headers=True,
         )
+        self._server.channel_class = _Channel
         self.port = int(self._server.effective_port)
         self._thread = threading.Thread(target=self._server.run, name=f"gateway:{self.port}", daemon=True)
         self._thread.start()
