@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hmac
 import ipaddress
 import json
@@ -154,10 +155,14 @@ def _without_content_type(headers: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def handle(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """The Lambda proxy entry point: ``app.resolve`` with every body read as JSON text, whatever its
-    Content-Type (as Routemaster's parser does: ``curl -d`` sends form-urlencoded, and Powertools
-    would parse a form, or fail on a multipart type without a boundary). A body that is not UTF-8
-    becomes invalid JSON, refused like any other (401 or 400), not a handler crash."""
+    """The Lambda proxy entry point: an accepted publish by ``fast_publish``, anything else by
+    ``app.resolve`` with every body read as JSON text, whatever its Content-Type (as Routemaster's
+    parser does: ``curl -d`` sends form-urlencoded, and Powertools would parse a form, or fail on a
+    multipart type without a boundary). A body that is not UTF-8 becomes invalid JSON, refused like
+    any other (401 or 400), not a handler crash."""
+    accepted = fast_publish(event)
+    if accepted is not None:
+        return accepted
     body = event.get("body")
     if body:
         if event.get("isBase64Encoded"):
@@ -182,8 +187,14 @@ class Unauthorized(Exception):
 
 
 def _basic_username() -> str | None:
-    header = app.current_event.headers.get("authorization") or ""
-    scheme, _, encoded = header.partition(" ")
+    return basic_username(app.current_event.headers.get("authorization"))
+
+
+@functools.lru_cache(maxsize=1024)
+def basic_username(header: str | None) -> str | None:
+    """The username of a Basic ``Authorization`` header, else None (cached: a publisher sends the
+    same header with every event; the result depends on the header alone)."""
+    scheme, _, encoded = (header or "").partition(" ")
     if scheme.lower() != "basic":
         return None
     try:
@@ -362,22 +373,61 @@ def publish(name: Annotated[str, Path(pattern=TOPIC_PATTERN)], body: EventIn) ->
     token = _basic_username()  # the ingest script checks it: one round trip per publish
     if token is None or _is_root(token):
         raise Unauthorized(("client",))
-    s = store()
     object_body("bad event")
+    try:
+        accept(name, token, body)
+    except UnknownTokenError:
+        raise Unauthorized(("client",)) from None
+    except TopicClaimedError:
+        return _text(403, "topic claimed")
+    return _text(200)
+
+
+def accept(topic: str, token: str, body: EventIn) -> None:
+    """Queue one validated event (both ways in): its data size, then the ingest script, which checks
+    the token and the topic's owner (UnknownTokenError, TopicClaimedError: nothing was written)."""
+    s = store()
     if body.data is not None:
         size = len(json.dumps(body.data, separators=(",", ":"), ensure_ascii=False).encode())
         if size > s.settings.max_event_data:
             raise BadInput("bad event")
     timestamp = body.timestamp if body.timestamp is not None else int(time.time() * 1000)
-    try:
-        s.publish(name, token, event_json(name, body.type, body.url, timestamp, body.data))
-    except UnknownTokenError:
-        raise Unauthorized(("client",)) from None
-    except TopicClaimedError:
-        return _text(403, "topic claimed")
+    s.publish(topic, token, event_json(topic, body.type, body.url, timestamp, body.data))
     if not is_metrics_disabled():  # Powertools prints every 100 values, disabled or not
-        metrics.add_metric(name="BusEventsPublished", unit=MetricUnit.Count, value=1)
-    return _text(200)
+        with _metrics_lock:
+            metrics.add_metric(name="BusEventsPublished", unit=MetricUnit.Count, value=1)
+
+
+_metrics_lock = threading.Lock()  # fast publishes run side by side; Powertools' metric set is shared
+_TOPIC_RE = re.compile(TOPIC_PATTERN.removeprefix("^").removesuffix("$"))  # fullmatch: no "\n" before $
+_TOPICS = "/topics/"
+
+
+def fast_publish(event: dict[str, Any]) -> dict[str, Any] | None:
+    """An accepted ``POST /topics/<name>`` without the resolver's routing, middleware and turn
+    (about half the CPU of a publish): the same rules (topic pattern, Basic token not root, a JSON
+    object valid as ``EventIn``, ``accept``), and the resolver's own answer (a test compares them).
+
+    None for anything else, including every refusal and a Redis error: nothing was stored, and the
+    resolver then answers as before (401, 400, 403, 503) from its one set of handlers."""
+    if event.get("httpMethod") != "POST" or event.get("isBase64Encoded"):
+        return None
+    path = event.get("path") or ""
+    if not path.startswith(_TOPICS) or not _TOPIC_RE.fullmatch(topic := path[len(_TOPICS):]):
+        return None
+    headers = event.get("headers") or {}
+    token = basic_username(headers.get("Authorization") or headers.get("authorization"))
+    if token is None or _is_root(token):
+        return None
+    try:
+        raw = json.loads(event.get("body") or "")
+        if not isinstance(raw, dict):
+            return None
+        accept(topic, token, EventIn.model_validate(raw))
+    except (ValueError, BadInput, UnknownTokenError, TopicClaimedError, redis.RedisError):
+        return None  # ValueError: bad JSON or a ValidationError
+    return {"statusCode": 200, "body": "", "isBase64Encoded": False,
+            "multiValueHeaders": {"Content-Type": ["text/plain"]}}
 
 
 @app.delete("/topics/<name>", summary="delete a topic (its publisher, or root); subscriptions to it go",

@@ -23,15 +23,15 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import functools
 import http
 import importlib
 import json
 import logging
+import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -65,8 +65,22 @@ def as_handler(target: Any) -> Handler:
     raise TypeError(f"not a resolver or Lambda handler: {target!r}")
 
 
+@functools.lru_cache(maxsize=1024)
 def _header_name(environ_key: str) -> str:
+    """``HTTP_USER_AGENT`` -> ``User-Agent`` (cached: clients send the same few names every time)."""
     return "-".join(part.capitalize() for part in environ_key.removeprefix("HTTP_").split("_"))
+
+
+def _request_id() -> str:
+    """A random version-4 UUID as text, without uuid4's object (a third of the event's cost)."""
+    h = f"{random.getrandbits(128):032x}"
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
+
+
+@functools.lru_cache(maxsize=2)
+def _request_time(epoch_s: int) -> str:
+    """API Gateway's ``requestTime`` for one second (formatted once per second, not per request)."""
+    return time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime(epoch_s))
 
 
 def _wsgi_text(value: str) -> str:
@@ -91,7 +105,8 @@ def event_from_environ(environ: dict[str, Any], stage: str = "local") -> dict[st
             continue
         multi_headers.setdefault(name, []).append(value)
     multi_query: dict[str, list[str]] = {}
-    for name, value in parse_qsl(_wsgi_text(environ.get("QUERY_STRING", "")), keep_blank_values=True):
+    query = environ.get("QUERY_STRING")
+    for name, value in parse_qsl(_wsgi_text(query), keep_blank_values=True) if query else ():
         multi_query.setdefault(name, []).append(value)
     length = int(environ.get("CONTENT_LENGTH") or 0)
     raw = environ["wsgi.input"].read(length) if length > 0 else b""
@@ -102,7 +117,7 @@ def event_from_environ(environ: dict[str, Any], stage: str = "local") -> dict[st
             body = raw.decode("utf-8")
         except UnicodeDecodeError:
             body, is_base64 = base64.b64encode(raw).decode("ascii"), True
-    now = datetime.now(UTC)
+    now_ms = time.time_ns() // 1_000_000
     proxy = path.lstrip("/")
     return {
         "resource": "/{proxy+}" if proxy else "/",
@@ -123,10 +138,10 @@ def event_from_environ(environ: dict[str, Any], stage: str = "local") -> dict[st
             "path": f"/{stage}{path}",
             "stage": stage,
             "protocol": environ.get("SERVER_PROTOCOL", "HTTP/1.1"),
-            "requestId": str(uuid.uuid4()),
-            "extendedRequestId": str(uuid.uuid4()),
-            "requestTime": now.strftime("%d/%b/%Y:%H:%M:%S +0000"),
-            "requestTimeEpoch": int(now.timestamp() * 1000),
+            "requestId": _request_id(),
+            "extendedRequestId": _request_id(),
+            "requestTime": _request_time(now_ms // 1000),
+            "requestTimeEpoch": now_ms,
             "domainName": environ.get("HTTP_HOST", "127.0.0.1"),
             "identity": {
                 "sourceIp": environ.get("REMOTE_ADDR", "127.0.0.1"),
@@ -161,6 +176,7 @@ def http_response(result: Any) -> tuple[int, list[tuple[str, str]], bytes]:
     return result["statusCode"], headers, data
 
 
+@functools.lru_cache(maxsize=128)
 def _status_line(code: int) -> str:
     try:
         return f"{code} {http.HTTPStatus(code).phrase}"

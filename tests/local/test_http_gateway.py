@@ -7,7 +7,9 @@ import os
 import socket
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,12 @@ def test_get_with_path_query_and_headers(gateway: HttpGateway) -> None:
     assert event["pathParameters"] == {"proxy": "echo/né"}
     assert event["multiValueHeaders"]["User-Agent"] == ["t/1"]
     assert event["requestContext"]["identity"]["sourceIp"] == "127.0.0.1"
+    context = event["requestContext"]
+    ids = {context["requestId"], context["extendedRequestId"]}
+    assert len(ids) == 2 and all(uuid.UUID(i).version == 4 and str(uuid.UUID(i)) == i for i in ids)
+    assert abs(context["requestTimeEpoch"] / 1000 - time.time()) < 5
+    stamp = datetime.strptime(context["requestTime"], "%d/%b/%Y:%H:%M:%S %z")
+    assert abs(stamp.timestamp() - context["requestTimeEpoch"] / 1000) < 1
 
 
 def test_binary_body_round_trip_base64(gateway: HttpGateway) -> None:
