@@ -38,7 +38,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.stats import load_average  # noqa: E402
+from bench.stats import cpu_seconds, load_average  # noqa: E402
 from switchyard.latency import LatencySummary  # noqa: E402
 from switchyard.pending import PendingQueue, PendingSettings  # noqa: E402
 from switchyard.pending.client import PollingService  # noqa: E402
@@ -124,7 +124,7 @@ class RawCaller:
 
 def caller_process(side: str, url: str, prefix: str, names: list[str], in_flight: int,
                    seconds: float) -> None:
-    """Run ``in_flight`` callers for ``seconds``; print calls completed and their latencies."""
+    """Run ``in_flight`` callers for ``seconds``; print their latencies and this process's CPU."""
     if side == "raw":
         call: Callable[[str, str], object] = RawCaller(raw_client(url, in_flight + 8)).call
         node = None
@@ -134,6 +134,7 @@ def caller_process(side: str, url: str, prefix: str, names: list[str], in_flight
     latencies: list[float] = []
     lock = threading.Lock()
     sys.stdin.readline()  # all caller processes start together
+    cpu_before = time.process_time()
     deadline = time.perf_counter() + seconds
 
     def worker(index: int) -> None:
@@ -147,7 +148,11 @@ def caller_process(side: str, url: str, prefix: str, names: list[str], in_flight
 
     with ThreadPoolExecutor(in_flight) as pool:
         list(pool.map(worker, range(in_flight)))
-    print(json.dumps(latencies), flush=True)
+    report: dict[str, object] = {"latencies": latencies, "cpu_s": time.process_time() - cpu_before}
+    if node is not None:
+        report["round_trips"] = node._batch.round_trips
+        report["script_calls"] = node._batch.calls
+    print(json.dumps(report), flush=True)
     if node is not None:
         node.close()
 
@@ -192,21 +197,46 @@ def sequential(call: Callable[[], object], seconds: float) -> list[float]:
 
 
 def throughput(procs: Procs, side: str, url: str, prefix: str, names: list[str], callers: int,
-               in_flight: int, seconds: float) -> dict[str, float]:
+               in_flight: int, seconds: float, services: list[subprocess.Popen], redis_pid: int) -> dict:
+    """Calls/s and latency, plus the CPU each call cost the callers, the services and Redis: the
+    machine's cores divided by that CPU is the ceiling of the side on this machine, whatever else
+    runs on it (the calls/s alone move with the load of a shared machine)."""
     me = str(Path(__file__).resolve())
     children = [procs.start(me, "_callers", side, url, prefix, ",".join(names), str(in_flight), str(seconds),
                             ready=False, stdin=True) for _ in range(callers)]
     time.sleep(3 if side == "library" else 1)  # nodes started and subscribed
+    others = [p.pid for p in services] + [redis_pid]
+    cpu_before = [cpu_seconds(pid) for pid in others]
     for child in children:
         child.stdin.write("go\n")
         child.stdin.flush()
     latencies: list[float] = []
+    caller_cpu = 0.0
+    round_trips = script_calls = 0
     for child in children:
-        latencies.extend(json.loads(child.stdout.readline()))
+        report = json.loads(child.stdout.readline())
+        latencies.extend(report["latencies"])
+        caller_cpu += report["cpu_s"]
+        round_trips += report.get("round_trips", 0)
+        script_calls += report.get("script_calls", 0)
+    cpu_after = [cpu_seconds(pid) for pid in others]
+    for child in children:
         procs.stop(child)
+    calls = max(1, len(latencies))
+    service_cpu = sum(after - before for after, before in zip(cpu_after[:-1], cpu_before[:-1], strict=True))
+    redis_cpu = cpu_after[-1] - cpu_before[-1]
+    per_call = {"callers": caller_cpu, "services": service_cpu, "redis": redis_cpu}
+    per_call = {k: round(v / calls * 1e6) for k, v in per_call.items()}
+    total_us = sum(per_call.values())
     summary = LatencySummary.of(latencies)
-    return {"calls_per_s": round(len(latencies) / seconds), "p50_ms": round(summary.p50_ms, 2),
-            "p99_ms": round(summary.p99_ms, 2)}
+    result: dict[str, object] = {
+        "calls_per_s": round(len(latencies) / seconds), "p50_ms": round(summary.p50_ms, 2),
+        "p99_ms": round(summary.p99_ms, 2), "cpu_us_per_call": {**per_call, "total": total_us},
+        f"cpu_ceiling_calls_per_s_on_{os.cpu_count()}_cores": round(os.cpu_count() * 1e6 / max(1, total_us)),
+    }
+    if script_calls:
+        result["caller_scripts_per_round_trip"] = round(script_calls / max(1, round_trips), 2)
+    return result
 
 
 def command_counts(client: redis.Redis, calls: int, do_call: Callable[[], object]) -> dict[str, float]:
@@ -278,13 +308,15 @@ def main() -> int:
                             range(args.service_procs)]
             raw_services = [procs.start(me, "_raw_service", url, n, str(args.pollers)) for n in service_args]
             results["throughput_raw_lists"] = throughput(procs, "raw", url, prefix, names, args.callers,
-                                                         args.in_flight, args.seconds * 2)
+                                                         args.in_flight, args.seconds * 2, raw_services,
+                                                         server.proc.pid)
             for p in raw_services:
                 procs.stop(p)
             lib_services = [procs.start(me, "_service", url, prefix, n, str(args.pollers))
                             for n in service_args]
             results["throughput_library"] = throughput(procs, "library", url, prefix, names, args.callers,
-                                                       args.in_flight, args.seconds * 2)
+                                                       args.in_flight, args.seconds * 2, lib_services,
+                                                       server.proc.pid)
             for p in lib_services:
                 procs.stop(p)
             results["throughput_setup"] = {"services": args.services, "service_procs": args.service_procs,

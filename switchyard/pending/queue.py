@@ -17,7 +17,9 @@ Better than Halibut's (seed 002):
   per interval both beats and checks the other side, the caller's beat is also its pickup check
   and response poll, and a lost pub/sub message cannot look like a dead node;
 * the fast-RPC shortcut: nothing periodic happens before ``heartbeat_initial_delay_s``, so a quick
-  call costs four commands (enqueue, take, respond, unlink);
+  call costs three scripts (enqueue, take, respond) and a share of one batched UNLINK;
+* under load a node's concurrent enqueues, takes and responds share round trips (``batch.py``):
+  with redis-py each round trip costs more Python CPU than the Lua work it carries;
 * redis-py's own Retry repeats every command for the retry window (30 s, 1 s apart).
 """
 
@@ -37,6 +39,7 @@ from typing import Any, BinaryIO
 import redis
 
 from switchyard.observability import emit_gauge
+from switchyard.pending.batch import ScriptBatcher
 from switchyard.pending.errors import (
     CancelledError,
     DataLossError,
@@ -56,6 +59,10 @@ ID_LENGTH = 32  # uuid4().hex: request ids are fixed-length, so node-channel mes
 RESPONSE_MESSAGE = b"r"  # node channel: b"r" + id + b"\n" + response JSON
 CANCEL_MESSAGE = b"c"  # node channel: b"c" + id
 LISTENER_TICK_S = 0.05  # how soon the listener applies a new endpoint subscription
+# Answered states are unlinked in batches, off the callers' path: at most this late (their TTL
+# covers a node that dies first) or as soon as this many piled up. One UNLINK per endpoint tag.
+REAP_INTERVAL_S = 0.1
+REAP_BATCH = 256
 # Metrics (Count, dimension Endpoint; the CDK alarms watch them). Data loss has no endpoint.
 METRIC_PICKUP_TIMEOUTS = "PendingPickupTimeouts"
 METRIC_PROCESSORS_LOST = "PendingProcessorsLost"
@@ -239,9 +246,11 @@ class PendingQueue:
         self._respond = _script(self.client, "respond.lua")
         self._heartbeat = _script(self.client, "heartbeat.lua")
         self._withdraw = _script(self.client, "withdraw.lua")
+        self._batch = ScriptBatcher(self.client)  # enqueue, take and respond of concurrent threads
         self._lock = threading.Lock()
         self._start_lock = threading.Lock()
-        self._unlinks: list[str] = []
+        self._unlinks: dict[str, list[str]] = {}  # key tag -> answered states to unlink
+        self._unlink_count = 0
         self._unlink_wake = threading.Event()
         self._calls: dict[str, _Call] = {}
         self._tracked: dict[str, _Tracked] = {}
@@ -406,10 +415,10 @@ class PendingQueue:
             cancel.on_cancel(on_cancel)
         try:
             self._step("before_enqueue")
-            self._redis(lambda: self._enqueue(
-                keys=[state_key, self.pending_key(endpoint)],
-                args=[call.id, message, self.node_id, _ms(pickup_timeout + s.request_ttl_extra_s),
-                      _ms(s.pending_list_ttl_s), self.pulse_channel(endpoint)]))
+            self._redis(lambda: self._batch.call(
+                self._enqueue, [state_key, self.pending_key(endpoint)],
+                [call.id, message, self.node_id, _ms(pickup_timeout + s.request_ttl_extra_s),
+                 _ms(s.pending_list_ttl_s), self.pulse_channel(endpoint)]))
             self._step("enqueued")
             started = time.monotonic()
             pickup_deadline: float | None = started + pickup_timeout
@@ -446,29 +455,35 @@ class PendingQueue:
 
     def _collect(self, call: _Call, state_key: str, raw: bytes) -> Response:
         """The call has its response: the answered state is unlinked off the caller's path (the
-        reaper pipelines them); if this process dies first, the state's response TTL removes it."""
+        reaper batches them); if this process dies first, the state's response TTL removes it."""
         self._step("before_collect")
+        tag = state_key.rpartition(":r:")[0]
         with self._lock:
-            self._unlinks.append(state_key)
-        self._unlink_wake.set()
+            self._unlinks.setdefault(tag, []).append(state_key)
+            self._unlink_count += 1
+            full = self._unlink_count >= REAP_BATCH
+        if full:
+            self._unlink_wake.set()
         self._step("collected")
         return self._decode_response(call.id, raw)
 
     def _reap(self) -> None:
-        """Unlink answered states in batches: one round trip for all that piled up meanwhile."""
+        """Unlink answered states every REAP_INTERVAL_S (sooner when REAP_BATCH piled up): one round
+        trip, one UNLINK per endpoint tag (its keys share one cluster slot), instead of one per call."""
         while True:
-            self._unlink_wake.wait(1.0)
+            self._unlink_wake.wait(REAP_INTERVAL_S)
             self._unlink_wake.clear()
             with self._lock:
-                keys, self._unlinks = self._unlinks, []
-            if keys:
+                batches, self._unlinks, self._unlink_count = self._unlinks, {}, 0
+            if batches:
                 try:
                     with self.client.pipeline(transaction=False) as pipe:
-                        for key in keys:
-                            pipe.unlink(key)
+                        for keys in batches.values():
+                            pipe.unlink(*keys)
                         pipe.execute()
                 except (redis.ConnectionError, redis.TimeoutError):
-                    logger.warning("could not unlink %d answered states; their TTL will", len(keys))
+                    logger.warning("could not unlink %d answered states; their TTL will",
+                                   sum(map(len, batches.values())))
             if self._closed.is_set():
                 return
 
@@ -575,10 +590,10 @@ class PendingQueue:
         """The next request (or None) and how many ids were still waiting after it."""
         s = self.settings
         take_id = uuid.uuid4().hex
-        reply = self._redis(lambda: self._take(
-            keys=[self.pending_key(endpoint), self.take_key(endpoint, take_id)],
-            args=[f"{self.key_tag(endpoint)}:r:", take_id, self.node_id, _ms(s.in_flight_ttl_s),
-                  _ms(s.retry_window_s + 90)]))
+        tag = self.key_tag(endpoint)
+        reply = self._redis(lambda: self._batch.call(
+            self._take, [f"{tag}:pending", f"{tag}:t:{take_id}"],
+            [f"{tag}:r:", take_id, self.node_id, _ms(s.in_flight_ttl_s), _ms(s.retry_window_s + 90)]))
         if not reply:
             return None, 0
         request_id, raw, caller, enqueued_at = _text(reply[0]), reply[1], _text(reply[2]), int(reply[3])
@@ -621,10 +636,11 @@ class PendingQueue:
         """Store a response message for a taken request and tell its caller (respond.lua)."""
         s = self.settings
         raw = self._encode(message, "response")
-        outcome = Delivery(_text(self._redis(lambda: self._respond(
-            keys=[self.state_key(endpoint, request_id), self.take_key(endpoint, take_id)],
-            args=[take_id, raw, _ms(s.response_ttl_s), self.node_channel_prefix, _ms(s.sender_timeout_s),
-                  request_id]))))
+        tag = self.key_tag(endpoint)
+        outcome = Delivery(_text(self._redis(lambda: self._batch.call(
+            self._respond, [f"{tag}:r:{request_id}", f"{tag}:t:{take_id}"],
+            [take_id, raw, _ms(s.response_ttl_s), self.node_channel_prefix, _ms(s.sender_timeout_s),
+             request_id]))))
         self._step("responded")
         if outcome is not Delivery.DELIVERED:
             _count(METRIC_UNDELIVERED, endpoint)

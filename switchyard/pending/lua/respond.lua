@@ -36,8 +36,8 @@ if now - tonumber(v[4]) > tonumber(ARGV[5]) then
   redis.call('DEL', KEYS[1])
   return 'abandoned'
 end
-redis.call('HSET', KEYS[1], 's', 'a', 'resp', ARGV[2])
-redis.call('HDEL', KEYS[1], 'req')
+-- The request's body is dropped in the same HSET (emptied), not by a separate HDEL.
+redis.call('HSET', KEYS[1], 's', 'a', 'resp', ARGV[2], 'req', '')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PUBLISH', ARGV[4] .. v[3], 'r' .. ARGV[6] .. '\n' .. ARGV[2])
 return 'delivered'
