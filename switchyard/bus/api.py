@@ -68,7 +68,7 @@ def store() -> BusStore:
     if _store is None:
         from switchyard.redis_client import connect_redis
 
-        _store = BusStore(connect_redis(), BusSettings.from_env())
+        _store = BusStore(connect_redis(), BusSettings.from_env()).one_connection()
     return _store
 
 

@@ -97,6 +97,24 @@ def test_a_worker_killed_mid_delivery_loses_nothing(bus, subscriber):
         assert proc.wait(15) == 0
 
 
+def test_ingest_survives_a_flushed_script_cache_on_one_shared_connection(private_redis):
+    """Publishes go by bare EVALSHA on the API's one connection: a Redis that lost its scripts
+    (restarted, SCRIPT FLUSH) gets the script loaded again instead of a NOSCRIPT error."""
+    store = BusStore(connect_redis_url(private_redis), fast_settings(unique("noscript"))).one_connection()
+    publisher = store.create_token("publisher")
+    store.subscribe("reader", ["flushed"], "https://sub.example/e", "u", 100, 3_600_000)
+    assert store.publish("flushed", publisher, '{"n":1}') == 1
+    store.redis.script_flush()
+    assert not store.redis.script_exists(store.script("ingest").sha)[0]
+    event = '{"n":2}'
+    threads = [threading.Thread(target=store.publish, args=("flushed", publisher, event)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.queued("reader")[0] == 9
+
+
 def test_autodrop_removes_the_oldest_batches_under_a_small_max_mem(private_redis):
     client = connect_redis_url(private_redis)
     store = BusStore(client, fast_settings(unique("drop")))
