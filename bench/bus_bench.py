@@ -3,6 +3,9 @@
 On a private redis-server (its memory and load are the bus's alone), with the API served by
 ``switchyard bus serve`` and delivery by ``switchyard bus worker`` (separate processes, as deployed):
 
+0. baseline, same run: the same clients against the same gateway (``switchyard.local.http_gateway``,
+   its own process) serving a handler that only answers 200: the most one gateway process answers
+   on this machine at this load, so that the ingest figure can be read as a share of it;
 1. ingest: events/s accepted through the HTTP API by ``--procs`` client processes of
    ``--connections`` keep-alive connections each, one subscriber on the topic (one fan-out);
 2. delivery latency from the publisher's POST to the subscriber's handler (which then answers
@@ -86,9 +89,10 @@ class Stack:
         settings = BusSettings(name=BUS, root_key=ROOT_KEY, allow_http_callbacks=True)
         self.store = BusStore(self.client, settings)
 
-    def start(self, *command: str, ready: str) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "switchyard", "bus", *command], env=self.env,
-                                stdout=subprocess.PIPE, text=True)
+    def start(self, *command: str, ready: str, module: str = "switchyard") -> subprocess.Popen:
+        """``python -m switchyard bus <command>`` (or ``-m <module> <command>``), once it prints ``ready``."""
+        argv = [sys.executable, "-m", module, *(("bus",) if module == "switchyard" else ()), *command]
+        proc = subprocess.Popen(argv, env=self.env, stdout=subprocess.PIPE, text=True)
         line = proc.stdout.readline()
         if ready not in line:
             raise RuntimeError(f"{command} did not start: {line!r}")
@@ -134,13 +138,33 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_ingest(stack: Stack, procs: int, connections: int, seconds: float) -> dict:
+def floor_handler(event: dict, context: object) -> dict:
+    """The same-run baseline: a Lambda proxy handler that only answers 200, behind the same gateway."""
+    return {"statusCode": 200, "body": "", "multiValueHeaders": {"Content-Type": ["text/plain"]}}
+
+
+def bench_floor(stack: Stack, procs: int, connections: int, seconds: float) -> dict:
+    """The ingest clients against ``floor_handler`` in its own gateway process: what one gateway
+    process answers on this machine now, with no bus work (the ceiling of the bus's ingest)."""
+    port = free_port()
+    proc = stack.start("bench.bus_bench:floor_handler", "--port", str(port), "--threads", "16",
+                       ready="serving", module="switchyard.local.http_gateway")
+    try:
+        return bench_ingest(stack, procs, connections, seconds, port=port, api_pid=proc.pid)
+    finally:
+        stack.procs.remove(proc)
+        proc.terminate()
+        proc.wait(30)
+
+
+def bench_ingest(stack: Stack, procs: int, connections: int, seconds: float, port: int | None = None,
+                 api_pid: int | None = None) -> dict:
     publisher = stack.store.create_token("ingest")
     stack.store.subscribe("ingest-sub", ["ingest"], "https://sub.example/e", "u", 100, 3_600_000)
     queue: mp.Queue = mp.Queue()
-    args = (stack.api_port, publisher, "ingest", connections, seconds, queue)
+    args = (port or stack.api_port, publisher, "ingest", connections, seconds, queue)
     workers = [mp.Process(target=_ingest_worker, args=args) for _ in range(procs)]
-    api_pid, redis_pid = stack.procs[0].pid, stack.redis.pid
+    api_pid, redis_pid = api_pid or stack.procs[0].pid, stack.redis.pid
     cpu_api, cpu_redis = cpu_seconds(api_pid), cpu_seconds(redis_pid)
     started = time.monotonic()
     for w in workers:
@@ -152,6 +176,7 @@ def bench_ingest(stack: Stack, procs: int, connections: int, seconds: float) -> 
     api_ms = (cpu_seconds(api_pid) - cpu_api) * 1000 / max(1, total)
     redis_ms = (cpu_seconds(redis_pid) - cpu_redis) * 1000 / max(1, total)
     return {"events": total, "seconds": round(elapsed, 2), "events_per_s": round(total / elapsed, 1),
+            "load": round(os.getloadavg()[0], 2),
             "client_processes": procs, "connections": procs * connections, "api_processes": 1,
             "api_cpu_ms_per_event": round(api_ms, 3), "redis_cpu_ms_per_event": round(redis_ms, 3),
             "events_per_api_core_s": round(1000 / api_ms, 0) if api_ms else None}
@@ -249,14 +274,18 @@ def main() -> int:
     stack = Stack()
     results: dict = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "routemaster": ROUTEMASTER}
     try:
+        results["floor"] = floor = bench_floor(stack, args.procs, args.connections, args.duration)
+        print(f"baseline, same run: {floor['events_per_s']:,} requests/s through one gateway process whose "
+              f"handler only answers 200 (gateway CPU {floor['api_cpu_ms_per_event']} ms/request; "
+              f"load {floor['load']})", flush=True)
         stack.start("serve", "--port", str(stack.api_port), "--threads", "16", ready="API on")
-        results["ingest"] = bench_ingest(stack, args.procs, args.connections, args.duration)
-        ing = results["ingest"]
+        results["ingest"] = ing = bench_ingest(stack, args.procs, args.connections, args.duration)
+        ing["of_floor"] = round(ing["events_per_s"] / floor["events_per_s"], 2)
         print(f"ingest: {ing['events_per_s']:,} events/s through one API process ({ing['connections']} "
-              f"connections); API CPU {ing['api_cpu_ms_per_event']} ms/event = "
-              f"{ing['events_per_api_core_s']:,} events/s per API core, Redis CPU "
-              f"{ing['redis_cpu_ms_per_event']} ms/event  "
-              f"[Routemaster: ~150/s per ingest thread, 2,194/s at scale]", flush=True)
+              f"connections; {ing['of_floor']:.0%} of the baseline; load {ing['load']}); API CPU "
+              f"{ing['api_cpu_ms_per_event']} ms/event = {ing['events_per_api_core_s']:,} events/s per API "
+              f"core, Redis CPU {ing['redis_cpu_ms_per_event']} ms/event  "
+              f"[Routemaster: ~150/s per ingest thread, 2,194/s at scale; aim >= 1,500/s]", flush=True)
         stack.start("worker", "--threads", "4", ready="worker")
         results["latency"] = []
         # max 100 a second time at a higher rate, so that batches actually fill

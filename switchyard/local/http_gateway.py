@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import email.utils
 import functools
 import http
 import importlib
@@ -176,6 +177,12 @@ def http_response(result: Any) -> tuple[int, list[tuple[str, str]], bytes]:
     return result["statusCode"], headers, data
 
 
+@functools.lru_cache(maxsize=2)
+def _http_date(epoch_s: int) -> str:
+    """The response's Date header for one second (waitress would format one per response)."""
+    return email.utils.formatdate(epoch_s, usegmt=True)
+
+
 @functools.lru_cache(maxsize=128)
 def _status_line(code: int) -> str:
     try:
@@ -253,6 +260,8 @@ class HttpGateway:
         logger.debug("%s %s -> %d in %.1f ms", event["httpMethod"], event["path"], status,
                       (time.monotonic() - started) * 1000)
         headers.append(("Content-Length", str(len(body))))
+        if not any(name.lower() == "date" for name, _ in headers):
+            headers.append(("Date", _http_date(int(time.time()))))
         start_response(_status_line(status), headers)
         return [body]
 

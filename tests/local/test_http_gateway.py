@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import email.utils
 import os
 import socket
 import threading
@@ -69,6 +70,8 @@ def test_get_with_path_query_and_headers(gateway: HttpGateway) -> None:
     assert data["query"] == {"a": ["1", "2"], "b": [""]}
     assert data["agent"] == "t/1"
     assert data["stage"] == "local"
+    sent_at = email.utils.parsedate_to_datetime(reply.headers["Date"])  # one Date header, not two
+    assert abs(sent_at.timestamp() - time.time()) < 5
     assert 25_000 < data["remaining_ms"] <= 29_000
     event = seen_events[-1]
     assert event["httpMethod"] == "GET" and event["path"] == "/echo/né"
