@@ -39,7 +39,7 @@ from typing import Any, BinaryIO
 import redis
 
 from switchyard.observability import emit_gauge
-from switchyard.pending.batch import ScriptBatcher
+from switchyard.pending.batch import ScriptBatcher, Signal
 from switchyard.pending.errors import (
     CancelledError,
     DataLossError,
@@ -169,7 +169,7 @@ class ProcessorBeat:
 class _Call:
     id: str
     endpoint: str
-    event: threading.Event = field(default_factory=threading.Event)
+    event: Signal = field(default_factory=Signal)  # one waiter: the calling thread
     response: bytes | None = None
     error: PendingError | None = None
     recheck: bool = False
@@ -315,6 +315,7 @@ class PendingQueue:
         for thread in self._threads:
             thread.join(5)
         self._threads.clear()
+        self._batch.close()
 
     def __enter__(self) -> PendingQueue:
         return self.start()
@@ -426,7 +427,6 @@ class PendingQueue:
             while True:
                 wake_at = min(next_beat, pickup_deadline or next_beat)
                 call.event.wait(max(0.0, wake_at - time.monotonic()))
-                call.event.clear()
                 if call.response is not None:
                     return self._collect(call, state_key, call.response)
                 if call.error is not None:

@@ -112,7 +112,9 @@ def test_queued_request_ttl_follows_its_own_pickup_timeout(make_node: NodeFactor
     threading.Thread(target=_catch, args=(caller.queue_and_wait, "slowpoke", 1),
                      kwargs={"pickup_timeout": 600, "cancel": cancel}, daemon=True).start()
     try:
-        keys = wait_for(lambda: list(shared_redis.scan_iter(match=f"{settings.prefix}:{{slowpoke}}:r:*")))
+        # count=1000: the shared Redis may hold 100,000s of other keys (a SCAN of 10 per call is slow)
+        keys = wait_for(lambda: list(shared_redis.scan_iter(match=f"{settings.prefix}:{{slowpoke}}:r:*",
+                                                            count=1000)))
         ttl_s = shared_redis.pttl(keys[0]) / 1000
         assert 600 + settings.request_ttl_extra_s - 5 < ttl_s <= 600 + settings.request_ttl_extra_s
         assert 86_000 < shared_redis.pttl(caller.pending_key("slowpoke")) / 1000 <= 86_400  # list: 1 day
