@@ -237,7 +237,6 @@ class _ClientCore:
         self._wake_lock = threading.Lock()
         self._deadlines: list[tuple[float, int, int]] = []
         self._unconfirmed: dict[int, _Call] = {}
-        self._acked_sends: list[_Call] = []  # settled after the dispatch of returns that came first
         self._publish_seq = 0
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
@@ -398,7 +397,10 @@ class _ClientCore:
         result = channel.queue_declare("", exclusive=True, auto_delete=True)
         self._reply_queue = result.method.queue
         channel.basic_consume(self._reply_queue, self._on_response, auto_ack=True)
-        channel.add_on_return_callback(self._on_return)
+        # On the underlying channel, so that returns run as their frames arrive, like confirms: the
+        # broker sends a mandatory message's return before its ack, and a send settled by the ack
+        # must see it (BlockingChannel would queue the return until process_data_events dispatches).
+        channel._impl.add_on_return_callback(self._on_return)
         self._publish_seq = 0
         self._unconfirmed.clear()
         if self.confirm:
@@ -414,8 +416,6 @@ class _ClientCore:
             if self._deadlines:
                 wait = min(wait, max(0.0, self._deadlines[0][0] - time.monotonic()))
             connection.process_data_events(time_limit=wait)
-            if self._acked_sends:
-                self._settle_acked_sends()
             if self._deadlines and self._deadlines[0][0] <= time.monotonic():
                 self._expire()
             if self._channel is None or not self._channel.is_open:
@@ -499,7 +499,7 @@ class _ClientCore:
         status = _header_str(headers.get(p.STATUS_HEADER, p.Status.OK))
         call.future.set_result(Response(status, body, props.correlation_id, headers))
 
-    def _on_return(self, _channel: BlockingChannel, method: pika.spec.Basic.Return,
+    def _on_return(self, _channel: object, method: pika.spec.Basic.Return,
                    props: pika.BasicProperties, _body: bytes) -> None:
         parsed = self._parse_correlation_id(props.correlation_id)
         call = self.slots.complete(*parsed) if parsed else None
@@ -525,16 +525,8 @@ class _ClientCore:
                     self.stats.nacked += 1
                     call.future.set_exception(PublishRejectedError(
                         f"the broker refused the request for key {call.key!r}"))
-            elif not call.reply:
-                # The broker sends a mandatory message's return before its ack, but pika runs this
-                # callback as the frame arrives and dispatches returns later, in process_data_events:
-                # the send is settled after that, so a returned one fails instead of passing as sent.
-                self._acked_sends.append(call)
-
-    def _settle_acked_sends(self) -> None:
-        acked, self._acked_sends = self._acked_sends, []
-        for call in acked:
-            self._settle_sent(call)
+            elif not call.reply:  # a return came before this ack (see _open) and failed it already
+                self._settle_sent(call)
 
     def _settle_sent(self, call: _Call) -> None:
         if self.slots.complete(call.slot, call.seq) is not None:
@@ -545,7 +537,6 @@ class _ClientCore:
         self._outbox.clear()
         self._deadlines.clear()
         self._unconfirmed.clear()
-        self._acked_sends.clear()
         channel, self._channel = self._channel, None
         if channel is not None and channel.is_open:  # reopened below: do not leak this one
             with contextlib.suppress(Exception):
