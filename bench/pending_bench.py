@@ -7,9 +7,15 @@ counts are ours alone. Callers and services are separate processes. Four measure
    LPUSH) against ``queue_and_wait`` -> ``dequeue`` -> ``apply_response``, alternating in short
    rounds (load on a shared machine drifts), p50/p99 per side and the median of per-round ratios;
 2. throughput with many services: ``--services`` endpoints served by ``--service-procs``
-   processes, ``--callers`` caller processes with ``--in-flight`` calls each, raw and library;
+   processes, ``--callers`` caller processes with ``--in-flight`` calls each, raw and library,
+   with the CPU each call cost the callers, the services and Redis (from /proc) and the ceiling
+   that implies on this machine's cores: on a shared 2-core machine calls/s follow the load of
+   the moment, the CPU per call does not (much). Both sides are bound by redis-py's Python CPU
+   per round trip (~100-150 us), not by how the harness waits: the raw lists pay four per call;
 3. round trip through HTTP: node B is ``switchyard pending serve``, the polling service is a
-   ``PollingService`` process, the caller a library node in this process;
+   ``PollingService`` process, the caller a library node in this process; in the same rounds the
+   same call answered by a process calling node B's resolver in-process (the pending API's own
+   share) and by a library service (the queue's), so what the gateway and HTTP add shows;
 4. Redis commands per fast call, from INFO commandstats (client commands and, inside scripts,
    the commands they ran), the raw baseline's being four.
 
@@ -107,6 +113,35 @@ def serve_http(url: str, names: list[str], pollers: int) -> None:
         service.stop()
 
 
+def serve_resolver(url: str, prefix: str, endpoint: str) -> None:
+    """The HTTP API's own share: a polling service that calls node B's resolver in-process, with
+    the events the local gateway would build (its own ``event_from_environ``), no HTTP at all."""
+    import io
+
+    from switchyard.local.http_gateway import event_from_environ
+    from switchyard.pending.api import TokenStore, build_app
+
+    def event(method: str, path: str, query: str = "", body: bytes = b"") -> dict:
+        return event_from_environ({
+            "REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query,
+            "HTTP_AUTHORIZATION": f"Bearer {TOKEN}", "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body)})
+
+    with PendingQueue(bench_settings(url, prefix)) as node:
+        app = build_app(node, TokenStore.static({endpoint: TOKEN}))
+        print("ready", flush=True)
+        while True:
+            reply = app.resolve(event("GET", f"/endpoints/{endpoint}/next", "wait=25"), None)
+            if reply["statusCode"] != 200:
+                continue
+            request = json.loads(reply["body"])
+            body = json.dumps({"take": request["take"], "ok": True, "body": request["body"]}).encode()
+            answer = app.resolve(event("POST", f"/endpoints/{endpoint}/requests/{request['id']}/response",
+                                       body=body), None)
+            if answer["statusCode"] != 200:
+                raise SystemExit(f"response refused: {answer}")
+
+
 class RawCaller:
     """The baseline's caller: LPUSH the request with its reply list's name, BRPOP the reply."""
 
@@ -167,7 +202,8 @@ class Procs:
         self.children: list[subprocess.Popen] = []
 
     def start(self, *args: str, ready: bool = True, stdin: bool = False) -> subprocess.Popen:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "POWERTOOLS_METRICS_DISABLED": "true"}
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "PYTHONPATH": path, "POWERTOOLS_METRICS_DISABLED": "true"}
         proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, text=True,
                                 stdin=subprocess.PIPE if stdin else None)
         self.children.append(proc)
@@ -323,17 +359,35 @@ def main() -> int:
                                            "pollers_per_service": args.pollers, "caller_procs": args.callers,
                                            "in_flight_per_caller": args.in_flight}
 
-            # 3. through HTTP: node B serves, a polling service process, the caller here
+            # 3. through HTTP: node B serves, a polling service process, the caller here; in the
+            # same rounds the same call with node B's resolver called in-process (no HTTP, no
+            # gateway) and straight through the library, so each layer's share shows
             port = free_port()
             env = {"SWITCHYARD_REDIS_URL": url, "SWITCHYARD_PENDING_PREFIX": prefix,
-                   "SWITCHYARD_PENDING_TOKENS": json.dumps({"svc0": TOKEN})}
+                   "SWITCHYARD_PENDING_TOKENS": json.dumps({"http0": TOKEN})}
             os.environ.update(env)
             procs.start("-m", "switchyard", "pending", "serve", "--port", str(port))
-            procs.start(me, "_http_service", f"http://127.0.0.1:{port}", "svc0", "1")
+            procs.start(me, "_http_service", f"http://127.0.0.1:{port}", "http0", "1")
+            procs.start(me, "_resolver_service", url, prefix, "api0")
+            procs.start(me, "_service", url, prefix, "svc0", "1")
+            layers = {"http_long_poll": "http0", "resolver_in_process": "api0", "library": "svc0"}
             with PendingQueue(bench_settings(url, prefix)) as node:
-                sequential(lambda: node.queue_and_wait("svc0", "x"), 0.5)
-                http = sequential(lambda: node.queue_and_wait("svc0", "x"), args.seconds * 2)
-            results["http_long_poll_sequential"] = asdict(LatencySummary.of(http))
+                seen: dict[str, list[float]] = {name: [] for name in layers}
+                for endpoint in layers.values():
+                    sequential(lambda e=endpoint: node.queue_and_wait(e, "x"), 0.5)
+                for _ in range(args.rounds):
+                    for name, endpoint in layers.items():
+                        seen[name] += sequential(lambda e=endpoint: node.queue_and_wait(e, "x"),
+                                                 args.seconds / 2)
+            p50 = {name: LatencySummary.of(values).p50_ms for name, values in seen.items()}
+            results["http_long_poll_sequential"] = {
+                **{name: asdict(LatencySummary.of(values)) for name, values in seen.items()},
+                "p50_ms_share": {
+                    "library": round(p50["library"], 2),
+                    "pending_api_resolver": round(p50["resolver_in_process"] - p50["library"], 2),
+                    "http_gateway_and_client": round(p50["http_long_poll"] - p50["resolver_in_process"], 2),
+                },
+            }
         finally:
             procs.stop_all()
             server.stop()
@@ -352,6 +406,8 @@ if __name__ == "__main__":
             serve_library(rest[0], rest[1], rest[2].split(","), int(rest[3]))
         elif role == "_raw_service":
             serve_raw(rest[0], rest[1].split(","), int(rest[2]))
+        elif role == "_resolver_service":
+            serve_resolver(rest[0], rest[1], rest[2])
         elif role == "_http_service":
             serve_http(rest[0], rest[1].split(","), int(rest[2]))
         elif role == "_callers":
