@@ -70,6 +70,11 @@ class AnalyticsConstruct(Construct):
             maximum_capacity=emr.CfnApplication.MaximumAllowedResourcesProperty(
                 cpu="16 vCPU", memory="64 GB"
             ),
+            # EMR 7.x runs Python 3.9; the job's archive needs the python3.11 of the image that
+            # scripts/emr-image.Dockerfile builds (switchyard:emrImage, its ECR URI).
+            image_configuration=emr.CfnApplication.ImageConfigurationInputProperty(
+                image_uri=config.emr_image
+            ) if config.emr_image else None,
         )
         self.job_role = iam.Role(
             self,

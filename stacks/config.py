@@ -8,6 +8,7 @@ context key, instead of failing a deployment half-way or a Lambda at run time.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -17,6 +18,10 @@ from stacks import constants as c
 from switchyard.delay.settings import validate_schema, validate_topic
 from switchyard.errors import InvalidNameError
 from switchyard.rpc.protocol import validate_pool
+
+# EMR Serverless takes a custom image from ECR only (in the application's account and Region).
+_ECR_IMAGE = re.compile(r"\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+"
+                        r"(:[\w.-]+|@sha256:[0-9a-f]{64})")
 
 T = TypeVar("T")
 
@@ -230,6 +235,7 @@ class DeploymentConfig:
     postgres: PostgresConfig = field(default_factory=PostgresConfig)
     redis: RedisConfig = field(default_factory=RedisConfig)
     alarm_email: str = ""
+    emr_image: str = ""  # the EMR Serverless application's custom image (python3.11), if any
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.pools]
@@ -241,6 +247,12 @@ class DeploymentConfig:
             self.alarm_email == "" or "@" in self.alarm_email,
             c.CTX_ALARM_EMAIL,
             f"not an e-mail address: {self.alarm_email!r}",
+        )
+        _check(
+            self.emr_image == "" or _ECR_IMAGE.fullmatch(self.emr_image) is not None,
+            c.CTX_EMR_IMAGE,
+            f"not an ECR image URI (ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME:TAG or @sha256:...): "
+            f"{self.emr_image!r}",
         )
         budget = self.postgres_connection_budget
         limit = self.postgres.max_connections * c.POSTGRES_BUDGET_SHARE // 100
@@ -286,4 +298,5 @@ class DeploymentConfig:
             postgres=_build(PostgresConfig, ctx(c.CTX_POSTGRES), c.CTX_POSTGRES),
             redis=_build(RedisConfig, ctx(c.CTX_REDIS), c.CTX_REDIS),
             alarm_email=str(ctx(c.CTX_ALARM_EMAIL) or ""),
+            emr_image=str(ctx(c.CTX_EMR_IMAGE) or ""),
         )

@@ -76,6 +76,7 @@ CTX_MSK = "switchyard:msk"
 CTX_POSTGRES = "switchyard:postgres"
 CTX_REDIS = "switchyard:redis"
 CTX_ALARM_EMAIL = "switchyard:alarmEmail"
+CTX_EMR_IMAGE = "switchyard:emrImage"
 CTX_LAYER_DIR = "switchyard:layerDir"
 # Which stack the app builds: the AWS deployment or what LocalStack can host (the rest runs locally).
 CTX_TARGET = "switchyard:target"

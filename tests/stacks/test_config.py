@@ -55,6 +55,8 @@ def test_context_from_the_command_line_is_json() -> None:
         ({c.CTX_REDIS: {"engine": "memcached"}}, "redis or valkey"),
         ({c.CTX_DELAY: "{not json"}, "not valid JSON"),
         ({c.CTX_ALARM_EMAIL: "nobody"}, "not an e-mail address"),
+        ({c.CTX_EMR_IMAGE: "docker.io/library/python:3.11"}, "not an ECR image URI"),
+        ({c.CTX_EMR_IMAGE: "123456789012.dkr.ecr.eu-west-1.amazonaws.com/x:1 ; rm"}, "not an ECR image URI"),
     ],
 )
 def test_bad_values_fail_synth_with_a_message_naming_the_key(context: dict[str, Any], message: str) -> None:

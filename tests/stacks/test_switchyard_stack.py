@@ -168,6 +168,13 @@ def test_engine_3_13_and_cluster_mode_are_selectable(layer_dir: str, tmp_path: P
     assert len(broker["Properties"]["SubnetIds"]) == c.VPC_MAX_AZS
 
 
+def test_the_emr_image_context_attaches_the_custom_image(layer_dir: str, tmp_path: Path) -> None:
+    image = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/switchyard-emr:7.9.0-py311"
+    template, _, _ = synth(layer_dir, tmp_path, **{c.CTX_EMR_IMAGE: image})
+    (application,) = template.find_resources("AWS::EMRServerless::Application").values()
+    assert application["Properties"]["ImageConfiguration"] == {"ImageUri": image}
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
@@ -476,6 +483,7 @@ def test_emr_serverless_application_bucket_and_job_role(template: Template, reso
             "Type": "SPARK",
             "ReleaseLabel": c.EMR_RELEASE,
             "NetworkConfiguration": {"SecurityGroupIds": Match.any_value(), "SubnetIds": Match.any_value()},
+            "ImageConfiguration": Match.absent(),  # EMR's own image unless switchyard:emrImage says
         },
     )
     template.has_resource_properties(
