@@ -5,9 +5,8 @@ Served on AWS by API Gateway (REST) + Lambda (``functions/bus_api.py``) and loca
 ``switchyard bus serve`` through ``switchyard.local.http_gateway``, both calling ``handle``.
 The hot path, an accepted publish, is answered by ``fast_publish`` with the same model and rules
 but without the resolver's routing and middleware (half a publish's CPU); every other request,
-and every refused publish, goes through the resolver. Both use one Redis connection
-(``BusStore.one_connection``); a publish's token is checked inside the ingest script (no lookup
-of its own, so nothing to cache: a revoked token stops publishing at once).
+and every refused publish, goes through the resolver. A publish's token is checked inside the
+ingest script (no lookup of its own, so nothing to cache: a revoked token stops publishing at once).
 Status codes are Routemaster's; where Routemaster is wrong the difference is on purpose:
 
 - ``DELETE /api_tokens/:token`` revokes the token only; the client's subscription stays;
@@ -73,7 +72,7 @@ def store() -> BusStore:
     if _store is None:
         from switchyard.redis_client import connect_redis
 
-        _store = BusStore(connect_redis(), BusSettings.from_env()).one_connection()
+        _store = BusStore(connect_redis(), BusSettings.from_env())
     return _store
 
 

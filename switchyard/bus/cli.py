@@ -32,7 +32,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from switchyard.bus import api
     from switchyard.local.http_gateway import HttpGateway
 
-    store = _store().one_connection()
+    store = _store()
     api.configure(store)
     stop = _stop_event()
     with HttpGateway(api.handle, host=args.host, port=args.port, threads=args.threads,

@@ -90,7 +90,7 @@ class Bus:
 
 @pytest.fixture
 def bus(store) -> Iterator[Bus]:
-    api.configure(store.one_connection())  # as switchyard bus serve and the Lambda function
+    api.configure(store)
     gateway = HttpGateway(api.handle, threads=16).start()
     try:
         yield Bus(store, gateway.url, Client(gateway.url, ROOT_KEY))

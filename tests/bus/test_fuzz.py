@@ -36,7 +36,7 @@ def fuzz_bus() -> Iterator[tuple[str, str]]:
     store = BusStore(connect_redis(), fast_settings(unique("fuzz")))
     client = store.create_token("fuzzer")
     store.publish("claimed", client, '{"topic":"claimed"}')
-    api.configure(store.one_connection())
+    api.configure(store)
     gateway = HttpGateway(api.handle, threads=8).start()
     try:
         yield gateway.url, client
