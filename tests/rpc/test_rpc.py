@@ -138,6 +138,15 @@ def test_request_that_crashes_every_worker_is_dead_lettered_after_the_limit(make
         assert not future.done()
 
 
+def serve_whoami(pool, workers) -> tuple:
+    """Key ``k`` of the pool bound and served by one ``whoami`` worker, consuming already."""
+    name, settings = pool
+    bind(name, settings, "k")
+    workers.start(name, "k", f"{H}:whoami")
+    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    return name, settings
+
+
 def test_expired_request_without_worker_is_dead_lettered_as_expired(pool) -> None:
     name, settings = pool
     bind(name, settings, "nobody")
@@ -182,10 +191,7 @@ def test_unroutable_request_is_an_error_not_a_timeout(pool) -> None:
 
 
 def test_publisher_confirms_mode_round_trip(pool, workers) -> None:
-    name, settings = pool
-    bind(name, settings, "k")
-    workers.start(name, "k", f"{H}:whoami")
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    name, settings = serve_whoami(pool, workers)
     with RpcClient(name, settings, timeout=10, confirm=True) as client:
         futures = [client.submit("k", str(i)) for i in range(50)]
         bodies = [f.result(15).text().split("|")[2] for f in futures]
@@ -193,10 +199,7 @@ def test_publisher_confirms_mode_round_trip(pool, workers) -> None:
 
 
 def test_foreign_and_malformed_responses_are_dropped_and_counted(pool, workers) -> None:
-    name, settings = pool
-    bind(name, settings, "k")
-    workers.start(name, "k", f"{H}:whoami")
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    name, settings = serve_whoami(pool, workers)
     with RpcClient(name, settings, timeout=10) as client:
         connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
         channel = connection.channel()
@@ -246,10 +249,7 @@ def test_sigterm_finishes_the_request_in_hand_then_exits(pool, workers) -> None:
 
 
 def test_calls_from_many_threads_each_get_their_own_response(pool, workers) -> None:
-    name, settings = pool
-    bind(name, settings, "k")
-    workers.start(name, "k", f"{H}:whoami")
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    name, settings = serve_whoami(pool, workers)
     errors: list[str] = []
     with RpcClient(name, settings, concurrency=8, timeout=10) as client:
         def caller(n: int) -> None:
@@ -282,10 +282,7 @@ def test_worker_keeps_answering_with_prefetch_one_and_an_activity_report_per_req
 
 
 def test_answered_calls_do_not_pile_up_in_the_timeout_heap(pool, workers) -> None:
-    name, settings = pool
-    bind(name, settings, "k")
-    workers.start(name, "k", f"{H}:whoami")
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    name, settings = serve_whoami(pool, workers)
     with RpcClient(name, settings, concurrency=1, timeout=60) as client:
         for i in range(1200):
             client.call("k", str(i))
@@ -352,10 +349,7 @@ def test_unroutable_send_fails_with_the_return_not_a_confirm(pool) -> None:
 
 
 def test_worker_handles_sent_requests_and_answers_calls_after_them(pool, workers) -> None:
-    name, settings = pool
-    bind(name, settings, "k")
-    workers.start(name, "k", f"{H}:whoami")
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    name, settings = serve_whoami(pool, workers)
     with RpcClient(name, settings, timeout=10, confirm=True) as client:
         for future in [client.send("k", str(i)) for i in range(30)]:
             future.result(10)

@@ -65,6 +65,15 @@ def test_ten_thousand_rows_over_a_hundred_new_keys_are_all_answered_once(
           f"({elapsed:.1f} s incl. reading and writing); {summary}")
 
 
+def logged_pool(make_pool, planes, tmp_path: Path) -> tuple[str, Path]:
+    """A pool whose workers (started by its control plane) log each request's body, at once."""
+    pool, settings = make_pool()
+    log = tmp_path / "requests.log"
+    planes.start(pool, settings, handler="tests.rpc.handlers:slow_logged",
+                 worker_env={"START_LOG": str(log), "SLOW_SECONDS": "0"})
+    return pool, log
+
+
 def fail_once(marker: str, at_body: str, request: r.Request) -> None:
     """A ``before_send`` hook: the first time ``at_body`` comes up, the task dies (after a pause in
     which the rows before it are published and answered); the marker file makes it happen once."""
@@ -76,10 +85,7 @@ def fail_once(marker: str, at_body: str, request: r.Request) -> None:
 
 def test_a_task_killed_half_way_is_retried_and_nothing_is_lost(
         spark, make_pool, planes, tmp_path: Path) -> None:
-    pool, settings = make_pool()
-    log = tmp_path / "requests.log"
-    planes.start(pool, settings, handler="tests.rpc.handlers:slow_logged",
-                 worker_env={"START_LOG": str(log), "SLOW_SECONDS": "0"})
+    pool, log = logged_pool(make_pool, planes, tmp_path)
     rows = [{"key": f"k{i % 4}", "body": f"row-{i}"} for i in range(200)]
     marker = tmp_path / "failed"
     hook = functools.partial(fail_once, str(marker), "row-120")  # k0's 31st of 50 rows
@@ -179,10 +185,7 @@ def test_resume_sends_only_the_ids_without_a_final_status(
 
 def test_no_reply_rows_are_final_once_confirmed_and_every_worker_gets_them(
         spark, make_pool, planes, tmp_path: Path) -> None:
-    pool, settings = make_pool()
-    log = tmp_path / "requests.log"
-    planes.start(pool, settings, handler="tests.rpc.handlers:slow_logged",
-                 worker_env={"START_LOG": str(log), "SLOW_SECONDS": "0"})
+    pool, log = logged_pool(make_pool, planes, tmp_path)
     rows = [{"key": f"k{i % 3}", "body": f"row-{i}"} for i in range(300)]
     source, out = write_jsonl(tmp_path / "rows.jsonl", rows), str(tmp_path / "out")
     summary = run(spark, PublishOptions(source, out, pool=pool, timeout_s=30, reply=False),
