@@ -158,12 +158,20 @@ def _without_content_type(headers: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (headers or {}).items() if k.lower() != "content-type"}
 
 
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def handle(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """The Lambda proxy entry point: an accepted publish by ``fast_publish``, anything else by
     ``app.resolve`` with every body read as JSON text, whatever its Content-Type (as Routemaster's
     parser does: ``curl -d`` sends form-urlencoded, and Powertools would parse a form, or fail on a
     multipart type without a boundary). A body that is not UTF-8 becomes invalid JSON, refused like
     any other (401 or 400), not a handler crash."""
+    if _CONTROL_CHARS.search(event.get("path") or ""):
+        # Powertools' route patterns end in ``$``, which matches before a final newline: without this
+        # ``POST /topics/fast%0A`` would publish to topic ``fast``.
+        return {"statusCode": 400, "body": "bad path: control characters", "isBase64Encoded": False,
+                "multiValueHeaders": {"Content-Type": ["text/plain"]}}
     accepted = fast_publish(event)
     if accepted is not None:
         return accepted
