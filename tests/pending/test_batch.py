@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -77,3 +78,32 @@ def test_an_unreachable_redis_fails_every_call_of_the_round_trip() -> None:
     for future in futures:
         with pytest.raises(redis.ConnectionError):
             future.result()
+
+
+def test_a_busy_node_shares_round_trips_and_unlinks_answered_states_in_batches(
+        private_redis: PrivateRedis) -> None:
+    """40 callers at once on one node: fewer round trips than script calls, every answer to its
+    own caller, and the answered states gone within the reaper's interval, by few UNLINKs."""
+    from switchyard.pending import PendingQueue
+    from switchyard.pending.queue import REAP_INTERVAL_S
+    from tests.pending.conftest import private_settings
+    from tests.pending.test_queue import serve
+
+    settings = private_settings(private_redis)
+    client = private_redis.client()
+    with PendingQueue(settings).start() as caller, PendingQueue(settings).start() as service:
+        stop = serve(service, "busy", lambda body: body * 2, pollers=8)
+        try:
+            client.config_resetstat()
+            with ThreadPoolExecutor(40) as pool:
+                answers = list(pool.map(lambda i: [caller.queue_and_wait("busy", i * 100 + j).body
+                                                   for j in range(5)], range(40)))
+            assert answers == [[2 * (i * 100 + j) for j in range(5)] for i in range(40)]
+            assert caller._batch.calls == 200
+            assert caller._batch.round_trips < 200, "concurrent enqueues did not share round trips"
+            time.sleep(REAP_INTERVAL_S * 3)
+            assert list(client.scan_iter(match=f"{settings.prefix}:{{busy}}:r:*")) == []
+            unlinks = client.info("commandstats").get("cmdstat_unlink", {}).get("calls", 0)
+            assert 1 <= unlinks < 100, unlinks
+        finally:
+            stop.set()
