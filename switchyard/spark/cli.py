@@ -50,7 +50,7 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
                         help="send requests that expect no answer (no reply-to): a row is final, status "
                              "sent, once the broker confirms it; workers' answers are not collected")
     parser.add_argument("--partitions", type=int, metavar="N",
-                        help="call partitions (default: one per 5,000 rows, at least the cores)")
+                        help="call partitions (default: one per 5,000 rows, at least 4 per core)")
     parser.add_argument("--progress-interval", dest="progress_interval_s", type=_positive, default=5.0,
                         metavar="S", help="seconds between progress lines (default 5)")
     parser.add_argument("--delay-topic", help="where rows with a deadline go (default "
