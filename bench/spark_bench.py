@@ -87,22 +87,27 @@ def raw_pipelined(url: str, pool: str, rows: int, keys: list[str], window: int =
     confirms (pika's SelectConnection, as its asynchronous publisher example does): the fast anchor."""
     requests = iter(_requests(rows, keys))
     state = {"sent": 0, "acked": 0, "started": 0.0, "elapsed": 0.0}
+    unconfirmed: set[int] = set()  # delivery tags: confirms of different queues come in any order
     exchange = p.req_exchange(pool)
 
     def publish_more(channel) -> None:
-        while state["sent"] - state["acked"] < window:
+        while len(unconfirmed) < window:
             request = next(requests, None)
             if request is None:
                 return
             routing_key, body, props = request
             channel.basic_publish(exchange, routing_key, body, props, mandatory=True)
             state["sent"] += 1
+            unconfirmed.add(state["sent"])  # delivery tags count publishes from 1
 
     def on_confirm(frame) -> None:
         method = frame.method
         if isinstance(method, pika.spec.Basic.Nack):
             raise RuntimeError("the broker nacked a publish")
-        state["acked"] = method.delivery_tag  # delivery tags count publishes from 1
+        tag = method.delivery_tag
+        tags = {t for t in unconfirmed if t <= tag} if method.multiple else {tag}
+        unconfirmed.difference_update(tags)
+        state["acked"] += len(tags)
         if state["acked"] >= rows:
             state["elapsed"] = time.perf_counter() - state["started"]
             connection.close()
