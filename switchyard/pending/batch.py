@@ -40,6 +40,10 @@ class Signal:
         """True if woken (the wake-up is consumed), False after ``timeout`` seconds."""
         return self._lock.acquire(timeout=-1 if timeout is None else timeout)
 
+    def is_set(self) -> bool:
+        """Set and not yet consumed: the waiting thread is about to wake."""
+        return not self._lock.locked()
+
 
 class _Op:
     __slots__ = ("args", "done", "error", "keys", "result", "script", "wake")

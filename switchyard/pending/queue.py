@@ -12,7 +12,9 @@ Better than Halibut's (seed 002):
   after a lost reply gets the same request back (take id);
 * one pub/sub connection per node instead of subscriptions per request: the node channel brings
   responses (with the response inside, so no read) and cancellations; a pulse channel per polled
-  endpoint wakes one waiting poller per request;
+  endpoint wakes one waiting poller per request; the thread waiting for a message reads the
+  connection itself when no other thread does (``subscriber.py``), so a call made one at a time
+  crosses no thread hand-off;
 * heartbeats are timestamps in the request's state written by Lua with Redis's clock: one command
   per interval both beats and checks the other side, the caller's beat is also its pickup check
   and response poll, and a lost pub/sub message cannot look like a dead node;
@@ -52,13 +54,13 @@ from switchyard.pending.errors import (
 )
 from switchyard.pending.settings import PendingSettings, check_endpoint, connect_pending_redis
 from switchyard.pending.storage import StreamRef, StreamStore, store_from_uri
+from switchyard.pending.subscriber import SharedSubscriber
 
 logger = logging.getLogger(__name__)
 
 ID_LENGTH = 32  # uuid4().hex: request ids are fixed-length, so node-channel messages need no parsing
 RESPONSE_MESSAGE = b"r"  # node channel: b"r" + id + b"\n" + response JSON
 CANCEL_MESSAGE = b"c"  # node channel: b"c" + id
-LISTENER_TICK_S = 0.05  # how soon the listener applies a new endpoint subscription
 # Answered states are unlinked in batches, off the callers' path: at most this late (their TTL
 # covers a node that dies first) or as soon as this many piled up. One UNLINK per endpoint tag.
 REAP_INTERVAL_S = 0.1
@@ -176,6 +178,11 @@ class _Call:
     taken: bool = False
     cancel_reason: str | None = None
 
+    def ready(self) -> bool:
+        """Something for the calling thread to act on (each is written before ``event`` is set)."""
+        return (self.response is not None or self.error is not None or self.cancel_reason is not None
+                or self.recheck)
+
 
 @dataclass
 class _Tracked:
@@ -187,23 +194,46 @@ class _Waiters:
     """Pollers of one endpoint waiting for a pulse; each pulse wakes one of them."""
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
         self.generation = 0
         self.empty_at = -1  # the generation at which a take last found the list empty
         self.subscribed = threading.Event()
+        self.sleepers: list[Signal] = []
 
-    def pulse(self, everyone: bool = False) -> None:
-        with self.cond:
+    def pulse(self, everyone: bool = False, prefer: Signal | None = None) -> None:
+        """Wake one poller (``prefer`` if it waits: the thread reading the pulse), or all."""
+        with self.lock:
             self.generation += 1
             if everyone:
-                self.cond.notify_all()
+                woken, self.sleepers = self.sleepers, []
+            elif prefer is not None and prefer in self.sleepers:
+                self.sleepers.remove(prefer)
+                woken = [prefer]
             else:
-                self.cond.notify(1)
+                woken, self.sleepers = self.sleepers[:1], self.sleepers[1:]
+        for signal in woken:
+            signal.set()
 
-    def wait_for_pulse(self, seen: int, timeout: float) -> None:
-        with self.cond:
-            if self.generation == seen:
-                self.cond.wait(timeout)
+    def wait_for_pulse(self, seen: int, timeout: float, signal: Signal,
+                       wait: Callable[[Signal, float, Callable[[], bool]], bool]) -> None:
+        """Unless a pulse came since generation ``seen``: ``wait`` on ``signal`` until a pulse takes
+        this poller off the list (a wake-up that did not, such as the reader role offered to it,
+        is no reason to take) or ``timeout`` s passed."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            if self.generation != seen:
+                return
+            self.sleepers.append(signal)
+        try:
+            while (remaining := deadline - time.monotonic()) > 0:
+                wait(signal, remaining, lambda: signal not in self.sleepers)
+                with self.lock:
+                    if signal not in self.sleepers:
+                        return
+        finally:
+            with self.lock:
+                if signal in self.sleepers:
+                    self.sleepers.remove(signal)
 
 
 def _script(client: redis.Redis, name: str) -> Any:
@@ -255,9 +285,12 @@ class PendingQueue:
         self._calls: dict[str, _Call] = {}
         self._tracked: dict[str, _Tracked] = {}
         self._waiters: dict[str, _Waiters] = {}
-        self._subscribe_queue: list[str] = []
         self._node_ready = threading.Event()
         self._closed = threading.Event()
+        # _on_message is looked up per message: a test makes a started node deaf by replacing it.
+        self._subscriber = SharedSubscriber(self.client, self.node_channel, lambda m: self._on_message(m),
+                                            self._on_subscriber_lost, self.settings.retry_interval_s,
+                                            self._closed)
         self._threads: list[threading.Thread] = []
         self._guard_set_at: float | None = None  # wall-clock time the guard was last set
         self.data_loss_events = 0
@@ -289,7 +322,7 @@ class PendingQueue:
             if self._threads:
                 return self
             self._redis(self._check_guard)  # sets the guard (first check)
-            threads = ((self._listen, "listener"), (self._watch, "watchdog"), (self._reap, "reaper"))
+            threads = ((self._subscriber.run, "listener"), (self._watch, "watchdog"), (self._reap, "reaper"))
             for target, name in threads:
                 thread = threading.Thread(target=target, name=f"pending-{name}-{self.node_id[:8]}",
                                           daemon=True)
@@ -426,7 +459,7 @@ class PendingQueue:
             next_beat = started + s.heartbeat_initial_delay_s
             while True:
                 wake_at = min(next_beat, pickup_deadline or next_beat)
-                call.event.wait(max(0.0, wake_at - time.monotonic()))
+                self._subscriber.wait(call.event, max(0.0, wake_at - time.monotonic()), call.ready)
                 if call.response is not None:
                     return self._collect(call, state_key, call.response)
                 if call.error is not None:
@@ -543,7 +576,7 @@ class PendingQueue:
             waiters = self._waiters.get(endpoint)
             if waiters is None:
                 waiters = self._waiters[endpoint] = _Waiters()
-                self._subscribe_queue.append(endpoint)
+                self._subscriber.subscribe(self.pulse_channel(endpoint))
         return waiters
 
     def dequeue(self, endpoint: str, wait: float | None = None, *,
@@ -563,6 +596,7 @@ class PendingQueue:
         deadline = time.monotonic() + (self.settings.poll_wait_s if wait is None else wait)
         waiters.subscribed.wait(max(0.0, deadline - time.monotonic()))
         final = False
+        signal = Signal()
         while not self._closed.is_set():
             seen = waiters.generation
             # No pulse since a take found the list empty: it still is (every push pulses), so
@@ -583,7 +617,7 @@ class PendingQueue:
             if remaining <= 0:
                 final = True
                 continue
-            waiters.wait_for_pulse(seen, remaining)
+            waiters.wait_for_pulse(seen, remaining, signal, self._subscriber.wait)
         return None
 
     def _take_next(self, endpoint: str) -> tuple[PendingRequest | None, int]:
@@ -732,30 +766,11 @@ class PendingQueue:
                         self._tracked.pop(request.id, None)
                     request.cancel.cancel(beat.reason or "cancelled")
 
-    def _listen(self) -> None:
-        """The node's one pub/sub connection: responses, cancellations, pulses of polled endpoints."""
-        while not self._closed.is_set():
-            pubsub = self.client.pubsub()
-            try:
-                pubsub.subscribe(self.node_channel)
-                with self._lock:
-                    self._subscribe_queue = list(self._waiters)
-                while not self._closed.is_set():
-                    with self._lock:
-                        endpoints, self._subscribe_queue = self._subscribe_queue, []
-                    if endpoints:
-                        pubsub.subscribe(*(self.pulse_channel(e) for e in endpoints))
-                    message = pubsub.get_message(timeout=LISTENER_TICK_S)
-                    if message is not None:
-                        self._on_message(message)
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                logger.warning("pending queue listener lost Redis (%s); reconnecting", exc)
-                self._node_ready.clear()
-                for waiters in list(self._waiters.values()):
-                    waiters.subscribed.clear()
-                self._closed.wait(self.settings.retry_interval_s)
-            finally:
-                pubsub.close()
+    def _on_subscriber_lost(self) -> None:
+        """The pub/sub connection is gone: nothing is subscribed until the listener reconnects."""
+        self._node_ready.clear()
+        for waiters in list(self._waiters.values()):
+            waiters.subscribed.clear()
 
     def _on_message(self, message: dict[str, Any]) -> None:
         kind, channel, data = message["type"], _text(message["channel"]), message["data"]
@@ -780,7 +795,7 @@ class PendingQueue:
         if channel != self.node_channel:
             waiters = self._waiters.get(channel.removeprefix(f"{self.settings.prefix}:pulse:"))
             if waiters is not None:
-                waiters.pulse()
+                waiters.pulse(prefer=self._subscriber.reader)
             return
         request_id = data[1:1 + ID_LENGTH].decode()
         if data[:1] == RESPONSE_MESSAGE:

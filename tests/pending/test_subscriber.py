@@ -1,0 +1,184 @@
+"""Who reads a node's pub/sub connection: a waiting caller or poller (the one a message is for,
+when it waits alone: no thread hand-off), the listener thread when nobody waits; and a waiter
+reading through a cut connection still gets its lost message's worth (re-subscription, re-check)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from switchyard.pending import CancelToken, PendingQueue, PendingSettings
+from tests.pending.conftest import NodeFactory, PrivateRedis, private_settings
+from tests.pending.tcp_proxy import CuttableProxy
+from tests.pending.test_queue import _catch, serve
+
+
+def direct(settings: PendingSettings, server: PrivateRedis) -> PendingSettings:
+    """The same settings (prefix too) on a straight connection to ``server``, not through a proxy."""
+    return replace(settings, connections=replace(settings.connections, redis_url=server.url))
+
+
+def record_dispatches(node: PendingQueue) -> list[tuple[str, str, str]]:
+    """(message type, channel, name of the thread that read it) for every message ``node`` gets."""
+    seen: list[tuple[str, str, str]] = []
+    original = node._on_message
+
+    def recording(message: dict[str, Any]) -> None:
+        channel = message["channel"]
+        seen.append((message["type"], channel.decode() if isinstance(channel, bytes) else channel,
+                     threading.current_thread().name))
+        original(message)
+
+    node._on_message = recording  # type: ignore[method-assign]
+    return seen
+
+
+def responses(seen: list[tuple[str, str, str]], node: PendingQueue) -> list[str]:
+    """The threads that read ``node``'s response messages."""
+    return [thread for kind, channel, thread in seen if kind == "message" and channel == node.node_channel]
+
+
+def test_one_call_at_a_time_is_read_by_the_calling_and_polling_threads(make_node: NodeFactory) -> None:
+    """No thread hand-off: the caller reads its response; of two pollers, the one that read the
+    pulse takes the request."""
+    caller, service_node = make_node(), make_node()
+    served: list[str] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            request = service_node.dequeue("solo", 0.5)
+            if request is not None:
+                served.append(threading.current_thread().name)
+                service_node.apply_response(request, request.body)
+
+    for n in range(2):
+        threading.Thread(target=poll, name=f"poller-{n}", daemon=True).start()
+    try:
+        for n in range(3):  # warm up: the service's pulse channel subscribed
+            assert caller.queue_and_wait("solo", n).body == n
+        at_caller, at_service = record_dispatches(caller), record_dispatches(service_node)
+        del served[:]
+        for n in range(30):
+            assert caller.queue_and_wait("solo", n).body == n
+    finally:
+        stop.set()
+    read_by_caller = responses(at_caller, caller)
+    pulses = [thread for kind, channel, thread in at_service
+              if kind == "message" and channel == service_node.pulse_channel("solo")]
+    assert len(read_by_caller) == 30 and len(pulses) == len(served) == 30
+    # a shared 2-core machine may stall a thread past the listener's quiet tick now and then
+    assert read_by_caller.count(threading.current_thread().name) >= 27, read_by_caller
+    assert sum(reader == taker for reader, taker in zip(pulses, served, strict=True)) >= 27, (pulses, served)
+
+
+def test_the_listener_reads_when_nobody_waits_and_the_role_moves_between_concurrent_callers(
+        make_node: NodeFactory) -> None:
+    caller, service_node = make_node(), make_node()
+    at_service = record_dispatches(service_node)
+    cancel = CancelToken()
+    threading.Thread(target=_catch, args=(caller.queue_and_wait, "busy", 1), kwargs={"cancel": cancel},
+                     daemon=True).start()
+    request = service_node.dequeue("busy", 5)
+    assert request is not None
+    cancel.cancel("no longer needed")  # nobody on the service node waits: its listener reads it
+    assert request.cancel.wait(2), "the processor was not told"
+    cancels = [thread for kind, channel, thread in at_service
+               if kind == "message" and channel == service_node.node_channel]
+    assert cancels and cancels[0].startswith("pending-listener-"), cancels
+
+    stop = serve(service_node, "many", lambda body: body, pollers=4)
+    try:
+        at_caller = record_dispatches(caller)
+        with ThreadPoolExecutor(16, thread_name_prefix="crowd") as pool:
+            bodies = list(pool.map(lambda n: caller.queue_and_wait("many", n).body, range(200)))
+        assert bodies == list(range(200))
+        # each reader stops when its own response came and offers the role to a waiting caller
+        readers = {thread for thread in responses(at_caller, caller) if thread.startswith("crowd")}
+        assert len(readers) > 1, readers
+        del at_caller[:]
+        for n in range(20):
+            assert caller.queue_and_wait("many", n).body == n
+    finally:
+        stop.set()
+    alone = responses(at_caller, caller)
+    assert alone.count(threading.current_thread().name) >= 17, alone
+
+
+def test_a_lone_caller_reading_through_a_cut_connection_gets_its_lost_response(
+        private_redis: PrivateRedis) -> None:
+    """The response is published while the caller's connection is cut (so lost); the calling
+    thread, reader at the time, re-subscribes after the cut and re-checks: no heartbeat needed."""
+    proxy = CuttableProxy(private_redis.port)
+    settings = private_settings(private_redis, url=proxy.url, heartbeat_initial_delay_s=30.0,
+                                heartbeat_interval_s=15.0, sender_timeout_s=90.0, processor_timeout_s=60.0,
+                                pickup_timeout_s=60.0, data_loss_check_s=60.0)
+    try:
+        caller = PendingQueue(settings).start()
+        service_node = PendingQueue(direct(settings, private_redis)).start()
+        try:
+            at_caller = record_dispatches(caller)
+            outcome: list[object] = []
+            thread = threading.Thread(target=lambda: outcome.append(_catch(caller.queue_and_wait, "cut", 7)),
+                                      name="the-caller")
+            thread.start()
+            request = service_node.dequeue("cut", 5)
+            assert request is not None
+            time.sleep(0.2)  # the caller is waiting for its response, reading for itself
+            proxy.cut(1.5)
+            cut_at = time.monotonic()
+            service_node.apply_response(request, "after the cut")  # published to nobody
+            thread.join(15)
+            elapsed = time.monotonic() - cut_at
+        finally:
+            caller.close()
+            service_node.close()
+    finally:
+        proxy.close()
+    assert getattr(outcome[0], "body", outcome[0]) == "after the cut"
+    assert 1.4 < elapsed < 10, elapsed  # after the cut, long before the first heartbeat (30 s)
+    assert responses(at_caller, caller) == []  # the response message was lost
+    resubscribed = [thread for kind, channel, thread in at_caller
+                    if kind == "subscribe" and channel == caller.node_channel]
+    assert resubscribed == ["the-caller"], at_caller
+
+
+def test_a_lone_poller_reading_through_a_cut_connection_takes_a_request_whose_pulse_was_lost(
+        private_redis: PrivateRedis) -> None:
+    proxy = CuttableProxy(private_redis.port)
+    settings = private_settings(private_redis, url=proxy.url, heartbeat_initial_delay_s=30.0,
+                                heartbeat_interval_s=15.0, sender_timeout_s=90.0, processor_timeout_s=60.0,
+                                pickup_timeout_s=60.0, data_loss_check_s=60.0)
+    try:
+        service_node = PendingQueue(settings).start()
+        caller = PendingQueue(direct(settings, private_redis)).start()
+        try:
+            assert service_node.dequeue("lost-pulse", 0.3) is None  # pulse channel subscribed
+            at_service = record_dispatches(service_node)
+            taken: list[object] = []
+            poller = threading.Thread(target=lambda: taken.append(service_node.dequeue("lost-pulse", 20)),
+                                      name="the-poller")
+            poller.start()
+            time.sleep(0.3)  # the poller waits for a pulse, reading for itself
+            proxy.cut(1.5)
+            cut_at = time.monotonic()
+            call = threading.Thread(target=_catch, args=(caller.queue_and_wait, "lost-pulse", 1), daemon=True)
+            call.start()  # its pulse reaches nobody on the service node
+            poller.join(15)
+            elapsed = time.monotonic() - cut_at
+            request = taken[0]
+            assert request is not None
+            service_node.apply_response(request, "ok")
+        finally:
+            caller.close()
+            service_node.close()
+    finally:
+        proxy.close()
+    assert 1.4 < elapsed < 10, elapsed  # after the cut, long before the poll's end (20 s)
+    pulse_channel = service_node.pulse_channel("lost-pulse")
+    assert [t for kind, channel, t in at_service if kind == "message" and channel == pulse_channel] == []
+    assert [t for kind, channel, t in at_service
+            if kind == "subscribe" and channel == pulse_channel] == ["the-poller"], at_service
