@@ -108,14 +108,19 @@ def test_the_listener_reads_when_nobody_waits_and_the_role_moves_between_concurr
     assert alone.count(threading.current_thread().name) >= 17, alone
 
 
+def _through_cuttable_proxy(private_redis: PrivateRedis) -> tuple[CuttableProxy, PendingSettings]:
+    """A proxy to cut, and settings through it whose heartbeats and checks come long after a test."""
+    proxy = CuttableProxy(private_redis.port)
+    return proxy, private_settings(private_redis, url=proxy.url, heartbeat_initial_delay_s=30.0,
+                                   heartbeat_interval_s=15.0, sender_timeout_s=90.0,
+                                   processor_timeout_s=60.0, pickup_timeout_s=60.0, data_loss_check_s=60.0)
+
+
 def test_a_lone_caller_reading_through_a_cut_connection_gets_its_lost_response(
         private_redis: PrivateRedis) -> None:
     """The response is published while the caller's connection is cut (so lost); the calling
     thread, reader at the time, re-subscribes after the cut and re-checks: no heartbeat needed."""
-    proxy = CuttableProxy(private_redis.port)
-    settings = private_settings(private_redis, url=proxy.url, heartbeat_initial_delay_s=30.0,
-                                heartbeat_interval_s=15.0, sender_timeout_s=90.0, processor_timeout_s=60.0,
-                                pickup_timeout_s=60.0, data_loss_check_s=60.0)
+    proxy, settings = _through_cuttable_proxy(private_redis)
     try:
         caller = PendingQueue(settings).start()
         service_node = PendingQueue(direct(settings, private_redis)).start()
@@ -148,10 +153,7 @@ def test_a_lone_caller_reading_through_a_cut_connection_gets_its_lost_response(
 
 def test_a_lone_poller_reading_through_a_cut_connection_takes_a_request_whose_pulse_was_lost(
         private_redis: PrivateRedis) -> None:
-    proxy = CuttableProxy(private_redis.port)
-    settings = private_settings(private_redis, url=proxy.url, heartbeat_initial_delay_s=30.0,
-                                heartbeat_interval_s=15.0, sender_timeout_s=90.0, processor_timeout_s=60.0,
-                                pickup_timeout_s=60.0, data_loss_check_s=60.0)
+    proxy, settings = _through_cuttable_proxy(private_redis)
     try:
         service_node = PendingQueue(settings).start()
         caller = PendingQueue(direct(settings, private_redis)).start()
