@@ -41,29 +41,28 @@ def responses(seen: list[tuple[str, str, str]], node: PendingQueue) -> list[str]
     return [thread for kind, channel, thread in seen if kind == "message" and channel == node.node_channel]
 
 
+def call_one_at_a_time(caller: PendingQueue, endpoint: str, count: int) -> None:
+    """``count`` calls in a row on this thread, each answered with its own body (an echo service)."""
+    for n in range(count):
+        assert caller.queue_and_wait(endpoint, n).body == n
+
+
 def test_one_call_at_a_time_is_read_by_the_calling_and_polling_threads(make_node: NodeFactory) -> None:
     """No thread hand-off: the caller reads its response; of two pollers, the one that read the
     pulse takes the request."""
     caller, service_node = make_node(), make_node()
     served: list[str] = []
-    stop = threading.Event()
 
-    def poll() -> None:
-        while not stop.is_set():
-            request = service_node.dequeue("solo", 0.5)
-            if request is not None:
-                served.append(threading.current_thread().name)
-                service_node.apply_response(request, request.body)
+    def echo(body: Any) -> Any:
+        served.append(threading.current_thread().name)  # the poller that took the request
+        return body
 
-    for n in range(2):
-        threading.Thread(target=poll, name=f"poller-{n}", daemon=True).start()
+    stop = serve(service_node, "solo", echo, pollers=2)
     try:
-        for n in range(3):  # warm up: the service's pulse channel subscribed
-            assert caller.queue_and_wait("solo", n).body == n
+        call_one_at_a_time(caller, "solo", 3)  # warm up: the service's pulse channel subscribed
         at_caller, at_service = record_dispatches(caller), record_dispatches(service_node)
         del served[:]
-        for n in range(30):
-            assert caller.queue_and_wait("solo", n).body == n
+        call_one_at_a_time(caller, "solo", 30)
     finally:
         stop.set()
     read_by_caller = responses(at_caller, caller)
@@ -100,8 +99,7 @@ def test_the_listener_reads_when_nobody_waits_and_the_role_moves_between_concurr
         readers = {thread for thread in responses(at_caller, caller) if thread.startswith("crowd")}
         assert len(readers) > 1, readers
         del at_caller[:]
-        for n in range(20):
-            assert caller.queue_and_wait("many", n).body == n
+        call_one_at_a_time(caller, "many", 20)
     finally:
         stop.set()
     alone = responses(at_caller, caller)
