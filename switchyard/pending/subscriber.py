@@ -143,8 +143,10 @@ class SharedSubscriber:
         pubsub = self._pubsub
         if pubsub is None:
             return False
-        with self._lock:
-            unsent, self._unsent = self._unsent, []
+        unsent: list[str] = []
+        if self._unsent:  # read without the lock first: a read per message, new channels are rare
+            with self._lock:
+                unsent, self._unsent = self._unsent, []
         try:
             if unsent:
                 pubsub.subscribe(*unsent)
