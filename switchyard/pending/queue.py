@@ -10,25 +10,32 @@ Better than Halibut's (seed 002):
 * every multi-step change is one Lua script (enqueue, take, respond, heartbeat, withdraw): a crash
   between two steps never leaves a key without a TTL or a request nobody owns, and a take retried
   after a lost reply gets the same request back (take id);
+* a poller waits in a blocking pop (BLMOVE) that moves the whole request from the endpoint's list
+  into a take key of its own, with a TTL: Redis wakes one poller per request and hands it the
+  request, with no pulse and no read, and a crash after the pop leaves the request where the
+  caller finds it; the claim (state taken, processor recorded) is lazy: the response claims a
+  request answered quickly, the first heartbeat one still running (``lua/claim.lua``);
 * one pub/sub connection per node instead of subscriptions per request: the node channel brings
-  responses (with the response inside, so no read) and cancellations; a pulse channel per polled
-  endpoint wakes one waiting poller per request; the thread waiting for a message reads the
-  connection itself when no other thread does (``subscriber.py``), so a call made one at a time
-  crosses no thread hand-off;
+  responses (with the response inside, so no read) and cancellations; the thread waiting for a
+  response reads the connection itself when no other thread does (``subscriber.py``), so a call
+  made one at a time crosses no thread hand-off;
 * heartbeats are timestamps in the request's state written by Lua with Redis's clock: one command
   per interval both beats and checks the other side, the caller's beat is also its pickup check
   and response poll, and a lost pub/sub message cannot look like a dead node;
-* the fast-RPC shortcut: nothing periodic happens before ``heartbeat_initial_delay_s``, so a quick
-  call costs three scripts (enqueue, take, respond) and a share of one batched UNLINK;
-* under load a node's concurrent enqueues, takes and responds share round trips (``batch.py``):
+* the fast-RPC shortcut: nothing periodic happens before ``heartbeat_initial_delay_s`` (the claim
+  before ``CLAIM_DELAY_S``), so a quick call costs two scripts (enqueue, respond), one blocking pop
+  and a share of one batched UNLINK;
+* under load a node's concurrent enqueues and responds share round trips (``batch.py``):
   with redis-py each round trip costs more Python CPU than the Lua work it carries;
 * redis-py's own Retry repeats every command for the retry window (30 s, 1 s apart).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -60,7 +67,10 @@ logger = logging.getLogger(__name__)
 
 ID_LENGTH = 32  # uuid4().hex: request ids are fixed-length, so node-channel messages need no parsing
 RESPONSE_MESSAGE = b"r"  # node channel: b"r" + id + b"\n" + response JSON
-CANCEL_MESSAGE = b"c"  # node channel: b"c" + id
+CANCEL_MESSAGE = b"c"  # node channel, or endpoint channel while unclaimed: b"c" + id
+# A popped request still running this long after the pop is claimed by its processor's first
+# heartbeat (capped by ``heartbeat_initial_delay_s``); one answered sooner, by its response.
+CLAIM_DELAY_S = 1.0
 # Answered states are unlinked in batches, off the callers' path: at most this late (their TTL
 # covers a node that dies first) or as soon as this many piled up. One UNLINK per endpoint tag.
 REAP_INTERVAL_S = 0.1
@@ -171,6 +181,7 @@ class ProcessorBeat:
 class _Call:
     id: str
     endpoint: str
+    element: bytes  # its pending-list element (a withdrawal removes it by value)
     event: Signal = field(default_factory=Signal)  # one waiter: the calling thread
     response: bytes | None = None
     error: PendingError | None = None
@@ -190,54 +201,11 @@ class _Tracked:
     next_beat: float
 
 
-class _Waiters:
-    """Pollers of one endpoint waiting for a pulse; each pulse wakes one of them."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.generation = 0
-        self.empty_at = -1  # the generation at which a take last found the list empty
-        self.subscribed = threading.Event()
-        self.sleepers: list[Signal] = []
-
-    def pulse(self, everyone: bool = False, prefer: Signal | None = None) -> None:
-        """Wake one poller (``prefer`` if it waits: the thread reading the pulse), or all."""
-        with self.lock:
-            self.generation += 1
-            if everyone:
-                woken, self.sleepers = self.sleepers, []
-            elif prefer is not None and prefer in self.sleepers:
-                self.sleepers.remove(prefer)
-                woken = [prefer]
-            else:
-                woken, self.sleepers = self.sleepers[:1], self.sleepers[1:]
-        for signal in woken:
-            signal.set()
-
-    def wait_for_pulse(self, seen: int, timeout: float, signal: Signal,
-                       wait: Callable[[Signal, float, Callable[[], bool]], bool]) -> None:
-        """Unless a pulse came since generation ``seen``: ``wait`` on ``signal`` until a pulse takes
-        this poller off the list (a wake-up that did not, such as the reader role offered to it,
-        is no reason to take) or ``timeout`` s passed."""
-        deadline = time.monotonic() + timeout
-        with self.lock:
-            if self.generation != seen:
-                return
-            self.sleepers.append(signal)
-        try:
-            while (remaining := deadline - time.monotonic()) > 0:
-                wait(signal, remaining, lambda: signal not in self.sleepers)
-                with self.lock:
-                    if signal not in self.sleepers:
-                        return
-        finally:
-            with self.lock:
-                if signal in self.sleepers:
-                    self.sleepers.remove(signal)
-
-
-def _script(client: redis.Redis, name: str) -> Any:
-    return client.register_script(resources.files("switchyard.pending.lua").joinpath(name).read_text())
+def _script(client: redis.Redis, name: str, claims: bool = False) -> Any:
+    """Register a script; ``claims``: it calls claim() (``lua/claim.lua`` is prepended)."""
+    lua = resources.files("switchyard.pending.lua")
+    prelude = lua.joinpath("claim.lua").read_text() if claims else ""
+    return client.register_script(prelude + lua.joinpath(name).read_text())
 
 
 def _ms(seconds: float) -> int:
@@ -272,9 +240,17 @@ class PendingQueue:
         self._guard_key = f"{prefix}:guard:{self.node_id}"
         self._guard_token = uuid.uuid4().hex
         self._enqueue = _script(self.client, "enqueue.lua")
-        self._take = _script(self.client, "take.lua")
-        self._respond = _script(self.client, "respond.lua")
-        self._heartbeat = _script(self.client, "heartbeat.lua")
+        self._take = _script(self.client, "take.lua", claims=True)
+        self._respond = _script(self.client, "respond.lua", claims=True)
+        self._heartbeat = _script(self.client, "heartbeat.lua", claims=True)
+        # Blocking pops hold their connection for up to a poll wait: pollers get connections of
+        # their own (the same server and options, one per waiting poller, no cap but the server's
+        # maxclients), so they never starve callers of the bounded pool.
+        pool = self.client.connection_pool
+        self._poll_pool = redis.ConnectionPool(connection_class=pool.connection_class, max_connections=2**31,
+                                               **pool.connection_kwargs)
+        self._polling: set[Any] = set()  # connections blocked in a pop (close() interrupts them)
+        self._cancel_channels: dict[str, threading.Event] = {}  # endpoint -> its channel subscribed
         self._withdraw = _script(self.client, "withdraw.lua")
         self._batch = ScriptBatcher(self.client)  # enqueue, take and respond of concurrent threads
         self._lock = threading.Lock()
@@ -284,7 +260,6 @@ class PendingQueue:
         self._unlink_wake = threading.Event()
         self._calls: dict[str, _Call] = {}
         self._tracked: dict[str, _Tracked] = {}
-        self._waiters: dict[str, _Waiters] = {}
         self._node_ready = threading.Event()
         self._closed = threading.Event()
         # _on_message is looked up per message: a test makes a started node deaf by replacing it.
@@ -310,8 +285,9 @@ class PendingQueue:
     def take_key(self, endpoint: str, take_id: str) -> str:
         return f"{self.key_tag(endpoint)}:t:{take_id}"
 
-    def pulse_channel(self, endpoint: str) -> str:
-        return f"{self.settings.prefix}:pulse:{endpoint}"
+    def endpoint_channel(self, endpoint: str) -> str:
+        """Cancellations of an endpoint's popped, not yet claimed requests (processor unknown)."""
+        return f"{self.settings.prefix}:ep:{endpoint}"
 
     # ------------------------------------------------------------- lifecycle
 
@@ -342,13 +318,19 @@ class PendingQueue:
             call.event.set()
         for item in tracked:
             item.request.cancel.cancel("the pending queue was closed")
-        for waiters in list(self._waiters.values()):
-            waiters.pulse(everyone=True)
+        with self._lock:
+            polling = list(self._polling)
+        for connection in polling:  # a poller blocked in a pop ends now, not after its wait
+            sock = connection._sock  # redis-py has no public way to interrupt a blocked read
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
         self._unlink_wake.set()  # the reaper unlinks what is left, then ends
         for thread in self._threads:
             thread.join(5)
         self._threads.clear()
         self._batch.close()
+        self._poll_pool.disconnect()
 
     def __enter__(self) -> PendingQueue:
         return self.start()
@@ -436,7 +418,9 @@ class PendingQueue:
     def _call(self, endpoint: str, message: bytes, pickup_timeout: float,
               cancel: CancelToken | None) -> Response:
         s = self.settings
-        call = _Call(uuid.uuid4().hex, endpoint)
+        request_id = uuid.uuid4().hex
+        element = b"%s %d %s\n%s" % (request_id.encode(), time.time() * 1000, self.node_id.encode(), message)
+        call = _Call(request_id, endpoint, element)
         state_key = self.state_key(endpoint, call.id)
         with self._lock:
             self._calls[call.id] = call
@@ -451,8 +435,8 @@ class PendingQueue:
             self._step("before_enqueue")
             self._redis(lambda: self._batch.call(
                 self._enqueue, [state_key, self.pending_key(endpoint)],
-                [call.id, message, self.node_id, _ms(pickup_timeout + s.request_ttl_extra_s),
-                 _ms(s.pending_list_ttl_s), self.pulse_channel(endpoint)]))
+                [element, self.node_id, _ms(pickup_timeout + s.request_ttl_extra_s),
+                 _ms(s.pending_list_ttl_s)]))
             self._step("enqueued")
             started = time.monotonic()
             pickup_deadline: float | None = started + pickup_timeout
@@ -523,7 +507,8 @@ class PendingQueue:
     def _caller_beat(self, call: _Call, state_key: str) -> Response | None:
         """Heartbeat + pickup check + response poll, one command; raises when the call is lost."""
         s = self.settings
-        reply = self._redis(lambda: self._heartbeat(keys=[state_key], args=["c", "", _ms(s.in_flight_ttl_s)]))
+        reply = self._redis(lambda: self._heartbeat(keys=[state_key, self.pending_key(call.endpoint)],
+                                                    args=["c", "", _ms(s.in_flight_ttl_s), call.element]))
         state = _text(reply[0])
         if state == "missing":
             self._state_vanished(call)
@@ -531,14 +516,20 @@ class PendingQueue:
             return self._collect(call, state_key, reply[2])
         if state == "t":
             call.taken = True
-            if int(reply[1]) > _ms(s.processor_timeout_s):
-                self._redis(lambda: self._withdraw(keys=[state_key, self.pending_key(call.endpoint)],
-                                                   args=[call.id, "cancel", self.node_channel_prefix]))
-                _count(METRIC_PROCESSORS_LOST, call.endpoint)
-                raise ProcessorLostError(
-                    f"request {call.id} to {call.endpoint!r}: the node processing it sent no heartbeat for "
-                    f"{int(reply[1]) / 1000:.0f} s (limit {s.processor_timeout_s:g} s); presumed offline")
+        # Taken: since the processor's last beat. Queued: since a beat found the request popped but
+        # unclaimed (the polling node died between its pop and the claim), else 0.
+        if int(reply[1]) > _ms(s.processor_timeout_s):
+            self._redis(lambda: self._withdraw(keys=[state_key, self.pending_key(call.endpoint)],
+                                               args=self._withdraw_args(call, "cancel")))
+            _count(METRIC_PROCESSORS_LOST, call.endpoint)
+            what = "sent no heartbeat" if state == "t" else "popped it and did not claim it"
+            raise ProcessorLostError(
+                f"request {call.id} to {call.endpoint!r}: the node processing it {what} for "
+                f"{int(reply[1]) / 1000:.0f} s (limit {s.processor_timeout_s:g} s); presumed offline")
         return None
+
+    def _withdraw_args(self, call: _Call, mode: str) -> list[Any]:
+        return [call.id, mode, self.node_channel_prefix, call.element, self.endpoint_channel(call.endpoint)]
 
     def _state_vanished(self, call: _Call) -> None:
         if self.check_data_loss():
@@ -548,7 +539,7 @@ class PendingQueue:
 
     def _withdraw_call(self, call: _Call, state_key: str, mode: str) -> Response | None:
         reply = self._redis(lambda: self._withdraw(keys=[state_key, self.pending_key(call.endpoint)],
-                                                   args=[call.id, mode, self.node_channel_prefix]))
+                                                   args=self._withdraw_args(call, mode)))
         outcome = _text(reply[0])
         self._step(f"withdraw_{mode}")
         if outcome == "answered":
@@ -571,68 +562,106 @@ class PendingQueue:
 
     # ------------------------------------------------------- processing side
 
-    def _endpoint_waiters(self, endpoint: str) -> _Waiters:
-        with self._lock:
-            waiters = self._waiters.get(endpoint)
-            if waiters is None:
-                waiters = self._waiters[endpoint] = _Waiters()
-                self._subscriber.subscribe(self.pulse_channel(endpoint))
-        return waiters
-
     def dequeue(self, endpoint: str, wait: float | None = None, *,
                 track: bool = True) -> PendingRequest | None:
         """The next request for ``endpoint``, waiting up to ``wait`` s (default: the poll wait) for one.
 
-        ``track``: this node heartbeats for the request and watches for cancellation until
-        ``apply_response`` (an in-process service); the HTTP API passes False and its polling
-        service heartbeats itself through ``processor_heartbeat``.
+        ``track``: this node claims the request if it is still running after the claim delay,
+        heartbeats for it and watches for cancellation until ``apply_response`` (an in-process
+        service); the HTTP API passes False, claims at once, and its polling service heartbeats
+        itself through ``processor_heartbeat``.
         """
         if self._closed.is_set():
             raise QueueUnavailableError("this node is shutting down")
         if not self._threads:
             raise PendingError("start() the PendingQueue before dequeuing")
         check_endpoint(endpoint)
-        waiters = self._endpoint_waiters(endpoint)
         deadline = time.monotonic() + (self.settings.poll_wait_s if wait is None else wait)
-        waiters.subscribed.wait(max(0.0, deadline - time.monotonic()))
-        final = False
-        signal = Signal()
+        subscribed = self._cancel_channels.get(endpoint)
+        if subscribed is None:
+            with self._lock:
+                subscribed = self._cancel_channels.get(endpoint)
+                if subscribed is None:
+                    subscribed = self._cancel_channels[endpoint] = threading.Event()
+                    self._subscriber.subscribe(self.endpoint_channel(endpoint))
+        if not subscribed.is_set():  # the first poll: cancellations of what it pops must reach us
+            subscribed.wait(max(0.0, deadline - time.monotonic()))
         while not self._closed.is_set():
-            seen = waiters.generation
-            # No pulse since a take found the list empty: it still is (every push pulses), so
-            # skip the command. The take at the end of each wait covers a pulse pub/sub lost.
-            if seen != waiters.empty_at or final:
-                request, left = self._take_next(endpoint)
-                if left == 0:
-                    waiters.empty_at = seen
-                if request is not None:
-                    if track:
-                        self._track(request)
-                    return request
-                if left:
-                    continue  # an unreadable request was answered with an error: take the next
-            if final:
+            take_id = uuid.uuid4().hex
+            element = self._pop(endpoint, take_id, deadline)
+            if element is None:
                 return None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                final = True
-                continue
-            waiters.wait_for_pulse(seen, remaining, signal, self._subscriber.wait)
+            request = self._request(endpoint, take_id, element)
+            if request is None:
+                continue  # unreadable: answered with an error (or dropped); take the next
+            self._step("taken")
+            if track:
+                self._track(request)
+            elif not self._claim(request):
+                continue  # withdrawn between the pop and the claim
+            return request
         return None
 
-    def _take_next(self, endpoint: str) -> tuple[PendingRequest | None, int]:
-        """The next request (or None) and how many ids were still waiting after it."""
+    def _pop(self, endpoint: str, take_id: str, deadline: float) -> bytes | None:
+        """Move the next request of ``endpoint`` into the take key (blocking until ``deadline``).
+
+        BLMOVE and the take key's PEXPIRE go in one write: Redis runs the PEXPIRE right after the
+        move, so the moved request is never in a key without a TTL. Retried here for the retry
+        window, not by redis-py: after a lost connection the take key is read first, since a pop
+        whose reply was lost may have moved a request into it.
+        """
         s = self.settings
-        take_id = uuid.uuid4().hex
         tag = self.key_tag(endpoint)
-        reply = self._redis(lambda: self._batch.call(
-            self._take, [f"{tag}:pending", f"{tag}:t:{take_id}"],
-            [f"{tag}:r:", take_id, self.node_id, _ms(s.in_flight_ttl_s), _ms(s.retry_window_s + 90)]))
-        if not reply:
-            return None, 0
-        request_id, raw, caller, enqueued_at = _text(reply[0]), reply[1], _text(reply[2]), int(reply[3])
-        left = int(reply[4])
-        self._step("taken")
+        pending, take = f"{tag}:pending", f"{tag}:t:{take_id}"
+        ttl = _ms(max(s.poll_wait_s, s.http_poll_wait_s) + s.retry_window_s + 90)
+        give_up: float | None = None
+        lost = False
+        while True:
+            connection = self._poll_pool.get_connection()
+            with self._lock:
+                self._polling.add(connection)
+            try:
+                if self._closed.is_set():
+                    return None
+                if lost:
+                    connection.send_packed_command(connection.pack_commands(
+                        [("LINDEX", take, -1), ("PEXPIRE", take, ttl)]))
+                    held, _ = connection.read_response(), connection.read_response()
+                    if held is not None:
+                        return held
+                    lost = False
+                wait = deadline - time.monotonic()
+                pop: tuple[Any, ...] = ("LMOVE", pending, take, "LEFT", "RIGHT")
+                if wait > 0:
+                    pop = ("BLMOVE", pending, take, "LEFT", "RIGHT", f"{wait:.3f}")
+                connection.send_packed_command(connection.pack_commands([pop, ("PEXPIRE", take, ttl)]))
+                element = connection.read_response(timeout=max(wait, 0) + s.connections.redis_timeout_s)
+                connection.read_response()
+                return element
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                connection.disconnect()
+                if self._closed.is_set():
+                    return None
+                now = time.monotonic()
+                give_up = give_up or now + s.retry_window_s
+                if now >= give_up:
+                    raise QueueUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
+                lost = True
+                self._closed.wait(s.retry_interval_s)
+            finally:
+                with self._lock:
+                    self._polling.discard(connection)
+                self._poll_pool.release(connection)
+
+    def _request(self, endpoint: str, take_id: str, element: bytes) -> PendingRequest | None:
+        """The popped request; None if it is unreadable (answered with an error, or dropped)."""
+        header, _, raw = element.partition(b"\n")
+        try:
+            request_id, enqueued_at, caller = header.decode().split(" ", 2)
+            enqueued = int(enqueued_at)
+        except ValueError:  # not written by enqueue.lua: no id to answer; its take key expires
+            logger.error("dropped an unreadable element of %s's pending list: %r", endpoint, element[:200])
+            return None
         try:
             message = json.loads(raw)
             streams = [StreamRef.from_json(r) for r in message.get("streams") or []]
@@ -640,13 +669,22 @@ class PendingQueue:
         except (ValueError, TypeError, AttributeError, PendingError) as exc:
             logger.error("unreadable request %s on %s, answered with an error: %s", request_id, endpoint, exc)
             self.respond(endpoint, request_id, take_id, {"ok": False, "error": f"unreadable request: {exc}"})
-            return None, left
-        return PendingRequest(request_id, endpoint, take_id, body, streams, caller, enqueued_at), left
+            return None
+        return PendingRequest(request_id, endpoint, take_id, body, streams, caller, enqueued)
+
+    def _claim(self, request: PendingRequest) -> bool:
+        """Mark a popped request taken by this node now (take.lua); False if it was withdrawn."""
+        tag = self.key_tag(request.endpoint)
+        claimed = self._redis(lambda: self._batch.call(
+            self._take, [f"{tag}:r:{request.id}", f"{tag}:t:{request.take_id}"],
+            [request.id, request.take_id, self.node_id, _ms(self.settings.in_flight_ttl_s)]))
+        self._step("claimed")
+        return bool(claimed)
 
     def _track(self, request: PendingRequest) -> None:
         with self._lock:
             self._tracked[request.id] = _Tracked(
-                request, time.monotonic() + self.settings.heartbeat_initial_delay_s)
+                request, time.monotonic() + min(CLAIM_DELAY_S, self.settings.heartbeat_initial_delay_s))
 
     def apply_response(
         self,
@@ -674,7 +712,7 @@ class PendingQueue:
         outcome = Delivery(_text(self._redis(lambda: self._batch.call(
             self._respond, [f"{tag}:r:{request_id}", f"{tag}:t:{take_id}"],
             [take_id, raw, _ms(s.response_ttl_s), self.node_channel_prefix, _ms(s.sender_timeout_s),
-             request_id]))))
+             request_id, self.node_id]))))
         self._step("responded")
         if outcome is not Delivery.DELIVERED:
             _count(METRIC_UNDELIVERED, endpoint)
@@ -682,10 +720,13 @@ class PendingQueue:
         return outcome
 
     def processor_heartbeat(self, endpoint: str, request_id: str, take_id: str) -> ProcessorBeat:
-        """The processor is alive; learn whether its work should stop (cancelled, caller gone, lost)."""
+        """The processor is alive (the first beat also claims the request); learn whether its work
+        should stop (cancelled, caller gone, lost)."""
         s = self.settings
-        reply = self._redis(lambda: self._heartbeat(keys=[self.state_key(endpoint, request_id)],
-                                                    args=["p", take_id, _ms(s.in_flight_ttl_s)]))
+        tag = self.key_tag(endpoint)
+        reply = self._redis(lambda: self._heartbeat(
+            keys=[f"{tag}:r:{request_id}", f"{tag}:t:{take_id}"],
+            args=["p", take_id, _ms(s.in_flight_ttl_s), request_id, self.node_id]))
         state = _text(reply[0])
         if state == "missing":
             if self.check_data_loss():
@@ -769,14 +810,14 @@ class PendingQueue:
     def _on_subscriber_lost(self) -> None:
         """The pub/sub connection is gone: nothing is subscribed until the listener reconnects."""
         self._node_ready.clear()
-        for waiters in list(self._waiters.values()):
-            waiters.subscribed.clear()
 
     def _on_message(self, message: dict[str, Any]) -> None:
-        kind, channel, data = message["type"], _text(message["channel"]), message["data"]
+        kind, data = message["type"], message["data"]
         if kind == "subscribe":
             # First subscription, or a re-subscription after a reconnect: messages may have been
-            # missed meanwhile, so every waiter checks Redis again.
+            # missed meanwhile, so every waiting caller checks Redis again. (A missed cancellation
+            # reaches a processor at its next heartbeat.)
+            channel = _text(message["channel"])
             if channel == self.node_channel:
                 self._node_ready.set()
                 with self._lock:
@@ -785,17 +826,11 @@ class PendingQueue:
                     call.recheck = True
                     call.event.set()
             else:
-                waiters = self._waiters.get(channel.removeprefix(f"{self.settings.prefix}:pulse:"))
-                if waiters is not None:
-                    waiters.subscribed.set()
-                    waiters.pulse(everyone=True)
+                subscribed = self._cancel_channels.get(channel.removeprefix(f"{self.settings.prefix}:ep:"))
+                if subscribed is not None:
+                    subscribed.set()
             return
         if kind != "message":
-            return
-        if channel != self.node_channel:
-            waiters = self._waiters.get(channel.removeprefix(f"{self.settings.prefix}:pulse:"))
-            if waiters is not None:
-                waiters.pulse(prefer=self._subscriber.reader)
             return
         request_id = data[1:1 + ID_LENGTH].decode()
         if data[:1] == RESPONSE_MESSAGE:
@@ -803,7 +838,7 @@ class PendingQueue:
             if call is not None:
                 call.response = data[2 + ID_LENGTH:]
                 call.event.set()
-        elif data[:1] == CANCEL_MESSAGE:
+        elif data[:1] == CANCEL_MESSAGE:  # on the node channel, or an endpoint's (unclaimed)
             with self._lock:
                 item = self._tracked.pop(request_id, None)
             if item is not None:

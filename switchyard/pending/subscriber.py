@@ -1,8 +1,8 @@
 """A node's one pub/sub connection, read by whichever thread is waiting for a message on it.
 
-Why: a listener thread used to read it and wake the thread a message was for (the caller waiting
-for its response, the poller waiting for a pulse): two thread hand-offs on the path of every call,
-a large share of a fast call's latency with the GIL. Now a thread about to block for a message
+Why: a listener thread used to read it and wake the caller a response was for: a thread hand-off
+on the path of every call, a large share of a fast call's latency with the GIL. (Pollers wait in
+a blocking pop on a connection of their own, not here.) Now a thread about to block for a message
 takes the reader role if it is free and reads the connection itself, dispatching whatever arrives
 (other threads' messages too: it wakes them), until its own wake-up or its timeout; so one call
 at a time crosses no hand-off. A thread that finds the role taken blocks on its signal as before;
@@ -56,9 +56,6 @@ class SharedSubscriber:
         self._waiting = 0  # threads inside wait()
         self._entries = 0  # waits begun, ever: the listener reads after a tick in which none began
         self._listener_wake = Signal()
-        # The signal of the waiter reading now (None: the listener or nobody): of several pollers
-        # waiting for a pulse, the one reading is the one to wake (no hand-off).
-        self.reader: Signal | None = None
 
     def subscribe(self, channel: str) -> None:
         """Add a channel; the reader subscribes it before its next read (within a tick)."""
@@ -108,18 +105,14 @@ class SharedSubscriber:
 
     def _read_until(self, signal: Signal, deadline: float) -> bool | None:
         """Read (role held) until ``signal`` is set or the deadline; None if the connection went."""
-        self.reader = signal
-        try:
-            while True:
-                if signal.wait(0):
-                    return True
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                if not self._read(min(remaining, TICK_S)):
-                    return None
-        finally:
-            self.reader = None
+        while True:
+            if signal.wait(0):
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if not self._read(min(remaining, TICK_S)):
+                return None
 
     def _release(self) -> None:
         with self._lock:

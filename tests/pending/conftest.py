@@ -39,15 +39,19 @@ def keys_without_ttl(client: redis.Redis, prefix: str) -> list[str]:
 
 
 def ownerless_requests(client: redis.Redis, prefix: str) -> list[str]:
-    """Requests nobody will ever move on: queued but absent from their endpoint's pending list,
-    or taken with no processor recorded. (Answered ones belong to their caller until the TTL.)"""
+    """Requests nobody will ever move on: queued but neither in their endpoint's pending list nor
+    in a take key (popped by a poller, not yet claimed: the caller watches it), or taken with no
+    processor recorded. (Answered ones belong to their caller until the TTL.)"""
     problems = []
     for key in client.scan_iter(match=f"{prefix}:{{*}}:r:*", count=1000):
         text = key.decode()
         state, proc = client.hmget(key, "s", "proc")
         tag, _, request_id = text.rpartition(":r:")
-        if state == b"q" and request_id.encode() not in client.lrange(f"{tag}:pending", 0, -1):
-            problems.append(f"{text}: queued but not in the pending list")
+        held = [element.split(b" ", 1)[0] for name in client.scan_iter(match=f"{tag}:t:*")
+                for element in client.lrange(name, 0, -1)]
+        waiting = [element.split(b" ", 1)[0] for element in client.lrange(f"{tag}:pending", 0, -1)]
+        if state == b"q" and request_id.encode() not in waiting + held:
+            problems.append(f"{text}: queued but neither in the pending list nor in a take key")
         if state == b"t" and not proc:
             problems.append(f"{text}: taken by no processor")
     return problems

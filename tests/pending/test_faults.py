@@ -73,22 +73,32 @@ def state_of(node: PendingQueue, endpoint: str) -> list[bytes]:
     return [node.client.hget(k, "s") for k in node.client.scan_iter(match=f"{node.key_tag(endpoint)}:r:*")]
 
 
-def test_processor_dies_caller_gets_a_clear_error_within_the_timeout(private_redis: PrivateRedis) -> None:
+@pytest.mark.parametrize("claimed", [True, False], ids=["after-claim", "between-pop-and-claim"])
+def test_processor_dies_caller_gets_a_clear_error_within_the_timeout(private_redis: PrivateRedis,
+                                                                     claimed: bool) -> None:
+    """Killed after its node claimed the request (its heartbeats stop), or right after the pop,
+    before the claim (the request sits in the dead node's take key): the same clear error."""
     settings = private_settings(private_redis)
+    # A processor whose first heartbeat (the claim) comes after CLAIM_DELAY_S, not FAST's 0.1 s
+    processor_settings = settings if claimed else replace(settings, heartbeat_initial_delay_s=5.0)
     with nodes(settings, 1) as [caller], \
-            node_process(settings, "processor", "ep", "--hold", "60") as processor:
+            node_process(processor_settings, "processor", "ep", "--hold", "60") as processor:
         errors: list[Exception] = []
         thread = threading.Thread(target=lambda: _record(errors, caller.queue_and_wait, "ep", 1))
         thread.start()
         wait_for(lambda: processor.stdout.readline(), timeout=10, what="the processor to take the request")
+        if claimed:
+            wait_for(lambda: state_of(caller, "ep") == [b"t"], timeout=5, what="the claim")
         processor.send_signal(signal.SIGKILL)
         killed = time.monotonic()
+        assert processor.wait(5) and state_of(caller, "ep") == [b"t" if claimed else b"q"]
         thread.join(10)
         elapsed = time.monotonic() - killed
     assert isinstance(errors[0], ProcessorLostError), errors
     assert "presumed offline" in str(errors[0])
-    # processor timeout 1 s + one heartbeat interval (0.2 s) + scheduling slack
-    assert elapsed < settings.processor_timeout_s + 4, elapsed
+    # processor timeout 1 s + one heartbeat interval (0.2 s) + scheduling slack (the pickup
+    # timeout, 5 s, is not waited for: the caller's beat finds an unclaimed request popped)
+    assert elapsed < settings.processor_timeout_s + 3, elapsed
 
 
 def test_caller_dies_processor_work_is_cancelled(private_redis: PrivateRedis) -> None:
@@ -167,7 +177,8 @@ CRASHES = [
     ("caller", "before_collect", None, [b"a"]),
     ("caller", "collected", None, None),  # answered; unlinked or not yet (the reaper's batch)
     ("caller", "withdraw_timeout", None, []),
-    ("processor", "taken", "ProcessorLostError", [b"t"]),  # flagged cancelled, expires with its TTL
+    # popped, never claimed: flagged cancelled, expires with its TTL (its take key too)
+    ("processor", "taken", "ProcessorLostError", [b"q"]),
     ("processor", "responded", "response", []),
 ]
 

@@ -59,8 +59,9 @@ def test_cross_node_call(make_node: NodeFactory, shared_redis: redis.Redis,
     assert keys_without_ttl(shared_redis, settings.prefix) == []
 
 
-def test_fast_call_costs_four_commands_and_no_heartbeat(make_node: NodeFactory) -> None:
-    """The fast-RPC shortcut: nothing periodic before the initial delay (default 7 s)."""
+def test_fast_call_costs_two_scripts_and_a_pop_no_claim_and_no_heartbeat(make_node: NodeFactory) -> None:
+    """The fast-RPC shortcut: nothing periodic before the initial delay (default 7 s); a request
+    answered before the claim delay is claimed by its response (no take script)."""
     caller, service_node = make_node(heartbeat_initial_delay_s=7.0), make_node(heartbeat_initial_delay_s=7.0)
     calls: list[str] = []
     for node in (caller, service_node):
@@ -74,13 +75,7 @@ def test_fast_call_costs_four_commands_and_no_heartbeat(make_node: NodeFactory) 
         request = service_node.dequeue("svc", 1)
     service_node.apply_response(request, 2)
     request_thread.join(5)
-    assert [c for c in calls if c != "_take"] == ["_enqueue", "_respond", 2]
-    assert calls.count("_take") <= 2  # one empty take may happen before the request arrives
-    # the next poll does not ask Redis again: no pulse came since the list was found empty
-    calls.clear()
-    threading.Thread(target=service_node.dequeue, args=("svc", 0.3), daemon=True).start()
-    time.sleep(0.1)
-    assert calls == []
+    assert calls == ["_enqueue", "_respond", 2]
 
 
 def test_service_error_reaches_the_caller(make_node: NodeFactory) -> None:
@@ -157,12 +152,8 @@ def test_cancellation_seen_by_heartbeat_when_the_message_is_missed(make_node: No
     cancel = CancelToken()
     threading.Thread(target=_catch, args=(caller.queue_and_wait, "deaf", 1), kwargs={"cancel": cancel},
                      daemon=True).start()
-    request = None
-    deadline = time.monotonic() + 5
-    while request is None and time.monotonic() < deadline:
-        request, _ = service_node._take_next("deaf")
+    request = service_node.dequeue("deaf", 5)
     assert request is not None
-    service_node._track(request)
     cancel.cancel("stop")
     assert request.cancel.wait(3), "the heartbeat did not see the cancellation"
 
@@ -213,24 +204,79 @@ def test_large_streams_go_through_storage_not_redis(make_node: NodeFactory, shar
     assert len(list((tmp_path / "streams").iterdir())) == 1  # the request stream was deleted
 
 
-def test_take_and_enqueue_are_idempotent_on_retry(make_node: NodeFactory, shared_redis: redis.Redis) -> None:
+def test_enqueue_claim_and_respond_are_idempotent_on_retry(make_node: NodeFactory,
+                                                          shared_redis: redis.Redis) -> None:
     """A retried script whose first reply was lost changes nothing (redis-py retries them)."""
     node = make_node()
-    keys = [node.state_key("idem", "a" * 32), node.pending_key("idem")]
-    args = ["a" * 32, b'{"body":1}', node.node_id, 60_000, 60_000, node.pulse_channel("idem")]
+    request_id = "a" * 32
+    state, take, other = (node.state_key("idem", request_id), node.take_key("idem", "t" * 32),
+                          node.take_key("idem", "u" * 32))
+    keys = [state, node.pending_key("idem")]
+    args = [f"{request_id} 1 {node.node_id}\n".encode() + b'{"body":1}', node.node_id, 60_000, 60_000]
     assert node._enqueue(keys=keys, args=args) == 1
     assert node._enqueue(keys=keys, args=args) == 0
     assert shared_redis.llen(node.pending_key("idem")) == 1
-    take_args = [f"{node.key_tag('idem')}:r:", "t" * 32, node.node_id, 60_000, 60_000]
-    take_keys = [node.pending_key("idem"), node.take_key("idem", "t" * 32)]
-    first = node._take(keys=take_keys, args=take_args)
-    assert first[0] == b"a" * 32
-    assert node._take(keys=take_keys, args=take_args) == first  # same request again, not the next
-    assert node._take(keys=[node.pending_key("idem"), node.take_key("idem", "u" * 32)],
-                      args=[*take_args[:1], "u" * 32, *take_args[2:]]) is None
-    assert node.respond("idem", "a" * 32, "t" * 32, {"ok": True, "body": 1}) is Delivery.DELIVERED
-    assert node.respond("idem", "a" * 32, "t" * 32, {"ok": True, "body": 1}) is Delivery.DELIVERED
-    assert node.respond("idem", "a" * 32, "u" * 32, {"ok": True, "body": 1}) is Delivery.NOT_TAKER
+    assert node._pop("idem", "t" * 32, time.monotonic() + 1).startswith(request_id.encode())
+    assert shared_redis.pttl(take) > 0  # the popped request is in a key with a TTL
+    claim_args = [request_id, "t" * 32, node.node_id, 60_000]
+    assert node._take(keys=[state, take], args=claim_args) == 1
+    assert node._take(keys=[state, take], args=claim_args) == 1  # the same take again
+    assert shared_redis.exists(take) == 0  # the claim emptied the take key
+    assert node._take(keys=[state, other], args=[request_id, "u" * 32, node.node_id, 60_000]) == 0
+    assert node.respond("idem", request_id, "t" * 32, {"ok": True, "body": 1}) is Delivery.DELIVERED
+    assert node.respond("idem", request_id, "t" * 32, {"ok": True, "body": 1}) is Delivery.DELIVERED
+    assert node.respond("idem", request_id, "u" * 32, {"ok": True, "body": 1}) is Delivery.NOT_TAKER
+
+
+def test_a_response_claims_a_popped_request_once(make_node: NodeFactory, shared_redis: redis.Redis) -> None:
+    """The lazy claim: the response of a request nobody claimed yet claims it; its retry is
+    delivered again; another take's response is refused and leaves nothing behind."""
+    caller, node = make_node(), make_node(heartbeat_initial_delay_s=7.0)  # claim delay: 1 s
+    outcome: list[object] = []
+    thread = threading.Thread(target=lambda: outcome.append(caller.queue_and_wait("lazy", 1)))
+    thread.start()
+    request = node.dequeue("lazy", 5)  # tracked: its node would claim it after the claim delay
+    assert request is not None and shared_redis.hget(node.state_key("lazy", request.id), "s") == b"q"
+    assert node.respond("lazy", request.id, "u" * 32, {"ok": True, "body": 0}) is Delivery.NOT_TAKER
+    assert node.apply_response(request, 2) is Delivery.DELIVERED
+    assert node.respond("lazy", request.id, request.take_id, {"ok": True, "body": 2}) is Delivery.DELIVERED
+    thread.join(5)
+    assert getattr(outcome[0], "body", outcome[0]) == 2
+    assert shared_redis.exists(node.take_key("lazy", request.take_id)) == 0
+
+
+def test_a_pop_whose_reply_was_lost_finds_its_request_in_the_take_key(make_node: NodeFactory,
+                                                                     shared_redis: redis.Redis) -> None:
+    """The BLMOVE ran in Redis but its reply never arrived (the connection broke): the retry reads
+    the take key first and gets the same request, instead of popping the next one."""
+    caller, node = make_node(), make_node()
+    for n in range(2):
+        threading.Thread(target=_catch, args=(caller.queue_and_wait, "lost-reply", n), daemon=True).start()
+    wait_for(lambda: shared_redis.llen(node.pending_key("lost-reply")) == 2, what="two queued requests")
+    connection = node._poll_pool.get_connection()  # the one the next pop gets from the pool
+    original = connection.read_response
+    broken: list[bool] = []
+
+    def read_response(*args: Any, **kwargs: Any) -> Any:
+        if not broken:  # the first reply is lost after Redis ran the pop
+            broken.append(True)
+            original(*args, **kwargs)
+            connection.disconnect()
+            raise redis.ConnectionError("reply lost")
+        return original(*args, **kwargs)
+
+    connection.read_response = read_response  # type: ignore[method-assign]
+    node._poll_pool.release(connection)
+    try:
+        request = node.dequeue("lost-reply", 5)
+    finally:
+        del connection.read_response
+    assert broken and request is not None and request.body == 0  # the first request, not the second
+    assert shared_redis.llen(node.pending_key("lost-reply")) == 1
+    assert node.apply_response(request, "ok") is Delivery.DELIVERED
+    second = node.dequeue("lost-reply", 5)
+    assert second is not None and second.body == 1
+    node.apply_response(second, "ok")
 
 
 @pytest.mark.parametrize("services,concurrent,calls", [

@@ -1,23 +1,35 @@
 -- heartbeat: one side of a request says it is alive and learns how the other side is doing.
+-- (claim.lua is prepended.)
 --
--- KEYS[1]  {prefix:endpoint}:r:<id>   the request's state (see enqueue.lua)
+-- KEYS[1]  {prefix:endpoint}:r:<id>        the request's state (see enqueue.lua)
+-- KEYS[2]  processor: {prefix:endpoint}:t:<take id>, the take key; caller: the pending list
 -- ARGV[1]  role: 'c' (the caller) or 'p' (the processor)
 -- ARGV[2]  take id (processor) or '' (caller)
 -- ARGV[3]  state TTL in ms while taken (refreshed here, so a live request never expires)
+-- ARGV[4]  request id (processor) or the request's list element (caller)
+-- ARGV[5]  processor node id (processor)
 --
 -- Halibut publishes heartbeats on per-request channels each side must subscribe to; here a
 -- heartbeat is a timestamp in the state, so one command per interval both sends and checks,
 -- and a missed pub/sub message cannot look like a dead node. The caller's beat is also its
 -- pickup check and its response poll (a response whose message was missed is returned here).
+-- The processor's first beat claims a request its response has not claimed yet. A queued request
+-- the caller finds neither claimed nor in the pending list was popped by a node that has not
+-- claimed it: the beat stamps mv, and a node silent that long is as lost as a silent processor.
+-- (A list longer than POPPED_SCAN is not searched: the request is surely still waiting in it.)
 -- Returns {'missing'} when the state is gone; for the caller {state, ms since the processor's
--- last beat (0 unless taken), response or ''}; for the processor {'not_taker'} when it no
--- longer holds the request, else {state, ms since the caller's last beat, 1 if cancelled}.
-local v = redis.call('HMGET', KEYS[1], 's', 'taker', 'hc', 'hp', 'x', 'resp')
+-- last beat (taken) or since the request was found popped but unclaimed (queued), else 0,
+-- response or ''}; for the processor {'not_taker'} when it does not hold the request, else
+-- {state, ms since the caller's last beat, 1 if cancelled}.
+local v = redis.call('HMGET', KEYS[1], 's', 'taker', 'hc', 'hp', 'x', 'resp', 'mv')
 if not v[1] then
+  if ARGV[1] == 'p' then
+    claim(KEYS[1], KEYS[2], ARGV[4], ARGV[2], ARGV[5], ARGV[3], '')  -- drops the element it held
+  end
   return {'missing'}
 end
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local POPPED_SCAN = 1000
+local now = now_ms()
 local stamp = string.format('%d', now)
 if ARGV[1] == 'c' then
   redis.call('HSET', KEYS[1], 'hc', stamp)
@@ -25,8 +37,16 @@ if ARGV[1] == 'c' then
   if v[1] == 't' then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
     silence = now - tonumber(v[4])
+  elseif v[1] == 'q' and v[7] then
+    silence = now - tonumber(v[7])
+  elseif v[1] == 'q' and redis.call('LLEN', KEYS[2]) <= POPPED_SCAN
+      and not redis.call('LPOS', KEYS[2], ARGV[4], 'MAXLEN', POPPED_SCAN) then
+    redis.call('HSET', KEYS[1], 'mv', stamp)
   end
   return {v[1], silence, v[6] or ''}
+end
+if v[1] == 'q' and claim(KEYS[1], KEYS[2], ARGV[4], ARGV[2], ARGV[5], ARGV[3], stamp) then
+  v[1], v[2] = 't', ARGV[2]
 end
 if v[1] ~= 't' or v[2] ~= ARGV[2] then
   return {'not_taker'}
