@@ -39,6 +39,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -243,13 +244,16 @@ class PendingQueue:
         self._take = _script(self.client, "take.lua", claims=True)
         self._respond = _script(self.client, "respond.lua", claims=True)
         self._heartbeat = _script(self.client, "heartbeat.lua", claims=True)
-        # Blocking pops hold their connection for up to a poll wait: pollers get connections of
-        # their own (the same server and options, one per waiting poller, no cap but the server's
-        # maxclients), so they never starve callers of the bounded pool.
+        # Blocking pops hold their connection for up to a poll wait: each polling thread has a
+        # connection of its own (the same server and options; no cap but the server's maxclients),
+        # held while the thread lives, so pollers never starve callers of the bounded pool.
         pool = self.client.connection_pool
-        self._poll_pool = redis.ConnectionPool(connection_class=pool.connection_class, max_connections=2**31,
-                                               **pool.connection_kwargs)
-        self._polling: set[Any] = set()  # connections blocked in a pop (close() interrupts them)
+        self._pop_block_s = max(self.settings.poll_wait_s, self.settings.http_poll_wait_s)
+        self._poll_connection_args = (pool.connection_class, {
+            **pool.connection_kwargs,
+            "socket_timeout": self._pop_block_s + self.settings.connections.redis_timeout_s})
+        self._poller = threading.local()
+        self._poll_connections: weakref.WeakSet[Any] = weakref.WeakSet()  # close() interrupts their pops
         self._cancel_channels: dict[str, threading.Event] = {}  # endpoint -> its channel subscribed
         self._withdraw = _script(self.client, "withdraw.lua")
         self._batch = ScriptBatcher(self.client)  # enqueue, take and respond of concurrent threads
@@ -319,18 +323,17 @@ class PendingQueue:
         for item in tracked:
             item.request.cancel.cancel("the pending queue was closed")
         with self._lock:
-            polling = list(self._polling)
+            polling = list(self._poll_connections)
         for connection in polling:  # a poller blocked in a pop ends now, not after its wait
             sock = connection._sock  # redis-py has no public way to interrupt a blocked read
             if sock is not None:
                 with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.shutdown(socket.SHUT_RDWR)  # the poller's own thread then disconnects
         self._unlink_wake.set()  # the reaper unlinks what is left, then ends
         for thread in self._threads:
             thread.join(5)
         self._threads.clear()
         self._batch.close()
-        self._poll_pool.disconnect()
 
     def __enter__(self) -> PendingQueue:
         return self.start()
@@ -584,8 +587,9 @@ class PendingQueue:
                 if subscribed is None:
                     subscribed = self._cancel_channels[endpoint] = threading.Event()
                     self._subscriber.subscribe(self.endpoint_channel(endpoint))
-        if not subscribed.is_set():  # the first poll: cancellations of what it pops must reach us
-            subscribed.wait(max(0.0, deadline - time.monotonic()))
+        if not subscribed.is_set():  # a first poll: cancellations of what it pops should reach us
+            # (no longer than the claim delay: a cancellation is seen at the claim anyway)
+            subscribed.wait(max(0.0, min(CLAIM_DELAY_S, deadline - time.monotonic())))
         while not self._closed.is_set():
             take_id = uuid.uuid4().hex
             element = self._pop(endpoint, take_id, deadline)
@@ -617,9 +621,7 @@ class PendingQueue:
         give_up: float | None = None
         lost = False
         while True:
-            connection = self._poll_pool.get_connection()
-            with self._lock:
-                self._polling.add(connection)
+            connection = self._poll_connection()
             try:
                 if self._closed.is_set():
                     return None
@@ -630,14 +632,16 @@ class PendingQueue:
                     if held is not None:
                         return held
                     lost = False
-                wait = deadline - time.monotonic()
+                wait = min(deadline - time.monotonic(), self._pop_block_s)
                 pop: tuple[Any, ...] = ("LMOVE", pending, take, "LEFT", "RIGHT")
                 if wait > 0:
                     pop = ("BLMOVE", pending, take, "LEFT", "RIGHT", f"{wait:.3f}")
+                # (a connection idle past its health-check interval is pinged, and replaced if stale)
                 connection.send_packed_command(connection.pack_commands([pop, ("PEXPIRE", take, ttl)]))
-                element = connection.read_response(timeout=max(wait, 0) + s.connections.redis_timeout_s)
+                element = connection.read_response()
                 connection.read_response()
-                return element
+                if element is not None or deadline - time.monotonic() <= 0:
+                    return element
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 connection.disconnect()
                 if self._closed.is_set():
@@ -648,10 +652,17 @@ class PendingQueue:
                     raise QueueUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
                 lost = True
                 self._closed.wait(s.retry_interval_s)
-            finally:
-                with self._lock:
-                    self._polling.discard(connection)
-                self._poll_pool.release(connection)
+
+    def _poll_connection(self) -> Any:
+        """This thread's connection for blocking pops (made at its first pop; closed when the
+        thread ends and its thread-local goes, or when a pop fails)."""
+        connection = getattr(self._poller, "connection", None)
+        if connection is None:
+            connection_class, kwargs = self._poll_connection_args
+            connection = self._poller.connection = connection_class(**kwargs)
+            with self._lock:
+                self._poll_connections.add(connection)
+        return connection
 
     def _request(self, endpoint: str, take_id: str, element: bytes) -> PendingRequest | None:
         """The popped request; None if it is unreadable (answered with an error, or dropped)."""

@@ -253,7 +253,7 @@ def test_a_pop_whose_reply_was_lost_finds_its_request_in_the_take_key(make_node:
     for n in range(2):
         threading.Thread(target=_catch, args=(caller.queue_and_wait, "lost-reply", n), daemon=True).start()
     wait_for(lambda: shared_redis.llen(node.pending_key("lost-reply")) == 2, what="two queued requests")
-    connection = node._poll_pool.get_connection()  # the one the next pop gets from the pool
+    connection = node._poll_connection()  # this thread's: the pop below uses it
     original = connection.read_response
     broken: list[bool] = []
 
@@ -266,7 +266,6 @@ def test_a_pop_whose_reply_was_lost_finds_its_request_in_the_take_key(make_node:
         return original(*args, **kwargs)
 
     connection.read_response = read_response  # type: ignore[method-assign]
-    node._poll_pool.release(connection)
     try:
         request = node.dequeue("lost-reply", 5)
     finally:
