@@ -241,7 +241,6 @@ class PendingQueue:
         self._guard_key = f"{prefix}:guard:{self.node_id}"
         self._guard_token = uuid.uuid4().hex
         self._enqueue = _script(self.client, "enqueue.lua")
-        self._take = _script(self.client, "take.lua", claims=True)
         self._respond = _script(self.client, "respond.lua", claims=True)
         self._heartbeat = _script(self.client, "heartbeat.lua", claims=True)
         # Blocking pops hold their connection for up to a poll wait: each polling thread has a
@@ -571,8 +570,8 @@ class PendingQueue:
 
         ``track``: this node claims the request if it is still running after the claim delay,
         heartbeats for it and watches for cancellation until ``apply_response`` (an in-process
-        service); the HTTP API passes False, claims at once, and its polling service heartbeats
-        itself through ``processor_heartbeat``.
+        service); the HTTP API passes False: its polling service's response or first heartbeat
+        (``processor_heartbeat``) claims it.
         """
         if self._closed.is_set():
             raise QueueUnavailableError("this node is shutting down")
@@ -601,8 +600,6 @@ class PendingQueue:
             self._step("taken")
             if track:
                 self._track(request)
-            elif not self._claim(request):
-                continue  # withdrawn between the pop and the claim
             return request
         return None
 
@@ -682,15 +679,6 @@ class PendingQueue:
             self.respond(endpoint, request_id, take_id, {"ok": False, "error": f"unreadable request: {exc}"})
             return None
         return PendingRequest(request_id, endpoint, take_id, body, streams, caller, enqueued)
-
-    def _claim(self, request: PendingRequest) -> bool:
-        """Mark a popped request taken by this node now (take.lua); False if it was withdrawn."""
-        tag = self.key_tag(request.endpoint)
-        claimed = self._redis(lambda: self._batch.call(
-            self._take, [f"{tag}:r:{request.id}", f"{tag}:t:{request.take_id}"],
-            [request.id, request.take_id, self.node_id, _ms(self.settings.in_flight_ttl_s)]))
-        self._step("claimed")
-        return bool(claimed)
 
     def _track(self, request: PendingRequest) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from switchyard.pending import (
     PendingQueue,
     PendingSettings,
     PickupTimeoutError,
+    ProcessorBeat,
     RemoteError,
 )
 from switchyard.pending.storage import LocalDirectoryStore
@@ -61,11 +62,11 @@ def test_cross_node_call(make_node: NodeFactory, shared_redis: redis.Redis,
 
 def test_fast_call_costs_two_scripts_and_a_pop_no_claim_and_no_heartbeat(make_node: NodeFactory) -> None:
     """The fast-RPC shortcut: nothing periodic before the initial delay (default 7 s); a request
-    answered before the claim delay is claimed by its response (no take script)."""
+    answered before the claim delay is claimed by its response (no claiming heartbeat)."""
     caller, service_node = make_node(heartbeat_initial_delay_s=7.0), make_node(heartbeat_initial_delay_s=7.0)
     calls: list[str] = []
     for node in (caller, service_node):
-        for name in ("_enqueue", "_take", "_respond", "_heartbeat", "_withdraw"):
+        for name in ("_enqueue", "_respond", "_heartbeat", "_withdraw"):
             script = getattr(node, name)
             setattr(node, name, lambda *a, _s=script, _n=name, **k: calls.append(_n) or _s(*a, **k))
     request_thread = threading.Thread(target=lambda: calls.append(caller.queue_and_wait("svc", 1).body))
@@ -209,8 +210,7 @@ def test_enqueue_claim_and_respond_are_idempotent_on_retry(make_node: NodeFactor
     """A retried script whose first reply was lost changes nothing (redis-py retries them)."""
     node = make_node()
     request_id = "a" * 32
-    state, take, other = (node.state_key("idem", request_id), node.take_key("idem", "t" * 32),
-                          node.take_key("idem", "u" * 32))
+    state, take = node.state_key("idem", request_id), node.take_key("idem", "t" * 32)
     keys = [state, node.pending_key("idem")]
     args = [f"{request_id} 1 {node.node_id}\n".encode() + b'{"body":1}', node.node_id, 60_000, 60_000]
     assert node._enqueue(keys=keys, args=args) == 1
@@ -218,11 +218,11 @@ def test_enqueue_claim_and_respond_are_idempotent_on_retry(make_node: NodeFactor
     assert shared_redis.llen(node.pending_key("idem")) == 1
     assert node._pop("idem", "t" * 32, time.monotonic() + 1).startswith(request_id.encode())
     assert shared_redis.pttl(take) > 0  # the popped request is in a key with a TTL
-    claim_args = [request_id, "t" * 32, node.node_id, 60_000]
-    assert node._take(keys=[state, take], args=claim_args) == 1
-    assert node._take(keys=[state, take], args=claim_args) == 1  # the same take again
-    assert shared_redis.exists(take) == 0  # the claim emptied the take key
-    assert node._take(keys=[state, other], args=[request_id, "u" * 32, node.node_id, 60_000]) == 0
+    # the processor's first heartbeat claims it; a retry is the same take's beat again
+    assert node.processor_heartbeat("idem", request_id, "t" * 32) == ProcessorBeat(False)
+    assert shared_redis.hget(state, "s") == b"t" and shared_redis.exists(take) == 0
+    assert node.processor_heartbeat("idem", request_id, "t" * 32) == ProcessorBeat(False)
+    assert node.processor_heartbeat("idem", request_id, "u" * 32).cancelled  # another take: refused
     assert node.respond("idem", request_id, "t" * 32, {"ok": True, "body": 1}) is Delivery.DELIVERED
     assert node.respond("idem", request_id, "t" * 32, {"ok": True, "body": 1}) is Delivery.DELIVERED
     assert node.respond("idem", request_id, "u" * 32, {"ok": True, "body": 1}) is Delivery.NOT_TAKER

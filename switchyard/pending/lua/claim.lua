@@ -1,4 +1,4 @@
--- claim: the prelude of take.lua, respond.lua and heartbeat.lua (prepended when they load).
+-- claim: the prelude of respond.lua and heartbeat.lua (prepended when they load).
 --
 -- A poller's blocking pop (BLMOVE, pipelined with the PEXPIRE that gives the take key its TTL)
 -- moves a request's list element from {prefix:endpoint}:pending to the take key
@@ -6,7 +6,8 @@
 -- step in Redis, so a crash after it leaves the request in a key with a TTL, never lost in
 -- between (Halibut's LPOP then HMGET+DEL loses it). The claim then marks the state taken. It is
 -- lazy: a request answered quickly is claimed by its response (one script, not two); one still
--- running after the claim delay by its processor's first heartbeat; the HTTP API claims at once.
+-- running after the claim delay by its processor's first heartbeat (an HTTP polling service's
+-- first heartbeat, after the initial delay).
 --
 -- claim(state key, take key, request id, take id, processor node, state TTL ms, now ms): true
 -- when this take now holds the request; false when the take key no longer holds it (never
