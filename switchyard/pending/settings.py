@@ -52,7 +52,7 @@ class PendingSettings:
     retry_window_s: float = 30.0  # every Redis command is retried this long ...
     retry_interval_s: float = 1.0  # ... this far apart
     max_message_bytes: int = 1024 * 1024  # request/response JSON; larger data goes in streams
-    redis_connections: int = 128  # per node; callers and pollers wait for a free one
+    redis_connections: int = 128  # per node, for scripts (a poller's blocking pops use its own)
     store: str = ""  # where streams go: "" (none), a directory path, or s3://bucket/prefix
     connections: Connections = field(default_factory=Connections)
 
@@ -114,8 +114,9 @@ class PendingSettings:
 def connect_pending_redis(settings: PendingSettings, url: str | None = None) -> redis.Redis:
     """A Redis client whose commands are retried by redis-py for the retry window (seed 002: 30 s,
     1 s apart), each attempt bounded by ``SWITCHYARD_REDIS_TIMEOUT``. Commands are short (no
-    blocking reads), so thousands of waiting callers share a bounded pool: a thread that finds
-    every connection busy waits for one (up to the retry window) instead of failing."""
+    blocking reads: pollers pop on connections of their own), so thousands of waiting callers
+    share a bounded pool: a thread that finds every connection busy waits for one (up to the retry
+    window) instead of failing."""
     timeout = settings.connections.redis_timeout_s
     pool = redis.BlockingConnectionPool.from_url(
         url or settings.connections.redis_url,
