@@ -334,3 +334,19 @@ def test_an_unreadable_request_is_answered_with_an_error_not_a_crash(make_node: 
     assert service_node.dequeue("svc", 2) is None  # answered with an error, the poll goes on
     thread.join(5)
     assert isinstance(outcome[0], RemoteError) and "unreadable request" in str(outcome[0])
+
+
+def test_close_ends_a_poll_blocked_in_its_pop_at_once(make_node: NodeFactory) -> None:
+    """A poller waits in a blocking pop on its own connection: closing the node interrupts it
+    (the poll returns None) instead of leaving it blocked for the rest of its wait."""
+    node = make_node()
+    outcome: list[object] = []
+    poller = threading.Thread(target=lambda: outcome.append(node.dequeue("closing", 20)))
+    poller.start()
+    wait_for(lambda: len(node._poll_connections) == 1, what="the poller's pop connection")
+    time.sleep(0.2)  # the poller is blocked in BLMOVE
+    closed_at = time.monotonic()
+    node.close()
+    poller.join(5)
+    assert not poller.is_alive() and outcome == [None]
+    assert time.monotonic() - closed_at < 3
