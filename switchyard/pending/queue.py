@@ -7,14 +7,15 @@ request queue" section and the Lua scripts in ``switchyard/pending/lua/`` for th
 
 Better than Halibut's (seed 002):
 
-* every multi-step change is one Lua script (enqueue, take, respond, heartbeat, withdraw): a crash
-  between two steps never leaves a key without a TTL or a request nobody owns, and a take retried
-  after a lost reply gets the same request back (take id);
+* every multi-step change is one Lua script (enqueue, respond, heartbeat, withdraw; the claim runs
+  inside respond and heartbeat): a crash between two steps never leaves a key without a TTL or a
+  request nobody owns, and each script is idempotent, so redis-py's retries are safe;
 * a poller waits in a blocking pop (BLMOVE) that moves the whole request from the endpoint's list
   into a take key of its own, with a TTL: Redis wakes one poller per request and hands it the
-  request, with no pulse and no read, and a crash after the pop leaves the request where the
-  caller finds it; the claim (state taken, processor recorded) is lazy: the response claims a
-  request answered quickly, the first heartbeat one still running (``lua/claim.lua``);
+  request, with no pulse and no read; a crash after the pop leaves the request where the caller
+  finds it, and a pop whose reply was lost is found in its take key by the retry; the claim
+  (state taken, processor recorded) is lazy: the response claims a request answered quickly, the
+  first heartbeat one still running (``lua/claim.lua``);
 * one pub/sub connection per node instead of subscriptions per request: the node channel brings
   responses (with the response inside, so no read) and cancellations; the thread waiting for a
   response reads the connection itself when no other thread does (``subscriber.py``), so a call
@@ -81,6 +82,7 @@ METRIC_PICKUP_TIMEOUTS = "PendingPickupTimeouts"
 METRIC_PROCESSORS_LOST = "PendingProcessorsLost"
 METRIC_UNDELIVERED = "PendingResponsesUndelivered"  # abandoned / cancelled / gone
 METRIC_DATA_LOSS = "PendingDataLossEvents"
+METRIC_DROPPED = "PendingRequestsDropped"  # a pending-list element no caller wrote (no id to answer)
 
 
 def _count(metric: str, endpoint: str = "*") -> None:
@@ -248,6 +250,8 @@ class PendingQueue:
         # held while the thread lives, so pollers never starve callers of the bounded pool.
         pool = self.client.connection_pool
         self._pop_block_s = max(self.settings.poll_wait_s, self.settings.http_poll_wait_s)
+        # A take key outlives the longest pop plus a retry window (its request is claimed long before)
+        self._take_ttl_ms = _ms(self._pop_block_s + self.settings.retry_window_s + 90)
         self._poll_connection_args = (pool.connection_class, {
             **pool.connection_kwargs,
             "socket_timeout": self._pop_block_s + self.settings.connections.redis_timeout_s})
@@ -255,7 +259,7 @@ class PendingQueue:
         self._poll_connections: weakref.WeakSet[Any] = weakref.WeakSet()  # close() interrupts their pops
         self._cancel_channels: dict[str, threading.Event] = {}  # endpoint -> its channel subscribed
         self._withdraw = _script(self.client, "withdraw.lua")
-        self._batch = ScriptBatcher(self.client)  # enqueue, take and respond of concurrent threads
+        self._batch = ScriptBatcher(self.client)  # enqueues and responds of concurrent threads
         self._lock = threading.Lock()
         self._start_lock = threading.Lock()
         self._unlinks: dict[str, list[str]] = {}  # key tag -> answered states to unlink
@@ -614,7 +618,7 @@ class PendingQueue:
         s = self.settings
         tag = self.key_tag(endpoint)
         pending, take = f"{tag}:pending", f"{tag}:t:{take_id}"
-        ttl = _ms(max(s.poll_wait_s, s.http_poll_wait_s) + s.retry_window_s + 90)
+        ttl = self._take_ttl_ms
         give_up: float | None = None
         lost = False
         while True:
@@ -668,6 +672,7 @@ class PendingQueue:
             request_id, enqueued_at, caller = header.decode().split(" ", 2)
             enqueued = int(enqueued_at)
         except ValueError:  # not written by enqueue.lua: no id to answer; its take key expires
+            _count(METRIC_DROPPED, endpoint)
             logger.error("dropped an unreadable element of %s's pending list: %r", endpoint, element[:200])
             return None
         try:

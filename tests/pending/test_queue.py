@@ -336,6 +336,26 @@ def test_an_unreadable_request_is_answered_with_an_error_not_a_crash(make_node: 
     assert isinstance(outcome[0], RemoteError) and "unreadable request" in str(outcome[0])
 
 
+def test_a_foreign_element_in_the_pending_list_is_dropped_and_the_next_request_served(
+        make_node: NodeFactory, shared_redis: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """Something no caller wrote (no request id to answer) is logged, counted and dropped; the
+    request behind it is served; the dropped element's take key expires with its TTL."""
+    caller, service_node = make_node(), make_node()
+    shared_redis.rpush(service_node.pending_key("foreign"), b"no header, no id")
+    outcome: list[object] = []
+    thread = threading.Thread(target=lambda: outcome.append(_catch(caller.queue_and_wait, "foreign", 7)))
+    thread.start()
+    wait_for(lambda: shared_redis.llen(service_node.pending_key("foreign")) == 2, what="the real request")
+    request = service_node.dequeue("foreign", 2)
+    assert request is not None and request.body == 7
+    service_node.apply_response(request, "served")
+    thread.join(5)
+    assert getattr(outcome[0], "body", outcome[0]) == "served"
+    assert "dropped an unreadable element" in caplog.text
+    takes = list(shared_redis.scan_iter(match=f"{service_node.key_tag('foreign')}:t:*"))
+    assert len(takes) == 1 and shared_redis.pttl(takes[0]) > 0
+
+
 def test_close_ends_a_poll_blocked_in_its_pop_at_once(make_node: NodeFactory) -> None:
     """A poller waits in a blocking pop on its own connection: closing the node interrupts it
     (the poll returns None) instead of leaving it blocked for the rest of its wait."""
