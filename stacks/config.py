@@ -222,6 +222,13 @@ class RedisConfig:
 
     def __post_init__(self) -> None:
         _check(self.engine in ("redis", "valkey"), c.CTX_REDIS, "engine must be redis or valkey")
+        # The pending queue's blocking pop (BLMOVE) and guard swap (SET ... GET) need Redis 6.2
+        # (every Valkey has them)
+        version = re.fullmatch(r"(\d+)\.(\d+)(?:\.\d+)?", self.engine_version)
+        recent = version is not None and (
+            self.engine == "valkey" or tuple(map(int, version.groups())) >= (6, 2))
+        _check(recent, c.CTX_REDIS,
+               f"engineVersion {self.engine_version!r}: Redis 6.2 or later is needed (BLMOVE)")
         _check(self.node_type.startswith("cache."), c.CTX_REDIS, "nodeType must be a cache.* type")
         _check(0 <= self.replicas <= 5, c.CTX_REDIS, "replicas must be 0-5")
         _check(1 <= self.memory_alarm_percent <= 100, c.CTX_REDIS, "memoryAlarmPercent must be 1-100")

@@ -53,6 +53,8 @@ def test_context_from_the_command_line_is_json() -> None:
         ({c.CTX_MSK: {"brokerNodes": 3}}, "multiple of the 2 availability zones"),
         ({c.CTX_POSTGRES: {"engineVersion": "12"}}, "engineVersion must be one of"),
         ({c.CTX_REDIS: {"engine": "memcached"}}, "redis or valkey"),
+        ({c.CTX_REDIS: {"engine": "redis", "engineVersion": "6.0"}}, "Redis 6.2 or later"),
+        ({c.CTX_REDIS: {"engineVersion": "latest"}}, "Redis 6.2 or later"),
         ({c.CTX_DELAY: "{not json"}, "not valid JSON"),
         ({c.CTX_ALARM_EMAIL: "nobody"}, "not an e-mail address"),
         ({c.CTX_EMR_IMAGE: "docker.io/library/python:3.11"}, "not an ECR image URI"),
