@@ -259,6 +259,7 @@ class PendingQueue:
         self._poll_connections: weakref.WeakSet[Any] = weakref.WeakSet()  # close() interrupts their pops
         self._cancel_channels: dict[str, threading.Event] = {}  # endpoint -> its channel subscribed
         self._withdraw = _script(self.client, "withdraw.lua")
+        self._give_back = _script(self.client, "give_back.lua")
         self._batch = ScriptBatcher(self.client)  # enqueues and responds of concurrent threads
         self._lock = threading.Lock()
         self._start_lock = threading.Lock()
@@ -645,7 +646,8 @@ class PendingQueue:
                     return element
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 connection.disconnect()
-                if self._closed.is_set():
+                if self._closed.is_set():  # close() interrupted the pop: it may have moved one
+                    self._give_back_popped(pending, take)
                     return None
                 now = time.monotonic()
                 give_up = give_up or now + s.retry_window_s
@@ -653,6 +655,14 @@ class PendingQueue:
                     raise QueueUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
                 lost = True
                 self._closed.wait(s.retry_interval_s)
+
+    def _give_back_popped(self, pending: str, take: str) -> None:
+        """Return what an interrupted pop moved into ``take`` to the head of ``pending``."""
+        try:
+            if self._give_back(keys=[pending, take], args=[_ms(self.settings.pending_list_ttl_s)]):
+                logger.info("closing: gave a popped request back to %s", pending)
+        except redis.RedisError:  # Redis unreachable too: the caller's beat finds it popped
+            logger.warning("closing: could not give back what a pop may have moved to %s", take)
 
     def _poll_connection(self) -> Any:
         """This thread's connection for blocking pops (made at its first pop; closed when the

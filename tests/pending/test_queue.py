@@ -370,3 +370,36 @@ def test_close_ends_a_poll_blocked_in_its_pop_at_once(make_node: NodeFactory) ->
     poller.join(5)
     assert not poller.is_alive() and outcome == [None]
     assert time.monotonic() - closed_at < 3
+
+
+def test_a_pop_interrupted_by_close_gives_its_request_back(make_node: NodeFactory,
+                                                           shared_redis: redis.Redis) -> None:
+    """The node closes just as its poller's pop moved a request (the reply is lost to the
+    shutdown): the request goes back to the head of the pending list, with its TTL, and
+    another node serves it; nothing waits for the processor timeout."""
+    caller, closing, other = make_node(), make_node(), make_node()
+    outcome: list[object] = []
+    call = threading.Thread(target=lambda: outcome.append(_catch(caller.queue_and_wait, "handover", 5)))
+    connection = closing._poll_connection()  # this thread's: the pop below uses it
+    original = connection.read_response
+
+    def read_response(*args: Any, **kwargs: Any) -> Any:  # the pop ran; close() cuts its reply
+        original(*args, **kwargs)
+        closing._closed.set()
+        connection.disconnect()
+        raise redis.ConnectionError("interrupted by close()")
+
+    connection.read_response = read_response  # type: ignore[method-assign]
+    call.start()
+    try:
+        assert closing.dequeue("handover", 5) is None
+    finally:
+        del connection.read_response
+    pending = closing.pending_key("handover")
+    assert shared_redis.llen(pending) == 1 and shared_redis.pttl(pending) > 0
+    assert list(shared_redis.scan_iter(match=f"{closing.key_tag('handover')}:t:*")) == []
+    request = other.dequeue("handover", 5)
+    assert request is not None and request.body == 5
+    other.apply_response(request, "handed over")
+    call.join(5)
+    assert getattr(outcome[0], "body", outcome[0]) == "handed over"
