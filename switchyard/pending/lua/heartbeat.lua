@@ -16,7 +16,8 @@
 -- The processor's first beat claims a request its response has not claimed yet. A queued request
 -- the caller finds neither claimed nor in the pending list was popped by a node that has not
 -- claimed it: the beat stamps mv, and a node silent that long is as lost as a silent processor.
--- (A list longer than POPPED_SCAN is not searched: the request is surely still waiting in it.)
+-- (A list longer than POPPED_SCAN is not searched, for the cost: the pickup timeout's withdrawal
+-- finds a popped request then.)
 -- Returns {'missing'} when the state is gone; for the caller {state, ms since the processor's
 -- last beat (taken) or since the request was found popped but unclaimed (queued), else 0,
 -- response or ''}; for the processor {'not_taker'} when it does not hold the request, else
