@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -245,6 +246,30 @@ def test_a_response_claims_a_popped_request_once(make_node: NodeFactory, shared_
     assert shared_redis.exists(node.take_key("lazy", request.take_id)) == 0
 
 
+@contextlib.contextmanager
+def first_pop_reply_lost(node: PendingQueue, then: Callable[[], None] = lambda: None) -> Iterator[list[bool]]:
+    """The next pop on this thread runs in Redis, but its reply is lost (the connection breaks
+    after it arrived; ``then`` runs first). Yields a list that is non-empty once that happened."""
+    connection = node._poll_connection()  # this thread's: the pop uses it
+    original = connection.read_response
+    broken: list[bool] = []
+
+    def read_response(*args: Any, **kwargs: Any) -> Any:
+        if broken:
+            return original(*args, **kwargs)
+        broken.append(True)
+        original(*args, **kwargs)
+        then()
+        connection.disconnect()
+        raise redis.ConnectionError("reply lost")
+
+    connection.read_response = read_response  # type: ignore[method-assign]
+    try:
+        yield broken
+    finally:
+        del connection.read_response
+
+
 def test_a_pop_whose_reply_was_lost_finds_its_request_in_the_take_key(make_node: NodeFactory,
                                                                      shared_redis: redis.Redis) -> None:
     """The BLMOVE ran in Redis but its reply never arrived (the connection broke): the retry reads
@@ -253,23 +278,8 @@ def test_a_pop_whose_reply_was_lost_finds_its_request_in_the_take_key(make_node:
     for n in range(2):
         threading.Thread(target=_catch, args=(caller.queue_and_wait, "lost-reply", n), daemon=True).start()
     wait_for(lambda: shared_redis.llen(node.pending_key("lost-reply")) == 2, what="two queued requests")
-    connection = node._poll_connection()  # this thread's: the pop below uses it
-    original = connection.read_response
-    broken: list[bool] = []
-
-    def read_response(*args: Any, **kwargs: Any) -> Any:
-        if not broken:  # the first reply is lost after Redis ran the pop
-            broken.append(True)
-            original(*args, **kwargs)
-            connection.disconnect()
-            raise redis.ConnectionError("reply lost")
-        return original(*args, **kwargs)
-
-    connection.read_response = read_response  # type: ignore[method-assign]
-    try:
+    with first_pop_reply_lost(node) as broken:
         request = node.dequeue("lost-reply", 5)
-    finally:
-        del connection.read_response
     assert broken and request is not None and request.body == 0  # the first request, not the second
     assert shared_redis.llen(node.pending_key("lost-reply")) == 1
     assert node.apply_response(request, "ok") is Delivery.DELIVERED
@@ -380,21 +390,10 @@ def test_a_pop_interrupted_by_close_gives_its_request_back(make_node: NodeFactor
     caller, closing, other = make_node(), make_node(), make_node()
     outcome: list[object] = []
     call = threading.Thread(target=lambda: outcome.append(_catch(caller.queue_and_wait, "handover", 5)))
-    connection = closing._poll_connection()  # this thread's: the pop below uses it
-    original = connection.read_response
-
-    def read_response(*args: Any, **kwargs: Any) -> Any:  # the pop ran; close() cuts its reply
-        original(*args, **kwargs)
-        closing._closed.set()
-        connection.disconnect()
-        raise redis.ConnectionError("interrupted by close()")
-
-    connection.read_response = read_response  # type: ignore[method-assign]
     call.start()
-    try:
+    with first_pop_reply_lost(closing, closing._closed.set) as broken:  # close() cuts the reply
         assert closing.dequeue("handover", 5) is None
-    finally:
-        del connection.read_response
+    assert broken
     pending = closing.pending_key("handover")
     assert shared_redis.llen(pending) == 1 and shared_redis.pttl(pending) > 0
     assert list(shared_redis.scan_iter(match=f"{closing.key_tag('handover')}:t:*")) == []
