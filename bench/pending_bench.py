@@ -67,7 +67,9 @@ def endpoints(count: int, proc: int = 0, procs: int = 1) -> list[str]:
 # ------------------------------------------------------------------ processes
 
 
-def serve_library(url: str, prefix: str, names: list[str], pollers: int) -> None:
+def serve_library(url: str, prefix: str, names: list[str], pollers: int, api: str = "serve") -> None:
+    """``serve``: ``PendingQueue.serve`` (each response rides with the next pop); ``dequeue``: a
+    loop of ``dequeue`` and ``apply_response`` (two round trips per request)."""
     with PendingQueue(bench_settings(url, prefix)) as node:
         def loop(endpoint: str) -> None:
             while True:
@@ -75,9 +77,12 @@ def serve_library(url: str, prefix: str, names: list[str], pollers: int) -> None
                 if request is not None:
                     node.apply_response(request, request.body)
 
+        def serve(endpoint: str) -> None:
+            node.serve(endpoint, lambda request: request.body)
+
         for name in names:
             for _ in range(pollers):
-                threading.Thread(target=loop, args=(name,), daemon=True).start()
+                threading.Thread(target=serve if api == "serve" else loop, args=(name,), daemon=True).start()
         print("ready", flush=True)
         threading.Event().wait()
 
@@ -355,6 +360,13 @@ def main() -> int:
                                                        server.proc.pid)
             for p in lib_services:
                 procs.stop(p)
+            lib_services = [procs.start(me, "_service", url, prefix, n, str(args.pollers), "dequeue")
+                            for n in service_args]
+            results["throughput_library_dequeue"] = throughput(
+                procs, "library", url, prefix, names, args.callers, args.in_flight, args.seconds * 2,
+                lib_services, server.proc.pid)
+            for p in lib_services:
+                procs.stop(p)
             results["throughput_setup"] = {"services": args.services, "service_procs": args.service_procs,
                                            "pollers_per_service": args.pollers, "caller_procs": args.callers,
                                            "in_flight_per_caller": args.in_flight}
@@ -403,7 +415,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
         role, rest = sys.argv[1], sys.argv[2:]
         if role == "_service":
-            serve_library(rest[0], rest[1], rest[2].split(","), int(rest[3]))
+            serve_library(rest[0], rest[1], rest[2].split(","), int(rest[3]), *rest[4:])
         elif role == "_raw_service":
             serve_raw(rest[0], rest[1].split(","), int(rest[2]))
         elif role == "_resolver_service":

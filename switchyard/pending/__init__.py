@@ -16,6 +16,7 @@ from switchyard.pending.queue import (
     PendingQueue,
     PendingRequest,
     ProcessorBeat,
+    Reply,
     Response,
 )
 from switchyard.pending.settings import PendingSettings
@@ -35,5 +36,6 @@ __all__ = [
     "ProcessorLostError",
     "QueueUnavailableError",
     "RemoteError",
+    "Reply",
     "Response",
 ]

@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 import requests
 
 from switchyard.errors import ConfigError
-from switchyard.pending.queue import CancelToken
+from switchyard.pending.queue import CancelToken, handler_message
 from switchyard.pending.settings import PendingSettings, check_endpoint
 from switchyard.pending.storage import StreamRef, StreamStore
 
@@ -39,14 +39,6 @@ class ServiceRequest:
     body: Any
     streams: list[StreamRef]
     cancel: CancelToken = field(default_factory=CancelToken)
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A handler's answer with streams (plain return values are the body alone)."""
-
-    body: Any = None
-    streams: Mapping[str, bytes | BinaryIO] | None = None
 
 
 Handler = Callable[[ServiceRequest], Any]
@@ -169,28 +161,13 @@ class PollingService:
         with self._lock:
             self._active[request.id] = (request, first_beat)
         try:
-            message = self._run_handler(request)
+            message = handler_message(self.handler, request, self.store)
         finally:
             with self._lock:
                 self._active.pop(request.id, None)
         message["take"] = request.take
         self._post_response(session, request, message)
         self.handled += 1
-
-    def _run_handler(self, request: ServiceRequest) -> dict[str, Any]:
-        try:
-            result = self.handler(request)
-            if not isinstance(result, Reply):
-                result = Reply(result)
-            streams = []
-            if result.streams:
-                if self.store is None:
-                    raise ConfigError("the handler returned streams but the service has no store")
-                streams = [self.store.put(name, data).to_json() for name, data in result.streams.items()]
-            return {"ok": True, "body": result.body, "streams": streams}
-        except Exception as exc:
-            logger.exception("handler failed for request %s", request.id)
-            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
     def _post_response(self, session: requests.Session, request: ServiceRequest,
                        message: dict[str, Any]) -> None:

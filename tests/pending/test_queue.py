@@ -30,8 +30,9 @@ from tests.pending.conftest import NodeFactory, keys_without_ttl, ownerless_requ
 
 
 def serve(node: PendingQueue, endpoint: str, handler: Callable[[Any], Any],
-          pollers: int = 1) -> threading.Event:
-    """Process ``endpoint``'s requests on ``node`` in background threads until the event is set."""
+          pollers: int = 1, api: str = "serve") -> threading.Event:
+    """Process ``endpoint``'s requests on ``node`` in background threads until the event is set:
+    with ``PendingQueue.serve``, or (``api="dequeue"``) a loop of dequeue and apply_response."""
     stop = threading.Event()
 
     def loop() -> None:
@@ -40,15 +41,19 @@ def serve(node: PendingQueue, endpoint: str, handler: Callable[[Any], Any],
             if request is not None:
                 node.apply_response(request, handler(request.body))
 
+    def serving() -> None:
+        node.serve(endpoint, lambda request: handler(request.body), stop)
+
     for _ in range(pollers):
-        threading.Thread(target=loop, daemon=True).start()
+        threading.Thread(target=serving if api == "serve" else loop, daemon=True).start()
     return stop
 
 
+@pytest.mark.parametrize("api", ["serve", "dequeue"])
 def test_cross_node_call(make_node: NodeFactory, shared_redis: redis.Redis,
-                         settings: PendingSettings) -> None:
+                         settings: PendingSettings, api: str) -> None:
     caller, service_node = make_node(), make_node()
-    stop = serve(service_node, "svc", lambda body: {"echo": body, "node": service_node.node_id})
+    stop = serve(service_node, "svc", lambda body: {"echo": body, "node": service_node.node_id}, api=api)
     try:
         token = CancelToken()  # one token may serve many calls; each lets go of it when it ends
         response = caller.queue_and_wait("svc", {"n": 1}, cancel=token)
@@ -288,15 +293,16 @@ def test_a_pop_whose_reply_was_lost_finds_its_request_in_the_take_key(make_node:
     node.apply_response(second, "ok")
 
 
-@pytest.mark.parametrize("services,concurrent,calls", [
-    pytest.param(100, 20, 2, id="100x20x2"),
-    pytest.param(100, 20, 20, id="100x20x20", marks=[pytest.mark.slow, pytest.mark.skipif(
+@pytest.mark.parametrize("services,concurrent,calls,api", [
+    pytest.param(100, 20, 2, "serve", id="100x20x2"),
+    pytest.param(50, 10, 2, "dequeue", id="dequeue-50x10x2"),
+    pytest.param(100, 20, 20, "serve", id="100x20x20", marks=[pytest.mark.slow, pytest.mark.skipif(
         not os.environ.get("SWITCHYARD_PENDING_FULL_SCALE"),
         reason="40,000 calls: set SWITCHYARD_PENDING_FULL_SCALE=1 (the default run does 100x20x2)")]),
 ])
 def test_many_polling_services_each_response_to_its_caller(
         make_node: NodeFactory, shared_redis: redis.Redis, settings: PendingSettings,
-        services: int, concurrent: int, calls: int) -> None:
+        services: int, concurrent: int, calls: int, api: str) -> None:
     """Halibut's ManyPollingTentacles shape: every caller gets the answer to its own request.
 
     With seed 002's timings: 2,000 callers in one test process on a shared 2-core machine can
@@ -307,7 +313,7 @@ def test_many_polling_services_each_response_to_its_caller(
         "pickup_timeout_s")}
     callers = [make_node(**timings) for _ in range(2)]
     service_node = make_node(**timings)
-    stops = [serve(service_node, f"svc{i}", lambda body, i=i: {"svc": i, "echo": body}, pollers=4)
+    stops = [serve(service_node, f"svc{i}", lambda body, i=i: {"svc": i, "echo": body}, pollers=4, api=api)
              for i in range(services)]
 
     def one_caller(index: int) -> int:
