@@ -314,35 +314,44 @@ def main() -> int:
             client = server.client()
             names = endpoints(args.services)
 
-            # 1. sequential round trip, raw vs library, alternating rounds
+            # 1. sequential round trip, raw vs library (serve; and dequeue + apply_response on svc1),
+            # alternating rounds
             raw_service = procs.start(me, "_raw_service", url, "svc0", "1")
             lib_service = procs.start(me, "_service", url, prefix, "svc0", "1")
+            dequeue_service = procs.start(me, "_service", url, prefix, "svc1", "1", "dequeue")
             raw = RawCaller(raw_client(url))
             with PendingQueue(bench_settings(url, prefix)) as node:
-                raw_all, lib_all, ratios = [], [], []
-                sequential(lambda: raw.call("svc0", "x"), 0.5)  # warm up both
-                sequential(lambda: node.queue_and_wait("svc0", "x"), 0.5)
+                sides: dict[str, Callable[[], object]] = {
+                    "raw_lists": lambda: raw.call("svc0", "x"),
+                    "library": lambda: node.queue_and_wait("svc0", "x"),
+                    "library_dequeue": lambda: node.queue_and_wait("svc1", "x")}
+                seen = {name: [] for name in sides}
+                ratios: dict[str, list[float]] = {"library": [], "library_dequeue": []}
+                for call in sides.values():  # warm up
+                    sequential(call, 0.5)
                 for _ in range(args.rounds):
-                    r = sequential(lambda: raw.call("svc0", "x"), args.seconds)
-                    lib = sequential(lambda: node.queue_and_wait("svc0", "x"), args.seconds)
-                    raw_all += r
-                    lib_all += lib
-                    ratios.append(statistics.median(lib) / statistics.median(r))
+                    medians = {}
+                    for name, call in sides.items():
+                        latencies = sequential(call, args.seconds)
+                        seen[name] += latencies
+                        medians[name] = statistics.median(latencies)
+                    for name in ratios:
+                        ratios[name].append(medians[name] / medians["raw_lists"])
                 results["sequential"] = {
-                    "raw_lists": asdict(LatencySummary.of(raw_all)),
-                    "library": asdict(LatencySummary.of(lib_all)),
-                    "p50_ratio_per_round": [round(x, 2) for x in ratios],
-                    "p50_ratio_median": round(statistics.median(ratios), 2),
-                    "raw_calls_per_s_one_at_a_time": round(len(raw_all) / (args.rounds * args.seconds)),
-                    "library_calls_per_s_one_at_a_time": round(len(lib_all) / (args.rounds * args.seconds)),
+                    **{name: asdict(LatencySummary.of(values)) for name, values in seen.items()},
+                    "p50_ratio_per_round": [round(x, 2) for x in ratios["library"]],
+                    "p50_ratio_median": round(statistics.median(ratios["library"]), 2),
+                    "dequeue_p50_ratio_median": round(statistics.median(ratios["library_dequeue"]), 2),
+                    **{f"{name}_calls_per_s_one_at_a_time": round(len(values) / (args.rounds * args.seconds))
+                       for name, values in seen.items()},
                 }
-                # 4. commands per fast call (the service node polls svc0 with one poller)
+            # 4. commands per fast call (the service node polls svc0 with one poller)
                 results["commands_per_call"] = {
                     "library": command_counts(client, 200, lambda: node.queue_and_wait("svc0", "x")),
                     "raw_lists": command_counts(client, 200, lambda: raw.call("svc0", "x")),
                 }
-            procs.stop(raw_service)
-            procs.stop(lib_service)
+            for p in (raw_service, lib_service, dequeue_service):
+                procs.stop(p)
 
             # 2. throughput with many services
             service_args = [(",".join(endpoints(args.services, i, args.service_procs))) for i in

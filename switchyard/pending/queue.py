@@ -616,7 +616,8 @@ class PendingQueue:
         ``track``: this node claims the request if it is still running after the claim delay,
         heartbeats for it and watches for cancellation until ``apply_response`` (an in-process
         service); the HTTP API passes False: its polling service's response or first heartbeat
-        (``processor_heartbeat``) claims it.
+        (``processor_heartbeat``) claims it. Raises QueueUnavailableError (Redis unreachable for
+        the retry window) or PendingError (Redis refused the pop: a key of the wrong type, OOM).
         """
         if self._closed.is_set():
             raise QueueUnavailableError("this node is shutting down")
@@ -628,7 +629,9 @@ class PendingQueue:
 
     def serve(self, endpoint: str, handler: Handler, stop: threading.Event | None = None) -> None:
         """Answer the requests of ``endpoint`` with ``handler`` on this thread until ``stop`` is set
-        or the node closes (run it on as many threads as requests should run at once).
+        (seen between polls: within the poll wait) or the node closes (at once). Run it on as many
+        threads as requests should run at once. Redis unreachable or refusing is logged and
+        retried, never the end of the loop.
 
         ``handler`` gets each ``PendingRequest`` (its ``cancel`` token fires when the work should
         stop) and returns the response body or a ``Reply`` with streams; an exception it raises
@@ -644,9 +647,10 @@ class PendingQueue:
             deadline = time.monotonic() + self.settings.poll_wait_s
             try:
                 request = self._next(endpoint, deadline, True, answer)
-            except QueueUnavailableError as exc:  # Redis down for the whole retry window: keep serving
+            except PendingError as exc:  # Redis down for the retry window, or refusing: keep serving
                 logger.error("serving %s: %s; polling again", endpoint, exc)
                 request = None
+                self._closed.wait(self.settings.retry_interval_s)
             if answer is not None and not answer.sent:  # no pop carried it (closing): on its own
                 self._send_answer(answer)
             answer = None
@@ -733,7 +737,7 @@ class PendingQueue:
                 if lost:
                     connection.send_packed_command(connection.pack_commands(
                         [("LINDEX", take, -1), ("PEXPIRE", take, ttl)]))
-                    held, _ = connection.read_response(), connection.read_response()
+                    held = self._read_pop(connection, endpoint)
                     if held is not None:
                         return held
                     lost = False
@@ -749,8 +753,7 @@ class PendingQueue:
                 connection.send_packed_command(connection.pack_commands(commands))
                 if len(commands) == 3:
                     self._read_answer(connection, answer)  # type: ignore[arg-type]
-                element = connection.read_response()
-                connection.read_response()
+                element = self._read_pop(connection, endpoint)
                 if element is not None or deadline - time.monotonic() <= 0:
                     return element
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
@@ -766,6 +769,21 @@ class PendingQueue:
                     raise QueueUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
                 lost = True
                 self._closed.wait(s.retry_interval_s)
+
+    @staticmethod
+    def _read_pop(connection: Any, endpoint: str) -> bytes | None:
+        """The replies of a pop and its PEXPIRE: both are read even if the first is an error
+        (WRONGTYPE, OOM...), so the connection's next read gets its own reply."""
+        replies = []
+        for _ in range(2):
+            try:
+                replies.append(connection.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                raise PendingError(f"Redis refused the pop on {endpoint!r}: {reply}") from reply
+        return replies[0]
 
     def _read_answer(self, connection: Any, answer: _Answer) -> None:
         """Read the reply of an answer sent before a pop; a script Redis lost (it restarted) is

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from switchyard.pending import PendingQueue, PendingRequest, RemoteError, Reply
+from switchyard.pending import PendingError, PendingQueue, PendingRequest, RemoteError, Reply
 from switchyard.pending.storage import LocalDirectoryStore
 from tests.conftest import wait_for
 from tests.pending.conftest import NodeFactory, PrivateRedis, keys_without_ttl, private_settings
@@ -161,3 +161,23 @@ def test_a_script_redis_lost_is_loaded_again_and_the_answer_delivered(private_re
             assert caller.queue_and_wait("flushed", 2).body == 102
         finally:
             stop.set()
+
+
+def test_a_refused_pop_is_a_clear_error_and_leaves_the_connection_in_step(
+        make_node: NodeFactory, shared_redis: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """The pending list's key holds a string (WRONGTYPE): dequeue raises a PendingError naming it,
+    serve logs it and polls again; both replies of the pop were read, so once the key is fixed the
+    same poller connection gets the right replies and the next request is served."""
+    caller, service_node = make_node(), make_node()
+    pending = service_node.pending_key("wrong")
+    shared_redis.set(pending, "not a list")
+    with pytest.raises(PendingError, match=r"refused the pop on 'wrong'.*WRONGTYPE"):
+        service_node.dequeue("wrong", 0.2)
+    stop, _ = serving(service_node, "wrong", lambda request: request.body + 1)
+    try:
+        wait_for(lambda: "serving wrong: Redis refused the pop" in caplog.text, what="the refusal logged")
+        shared_redis.delete(pending)
+        assert caller.queue_and_wait("wrong", 1).body == 2
+        assert caller.queue_and_wait("wrong", 2).body == 3
+    finally:
+        stop.set()
