@@ -14,7 +14,7 @@ resolver is the Lambda behind API Gateway (``functions/pending_api.py``). Routes
 
 Errors are JSON ``{"statusCode": n, "message": "..."}``: 401 missing/wrong token, 404 unknown
 endpoint, 400 malformed JSON or fields, 413 body over the message limit, 409 a take that no longer
-holds the request, 503 Redis unreachable.
+holds the request, 503 Redis unreachable (or refusing the command).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from aws_lambda_powertools.event_handler.exceptions import (
 )
 
 from switchyard.errors import ConfigError
-from switchyard.pending.errors import MessageTooLargeError, QueueUnavailableError
+from switchyard.pending.errors import MessageTooLargeError, PendingError
 from switchyard.pending.queue import ID_LENGTH, Delivery, PendingQueue
 from switchyard.pending.settings import ENDPOINT_NAME
 from switchyard.pending.storage import StreamError, StreamRef
@@ -220,8 +220,8 @@ def build_app(queue: PendingQueue, tokens: TokenStore) -> TurnTakingResolver:
                                              "message": "this take no longer holds the request"}))
         return {"delivery": delivery.value}
 
-    @app.exception_handler(QueueUnavailableError)
-    def unavailable(exc: QueueUnavailableError) -> Response:
+    @app.exception_handler(PendingError)  # QueueUnavailableError, or Redis refusing (WRONGTYPE, OOM)
+    def unavailable(exc: PendingError) -> Response:
         return Response(status_code=503, content_type="application/json",
                         body=json.dumps({"statusCode": 503, "message": str(exc)}))
 

@@ -86,6 +86,16 @@ def test_long_poll_waits_then_answers_204(gateway: HttpGateway) -> None:
     assert 0.4 < time.monotonic() - started < 3
 
 
+def test_a_pop_redis_refuses_is_a_503_with_its_reason(gateway: HttpGateway, node_b: PendingQueue) -> None:
+    """The pending list's key holds a string: the long poll answers 503 saying why (the polling
+    service backs off and polls again), not a 500 without a message."""
+    node_b.client.set(node_b.pending_key("svc"), "not a list")
+    reply = requests.get(f"{gateway.url}/endpoints/svc/next", params={"wait": 0.2},
+                         headers={"Authorization": f"Bearer {TOKENS['svc']}"}, timeout=10)
+    assert reply.status_code == 503
+    assert "WRONGTYPE" in reply.json()["message"]
+
+
 def test_long_poll_ends_before_the_lambda_time_runs_out(node_b: PendingQueue) -> None:
     """3 s left in the invocation: the long poll returns after 1 s (2 s margin), inside API Gateway's 29 s."""
     with HttpGateway(build_app(node_b, TokenStore.static(TOKENS)), timeout_ms=3000) as gw:
