@@ -21,6 +21,7 @@ counts are ours alone. Callers and services are separate processes. Four measure
 
     .venv/bin/python bench/pending_bench.py                   # about a minute and a half
     .venv/bin/python bench/pending_bench.py --rounds 6 --seconds 3 --services 100 --callers 2
+    SWITCHYARD_BENCH_NO_HIREDIS=1 .venv/bin/python bench/pending_bench.py   # redis-py's Python parser
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+if os.environ.get("SWITCHYARD_BENCH_NO_HIREDIS") == "1":  # A/B: redis-py's pure-Python parser
+    sys.modules["hiredis"] = None  # type: ignore[assignment]  # (children inherit the variable)
+
 import redis
+from redis.utils import HIREDIS_AVAILABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -304,7 +309,8 @@ def main() -> int:
     import tempfile
 
     me = str(Path(__file__).resolve())
-    results: dict[str, object] = {"load_average_before": load_average()}
+    results: dict[str, object] = {"load_average_before": load_average(),
+                                  "redis_parser": "hiredis" if HIREDIS_AVAILABLE else "python"}
     with tempfile.TemporaryDirectory() as workdir:
         server = PrivateRedis(Path(workdir))
         server.start()
