@@ -1,6 +1,7 @@
 """A caller or processor node in its own process, for kills and injected crashes.
 
-``python -m tests.pending.proc caller|processor ENDPOINT [--crash-at STEP] [--hold S]``; settings
+``python -m tests.pending.proc caller|processor|server ENDPOINT [--crash-at STEP] [--hold S]``
+(processor: one dequeue + apply_response; server: ``PendingQueue.serve`` until it ends); settings
 come from the environment (SWITCHYARD_REDIS_URL, SWITCHYARD_PENDING_*). ``--crash-at`` ends the
 process with exit code 70 the moment the queue reaches that step (see ``PendingQueue._step``).
 """
@@ -13,14 +14,14 @@ import os
 import sys
 import time
 
-from switchyard.pending import PendingError, PendingQueue
+from switchyard.pending import PendingError, PendingQueue, PendingRequest
 
 CRASH_EXIT = 70
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["caller", "processor"])
+    parser.add_argument("role", choices=["caller", "processor", "server"])
     parser.add_argument("endpoint")
     parser.add_argument("--crash-at", default="")
     parser.add_argument("--hold", type=float, default=0.0, help="processor: seconds of work per request")
@@ -41,14 +42,21 @@ def main() -> int:
             except PendingError as exc:
                 print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
             return 0
+
+        def handle(request: PendingRequest) -> dict:
+            print(json.dumps({"taken": request.id}), flush=True)
+            deadline = time.monotonic() + args.hold
+            while time.monotonic() < deadline and not request.cancel.is_cancelled():
+                time.sleep(0.05)
+            return {"answered_by": os.getpid()}
+
+        if args.role == "server":
+            queue.serve(args.endpoint, handle)
+            return 0
         request = None
         while request is None:
             request = queue.dequeue(args.endpoint, 5)
-        print(json.dumps({"taken": request.id}), flush=True)
-        deadline = time.monotonic() + args.hold
-        while time.monotonic() < deadline and not request.cancel.is_cancelled():
-            time.sleep(0.05)
-        delivery = queue.apply_response(request, {"answered_by": os.getpid()})
+        delivery = queue.apply_response(request, handle(request))
         print(json.dumps({"delivery": delivery.value}), flush=True)
     return 0
 

@@ -17,7 +17,14 @@ from dataclasses import replace
 
 import pytest
 
-from switchyard.pending import DataLossError, Delivery, PendingQueue, PendingSettings, ProcessorLostError
+from switchyard.pending import (
+    DataLossError,
+    Delivery,
+    PendingQueue,
+    PendingRequest,
+    PendingSettings,
+    ProcessorLostError,
+)
 from tests.conftest import subprocess_env, wait_for
 from tests.pending.conftest import PrivateRedis, keys_without_ttl, ownerless_requests, private_settings
 from tests.pending.proc import CRASH_EXIT
@@ -115,7 +122,9 @@ def test_caller_dies_processor_work_is_cancelled(private_redis: PrivateRedis) ->
         assert service.status() == {}
 
 
-def test_redis_cut_for_5_s_mid_calls_every_call_completes(private_redis: PrivateRedis) -> None:
+@pytest.mark.parametrize("api", ["dequeue", "serve"])
+def test_redis_cut_for_5_s_mid_calls_every_call_completes(private_redis: PrivateRedis, api: str) -> None:
+    """With serve, answers riding with pops meet the cut too: each is sent again on its own."""
     proxy = CuttableProxy(private_redis.port)
     settings = private_settings(private_redis, url=proxy.url, retry_window_s=30.0, retry_interval_s=0.5,
                                 heartbeat_initial_delay_s=7.0, heartbeat_interval_s=15.0,
@@ -125,12 +134,17 @@ def test_redis_cut_for_5_s_mid_calls_every_call_completes(private_redis: Private
         with nodes(settings, 2) as [caller, service]:
             stop = threading.Event()
 
+            def handle(request: PendingRequest) -> dict:
+                time.sleep(0.3)
+                return {"echo": request.body}
+
             def serve() -> None:
+                if api == "serve":
+                    service.serve("ep", handle, stop)
                 while not stop.is_set():
                     request = service.dequeue("ep", 1)
                     if request is not None:
-                        time.sleep(0.3)
-                        service.apply_response(request, {"echo": request.body})
+                        service.apply_response(request, handle(request))
 
             for _ in range(4):
                 threading.Thread(target=serve, daemon=True).start()
@@ -180,6 +194,8 @@ CRASHES = [
     # popped, never claimed: flagged cancelled, expires with its TTL (its take key too)
     ("processor", "taken", "ProcessorLostError", [b"q"]),
     ("processor", "responded", "response", []),
+    ("server", "taken", "ProcessorLostError", [b"q"]),  # PendingQueue.serve: the same two points
+    ("server", "responded", "response", []),
 ]
 
 
@@ -205,7 +221,7 @@ def test_crash_between_steps_leaves_no_key_without_ttl_and_no_ownerless_request(
                 assert (request is None) == (step == "before_enqueue")
     else:
         with nodes(settings, 1) as [caller], \
-                node_process(settings, "processor", "ep", "--crash-at", step) as processor:
+                node_process(settings, role, "ep", "--crash-at", step) as processor:
             outcome: list[object] = []
             _record(outcome, caller.queue_and_wait, "ep", 1)
             assert processor.wait(20) == CRASH_EXIT
