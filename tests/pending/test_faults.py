@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,7 @@ from switchyard.pending import (
     PendingRequest,
     PendingSettings,
     ProcessorLostError,
+    QueueUnavailableError,
 )
 from tests.conftest import subprocess_env, wait_for
 from tests.pending.conftest import PrivateRedis, keys_without_ttl, ownerless_requests, private_settings
@@ -262,3 +264,21 @@ def test_a_guard_that_merely_expired_is_not_data_loss(private_redis: PrivateRedi
         private_redis.client().flushall()  # a real loss within the TTL is still seen
         assert node.check_data_loss() is True
         assert node.data_loss_events == 1
+
+
+def test_a_call_while_redis_is_gone_fails_after_the_retry_window(tmp_path: Path) -> None:
+    """Redis gone for longer than the retry window: the call fails with QueueUnavailableError
+    once its enqueue has been retried for the window, not after its pickup timeout (30 s here)."""
+    server = PrivateRedis(tmp_path)  # its own: this test stops it
+    server.start()
+    settings = private_settings(server, retry_window_s=1.0, retry_interval_s=0.2,
+                                pickup_timeout_s=30.0, heartbeat_initial_delay_s=30.0)
+    try:
+        with nodes(settings, 1) as [caller]:
+            server.stop()
+            started = time.monotonic()
+            with pytest.raises(QueueUnavailableError, match="unreachable"):
+                caller.queue_and_wait("ep", 1)
+            assert time.monotonic() - started < 10, "the call waited for something else"
+    finally:
+        server.stop()
