@@ -650,7 +650,8 @@ class PendingQueue:
         """
         check_endpoint(endpoint)
         stop = stop or threading.Event()
-        self._redis(lambda: self.client.script_load(self._respond.script))  # answers use its sha
+        with contextlib.suppress(PendingError, redis.RedisError):  # Redis away: the first answer loads it
+            self._redis(lambda: self.client.script_load(self._respond.script))  # answers use its sha
         answer: _Answer | None = None
         while not (stop.is_set() or self._closed.is_set()):
             deadline = time.monotonic() + self.settings.poll_wait_s
@@ -687,10 +688,14 @@ class PendingQueue:
         try:
             reply = self._redis(lambda: self._batch.call(self._respond, answer.keys, answer.args))
         except (redis.RedisError, QueueUnavailableError) as exc:
-            _count(METRIC_UNDELIVERED, request.endpoint)
-            logger.error("could not store the response to %s on %s: %s", request.id, request.endpoint, exc)
+            self._answer_failed(request, exc)
             return
         self._responded(request.endpoint, request.id, reply)
+
+    @staticmethod
+    def _answer_failed(request: PendingRequest, exc: Exception) -> None:
+        _count(METRIC_UNDELIVERED, request.endpoint)
+        logger.error("could not store the response to %s on %s: %s", request.id, request.endpoint, exc)
 
     def _next(self, endpoint: str, deadline: float, track: bool,
               answer: _Answer | None = None) -> PendingRequest | None:
@@ -805,8 +810,7 @@ class PendingQueue:
             return
         except redis.ResponseError as exc:  # the script failed (out of memory...); the pop stands
             answer.sent = True
-            _count(METRIC_UNDELIVERED, request.endpoint)
-            logger.error("could not store the response to %s on %s: %s", request.id, request.endpoint, exc)
+            self._answer_failed(request, exc)
             return
         answer.sent = True
         self._responded(request.endpoint, request.id, reply)
@@ -967,7 +971,10 @@ class PendingQueue:
             now = time.monotonic()
             if now >= next_guard:
                 next_guard = now + s.data_loss_check_s
-                self.check_data_loss()
+                try:
+                    self.check_data_loss()
+                except redis.RedisError as exc:  # refused (OOM...): the next check tries again
+                    logger.warning("data-loss check failed: %s", exc)
             with self._lock:
                 due = [t for t in self._tracked.values() if t.next_beat <= now]
             for item in due:
@@ -975,8 +982,8 @@ class PendingQueue:
                 request = item.request
                 try:
                     beat = self.processor_heartbeat(request.endpoint, request.id, request.take_id)
-                except QueueUnavailableError:
-                    logger.warning("heartbeat for %s failed: Redis unreachable", request.id)
+                except (QueueUnavailableError, redis.RedisError) as exc:  # the next beat tries again
+                    logger.warning("heartbeat for %s failed: %s", request.id, exc)
                     continue
                 if beat.cancelled:
                     with self._lock:

@@ -181,3 +181,41 @@ def test_a_refused_pop_is_a_clear_error_and_leaves_the_connection_in_step(
         assert caller.queue_and_wait("wrong", 2).body == 3
     finally:
         stop.set()
+
+
+def test_redis_out_of_memory_is_logged_and_serving_and_the_watch_go_on(
+        private_redis: PrivateRedis, caplog: pytest.LogCaptureFixture) -> None:
+    """Redis over its maxmemory (noeviction) for a while: the pops and the data-loss checks are
+    refused (OOM), logged, and tried again; neither the serving loop nor the node's watch thread
+    ends (the watch thread used to die of it: no more heartbeats or data-loss checks). Once memory
+    is back, requests are served. The request in the handler then gets its answer or, if Redis
+    refused that too, ProcessorLostError: never a silent hang."""
+    settings = private_settings(private_redis)
+    client = private_redis.client()
+    full = threading.Event()
+    with PendingQueue(settings).start() as caller, PendingQueue(settings).start() as service_node:
+        def handler(request: PendingRequest) -> Any:
+            if request.body == "first":
+                client.config_set("maxmemory-policy", "noeviction")
+                client.config_set("maxmemory", "1")
+                full.set()
+            return request.body
+
+        stop, _ = serving(service_node, "oom", handler)
+        try:
+            outcome: list[Any] = []
+            call = threading.Thread(target=lambda: outcome.append(
+                _catch(caller.queue_and_wait, "oom", "first")))
+            call.start()
+            assert full.wait(5)
+            wait_for(lambda: "serving oom: Redis refused the pop" in caplog.text, what="a refused pop logged")
+            wait_for(lambda: "data-loss check failed" in caplog.text, what="a refused data-loss check logged")
+            client.config_set("maxmemory", "0")
+            call.join(10)
+            assert getattr(outcome[0], "body", type(outcome[0]).__name__) in ("first", "ProcessorLostError")
+            assert caller.queue_and_wait("oom", "second").body == "second"
+            watch = [t for t in service_node._threads if t.name.startswith("pending-watchdog")]
+            assert watch and watch[0].is_alive(), "the watch thread died"
+        finally:
+            client.config_set("maxmemory", "0")
+            stop.set()
