@@ -628,13 +628,16 @@ class PendingQueue:
         (``processor_heartbeat``) claims it. Raises QueueUnavailableError (Redis unreachable for
         the retry window) or PendingError (Redis refused the pop: a key of the wrong type, OOM).
         """
+        self._check_processing(endpoint)
+        deadline = time.monotonic() + (self.settings.poll_wait_s if wait is None else wait)
+        return self._next(endpoint, deadline, track)
+
+    def _check_processing(self, endpoint: str) -> None:
+        check_endpoint(endpoint)
         if self._closed.is_set():
             raise QueueUnavailableError("this node is shutting down")
         if not self._threads:
-            raise PendingError("start() the PendingQueue before dequeuing")
-        check_endpoint(endpoint)
-        deadline = time.monotonic() + (self.settings.poll_wait_s if wait is None else wait)
-        return self._next(endpoint, deadline, track)
+            raise PendingError("start() the PendingQueue before taking requests")
 
     def serve(self, endpoint: str, handler: Handler, stop: threading.Event | None = None) -> None:
         """Answer the requests of ``endpoint`` with ``handler`` on this thread until ``stop`` is set
@@ -648,7 +651,7 @@ class PendingQueue:
         same write as the next pop, on this thread's own connection, so a request costs the
         service one round trip instead of two (and no hand-off to another thread).
         """
-        check_endpoint(endpoint)
+        self._check_processing(endpoint)
         stop = stop or threading.Event()
         with contextlib.suppress(PendingError, redis.RedisError):  # Redis away: the first answer loads it
             self._redis(lambda: self.client.script_load(self._respond.script))  # answers use its sha

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 import redis
 
-from switchyard.pending import PendingError, PendingQueue, PendingRequest, RemoteError, Reply
+from switchyard.pending import (
+    PendingError,
+    PendingQueue,
+    PendingRequest,
+    QueueUnavailableError,
+    RemoteError,
+    Reply,
+)
 from switchyard.pending.storage import LocalDirectoryStore
 from tests.conftest import wait_for
 from tests.pending.conftest import NodeFactory, PrivateRedis, keys_without_ttl, private_settings
@@ -219,3 +226,15 @@ def test_redis_out_of_memory_is_logged_and_serving_and_the_watch_go_on(
         finally:
             client.config_set("maxmemory", "0")
             stop.set()
+
+
+def test_serve_on_a_node_not_started_or_closed_says_so(settings: Any) -> None:
+    node = PendingQueue(settings)
+    with pytest.raises(PendingError, match="start"):
+        node.serve("svc", lambda request: None)
+    node.start()
+    node.close()
+    with pytest.raises(QueueUnavailableError, match="shutting down"):
+        node.serve("svc", lambda request: None)
+    with pytest.raises(ValueError, match="endpoint must match"):
+        PendingQueue(settings).serve("bad endpoint{}", lambda request: None)
