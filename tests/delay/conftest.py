@@ -81,11 +81,21 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int = 
 
 
 class OutputReader:
-    """Reads a topic from the beginning by assignment (no group join), accumulating messages."""
+    """Reads a topic from the beginning by assignment (no group join), accumulating messages.
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int = 2) -> None:
+    ``partitions=None``: every partition the topic has now (a topic that a client's metadata request
+    auto-created has the broker's default count, 4 on tansu, not the 2 that create_topics asks for).
+    """
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int | None = 2) -> None:
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"),
                                   "enable.auto.commit": False, "fetch.wait.max.ms": 20})
+        if partitions is None:
+            found = self.consumer.list_topics(topic, timeout=10).topics[topic]
+            if found.error is not None:
+                raise KafkaException(found.error)
+            partitions = len(found.partitions)
+        self.partitions = partitions
         self.consumer.assign([TopicPartition(topic, p, -2) for p in range(partitions)])  # -2: beginning
         self.messages: list[Any] = []
 
