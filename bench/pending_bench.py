@@ -72,22 +72,12 @@ def endpoints(count: int, proc: int = 0, procs: int = 1) -> list[str]:
 # ------------------------------------------------------------------ processes
 
 
-def serve_library(url: str, prefix: str, names: list[str], pollers: int, api: str = "serve") -> None:
-    """``serve``: ``PendingQueue.serve`` (each response rides with the next pop); ``dequeue``: a
-    loop of ``dequeue`` and ``apply_response`` (two round trips per request)."""
+def serve_library(url: str, prefix: str, names: list[str], pollers: int) -> None:
     with PendingQueue(bench_settings(url, prefix)) as node:
-        def loop(endpoint: str) -> None:
-            while True:
-                request = node.dequeue(endpoint, 30)
-                if request is not None:
-                    node.apply_response(request, request.body)
-
-        def serve(endpoint: str) -> None:
-            node.serve(endpoint, lambda request: request.body)
-
         for name in names:
             for _ in range(pollers):
-                threading.Thread(target=serve if api == "serve" else loop, args=(name,), daemon=True).start()
+                threading.Thread(target=node.serve, args=(name, lambda request: request.body),
+                                 daemon=True).start()
         print("ready", flush=True)
         threading.Event().wait()
 
@@ -320,44 +310,35 @@ def main() -> int:
             client = server.client()
             names = endpoints(args.services)
 
-            # 1. sequential round trip, raw vs library (serve; and dequeue + apply_response on svc1),
-            # alternating rounds
+            # 1. sequential round trip, raw vs library, alternating rounds
             raw_service = procs.start(me, "_raw_service", url, "svc0", "1")
             lib_service = procs.start(me, "_service", url, prefix, "svc0", "1")
-            dequeue_service = procs.start(me, "_service", url, prefix, "svc1", "1", "dequeue")
             raw = RawCaller(raw_client(url))
             with PendingQueue(bench_settings(url, prefix)) as node:
-                sides: dict[str, Callable[[], object]] = {
-                    "raw_lists": lambda: raw.call("svc0", "x"),
-                    "library": lambda: node.queue_and_wait("svc0", "x"),
-                    "library_dequeue": lambda: node.queue_and_wait("svc1", "x")}
-                seen = {name: [] for name in sides}
-                ratios: dict[str, list[float]] = {"library": [], "library_dequeue": []}
-                for call in sides.values():  # warm up
-                    sequential(call, 0.5)
+                raw_all, lib_all, ratios = [], [], []
+                sequential(lambda: raw.call("svc0", "x"), 0.5)  # warm up both
+                sequential(lambda: node.queue_and_wait("svc0", "x"), 0.5)
                 for _ in range(args.rounds):
-                    medians = {}
-                    for name, call in sides.items():
-                        latencies = sequential(call, args.seconds)
-                        seen[name] += latencies
-                        medians[name] = statistics.median(latencies)
-                    for name in ratios:
-                        ratios[name].append(medians[name] / medians["raw_lists"])
+                    r = sequential(lambda: raw.call("svc0", "x"), args.seconds)
+                    lib = sequential(lambda: node.queue_and_wait("svc0", "x"), args.seconds)
+                    raw_all += r
+                    lib_all += lib
+                    ratios.append(statistics.median(lib) / statistics.median(r))
                 results["sequential"] = {
-                    **{name: asdict(LatencySummary.of(values)) for name, values in seen.items()},
-                    "p50_ratio_per_round": [round(x, 2) for x in ratios["library"]],
-                    "p50_ratio_median": round(statistics.median(ratios["library"]), 2),
-                    "dequeue_p50_ratio_median": round(statistics.median(ratios["library_dequeue"]), 2),
-                    **{f"{name}_calls_per_s_one_at_a_time": round(len(values) / (args.rounds * args.seconds))
-                       for name, values in seen.items()},
+                    "raw_lists": asdict(LatencySummary.of(raw_all)),
+                    "library": asdict(LatencySummary.of(lib_all)),
+                    "p50_ratio_per_round": [round(x, 2) for x in ratios],
+                    "p50_ratio_median": round(statistics.median(ratios), 2),
+                    "raw_calls_per_s_one_at_a_time": round(len(raw_all) / (args.rounds * args.seconds)),
+                    "library_calls_per_s_one_at_a_time": round(len(lib_all) / (args.rounds * args.seconds)),
                 }
-            # 4. commands per fast call (the service node polls svc0 with one poller)
+                # 4. commands per fast call (the service node polls svc0 with one poller)
                 results["commands_per_call"] = {
                     "library": command_counts(client, 200, lambda: node.queue_and_wait("svc0", "x")),
                     "raw_lists": command_counts(client, 200, lambda: raw.call("svc0", "x")),
                 }
-            for p in (raw_service, lib_service, dequeue_service):
-                procs.stop(p)
+            procs.stop(raw_service)
+            procs.stop(lib_service)
 
             # 2. throughput with many services
             service_args = [(",".join(endpoints(args.services, i, args.service_procs))) for i in
@@ -373,13 +354,6 @@ def main() -> int:
             results["throughput_library"] = throughput(procs, "library", url, prefix, names, args.callers,
                                                        args.in_flight, args.seconds * 2, lib_services,
                                                        server.proc.pid)
-            for p in lib_services:
-                procs.stop(p)
-            lib_services = [procs.start(me, "_service", url, prefix, n, str(args.pollers), "dequeue")
-                            for n in service_args]
-            results["throughput_library_dequeue"] = throughput(
-                procs, "library", url, prefix, names, args.callers, args.in_flight, args.seconds * 2,
-                lib_services, server.proc.pid)
             for p in lib_services:
                 procs.stop(p)
             results["throughput_setup"] = {"services": args.services, "service_procs": args.service_procs,
@@ -430,7 +404,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
         role, rest = sys.argv[1], sys.argv[2:]
         if role == "_service":
-            serve_library(rest[0], rest[1], rest[2].split(","), int(rest[3]), *rest[4:])
+            serve_library(rest[0], rest[1], rest[2].split(","), int(rest[3]))
         elif role == "_raw_service":
             serve_raw(rest[0], rest[1].split(","), int(rest[2]))
         elif role == "_resolver_service":

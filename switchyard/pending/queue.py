@@ -203,16 +203,6 @@ def handler_message(handler: Callable[[Any], Any], request: Any, store: StreamSt
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
-@dataclass
-class _Answer:
-    """A response ``serve`` sends in the same write as its next pop (respond.lua's keys and args)."""
-
-    request: PendingRequest
-    keys: list[str]
-    args: list[Any]
-    sent: bool = False  # its reply was read (or its failure logged)
-
-
 @dataclass(frozen=True)
 class ProcessorBeat:
     """What a processor's heartbeat learned: whether to stop working on the request, and why."""
@@ -646,34 +636,26 @@ class PendingQueue:
         retried, never the end of the loop.
 
         ``handler`` gets each ``PendingRequest`` (its ``cancel`` token fires when the work should
-        stop) and returns the response body or a ``Reply`` with streams; an exception it raises
-        becomes an error response. Why not dequeue + apply_response: each response goes out in the
-        same write as the next pop, on this thread's own connection, so a request costs the
-        service one round trip instead of two (and no hand-off to another thread).
+        stop) and returns the response body or a ``Reply`` with streams; an exception it raises,
+        or a body JSON cannot hold or the size limit refuses, becomes an error response. Answers go
+        through the node's batcher, so a busy node's threads share round trips. (Sending each
+        answer in the same write as the thread's next pop was measured slower under load.)
         """
         self._check_processing(endpoint)
         stop = stop or threading.Event()
-        with contextlib.suppress(PendingError, redis.RedisError):  # Redis away: the first answer loads it
-            self._redis(lambda: self.client.script_load(self._respond.script))  # answers use its sha
-        answer: _Answer | None = None
         while not (stop.is_set() or self._closed.is_set()):
-            deadline = time.monotonic() + self.settings.poll_wait_s
             try:
-                request = self._next(endpoint, deadline, True, answer)
+                request = self._next(endpoint, time.monotonic() + self.settings.poll_wait_s, True)
             except PendingError as exc:  # Redis down for the retry window, or refusing: keep serving
                 logger.error("serving %s: %s; polling again", endpoint, exc)
-                request = None
                 self._closed.wait(self.settings.retry_interval_s)
-            if answer is not None and not answer.sent:  # no pop carried it (closing): on its own
-                self._send_answer(answer)
-            answer = None
+                continue
             if request is not None:
-                answer = self._answer(request, handler_message(handler, request, self.store))
-        if answer is not None:  # stopped after the handler: the answer goes on its own
-            self._send_answer(answer)
+                self._answer(request, handler_message(handler, request, self.store))
 
-    def _answer(self, request: PendingRequest, message: dict[str, Any]) -> _Answer:
-        """respond.lua's call for ``message`` (an unencodable or oversized one becomes an error)."""
+    def _answer(self, request: PendingRequest, message: dict[str, Any]) -> None:
+        """Send a handler's answer; one that cannot be sent is logged and counted, not raised: it
+        is that request's problem, not the serving loop's."""
         with self._lock:
             self._tracked.pop(request.id, None)
         try:
@@ -681,28 +663,13 @@ class PendingQueue:
         except (ValueError, MessageTooLargeError) as exc:
             logger.error("response to %s on %s replaced by an error: %s", request.id, request.endpoint, exc)
             raw = self._encode({"ok": False, "error": str(exc)}, "response")
-        return _Answer(request, *self._respond_call(request.endpoint, request.id, request.take_id, raw))
-
-    def _send_answer(self, answer: _Answer) -> None:
-        """Send ``answer`` on its own (through the batcher, with redis-py's retries). A failure is
-        logged and counted, not raised: it is this request's problem, not the serving loop's."""
-        request = answer.request
-        answer.sent = True
         try:
-            reply = self._redis(lambda: self._batch.call(self._respond, answer.keys, answer.args))
-        except (redis.RedisError, QueueUnavailableError) as exc:
-            self._answer_failed(request, exc)
-            return
-        self._responded(request.endpoint, request.id, reply)
+            self._send_response(request.endpoint, request.id, request.take_id, raw)
+        except (redis.RedisError, PendingError) as exc:
+            _count(METRIC_UNDELIVERED, request.endpoint)
+            logger.error("could not store the response to %s on %s: %s", request.id, request.endpoint, exc)
 
-    @staticmethod
-    def _answer_failed(request: PendingRequest, exc: Exception) -> None:
-        _count(METRIC_UNDELIVERED, request.endpoint)
-        logger.error("could not store the response to %s on %s: %s", request.id, request.endpoint, exc)
-
-    def _next(self, endpoint: str, deadline: float, track: bool,
-              answer: _Answer | None = None) -> PendingRequest | None:
-        """Pop the next request (``answer``: sent in the same write as the first pop)."""
+    def _next(self, endpoint: str, deadline: float, track: bool) -> PendingRequest | None:
         subscribed = self._cancel_channels.get(endpoint)
         if subscribed is None:
             with self._lock:
@@ -715,8 +682,7 @@ class PendingQueue:
             subscribed.wait(max(0.0, min(CLAIM_DELAY_S, deadline - time.monotonic())))
         while not self._closed.is_set():
             take_id = self._new_id()
-            element = self._pop(endpoint, take_id, deadline, answer)
-            answer = None
+            element = self._pop(endpoint, take_id, deadline)
             if element is None:
                 return None
             request = self._request(endpoint, take_id, element)
@@ -728,17 +694,13 @@ class PendingQueue:
             return request
         return None
 
-    def _pop(self, endpoint: str, take_id: str, deadline: float,
-             answer: _Answer | None = None) -> bytes | None:
+    def _pop(self, endpoint: str, take_id: str, deadline: float) -> bytes | None:
         """Move the next request of ``endpoint`` into the take key (blocking until ``deadline``).
 
         BLMOVE and the take key's PEXPIRE go in one write: Redis runs the PEXPIRE right after the
-        move, so the moved request is never in a key without a TTL. ``answer`` (a response) goes
-        first in the same write (unless closing: the caller sends it then); Redis sends its reply
-        before blocking. Retried here for the retry window, not by redis-py: after a lost
-        connection the take key is read first, since a pop whose reply was lost may have moved a
-        request into it (and an answer whose reply was lost is sent again at once, on its own:
-        respond.lua is idempotent).
+        move, so the moved request is never in a key without a TTL. Retried here for the retry
+        window, not by redis-py: after a lost connection the take key is read first, since a pop
+        whose reply was lost may have moved a request into it.
         """
         s = self.settings
         tag = self.key_tag(endpoint)
@@ -762,21 +724,13 @@ class PendingQueue:
                 pop: tuple[Any, ...] = ("LMOVE", pending, take, "LEFT", "RIGHT")
                 if wait > 0:
                     pop = ("BLMOVE", pending, take, "LEFT", "RIGHT", f"{wait:.3f}")
-                commands = [pop, ("PEXPIRE", take, ttl)]
-                if answer is not None and not answer.sent:
-                    commands.insert(0, ("EVALSHA", self._respond.sha, len(answer.keys), *answer.keys,
-                                        *answer.args))
                 # (a connection idle past its health-check interval is pinged, and replaced if stale)
-                connection.send_packed_command(connection.pack_commands(commands))
-                if len(commands) == 3:
-                    self._read_answer(connection, answer)  # type: ignore[arg-type]
+                connection.send_packed_command(connection.pack_commands([pop, ("PEXPIRE", take, ttl)]))
                 element = self._read_pop(connection, endpoint)
                 if element is not None or deadline - time.monotonic() <= 0:
                     return element
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 connection.disconnect()
-                if answer is not None and not answer.sent:  # its reply was lost: again, on its own
-                    self._send_answer(answer)
                 if self._closed.is_set():  # close() interrupted the pop: it may have moved one
                     self._give_back_popped(pending, take)
                     return None
@@ -801,22 +755,6 @@ class PendingQueue:
             if isinstance(reply, redis.ResponseError):
                 raise PendingError(f"Redis refused the pop on {endpoint!r}: {reply}") from reply
         return replies[0]
-
-    def _read_answer(self, connection: Any, answer: _Answer) -> None:
-        """Read the reply of an answer sent before a pop; a script Redis lost (it restarted) is
-        sent again on its own, where redis-py's Script loads it."""
-        request = answer.request
-        try:
-            reply = connection.read_response()
-        except redis.exceptions.NoScriptError:
-            self._send_answer(answer)
-            return
-        except redis.ResponseError as exc:  # the script failed (out of memory...); the pop stands
-            answer.sent = True
-            self._answer_failed(request, exc)
-            return
-        answer.sent = True
-        self._responded(request.endpoint, request.id, reply)
 
     def _give_back_popped(self, pending: str, take: str) -> None:
         """Return what an interrupted pop moved into ``take`` to the head of ``pending``."""
@@ -882,20 +820,15 @@ class PendingQueue:
 
     def respond(self, endpoint: str, request_id: str, take_id: str, message: dict[str, Any]) -> Delivery:
         """Store a response message for a taken request and tell its caller (respond.lua)."""
-        keys, args = self._respond_call(endpoint, request_id, take_id, self._encode(message, "response"))
-        reply = self._redis(lambda: self._batch.call(self._respond, keys, args))
-        return self._responded(endpoint, request_id, reply)
+        return self._send_response(endpoint, request_id, take_id, self._encode(message, "response"))
 
-    def _respond_call(self, endpoint: str, request_id: str, take_id: str,
-                      raw: bytes) -> tuple[list[str], list[Any]]:
+    def _send_response(self, endpoint: str, request_id: str, take_id: str, raw: bytes) -> Delivery:
         s = self.settings
         tag = self.key_tag(endpoint)
-        return [f"{tag}:r:{request_id}", f"{tag}:t:{take_id}"], [
-            take_id, raw, _ms(s.response_ttl_s), self.node_channel_prefix, _ms(s.sender_timeout_s),
-            request_id, self.node_id]
-
-    def _responded(self, endpoint: str, request_id: str, reply: Any) -> Delivery:
-        outcome = Delivery(_text(reply))
+        outcome = Delivery(_text(self._redis(lambda: self._batch.call(
+            self._respond, [f"{tag}:r:{request_id}", f"{tag}:t:{take_id}"],
+            [take_id, raw, _ms(s.response_ttl_s), self.node_channel_prefix, _ms(s.sender_timeout_s),
+             request_id, self.node_id]))))
         self._step("responded")
         if outcome is not Delivery.DELIVERED:
             _count(METRIC_UNDELIVERED, endpoint)
