@@ -126,7 +126,7 @@ def test_caller_dies_processor_work_is_cancelled(private_redis: PrivateRedis) ->
 
 @pytest.mark.parametrize("api", ["dequeue", "serve"])
 def test_redis_cut_for_5_s_mid_calls_every_call_completes(private_redis: PrivateRedis, api: str) -> None:
-    """With serve, answers riding with pops meet the cut too: each is sent again on its own."""
+    """Through the serve loop and through dequeue + apply_response: every call completes."""
     proxy = CuttableProxy(private_redis.port)
     settings = private_settings(private_redis, url=proxy.url, retry_window_s=30.0, retry_interval_s=0.5,
                                 heartbeat_initial_delay_s=7.0, heartbeat_interval_s=15.0,
