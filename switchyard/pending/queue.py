@@ -184,6 +184,16 @@ class Reply:
 Handler = Callable[[PendingRequest], Any]
 
 
+def store_streams(store: StreamStore | None,
+                  streams: Mapping[str, bytes | BinaryIO] | None) -> list[StreamRef]:
+    """Put ``streams`` in ``store``; their references (messages carry references, never bytes)."""
+    if not streams:
+        return []
+    if store is None:
+        raise PendingError("streams need a store: set SWITCHYARD_PENDING_STORE")
+    return [store.put(name, data) for name, data in streams.items()]
+
+
 def handler_message(handler: Callable[[Any], Any], request: Any, store: StreamStore | None) -> dict[str, Any]:
     """Run a service's handler; the response message for its answer (streams stored), or for its
     failure (any exception: it is this request's problem only)."""
@@ -191,12 +201,7 @@ def handler_message(handler: Callable[[Any], Any], request: Any, store: StreamSt
         result = handler(request)
         if not isinstance(result, Reply):
             result = Reply(result)
-        streams = []
-        if result.streams:
-            if store is None:
-                raise PendingError("the handler returned streams but there is no store: set "
-                                   "SWITCHYARD_PENDING_STORE")
-            streams = [store.put(name, data).to_json() for name, data in result.streams.items()]
+        streams = [ref.to_json() for ref in store_streams(store, result.streams)]
         return {"ok": True, "body": result.body, "streams": streams}
     except Exception as exc:
         logger.exception("handler failed for request %s", request.id)
@@ -410,11 +415,7 @@ class PendingQueue:
         return raw
 
     def _store_streams(self, streams: Mapping[str, bytes | BinaryIO] | None) -> list[StreamRef]:
-        if not streams:
-            return []
-        if self.store is None:
-            raise PendingError("streams need a store: set SWITCHYARD_PENDING_STORE")
-        return [self.store.put(name, data) for name, data in streams.items()]
+        return store_streams(self.store, streams)
 
     @staticmethod
     def _decode_response(request_id: str, raw: bytes) -> Response:
