@@ -108,6 +108,12 @@ CONNECTIONS_PER_FIRE = 2  # the firing thread's claims and the store worker thre
 CONNECTIONS_PER_SWEEP = 1
 POSTGRES_BUDGET_SHARE = 50  # percent of max_connections the functions may use; the rest: admin, EMR
 SCHEDULE_RATE_MINUTES = 1
+# The delay input's MSK mapping runs in provisioned mode: partial batch response is one of its error
+# handling controls, and provisioned pollers invoke the function without a NAT route or interface
+# endpoints in the cluster's isolated subnets (README, "The delay input's event source"). A Kafka poller
+# drives up to 5 concurrent invocations; one invocation per partition is all the mapping ever runs.
+DELAY_MIN_POLLERS = 1
+KAFKA_INVOCATIONS_PER_POLLER = 5
 
 # ECS
 WORKER_CONTAINER = "worker"

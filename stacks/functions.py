@@ -489,6 +489,10 @@ class FunctionsConstruct(Construct):
             batch_size=d.batch_size,
             maximum_batching_window_in_seconds=d.batch_window_seconds,
             function_response_types=["ReportBatchItemFailures"],
+            provisioned_poller_config=lambda_.CfnEventSourceMapping.ProvisionedPollerConfigProperty(
+                minimum_pollers=c.DELAY_MIN_POLLERS,
+                maximum_pollers=max(c.DELAY_MIN_POLLERS, -(-d.partitions // c.KAFKA_INVOCATIONS_PER_POLLER)),
+            ),
             amazon_managed_kafka_event_source_config=(
                 lambda_.CfnEventSourceMapping.AmazonManagedKafkaEventSourceConfigProperty(
                     consumer_group_id=DELAY_CONSUMER_GROUP

@@ -125,3 +125,13 @@ def test_the_check_sees_a_broker_without_a_way_out(resources: Resources) -> None
     for route_id in list(of_type(no_nat, "AWS::EC2::Route")):
         del no_nat[route_id]
     assert any("lambda, secretsmanager" in p for p in network_path_problems(no_nat))
+
+
+def test_the_delay_mapping_polls_in_provisioned_mode_within_one_invocation_per_partition(
+    resources: Resources,
+) -> None:
+    """One poller at least (always on: the mode's cost), and no more than the topic's partitions can
+    keep busy (a Kafka poller drives up to 5 invocations; the Postgres budget counts one per partition)."""
+    (props,) = [m["Properties"] for m in of_type(resources, "AWS::Lambda::EventSourceMapping").values()
+                if "Topics" in m["Properties"]]
+    assert props["ProvisionedPollerConfig"] == {"MinimumPollers": 1, "MaximumPollers": 1}  # 3 partitions
