@@ -8,7 +8,7 @@ read/write the delay topics.
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_emrserverless as emr
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
@@ -79,7 +79,11 @@ class AnalyticsConstruct(Construct):
         self.job_role = iam.Role(
             self,
             "JobRole",
-            assumed_by=iam.ServicePrincipal("emr-serverless.amazonaws.com"),
+            # Only EMR Serverless acting for this account may assume it (the confused deputy guard).
+            assumed_by=iam.ServicePrincipal(
+                "emr-serverless.amazonaws.com",
+                conditions={"StringEquals": {"aws:SourceAccount": Stack.of(self).account}},
+            ),
             description="Switchyard PySpark jobs: their bucket, the broker secret, the topics",
         )
         self.bucket.grant_read_write(self.job_role)

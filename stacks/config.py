@@ -82,6 +82,22 @@ def _check(ok: bool, where: str, message: str) -> None:
         raise ConfigError(f"{where}: {message}")
 
 
+def _flag(raw: Any, where: str) -> bool:
+    """A boolean from cdk.json (true) or the command line (-c key=true arrives as a string)."""
+    if raw is None or isinstance(raw, bool):
+        return bool(raw)
+    _check(str(raw).lower() in ("true", "false"), where, f"must be true or false, got {raw!r}")
+    return str(raw).lower() == "true"
+
+
+def _count(raw: Any, where: str, default: int) -> int:
+    """An integer from cdk.json or the command line (a string there)."""
+    if raw is None:
+        return default
+    _check(str(raw).isdigit(), where, f"must be a whole number, got {raw!r}")
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class PoolConfig:
     """One pool: its workers (ECS) and its control plane (the four Lambda functions)."""
@@ -243,8 +259,13 @@ class DeploymentConfig:
     redis: RedisConfig = field(default_factory=RedisConfig)
     alarm_email: str = ""
     emr_image: str = ""  # the EMR Serverless application's custom image (python3.11), if any
+    # Production keeps the data: RDS deletion protection, snapshots of RDS and ElastiCache on delete.
+    production: bool = False
+    nat_gateways: int = c.VPC_NAT_GATEWAYS  # one per AZ (VPC_MAX_AZS) survives the loss of an AZ
 
     def __post_init__(self) -> None:
+        _check(1 <= self.nat_gateways <= c.VPC_MAX_AZS, c.CTX_NAT_GATEWAYS,
+               f"natGateways must be 1-{c.VPC_MAX_AZS} (one per availability zone at most)")
         names = [p.name for p in self.pools]
         _check(bool(names), c.CTX_POOLS, "configure at least one pool")
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -306,4 +327,6 @@ class DeploymentConfig:
             redis=_build(RedisConfig, ctx(c.CTX_REDIS), c.CTX_REDIS),
             alarm_email=str(ctx(c.CTX_ALARM_EMAIL) or ""),
             emr_image=str(ctx(c.CTX_EMR_IMAGE) or ""),
+            production=_flag(ctx(c.CTX_PRODUCTION), c.CTX_PRODUCTION),
+            nat_gateways=_count(ctx(c.CTX_NAT_GATEWAYS), c.CTX_NAT_GATEWAYS, c.VPC_NAT_GATEWAYS),
         )

@@ -29,7 +29,8 @@ EGRESS_SUBNET_NAME = "private-egress"
 ISOLATED_SUBNET_NAME = "private-isolated"
 VPC_CIDR = "10.40.0.0/16"  # a literal, so security group rules (and cdk-nag) can see it
 VPC_MAX_AZS = 2
-VPC_NAT_GATEWAYS = 1
+VPC_NAT_GATEWAYS = 1  # the default of the switchyard:natGateways context
+S3_ENDPOINT_ID = "S3Endpoint"
 
 # BrokerConstruct children
 BROKER_ID = "RabbitMqBroker"
@@ -78,6 +79,8 @@ CTX_REDIS = "switchyard:redis"
 CTX_ALARM_EMAIL = "switchyard:alarmEmail"
 CTX_EMR_IMAGE = "switchyard:emrImage"
 CTX_LAYER_DIR = "switchyard:layerDir"
+CTX_PRODUCTION = "switchyard:production"  # true: deletion protection and snapshots (stacks/data.py)
+CTX_NAT_GATEWAYS = "switchyard:natGateways"  # 1 (default, cheapest) up to VPC_MAX_AZS (one per AZ)
 # Which stack the app builds: the AWS deployment or what LocalStack can host (the rest runs locally).
 CTX_TARGET = "switchyard:target"
 TARGET_AWS = "aws"

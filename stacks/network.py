@@ -33,11 +33,16 @@ class NetworkConstruct(Construct):
       it (``allow_from``); the broker's group lives in ``BrokerConstruct``.
     """
 
-    def __init__(self, scope: Construct, construct_id: str) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, nat_gateways: int = c.VPC_NAT_GATEWAYS) -> None:
+        """``nat_gateways``: 1 is cheapest; one per AZ keeps egress when an AZ fails."""
         super().__init__(scope, construct_id)
         self.flow_log_group = self._build_flow_log_group()
-        self.vpc = self._build_vpc()
+        self.vpc = self._build_vpc(nat_gateways)
         self.flow_log = self._build_flow_log()
+        # Free (no hourly or per-GB charge): S3 traffic (the pipeline's and the streams' buckets, ECR's
+        # image layers) skips the NAT gateway's per-GB processing.
+        self.s3_endpoint = self.vpc.add_gateway_endpoint(
+            c.S3_ENDPOINT_ID, service=ec2.GatewayVpcEndpointAwsService.S3)
         self.functions_sg = self._group(c.FUNCTIONS_SG_ID, "Switchyard Lambda functions: clients only")
         self.workers_sg = self._group(c.WORKERS_SG_ID, "Switchyard ECS worker tasks: clients only")
         self.emr_sg = self._group(c.EMR_SG_ID, "EMR Serverless jobs: clients only")
@@ -74,13 +79,13 @@ class NetworkConstruct(Construct):
             removal_policy=RemovalPolicy.DESTROY,
         )
 
-    def _build_vpc(self) -> ec2.Vpc:
+    def _build_vpc(self, nat_gateways: int) -> ec2.Vpc:
         return ec2.Vpc(
             self,
             c.VPC_ID,
             ip_addresses=ec2.IpAddresses.cidr(c.VPC_CIDR),
             max_azs=c.VPC_MAX_AZS,
-            nat_gateways=c.VPC_NAT_GATEWAYS,
+            nat_gateways=nat_gateways,
             restrict_default_security_group=True,
             subnet_configuration=[
                 ec2.SubnetConfiguration(

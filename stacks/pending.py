@@ -73,6 +73,7 @@ class PendingConstruct(Construct):
             lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(STREAMS_EXPIRE_DAYS),
                                               abort_incomplete_multipart_upload_after=Duration.days(1))],
             removal_policy=RemovalPolicy.DESTROY,  # streams only live for a call
+            auto_delete_objects=True,  # emptied on delete, or `cdk destroy` fails on a non-empty bucket
         )
         self.function = functions._function(  # the one factory: layer, VPC, Powertools, X-Ray, logs
             "PendingApi",

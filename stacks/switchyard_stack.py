@@ -33,7 +33,7 @@ class SwitchyardStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         self.config = DeploymentConfig.from_context(self)
         layer_dir = self.node.try_get_context(c.CTX_LAYER_DIR) or c.LAYER_DIR
-        self.network = NetworkConstruct(self, c.NETWORK_CONSTRUCT_ID)
+        self.network = NetworkConstruct(self, c.NETWORK_CONSTRUCT_ID, nat_gateways=self.config.nat_gateways)
         self.broker = BrokerConstruct(
             self, c.BROKER_CONSTRUCT_ID, vpc=self.network.vpc, subnets=self.network.egress_subnets,
             clients=[self.network.functions_sg, self.network.workers_sg, self.network.emr_sg])
