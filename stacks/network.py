@@ -33,7 +33,9 @@ class NetworkConstruct(Construct):
       it (``allow_from``); the broker's group lives in ``BrokerConstruct``.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, nat_gateways: int = c.VPC_NAT_GATEWAYS) -> None:
+    def __init__(
+        self, scope: Construct, construct_id: str, *, nat_gateways: int = c.VPC_NAT_GATEWAYS
+    ) -> None:
         """``nat_gateways``: 1 is cheapest; one per AZ keeps egress when an AZ fails."""
         super().__init__(scope, construct_id)
         self.flow_log_group = self._build_flow_log_group()
