@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -20,7 +21,9 @@ from datetime import datetime, timedelta
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
+from switchyard.certs import RDS_CA_BUNDLE
 from switchyard.delay.errors import (
     StoreError,
     StoreUnavailableError,
@@ -34,6 +37,19 @@ from switchyard.delay.settings import validate_schema
 from switchyard.observability import logger
 
 _to_json = json.JSONEncoder(separators=(",", ":")).encode
+
+VERIFYING_SSL_MODES = ("verify-ca", "verify-full")
+
+
+def tls_options(dsn: str) -> dict[str, str]:
+    """``sslrootcert``: the RDS CA bundle shipped with the package, when ``dsn`` asks libpq to verify the
+    server and names no root certificate of its own (libpq's default, ~/.postgresql/root.crt, exists on
+    no Lambda or worker host). A DSN or PGSSLROOTCERT that names one keeps it."""
+    params = conninfo_to_dict(dsn)
+    named = "sslrootcert" in params or os.environ.get("PGSSLROOTCERT")
+    if params.get("sslmode") in VERIFYING_SSL_MODES and not named:
+        return {"sslrootcert": str(RDS_CA_BUNDLE)}
+    return {}
 
 
 class PostgresDelayStore:
@@ -57,7 +73,8 @@ class PostgresDelayStore:
         if conn is None or conn.closed:
             self._close_orphans()
             conn = psycopg.connect(
-                self.dsn, autocommit=True, connect_timeout=5, application_name=self.application_name
+                self.dsn, autocommit=True, connect_timeout=5, application_name=self.application_name,
+                **tls_options(self.dsn),
             )
             self._local.conn = conn
             with self._owners_lock:

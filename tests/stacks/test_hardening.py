@@ -5,6 +5,7 @@ Postgres TLS that verifies the server, and an EMR job role only this account's E
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,13 @@ def test_the_production_flag_must_be_a_boolean(layer_dir: str, tmp_path: Path) -
 def test_postgres_storage_is_gp3(resources: Resources) -> None:
     _, postgres = only(resources, "AWS::RDS::DBInstance")
     assert postgres["Properties"]["StorageType"] == "gp3"
+
+
+def test_every_postgres_dsn_verifies_the_server_and_its_name(resources: Resources) -> None:
+    modes = re.findall(r"sslmode=([a-z-]+)", json.dumps(resources))
+    assert modes and set(modes) == {"verify-full"}, modes
+    _, postgres = only(resources, "AWS::RDS::DBInstance")  # signed by a CA of switchyard/certs
+    assert postgres["Properties"]["CACertificateIdentifier"] == "rds-ca-rsa2048-g1"
 
 
 def test_the_pending_streams_bucket_is_emptied_before_it_is_deleted(resources: Resources) -> None:
