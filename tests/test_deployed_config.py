@@ -101,3 +101,34 @@ def test_cli_stack_option_reads_parameters_and_fills_secrets(
 def test_cli_unknown_stack_says_what_to_do(stack: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--stack", stack, "config"]) == 1
     assert "is the stack deployed" in capsys.readouterr().err
+
+
+def test_a_process_reads_only_the_secrets_of_the_services_it_uses(
+        stack: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each role may read only its own services' secrets (issue 22): settings that name every
+    service's secret must not make a process that uses only the broker read the others."""
+    secrets = boto3.client("secretsmanager", endpoint_url=MOTO)
+    arn = secrets.create_secret(Name=unique("sy-amqp"), SecretString=json.dumps(
+        {"username": "svc", "password": "pw"}))["ARN"]
+    unreadable = arn.rsplit(":", 1)[0] + ":" + unique("sy-not-granted")  # as AccessDenied: no value
+    try:
+        put(stack, SWITCHYARD_AMQP_URL="amqp://{username}:{password}@mq.internal:5671/%2F",
+            SWITCHYARD_AMQP_SECRET_ARN=arn,
+            SWITCHYARD_REDIS_URL="rediss://:{password}@redis.internal:6379/0",
+            SWITCHYARD_REDIS_SECRET_ARN=unreadable,
+            SWITCHYARD_POSTGRES_DSN="postgresql://{username}:{password}@{host}:{port}/{dbname}",
+            SWITCHYARD_POSTGRES_SECRET_ARN=unreadable)
+        for service in ("AMQP", "REDIS", "POSTGRES"):
+            for name in (f"SWITCHYARD_{service}_SECRET_ARN", f"SWITCHYARD_{service}_USERNAME",
+                         f"SWITCHYARD_{service}_PASSWORD"):
+                monkeypatch.delenv(name, raising=False)
+        for name in ("SWITCHYARD_AMQP_URL", "SWITCHYARD_REDIS_URL", "SWITCHYARD_POSTGRES_DSN"):
+            monkeypatch.setenv(name, "")
+            monkeypatch.delenv(name)
+        monkeypatch.setenv(CONFIG_PATH_ENV, config_path(stack))
+        connections = Connections.from_env()
+        assert connections.amqp_url == "amqp://svc:pw@mq.internal:5671/%2F"
+        with pytest.raises(ConfigError, match="cannot read secret"):
+            connections.redis_url  # noqa: B018 - the read is the test: the secret is fetched on use
+    finally:
+        secrets.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)

@@ -249,13 +249,19 @@ def test_a_run_that_does_not_succeed_exits_1_and_says_where_to_look(
 def test_defaults_come_from_the_deployed_stack_outputs(
         aws: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     stack = unique("SyPipeline").replace("_", "-")
-    marker = "SWITCHYARD_SPARK_TEST_MARKER"
+    # One setting the job reads, and the Redis ones it does not: its role reads only the broker's
+    # secret, so a Redis URL with placeholders in its environment would fail it on EMR (issue 22).
+    deployed = {"SWITCHYARD_DELAY_INPUT_TOPIC": "sy-pipeline-input",
+                "SWITCHYARD_REDIS_URL": "rediss://:{password}@redis.internal:6379/0",
+                "SWITCHYARD_REDIS_SECRET_ARN": "arn:aws:secretsmanager:us-east-1:1:secret:redis-AbCdEf"}
     monkeypatch.setenv(CONFIG_PATH_ENV, "")  # restored after the CLI sets it
-    monkeypatch.setenv(marker, "")
-    monkeypatch.delenv(marker)
+    for name in deployed:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     template = {
-        "Resources": {"Config": {"Type": "AWS::SSM::Parameter", "Properties": {
-            "Name": f"/switchyard/{stack}/config/{marker}", "Type": "String", "Value": "1"}}},
+        "Resources": {f"Config{i}": {"Type": "AWS::SSM::Parameter", "Properties": {
+            "Name": f"/switchyard/{stack}/config/{name}", "Type": "String", "Value": value}}
+            for i, (name, value) in enumerate(deployed.items())},
         "Outputs": {
             STACK_OUTPUTS["application_id"]: {"Value": aws["app"]},
             STACK_OUTPUTS["role_arn"]: {"Value": ROLE_ARN},
@@ -273,10 +279,11 @@ def test_defaults_come_from_the_deployed_stack_outputs(
     run_id = out.split("submitted job run ")[1].split()[0]
     run = aws["emr"].get_job_run(applicationId=aws["app"], jobRunId=run_id)["jobRun"]
     assert run["jobDriver"]["sparkSubmit"]["entryPoint"] == manifest["entryPoint"]
-    # the stack's deployed settings reach the driver and the executors
+    # the deployed settings the job reads reach the driver and the executors; the others do not
     params = run["jobDriver"]["sparkSubmit"]["sparkSubmitParameters"].split()
-    assert f"spark.emr-serverless.driverEnv.{marker}=1" in params
-    assert f"spark.executorEnv.{marker}=1" in params
+    for where in ("spark.emr-serverless.driverEnv", "spark.executorEnv"):
+        assert f"{where}.SWITCHYARD_DELAY_INPUT_TOPIC=sy-pipeline-input" in params
+    assert [p for p in params if "REDIS" in p] == []
     assert run["executionRole"] == ROLE_ARN
 
 

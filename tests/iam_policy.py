@@ -1,0 +1,308 @@
+"""IAM checked per role: a synthesized template's identity policies, the AWS calls a process makes,
+and a small evaluator that decides each call as AWS would from the role's statements.
+
+Why this exists: moto enforces identity policies (``INITIAL_NO_AUTH_ACTION_COUNT``), but it matches
+resources only for SQS, IAM and STS; for every other service it checks the action against resource
+``*``, so a grant scoped to one secret's ARN is denied and a wrong grant cannot be told from a right
+one (measured with moto 5.2.5 on Secrets Manager). Here each call is recorded with the resource ARN
+it names (botocore's ``provide-client-params`` event sees every request's parameters) and evaluated
+against the role's statements: explicit Deny wins, then any Allow, else denied; ``*``/``?`` wildcards
+in actions (case-insensitive) and resources; ``NotAction``/``NotResource``.
+
+What the evaluator ignores: ``Condition`` blocks (a conditional Allow counts as an Allow: the
+conditions are asserted on the template instead), resource-based policies (secret, bucket, key and
+Lambda permissions), permission boundaries, SCPs and session policies (none are used here).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+ACCOUNT, REGION, PARTITION = "123456789012", "us-east-1", "aws"  # moto's default account
+PSEUDO = {"AWS::AccountId": ACCOUNT, "AWS::Region": REGION, "AWS::Partition": PARTITION,
+          "AWS::URLSuffix": "amazonaws.com", "AWS::StackName": "SwitchyardStack", "AWS::NoValue": None}
+
+# AWS managed policies the template attaches, as AWS documents them (only what the evaluator needs).
+MANAGED_POLICIES: dict[str, list[dict[str, Any]]] = {
+    "service-role/AWSLambdaBasicExecutionRole": [
+        {"Effect": "Allow", "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+         "Resource": "*"}],
+    "service-role/AWSLambdaVPCAccessExecutionRole": [
+        {"Effect": "Allow", "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
+                                       "ec2:CreateNetworkInterface", "ec2:DescribeNetworkInterfaces",
+                                       "ec2:DescribeSubnets", "ec2:DeleteNetworkInterface",
+                                       "ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses"],
+         "Resource": "*"}],
+}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One AWS request as IAM sees it: ``action`` is ``prefix:Name``, ``resource`` an ARN (or ``*``)."""
+
+    action: str
+    resource: str
+
+    def __str__(self) -> str:
+        return f"{self.action} on {self.resource}"
+
+
+@dataclass(frozen=True)
+class Statement:
+    effect: str
+    actions: tuple[str, ...] = ()
+    not_actions: tuple[str, ...] = ()
+    resources: tuple[str, ...] = ()
+    not_resources: tuple[str, ...] = ()
+    conditional: bool = False
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> Statement:
+        def many(key: str) -> tuple[str, ...]:
+            value = raw.get(key, ())
+            return (value,) if isinstance(value, str) else tuple(value)
+
+        return cls(raw["Effect"], many("Action"), many("NotAction"), many("Resource"), many("NotResource"),
+                   "Condition" in raw)
+
+    def applies(self, call: Call) -> bool:
+        if self.actions:
+            action_ok = any(_like(p, call.action, case=False) for p in self.actions)
+        else:
+            action_ok = not any(_like(p, call.action, case=False) for p in self.not_actions)
+        if self.resources:
+            resource_ok = any(_like(p, call.resource) for p in self.resources)
+        else:
+            resource_ok = not any(_like(p, call.resource) for p in self.not_resources)
+        return action_ok and resource_ok
+
+
+def _like(pattern: str, value: str, *, case: bool = True) -> bool:
+    """IAM's matching: ``*`` any run of characters, ``?`` one character, nothing else special."""
+    regex = "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern)
+    return re.fullmatch(regex, value, 0 if case else re.IGNORECASE) is not None
+
+
+def allowed(statements: list[Statement], call: Call) -> bool:
+    """AWS's identity-policy decision: an explicit Deny wins, then an Allow, else an implicit deny."""
+    if any(s.effect == "Deny" and s.applies(call) for s in statements):
+        return False
+    return any(s.effect == "Allow" and s.applies(call) for s in statements)
+
+
+# -- the template ------------------------------------------------------------------------------------
+class Resolver:
+    """CloudFormation's intrinsic functions over a template, with each resource's ``Ref`` and
+    ``Fn::GetAtt`` given by ``refs``/``attributes`` (the moto resources the test made) or else a
+    consistent fake ARN or name derived from the logical id."""
+
+    def __init__(self, resources: Mapping[str, Mapping[str, Any]], refs: Mapping[str, str] | None = None,
+                 attributes: Mapping[tuple[str, str], Any] | None = None) -> None:
+        self.resources = resources
+        self.refs = dict(refs or {})
+        self.attributes = dict(attributes or {})
+
+    def ref(self, logical: str) -> Any:
+        if logical in PSEUDO:
+            return PSEUDO[logical]
+        if logical in self.refs:
+            return self.refs[logical]
+        kind = self.resources[logical]["Type"]
+        if kind == "AWS::SecretsManager::SecretTargetAttachment":
+            return self.value(self.resources[logical]["Properties"]["SecretId"])
+        if kind in ("AWS::SecretsManager::Secret", "AWS::SNS::Topic"):
+            return self.get_att(logical, "Arn")
+        return logical.lower()  # names: roles, functions, clusters, buckets, parameters...
+
+    def get_att(self, logical: str, attribute: str) -> Any:
+        if (logical, attribute) in self.attributes:
+            return self.attributes[logical, attribute]
+        kind = self.resources[logical]["Type"]
+        name = self.ref(logical) if kind != "AWS::SecretsManager::Secret" else logical.lower()
+        if attribute.endswith("Endpoints"):  # lists of URLs (Amazon MQ)
+            return [f"amqps://{logical.lower()}.example:5671"]
+        if attribute != "Arn":
+            return f"{logical.lower()}.{attribute.lower()}"
+        service, path = _ARN_SHAPES.get(kind, (kind.split("::")[1].lower(), "{kind}/{name}"))
+        tail = path.format(name=name, kind=kind.split("::")[2].lower())
+        if service in ("iam", "s3"):
+            return f"arn:{PARTITION}:{service}::{ACCOUNT if service == 'iam' else ''}:{tail}"
+        return f"arn:{PARTITION}:{service}:{REGION}:{ACCOUNT}:{tail}"
+
+    def value(self, node: Any) -> Any:
+        if isinstance(node, list):
+            return [self.value(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        if len(node) != 1:
+            return {k: self.value(v) for k, v in node.items()}
+        (fn, arg), = node.items()
+        if fn == "Ref":
+            return self.ref(arg)
+        if fn == "Fn::GetAtt":
+            logical, attribute = arg if isinstance(arg, list) else arg.split(".", 1)
+            return self.get_att(logical, attribute)
+        if fn == "Fn::Join":
+            return arg[0].join(str(self.value(x)) for x in self.value(arg[1]))
+        if fn == "Fn::Select":
+            return self.value(arg[1])[int(self.value(arg[0]))]
+        if fn == "Fn::Split":
+            return str(self.value(arg[1])).split(arg[0])
+        if fn == "Fn::Sub":
+            text, extra = (arg, {}) if isinstance(arg, str) else (arg[0], self.value(arg[1]))
+            return re.sub(r"\$\{([^}]+)\}", lambda m: str(self._sub(m.group(1), extra)), text)
+        if fn == "Fn::GetAZs":
+            return [f"{REGION}a", f"{REGION}b"]
+        if fn == "Fn::ImportValue":
+            raise ValueError(f"the template imports {arg}: not resolvable here")
+        return {k: self.value(v) for k, v in node.items()}
+
+    def _sub(self, name: str, extra: Mapping[str, Any]) -> Any:
+        if name in extra:
+            return extra[name]
+        if "." in name:
+            return self.get_att(*name.split(".", 1))
+        return self.ref(name)
+
+
+_ARN_SHAPES: dict[str, tuple[str, str]] = {
+    "AWS::IAM::Role": ("iam", "role/{name}"),
+    "AWS::Lambda::Function": ("lambda", "function:{name}"),
+    "AWS::S3::Bucket": ("s3", "{name}"),
+    "AWS::ECS::Cluster": ("ecs", "cluster/{name}"),
+    "AWS::ECS::TaskDefinition": ("ecs", "task-definition/{name}:1"),
+    "AWS::SecretsManager::Secret": ("secretsmanager", "secret:{name}-AbCdEf"),
+    "AWS::MSK::Cluster": ("kafka", "cluster/{name}/11111111-2222-3333-4444-555555555555-1"),
+    "AWS::AmazonMQ::Broker": ("mq", "broker:{name}:b-11111111-2222-3333-4444-555555555555"),
+    "AWS::Logs::LogGroup": ("logs", "log-group:{name}:*"),
+    "AWS::SNS::Topic": ("sns", "{name}"),
+    "AWS::KMS::Key": ("kms", "key/{name}"),
+}
+
+
+def role_statements(resources: Mapping[str, Mapping[str, Any]], role: str,
+                    resolver: Resolver) -> list[Statement]:
+    """Every identity statement of ``role`` (logical id): inline, attached ``AWS::IAM::Policy``
+    documents naming it, and the AWS managed policies it lists."""
+    props = resources[role]["Properties"]
+    raw: list[Any] = [s for p in props.get("Policies", []) for s in p["PolicyDocument"]["Statement"]]
+    for res in resources.values():
+        if res["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy") and \
+                {"Ref": role} in res["Properties"].get("Roles", []):
+            raw.extend(res["Properties"]["PolicyDocument"]["Statement"])
+    for arn in props.get("ManagedPolicyArns", []):
+        name = str(resolver.value(arn)).split(":policy/", 1)[1]
+        if name not in MANAGED_POLICIES:
+            raise KeyError(f"{role} attaches the managed policy {name}: add it to MANAGED_POLICIES")
+        raw.extend(MANAGED_POLICIES[name])
+    return [Statement.parse(resolver.value(s)) for s in raw]
+
+
+# -- calls ----------------------------------------------------------------------------------------
+# botocore's signing name -> IAM's service prefix, where they differ.
+IAM_PREFIX = {"monitoring": "cloudwatch", "emr-serverless": "emr-serverless"}
+# (prefix, operation) -> IAM action name, where they differ.
+ACTION_NAMES = {("s3", "ListObjectsV2"): "ListBucket", ("s3", "HeadObject"): "GetObject",
+                ("s3", "HeadBucket"): "ListBucket", ("lambda", "Invoke"): "InvokeFunction"}
+
+
+def _arn(service: str, tail: str, *, region: bool = True) -> str:
+    return f"arn:{PARTITION}:{service}:{REGION if region else ''}:{ACCOUNT}:{tail}"
+
+
+def _secret(p: Mapping[str, Any]) -> list[str]:
+    sid = p["SecretId"]
+    return [sid if sid.startswith("arn:") else _arn("secretsmanager", f"secret:{sid}-??????")]
+
+
+def _parameter(name: str) -> str:
+    return _arn("ssm", "parameter" + ("" if name.startswith("/") else "/") + name.rstrip("/"))
+
+
+def _ecs(kind: str, value: str, cluster: str = "default") -> str:
+    if value.startswith("arn:"):
+        return value
+    return _arn("ecs", f"{kind}/{cluster}/{value}" if kind == "task" else f"{kind}/{value}")
+
+
+def _cluster_name(p: Mapping[str, Any]) -> str:
+    return str(p.get("cluster", "default")).rsplit("/", 1)[-1]
+
+
+# (prefix, operation) -> the resource ARNs IAM authorizes the request on ("*": no resource-level
+# permissions). A call with no rule fails the test, so a new kind of call is never waved through.
+RESOURCES: dict[tuple[str, str], Callable[[Mapping[str, Any]], list[str]]] = {
+    ("secretsmanager", "GetSecretValue"): _secret,
+    ("ssm", "GetParametersByPath"): lambda p: [_parameter(p["Path"])],
+    ("ssm", "GetParameter"): lambda p: [_parameter(p["Name"])],
+    ("ssm", "GetParameters"): lambda p: [_parameter(n) for n in p["Names"]],
+    ("ecs", "RunTask"): lambda p: [_ecs("task-definition", p["taskDefinition"])],
+    ("ecs", "ListTasks"): lambda p: [_arn("ecs", f"container-instance/{_cluster_name(p)}/*")],
+    ("ecs", "DescribeTasks"): lambda p: [_ecs("task", t, _cluster_name(p)) for t in p["tasks"]],
+    ("ecs", "StopTask"): lambda p: [_ecs("task", p["task"], _cluster_name(p))],
+    ("ecs", "TagResource"): lambda p: [p["resourceArn"]],
+    ("s3", "GetObject"): lambda p: [f"arn:{PARTITION}:s3:::{p['Bucket']}/{p['Key']}"],
+    ("s3", "PutObject"): lambda p: [f"arn:{PARTITION}:s3:::{p['Bucket']}/{p['Key']}"],
+    ("s3", "DeleteObject"): lambda p: [f"arn:{PARTITION}:s3:::{p['Bucket']}/{p['Key']}"],
+    ("s3", "ListBucket"): lambda p: [f"arn:{PARTITION}:s3:::{p['Bucket']}"],
+    ("lambda", "InvokeFunction"): lambda p: [p["FunctionName"] if p["FunctionName"].startswith("arn:")
+                                             else _arn("lambda", f"function:{p['FunctionName']}")],
+    ("logs", "CreateLogStream"): lambda p: [_arn("logs", f"log-group:{p['logGroupName']}:log-stream:"
+                                                        f"{p['logStreamName']}")],
+    ("logs", "PutLogEvents"): lambda p: [_arn("logs", f"log-group:{p['logGroupName']}:log-stream:"
+                                                     f"{p['logStreamName']}")],
+    ("cloudwatch", "PutMetricData"): lambda p: ["*"],
+    ("ecr", "GetAuthorizationToken"): lambda p: ["*"],
+    ("ecr", "BatchGetImage"): lambda p: [_arn("ecr", f"repository/{p['repositoryName']}")],
+    ("ecr", "GetDownloadUrlForLayer"): lambda p: [_arn("ecr", f"repository/{p['repositoryName']}")],
+    ("sts", "GetCallerIdentity"): lambda p: ["*"],
+}
+NO_AUTH = {("sts", "GetCallerIdentity")}  # AWS answers these whatever the policy says
+
+
+def calls_of(service: str, operation: str, params: Mapping[str, Any]) -> list[Call]:
+    """The IAM calls one API request makes (RunTask also passes the task definition's roles:
+    ``iam:PassRole``, which the recorder adds with the roles the test registered)."""
+    prefix = IAM_PREFIX.get(service, service)
+    action = ACTION_NAMES.get((prefix, operation), operation)
+    if (prefix, action) in NO_AUTH:
+        return []
+    rule = RESOURCES.get((prefix, action))
+    if rule is None:
+        raise KeyError(f"no resource rule for {prefix}:{action}: add one to tests/iam_policy.RESOURCES")
+    return [Call(f"{prefix}:{action}", resource) for resource in rule(params)]
+
+
+@contextmanager
+def recording(sink: list[dict[str, Any]]) -> Iterator[None]:
+    """Record every botocore request made by clients created inside the block (any session):
+    ``{"service", "operation", "params"}`` into ``sink``. Registered as a built-in handler, so the
+    sessions Powertools and the code under test make for themselves carry it too."""
+    from botocore import handlers
+
+    def record(params: Mapping[str, Any], model: Any, **_: Any) -> None:
+        sink.append({"service": model.service_model.signing_name, "operation": model.name,
+                     "params": json.loads(json.dumps(params, default=str))})
+
+    entry = ("provide-client-params", record)
+    handlers.BUILTIN_HANDLERS.append(entry)
+    try:
+        yield
+    finally:
+        handlers.BUILTIN_HANDLERS.remove(entry)
+
+
+def denied(statements: list[Statement], requests: list[Mapping[str, Any]]) -> list[str]:
+    """The recorded requests ``statements`` do not allow, one line each (empty: all allowed)."""
+    out = []
+    for req in requests:
+        for call in calls_of(req["service"], req["operation"], req["params"]):
+            if not allowed(statements, call):
+                out.append(str(call))
+    return out
+

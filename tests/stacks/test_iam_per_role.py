@@ -1,0 +1,407 @@
+"""IAM checked, per role: every role of the synthesized AWS template, run as its process runs on AWS.
+
+For each role (each Switchyard function, each custom resource's provider function, the ECS task and
+execution roles, the EMR job role, the scheduler roles) the test starts that process in a fresh
+interpreter (``tests/iam_probe.py``: a cold start) with exactly the environment the template gives
+it, the stack's configuration parameters put into moto's SSM and its secrets into moto's Secrets
+Manager, and runs one representative operation (a custom resource's Create, an empty batch, a
+scheduled tick, one API request, a worker's start-up). Every AWS request it makes is recorded with
+the resource it names and judged against that role's statements in the template
+(``tests/iam_policy.py``); one call the role does not allow fails the test, as does an operation
+that fails.
+
+Why not moto's own IAM enforcement: moto (``INITIAL_NO_AUTH_ACTION_COUNT``) matches resources only
+for SQS, IAM and STS and checks every other service's action against resource ``*``, so a correctly
+scoped grant (GetSecretValue on one secret's ARN) is denied and a wrong one cannot be told apart.
+
+Where the real operation needs RabbitMQ, Postgres, Redis or Kafka, the URLs (and the secret values
+that fill their placeholders) point at the local services, and names that would collide with other
+tests are made unique: ``OVERRIDES`` lists every variable changed from the template's value. Not
+exercised here, and asserted on the template instead (``test_what_the_evaluator_ignores``): IAM
+conditions, resource-based policies (Lambda permissions, bucket and secret policies), MSK's
+``kafka-cluster:*`` actions (tansu has no IAM auth; the grants are asserted in
+tests/stacks/test_switchyard_stack.py), and the event source mappings' pollers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import boto3
+import pytest
+
+from switchyard.config import Connections
+from tests.iam_policy import ACCOUNT, REGION, Call, Resolver, allowed, denied, role_statements
+
+ROOT = Path(__file__).resolve().parents[2]
+MOTO = os.environ.get("AWS_ENDPOINT_URL") or "http://127.0.0.1:5000"
+SERVICES = ("AMQP", "REDIS", "POSTGRES")
+# Roles that run CDK's own code with CDK's own policies, not a Switchyard process.
+NOT_OURS = ("NetworkVpcFlowLogIAMRole", "CustomVpcRestrictDefaultSG", "AWS679f53fac002430cb0da5b7982bd2287",
+            "LogRetention", "BusApiCloudWatchRole", "CustomS3AutoDeleteObjects")
+SCHEDULED = {"version": "0", "id": "iam-probe", "detail-type": "Scheduled Event", "source": "aws.scheduler",
+             "account": ACCOUNT, "time": "2026-01-01T00:00:00Z", "region": REGION, "resources": [],
+             "detail": {}}
+
+
+def api_event(method: str, path: str, headers: Mapping[str, str]) -> dict[str, Any]:
+    """An API Gateway (REST, proxy) request."""
+    return {"resource": "/{proxy+}", "path": path, "httpMethod": method, "headers": dict(headers),
+            "multiValueHeaders": {k: [v] for k, v in headers.items()}, "queryStringParameters": None,
+            "multiValueQueryStringParameters": None, "pathParameters": {"proxy": path.lstrip("/")},
+            "stageVariables": None, "body": None, "isBase64Encoded": False,
+            "requestContext": {"requestId": "iam-probe", "stage": "v1", "resourcePath": "/{proxy+}",
+                               "httpMethod": method, "path": f"/v1{path}",
+                               "identity": {"sourceIp": "127.0.0.1"}}}
+
+
+@dataclass
+class Probe:
+    """One process run as ``role``: ``spec`` for tests/iam_probe.py (empty: AWS itself makes the
+    calls, in ``extra``), ``env`` the template's environment, ``plain`` variables set as they are
+    (what ECS injects from secrets, what ``spark submit`` passes)."""
+
+    role: str
+    spec: dict[str, Any]
+    env: dict[str, Any] = field(default_factory=dict)
+    plain: dict[str, str] = field(default_factory=dict)
+    extra: list[Call] = field(default_factory=list)
+
+
+@dataclass
+class Deployment:
+    """The template's secrets and parameters in moto, its services on 127.0.0.1."""
+
+    resources: dict[str, dict[str, Any]]
+    resolver: Resolver
+    overrides: dict[str, str]
+    local_urls: dict[str, str]
+    config: dict[str, str]  # the stack's configuration parameters, as put into SSM
+
+    def localize(self, env: Mapping[str, Any]) -> dict[str, str]:
+        """The resolved ``env`` with the service URLs pointed at the local services (same
+        placeholders: the secret keys the template's URL names are the ones the code fills)."""
+        out = {}
+        for name, raw in env.items():
+            value = str(self.resolver.value(raw))
+            if name in self.local_urls:
+                assert _fields(value) == _fields(self.local_urls[name]), (name, value)
+                value = self.local_urls[name]
+            out[name] = self.overrides.get(name, value)
+        return out
+
+    def process_env(self, env: Mapping[str, Any]) -> dict[str, str]:
+        return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "PYTHONPATH": str(ROOT),
+                "AWS_ENDPOINT_URL": MOTO, "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION,
+                "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                "POWERTOOLS_TRACE_DISABLED": "true", **self.localize(env)}
+
+
+def _fields(url: str) -> set[str]:
+    from string import Formatter
+
+    return {f for _, f, _, _ in Formatter().parse(url) if f}
+
+
+def _local() -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """Each service URL of the local stack as a template, and the secret values that fill it."""
+    local = Connections.from_env()
+    amqp, mgmt = urlsplit(local.amqp_url), urlsplit(local.management_url)
+    redis_, pg = urlsplit(local.redis_url), urlsplit(local.postgres_dsn)
+    urls = {
+        "SWITCHYARD_AMQP_URL": f"{amqp.scheme}://{{username}}:{{password}}@{amqp.hostname}:"
+                               f"{amqp.port or 5672}{amqp.path}",
+        "SWITCHYARD_MANAGEMENT_URL": f"{mgmt.scheme}://{{username}}:{{password}}@{mgmt.hostname}:{mgmt.port}",
+        "SWITCHYARD_REDIS_URL": f"{redis_.scheme}://:{{password}}@{redis_.hostname}:{redis_.port or 6379}"
+                                f"{redis_.path}",
+        "SWITCHYARD_POSTGRES_DSN": "postgresql://{username}:{password}@{host}:{port}/{dbname}",
+        "SWITCHYARD_KAFKA_BOOTSTRAP": local.kafka_bootstrap,
+    }
+    secrets = {
+        "AMQP": {"username": unquote(amqp.username or ""), "password": unquote(amqp.password or "")},
+        "REDIS": {"password": unquote(redis_.password or "")},
+        "POSTGRES": {"username": pg.username or "", "password": unquote(pg.password or ""),
+                     "host": pg.hostname or "", "port": str(pg.port or 5432), "dbname": pg.path.lstrip("/")},
+    }
+    return urls, secrets
+
+
+def _of_kind(resources: Mapping[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in resources.items() if v["Type"] == kind}
+
+
+def _secret_logical(resources: Mapping[str, Any], ref: Any) -> str:
+    logical = ref["Ref"]
+    if resources[logical]["Type"] == "AWS::SecretsManager::SecretTargetAttachment":
+        return resources[logical]["Properties"]["SecretId"]["Ref"]
+    return logical
+
+
+@pytest.fixture(scope="module")
+def deployment(resources: dict[str, dict[str, Any]]) -> Iterator[Deployment]:
+    tag = uuid.uuid4().hex[:8]
+    local_urls, local_secrets = _local()
+    params = {v["Properties"]["Name"]: v["Properties"]["Value"]
+              for v in _of_kind(resources, "AWS::SSM::Parameter").values()}
+    by_variable = {name.rsplit("/", 1)[1]: value for name, value in params.items()}
+    service_secret = {_secret_logical(resources, by_variable[f"SWITCHYARD_{s}_SECRET_ARN"]): s
+                      for s in SERVICES if f"SWITCHYARD_{s}_SECRET_ARN" in by_variable}
+    sm = boto3.client("secretsmanager", endpoint_url=MOTO, region_name=REGION)
+    refs: dict[str, str] = {}
+    for logical, res in _of_kind(resources, "AWS::SecretsManager::Secret").items():
+        if logical in service_secret:
+            value = local_secrets[service_secret[logical]]
+        else:
+            generate = res["Properties"].get("GenerateSecretString", {})
+            value = {**json.loads(generate.get("SecretStringTemplate", "{}")),
+                     generate.get("GenerateStringKey", "value"): "iam-probe-" + tag}
+        refs[logical] = sm.create_secret(Name=f"{logical}-{tag}", SecretString=json.dumps(value))["ARN"]
+    pool, schema = f"iam{tag}", f"iam_{tag}"
+    topics = (f"iam-in-{tag}", f"iam-out-{tag}")
+    overrides = {"SWITCHYARD_KAFKA_AUTH": "none",  # tansu speaks no MSK IAM auth
+                 "SWITCHYARD_POOL": pool, "WORKER_POOL": pool, "IAM_PROBE_POOL": pool,
+                 "SWITCHYARD_DELAY_SCHEMA": schema, "SWITCHYARD_DELAY_INPUT_TOPIC": topics[0],
+                 "SWITCHYARD_DELAY_OUTPUT_TOPIC": topics[1], "SWITCHYARD_BUS_NAME": f"iam{tag}"}
+    for logical in _of_kind(resources, "AWS::ECS::Cluster"):
+        refs[logical] = f"iam-{tag}"
+    resolver = Resolver(resources, refs)
+    dep = Deployment(resources, resolver, overrides, local_urls, {})
+    dep.config = dep.localize({name.rsplit("/", 1)[1]: value for name, value in params.items()})
+    ssm = boto3.client("ssm", endpoint_url=MOTO, region_name=REGION)
+    for name in params:
+        ssm.put_parameter(Name=name, Value=dep.config[name.rsplit("/", 1)[1]], Type="String", Overwrite=True)
+    _make_aws_resources(dep, tag)
+    cleanup = _make_local_resources(pool, schema, topics)
+    try:
+        yield dep
+    finally:
+        cleanup()
+        ssm.delete_parameters(Names=list(params))
+        for arn in refs.values():
+            if arn.startswith("arn:aws:secretsmanager"):
+                sm.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
+
+
+def _make_aws_resources(dep: Deployment, tag: str) -> None:
+    """In moto: the ECS cluster and task definitions (the control plane runs and lists tasks),
+    the workers' log groups and the image repository (the ECS agent's calls)."""
+    ecs = boto3.client("ecs", endpoint_url=MOTO, region_name=REGION)
+    logs = boto3.client("logs", endpoint_url=MOTO, region_name=REGION)
+    ecr = boto3.client("ecr", endpoint_url=MOTO, region_name=REGION)
+    for logical in _of_kind(dep.resources, "AWS::ECS::Cluster"):
+        ecs.create_cluster(clusterName=dep.resolver.ref(logical))
+    for task in _of_kind(dep.resources, "AWS::ECS::TaskDefinition").values():
+        props = dep.resolver.value(task["Properties"])
+        containers = [{"name": c["Name"], "image": c["Image"], "memory": c["Memory"]}
+                      for c in props["ContainerDefinitions"]]
+        ecs.register_task_definition(family=props["Family"], containerDefinitions=containers,
+                                     requiresCompatibilities=["FARGATE"], networkMode="awsvpc",
+                                     cpu=props["Cpu"], memory=props["Memory"],
+                                     taskRoleArn=props["TaskRoleArn"],
+                                     executionRoleArn=props["ExecutionRoleArn"])
+        for c in props["ContainerDefinitions"]:
+            group = c["LogConfiguration"]["Options"]["awslogs-group"]
+            if group not in {g["logGroupName"] for g in logs.describe_log_groups(
+                    logGroupNamePrefix=group)["logGroups"]}:
+                logs.create_log_group(logGroupName=group)
+            repository = c["Image"].split("/", 1)[1].split(":")[0]
+            if repository not in {r["repositoryName"] for r in ecr.describe_repositories()["repositories"]}:
+                ecr.create_repository(repositoryName=repository)
+
+
+def _make_local_resources(pool: str, schema: str, topics: tuple[str, str]) -> Any:
+    """The pool, the delay schema and topics the probes work on (unique names), and their cleanup."""
+    import psycopg
+
+    from switchyard import deploy
+    from tests.delay.conftest import delete_topics
+    from tests.rpc.conftest import delete_pool
+
+    local = Connections.from_env()
+    deploy.declare_pools({"RequestType": "Create", "ResourceProperties": {"Pools": [pool]}})
+    os.environ["SWITCHYARD_DELAY_SCHEMA"], previous = schema, os.environ.get("SWITCHYARD_DELAY_SCHEMA")
+    try:
+        deploy.migrate_delay_schema({"RequestType": "Create", "ResourceProperties": {"Schema": schema}})
+    finally:
+        os.environ.pop("SWITCHYARD_DELAY_SCHEMA") if previous is None else \
+            os.environ.__setitem__("SWITCHYARD_DELAY_SCHEMA", previous)
+    from confluent_kafka.admin import AdminClient
+
+    deploy.create_topics({"RequestType": "Create", "ResourceProperties": {
+        "Topics": list(topics), "Partitions": 1, "ReplicationFactor": 1}},
+        AdminClient({"bootstrap.servers": local.kafka_bootstrap}))
+
+    def cleanup() -> None:
+        from switchyard.rpc.settings import RpcSettings
+
+        delete_pool(RpcSettings.from_env(), pool)
+        with psycopg.connect(local.postgres_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        delete_topics(local.kafka_bootstrap, *topics)
+
+    return cleanup
+
+
+# -- the probes, one per role ---------------------------------------------------------------------------
+def _role_of(arn: Mapping[str, Any]) -> str:
+    return arn["Fn::GetAtt"][0]
+
+
+def _events(dep: Deployment) -> dict[str, Any]:
+    """A representative invocation per handler module: a custom resource's Create on the probe's own
+    names, an empty batch, a scheduled tick, one authenticated API request (refused: wrong token)."""
+    broker = dep.resolver.get_att(next(iter(_of_kind(dep.resources, "AWS::AmazonMQ::Broker"))), "Arn")
+    kafka = dep.resolver.get_att(next(iter(_of_kind(dep.resources, "AWS::MSK::Cluster"))), "Arn")
+    o = dep.overrides
+    rmq = {"eventSource": "aws:rmq", "eventSourceArn": broker, "rmqMessagesByQueue": {}}
+    return {
+        "deploy_pools": {"RequestType": "Create", "ResourceProperties": {"Pools": [o["SWITCHYARD_POOL"]]}},
+        "deploy_delay_schema": {"RequestType": "Create",
+                                "ResourceProperties": {"Schema": o["SWITCHYARD_DELAY_SCHEMA"]}},
+        "deploy_topics": {"RequestType": "Create", "ResourceProperties": {
+            "Topics": [o["SWITCHYARD_DELAY_INPUT_TOPIC"]], "Partitions": 1, "ReplicationFactor": 1}},
+        "rpc_orphans": rmq, "rpc_dead_letters": rmq, "rpc_activity": rmq,
+        "rpc_reconcile": SCHEDULED, "delay_fire": SCHEDULED, "delay_sweep": SCHEDULED,
+        "bus_housekeeping": SCHEDULED,
+        "delay_enqueue": {"eventSource": "aws:kafka", "eventSourceArn": kafka,
+                          "bootstrapServers": "127.0.0.1:9092", "records": {}},
+        "bus_api": api_event("GET", "/api_tokens", {"Authorization": "Basic aWFtOnByb2Jl"}),
+        "pending_api": api_event("GET", "/endpoints/example/next", {"Authorization": "Bearer iam-probe"}),
+    }
+
+
+def _lambda_probes(dep: Deployment) -> list[Probe]:
+    events, probes = _events(dep), []
+    for fn in _of_kind(dep.resources, "AWS::Lambda::Function").values():
+        props = fn["Properties"]
+        module, handler = props["Handler"].rsplit(".", 1)
+        env = props.get("Environment", {}).get("Variables", {})
+        if module in events:
+            probes.append(Probe(_role_of(props["Role"]), {"kind": "lambda", "module": module,
+                                                          "handler": handler, "event": events[module]}, env))
+        elif module == "framework" and "USER_ON_EVENT_FUNCTION_ARN" in env:
+            # A custom resource's Provider framework (CDK's code) invokes the user's function.
+            target = str(dep.resolver.value(env["USER_ON_EVENT_FUNCTION_ARN"]))
+            probes.append(Probe(_role_of(props["Role"]), {}, extra=[Call("lambda:InvokeFunction", target)]))
+    return probes
+
+
+def _ecs_probes(dep: Deployment) -> list[Probe]:
+    """Per task definition: the container's start-up as its task role, the ECS agent's calls
+    (image, secrets, logs) as its execution role."""
+    sm = boto3.client("secretsmanager", endpoint_url=MOTO, region_name=REGION)
+    probes = []
+    for task in _of_kind(dep.resources, "AWS::ECS::TaskDefinition").values():
+        props = task["Properties"]
+        (container,) = props["ContainerDefinitions"]
+        resolved = dep.resolver.value(container)
+        injected = {}
+        for secret in resolved.get("Secrets", []):  # ARN:key:: -> the key's value, as ECS injects it
+            arn, key = secret["ValueFrom"].rsplit(":", 3)[:2]
+            injected[secret["Name"]] = json.loads(sm.get_secret_value(SecretId=arn)["SecretString"])[key]
+        target = "bus_worker" if container["Command"][:1] == ["bus"] else "rpc_worker"
+        env = {e["Name"]: e["Value"] for e in container.get("Environment", [])}
+        probes.append(Probe(_role_of(props["TaskRoleArn"]),
+                            {"kind": "call", "target": f"tests.iam_probe:{target}"}, env, injected))
+        options = resolved["LogConfiguration"]["Options"]
+        agent = [sorted({s["ValueFrom"].rsplit(":", 3)[0] for s in resolved.get("Secrets", [])}),
+                 options["awslogs-group"], f"{options['awslogs-stream-prefix']}/probe/{uuid.uuid4().hex}",
+                 resolved["Image"].split("/", 1)[1].split(":")[0]]
+        probes.append(Probe(_role_of(props["ExecutionRoleArn"]),
+                            {"kind": "call", "target": "tests.iam_probe:ecs_agent", "args": agent}))
+    return probes
+
+
+def _scheduler_probes(dep: Deployment) -> list[Probe]:
+    """EventBridge Scheduler invokes the target with the schedule's role (AWS's call, recorded as such)."""
+    probes = []
+    for schedule in _of_kind(dep.resources, "AWS::Scheduler::Schedule").values():
+        target = schedule["Properties"]["Target"]
+        probes.append(Probe(_role_of(target["RoleArn"]), {},
+                            extra=[Call("lambda:InvokeFunction", str(dep.resolver.value(target["Arn"])))]))
+    return probes
+
+
+def _emr_probe(dep: Deployment) -> Probe:
+    """The publish job as ``switchyard spark submit --stack`` starts it: with the variables it passes."""
+    import argparse
+
+    from switchyard.spark.emr import spec_from_args
+
+    role = next(k for k, v in _of_kind(dep.resources, "AWS::IAM::Role").items()
+                if "emr-serverless" in json.dumps(v["Properties"]["AssumeRolePolicyDocument"]))
+    args = argparse.Namespace(
+        bucket=None, entry_point="s3://pipeline/publish_requests.py", archive="s3://pipeline/env.tar.gz",
+        logs="s3://pipeline/logs/", application_id="app1", role_arn=dep.resolver.get_att(role, "Arn"),
+        job_args=[], env=[], name="iam-probe")
+    job_env = dict(spec_from_args(args, {}, dep.config).env)
+    return Probe(role, {"kind": "call", "target": "tests.iam_probe:emr_job"},
+                 plain={k: dep.overrides.get(k, v) for k, v in job_env.items()})
+
+
+def _run(dep: Deployment, probe: Probe) -> dict[str, Any]:
+    if not probe.spec:
+        return {"requests": [], "error": None}
+    env = {**dep.process_env(probe.env), **probe.plain, "IAM_PROBE_POOL": dep.overrides["IAM_PROBE_POOL"]}
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out_path = Path(tmp, "spec.json"), Path(tmp, "out.json")
+        spec_path.write_text(json.dumps(probe.spec))
+        done = subprocess.run([sys.executable, "-m", "tests.iam_probe", str(spec_path), str(out_path)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+        if not out_path.exists():
+            return {"requests": [], "error": f"the probe did not finish: {done.stderr[-2000:]}"}
+        return json.loads(out_path.read_text())
+
+
+def _pass_roles(dep: Deployment, requests: list[dict[str, Any]]) -> list[Call]:
+    """RunTask passes the task definition's roles: IAM checks ``iam:PassRole`` on each."""
+    roles = {}
+    for task in _of_kind(dep.resources, "AWS::ECS::TaskDefinition").values():
+        props = dep.resolver.value(task["Properties"])
+        roles[props["Family"]] = [props["TaskRoleArn"], props["ExecutionRoleArn"]]
+    run_task = [r for r in requests if (r["service"], r["operation"]) == ("ecs", "RunTask")]
+    return [Call("iam:PassRole", arn) for r in run_task
+            for arn in roles[r["params"]["taskDefinition"].rsplit("/", 1)[-1].split(":")[0]]]
+
+
+@pytest.fixture(scope="module")
+def probed(deployment: Deployment) -> list[tuple[Probe, dict[str, Any]]]:
+    probes = [*_lambda_probes(deployment), *_ecs_probes(deployment), *_scheduler_probes(deployment),
+              _emr_probe(deployment)]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        return list(zip(probes, pool.map(lambda p: _run(deployment, p), probes), strict=True))
+
+
+def test_every_role_of_the_template_is_probed(resources: dict[str, Any],
+                                               probed: list[tuple[Probe, dict[str, Any]]]) -> None:
+    roles = set(_of_kind(resources, "AWS::IAM::Role"))
+    unprobed = {r for r in roles - {p.role for p, _ in probed} if not r.startswith(NOT_OURS)}
+    assert not unprobed, f"roles no probe runs as (add one to this test): {sorted(unprobed)}"
+
+
+def test_every_aws_call_of_every_role_is_allowed_by_its_statements(
+        deployment: Deployment, probed: list[tuple[Probe, dict[str, Any]]]) -> None:
+    failures, summary = [], []
+    for probe, result in probed:
+        statements = role_statements(deployment.resources, probe.role, deployment.resolver)
+        extra = [*probe.extra, *_pass_roles(deployment, result["requests"])]
+        refused = [*denied(statements, result["requests"]),
+                   *(str(c) for c in extra if not allowed(statements, c))]
+        what = probe.spec.get("module") or probe.spec.get("target") or "AWS on its behalf"
+        summary.append(f"{probe.role} ({what}): {len(result['requests']) + len(extra)} calls")
+        failures += [f"{probe.role} ({what}) is not allowed {call}" for call in dict.fromkeys(refused)]
+        if result["error"]:
+            failures.append(f"{probe.role} ({what}) failed: {result['error'].strip().splitlines()[-1]}")
+    print("\n".join(summary))
+    assert not failures, "\n".join(failures)
