@@ -61,8 +61,13 @@ class ImportResult:
 
 
 def base_python() -> str:
-    """The interpreter behind the venv (a venv's python would add the venv's site-packages)."""
-    return getattr(sys, "_base_executable", None) or sys.executable
+    """The interpreter of the Lambda runtime's Python that layers/build.sh compiled the layer with (it
+    records the path in the layer's ``.python``): not the venv's, which is the project's 3.11 and would
+    add the venv's site-packages."""
+    recorded = LAYER / ".python"
+    if not recorded.is_file():
+        raise SystemExit(f"{recorded} is missing: run layers/build.sh first")
+    return recorded.read_text().strip()
 
 
 def handlers() -> dict[str, str]:

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Build the Lambda layer directory for Switchyard's functions:
-#   layers/build/switchyard/python/   <- requirements.txt (manylinux x86_64, CPython 3.11) + switchyard/
+#   layers/build/switchyard/python/   <- requirements.txt (manylinux wheels for the platform of
+#                                        stacks/constants.py: PYTHON_VERSION, CPU_ARCHITECTURE) + switchyard/
 # Usage: layers/build.sh [OUTPUT_DIR]   (default: layers/build/switchyard; LAYER_FORCE=1 rebuilds)
-# Runs on any Linux machine with Python 3.11 and pip; downloads wheels only (pip's own cache,
-# outside the repository, keeps them), compiles no C. Skips the build when its inputs (pins,
-# the switchyard package, this script, the interpreter) are unchanged since the last one.
+# Runs on any Linux machine with pip and an interpreter of the Lambda runtime's Python (it compiles
+# the bytecode Lambda loads, and bench/layer_imports.py imports the handlers with it: its path is kept
+# in OUTPUT_DIR/.python). LAYER_PYTHON names one; else python3.X on PATH, pyenv's, or /usr/bin's.
+# Downloads wheels only (pip's own cache, outside the repository, keeps them), compiles no C. Skips
+# the build when its inputs (pins, the switchyard package, this script, the interpreters) are unchanged.
 # Fails if the layer passes Lambda's 250 MB unzipped limit (layer + function code).
 set -euo pipefail
 
@@ -13,12 +16,43 @@ OUT="${1:-$ROOT/layers/build/switchyard}"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || PY="$(command -v python3.11 || command -v python3)"
 
+# The platform, from the one place the stack reads it too.
+constant() { sed -n "s/^$1 = \"\(.*\)\".*/\1/p" "$ROOT/stacks/constants.py"; }
+VERSION="$(constant PYTHON_VERSION)"
+ARCH="$(constant CPU_ARCHITECTURE)"
+[ -n "$VERSION" ] && [ -n "$ARCH" ] || { echo "layers: error: PYTHON_VERSION/CPU_ARCHITECTURE not found in stacks/constants.py" >&2; exit 1; }
+case "$ARCH" in x86_64) WHEEL_ARCH=x86_64 ;; arm64) WHEEL_ARCH=aarch64 ;; *) echo "layers: error: CPU_ARCHITECTURE $ARCH" >&2; exit 1 ;; esac
+ABI="cp${VERSION/./}"
+
+runs_version() { [ -n "$1" ] && "$1" -c "import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$VERSION'.split('.'))))" 2>/dev/null; }
+find_layer_python() {
+    local cand
+    for cand in "${LAYER_PYTHON:-}" "$(command -v "python$VERSION" || true)" \
+        "$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$VERSION".*/bin/python"$VERSION" 2>/dev/null | sort -V | tail -1)" \
+        "/usr/bin/python$VERSION" "/usr/local/bin/python$VERSION"; do
+        if runs_version "$cand"; then
+            echo "$cand"
+            return 0
+        fi
+    done
+    return 1
+}
+LAYER_PY="$(find_layer_python)" || {
+    echo "layers: error: no Python $VERSION interpreter found (the Lambda runtime is python$VERSION)." >&2
+    echo "  Install one (pyenv install $VERSION, or Debian 13's python$VERSION) or set LAYER_PYTHON." >&2
+    exit 1
+}
+# Lambda's runtime is a Linux build of CPython on this architecture: the import check needs the same.
+[ "$(uname -m)" = "$WHEEL_ARCH" ] || echo "layers: warning: building $WHEEL_ARCH wheels on $(uname -m): bench/layer_imports.py cannot import them here" >&2
+
 TARGET="$OUT/python"
 LIMIT_BYTES=$((250 * 1000 * 1000))
 
 inputs_hash() {
     (
         "$PY" -c 'import sys; print(sys.version)'
+        "$LAYER_PY" -c 'import sys; print(sys.version)'
+        echo "$VERSION $ARCH"
         cd "$ROOT" && sha256sum requirements.txt constraints.txt layers/build.sh
         find switchyard -name '__pycache__' -prune -o -type f -print | LC_ALL=C sort | xargs sha256sum
     ) | sha256sum | cut -d' ' -f1
@@ -39,6 +73,7 @@ check_size() {
 WANT="$(inputs_hash)"
 if [ "${LAYER_FORCE:-0}" != 1 ] && [ -f "$OUT/.inputs.sha256" ] && [ "$(cat "$OUT/.inputs.sha256")" = "$WANT" ]; then
     echo "layers: $OUT is up to date (inputs unchanged; LAYER_FORCE=1 rebuilds)"
+    echo "$LAYER_PY" >"$OUT/.python"
     check_size
     exit 0
 fi
@@ -46,11 +81,11 @@ fi
 rm -rf "$OUT"
 mkdir -p "$TARGET"
 
-echo "layers: installing requirements.txt for manylinux x86_64 / CPython 3.11 into $TARGET"
+echo "layers: installing requirements.txt for manylinux $WHEEL_ARCH / CPython $VERSION into $TARGET"
 "$PY" -m pip install --disable-pip-version-check --no-input -q \
     --target "$TARGET" \
-    --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-    --implementation cp --python-version 3.11 --abi cp311 \
+    --platform "manylinux2014_$WHEEL_ARCH" --platform "manylinux_2_28_$WHEEL_ARCH" \
+    --implementation cp --python-version "$VERSION" --abi "$ABI" \
     --only-binary=:all: \
     -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt"
 
@@ -68,8 +103,9 @@ find "$TARGET" -name '*.dist-info' -type d -path '*/tests/*' -prune -exec rm -rf
 
 # Ship bytecode: /opt is read-only in Lambda, so without it every cold start compiles every module.
 # unchecked-hash pycs stay valid whatever mtimes the zip gives the sources.
-echo "layers: compiling bytecode"
-"$PY" -m compileall -q -j 0 --invalidation-mode unchecked-hash "$TARGET" >/dev/null
+echo "layers: compiling bytecode with $LAYER_PY"
+"$LAYER_PY" -m compileall -q -j 0 --invalidation-mode unchecked-hash "$TARGET" >/dev/null
 
+echo "$LAYER_PY" >"$OUT/.python"  # the interpreter bench/layer_imports.py imports the handlers with
 echo "$WANT" >"$OUT/.inputs.sha256"
 check_size

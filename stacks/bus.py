@@ -30,6 +30,7 @@ from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.monitoring import PERIOD, AlarmSpec, MonitoringConstruct
 from stacks.network import NetworkConstruct, allow_from
+from stacks.platform import fargate_platform, worker_image
 from stacks.workers import WorkersConstruct
 from switchyard.observability import BUS_SERVICE
 
@@ -133,14 +134,11 @@ class BusConstruct(Construct):
             family="switchyard-bus-worker",
             cpu=BUS_WORKER_CPU,
             memory_limit_mib=BUS_WORKER_MEMORY_MIB,
-            runtime_platform=ecs.RuntimePlatform(
-                cpu_architecture=ecs.CpuArchitecture.X86_64,
-                operating_system_family=ecs.OperatingSystemFamily.LINUX,
-            ),
+            runtime_platform=fargate_platform(),
         )
         task.add_container(
             "bus-worker",
-            image=ecs.ContainerImage.from_asset(str(REPO_ROOT), file="Dockerfile"),
+            image=worker_image(),
             command=["bus", "worker"],  # the image's entrypoint is `switchyard`
             essential=True,
             memory_limit_mib=BUS_WORKER_MEMORY_MIB,

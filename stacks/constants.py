@@ -90,6 +90,13 @@ EXAMPLE_POOL = "core"
 MAX_POOL_NAME_CHARS = 32
 POSTGRES_VERSIONS = {"15": "VER_15", "16": "VER_16", "17": "VER_17"}
 
+# Platform (stacks/platform.py): the Lambda runtime python{PYTHON_VERSION} on CPU_ARCHITECTURE, the
+# layer's wheels (layers/build.sh reads both lines), the worker image's python:{PYTHON_VERSION}-slim
+# and the Fargate tasks' CPU. 3.13: the newest Lambda Python that this project's machines can build
+# and import-test a layer for (README, "Runtime and platform").
+PYTHON_VERSION = "3.13"
+CPU_ARCHITECTURE = "x86_64"
+
 # Lambda
 LAYER_DIR = "layers/build/switchyard"  # what layers/build.sh writes, relative to the repository
 FUNCTIONS_DIR = "functions"

@@ -1,9 +1,9 @@
 """Lambda: the layer, every handler of ``functions/``, their event sources, schedules and the
 deploy-time custom resources (pools declared, delay schema migrated, delay topics created).
 
-Every function: Python 3.11 with the one layer, Powertools' environment (service, metrics
-namespace, log level), X-Ray active tracing, the private subnets with the functions' security
-group, and a role holding only what its handler touches. Connection URLs carry placeholders that
+Every function: the Python and CPU of ``stacks/platform.py``, the one layer, Powertools' environment
+(service, metrics namespace, log level), X-Ray active tracing, the private subnets with the functions'
+security group, and a role holding only what its handler touches. Connection URLs carry placeholders that
 the runtime fills from Secrets Manager (``switchyard/aws_secrets.py``): no secret value is in the
 template or in a function's configuration.
 """
@@ -32,6 +32,7 @@ from stacks.config import ConfigError, DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
 from stacks.network import NetworkConstruct
 from stacks.parameters import DELAY_CONSUMER_GROUP, ConfigParametersConstruct, ServiceEndpoints
+from stacks.platform import lambda_architecture, lambda_runtime
 from stacks.workers import WorkersConstruct, worker_family
 from switchyard.deployed_config import CONFIG_PATH_ENV
 from switchyard.observability import DELAY_SERVICE, DEPLOY_SERVICE, pool_service
@@ -120,8 +121,8 @@ class FunctionsConstruct(Construct):
             self,
             "Layer",
             code=lambda_.Code.from_asset(str(path)),
-            compatible_runtimes=[lambda_.Runtime.PYTHON_3_11],
-            compatible_architectures=[lambda_.Architecture.X86_64],
+            compatible_runtimes=[lambda_runtime()],
+            compatible_architectures=[lambda_architecture()],
             description="Switchyard: pinned requirements.txt and the switchyard package (layers/build.sh)",
             removal_policy=RemovalPolicy.RETAIN,
         )
@@ -146,8 +147,8 @@ class FunctionsConstruct(Construct):
         fn = lambda_.Function(
             self,
             construct_id,
-            runtime=lambda_.Runtime.PYTHON_3_11,
-            architecture=lambda_.Architecture.X86_64,
+            runtime=lambda_runtime(),
+            architecture=lambda_architecture(),
             code=self.code,
             handler=f"{module}.{handler}",
             layers=[self.layer],

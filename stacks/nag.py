@@ -33,8 +33,9 @@ REASONS = {
         "source mapping's pollers need. Every data-service action names its resource."
     ),
     "L1": (
-        "The project runs on CPython 3.11 (pyproject, layers/build.sh downloads cp311 wheels, the image "
-        "is python:3.11); moving the runtime means rebuilding and retesting the layer, not a config flip."
+        "Python 3.13 (stacks/platform.py), not 3.14: the layer's handlers are import-tested from the layer "
+        "in the runtime's interpreter before every deploy, and no 3.14 interpreter installs on this "
+        "project's machines (none in Debian 12 or from PyPI); README, 'Runtime and platform'."
     ),
 }
 

@@ -20,6 +20,7 @@ from stacks import constants as c
 from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig, PoolConfig
 from stacks.network import NetworkConstruct
+from stacks.platform import fargate_platform, worker_image
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +58,7 @@ class WorkersConstruct(Construct):
         if pool.image:
             return ecs.ContainerImage.from_registry(pool.image)
         if self._built_image is None:  # one asset (one build, one push) for every pool using it
-            self._built_image = ecs.ContainerImage.from_asset(str(REPO_ROOT), file="Dockerfile")
+            self._built_image = worker_image()
         return self._built_image
 
     def _task_definition(self, pool: PoolConfig) -> ecs.FargateTaskDefinition:
@@ -67,10 +68,7 @@ class WorkersConstruct(Construct):
             family=worker_family(pool.name),
             cpu=pool.cpu,
             memory_limit_mib=pool.memory_mib,
-            runtime_platform=ecs.RuntimePlatform(
-                cpu_architecture=ecs.CpuArchitecture.X86_64,
-                operating_system_family=ecs.OperatingSystemFamily.LINUX,
-            ),
+            runtime_platform=fargate_platform(),
         )
         task.add_container(
             c.WORKER_CONTAINER,

@@ -251,7 +251,7 @@ def test_every_handler_is_deployed_with_layer_tracing_vpc_and_powertools(resourc
     for module, fns in functions.items():
         for fn in fns.values():
             props = fn["Properties"]
-            assert props["Runtime"] == "python3.11", module
+            assert props["Runtime"] == f"python{c.PYTHON_VERSION}", module  # tests/stacks/test_platform.py
             assert props["Layers"] == [{"Ref": layer}], module
             assert props["TracingConfig"] == {"Mode": "Active"}, module
             assert props["VpcConfig"]["SecurityGroupIds"], module
