@@ -9,12 +9,13 @@ import sys
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from stacks.application import build_app
+from stacks.application import build_app, stacks_of
 
 if __name__ == "__main__":
     # Under the cdk CLI, CDK_OUTDIR says where to write; run directly, write to ./cdk.out.
     outdir = None if os.environ.get("CDK_OUTDIR") else "cdk.out"
-    app, stack = build_app(outdir=outdir)
+    app, _ = build_app(outdir=outdir)
     assembly = app.synth()
     if outdir:
-        print(f"synthesized {stack.stack_name} to {assembly.directory}", file=sys.stderr)
+        names = ", ".join(stack.stack_name for stack in stacks_of(app))
+        print(f"synthesized {names} to {assembly.directory}", file=sys.stderr)

@@ -19,6 +19,7 @@ from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
+from stacks.names import physical_name
 from stacks.network import NetworkConstruct
 
 
@@ -54,7 +55,7 @@ class AnalyticsConstruct(Construct):
         self.application = emr.CfnApplication(
             self,
             "Spark",
-            name="switchyard-pipeline",
+            name=physical_name(self, "pipeline", max_length=c.EMR_APPLICATION_NAME_CHARS),
             release_label=c.EMR_RELEASE,
             type="SPARK",
             network_configuration=emr.CfnApplication.NetworkConfigurationProperty(

@@ -7,13 +7,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import App
+from aws_cdk import App, Stack
 
 from stacks import constants as c
 from stacks import nag
 from stacks.config import ConfigError
 from stacks.localstack_stack import LocalStackTargetStack
 from stacks.switchyard_stack import SwitchyardStack
+from switchyard.deployed_config import STACK_NAME_RE
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
@@ -32,7 +33,9 @@ def build_app(
 
     ``context`` entries override cdk.json's, which are always applied first. The target is the
     ``switchyard:target`` context: ``aws`` (default, ``SwitchyardStack``) or ``localstack``
-    (``SwitchyardLocal``: what LocalStack hosts; see stacks/localstack_stack.py).
+    (``SwitchyardLocal``: what LocalStack hosts; see stacks/localstack_stack.py). The AWS target
+    builds one stack per name in ``switchyard:stacks`` (staging beside production: their physical
+    names derive from their stack names); the first is returned, ``stacks_of(app)`` gives all.
     """
     app = App(context={**cdk_json_context(), **(context or {})}, outdir=outdir)
     target = app.node.try_get_context(c.CTX_TARGET) or c.TARGET_AWS
@@ -43,7 +46,32 @@ def build_app(
         stack = LocalStackTargetStack(app)
         nag.acknowledge_localstack(stack)
     else:
-        stack = SwitchyardStack(app)
-        nag.acknowledge(stack)
+        names = stack_names(app.node.try_get_context(c.CTX_STACKS))
+        aws_stacks = [SwitchyardStack(app, name) for name in names]
+        for each in aws_stacks:
+            nag.acknowledge(each)
+        stack = aws_stacks[0]
     nag.apply_checks(app)
     return app, stack
+
+
+def stack_names(raw: Any) -> list[str]:
+    """The ``switchyard:stacks`` context: a list of distinct stack names (a JSON string from ``-c``)."""
+    if raw is None:
+        return [c.STACK_ID]
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{c.CTX_STACKS}: not valid JSON ({exc})") from exc
+    names = raw if isinstance(raw, list) else []
+    valid = all(isinstance(n, str) and STACK_NAME_RE.match(n) for n in names)
+    if not names or not valid or len(set(names)) != len(names):
+        raise ConfigError(f"{c.CTX_STACKS} must be a list of distinct stack names (letters, digits and "
+                          f"hyphens, starting with a letter), got {raw!r}")
+    return list(names)
+
+
+def stacks_of(app: App) -> list[Stack]:
+    """Every stack of the app, in the order they were made."""
+    return [child for child in app.node.children if isinstance(child, Stack)]

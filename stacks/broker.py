@@ -13,6 +13,7 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from stacks import constants as c
+from stacks.names import physical_name
 from stacks.network import allow_from
 
 
@@ -121,7 +122,7 @@ class BrokerConstruct(Construct):
         return amazonmq.CfnBroker(
             self,
             c.BROKER_ID,
-            broker_name=c.BROKER_NAME,
+            broker_name=physical_name(self, c.BROKER_NAME_SUFFIX, max_length=c.BROKER_NAME_CHARS),
             engine_type=c.BROKER_ENGINE,
             engine_version=s.engine_version,
             host_instance_type=s.instance_type,

@@ -29,6 +29,7 @@ from stacks import constants as c
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.monitoring import PERIOD, AlarmSpec, MonitoringConstruct
+from stacks.names import physical_name
 from stacks.network import NetworkConstruct, allow_from
 from stacks.platform import fargate_platform, worker_image
 from stacks.workers import WorkersConstruct
@@ -85,7 +86,8 @@ class BusConstruct(Construct):
         functions._read_secrets(self.api_function, data.redis_secret, self.root_key)
         self.housekeeping = functions._function(
             "BusHousekeeping", "bus_housekeeping", service=BUS_SERVICE, environment=env,
-            timeout_s=BUS_HOUSEKEEPING_TIMEOUT_S, reserved_concurrency=1)
+            timeout_s=BUS_HOUSEKEEPING_TIMEOUT_S,
+            reserved_concurrency=c.BUS_HOUSEKEEPING_RESERVED_CONCURRENCY)
         functions._read_secrets(self.housekeeping, data.redis_secret)
         self.schedule = scheduler.Schedule(
             self,
@@ -107,6 +109,7 @@ class BusConstruct(Construct):
         return apigw.LambdaRestApi(
             self,
             "Api",
+            rest_api_name=physical_name(self, "bus"),
             handler=self.api_function,
             proxy=True,  # one resolver serves every route (switchyard/bus/api.py), as Routemaster's app
             description="Switchyard event bus: Routemaster's API",
@@ -131,7 +134,7 @@ class BusConstruct(Construct):
         task = ecs.FargateTaskDefinition(
             self,
             "WorkerTask",
-            family="switchyard-bus-worker",
+            family=physical_name(self, "bus-worker"),
             cpu=BUS_WORKER_CPU,
             memory_limit_mib=BUS_WORKER_MEMORY_MIB,
             runtime_platform=fargate_platform(),

@@ -17,6 +17,7 @@ from constructs import Construct
 from stacks import constants as c
 from switchyard.delay.settings import validate_schema, validate_topic
 from switchyard.errors import InvalidNameError
+from switchyard.rpc.drivers.ecs import CAPACITY_PROVIDERS, DEFAULT_CAPACITY_PROVIDER
 from switchyard.rpc.protocol import validate_pool
 
 # EMR Serverless takes a custom image from ECR only (in the application's account and Region).
@@ -115,6 +116,7 @@ class PoolConfig:
     batch_size: int = 100  # Amazon MQ event source: messages per invocation (1-10,000)
     batch_window_seconds: int = 1  # and how long to gather them (0-300)
     queue_depth_alarm_minutes: int = 5
+    capacity_provider: str = DEFAULT_CAPACITY_PROVIDER  # FARGATE_SPOT: ~70% cheaper, may be interrupted
 
     def __post_init__(self) -> None:
         where = f"{c.CTX_POOLS}[{self.name!r}]"
@@ -147,6 +149,8 @@ class PoolConfig:
         _check(1 <= self.batch_size <= 10_000, where, "batchSize must be 1-10,000 (Amazon MQ event source)")
         _check(0 <= self.batch_window_seconds <= 300, where, "batchWindowSeconds must be 0-300")
         _check(self.queue_depth_alarm_minutes >= 1, where, "queueDepthAlarmMinutes must be at least 1")
+        _check(self.capacity_provider in CAPACITY_PROVIDERS, where,
+               f"capacityProvider must be one of {list(CAPACITY_PROVIDERS)}, got {self.capacity_provider!r}")
 
     @property
     def queue_depth_threshold(self) -> int:
@@ -251,6 +255,38 @@ class RedisConfig:
 
 
 @dataclass(frozen=True)
+class ConcurrencyConfig:
+    """Reserved concurrency of the functions that loop (fire, sweep), and the account's Lambda limit.
+
+    The reconcilers (one per pool) and bus housekeeping reserve 1 each by design: one pass at a time.
+    """
+
+    account_limit: int = c.DEFAULT_ACCOUNT_CONCURRENCY
+    fire: int = c.FIRE_RESERVED_CONCURRENCY  # 2: the next invocation starts before the last one ends
+    sweep: int = c.SWEEP_RESERVED_CONCURRENCY
+
+    def __post_init__(self) -> None:
+        _check(self.fire >= 1 and self.sweep >= 1, c.CTX_CONCURRENCY,
+               "fire and sweep must be at least 1 (0 would throttle every invocation)")
+        _check(self.account_limit >= 1, c.CTX_CONCURRENCY, "accountLimit must be positive")
+
+    def check_reserved(self, reserved: dict[str, int]) -> None:
+        """Fail synth unless ``reserved`` (function -> executions) leaves Lambda's minimum unreserved."""
+        total = sum(reserved.values())
+        budget = self.account_limit - c.LAMBDA_MIN_UNRESERVED
+        _check(
+            total <= budget,
+            c.CTX_CONCURRENCY,
+            f"the stack would reserve {total} concurrent executions "
+            f"({', '.join(f'{name} {n}' for name, n in sorted(reserved.items()))}), but Lambda keeps at "
+            f"least {c.LAMBDA_MIN_UNRESERVED} unreserved of the account's limit, so with accountLimit "
+            f"{self.account_limit} at most {max(0, budget)} can be reserved and the deploy would fail. Raise "
+            "the account's 'Concurrent executions' quota (Service Quotas, AWS Lambda) and set accountLimit "
+            f"in {c.CTX_CONCURRENCY} to it, or reserve less (fire, sweep; fewer pools).",
+        )
+
+
+@dataclass(frozen=True)
 class DeploymentConfig:
     pools: tuple[PoolConfig, ...]
     delay: DelayConfig = field(default_factory=DelayConfig)
@@ -259,6 +295,7 @@ class DeploymentConfig:
     redis: RedisConfig = field(default_factory=RedisConfig)
     alarm_email: str = ""
     emr_image: str = ""  # the EMR Serverless application's custom image (python3.11), if any
+    concurrency: ConcurrencyConfig = field(default_factory=ConcurrencyConfig)
     # Production keeps the data: RDS deletion protection, snapshots of RDS and ElastiCache on delete.
     production: bool = False
     nat_gateways: int = c.VPC_NAT_GATEWAYS  # one per AZ (VPC_MAX_AZS) survives the loss of an AZ
@@ -298,8 +335,8 @@ class DeploymentConfig:
         """Connections the delay functions can hold at once (each warm environment keeps its own)."""
         return (
             self.delay.partitions * c.CONNECTIONS_PER_ENQUEUE
-            + c.FIRE_RESERVED_CONCURRENCY * c.CONNECTIONS_PER_FIRE
-            + c.SWEEP_RESERVED_CONCURRENCY * c.CONNECTIONS_PER_SWEEP
+            + self.concurrency.fire * c.CONNECTIONS_PER_FIRE
+            + self.concurrency.sweep * c.CONNECTIONS_PER_SWEEP
             + 1
         )
 
@@ -327,6 +364,7 @@ class DeploymentConfig:
             redis=_build(RedisConfig, ctx(c.CTX_REDIS), c.CTX_REDIS),
             alarm_email=str(ctx(c.CTX_ALARM_EMAIL) or ""),
             emr_image=str(ctx(c.CTX_EMR_IMAGE) or ""),
+            concurrency=_build(ConcurrencyConfig, ctx(c.CTX_CONCURRENCY), c.CTX_CONCURRENCY),
             production=_flag(ctx(c.CTX_PRODUCTION), c.CTX_PRODUCTION),
             nat_gateways=_count(ctx(c.CTX_NAT_GATEWAYS), c.CTX_NAT_GATEWAYS, c.VPC_NAT_GATEWAYS),
         )

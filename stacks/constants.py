@@ -36,7 +36,8 @@ S3_ENDPOINT_ID = "S3Endpoint"
 BROKER_ID = "RabbitMqBroker"
 BROKER_SECURITY_GROUP_ID = "BrokerSecurityGroup"
 BROKER_SECRET_ID = "BrokerAdminSecret"
-BROKER_NAME = "switchyard-rabbitmq"
+BROKER_NAME_SUFFIX = "rabbitmq"  # the broker is named {stack}-rabbitmq (stacks/names.py)
+BROKER_NAME_CHARS = 50  # Amazon MQ's limit
 BROKER_ENGINE = "RABBITMQ"
 BROKER_ADMIN_USERNAME = "switchyard_admin"
 # Amazon MQ refuses , : = in RabbitMQ passwords. Every other punctuation character except the
@@ -79,6 +80,9 @@ CTX_REDIS = "switchyard:redis"
 CTX_ALARM_EMAIL = "switchyard:alarmEmail"
 CTX_EMR_IMAGE = "switchyard:emrImage"
 CTX_LAYER_DIR = "switchyard:layerDir"
+CTX_CONCURRENCY = "switchyard:concurrency"  # reserved concurrency and the account limit it must fit
+# The AWS target's stacks: a list of names (default [STACK_ID]), e.g. staging beside production.
+CTX_STACKS = "switchyard:stacks"
 CTX_PRODUCTION = "switchyard:production"  # true: deletion protection and snapshots (stacks/data.py)
 CTX_NAT_GATEWAYS = "switchyard:natGateways"  # 1 (default, cheapest) up to VPC_MAX_AZS (one per AZ)
 # Which stack the app builds: the AWS deployment or what LocalStack can host (the rest runs locally).
@@ -111,6 +115,13 @@ LOOP_TIMEOUT_S = 70
 FIRE_RESERVED_CONCURRENCY = 2
 SWEEP_RESERVED_CONCURRENCY = 2
 RECONCILE_RESERVED_CONCURRENCY = 1  # one pass at a time per pool (the reconciler lock agrees)
+BUS_HOUSEKEEPING_RESERVED_CONCURRENCY = 1  # one housekeeping pass at a time
+# Lambda keeps at least this many of the account's concurrent executions unreserved: a function whose
+# reservation would leave fewer fails to deploy. The account's limit is a context value
+# (switchyard:concurrency accountLimit), 1,000 by default (Lambda's default quota; new accounts may
+# start lower and must raise it first).
+LAMBDA_MIN_UNRESERVED = 100
+DEFAULT_ACCOUNT_CONCURRENCY = 1000
 DEPLOY_TIMEOUT_S = 300
 # Postgres connections each warm environment keeps (the store: one per thread that uses it).
 CONNECTIONS_PER_ENQUEUE = 1
@@ -128,11 +139,10 @@ KAFKA_INVOCATIONS_PER_POLLER = 5
 # ECS
 WORKER_CONTAINER = "worker"
 WORKER_STOP_TIMEOUT_S = 120  # Fargate's maximum: SIGTERM, then SIGKILL this much later
-WORKER_FAMILY_PREFIX = "switchyard-worker-"
+WORKER_FAMILY_SUFFIX = "worker-"  # a pool's task definition family: {stack}-worker-{pool}
 
 # Monitoring
 ALARM_PERIOD_MINUTES = 5
-DASHBOARD_NAME = "Switchyard"
 # LocalStack target: alarms trip and clear within seconds (CloudWatch accepts 10 s periods; LocalStack
 # evaluates them on standard-resolution data too).
 LOCALSTACK_ALARM_PERIOD_S = 10
@@ -141,3 +151,4 @@ DELAY_BACKLOG_LATENESS_MS = 60_000  # a message a whole minute late: the fire lo
 
 # EMR Serverless
 EMR_RELEASE = "emr-7.9.0"
+EMR_APPLICATION_NAME_CHARS = 64

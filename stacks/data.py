@@ -29,10 +29,13 @@ from constructs import Construct
 
 from stacks import constants as c
 from stacks.config import DeploymentConfig
+from stacks.names import physical_name
 from stacks.network import NetworkConstruct
 
-KAFKA_CLUSTER_NAME = "switchyard-kafka"
-REDIS_GROUP_ID = "switchyard-state"
+KAFKA_CLUSTER_SUFFIX = "kafka"  # {stack}-kafka, at most 64 characters (MSK's limit)
+KAFKA_CLUSTER_NAME_CHARS = 64
+REDIS_GROUP_SUFFIX = "state"  # {stack}-state, lower case, at most 40 characters (ElastiCache's limit)
+REDIS_GROUP_ID_CHARS = 40
 POSTGRES_DATABASE = "switchyard"
 POSTGRES_USER = "switchyard"
 
@@ -63,7 +66,7 @@ class DataConstruct(Construct):
         cluster = msk.CfnCluster(
             self,
             "Kafka",
-            cluster_name=KAFKA_CLUSTER_NAME,
+            cluster_name=physical_name(self, KAFKA_CLUSTER_SUFFIX, max_length=KAFKA_CLUSTER_NAME_CHARS),
             kafka_version=cfg.kafka_version,
             number_of_broker_nodes=cfg.broker_nodes,
             broker_node_group_info=msk.CfnCluster.BrokerNodeGroupInfoProperty(
@@ -175,7 +178,7 @@ class DataConstruct(Construct):
         group = elasticache.CfnReplicationGroup(
             self,
             "Redis",
-            replication_group_id=REDIS_GROUP_ID,
+            replication_group_id=self.redis_group_id,
             replication_group_description="Switchyard pool state (generations, activity, locks)",
             engine=cfg.engine,
             engine_version=cfg.engine_version,
@@ -197,7 +200,11 @@ class DataConstruct(Construct):
     @property
     def redis_member_id(self) -> str:
         """The first node's cache cluster id, the dimension of ElastiCache's per-node metrics."""
-        return f"{REDIS_GROUP_ID}-001"
+        return f"{self.redis_group_id}-001"
+
+    @property
+    def redis_group_id(self) -> str:
+        return physical_name(self, REDIS_GROUP_SUFFIX, max_length=REDIS_GROUP_ID_CHARS, lower=True)
 
     @property
     def postgres_dsn_template(self) -> str:

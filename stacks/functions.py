@@ -351,7 +351,7 @@ class FunctionsConstruct(Construct):
             env.update(
                 {
                     "SWITCHYARD_ECS_CLUSTER": self.workers.cluster.cluster_name,
-                    "SWITCHYARD_ECS_TASK_DEFINITION": worker_family(pool.name),
+                    "SWITCHYARD_ECS_TASK_DEFINITION": worker_family(self, pool.name),
                     "SWITCHYARD_ECS_SUBNETS": Fn.join(
                         ",",
                         self.network.vpc.select_subnets(
@@ -362,6 +362,7 @@ class FunctionsConstruct(Construct):
                     "SWITCHYARD_MIN_WORKERS": str(pool.min_workers),
                     "SWITCHYARD_MAX_WORKERS": str(pool.max_workers),
                     "SWITCHYARD_TARGET_BACKLOG": str(pool.target_backlog),
+                    "SWITCHYARD_ECS_CAPACITY_PROVIDER": pool.capacity_provider,
                 }
             )
         return env
@@ -371,7 +372,7 @@ class FunctionsConstruct(Construct):
         task = self.workers.task_definitions[pool.name]
         cluster_arn = self.workers.cluster.cluster_arn
         family_arn = self.stack.format_arn(
-            service="ecs", resource="task-definition", resource_name=f"{worker_family(pool.name)}:*"
+            service="ecs", resource="task-definition", resource_name=f"{worker_family(self, pool.name)}:*"
         )
         task_arns = self.stack.format_arn(
             service="ecs", resource="task", resource_name=f"{self.workers.cluster.cluster_name}/*"
@@ -467,8 +468,9 @@ class FunctionsConstruct(Construct):
         d = self.config.delay
         env = {**self._kafka_env(), **self._postgres_env()}
         # role -> (timeout, reserved concurrency): enqueue runs per batch, fire and sweep loop.
-        roles = {"enqueue": (c.ESM_TIMEOUT_S, None), "fire": (c.LOOP_TIMEOUT_S, c.FIRE_RESERVED_CONCURRENCY),
-                 "sweep": (c.LOOP_TIMEOUT_S, c.SWEEP_RESERVED_CONCURRENCY)}
+        reserved = self.config.concurrency
+        roles = {"enqueue": (c.ESM_TIMEOUT_S, None), "fire": (c.LOOP_TIMEOUT_S, reserved.fire),
+                 "sweep": (c.LOOP_TIMEOUT_S, reserved.sweep)}
         enqueue, fire, sweep = (
             self._function(f"delay-{role}", f"delay_{role}", service=DELAY_SERVICE, environment=env,
                            timeout_s=timeout_s, reserved_concurrency=reserved)

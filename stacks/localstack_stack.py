@@ -24,7 +24,8 @@ from constructs import Construct
 from stacks import constants as c
 from stacks.analytics import pipeline_bucket
 from stacks.config import DeploymentConfig
-from stacks.monitoring import MonitoringConstruct, alarm_name
+from stacks.monitoring import MonitoringConstruct
+from stacks.names import alarm_name, dashboard_name
 from stacks.parameters import ConfigParametersConstruct, ServiceEndpoints
 from switchyard.config import Connections
 
@@ -87,9 +88,9 @@ class LocalStackTargetStack(Stack):
             "BrokerSecretArn": self.broker_secret.secret_arn,
             "RuntimeRoleArn": self.runtime_role.role_arn,
             "AlarmTopicArn": self.monitoring.topic.topic_arn,
-            "DashboardName": c.DASHBOARD_NAME,
+            "DashboardName": dashboard_name(self),
             "PipelineBucket": self.bucket.bucket_name,
-            "AlarmNames": ",".join(sorted(alarm_name(n) for n in self.monitoring.alarms)),
+            "AlarmNames": ",".join(sorted(alarm_name(self, n) for n in self.monitoring.alarms)),
         }
         for name, value in outputs.items():
             CfnOutput(self, name, value=value)

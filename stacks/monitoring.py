@@ -28,6 +28,7 @@ from stacks import constants as c
 from stacks.config import DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
+from stacks.names import alarm_name, dashboard_name
 from stacks.workers import WorkersConstruct
 from switchyard.observability import DELAY_SERVICE, pool_service
 
@@ -55,13 +56,8 @@ class AlarmSpec:
     comparison: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
 
 
-def alarm_name(name: str) -> str:
-    """The CloudWatch name of the alarm a spec calls ``name`` (the same in both targets)."""
-    return f"switchyard-{name}"
-
-
 class MonitoringConstruct(Construct):
-    """``topic`` (SNS), ``alarms`` (spec name -> alarm; CloudWatch name ``alarm_name(spec name)``) and
+    """``topic`` (SNS), ``alarms`` (spec name -> alarm; CloudWatch name ``alarm_name(stack, spec name)``) and
     ``dashboard``. ``aws``: the AWS target's resources (None on LocalStack)."""
 
     def __init__(
@@ -322,7 +318,7 @@ class MonitoringConstruct(Construct):
         alarm = cw.Alarm(
             self,
             spec.name,
-            alarm_name=alarm_name(spec.name),
+            alarm_name=alarm_name(self, spec.name),
             alarm_description=spec.why,
             metric=spec.metric,
             threshold=spec.threshold,
@@ -338,7 +334,7 @@ class MonitoringConstruct(Construct):
     # -- dashboard ---------------------------------------------------------------------------------
     def _build_dashboard(self) -> cw.Dashboard:
         board = cw.Dashboard(
-            self, "Dashboard", dashboard_name=c.DASHBOARD_NAME, default_interval=Duration.hours(3)
+            self, "Dashboard", dashboard_name=dashboard_name(self), default_interval=Duration.hours(3)
         )
         widgets: list[cw.IWidget] = [
             cw.AlarmStatusWidget(alarms=list(self.alarms.values()), width=24, title="Switchyard alarms")

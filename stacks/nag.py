@@ -161,7 +161,7 @@ def _functions(stack: SwitchyardStack) -> None:
             cluster = stack.get_logical_id(stack.workers.cluster.node.default_child)
             for resource in (
                 f"container-instance/<{cluster}>/*",
-                f"task-definition/switchyard-worker-{name}:*",
+                f"task-definition/{stack.workers.task_definitions[name].family}:*",
                 f"task/<{cluster}>/*",
             ):
                 accept(

@@ -24,6 +24,7 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from stacks.config import ConfigError, DelayConfig
+from stacks.names import runtime_names
 from switchyard.deployed_config import CONFIG_PATH_ENV, VARIABLE_RE, config_path
 
 DELAY_CONSUMER_GROUP = "switchyard-delay"
@@ -87,7 +88,7 @@ class ConfigParametersConstruct(Construct):
         super().__init__(scope, construct_id)
         self.stack = Stack.of(self)
         self.path = config_path(self.stack.stack_name)
-        self.values = dict(values)
+        self.values = {**values, **runtime_names(self)}  # and the stack's names that code reads
         bad = sorted(name for name in self.values if not VARIABLE_RE.match(name))
         if bad:
             raise ConfigError(f"configuration parameters must be named {VARIABLE_RE.pattern}, got {bad}")

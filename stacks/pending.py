@@ -23,6 +23,7 @@ from stacks import constants as c
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.monitoring import AlarmSpec, MonitoringConstruct
+from stacks.names import physical_name
 
 API_TIMEOUT_S = 29  # API Gateway REST's integration limit; the function's timeout matches it
 STREAMS_PREFIX = "streams/"
@@ -95,7 +96,7 @@ class PendingConstruct(Construct):
         self.api = apigw.LambdaRestApi(
             self,
             "Api",
-            rest_api_name="switchyard-pending",
+            rest_api_name=physical_name(self, "pending"),
             description="Pending queue node API: polling services long-poll their endpoint here",
             handler=self.function,
             proxy=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from stacks import constants as c
@@ -15,6 +16,7 @@ from stacks.config import DeploymentConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.monitoring import AwsResources, MonitoringConstruct
+from stacks.names import dashboard_name
 from stacks.network import NetworkConstruct
 from stacks.parameters import ConfigParametersConstruct, ServiceEndpoints
 from stacks.pending import PENDING_CONSTRUCT_ID, PendingConstruct
@@ -63,6 +65,16 @@ class SwitchyardStack(Stack):
         self.pending = PendingConstruct(self, PENDING_CONSTRUCT_ID, data=self.data, functions=self.functions,
                                         monitoring=self.monitoring, account_logging=self.bus.api)
         self._build_outputs()
+        self.config.concurrency.check_reserved(self.reserved_concurrency())
+
+    def reserved_concurrency(self) -> dict[str, int]:
+        """Each function's reserved concurrency, by construct path: every reservation, whoever made it."""
+        found = {}
+        for node in self.node.find_all():
+            if isinstance(node, lambda_.CfnFunction) and node.reserved_concurrent_executions is not None:
+                path = node.node.path.removeprefix(f"{self.node.path}/").removesuffix("/Resource")
+                found[path] = int(node.reserved_concurrent_executions)
+        return found
 
     def _build_outputs(self) -> None:
         outputs = {
@@ -74,7 +86,7 @@ class SwitchyardStack(Stack):
             "PostgresSecretArn": self.data.postgres_secret.secret_arn,
             "EcsCluster": self.workers.cluster.cluster_name,
             "AlarmTopicArn": self.monitoring.topic.topic_arn,
-            "DashboardName": c.DASHBOARD_NAME,
+            "DashboardName": dashboard_name(self),
             "ConfigPath": self.parameters.path,
             "PipelineBucket": self.analytics.bucket.bucket_name,
             "PipelineApplicationId": self.analytics.application.attr_application_id,

@@ -19,15 +19,16 @@ from constructs import Construct
 from stacks import constants as c
 from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig, PoolConfig
+from stacks.names import physical_name
 from stacks.network import NetworkConstruct
 from stacks.platform import fargate_platform, worker_image
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def worker_family(pool: str) -> str:
+def worker_family(scope: Construct, pool: str) -> str:
     """The task definition family of a pool (``SWITCHYARD_ECS_TASK_DEFINITION`` of its control plane)."""
-    return f"{c.WORKER_FAMILY_PREFIX}{pool}"
+    return physical_name(scope, f"{c.WORKER_FAMILY_SUFFIX}{pool}")
 
 
 class WorkersConstruct(Construct):
@@ -45,8 +46,11 @@ class WorkersConstruct(Construct):
         super().__init__(scope, construct_id)
         self.network = network
         self.broker = broker
+        # FARGATE and FARGATE_SPOT associated: RunTask's capacityProviderStrategy (the driver's, each
+        # pool's capacityProvider) may only name providers associated with the cluster.
         self.cluster = ecs.Cluster(
-            self, "Cluster", vpc=network.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
+            self, "Cluster", vpc=network.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED,
+            enable_fargate_capacity_providers=True,
         )
         self.log_group = logs.LogGroup(
             self, "WorkerLogs", retention=logs.RetentionDays.ONE_MONTH, removal_policy=RemovalPolicy.DESTROY
@@ -65,7 +69,7 @@ class WorkersConstruct(Construct):
         task = ecs.FargateTaskDefinition(
             self,
             f"Worker-{pool.name}",
-            family=worker_family(pool.name),
+            family=worker_family(self, pool.name),
             cpu=pool.cpu,
             memory_limit_mib=pool.memory_mib,
             runtime_platform=fargate_platform(),

@@ -23,6 +23,8 @@ from switchyard.errors import ConfigError
 
 CONFIG_PATH_ENV = "SWITCHYARD_CONFIG_PATH"
 CONFIG_MAX_AGE_ENV = "SWITCHYARD_CONFIG_MAX_AGE"
+# Names of the stack's own resources that code reads at run time (the deployment writes them too):
+ALARM_PREFIX_ENV = "SWITCHYARD_ALARM_PREFIX"  # every alarm of the stack is named {prefix}{alarm}
 DEFAULT_MAX_AGE_S = 300
 VARIABLE_RE = re.compile(r"^SWITCHYARD_[A-Z0-9_]+$")
 STACK_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")  # CloudFormation's stack name rule

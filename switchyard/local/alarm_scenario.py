@@ -16,6 +16,7 @@ A table shows each alarm's state after every phase.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import uuid
@@ -25,15 +26,28 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from switchyard.cli import add_stack_option
+from switchyard.deployed_config import ALARM_PREFIX_ENV
 from switchyard.errors import ConfigError, SwitchyardError
 
-ALARM_PREFIX = "switchyard-"
-OVERDUE_ALARM = "switchyard-delay-messages-overdue"
 OK, ALARM = "OK", "ALARM"
 
 
+def alarm_prefix() -> str:
+    """The deployed stack's alarm name prefix (``SWITCHYARD_ALARM_PREFIX``, from its configuration):
+    alarm names start with the stack's name (two stacks in one account share none)."""
+    prefix = os.environ.get(ALARM_PREFIX_ENV, "")
+    if not prefix:
+        raise ConfigError(f"{ALARM_PREFIX_ENV} is not set: name the deployed stack with --stack NAME "
+                          "(its configuration says how its alarms are named)")
+    return prefix
+
+
 def poison_alarm(pool: str) -> str:
-    return f"{ALARM_PREFIX}{pool}-poison-growing"
+    return f"{alarm_prefix()}{pool}-poison-growing"
+
+
+def overdue_alarm() -> str:
+    return f"{alarm_prefix()}delay-messages-overdue"
 
 
 class ScenarioFailed(SwitchyardError):
@@ -47,10 +61,10 @@ def cloudwatch() -> Any:
     return cloudwatch_client()
 
 
-def alarm_states(client: Any, prefix: str = ALARM_PREFIX) -> dict[str, str]:
-    """Every metric alarm whose name starts with ``prefix``: name -> state."""
+def alarm_states(client: Any, prefix: str | None = None) -> dict[str, str]:
+    """Every metric alarm whose name starts with ``prefix`` (default: the stack's): name -> state."""
     states: dict[str, str] = {}
-    for page in client.get_paginator("describe_alarms").paginate(AlarmNamePrefix=prefix,
+    for page in client.get_paginator("describe_alarms").paginate(AlarmNamePrefix=prefix or alarm_prefix(),
                                                                  AlarmTypes=["MetricAlarm"]):
         states.update({a["AlarmName"]: a["StateValue"] for a in page["MetricAlarms"]})
     return states
@@ -161,7 +175,8 @@ def run_scenario(pool: str, *, poison_calls: int = 1, backlog: int = 20, timeout
     from switchyard.local.metrics_shipper import install_metrics_shipper, uninstall_metrics_shipper
 
     client = cloudwatch()
-    watched = (poison_alarm(pool), OVERDUE_ALARM)
+    overdue = overdue_alarm()
+    watched = (poison_alarm(pool), overdue)
     before = alarm_states(client)
     missing = [name for name in watched if name not in before]
     if missing:
@@ -183,7 +198,7 @@ def run_scenario(pool: str, *, poison_calls: int = 1, backlog: int = 20, timeout
     try:
         out("1. calm: good calls, and a fire loop that keeps up")
         rpc_traffic(pool, good_calls=50, poison_calls=0, out=out)
-        calm = wait_for_states(client, {OVERDUE_ALARM: lambda s: s == OK}, timeout_s=timeout_s,
+        calm = wait_for_states(client, {overdue: lambda s: s == OK}, timeout_s=timeout_s,
                                tick=fire(0, catch_up_ms))
         table.add("calm", calm)
         out(f"2. trip: {poison_calls} poison request(s), {backlog} delayed messages left unfired")
@@ -193,7 +208,7 @@ def run_scenario(pool: str, *, poison_calls: int = 1, backlog: int = 20, timeout
                                   tick=fire(0, 0))
         table.add("tripped", tripped)
         out("3. recover: the fire loop catches up")
-        recovered = wait_for_states(client, {OVERDUE_ALARM: lambda s: s == OK}, timeout_s=timeout_s,
+        recovered = wait_for_states(client, {overdue: lambda s: s == OK}, timeout_s=timeout_s,
                                     tick=fire(0, catch_up_ms))
         table.add("recovered", recovered)
     finally:
@@ -203,8 +218,8 @@ def run_scenario(pool: str, *, poison_calls: int = 1, backlog: int = 20, timeout
     out(table.render(watched))
     problems = [f"{name} was ALARM while calm" for name in watched if calm.get(name) == ALARM]
     problems += [f"{name} did not go to ALARM" for name in watched if tripped.get(name) != ALARM]
-    if recovered.get(OVERDUE_ALARM) != OK:
-        problems.append(f"{OVERDUE_ALARM} did not return to OK")
+    if recovered.get(overdue) != OK:
+        problems.append(f"{overdue} did not return to OK")
     if problems:
         raise ScenarioFailed("; ".join(problems))
     return table

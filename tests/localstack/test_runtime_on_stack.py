@@ -17,7 +17,7 @@ from stacks.localstack_deploy import Deployment
 from tests.conftest import ROOT, subprocess_env
 
 MOTO = "http://127.0.0.1:5000"
-WATCHED = ("switchyard-core-poison-growing", "switchyard-delay-messages-overdue")
+WATCHED = ("core-poison-growing", "delay-messages-overdue")  # alarm names after the stack's name
 
 
 def stack_env(deployment: Deployment) -> dict[str, str]:
@@ -65,9 +65,10 @@ def test_alarm_scenario_trips_and_clears_the_watched_alarms(localstack_deploymen
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = {line.split()[1]: line.split()[2:] for line in done.stdout.splitlines()
             if line.startswith("* ")}
-    assert set(rows) == set(WATCHED)
-    for name in WATCHED:
+    watched = [f"{localstack_deployment.stack_name}-{name}" for name in WATCHED]
+    assert set(rows) == set(watched)
+    for name in watched:
         _before, calm, tripped, _recovered = rows[name]
         assert calm != "ALARM" and tripped == "ALARM", (name, rows[name])
-    assert rows["switchyard-delay-messages-overdue"][-1] == "OK"  # recovered: the backlog fired
+    assert rows[watched[1]][-1] == "OK"  # recovered: the backlog fired (delay-messages-overdue)
     assert "0 malformed, 0 datums dropped" in done.stdout

@@ -31,6 +31,7 @@ from switchyard.config import Connections
 from switchyard.errors import ConfigError
 from switchyard.rpc.drivers import DriverError, DriverSettings, WorkerGroup, driver_from_env
 from switchyard.rpc.drivers.ecs import (
+    DEFAULT_CAPACITY_PROVIDER,
     TAG_KEY,
     EcsDriver,
     EcsSettings,
@@ -247,6 +248,23 @@ def test_driver_from_env_builds_the_ecs_driver(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.delenv("SWITCHYARD_ECS_SUBNETS")
     with pytest.raises(ConfigError, match="SWITCHYARD_ECS_SUBNETS"):
         driver_from_env(DriverSettings.from_env())
+
+
+def test_the_capacity_provider_comes_from_the_environment_and_must_be_fargates(
+        monkeypatch: pytest.MonkeyPatch, network: tuple[str, str]) -> None:
+    monkeypatch.setenv("SWITCHYARD_DRIVER", "ecs")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", MOTO)
+    monkeypatch.setenv("SWITCHYARD_ECS_CLUSTER", "any")
+    monkeypatch.setenv("SWITCHYARD_ECS_SUBNETS", network[0])
+    monkeypatch.setenv("SWITCHYARD_ECS_SECURITY_GROUPS", network[1])
+    driver = driver_from_env()
+    assert isinstance(driver, EcsDriver) and driver.settings.capacity_provider == DEFAULT_CAPACITY_PROVIDER
+    monkeypatch.setenv("SWITCHYARD_ECS_CAPACITY_PROVIDER", "FARGATE_SPOT")
+    driver = driver_from_env()
+    assert isinstance(driver, EcsDriver) and driver.settings.capacity_provider == "FARGATE_SPOT"
+    monkeypatch.setenv("SWITCHYARD_ECS_CAPACITY_PROVIDER", "EC2")
+    with pytest.raises(ConfigError, match="PROVIDER must be one of FARGATE, FARGATE_SPOT, got 'EC2'"):
+        driver_from_env()
 
 
 def test_moto_is_the_ecs_under_test() -> None:

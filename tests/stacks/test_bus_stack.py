@@ -7,6 +7,8 @@ from typing import Any
 
 from aws_cdk.assertions import Match, Template
 
+from stacks.constants import STACK_ID
+
 
 def _of_type(resources: dict[str, dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in resources.items() if v["Type"] == kind}
@@ -51,7 +53,7 @@ def test_workers_are_an_ecs_service_running_switchyard_bus_worker(resources):
     (service,) = [r["Properties"] for r in _of_type(resources, "AWS::ECS::Service").values()]
     assert service["DesiredCount"] == 2 and service["LaunchType"] == "FARGATE"
     tasks = [r["Properties"] for r in _of_type(resources, "AWS::ECS::TaskDefinition").values()
-             if r["Properties"].get("Family") == "switchyard-bus-worker"]
+             if r["Properties"].get("Family") == f"{STACK_ID}-bus-worker"]
     (container,) = tasks[0]["ContainerDefinitions"]
     assert container["Command"] == ["bus", "worker"]
     assert [s["Name"] for s in container["Secrets"]] == ["SWITCHYARD_REDIS_PASSWORD"]
@@ -65,14 +67,14 @@ def test_redis_admits_the_bus_workers(resources):
 
 
 def test_alarms_watch_health_autodrops_and_backlog_age(resources):
-    alarms = {r["Properties"]["AlarmName"]: r["Properties"]
+    alarms = {r["Properties"]["AlarmName"].removeprefix(f"{STACK_ID}-"): r["Properties"]
               for r in _of_type(resources, "AWS::CloudWatch::Alarm").values()}
-    health = alarms["switchyard-bus-unhealthy-subscriber"]
+    health = alarms["bus-unhealthy-subscriber"]
     assert (health["MetricName"], health["Threshold"], health["ComparisonOperator"]) == (
         "BusMinSubscriberHealth", 50, "LessThanThreshold")
-    assert alarms["switchyard-bus-backlog-age"]["MetricName"] == "BusMaxOldestEventAgeMs"
-    expressions = [m.get("Expression") for m in alarms["switchyard-bus-autodrop"]["Metrics"]]
+    assert alarms["bus-backlog-age"]["MetricName"] == "BusMaxOldestEventAgeMs"
+    expressions = [m.get("Expression") for m in alarms["bus-autodrop"]["Metrics"]]
     assert "DIFF(total)" in expressions
-    assert "switchyard-bus-api-errors-or-throttles" in alarms
+    assert "bus-api-errors-or-throttles" in alarms
     for alarm in ("bus-unhealthy-subscriber", "bus-autodrop", "bus-backlog-age"):
-        assert alarms[f"switchyard-{alarm}"]["AlarmActions"], alarm
+        assert alarms[alarm]["AlarmActions"], alarm

@@ -12,7 +12,6 @@ from aws_cdk.assertions import Template
 from stacks import constants as c
 from stacks.application import build_app
 from stacks.config import ConfigError
-from stacks.monitoring import alarm_name
 from tests.stacks.conftest import synth
 from tests.stacks.test_switchyard_stack import actions_of, of_type, policy_statements, switchyard_functions
 
@@ -78,15 +77,20 @@ def test_every_aws_function_reads_the_configuration_path(resources) -> None:
             assert "ssm:GetParametersByPath" in actions_of(policy_statements(resources, fn)), logical
 
 
-def _alarms(resources: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {r["Properties"]["AlarmName"]: r["Properties"]
-            for r in of_type(resources, "AWS::CloudWatch::Alarm").values()}
+def _alarms(resources: dict[str, dict[str, Any]], stack: str) -> dict[str, dict[str, Any]]:
+    """The stack's alarms by their spec name (their CloudWatch names start with the stack's name)."""
+    prefix = f"{stack}-"
+    alarms = {r["Properties"]["AlarmName"]: r["Properties"]
+              for r in of_type(resources, "AWS::CloudWatch::Alarm").values()}
+    assert all(name.startswith(prefix) for name in alarms), sorted(alarms)
+    return {name.removeprefix(prefix): props for name, props in alarms.items()}
 
 
 def test_switchyard_alarms_are_shared_and_aws_alarms_are_not(local: tuple[Template, Path, Any],
                                                              resources) -> None:
-    here, there = _alarms(local[0].to_json()["Resources"]), _alarms(resources)
-    assert set(here) == {alarm_name(n) for n in local[2].monitoring.alarms}
+    here = _alarms(local[0].to_json()["Resources"], local[2].stack_name)
+    there = _alarms(resources, c.STACK_ID)
+    assert set(here) == set(local[2].monitoring.alarms)
     assert set(here) < set(there)
     for name, props in here.items():
         aws = there[name]
@@ -94,11 +98,10 @@ def test_switchyard_alarms_are_shared_and_aws_alarms_are_not(local: tuple[Templa
         for key in ("Threshold", "EvaluationPeriods", "ComparisonOperator"):
             assert props[key] == aws[key], (name, key)
         assert len(props["AlarmActions"]) == 1, name
-    poison = here["switchyard-core-poison-growing"]
-    assert (poison["Namespace"], poison["Period"], there["switchyard-core-poison-growing"]["Period"]) == (
+    poison = here["core-poison-growing"]
+    assert (poison["Namespace"], poison["Period"], there["core-poison-growing"]["Period"]) == (
         "Switchyard", c.LOCALSTACK_ALARM_PERIOD_S, 300)
-    assert not [n for n in here if "errors-or-throttles" in n or n.startswith(("switchyard-postgres",
-                                                                                "switchyard-elasticache"))]
+    assert not [n for n in here if "errors-or-throttles" in n or n.startswith(("postgres", "elasticache"))]
 
 
 def test_an_unknown_target_is_refused() -> None:

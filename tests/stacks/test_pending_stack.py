@@ -6,6 +6,7 @@ from typing import Any
 
 from aws_cdk.assertions import Match, Template
 
+from stacks.constants import STACK_ID
 from stacks.pending import API_TIMEOUT_S
 
 
@@ -58,12 +59,12 @@ def test_streams_bucket_is_private_and_expires(template: Template) -> None:
 
 
 def test_pending_alarms_notify_the_alarm_topic(resources: dict[str, dict[str, Any]]) -> None:
-    alarms = {r["Properties"]["AlarmName"]: r["Properties"]
+    alarms = {r["Properties"]["AlarmName"].removeprefix(f"{STACK_ID}-"): r["Properties"]
               for r in _of_type(resources, "AWS::CloudWatch::Alarm").values()}
     for name in ("pending-pickup-timeouts", "pending-abandoned-responses", "pending-processors-lost",
                  "pending-data-loss", "pending-api-errors-or-throttles"):
-        alarm = alarms[f"switchyard-{name}"]
+        alarm = alarms[name]
         assert alarm["AlarmActions"], name
         assert alarm["AlarmDescription"]
-    query = alarms["switchyard-pending-data-loss"]["Metrics"][0]["Expression"]
+    query = alarms["pending-data-loss"]["Metrics"][0]["Expression"]
     assert "PendingDataLossEvents" in query and "Endpoint" in query

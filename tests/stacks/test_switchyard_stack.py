@@ -385,8 +385,8 @@ def test_schedules_invoke_reconcile_fire_and_sweep_every_minute(resources: Resou
 # -- ECS --------------------------------------------------------------------------------------------
 def test_worker_task_definition_injects_the_amqp_secret_and_stops_in_two_stages(resources: Resources) -> None:
     (props,) = [t["Properties"] for t in of_type(resources, "AWS::ECS::TaskDefinition").values()
-                if t["Properties"]["Family"].startswith(c.WORKER_FAMILY_PREFIX)]  # the bus has its own
-    assert props["Family"] == f"switchyard-worker-{c.EXAMPLE_POOL}"
+                if t["Properties"]["Family"].startswith(f"{c.STACK_ID}-{c.WORKER_FAMILY_SUFFIX}")]
+    assert props["Family"] == f"{c.STACK_ID}-worker-{c.EXAMPLE_POOL}"
     assert props["RequiresCompatibilities"] == ["FARGATE"] and props["NetworkMode"] == "awsvpc"
     assert (props["Cpu"], props["Memory"]) == ("256", "512")
     (container,) = props["ContainerDefinitions"]
@@ -407,7 +407,7 @@ def test_control_plane_drives_the_pools_task_definition_on_ecs(resources: Resour
     _, orphans = one_function(resources, "rpc_orphans")
     env = orphans["Properties"]["Environment"]["Variables"]
     assert env["SWITCHYARD_DRIVER"] == "ecs"
-    assert env["SWITCHYARD_ECS_TASK_DEFINITION"] == f"switchyard-worker-{c.EXAMPLE_POOL}"
+    assert env["SWITCHYARD_ECS_TASK_DEFINITION"] == f"{c.STACK_ID}-worker-{c.EXAMPLE_POOL}"
     assert (
         env["SWITCHYARD_MIN_WORKERS"],
         env["SWITCHYARD_MAX_WORKERS"],
@@ -439,7 +439,7 @@ def alarm(resources: Resources, name: str) -> dict[str, Any]:
     (found,) = [
         a["Properties"]
         for a in of_type(resources, "AWS::CloudWatch::Alarm").values()
-        if a["Properties"]["AlarmName"] == f"switchyard-{name}"
+        if a["Properties"]["AlarmName"] == f"{c.STACK_ID}-{name}"
     ]
     return found
 
@@ -545,8 +545,8 @@ def test_two_pools_get_their_own_functions_mappings_schedules_and_tasks(
         t["Properties"]["Family"]: t["Properties"]["Memory"]
         for t in of_type(resources, "AWS::ECS::TaskDefinition").values()
     }
-    assert families == {"switchyard-worker-core": "512", "switchyard-worker-gpu": "4096",
-                        "switchyard-bus-worker": "1024"}
+    assert families == {f"{c.STACK_ID}-worker-core": "512", f"{c.STACK_ID}-worker-gpu": "4096",
+                        f"{c.STACK_ID}-bus-worker": "1024"}
     (pools_cr,) = template.find_resources("Custom::SwitchyardPools").values()
     assert pools_cr["Properties"]["Pools"] == ["core", "gpu"]
 

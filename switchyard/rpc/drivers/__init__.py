@@ -13,8 +13,9 @@
   (15 s between SIGTERM and SIGKILL).
 * ECS (``ecs.py``): ``SWITCHYARD_ECS_CLUSTER``, ``SWITCHYARD_ECS_SUBNETS`` and
   ``SWITCHYARD_ECS_SECURITY_GROUPS`` (comma-separated), ``SWITCHYARD_ECS_TASK_DEFINITION``
-  (``switchyard-worker-{pool}``), ``SWITCHYARD_ECS_CONTAINER`` (``worker``); the group lock
-  lives in ``SWITCHYARD_REDIS_URL``.
+  (``switchyard-worker-{pool}``), ``SWITCHYARD_ECS_CONTAINER`` (``worker``),
+  ``SWITCHYARD_ECS_CAPACITY_PROVIDER`` (``FARGATE`` or ``FARGATE_SPOT``; default ``FARGATE``); the
+  group lock lives in ``SWITCHYARD_REDIS_URL``.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
 
     from switchyard.config import Connections
     from switchyard.rpc.drivers.ecs import (
+        DEFAULT_CAPACITY_PROVIDER,
         DEFAULT_CONTAINER,
         DEFAULT_TASK_DEFINITION,
         EcsDriver,
@@ -128,6 +130,7 @@ def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
         security_groups=_env_list("SWITCHYARD_ECS_SECURITY_GROUPS"),
         task_definition=env_str("SWITCHYARD_ECS_TASK_DEFINITION", DEFAULT_TASK_DEFINITION),
         container=env_str("SWITCHYARD_ECS_CONTAINER", DEFAULT_CONTAINER),
+        capacity_provider=env_str("SWITCHYARD_ECS_CAPACITY_PROVIDER", DEFAULT_CAPACITY_PROVIDER),
     )
     return EcsDriver(
         ecs,

@@ -64,6 +64,12 @@ DESCRIBE_TASKS_MAX = 100
 LOCK_PREFIX = "switchyard:ecs-driver:lock:"
 DEFAULT_CONTAINER = "worker"
 DEFAULT_TASK_DEFINITION = "switchyard-worker-{pool}"
+# The capacity providers a pool may run its workers on (the deployment associates every one of them
+# with the cluster: RunTask may only name associated providers). FARGATE_SPOT costs ~70% less and
+# may interrupt a task with two minutes' warning: a worker group is restartable (the reconciler
+# starts a group with no live task on its next pass, and an interrupted request is redelivered).
+CAPACITY_PROVIDERS = ("FARGATE", "FARGATE_SPOT")
+DEFAULT_CAPACITY_PROVIDER = "FARGATE"
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ class EcsSettings:
     # A family (or family:revision, or ARN); ``{pool}`` is replaced by the group's pool.
     task_definition: str = DEFAULT_TASK_DEFINITION
     container: str = DEFAULT_CONTAINER
-    capacity_provider: str = "FARGATE"
+    capacity_provider: str = DEFAULT_CAPACITY_PROVIDER
     lock_ttl_s: float = 30.0
     lock_wait_s: float = 10.0
 
@@ -87,6 +93,9 @@ class EcsSettings:
             raise ConfigError("SWITCHYARD_ECS_SUBNETS must list the worker tasks' subnets (comma-separated)")
         if not self.security_groups:
             raise ConfigError("SWITCHYARD_ECS_SECURITY_GROUPS must list the worker tasks' security groups")
+        if self.capacity_provider not in CAPACITY_PROVIDERS:
+            raise ConfigError(f"SWITCHYARD_ECS_CAPACITY_PROVIDER must be one of "
+                              f"{', '.join(CAPACITY_PROVIDERS)}, got {self.capacity_provider!r}")
 
     def task_definition_for(self, pool: str) -> str:
         return self.task_definition.replace("{pool}", pool)
