@@ -307,6 +307,9 @@ class FunctionsConstruct(Construct):
             resource_type=f"Custom::Switchyard{name}",
             properties={**properties, "CodeVersion": code_version()},
         )
+        # The function reads the deployed configuration by path at run time: nothing references the
+        # parameters, so without this CloudFormation may run the resource before they exist.
+        resource.node.add_dependency(self.parameters)
         self.providers.append(provider)
         return fn, resource
 

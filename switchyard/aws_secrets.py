@@ -10,15 +10,17 @@ and the values come from one of two places, per service (``AMQP``, ``POSTGRES``,
   (Lambda has no secret injection). Any JSON key may be a placeholder (``{host}``, ``{port}``,
   ``{dbname}`` of an RDS secret).
 
-Values are percent-encoded into the URL. ``resolve_secrets()`` is called by
-``Connections.from_env()``; a URL without placeholders is left alone, so local runs never call AWS.
+Values are percent-encoded into the URL. A URL is filled when it is read (``resolve_url``, through
+``Connections``), not when the settings are built: every process may see every service's URL (the
+deployed configuration holds them all), but its role may read only the secrets of the services it
+uses. A URL without placeholders is left alone, so local runs never call AWS.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from string import Formatter
 from urllib.parse import quote
 
@@ -32,11 +34,27 @@ SECRET_URLS: dict[str, tuple[str, ...]] = {
     "REDIS": ("SWITCHYARD_REDIS_URL",),
 }
 PLACEHOLDER = re.compile(r"\{[a-z_]+\}")
+INJECTED_FIELDS = ("username", "password")
 
 
-def _secret_values(service: str, environ: MutableMapping[str, str]) -> dict[str, str]:
+def source_variables(service: str) -> tuple[str, ...]:
+    """Where ``service``'s credentials come from: its secret's ARN, or the values ECS injects."""
+    return (f"SWITCHYARD_{service}_SECRET_ARN",
+            *(f"SWITCHYARD_{service}_{field.upper()}" for field in INJECTED_FIELDS))
+
+
+def secret_sources(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The credential variables of every service present in ``environ`` (default ``os.environ``):
+    what ``resolve_url`` needs later, without reading any secret now."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for service in SECRET_URLS for name in source_variables(service)
+            if name in environ}
+
+
+def _secret_values(service: str, environ: Mapping[str, str]) -> dict[str, str]:
+    # Injected values count even when empty: ECS sets exactly the secret's value.
     injected = {field: environ[f"SWITCHYARD_{service}_{field.upper()}"]
-                for field in ("username", "password") if environ.get(f"SWITCHYARD_{service}_{field.upper()}")}
+                for field in INJECTED_FIELDS if f"SWITCHYARD_{service}_{field.upper()}" in environ}
     arn = environ.get(f"SWITCHYARD_{service}_SECRET_ARN")
     if not arn:
         return injected
@@ -69,13 +87,27 @@ def fill(template: str, values: dict[str, str], name: str) -> str:
     return template.format(**{f: quote(values[f], safe="") for f in fields})
 
 
-def resolve_secrets(environ: MutableMapping[str, str] | None = None) -> None:
-    """Fill the placeholders of every connection URL in ``environ`` (default ``os.environ``) in place."""
-    environ = os.environ if environ is None else environ
+def service_of(variable: str) -> str:
+    """The service whose secret fills ``variable`` (``AMQP`` for ``SWITCHYARD_MANAGEMENT_URL``)."""
     for service, names in SECRET_URLS.items():
-        templated = [n for n in names if PLACEHOLDER.search(environ.get(n, ""))]
-        if not templated:
-            continue
-        values = _secret_values(service, environ)
-        for name in templated:
-            environ[name] = fill(environ[name], values, name)
+        if variable in names:
+            return service
+    raise ConfigError(f"{variable} is not a connection URL filled from a secret ({', '.join(SECRET_URLS)})")
+
+
+def resolve_url(variable: str, value: str, sources: Mapping[str, str]) -> str:
+    """``value`` of ``variable`` with its placeholders filled from its service's secret (found through
+    ``sources``, see ``secret_sources``); only that one secret is read, once per cache max age."""
+    if not PLACEHOLDER.search(value):
+        return value
+    return fill(value, _secret_values(service_of(variable), sources), variable)
+
+
+def resolve_secrets(environ: MutableMapping[str, str] | None = None) -> None:
+    """Fill every connection URL of ``environ`` (default ``os.environ``) in place: for an operator's
+    process that may read every secret (a role reads only its own: use ``resolve_url``)."""
+    environ = os.environ if environ is None else environ
+    for names in SECRET_URLS.values():
+        for name in names:
+            if name in environ:
+                environ[name] = resolve_url(name, environ[name], environ)

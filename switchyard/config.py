@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from switchyard.errors import ConfigError
@@ -58,25 +58,76 @@ def prefixed(prefix: str, *names: str) -> dict[str, str]:
     return {name: prefix + name.upper() for name in names}
 
 
+class SecretUrl:
+    """A ``Connections`` URL field whose ``{placeholders}`` are filled from its service's secret when
+    it is read, not when the settings are built.
+
+    Why: a deployed process sees every service's URL (the stack's configuration holds them all),
+    but its role may read only the secrets of the services it uses; a broker-only function that
+    built its settings eagerly would fail AccessDenied on the Redis and Postgres secrets. The
+    stored value stays the template, so settings can be pickled (Spark ships them to executors)
+    and printed without a password they never had.
+    """
+
+    def __init__(self, variable: str, default: str) -> None:
+        self.variable, self.default = variable, default
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Connections | None, owner: type | None = None) -> str:
+        if obj is None:
+            return self.default  # the dataclass's default for the field
+        from switchyard.aws_secrets import resolve_url
+
+        return resolve_url(self.variable, obj.__dict__[self.name], obj.secret_sources)
+
+    def __set__(self, obj: Connections, value: str) -> None:
+        obj.__dict__[self.name] = value
+
+    def template(self, obj: Connections) -> str:
+        """The value as configured, placeholders unfilled (no secret is read)."""
+        return obj.__dict__[self.name]
+
+
 @dataclass(frozen=True)
 class Connections:
-    """Where the backing services are. Defaults are the local stack on 127.0.0.1."""
+    """Where the backing services are. Defaults are the local stack on 127.0.0.1.
 
-    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/%2F"
-    management_url: str = "http://guest:guest@127.0.0.1:15672"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/switchyard"
+    The URL fields of services with a secret (AMQP, management, Redis, Postgres) are ``SecretUrl``:
+    reading one fills it from that service's secret, named in ``secret_sources``; unread, nothing is
+    fetched. ``repr`` shows the templates, so it never triggers (or prints) a secret;
+    ``dataclasses.replace`` reads (and so fills) every field it copies.
+    """
+
+    amqp_url: str = SecretUrl("SWITCHYARD_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")  # type: ignore[assignment]
+    management_url: str = SecretUrl("SWITCHYARD_MANAGEMENT_URL", "http://guest:guest@127.0.0.1:15672")  # type: ignore[assignment]
+    redis_url: str = SecretUrl("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/0")  # type: ignore[assignment]
+    postgres_dsn: str = SecretUrl("SWITCHYARD_POSTGRES_DSN",  # type: ignore[assignment]
+                                  "postgresql://postgres@127.0.0.1:5432/switchyard")
     kafka_bootstrap: str = "127.0.0.1:9092"
     aws_endpoint_url: str | None = None
     redis_timeout_s: float = 5.0
+    # SWITCHYARD_<SERVICE>_SECRET_ARN / _USERNAME / _PASSWORD as found at start (aws_secrets.secret_sources)
+    secret_sources: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False, hash=False)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={self._raw(f.name)!r}" for f in fields(self) if f.repr)
+        return f"Connections({shown})"
+
+    def _raw(self, name: str) -> Any:
+        attribute = type(self).__dict__.get(name)
+        return attribute.template(self) if isinstance(attribute, SecretUrl) else getattr(self, name)
 
     @classmethod
     def from_env(cls) -> Connections:
-        from switchyard.aws_secrets import resolve_secrets
+        """The connections of this process: a deployed stack's configuration (SSM, when
+        ``SWITCHYARD_CONFIG_PATH`` is set), then the environment. Reads no secret (see ``SecretUrl``)."""
+        from switchyard.aws_secrets import secret_sources
         from switchyard.deployed_config import load_deployed_config
 
-        load_deployed_config()  # a deployed stack's settings from SSM, if SWITCHYARD_CONFIG_PATH is set
-        resolve_secrets()  # on AWS: credentials from Secrets Manager into the URLs' placeholders
+        load_deployed_config()
         d = cls()
         return cls(
             amqp_url=env_str("SWITCHYARD_AMQP_URL", d.amqp_url),
@@ -86,4 +137,5 @@ class Connections:
             kafka_bootstrap=env_str("SWITCHYARD_KAFKA_BOOTSTRAP", d.kafka_bootstrap),
             aws_endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
             redis_timeout_s=env_float("SWITCHYARD_REDIS_TIMEOUT", d.redis_timeout_s),
+            secret_sources=secret_sources(),
         )

@@ -19,11 +19,13 @@ def redact_url(value: str) -> str:
 
 
 def cmd_config(_args: argparse.Namespace) -> int:
-    connections = Connections.from_env()  # loads the deployed stack's parameters and secrets first
+    connections = Connections.from_env()  # the deployed stack's parameters; each URL reads its secret below
     source = os.environ.get(CONFIG_PATH_ENV)
     print(f"configuration from {'SSM ' + source + ' and the environment' if source else 'the environment'}"
           " (defaults: the local stack)")
     for field in fields(connections):
+        if not field.repr:
+            continue  # where secrets come from, not a setting
         value = getattr(connections, field.name)
         print(f"  {field.name:<18} {redact_url(str(value)) if value is not None else '-'}")
     return 0

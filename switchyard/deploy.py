@@ -133,5 +133,6 @@ def ensure_topics(admin: Any, topics: Sequence[str], partitions: int,
         for future in admin.create_partitions([NewPartitions(t, partitions) for t in small],
                                               request_timeout=timeout).values():
             future.result(timeout)
-    logger.info("delay topics ensured", extra={"created": created, "grown": small})
+    # not "created": a LogRecord's own attribute, which logging refuses to overwrite (KeyError)
+    logger.info("delay topics ensured", extra={"topics_created": created, "topics_grown": small})
     return created, small

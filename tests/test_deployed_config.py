@@ -93,7 +93,9 @@ def test_cli_stack_option_reads_parameters_and_fills_secrets(
         printed = capsys.readouterr().out
         assert f"SSM {config_path(stack)}" in printed
         assert "amqp://svc:***@mq.internal:5671/%2F" in printed and "s3cr" not in printed
-        assert os.environ["SWITCHYARD_AMQP_URL"] == "amqp://svc:s3cr%3Aet@mq.internal:5671/%2F"
+        assert Connections.from_env().amqp_url == "amqp://svc:s3cr%3Aet@mq.internal:5671/%2F"
+        # the password never enters the process environment (child processes read the secret themselves)
+        assert os.environ["SWITCHYARD_AMQP_URL"] == "amqp://{username}:{password}@mq.internal:5671/%2F"
     finally:
         secrets.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
 

@@ -14,7 +14,9 @@ go to ``AWS_ENDPOINT_URL_EMR_SERVERLESS`` / ``AWS_ENDPOINT_URL`` when set (moto 
 The job reads its settings from ``SWITCHYARD_*`` variables like every Switchyard process; on EMR
 they are set on the driver and the executors by ``--env NAME=VALUE`` and, with ``--stack``, from
 the stack's deployed configuration (SSM parameters: no secrets, only ``{password}`` placeholders and
-secret ARNs, which the job role may read), so the job role needs no SSM access.
+secret ARNs), so the job role needs no SSM access. Only the settings the job reads are copied
+(``JOB_SETTINGS``): its role may read the broker's secret alone, and a URL of another service would
+have the job read that service's secret.
 """
 
 from __future__ import annotations
@@ -29,12 +31,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from switchyard.aws_secrets import SECRET_URLS, source_variables
 from switchyard.errors import SwitchyardError
 
 APPLICATION_ID_ENV = "SWITCHYARD_EMR_APPLICATION_ID"
 JOB_ROLE_ARN_ENV = "SWITCHYARD_EMR_JOB_ROLE_ARN"
 BUCKET_ENV = "SWITCHYARD_PIPELINE_BUCKET"
 LOG_URI_ENV = "SWITCHYARD_EMR_LOG_URI"
+
+# The deployed settings the job reads (switchyard/spark/job.py): the broker (its URLs and where its
+# credentials come from) and the delay input topic on MSK. Nothing of Redis or Postgres.
+JOB_SETTINGS = frozenset({*SECRET_URLS["AMQP"], *source_variables("AMQP"), "SWITCHYARD_KAFKA_BOOTSTRAP",
+                          "SWITCHYARD_KAFKA_AUTH", "SWITCHYARD_DELAY_INPUT_TOPIC"})
 
 # The stack outputs (stacks/switchyard_stack.py) that hold the defaults above.
 STACK_OUTPUTS = {
@@ -294,7 +302,8 @@ def _application_id(args: argparse.Namespace, outputs: Mapping[str, str]) -> str
 
 def spec_from_args(args: argparse.Namespace, outputs: Mapping[str, str],
                    deployed: Mapping[str, str] | None = None) -> JobSpec:
-    """The submission the flags, variables and stack outputs (and deployed settings) describe."""
+    """The submission the flags, variables and stack outputs (and the deployed settings the job
+    reads, ``JOB_SETTINGS``) describe."""
     bucket = resolve(args.bucket, BUCKET_ENV, outputs, STACK_OUTPUTS["bucket"])
     location = bucket_location(bucket) if bucket else None
     entry_point, archive = args.entry_point, args.archive
@@ -320,7 +329,8 @@ def spec_from_args(args: argparse.Namespace, outputs: Mapping[str, str],
     job_args = list(args.job_args or [])
     if job_args[:1] == ["--"]:
         job_args = job_args[1:]
-    env = {**(deployed or {}), **parse_env(args.env)}
+    job_settings = {name: value for name, value in (deployed or {}).items() if name in JOB_SETTINGS}
+    env = {**job_settings, **parse_env(args.env)}
     return JobSpec(application_id=application_id, role_arn=role_arn, entry_point=entry_point,
                    archive=archive, log_uri=log_uri, args=tuple(job_args), env=tuple(sorted(env.items())),
                    name=args.name)
@@ -397,7 +407,7 @@ def add_submit_parsers(spark_subparsers: argparse._SubParsersAction) -> None:
                                        f"BUCKET/{DEFAULT_PREFIX}/{LOGS_SUFFIX})")
     submit.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="a variable for the job's driver and executors, e.g. SWITCHYARD_AMQP_URL=... "
-                             "(repeatable; with --stack the stack's deployed SWITCHYARD_* settings are "
+                             "(repeatable; with --stack the stack's deployed settings the job reads are "
                              "passed too, these win)")
     submit.add_argument("--name", default="switchyard-publish", help="the job run's name")
     submit.add_argument("--wait", action="store_true", help="poll until the run ends; exit 1 unless SUCCESS")

@@ -42,6 +42,7 @@ import boto3
 import pytest
 
 from switchyard.config import Connections
+from switchyard.deployed_config import CONFIG_PATH_ENV
 from tests.iam_policy import ACCOUNT, REGION, Call, Resolver, allowed, denied, role_statements
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,9 +149,20 @@ def _secret_logical(resources: Mapping[str, Any], ref: Any) -> str:
     return logical
 
 
+def _own_config_path(resources: dict[str, dict[str, Any]], tag: str) -> dict[str, dict[str, Any]]:
+    """The template with its configuration path made unique, as if synthesized under another stack
+    name: moto is shared with other test runs, which may write or delete the default path."""
+    path = next(fn["Properties"]["Environment"]["Variables"][CONFIG_PATH_ENV]
+                for fn in _of_kind(resources, "AWS::Lambda::Function").values()
+                if CONFIG_PATH_ENV in fn["Properties"].get("Environment", {}).get("Variables", {}))
+    own = path.rstrip("/") + f"-iam{tag}/"
+    return json.loads(json.dumps(resources).replace(path.rstrip("/"), own.rstrip("/")))
+
+
 @pytest.fixture(scope="module")
 def deployment(resources: dict[str, dict[str, Any]]) -> Iterator[Deployment]:
     tag = uuid.uuid4().hex[:8]
+    resources = _own_config_path(resources, tag)
     local_urls, local_secrets = _local()
     params = {v["Properties"]["Name"]: v["Properties"]["Value"]
               for v in _of_kind(resources, "AWS::SSM::Parameter").values()}
