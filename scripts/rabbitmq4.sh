@@ -9,6 +9,10 @@
 #   scripts/rabbitmq4.sh restart --kill   the same, but SIGKILL the node instead of a clean stop (a crash)
 #   scripts/rabbitmq4.sh status    "answering" (exit 0) or "down" (exit 3), with the version
 #   scripts/rabbitmq4.sh ctl ARGS  rabbitmqctl ARGS against this node (e.g. ctl list_queues)
+#   scripts/rabbitmq4.sh dead-lettering   "running" (exit 0) or "stranded" (exit 4): whether the node's
+#                                  at-least-once dead-letter supervisor (rabbit_fifo_dlx_sup) is alive;
+#                                  once it has stopped (rabbitmq-server#16652) no at-least-once quorum
+#                                  queue can start until the node restarts
 # Measured here: a start takes about 5 s, a restart 5-7 s (with --kill about 5 s), a stop about 2 s.
 # All of start/stop/restart serialize on DIR.lock, so a restart never races a start.
 #
@@ -217,7 +221,14 @@ main() {
         fi
         ;;
     ctl) ctl "$@" ;;
-    *) die "usage: scripts/rabbitmq4.sh start|stop|restart [--kill]|status|ctl ARGS" ;;
+    dead-lettering)
+        case "$(ctl eval 'is_pid(whereis(rabbit_fifo_dlx_sup)).' 2>/dev/null)" in
+        true) echo running ;;
+        false) echo stranded; return 4 ;;
+        *) die "could not ask the node (is it answering? scripts/rabbitmq4.sh status)" ;;
+        esac
+        ;;
+    *) die "usage: scripts/rabbitmq4.sh start|stop|restart [--kill]|status|ctl ARGS|dead-lettering" ;;
     esac
 }
 

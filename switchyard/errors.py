@@ -42,6 +42,14 @@ class PoolNotEmptyError(TopologyError):
         self.waiting = waiting
 
 
+class DeadLetteringStrandedError(TopologyError):
+    """The broker can start no quorum queue with at-least-once dead-lettering (rabbitmq-server#16652).
+
+    Its dead-letter worker supervisor stopped; only a node restart brings it back. Raised with the
+    recovery step, since the broker itself answers only ``INTERNAL_ERROR``.
+    """
+
+
 class ManagementApiError(BrokerError):
     """The RabbitMQ management HTTP API answered with an error."""
 

@@ -37,6 +37,9 @@ class ControlSettings:
     pool: str
     delays: Delays
     reconcile_interval_s: float = 1.0
+    # How often (across every pool on the broker) the reconciler probes at-least-once dead-lettering;
+    # under the alarm's five-minute period, so each period sees a probe. 0: never.
+    dead_letter_probe_interval_s: float = 240.0
 
     @classmethod
     def from_env(cls, pool: str | None = None) -> ControlSettings:
@@ -50,6 +53,7 @@ class ControlSettings:
                           stop_s=env_float("SWITCHYARD_STOP_DELAY", d.stop_s),
                           tombstone_s=env_float("SWITCHYARD_TOMBSTONE_TTL", d.tombstone_s)),
             reconcile_interval_s=env_float("SWITCHYARD_RECONCILE_INTERVAL", 1.0),
+            dead_letter_probe_interval_s=env_float("SWITCHYARD_DEAD_LETTER_PROBE_INTERVAL", 240.0),
         )
 
 
@@ -100,7 +104,8 @@ class ControlPlane:
 
     def reconcile(self) -> ReconcileOutcome:
         with self._lease() as (topology, _):
-            return Reconciler(self.state, topology, self.driver, self.control.delays).run_pass()
+            return Reconciler(self.state, topology, self.driver, self.control.delays,
+                              self.control.dead_letter_probe_interval_s).run_pass()
 
     def close(self) -> None:
         """Close every connection this plane opened and the driver (which stops local workers).

@@ -72,6 +72,18 @@ BROKER_BOOKKEEPING_PREFIXES = ("x-death", "x-first-death-", "x-last-death-", DEL
 ORIGINAL_USER_ID_HEADER = "x-switchyard-user-id"
 STAGING_SUFFIX = "-staging"
 
+# Dead-letter strategies of quorum queues (policy key ``dead-letter-strategy``). At-least-once keeps
+# a dead letter until its target confirms it, through a per-queue worker under one node-wide
+# supervisor that RabbitMQ's #16652 can stop for good: Switchyard uses it only where the dead letter
+# is a request in transit (the orphan staging hop), see switchyard/rpc/dead_lettering.py.
+AT_LEAST_ONCE = "at-least-once"
+AT_MOST_ONCE = "at-most-once"
+DEAD_LETTER_STRATEGY = "dead-letter-strategy"
+# The broker-wide probe of at-least-once dead-lettering: its policy and its short-lived queues.
+DEAD_LETTER_PROBE_POLICY = "switchyard-dead-letter-probe"
+DEAD_LETTER_PROBE_PREFIX = "switchyard-dead-letter-probe-"
+RETIRE_POLICY_PREFIX = "switchyard-retire-"
+
 HASHED_ROUTING_PREFIX = "~sha256:"
 # The longest key a request may carry. The raw key travels in a header (the content header frame
 # must fit the broker's frame_max), in a queue argument and in the worker's environment (ECS
@@ -268,6 +280,16 @@ def orphan_policy_name(pool: str) -> str:
 
 def orphan_policy_pattern(pool: str) -> str:
     return f"^{orphan_queue(pool)}$"
+
+
+def retire_policy_name(queue: str) -> str:
+    """The policy that turns one queue's dead-lettering to at-most-once before it is deleted."""
+    return RETIRE_POLICY_PREFIX + hashlib.sha256(queue.encode("utf-8")).hexdigest()[:32]
+
+
+def exact_queue_pattern(queue: str) -> str:
+    """A policy pattern matching ``queue`` alone (queue names may hold ``.``, so it is escaped)."""
+    return f"^{re.escape(queue)}$"
 
 
 def pool_queues_policy_pattern(pool: str) -> str:

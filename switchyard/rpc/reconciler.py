@@ -14,6 +14,9 @@ that late activity cannot start it again.
 A lost state (no ``initialized`` marker) is rebuilt from the broker's ``{pool}-req-*`` queues and
 the driver's running groups, all marked Active: the normal delays then apply and nothing that
 holds work is deleted. Queue names Switchyard would not have made are skipped, logged and counted.
+Broker health: one pass per ``probe_interval_s`` (across every pool on the broker) probes whether
+the broker can still start an at-least-once dead-lettering queue (switchyard/rpc/dead_lettering.py);
+``dead_lettering_stranded`` is the alarm's metric.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 
 from switchyard.observability import logger
 from switchyard.rpc import protocol as p
+from switchyard.rpc.dead_lettering import broker_id
 from switchyard.rpc.drivers import WorkerGroup, WorkerGroupDriver
 from switchyard.rpc.state import GroupState, GroupStatus, PoolState, now_ms
 from switchyard.rpc.topology import PoolTopology
@@ -51,16 +55,19 @@ class ReconcileOutcome:
     queue_errors: int = 0
     tombstones_purged: int = 0
     foreign_queues: int = 0  # ``{pool}-req-*`` names Switchyard did not make: skipped
+    dead_lettering_probes: int = 0
+    dead_lettering_stranded: int = 0  # the probe found the broker's dead-letter supervisor gone
     depths: dict[str, int] = field(default_factory=dict)  # worker group id -> messages in its queue
 
 
 class Reconciler:
     def __init__(self, state: PoolState, topology: PoolTopology, driver: WorkerGroupDriver,
-                 delays: Delays) -> None:
+                 delays: Delays, probe_interval_s: float = 0.0) -> None:
         self.state = state
         self.topology = topology
         self.driver = driver
         self.delays = delays
+        self.probe_interval_s = probe_interval_s  # 0: no probe
         self.pool = topology.pool
 
     def run_pass(self, at_ms: int | None = None) -> ReconcileOutcome:
@@ -80,7 +87,24 @@ class Reconciler:
                     logger.exception("request queue step failed", extra={"pool": self.pool, "key": group.key})
             running = self._converge_groups(outcome, now)
             self._observe_depths(outcome, running)
+            self._probe_dead_lettering(outcome)
         return outcome
+
+    def _probe_dead_lettering(self, outcome: ReconcileOutcome) -> None:
+        """Classic-queue pools never dead-letter at least once: nothing to probe for them."""
+        if self.probe_interval_s <= 0 or self.topology.policy.queue_type is not p.QueueType.QUORUM:
+            return
+        broker = broker_id(self.topology.settings.connections.amqp_url)
+        if not self.state.probe_turn(broker, self.probe_interval_s):
+            return
+        try:
+            result = self.topology.probe_dead_lettering()
+        except Exception:  # observability must not break the pass
+            outcome.queue_errors += 1
+            logger.exception("dead-lettering probe failed", extra={"pool": self.pool})
+            return
+        outcome.dead_lettering_probes += 1
+        outcome.dead_lettering_stranded += int(result.stranded)
 
     # -- request queues -----------------------------------------------------------------------
     def _step_queue(self, group: GroupState, now: int, outcome: ReconcileOutcome) -> None:

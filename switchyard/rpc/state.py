@@ -17,6 +17,9 @@ every key one script or pipeline touches lives in the same slot):
 - ``initialized``  present once the state was built; absent after a flush -> rebuild
 - ``lock:{sha256(key)[:32]}``  per-key lock (token, with expiry)
 - ``reconciler``   lock held by the running reconciler pass
+
+and one key per broker, outside any pool: ``switchyard:rpc:probe:<broker id>``, the turn of the
+dead-lettering probe (whichever pool's pass takes it first probes; it expires after the interval).
 """
 
 from __future__ import annotations
@@ -155,6 +158,11 @@ class PoolState:
     def remove(self, group: GroupState) -> bool:
         """Compare-and-set removal (a Stopped tombstone is purged)."""
         return bool(self._cas(keys=[self._groups], args=[group.key, group.raw, ""]))
+
+    def probe_turn(self, broker: str, interval_s: float) -> bool:
+        """True for one caller per broker per ``interval_s``: the broker probe runs once, not per pool."""
+        return bool(self.redis.set(f"switchyard:rpc:probe:{broker}", self.pool, nx=True,
+                                   px=max(1, int(interval_s * 1000))))
 
     def is_initialized(self) -> bool:
         return bool(self.redis.exists(self._initialized))

@@ -20,6 +20,7 @@ from switchyard.errors import PoolNotEmptyError, PoolNotFoundError, TopologyErro
 from switchyard.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import connect, is_alive
+from switchyard.rpc.dead_lettering import ProbeResult, is_stranding, probe, retired, stranded_error
 from switchyard.rpc.management import ManagementApi, vhost_from_amqp_url
 from switchyard.rpc.settings import PoolPolicy, RpcSettings
 
@@ -31,12 +32,13 @@ POOL_QUEUE_DELIVERY_LIMIT = 1_000_000
 
 
 def _dead_lettering(policy: PoolPolicy, pool: str, delivery_limit: int) -> dict[str, Any]:
+    """At-most-once (see switchyard/rpc/dead_lettering.py): a request's dead letter is an answer about
+    its failure, and its caller's own deadline stands behind it. Request queues come and go with
+    their keys, and deleting an at-least-once queue can stop the broker's dead-letter supervisor."""
     definition: dict[str, Any] = {"dead-letter-exchange": p.dl_exchange(pool)}
     if policy.queue_type is p.QueueType.QUORUM:
         definition["delivery-limit"] = delivery_limit
-        # Dead letters are requests whose caller awaits an answer: do not drop them in transit.
-        definition["dead-letter-strategy"] = "at-least-once"
-        definition["overflow"] = "reject-publish"
+        definition[p.DEAD_LETTER_STRATEGY] = p.AT_MOST_ONCE
     return definition
 
 
@@ -51,15 +53,17 @@ def orphan_policy_definition(policy: PoolPolicy, pool: str) -> dict[str, Any]:
     return {**_dead_lettering(policy, pool, POOL_QUEUE_DELIVERY_LIMIT), "message-ttl": policy.message_ttl_ms}
 
 
-def staging_policy_definition(policy: PoolPolicy, target_queue: str) -> dict[str, Any]:
+def staging_policy_definition(policy: PoolPolicy, target_queue: str, strategy: str) -> dict[str, Any]:
     """Expire every message at once into ``target_queue`` through the default exchange, which makes
-    the broker record its routing key in ``x-death``. On quorum queues, at-least-once
-    dead-lettering keeps a message in staging until the target has confirmed it."""
+    the broker record its routing key in ``x-death``. On quorum queues, ``strategy`` at-least-once
+    keeps a message in staging until the target has confirmed it: the orphan hop carries requests.
+    Activity reports are hints that the next report repeats: at-most-once."""
     definition: dict[str, Any] = {"message-ttl": 0, "dead-letter-exchange": "",
                                   "dead-letter-routing-key": target_queue}
     if policy.queue_type is p.QueueType.QUORUM:
-        definition.update({"dead-letter-strategy": "at-least-once", "overflow": "reject-publish",
-                           "delivery-limit": POOL_QUEUE_DELIVERY_LIMIT})
+        definition.update({p.DEAD_LETTER_STRATEGY: strategy, "delivery-limit": POOL_QUEUE_DELIVERY_LIMIT})
+        if strategy == p.AT_LEAST_ONCE:
+            definition["overflow"] = "reject-publish"  # at-least-once requires it
     return definition
 
 
@@ -146,8 +150,9 @@ class PoolTopology:
             (p.orphan_policy_name(pool), p.orphan_policy_pattern(pool),
              orphan_policy_definition(self.policy, pool)),
             *((p.staging_policy_name(pool, target), p.staging_policy_pattern(target),
-               staging_policy_definition(self.policy, target))
-              for target in (p.orphan_queue(pool), p.activity_queue(pool))),
+               staging_policy_definition(self.policy, target, strategy))
+              for target, strategy in ((p.orphan_queue(pool), p.AT_LEAST_ONCE),
+                                       (p.activity_queue(pool), p.AT_MOST_ONCE))),
         ]
         if self.policy.queue_type is p.QueueType.QUORUM:
             policies.append((p.pool_queues_policy_name(pool), p.pool_queues_policy_pattern(pool),
@@ -179,15 +184,29 @@ class PoolTopology:
             waiting = {q: status[0] for q in queues if (status := self.queue_status(q)) and status[0]}
             if waiting:
                 raise PoolNotEmptyError(self.pool, waiting)
+        at_least_once = self._at_least_once_definitions()
         dropped = 0
         for queue in queues:
-            dropped += self._channel().queue_delete(queue).method.message_count
+            if queue in at_least_once:
+                with retired(self.management, queue, at_least_once[queue], self.policy.priority):
+                    dropped += self._channel().queue_delete(queue).method.message_count
+            else:
+                dropped += self._channel().queue_delete(queue).method.message_count
         for exchange in (p.req_exchange(self.pool), p.orphan_exchange(self.pool),
                          p.dl_exchange(self.pool), p.activity_exchange(self.pool)):
             self._channel().exchange_delete(exchange)
         for name, _, _ in self._policies():
             self.management.delete_policy(name)
         return dropped
+
+    def _at_least_once_definitions(self) -> dict[str, dict[str, Any]]:
+        """The pool's queues whose policy dead-letters at least once, with that policy's definition."""
+        return {pattern[1:-1]: definition for _, pattern, definition in self._policies()
+                if definition.get(p.DEAD_LETTER_STRATEGY) == p.AT_LEAST_ONCE}
+
+    def probe_dead_lettering(self) -> ProbeResult:
+        """Whether the broker can still start an at-least-once queue (see dead_lettering.probe)."""
+        return probe(self._channel, self.management, self.policy.priority)
 
     def exists(self) -> bool:
         """Whether the pool's request exchange exists (passive declare)."""
@@ -296,6 +315,10 @@ class PoolTopology:
         """Declare a durable queue; an existing one of another type is accepted as it is."""
         try:
             self._channel().queue_declare(name, durable=True, arguments=self._queue_arguments(key))
+        except pika.exceptions.ConnectionClosedByBroker as exc:
+            if is_stranding(exc):
+                raise stranded_error(f"declaring queue {name!r}") from exc
+            raise
         except pika.exceptions.ChannelClosedByBroker as exc:
             if exc.reply_code != PRECONDITION_FAILED:
                 raise TopologyError(f"declaring queue {name!r}: {exc.reply_text}") from exc

@@ -211,3 +211,59 @@ def test_pool_delete_removes_only_its_own_queues_and_counts_exactly(make_pool, a
             topology._channel().queue_delete(queue)
     assert not {pol["name"] for pol in api._request("GET", "/policies").json()
                 if pol["name"].startswith(f"switchyard-{name}-")}
+
+
+def test_only_the_orphan_staging_hop_dead_letters_at_least_once(pool, api) -> None:
+    """rabbitmq-server#16652: deleting an at-least-once queue at the wrong moment stops the broker's
+    dead-letter supervisor. Request queues come and go, so they (and every queue whose dead letters
+    are only answers or hints) dead-letter at most once; the hop that carries requests keeps
+    at-least-once."""
+    name, settings = pool
+    with PoolTopology(name, settings) as topology:
+        request_queue = topology.ensure_request_queue("k")
+    at_least_once = {p.orphan_staging_queue(name)}
+    for queue in (*p.pool_queue_names(name), request_queue):
+        info = wait_for(lambda q=queue: (i := api.get_queue(q)) and "effective_policy_definition" in i and i,
+                        what=f"{queue}'s effective policy")
+        strategy = info["effective_policy_definition"].get(p.DEAD_LETTER_STRATEGY)
+        if queue in at_least_once:
+            assert strategy == p.AT_LEAST_ONCE, queue
+        elif "dead-letter-exchange" in info["effective_policy_definition"]:
+            assert strategy == p.AT_MOST_ONCE, queue
+
+
+def test_pool_delete_retires_at_least_once_queues_and_leaves_no_policy(make_pool, api) -> None:
+    """The at-least-once staging queue is turned at-most-once by an exact-name policy before it is
+    deleted; the policy goes with it."""
+    name, settings = make_pool()
+    staging = p.orphan_staging_queue(name)
+    in_force: list[dict | None] = []
+    with PoolTopology(name, settings) as topology:
+        channel = topology._channel()
+        real_delete = channel.queue_delete
+
+        def queue_delete(queue: str, *args: object, **kwargs: object) -> object:
+            if queue == staging:  # which retire policy holds at the moment of the delete
+                in_force.append(api.get_policy(p.retire_policy_name(staging)))
+            return real_delete(queue, *args, **kwargs)
+
+        channel.queue_delete = queue_delete
+        topology.delete(force=True)
+    assert len(in_force) == 1 and in_force[0] is not None, in_force
+    assert in_force[0]["pattern"] == p.exact_queue_pattern(staging)
+    assert in_force[0]["definition"][p.DEAD_LETTER_STRATEGY] == p.AT_MOST_ONCE
+    assert in_force[0]["priority"] > settings.policy.priority
+    assert api.get_queue(staging) is None
+    assert not [pol for pol in api._request("GET", "/policies").json()
+                if pol["name"].startswith(p.RETIRE_POLICY_PREFIX)]
+
+
+def test_the_dead_lettering_probe_finds_a_healthy_broker_and_leaves_nothing(pool, api) -> None:
+    name, settings = pool
+    with PoolTopology(name, settings) as topology:
+        first = topology.probe_dead_lettering()
+        second = topology.probe_dead_lettering()
+    assert not first.stranded and not second.stranded
+    assert api.list_queues(f"^{p.DEAD_LETTER_PROBE_PREFIX}", columns="name") == []
+    assert not [pol for pol in api._request("GET", "/policies").json()
+                if pol["name"].startswith(p.RETIRE_POLICY_PREFIX)]
