@@ -185,10 +185,30 @@ _ARN_SHAPES: dict[str, tuple[str, str]] = {
 }
 
 
-def role_statements(resources: Mapping[str, Mapping[str, Any]], role: str,
-                    resolver: Resolver) -> list[Statement]:
-    """Every identity statement of ``role`` (logical id): inline, attached ``AWS::IAM::Policy``
-    documents naming it, and the AWS managed policies it lists."""
+def references(node: Any) -> Iterator[str]:
+    """Logical ids a template fragment names (``Ref``, ``Fn::GetAtt``, ``${X}`` in ``Fn::Sub``)."""
+    if isinstance(node, list):
+        for x in node:
+            yield from references(x)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key == "Ref" and isinstance(value, str):
+                yield value
+            elif key == "Fn::GetAtt":
+                yield value[0] if isinstance(value, list) else value.split(".", 1)[0]
+            elif key == "Fn::Sub":
+                text = value if isinstance(value, str) else value[0]
+                yield from (m.split(".", 1)[0] for m in re.findall(r"\$\{([^}!]+)\}", text))
+                if not isinstance(value, str):
+                    yield from references(value[1])
+            else:
+                yield from references(value)
+
+
+def raw_statements(resources: Mapping[str, Mapping[str, Any]], role: str,
+                   resolver: Resolver) -> list[dict[str, Any]]:
+    """Every identity statement of ``role`` (logical id), unresolved: inline, attached
+    ``AWS::IAM::Policy`` documents naming it, and the AWS managed policies it lists."""
     props = resources[role]["Properties"]
     raw: list[Any] = [s for p in props.get("Policies", []) for s in p["PolicyDocument"]["Statement"]]
     for res in resources.values():
@@ -200,7 +220,13 @@ def role_statements(resources: Mapping[str, Mapping[str, Any]], role: str,
         if name not in MANAGED_POLICIES:
             raise KeyError(f"{role} attaches the managed policy {name}: add it to MANAGED_POLICIES")
         raw.extend(MANAGED_POLICIES[name])
-    return [Statement.parse(resolver.value(s)) for s in raw]
+    return raw
+
+
+def role_statements(resources: Mapping[str, Mapping[str, Any]], role: str,
+                    resolver: Resolver) -> list[Statement]:
+    """``raw_statements`` of ``role``, resolved and parsed for ``allowed``."""
+    return [Statement.parse(resolver.value(s)) for s in raw_statements(resources, role, resolver)]
 
 
 # -- calls ----------------------------------------------------------------------------------------

@@ -6,31 +6,12 @@ and its role's policies name: each must be created before the resource runs."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from tests.iam_policy import references
+
 Resources = Mapping[str, Mapping[str, Any]]
-
-
-def references(node: Any) -> Iterator[str]:
-    """Logical ids a template fragment names (``Ref``, ``Fn::GetAtt``, ``${X}`` in ``Fn::Sub``)."""
-    if isinstance(node, list):
-        for x in node:
-            yield from references(x)
-    elif isinstance(node, dict):
-        for key, value in node.items():
-            if key == "Ref" and isinstance(value, str):
-                yield value
-            elif key == "Fn::GetAtt":
-                yield value[0] if isinstance(value, list) else value.split(".", 1)[0]
-            elif key == "Fn::Sub":
-                text = value if isinstance(value, str) else value[0]
-                yield from (m.split(".", 1)[0] for m in re.findall(r"\$\{([^}!]+)\}", text))
-                if not isinstance(value, str):
-                    yield from references(value[1])
-            else:
-                yield from references(value)
 
 
 def depends_on(resources: Resources, logical: str) -> set[str]:

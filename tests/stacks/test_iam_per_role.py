@@ -17,7 +17,8 @@ scoped grant (GetSecretValue on one secret's ARN) is denied and a wrong one cann
 Where the real operation needs RabbitMQ, Postgres, Redis or Kafka, the URLs (and the secret values
 that fill their placeholders) point at the local services, and names that would collide with other
 tests are made unique: ``OVERRIDES`` lists every variable changed from the template's value. Not
-exercised here, and asserted on the template instead (``test_what_the_evaluator_ignores``): IAM
+exercised here, and asserted on the template instead
+(``test_the_conditions_and_resource_policies_the_evaluator_ignores_hold``): IAM
 conditions, resource-based policies (Lambda permissions, bucket and secret policies), MSK's
 ``kafka-cluster:*`` actions (tansu has no IAM auth; the grants are asserted in
 tests/stacks/test_switchyard_stack.py), and the event source mappings' pollers.
@@ -43,7 +44,17 @@ import pytest
 
 from switchyard.config import Connections
 from switchyard.deployed_config import CONFIG_PATH_ENV
-from tests.iam_policy import ACCOUNT, REGION, Call, Resolver, allowed, denied, role_statements
+from tests.iam_policy import (
+    ACCOUNT,
+    REGION,
+    Call,
+    Resolver,
+    allowed,
+    denied,
+    raw_statements,
+    references,
+    role_statements,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MOTO = os.environ.get("AWS_ENDPOINT_URL") or "http://127.0.0.1:5000"
@@ -417,3 +428,54 @@ def test_every_aws_call_of_every_role_is_allowed_by_its_statements(
             failures.append(f"{probe.role} ({what}) failed: {result['error'].strip().splitlines()[-1]}")
     print("\n".join(summary))
     assert not failures, "\n".join(failures)
+
+
+def _condition_holds(dep: Deployment, operator: str, key: str, value: Any) -> bool:
+    """Each condition key the roles use, and the value under which the probed calls meet it."""
+    clusters = {dep.resolver.get_att(c, "Arn") for c in _of_kind(dep.resources, "AWS::ECS::Cluster")}
+    expected = {("ArnEquals", "ecs:cluster"): lambda v: v in clusters,  # the calls name the stack's cluster
+                ("StringEquals", "ecs:CreateAction"): lambda v: v == "RunTask",  # tags given at RunTask
+                ("StringEquals", "iam:PassedToService"): lambda v: v == "ecs-tasks.amazonaws.com"}
+    check = expected.get((operator, key))
+    return check is not None and check(value)
+
+
+def test_the_conditions_and_resource_policies_the_evaluator_ignores_hold(
+        deployment: Deployment, probed: list[tuple[Probe, dict[str, Any]]]) -> None:
+    """Conditions: every condition of a probed role is one whose value the probed calls meet (and
+    the ECS calls name the stack's cluster, as ``ecs:cluster`` requires). Resource policies: no
+    secret has one or a customer key (GetSecretValue would need kms:Decrypt too), buckets deny only
+    requests without TLS, and each API Gateway integration may invoke its function."""
+    dep, problems = deployment, []
+    clusters = {dep.resolver.ref(c) for c in _of_kind(dep.resources, "AWS::ECS::Cluster")}
+    for probe, result in probed:
+        for statement in raw_statements(dep.resources, probe.role, dep.resolver):
+            for operator, keys in dep.resolver.value(statement.get("Condition", {})).items():
+                problems += [f"{probe.role}: {operator} {key} = {value!r} is not a condition this test "
+                             "knows how the calls meet (add it to _condition_holds)"
+                             for key, value in keys.items()
+                             if not _condition_holds(dep, operator, key, value)]
+        problems += [f"{probe.role}: {r['operation']} names cluster {r['params'].get('cluster')!r}"
+                     for r in result["requests"] if r["service"] == "ecs"
+                     and str(r["params"].get("cluster", "default")).rsplit("/", 1)[-1] not in clusters]
+    assert not problems, "\n".join(problems)
+
+    assert not _of_kind(dep.resources, "AWS::SecretsManager::ResourcePolicy")
+    assert [k for k, v in _of_kind(dep.resources, "AWS::SecretsManager::Secret").items()
+            if "KmsKeyId" in v["Properties"]] == []
+    for policy in _of_kind(dep.resources, "AWS::S3::BucketPolicy").values():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            if statement["Effect"] == "Deny":
+                assert statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}, statement
+    permissions = [p["Properties"] for p in _of_kind(dep.resources, "AWS::Lambda::Permission").values()]
+    checked = set()
+    for method in _of_kind(dep.resources, "AWS::ApiGateway::Method").values():
+        integration = method["Properties"].get("Integration", {})
+        api = method["Properties"]["RestApiId"]["Ref"]
+        for fn in {r for r in references(integration.get("Uri", {}))
+                   if dep.resources.get(r, {}).get("Type") == "AWS::Lambda::Function"}:
+            assert any(p["Principal"] == "apigateway.amazonaws.com" and p["Action"] == "lambda:InvokeFunction"
+                       and fn in references(p["FunctionName"]) and api in references(p["SourceArn"])
+                       for p in permissions), f"API {api} may not invoke {fn}"
+            checked.add(fn)
+    assert len(checked) >= 2, checked  # the event bus's and the pending queue's APIs
