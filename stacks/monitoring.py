@@ -190,6 +190,20 @@ class MonitoringConstruct(Construct):
                     comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
                 ),
             ]
+        if self.config.pools:
+            specs.append(AlarmSpec(
+                "rabbitmq-dead-lettering-stranded",
+                cw.MathExpression(
+                    expression=("SELECT MAX(ReconcileDeadLetteringStranded) "
+                                f'FROM SCHEMA("{c.METRICS_NAMESPACE}", service)'),
+                    label="broker probes that found at-least-once dead-lettering stranded",
+                    period=PERIOD,
+                ),
+                1,
+                "The broker's at-least-once dead-letter supervisor has stopped (rabbitmq-server#16652): "
+                "orphans wait in the staging queues and new pools cannot be declared. Reboot the broker "
+                "(aws mq reboot-broker); nothing waiting is lost. See the README, 'Operations'.",
+            ))
         sla = self.config.delay.lateness_sla_ms
         specs += [
             AlarmSpec(

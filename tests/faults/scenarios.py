@@ -38,10 +38,30 @@ def ensure_rabbitmq4() -> None:
         subprocess.run([*rpc.RABBITMQ4_SCRIPT, "start"], check=True, capture_output=True, timeout=600)
 
 
+def rabbitmq4_dead_lettering() -> str:
+    """``running`` or ``stranded``: the 4.0 node's at-least-once dead-letter supervisor, asked directly."""
+    done = subprocess.run([*rpc.RABBITMQ4_SCRIPT, "dead-lettering"], capture_output=True, text=True,
+                          timeout=60)
+    if done.returncode not in (0, 4):
+        raise RuntimeError(f"scripts/rabbitmq4.sh dead-lettering failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def restart_rabbitmq4() -> None:
+    subprocess.run([*rpc.RABBITMQ4_SCRIPT, "restart"], check=True, capture_output=True, timeout=180)
+
+
 def _rabbitmq_restart(size: str, workdir: Path) -> Account:
+    """The restart, then the rig's teardown deletes the pool: the sequence that once stranded the
+    broker's at-least-once dead-lettering (rabbitmq-server#16652) and failed every later run. The
+    broker is left healthy whatever happens; a stranded one fails the scenario."""
     ensure_rabbitmq4()
-    return rpc.run_rpc("rpc: RabbitMQ 4.0 restarted", rpc.restart_rabbitmq, RPC_SIZES[size], workdir,
-                       rabbitmq4())
+    account = rpc.run_rpc("rpc: RabbitMQ 4.0 restarted", rpc.restart_rabbitmq, RPC_SIZES[size], workdir,
+                          rabbitmq4())
+    if rabbitmq4_dead_lettering() != "running":
+        restart_rabbitmq4()
+        raise AssertionError("the scenario stranded RabbitMQ 4.0's dead-letter supervisor (restarted since)")
+    return account
 
 
 def _kafka_restart(size: str, workdir: Path) -> Account:

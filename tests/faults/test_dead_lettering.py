@@ -15,7 +15,6 @@ supervisor alive (restarted if a test stranded it), so the next run starts from 
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -32,34 +31,21 @@ from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.state import PoolState
 from switchyard.rpc.topology import PoolTopology
 from tests.conftest import unique, wait_for
-from tests.faults import rpc
-from tests.faults.scenarios import ensure_rabbitmq4, rabbitmq4
+from tests.faults.scenarios import ensure_rabbitmq4, rabbitmq4, rabbitmq4_dead_lettering, restart_rabbitmq4
 
 KEYS = [f"k{i}" for i in range(10)]
-
-
-def dead_lettering() -> str:
-    """``running`` or ``stranded``: the 4.0 node's at-least-once dead-letter supervisor, asked directly."""
-    done = subprocess.run([*rpc.RABBITMQ4_SCRIPT, "dead-lettering"], capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode in (0, 4), done.stderr
-    return done.stdout.strip()
-
-
-def restart_broker() -> None:
-    subprocess.run([*rpc.RABBITMQ4_SCRIPT, "restart"], check=True, capture_output=True, timeout=180)
 
 
 @pytest.fixture
 def broker4() -> Iterator[RpcSettings]:
     """The 4.0 broker, healthy before the test and after it (restarted if the test stranded it)."""
     ensure_rabbitmq4()
-    if dead_lettering() != "running":
-        restart_broker()
+    if rabbitmq4_dead_lettering() != "running":
+        restart_rabbitmq4()
     yield RpcSettings(connections=rabbitmq4())
-    if dead_lettering() != "running":
-        restart_broker()
-    assert dead_lettering() == "running"
+    if rabbitmq4_dead_lettering() != "running":
+        restart_rabbitmq4()
+    assert rabbitmq4_dead_lettering() == "running"
 
 
 def delete_pools(settings: RpcSettings, *pools: str) -> None:
@@ -79,13 +65,13 @@ def test_deletions_right_after_a_restart_leave_new_pools_and_keys_working(broker
             topology.declare()
             topology.ensure_request_queues(KEYS, likely_new=KEYS)
     try:
-        restart_broker()
+        restart_rabbitmq4()
         with PoolTopology(kept, broker4) as topology:
             for key in KEYS:
                 topology.delete_request_queue(key)
         delete_pools(broker4, doomed)
         time.sleep(2)  # the crash loop, when there is one, ends the supervisor within milliseconds
-        assert dead_lettering() == "running"
+        assert rabbitmq4_dead_lettering() == "running"
         with PoolTopology(fresh, broker4) as topology:
             topology.declare()
             topology.ensure_request_queue("new-key")
@@ -119,12 +105,13 @@ def strand(settings: RpcSettings) -> None:
                 for name in victims:
                     connection.channel().queue_declare(name, durable=True,
                                                        arguments={"x-queue-type": "quorum"})
-            restart_broker()
+            restart_rabbitmq4()
             with pika.BlockingConnection(pika.URLParameters(connections.amqp_url)) as connection:
                 for name in victims:
                     connection.channel().queue_delete(name)
             with contextlib.suppress(AssertionError):
-                wait_for(lambda: dead_lettering() == "stranded", timeout=3, what="the supervisor to stop")
+                wait_for(lambda: rabbitmq4_dead_lettering() == "stranded", timeout=3,
+                         what="the supervisor to stop")
                 return
         raise AssertionError("three restarts and deletions did not strand the broker: has #16652 been fixed?")
     finally:
@@ -138,7 +125,7 @@ def test_a_stranded_broker_is_detected_named_and_alarmed(broker4: RpcSettings) -
     pool = unique("dlxd")
     strand(broker4)
     with PoolTopology(pool, broker4) as topology:
-        result = topology.probe_dead_lettering()
+        result = topology.probe_rabbitmq4_dead_lettering()
         assert result.stranded and "reboot" in result.detail.lower()
         with pytest.raises(DeadLetteringStrandedError, match="reboot"):
             topology.declare()
@@ -146,9 +133,9 @@ def test_a_stranded_broker_is_detected_named_and_alarmed(broker4: RpcSettings) -
     with PoolTopology(pool, broker4) as topology:
         outcome = Reconciler(state, topology, _NoDriver(), Delays(), probe_interval_s=0.001).run_pass()
     assert outcome.dead_lettering_stranded == 1
-    restart_broker()
+    restart_rabbitmq4()
     with PoolTopology(pool, broker4) as topology:
-        assert not topology.probe_dead_lettering().stranded
+        assert not topology.probe_rabbitmq4_dead_lettering().stranded
     delete_pools(broker4, pool)
     assert management.list_queues(f"^{p.DEAD_LETTER_PROBE_PREFIX}") == []
 

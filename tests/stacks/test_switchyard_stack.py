@@ -470,6 +470,9 @@ def test_alarm_metrics_and_thresholds(resources: Resources) -> None:
     starts = json.dumps(alarm(resources, f"{pool}-worker-group-start-failures")["Metrics"])
     assert "OrphanGroupStartFailures" in starts and "ReconcileDriverErrors" in starts
     assert alarm(resources, f"{pool}-orphan-forwarding-failures")["MetricName"] == "Errors"
+    stranded = alarm(resources, "rabbitmq-dead-lettering-stranded")  # the reconciler's broker probe
+    assert "MAX(ReconcileDeadLetteringStranded)" in json.dumps(stranded["Metrics"])
+    assert stranded["Threshold"] == 1 and "reboot" in stranded["AlarmDescription"]
     for module in RUNTIME_HANDLERS:
         role = module.replace("rpc_", f"{pool}-").replace("delay_", "delay-")
         assert "Throttles" in json.dumps(alarm(resources, f"{role}-errors-or-throttles")["Metrics"])
