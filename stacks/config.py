@@ -19,6 +19,7 @@ from switchyard.delay.settings import validate_schema, validate_topic
 from switchyard.errors import InvalidNameError
 from switchyard.rpc.drivers.ecs import CAPACITY_PROVIDERS, DEFAULT_CAPACITY_PROVIDER
 from switchyard.rpc.protocol import validate_pool
+from switchyard.rpc.settings import PoolPolicy
 
 # EMR Serverless takes a custom image from ECR only (in the application's account and Region).
 _ECR_IMAGE = re.compile(r"\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+"
@@ -151,6 +152,12 @@ class PoolConfig:
         _check(self.queue_depth_alarm_minutes >= 1, where, "queueDepthAlarmMinutes must be at least 1")
         _check(self.capacity_provider in CAPACITY_PROVIDERS, where,
                f"capacityProvider must be one of {list(CAPACITY_PROVIDERS)}, got {self.capacity_provider!r}")
+
+    @property
+    def first_call_s(self) -> int:
+        """How long a new key's first request may wait for its worker (the estimate in constants.py)."""
+        orphan_handled = self.batch_window_seconds + c.ORPHAN_HANDLER_START_S
+        return orphan_handled + c.FARGATE_TASK_START_S + c.WORKER_START_S
 
     @property
     def queue_depth_threshold(self) -> int:
@@ -296,6 +303,7 @@ class DeploymentConfig:
     alarm_email: str = ""
     emr_image: str = ""  # the EMR Serverless application's custom image (python3.11), if any
     concurrency: ConcurrencyConfig = field(default_factory=ConcurrencyConfig)
+    call_timeout_seconds: int = c.DEFAULT_AWS_CALL_TIMEOUT_S  # the callers' default (SWITCHYARD_CALL_TIMEOUT)
     # Production keeps the data: RDS deletion protection, snapshots of RDS and ElastiCache on delete.
     production: bool = False
     nat_gateways: int = c.VPC_NAT_GATEWAYS  # one per AZ (VPC_MAX_AZS) survives the loss of an AZ
@@ -319,6 +327,7 @@ class DeploymentConfig:
             f"not an ECR image URI (ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME:TAG or @sha256:...): "
             f"{self.emr_image!r}",
         )
+        self._check_call_timeout()
         budget = self.postgres_connection_budget
         limit = self.postgres.max_connections * c.POSTGRES_BUDGET_SHARE // 100
         _check(
@@ -329,6 +338,24 @@ class DeploymentConfig:
             f"{c.POSTGRES_BUDGET_SHARE}% of maxConnections {self.postgres.max_connections}: "
             "use fewer partitions or a larger instance",
         )
+
+    def _check_call_timeout(self) -> None:
+        """A new key's first call must be answered: its timeout outlives the wait for a Fargate task."""
+        timeout = self.call_timeout_seconds
+        for pool in self.pools:
+            _check(
+                timeout >= pool.first_call_s,
+                c.CTX_CALL_TIMEOUT,
+                f"a call timeout of {timeout} s expires a new key's first call in pool {pool.name!r} before "
+                f"its worker can answer: about {pool.first_call_s} s (the orphan handler "
+                f"{c.ORPHAN_HANDLER_START_S} s after batchWindowSeconds {pool.batch_window_seconds}, a "
+                f"Fargate task's start {c.FARGATE_TASK_START_S} s, the worker's {c.WORKER_START_S} s). "
+                "Raise callTimeoutSeconds or lower the pool's batchWindowSeconds.",
+            )
+        ttl_s = PoolPolicy().message_ttl_ms // 1000
+        _check(timeout <= ttl_s, c.CTX_CALL_TIMEOUT,
+               f"callTimeoutSeconds {timeout} is longer than the request queues' TTL ({ttl_s} s): the queue "
+               "would expire a request its caller still waits for")
 
     @property
     def postgres_connection_budget(self) -> int:
@@ -365,6 +392,8 @@ class DeploymentConfig:
             alarm_email=str(ctx(c.CTX_ALARM_EMAIL) or ""),
             emr_image=str(ctx(c.CTX_EMR_IMAGE) or ""),
             concurrency=_build(ConcurrencyConfig, ctx(c.CTX_CONCURRENCY), c.CTX_CONCURRENCY),
+            call_timeout_seconds=_count(ctx(c.CTX_CALL_TIMEOUT), c.CTX_CALL_TIMEOUT,
+                                        c.DEFAULT_AWS_CALL_TIMEOUT_S),
             production=_flag(ctx(c.CTX_PRODUCTION), c.CTX_PRODUCTION),
             nat_gateways=_count(ctx(c.CTX_NAT_GATEWAYS), c.CTX_NAT_GATEWAYS, c.VPC_NAT_GATEWAYS),
         )

@@ -81,6 +81,7 @@ CTX_ALARM_EMAIL = "switchyard:alarmEmail"
 CTX_EMR_IMAGE = "switchyard:emrImage"
 CTX_LAYER_DIR = "switchyard:layerDir"
 CTX_CONCURRENCY = "switchyard:concurrency"  # reserved concurrency and the account limit it must fit
+CTX_CALL_TIMEOUT = "switchyard:callTimeoutSeconds"  # the deployment's default call timeout (SSM)
 # The AWS target's stacks: a list of names (default [STACK_ID]), e.g. staging beside production.
 CTX_STACKS = "switchyard:stacks"
 CTX_PRODUCTION = "switchyard:production"  # true: deletion protection and snapshots (stacks/data.py)
@@ -135,6 +136,15 @@ SCHEDULE_RATE_MINUTES = 1
 # drives up to 5 concurrent invocations; one invocation per partition is all the mapping ever runs.
 DELAY_MIN_POLLERS = 1
 KAFKA_INVOCATIONS_PER_POLLER = 5
+
+# A new key's first call on AWS (README, "A new key's first call"): its request waits, under its
+# expiration (the call's timeout), for the orphan event source (its batch window, then its poll), the
+# orphan handler (a cold start in the VPC: configuration, secrets, the broker), RunTask and the
+# Fargate task's start, then the worker's own start. Estimates, in seconds:
+FARGATE_TASK_START_S = 45  # AWS (re:Post, ECS team): "30-45 seconds or longer", the image pull included
+ORPHAN_HANDLER_START_S = 15  # the mapping's poll, a VPC cold start, SSM + Secrets Manager + AMQP
+WORKER_START_S = 10  # the worker process: imports, AMQP connection, consume
+DEFAULT_AWS_CALL_TIMEOUT_S = 120  # the deployment's default: the estimate above (71 s) with room to spare
 
 # ECS
 WORKER_CONTAINER = "worker"

@@ -48,8 +48,9 @@ class SwitchyardStack(Stack):
             kafka_bootstrap=self.data.kafka_bootstrap, kafka_auth="aws-msk-iam",
             amqp_secret=self.broker.secret, redis_secret=self.data.redis_secret,
             postgres_secret=self.data.postgres_secret)
-        self.parameters = ConfigParametersConstruct(self, c.CONFIG_CONSTRUCT_ID,
-                                                    values=self.endpoints.shared_env(self.config.delay))
+        # The callers' default timeout on AWS outlives a new key's wait for a Fargate task.
+        self.parameters = ConfigParametersConstruct(self, c.CONFIG_CONSTRUCT_ID, values={
+            **self.endpoints.shared_env(self.config.delay), **self.workers.rpc_env})
         self.functions = FunctionsConstruct(
             self, c.FUNCTIONS_CONSTRUCT_ID, network=self.network, broker=self.broker, data=self.data,
             workers=self.workers, config=self.config, endpoints=self.endpoints, parameters=self.parameters,

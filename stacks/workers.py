@@ -22,6 +22,7 @@ from stacks.config import DeploymentConfig, PoolConfig
 from stacks.names import physical_name
 from stacks.network import NetworkConstruct
 from stacks.platform import fargate_platform, worker_image
+from switchyard.rpc.settings import CALL_TIMEOUT_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,6 +56,9 @@ class WorkersConstruct(Construct):
         self.log_group = logs.LogGroup(
             self, "WorkerLogs", retention=logs.RetentionDays.ONE_MONTH, removal_policy=RemovalPolicy.DESTROY
         )
+        # The callers' default call timeout on AWS (the stack's configuration has it too): long enough
+        # for a new key's first call to wait for its Fargate task (stacks/config.py checks it).
+        self.rpc_env = {CALL_TIMEOUT_ENV: str(config.call_timeout_seconds)}
         self._built_image: ecs.ContainerImage | None = None
         self.task_definitions = {pool.name: self._task_definition(pool) for pool in config.pools}
 
@@ -85,6 +89,7 @@ class WorkersConstruct(Construct):
             environment={
                 "SWITCHYARD_AMQP_URL": self.broker.amqp_url_template,
                 "SWITCHYARD_LOG_LEVEL": c.LOG_LEVEL,
+                **self.rpc_env,  # a handler that calls another pool waits as long as any caller
                 "POWERTOOLS_SERVICE_NAME": f"switchyard-{pool.name}-worker",
                 "POWERTOOLS_METRICS_NAMESPACE": c.METRICS_NAMESPACE,
                 "WORKER_POOL": pool.name,  # WORKER_KEY, WORKER_ID...: set per task by the driver

@@ -8,6 +8,11 @@ from switchyard.config import Connections, env_float, env_int, env_str
 from switchyard.errors import ConfigError
 from switchyard.rpc.protocol import QueueType
 
+# A call's default timeout, and with it its request's expiration. 30 s locally (a subprocess worker
+# starts in about a second); a deployment writes its own into the stack's configuration, long
+# enough for a new key's first call to wait for a Fargate task (README, "A new key's first call").
+CALL_TIMEOUT_ENV = "SWITCHYARD_CALL_TIMEOUT"
+
 
 @dataclass(frozen=True)
 class PoolPolicy:
@@ -57,7 +62,7 @@ class RpcSettings:
             connections=Connections.from_env(),
             policy=PoolPolicy.from_env(),
             client_concurrency=env_int("SWITCHYARD_CLIENT_CONCURRENCY", d.client_concurrency),
-            call_timeout=env_float("SWITCHYARD_CALL_TIMEOUT", d.call_timeout),
+            call_timeout=env_float(CALL_TIMEOUT_ENV, d.call_timeout),
             worker_prefetch=env_int("SWITCHYARD_WORKER_PREFETCH", d.worker_prefetch),
             activity_interval=env_float("SWITCHYARD_ACTIVITY_INTERVAL", d.activity_interval),
         )

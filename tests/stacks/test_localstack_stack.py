@@ -12,6 +12,7 @@ from aws_cdk.assertions import Template
 from stacks import constants as c
 from stacks.application import build_app
 from stacks.config import ConfigError
+from switchyard.rpc.settings import CALL_TIMEOUT_ENV
 from tests.stacks.conftest import synth
 from tests.stacks.test_switchyard_stack import actions_of, of_type, policy_statements, switchyard_functions
 
@@ -64,7 +65,10 @@ def test_both_targets_write_the_same_settings(local: tuple[Template, Path, Any],
     local_names = {n.rsplit("/", 1)[1] for n in _parameters(local[0].to_json()["Resources"])}
     aws_names = {n.rsplit("/", 1)[1] for n in _parameters(resources)}
     # The AWS target's Redis and Postgres URLs take credentials from secrets; the local ones need none.
-    assert aws_names - local_names == {"SWITCHYARD_REDIS_SECRET_ARN", "SWITCHYARD_POSTGRES_SECRET_ARN"}
+    # Its callers wait longer by default: a new key's first call waits for a Fargate task (local
+    # workers start in about a second, so the library's 30 s holds there).
+    assert aws_names - local_names == {"SWITCHYARD_REDIS_SECRET_ARN", "SWITCHYARD_POSTGRES_SECRET_ARN",
+                                       CALL_TIMEOUT_ENV}
     assert local_names <= aws_names
     assert all(n.startswith("/switchyard/SwitchyardStack/config/SWITCHYARD_") for n in _parameters(resources))
 
