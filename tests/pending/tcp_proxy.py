@@ -1,31 +1,65 @@
-"""A TCP proxy that can cut every connection through it for a while (Redis going away mid-call)."""
+"""A TCP proxy that cuts every connection through it for a while, or leaves them half-open.
+
+The pending tests cut Redis with it; the fault suite (``tests/faults/cuts.py``) puts it between the
+runtime and RabbitMQ, Postgres, Kafka or Redis. Traffic stays on 127.0.0.1 and needs no root.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class _Link:
+    """One client connection and its upstream; ``silent``: neither side is read or written again."""
+
+    client: socket.socket
+    upstream: socket.socket
+    silent: threading.Event = field(default_factory=threading.Event)
+
+    def sockets(self) -> tuple[socket.socket, socket.socket]:
+        return self.client, self.upstream
 
 
 class CuttableProxy:
-    """Forward 127.0.0.1:port to a target; ``cut(seconds)`` closes every connection and refuses
-    (accepts and closes at once) new ones until the time is up."""
+    """Forward 127.0.0.1:port to 127.0.0.1:target_port.
+
+    ``cut(seconds)`` closes every connection (both peers see it at once) and refuses new ones (accepts
+    and closes) until the time is up. ``hang(seconds)`` is the half-open connection of a peer that
+    vanished without a RST: every connection goes silent for good (nothing read, nothing forwarded,
+    both sockets kept open until ``close``), and new ones are accepted and left silent until the time
+    is up. Only a peer's own timeouts (heartbeats, read deadlines) can notice a hang: the kernel still
+    acknowledges what is sent (as a frozen peer's would), so TCP keepalives do not.
+    """
+
+    POLL_S = 0.1  # how soon a pipe notices that its link went silent
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
-        self._sockets: set[socket.socket] = set()
+        self._links: set[_Link] = set()
+        self._held: list[socket.socket] = []  # sockets of silent links, closed by ``close``
         self._refuse_until = 0.0
+        self._silent_until = 0.0
         self._closed = False
         self.cuts = 0
-        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=self._accept, daemon=True, name=f"proxy-{self.port}").start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The Redis URL through the proxy."""
+        return f"redis://{self.address}/0"
 
     def _accept(self) -> None:
         while not self._closed:
@@ -33,29 +67,42 @@ class CuttableProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            if time.monotonic() < self._refuse_until:
+            now = time.monotonic()
+            if now < self._refuse_until:
                 client.close()
+                continue
+            if now < self._silent_until:
+                with self._lock:
+                    self._held.append(client)
                 continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port))
             except OSError:
                 client.close()
                 continue
+            link = _Link(client, upstream)
             with self._lock:
-                self._sockets.update((client, upstream))
+                self._links.add(link)
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(link, a, b), daemon=True).start()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, link: _Link, source: socket.socket, sink: socket.socket) -> None:
         try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
+            while not link.silent.is_set():
+                readable, _, _ = select.select([source], [], [], self.POLL_S)
+                if link.silent.is_set():
+                    return  # half-open: the sockets stay open, held until ``close``
+                if readable:
+                    data = source.recv(65536)
+                    if not data:
+                        break
+                    sink.sendall(data)
+        except (OSError, ValueError):  # ValueError: select on a socket closed meanwhile
             pass
-        finally:
-            for s in (source, sink):
-                with self._lock:
-                    self._sockets.discard(s)
+        if not link.silent.is_set():
+            with self._lock:
+                self._links.discard(link)
+            for s in link.sockets():
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
                 s.close()
@@ -64,16 +111,31 @@ class CuttableProxy:
         """Drop every connection now and refuse new ones for ``seconds`` (returns at once)."""
         self.cuts += 1
         self._refuse_until = time.monotonic() + seconds
-        self._drop_all()
+        for link in self._take_links():
+            for s in link.sockets():
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
 
-    def _drop_all(self) -> None:
+    def hang(self, seconds: float) -> None:
+        """Leave every connection half-open for good, new ones silent for ``seconds`` (returns at once)."""
+        self.cuts += 1
+        self._silent_until = time.monotonic() + seconds
+        for link in self._take_links():
+            link.silent.set()
+            with self._lock:
+                self._held.extend(link.sockets())
+
+    def _take_links(self) -> list[_Link]:
         with self._lock:
-            sockets, self._sockets = list(self._sockets), set()
-        for s in sockets:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+            links, self._links = list(self._links), set()
+        return links
 
     def close(self) -> None:
         self._closed = True
         self._listener.close()
-        self._drop_all()
+        self.cut(0)
+        self.cuts -= 1
+        with self._lock:
+            held, self._held = self._held, []
+        for s in held:
+            s.close()
