@@ -15,7 +15,7 @@ The job reads its settings from ``SWITCHYARD_*`` variables like every Switchyard
 they are set on the driver and the executors by ``--env NAME=VALUE`` and, with ``--stack``, from
 the stack's deployed configuration (SSM parameters: no secrets, only ``{password}`` placeholders and
 secret ARNs), so the job role needs no SSM access. Only the settings the job reads are copied
-(``JOB_SETTINGS``): its role may read the broker's secret alone, and a URL of another service would
+(``job_settings``): its role may read the broker's secret alone, and a URL of another service would
 have the job read that service's secret.
 """
 
@@ -38,11 +38,6 @@ APPLICATION_ID_ENV = "SWITCHYARD_EMR_APPLICATION_ID"
 JOB_ROLE_ARN_ENV = "SWITCHYARD_EMR_JOB_ROLE_ARN"
 BUCKET_ENV = "SWITCHYARD_PIPELINE_BUCKET"
 LOG_URI_ENV = "SWITCHYARD_EMR_LOG_URI"
-
-# The deployed settings the job reads (switchyard/spark/job.py): the broker (its URLs and where its
-# credentials come from) and the delay input topic on MSK. Nothing of Redis or Postgres.
-JOB_SETTINGS = frozenset({*SECRET_URLS["AMQP"], *source_variables("AMQP"), "SWITCHYARD_KAFKA_BOOTSTRAP",
-                          "SWITCHYARD_KAFKA_AUTH", "SWITCHYARD_DELAY_INPUT_TOPIC"})
 
 # The stack outputs (stacks/switchyard_stack.py) that hold the defaults above.
 STACK_OUTPUTS = {
@@ -254,6 +249,16 @@ def parse_env(pairs: Sequence[str]) -> dict[str, str]:
     return env
 
 
+def job_settings() -> frozenset[str]:
+    """The deployed settings the job reads (switchyard/spark/job.py): the broker (its URLs and where
+    its credentials come from), the calls' default timeout, the delay input topic on MSK; nothing of
+    Redis or Postgres, whose secrets the job role may not read."""
+    from switchyard.rpc.settings import CALL_TIMEOUT_ENV  # here: switchyard.rpc brings pika along
+
+    return frozenset({*SECRET_URLS["AMQP"], *source_variables("AMQP"), CALL_TIMEOUT_ENV,
+                      "SWITCHYARD_KAFKA_BOOTSTRAP", "SWITCHYARD_KAFKA_AUTH", "SWITCHYARD_DELAY_INPUT_TOPIC"})
+
+
 def stack_config(stack: str) -> dict[str, str]:
     """The stack's deployed ``SWITCHYARD_*`` settings (Powertools' cache: ``--stack`` just read them)."""
     from switchyard.deployed_config import config_path, fetch
@@ -303,7 +308,7 @@ def _application_id(args: argparse.Namespace, outputs: Mapping[str, str]) -> str
 def spec_from_args(args: argparse.Namespace, outputs: Mapping[str, str],
                    deployed: Mapping[str, str] | None = None) -> JobSpec:
     """The submission the flags, variables and stack outputs (and the deployed settings the job
-    reads, ``JOB_SETTINGS``) describe."""
+    reads, ``job_settings``) describe."""
     bucket = resolve(args.bucket, BUCKET_ENV, outputs, STACK_OUTPUTS["bucket"])
     location = bucket_location(bucket) if bucket else None
     entry_point, archive = args.entry_point, args.archive
@@ -329,8 +334,9 @@ def spec_from_args(args: argparse.Namespace, outputs: Mapping[str, str],
     job_args = list(args.job_args or [])
     if job_args[:1] == ["--"]:
         job_args = job_args[1:]
-    job_settings = {name: value for name, value in (deployed or {}).items() if name in JOB_SETTINGS}
-    env = {**job_settings, **parse_env(args.env)}
+    wanted = job_settings()
+    env = {name: value for name, value in (deployed or {}).items() if name in wanted}
+    env.update(parse_env(args.env))
     return JobSpec(application_id=application_id, role_arn=role_arn, entry_point=entry_point,
                    archive=archive, log_uri=log_uri, args=tuple(job_args), env=tuple(sorted(env.items())),
                    name=args.name)

@@ -251,7 +251,7 @@ def test_defaults_come_from_the_deployed_stack_outputs(
     stack = unique("SyPipeline").replace("_", "-")
     # One setting the job reads, and the Redis ones it does not: its role reads only the broker's
     # secret, so a Redis URL with placeholders in its environment would fail it on EMR (issue 22).
-    deployed = {"SWITCHYARD_DELAY_INPUT_TOPIC": "sy-pipeline-input",
+    deployed = {"SWITCHYARD_DELAY_INPUT_TOPIC": "sy-pipeline-input", "SWITCHYARD_CALL_TIMEOUT": "120",
                 "SWITCHYARD_REDIS_URL": "rediss://:{password}@redis.internal:6379/0",
                 "SWITCHYARD_REDIS_SECRET_ARN": "arn:aws:secretsmanager:us-east-1:1:secret:redis-AbCdEf"}
     monkeypatch.setenv(CONFIG_PATH_ENV, "")  # restored after the CLI sets it
@@ -283,6 +283,7 @@ def test_defaults_come_from_the_deployed_stack_outputs(
     params = run["jobDriver"]["sparkSubmit"]["sparkSubmitParameters"].split()
     for where in ("spark.emr-serverless.driverEnv", "spark.executorEnv"):
         assert f"{where}.SWITCHYARD_DELAY_INPUT_TOPIC=sy-pipeline-input" in params
+        assert f"{where}.SWITCHYARD_CALL_TIMEOUT=120" in params
     assert [p for p in params if "REDIS" in p] == []
     assert run["executionRole"] == ROLE_ARN
 
