@@ -219,10 +219,14 @@ def free_port() -> int:
 
 
 class Tansu:
-    """A private tansu broker (memory storage) that a test may kill and restart."""
+    """A private tansu broker (memory storage) that a test may kill and restart.
 
-    def __init__(self, port: int, log: Path) -> None:
+    ``advertised_port``: where clients are told to connect after the bootstrap (a proxy in front).
+    """
+
+    def __init__(self, port: int, log: Path, advertised_port: int | None = None) -> None:
         self.port = port
+        self.advertised_port = advertised_port or port
         self.bootstrap = f"127.0.0.1:{port}"
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
@@ -231,7 +235,8 @@ class Tansu:
         assert TANSU.exists(), TANSU
         url = f"tcp://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [str(TANSU), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [str(TANSU), "broker", "--listener-url", url,
+             "--advertised-listener-url", f"tcp://127.0.0.1:{self.advertised_port}",
              "--storage-engine", "memory://tansu/"],
             stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
         )

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +44,7 @@ class DelaySize:
     delay: float = 2.0  # from the first chunk's production to its deadline
     produce_every: float | None = None  # produce faster than the deadlines advance (None: ``every``)
     gap: tuple[float, float] | None = None  # no deadline in this window (seconds after the start)
+    settle: float = 30.0  # after the last deadline, how long the account waits for what is missing
 
     @property
     def messages(self) -> int:
@@ -75,7 +76,8 @@ class Plan:
 class DelayRig:
     """A throwaway schema and topic pair, ``switchyard delay run`` on them, and an output reader."""
 
-    def __init__(self, workdir: Path, bootstrap: str | None = None) -> None:
+    def __init__(self, workdir: Path, bootstrap: str | None = None,
+                 node_env: Mapping[str, str] | None = None) -> None:
         self.connections = Connections.from_env()
         self.bootstrap = bootstrap or self.connections.kafka_bootstrap
         self.name = unique("faults_delay")
@@ -87,6 +89,7 @@ class DelayRig:
             "SWITCHYARD_DELAY_APPLICATION_NAME": self.name,
             "SWITCHYARD_DELAY_HOLD_TIME_MS": "2000", "SWITCHYARD_DELAY_PUBLISH_TIMEOUT_MS": "500",
             "SWITCHYARD_DELAY_FAILURE_DETECTION_INTERVAL_MS": "250", "SWITCHYARD_DELAY_BATCH_WINDOW_MS": "50",
+            **(node_env or {}),
         }, workdir / f"delay-{self.name}.log", tag=self.name)
         self.reader: OutputReader | None = None
         self.store = PostgresDelayStore(self.connections.postgres_dsn, self.name, f"{self.name}-harness")
@@ -136,6 +139,7 @@ class DelayTraffic:
         self.start_s = time.time()
         self.confirmed: list[str] = []
         self.unconfirmed: list[str] = []
+        self.fault_ends: list[float] = []  # when each fault was over (time.time(), like the plan)
         self.produced_all = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"produce-{rig.name}", daemon=True)
         self.error: BaseException | None = None
@@ -182,9 +186,11 @@ Fault = Callable[[DelayRig, DelayTraffic], int]
 
 
 def run_delay(scenario: str, fault: Fault, size: DelaySize, workdir: Path, bootstrap: str | None = None,
-              on_rig: Callable[[DelayRig], None] | None = None) -> Account:
-    """Produce the plan while ``fault`` runs; the account once everything due has had time to fire."""
-    with DelayRig(workdir, bootstrap) as rig:
+              on_rig: Callable[[DelayRig], None] | None = None,
+              node_env: Mapping[str, str] | None = None) -> Account:
+    """Produce the plan while ``fault`` runs; the account once everything due has had time to fire.
+    ``node_env``: settings of ``switchyard delay run`` only (a service through a proxy, say)."""
+    with DelayRig(workdir, bootstrap, node_env) as rig:
         if on_rig is not None:
             on_rig(rig)
         start = time.monotonic()
@@ -193,7 +199,7 @@ def run_delay(scenario: str, fault: Fault, size: DelaySize, workdir: Path, boots
         traffic.join()
         assert rig.reader is not None
         expected = set(traffic.confirmed)
-        end = traffic.start_s + traffic.plan.last_due() + 30  # hold time, sweep, restarts: far inside
+        end = traffic.start_s + traffic.plan.last_due() + size.settle  # hold time, sweep, restarts
         while time.time() < end and not expected <= set(rig.reader.poll(0.2) and rig.reader.ids()):
             pass
         rig.reader.poll(1.0)  # late duplicates

@@ -13,6 +13,8 @@ import redis
 from switchyard.config import Connections
 from switchyard.rpc.worker import Request
 
+# The Redis the counts go to, straight (the pool's own may be cut by a scenario's proxy).
+FAULTS_REDIS_ENV = "SWITCHYARD_FAULTS_REDIS_URL"
 _redis: redis.Redis | None = None
 
 
@@ -24,6 +26,6 @@ def handled_key(pool: str) -> str:
 def count(request: Request) -> bytes:
     global _redis
     if _redis is None:
-        _redis = redis.Redis.from_url(Connections.from_env().redis_url)
+        _redis = redis.Redis.from_url(os.environ.get(FAULTS_REDIS_ENV) or Connections.from_env().redis_url)
     _redis.hincrby(handled_key(os.environ["WORKER_POOL"]), request.text(), 1)
     return request.body

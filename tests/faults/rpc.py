@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +35,7 @@ from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.topology import PoolTopology
 from tests.conftest import ROOT, unique
 from tests.faults.account import Account
-from tests.faults.handlers import handled_key
+from tests.faults.handlers import FAULTS_REDIS_ENV, handled_key
 from tests.faults.procs import Service, kill_pids, pids_with_env
 from tests.rpc.conftest import flush_pool_state
 
@@ -152,7 +152,8 @@ class RpcTraffic:
 class RpcRig:
     """One throwaway pool with its control plane (``switchyard local``) as a subprocess."""
 
-    def __init__(self, workdir: Path, connections: Connections | None = None) -> None:
+    def __init__(self, workdir: Path, connections: Connections | None = None,
+                 plane_env: Mapping[str, str] | None = None) -> None:
         base = RpcSettings.from_env()
         self.settings = replace(base, connections=connections or base.connections)
         c = self.settings.connections
@@ -165,7 +166,7 @@ class RpcRig:
              "SWITCHYARD_WORKER_HANDLER": "tests.faults.handlers:count",
              "SWITCHYARD_WORKER_LOG_DIR": str(workdir / "workers"), "SWITCHYARD_RECONCILE_INTERVAL": "0.5",
              "SWITCHYARD_MAX_WORKERS": "2", "SWITCHYARD_WORKER_STOP_TIMEOUT": "5",
-             "WORKER_ACTIVITY_INTERVAL": "0.5"},
+             "WORKER_ACTIVITY_INTERVAL": "0.5", FAULTS_REDIS_ENV: c.redis_url, **(plane_env or {})},
             workdir / f"local-{self.pool}.log", tag=self.pool)
 
     def workers(self) -> list[int]:
@@ -225,9 +226,10 @@ Fault = Callable[[RpcRig, RpcTraffic], int]
 
 
 def run_rpc(scenario: str, fault: Fault, size: RpcSize, workdir: Path,
-            connections: Connections | None = None) -> Account:
-    """Traffic through a fresh pool while ``fault`` runs; the account once every call settled."""
-    with RpcRig(workdir, connections) as rig:
+            connections: Connections | None = None, plane_env: Mapping[str, str] | None = None) -> Account:
+    """Traffic through a fresh pool while ``fault`` runs; the account once every call settled.
+    ``plane_env``: settings of the control plane and its workers only (a service through a proxy, say)."""
+    with RpcRig(workdir, connections, plane_env) as rig:
         start = time.monotonic()
         traffic = RpcTraffic(rig.pool, rig.settings, size).start()
         faults = fault(rig, traffic)

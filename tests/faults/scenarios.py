@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchyard.config import Connections
-from tests.faults import delay, rpc
+from tests.faults import cuts, delay, rpc
 from tests.faults.account import Account
 
 RPC_SIZES = {"full": rpc.RpcSize(requests=2000, keys=12, rate=100), "short": rpc.RpcSize(300, 6, 60)}
@@ -78,6 +78,7 @@ def _kafka_restart(size: str, workdir: Path) -> Account:
 class Scenario:
     name: str
     run: Callable[[str, Path], Account]  # (size, workdir) -> account
+    in_ci: bool = True  # its short size runs in ./dev test (tests/faults/test_faults.py)
 
 
 def _rpc(name: str, fault: rpc.Fault) -> Scenario:
@@ -96,4 +97,5 @@ SCENARIOS = [
     _delay("delay: SIGKILL mid-batch", delay.kill_fire_loop),
     _delay("delay: Postgres backends killed", delay.kill_postgres_connections),
     Scenario("delay: Kafka broker restarted", _kafka_restart),
+    *(Scenario(name, run, ci) for name, run, ci in cuts.scenarios(RPC_SIZES, DELAY_SIZES)),
 ]

@@ -1,0 +1,180 @@
+"""Network cuts: a TCP proxy between the runtime and RabbitMQ, Redis, Postgres or Kafka.
+
+The proxy (``tests/pending/tcp_proxy.py``) carries only the runtime's connections to one service
+(``switchyard local`` and its workers for RabbitMQ and Redis, ``switchyard delay run`` for Postgres
+and Kafka); the harness's calls, counting and reading go direct wherever they can, so whatever is
+lost was lost by the runtime. Kafka clients connect where the broker advertises, so there a private
+tansu advertises the proxy and the harness crosses it too (it produces everything before the cut).
+
+Three cuts of each: for 5 s and for 60 s (every connection closed, new ones refused meanwhile), and
+half-open (every connection silent for good, new ones silent for 5 s: only the runtime's own
+heartbeats and timeouts can notice). The fault ends when the proxy forwards again; the recovery time
+runs from there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from switchyard.config import Connections
+from tests.delay.conftest import Tansu, free_port
+from tests.faults import delay, rpc
+from tests.faults.account import Account
+from tests.pending.tcp_proxy import CuttableProxy
+
+HALF_OPEN_S = 5.0  # how long new connections stay silent in a half-open cut
+
+
+class Cut(StrEnum):
+    CLOSED = "cut"  # connections closed (FIN), new ones refused
+    HALF_OPEN = "half-open"  # connections silent for good, no RST; new ones silent for a while
+
+
+@dataclass(frozen=True)
+class Outage:
+    """One cut: what, for how long (a half-open cut's old connections stay dead whatever this is)."""
+
+    cut: Cut
+    seconds: float
+
+    def label(self) -> str:
+        return "half-open" if self.cut is Cut.HALF_OPEN else f"cut {self.seconds:g} s"
+
+    def apply(self, proxy: CuttableProxy) -> float:
+        """Start the cut; returns when it will be over (time.monotonic())."""
+        (proxy.hang if self.cut is Cut.HALF_OPEN else proxy.cut)(self.seconds)
+        return time.monotonic() + self.seconds
+
+
+def via(url: str, proxy: CuttableProxy) -> str:
+    """``url`` with its host and port replaced by the proxy's (credentials, path and query kept)."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=f"{credentials}@{proxy.address}" if credentials
+                                     else proxy.address))
+
+
+def port_of(url: str) -> int:
+    port = urlsplit(url).port
+    assert port is not None, f"no port in {url}"
+    return port
+
+
+# -- RPC: RabbitMQ and Redis --------------------------------------------------------------------------
+RPC_SERVICES = {"RabbitMQ": ("SWITCHYARD_AMQP_URL", "amqp_url"),
+                "Redis": ("SWITCHYARD_REDIS_URL", "redis_url")}
+
+
+def rpc_cut(name: str, service: str, outage: Outage, sizes: dict[str, rpc.RpcSize],
+            ) -> Callable[[str, Path], Account]:
+    """Calls through a pool whose control plane and workers reach ``service`` through the proxy."""
+    variable, field = RPC_SERVICES[service]
+
+    def run(size: str, workdir: Path) -> Account:
+        url = getattr(Connections.from_env(), field)
+        proxy = CuttableProxy(port_of(url))
+
+        def fault(rig: rpc.RpcRig, traffic: rpc.RpcTraffic) -> int:
+            traffic.wait_progress(0.3)
+            over = outage.apply(proxy)
+            time.sleep(max(0.0, over - time.monotonic()))
+            traffic.fault_ends.append(time.monotonic())
+            return proxy.cuts
+
+        try:
+            return rpc.run_rpc(name, fault, sizes[size], workdir,
+                               plane_env={variable: via(url, proxy)})
+        finally:
+            proxy.close()
+
+    return run
+
+
+# -- the delay scheduler: Postgres and Kafka ----------------------------------------------------------
+CUT_AT = 0.3  # of the plan's last deadline: chunks are due before, during and after the cut
+
+
+def _delay_fault(proxy: CuttableProxy, outage: Outage, after_production: bool = False) -> delay.Fault:
+    def fault(rig: delay.DelayRig, traffic: delay.DelayTraffic) -> int:
+        if after_production:
+            traffic.produced_all.wait()
+        traffic.at(CUT_AT * traffic.plan.last_due())
+        over = outage.apply(proxy)
+        time.sleep(max(0.0, over - time.monotonic()))
+        traffic.fault_ends.append(time.time())
+        return proxy.cuts
+
+    return fault
+
+
+def postgres_cut(name: str, outage: Outage, sizes: dict[str, delay.DelaySize],
+                 ) -> Callable[[str, Path], Account]:
+    """``switchyard delay run`` reaches Postgres through the proxy (the harness's store goes direct)."""
+
+    def run(size: str, workdir: Path) -> Account:
+        dsn = Connections.from_env().postgres_dsn
+        proxy = CuttableProxy(port_of(dsn))
+        try:
+            return delay.run_delay(name, _delay_fault(proxy, outage),
+                                   sizes[size], workdir,
+                                   node_env={"SWITCHYARD_POSTGRES_DSN": via(dsn, proxy)})
+        finally:
+            proxy.close()
+
+    return run
+
+
+def kafka_cut(name: str, outage: Outage, sizes: dict[str, delay.DelaySize]) -> Callable[[str, Path], Account]:
+    """A private tansu that advertises the proxy: the scheduler's consumer and producer cross it,
+    and so do the harness's producer and reader (everything is produced before the cut)."""
+
+    def run(size: str, workdir: Path) -> Account:
+        port = free_port()
+        proxy = CuttableProxy(port)
+        broker = Tansu(port, workdir / "tansu-cut.log", advertised_port=proxy.port)
+        broker.start()
+        try:
+            return delay.run_delay(name, _delay_fault(proxy, outage, after_production=True),
+                                   sizes[size], workdir, bootstrap=proxy.address)
+        finally:
+            proxy.close()
+            broker.kill()
+
+    return run
+
+
+def settled_later(size: delay.DelaySize, outage: Outage) -> delay.DelaySize:
+    """The size, waiting out the outage (and a half-open connection's detection) before the account."""
+    return replace(size, settle=size.settle + outage.seconds + (60.0 if outage.cut is Cut.HALF_OPEN else 0.0))
+
+
+OUTAGES = (Outage(Cut.CLOSED, 5.0), Outage(Cut.CLOSED, 60.0), Outage(Cut.HALF_OPEN, HALF_OPEN_S))
+
+
+def in_ci(outage: Outage) -> bool:
+    """The short suite (./dev test) takes the 5 s cuts; 60 s cuts and half-open ones (whose
+    detection takes up to two heartbeats or a timeout each) run in ./dev faults only."""
+    return outage == OUTAGES[0]
+
+
+def scenarios(rpc_sizes: dict[str, rpc.RpcSize], delay_sizes: dict[str, delay.DelaySize],
+              ) -> list[tuple[str, Callable[[str, Path], Account], bool]]:
+    """(name, run, in CI) of every cut: each service, each outage."""
+    kafka_sizes = {size: replace(d, produce_every=0.02) for size, d in delay_sizes.items()}  # all before
+    found: list[tuple[str, Callable[[str, Path], Account], bool]] = []
+    for outage in OUTAGES:
+        later = {size: settled_later(d, outage) for size, d in delay_sizes.items()}
+        kafka_later = {size: settled_later(d, outage) for size, d in kafka_sizes.items()}
+        rpc_name, delay_name = f"rpc: {{}} {outage.label()}", f"delay: {{}} {outage.label()}"
+        found += [(rpc_name.format(s), rpc_cut(rpc_name.format(s), s, outage, rpc_sizes), in_ci(outage))
+                  for s in RPC_SERVICES]
+        found += [(delay_name.format("Postgres"), postgres_cut(delay_name.format("Postgres"), outage, later),
+                   in_ci(outage)),
+                  (delay_name.format("Kafka"), kafka_cut(delay_name.format("Kafka"), outage, kafka_later),
+                   in_ci(outage))]
+    return found
