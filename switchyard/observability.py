@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
@@ -35,11 +36,42 @@ def pool_service(pool: str) -> str:
 METRICS_NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "Switchyard"
 
 
+REDACTED = "<redacted>"
+# Credentials as they appear in log lines and messages: a token in the path of the bus's token
+# routes, an Authorization value, a URL's userinfo, a generated bus token's secret part, and the
+# values of JSON or key=value fields named after credentials.
+_CREDENTIALS = (
+    (re.compile(r"(/api_tokens/)[^/\s\"'?#]+"), rf"\1{REDACTED}"),
+    (re.compile(r"(?i)\b(basic|bearer)(\s+)[A-Za-z0-9._~+/=-]+"), rf"\1\2{REDACTED}"),
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s\"'@]*@"), rf"\1{REDACTED}@"),
+    (re.compile(r"\b([a-z0-9:_-]+--)[0-9a-f]{32}\b"), rf"\1{REDACTED}"),
+    (re.compile(r"(?i)([\"']?\b(?:api_?token|token|uuid|password|passwd|secret|root_?key|authorization)"
+                r"[\"']?\s*[:=]\s*[\"']?)[^\"'\s,}&]+"), rf"\1{REDACTED}"),
+)
+
+
+def redact(text: str) -> str:
+    """``text`` with every credential it shows replaced by ``<redacted>`` (logs and error messages:
+    a token read in a log is a token anyone with log access holds)."""
+    for pattern, replacement in _CREDENTIALS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class RedactingStreamHandler(logging.StreamHandler):
+    """A stream handler whose every line, whatever its level, fields or traceback, is redacted
+    after formatting: no logger, ``extra`` field or exception message can print a credential."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
 def _build_logger() -> Logger:
     in_lambda = bool(os.environ.get("AWS_LAMBDA_FUNCTION_NAME"))
     # Outside Lambda keep stdout for the program's own output (summaries, JSON results), and
     # keep a terminal quiet unless asked: ECS task definitions set SWITCHYARD_LOG_LEVEL=INFO.
-    handler = None if in_lambda else logging.StreamHandler(sys.stderr)
+    # (Lambda reads stdout, as Powertools' own handler writes.)
+    handler = RedactingStreamHandler(sys.stdout if in_lambda else sys.stderr)
     level = os.environ.get("SWITCHYARD_LOG_LEVEL") or os.environ.get("POWERTOOLS_LOG_LEVEL")
     level = level or ("INFO" if in_lambda else "WARNING")
     return Logger(service=SERVICE, level=level, logger_handler=handler)

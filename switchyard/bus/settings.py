@@ -51,13 +51,18 @@ class BusSettings:
     max_mem: int = 100_000_000
     min_free: int = 10_000_000
     job_error_retry_ms: int = 5_000  # an unexpected exception in a job retries it this much later
+    # Topics a client may create by subscribing (unclaimed until a publisher claims them), and how
+    # old one without subscribers must be before housekeeping removes it: GET /topics stays bounded.
+    max_unclaimed_topics: int = 100
+    unclaimed_topic_ttl_ms: int = 3_600_000
 
     def __post_init__(self) -> None:
         if not _BUS_NAME_RE.match(self.name):
             raise ConfigError(f"SWITCHYARD_BUS_NAME must match [a-z0-9_-]{{1,64}}, got {self.name!r}")
         for field, low in (("worker_threads", 1), ("max_event_data", 0), ("max_backoff_ms", 1),
                            ("heal_rate", 1), ("damage_rate", 1), ("scrub_after_ms", 1),
-                           ("heartbeat_ms", 1), ("schedule_interval_ms", 1), ("min_free", 0)):
+                           ("heartbeat_ms", 1), ("schedule_interval_ms", 1), ("min_free", 0),
+                           ("max_unclaimed_topics", 0), ("unclaimed_topic_ttl_ms", 1)):
             if getattr(self, field) < low:
                 raise ConfigError(f"bus setting {field} must be >= {low}, got {getattr(self, field)}")
         if self.heartbeat_ms * 2 > self.scrub_after_ms:
@@ -76,7 +81,7 @@ class BusSettings:
     def from_env(cls) -> BusSettings:
         variables = prefixed("SWITCHYARD_BUS_", "name", "max_event_data", "worker_threads", "max_backoff_ms",
                              "scrub_after_ms", "heartbeat_ms", "autodrop_interval_ms", "monitor_interval_ms",
-                             "scrub_interval_ms")
+                             "scrub_interval_ms", "max_unclaimed_topics", "unclaimed_topic_ttl_ms")
         variables |= {"max_mem": "SWITCHYARD_BUS_REDIS_MAX_MEM", "min_free": "SWITCHYARD_BUS_REDIS_MIN_FREE"}
         return fields_from_env(
             cls, variables,
