@@ -15,13 +15,19 @@ for SQS, IAM and STS and checks every other service's action against resource ``
 scoped grant (GetSecretValue on one secret's ARN) is denied and a wrong one cannot be told apart.
 
 Where the real operation needs RabbitMQ, Postgres, Redis or Kafka, the URLs (and the secret values
-that fill their placeholders) point at the local services, and names that would collide with other
-tests are made unique: ``OVERRIDES`` lists every variable changed from the template's value. Not
-exercised here, and asserted on the template instead
-(``test_the_conditions_and_resource_policies_the_evaluator_ignores_hold``): IAM
-conditions, resource-based policies (Lambda permissions, bucket and secret policies), MSK's
-``kafka-cluster:*`` actions (tansu has no IAM auth; the grants are asserted in
-tests/stacks/test_switchyard_stack.py), and the event source mappings' pollers.
+that fill their placeholders) point at the local services, with the same placeholders as the
+template's (so the code fills the keys the real secret has); the pool, schema, topics and bus name
+are made unique, and ``SWITCHYARD_KAFKA_AUTH`` is ``none`` (``Deployment.overrides``: every variable
+changed from the template's value).
+
+What AWS itself does with a role (Lambda's logs, traces and ENIs, the event source mappings'
+pollers, the Provider framework's and EventBridge Scheduler's invocations, the ECS agent's image
+pull, secrets and log stream) is checked as the calls AWS's documentation lists, judged by the same
+evaluator. Ignored by the evaluator, and asserted on the template instead
+(``test_the_conditions_and_resource_policies_the_evaluator_ignores_hold``): IAM conditions and
+resource-based policies (Lambda permissions, bucket and secret policies, keys). Not exercised: the
+``kafka-cluster:*`` actions of the processes' own Kafka clients (tansu has no IAM auth; those grants
+are asserted in tests/stacks/test_switchyard_stack.py).
 """
 
 from __future__ import annotations
@@ -356,6 +362,50 @@ def _scheduler_probes(dep: Deployment) -> list[Probe]:
     return probes
 
 
+ENI_ACTIONS = ("ec2:CreateNetworkInterface", "ec2:DescribeNetworkInterfaces", "ec2:DeleteNetworkInterface")
+POLLER_ENI_ACTIONS = (*ENI_ACTIONS, "ec2:DescribeSecurityGroups", "ec2:DescribeSubnets", "ec2:DescribeVpcs")
+
+
+def _lambda_service_probes(dep: Deployment) -> list[Probe]:
+    """What Lambda does with each function's role (AWS's documented calls, not the handler's): write
+    its logs, send its traces, attach it to the VPC; and each event source mapping's pollers:
+    Amazon MQ (the broker, its credentials secret, ENIs) and MSK with IAM auth (the cluster, its
+    brokers, the consumer group, the topics, ENIs)."""
+    probes = []
+    functions = _of_kind(dep.resources, "AWS::Lambda::Function")
+    for logical, fn in functions.items():
+        props = fn["Properties"]
+        name = dep.resolver.ref(logical)
+        group = dep.resolver.value(props.get("LoggingConfig", {}).get("LogGroup", f"/aws/lambda/{name}"))
+        stream = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{group}:log-stream:2026/01/01/[$LATEST]probe"
+        calls = [Call("logs:CreateLogStream", stream), Call("logs:PutLogEvents", stream)]
+        if props.get("TracingConfig", {}).get("Mode") == "Active":
+            calls += [Call("xray:PutTraceSegments", "*"), Call("xray:PutTelemetryRecords", "*")]
+        if "VpcConfig" in props:
+            calls += [Call(action, "*") for action in ENI_ACTIONS]
+        probes.append(Probe(_role_of(props["Role"]), {}, extra=calls))
+    for mapping in _of_kind(dep.resources, "AWS::Lambda::EventSourceMapping").values():
+        props = dep.resolver.value(mapping["Properties"])
+        role = _role_of(functions[mapping["Properties"]["FunctionName"]["Ref"]]["Properties"]["Role"])
+        source = props["EventSourceArn"]
+        calls = [Call(action, "*") for action in POLLER_ENI_ACTIONS]
+        if ":mq:" in source:
+            calls.append(Call("mq:DescribeBroker", source))
+            calls += [Call("secretsmanager:GetSecretValue", c["URI"])
+                      for c in props.get("SourceAccessConfigurations", []) if c["Type"] == "BASIC_AUTH"]
+        else:
+            group = props["AmazonManagedKafkaEventSourceConfig"]["ConsumerGroupId"]
+            calls += [Call("kafka:DescribeClusterV2", source), Call("kafka:GetBootstrapBrokers", source),
+                      Call("kafka-cluster:Connect", source),
+                      Call("kafka-cluster:DescribeClusterDynamicConfiguration", source),
+                      *(Call(f"kafka-cluster:{a}", source.replace(":cluster/", ":group/") + f"/{group}")
+                        for a in ("DescribeGroup", "AlterGroup")),
+                      *(Call(f"kafka-cluster:{a}", source.replace(":cluster/", ":topic/") + f"/{topic}")
+                        for topic in props["Topics"] for a in ("DescribeTopic", "ReadData"))]
+        probes.append(Probe(role, {}, extra=calls))
+    return probes
+
+
 def _emr_probe(dep: Deployment) -> Probe:
     """The publish job as ``switchyard spark submit --stack`` starts it: with the variables it passes."""
     import argparse
@@ -401,7 +451,7 @@ def _pass_roles(dep: Deployment, requests: list[dict[str, Any]]) -> list[Call]:
 @pytest.fixture(scope="module")
 def probed(deployment: Deployment) -> list[tuple[Probe, dict[str, Any]]]:
     probes = [*_lambda_probes(deployment), *_ecs_probes(deployment), *_scheduler_probes(deployment),
-              _emr_probe(deployment)]
+              _emr_probe(deployment), *_lambda_service_probes(deployment)]
     with ThreadPoolExecutor(max_workers=6) as pool:
         return list(zip(probes, pool.map(lambda p: _run(deployment, p), probes), strict=True))
 
@@ -417,11 +467,13 @@ def test_every_aws_call_of_every_role_is_allowed_by_its_statements(
         deployment: Deployment, probed: list[tuple[Probe, dict[str, Any]]]) -> None:
     failures, summary = [], []
     for probe, result in probed:
+        if probe.role.startswith(NOT_OURS):
+            continue  # CDK's own functions: what Lambda does for them is CDK's to grant
         statements = role_statements(deployment.resources, probe.role, deployment.resolver)
         extra = [*probe.extra, *_pass_roles(deployment, result["requests"])]
         refused = [*denied(statements, result["requests"]),
                    *(str(c) for c in extra if not allowed(statements, c))]
-        what = probe.spec.get("module") or probe.spec.get("target") or "AWS on its behalf"
+        what = probe.spec.get("module") or probe.spec.get("target") or "AWS with the role"
         summary.append(f"{probe.role} ({what}): {len(result['requests']) + len(extra)} calls")
         failures += [f"{probe.role} ({what}) is not allowed {call}" for call in dict.fromkeys(refused)]
         if result["error"]:
