@@ -6,9 +6,9 @@ and the values come from one of two places, per service (``AMQP``, ``POSTGRES``,
 
 * ``SWITCHYARD_<SERVICE>_USERNAME`` / ``SWITCHYARD_<SERVICE>_PASSWORD``: injected by ECS from the
   secret's JSON keys (task definition ``secrets``), never written in the task definition;
-* ``SWITCHYARD_<SERVICE>_SECRET_ARN``: a JSON secret read once per process with Secrets Manager
-  (Lambda has no secret injection). Any JSON key may be a placeholder (``{host}``, ``{port}``,
-  ``{dbname}`` of an RDS secret).
+* ``SWITCHYARD_<SERVICE>_SECRET_ARN``: a JSON secret read with Secrets Manager when the URL is
+  first used, then at most once per cache max age (Lambda has no secret injection). Any JSON key
+  may be a placeholder (``{host}``, ``{port}``, ``{dbname}`` of an RDS secret).
 
 Values are percent-encoded into the URL. A URL is filled when it is read (``resolve_url``, through
 ``Connections``), not when the settings are built: every process may see every service's URL (the
