@@ -32,6 +32,7 @@ are asserted in tests/stacks/test_switchyard_stack.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -210,7 +211,7 @@ def deployment(resources: dict[str, dict[str, Any]]) -> Iterator[Deployment]:
     ssm = boto3.client("ssm", endpoint_url=MOTO, region_name=REGION)
     for name in params:
         ssm.put_parameter(Name=name, Value=dep.config[name.rsplit("/", 1)[1]], Type="String", Overwrite=True)
-    _make_aws_resources(dep, tag)
+    _make_aws_resources(dep)
     cleanup = _make_local_resources(pool, schema, topics)
     try:
         yield dep
@@ -222,7 +223,7 @@ def deployment(resources: dict[str, dict[str, Any]]) -> Iterator[Deployment]:
                 sm.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
 
 
-def _make_aws_resources(dep: Deployment, tag: str) -> None:
+def _make_aws_resources(dep: Deployment) -> None:
     """In moto: the ECS cluster and task definitions (the control plane runs and lists tasks),
     the workers' log groups and the image repository (the ECS agent's calls)."""
     ecs = boto3.client("ecs", endpoint_url=MOTO, region_name=REGION)
@@ -240,13 +241,10 @@ def _make_aws_resources(dep: Deployment, tag: str) -> None:
                                      taskRoleArn=props["TaskRoleArn"],
                                      executionRoleArn=props["ExecutionRoleArn"])
         for c in props["ContainerDefinitions"]:
-            group = c["LogConfiguration"]["Options"]["awslogs-group"]
-            if group not in {g["logGroupName"] for g in logs.describe_log_groups(
-                    logGroupNamePrefix=group)["logGroups"]}:
-                logs.create_log_group(logGroupName=group)
-            repository = c["Image"].split("/", 1)[1].split(":")[0]
-            if repository not in {r["repositoryName"] for r in ecr.describe_repositories()["repositories"]}:
-                ecr.create_repository(repositoryName=repository)
+            with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):  # shared by runs
+                logs.create_log_group(logGroupName=c["LogConfiguration"]["Options"]["awslogs-group"])
+            with contextlib.suppress(ecr.exceptions.RepositoryAlreadyExistsException):
+                ecr.create_repository(repositoryName=c["Image"].split("/", 1)[1].split(":")[0])
 
 
 def _make_local_resources(pool: str, schema: str, topics: tuple[str, str]) -> Any:
@@ -259,12 +257,9 @@ def _make_local_resources(pool: str, schema: str, topics: tuple[str, str]) -> An
 
     local = Connections.from_env()
     deploy.declare_pools({"RequestType": "Create", "ResourceProperties": {"Pools": [pool]}})
-    os.environ["SWITCHYARD_DELAY_SCHEMA"], previous = schema, os.environ.get("SWITCHYARD_DELAY_SCHEMA")
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SWITCHYARD_DELAY_SCHEMA", schema)
         deploy.migrate_delay_schema({"RequestType": "Create", "ResourceProperties": {"Schema": schema}})
-    finally:
-        os.environ.pop("SWITCHYARD_DELAY_SCHEMA") if previous is None else \
-            os.environ.__setitem__("SWITCHYARD_DELAY_SCHEMA", previous)
     from confluent_kafka.admin import AdminClient
 
     deploy.create_topics({"RequestType": "Create", "ResourceProperties": {
