@@ -49,6 +49,7 @@ from urllib.parse import unquote, urlsplit
 import boto3
 import pytest
 
+from switchyard.aws_secrets import SECRET_URLS
 from switchyard.config import Connections
 from switchyard.deployed_config import CONFIG_PATH_ENV
 from tests.iam_policy import (
@@ -65,7 +66,7 @@ from tests.iam_policy import (
 
 ROOT = Path(__file__).resolve().parents[2]
 MOTO = os.environ.get("AWS_ENDPOINT_URL") or "http://127.0.0.1:5000"
-SERVICES = ("AMQP", "REDIS", "POSTGRES")
+SERVICES = tuple(SECRET_URLS)  # the services whose URLs a secret fills
 # Roles that run CDK's own code with CDK's own policies, not a Switchyard process.
 NOT_OURS = ("NetworkVpcFlowLogIAMRole", "CustomVpcRestrictDefaultSG", "AWS679f53fac002430cb0da5b7982bd2287",
             "LogRetention", "BusApiCloudWatchRole", "CustomS3AutoDeleteObjects")
