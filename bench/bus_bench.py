@@ -78,7 +78,8 @@ class Stack:
         self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "SWITCHYARD_REDIS_URL": self.redis_url,
                     "SWITCHYARD_BUS_NAME": BUS, "SWITCHYARD_BUS_ROOT_KEY": ROOT_KEY,
-                    "SWITCHYARD_BUS_ALLOW_HTTP_CALLBACKS": "1", "SWITCHYARD_LOG_LEVEL": "ERROR"}
+                    "SWITCHYARD_BUS_ALLOW_HTTP_CALLBACKS": "1", "SWITCHYARD_BUS_CALLBACK_ALLOW": "127.0.0.1",
+                    "SWITCHYARD_LOG_LEVEL": "ERROR"}
         self.client = connect_redis(Connections(redis_url=self.redis_url))
         for _ in range(100):
             try:
@@ -86,7 +87,8 @@ class Stack:
                 break
             except Exception:
                 time.sleep(0.05)
-        settings = BusSettings(name=BUS, root_key=ROOT_KEY, allow_http_callbacks=True)
+        settings = BusSettings(name=BUS, root_key=ROOT_KEY, allow_http_callbacks=True,
+                               callback_allow="127.0.0.1")
         self.store = BusStore(self.client, settings)
 
     def start(self, *command: str, ready: str, module: str = "switchyard") -> subprocess.Popen:

@@ -352,7 +352,8 @@ def event_bus_part(out: Printer) -> None:
         return server
 
     settings = BusSettings(name=f"demo_{uuid.uuid4().hex[:6]}", root_key=uuid.uuid4().hex,
-                           allow_http_callbacks=True, max_backoff_ms=2000, acquire_timeout_s=0.2)
+                           allow_http_callbacks=True, callback_allow="127.0.0.1",  # the subscribers below
+                           max_backoff_ms=2000, acquire_timeout_s=0.2)
     store = BusStore(connect_redis(), settings)
     servers = {name: subscriber(name) for name in ("warehouse", "billing")}
     api.configure(store)

@@ -23,7 +23,6 @@ import base64
 import binascii
 import functools
 import hmac
-import ipaddress
 import json
 import re
 import threading
@@ -40,6 +39,7 @@ from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, field_validator
 
 from switchyard import __version__
+from switchyard.bus.callbacks import check_subscription
 from switchyard.bus.settings import BusSettings
 from switchyard.bus.store import BusStore, TopicClaimedError, UnknownTokenError, event_json
 from switchyard.observability import logger, metrics
@@ -77,8 +77,13 @@ def store() -> BusStore:
 
 
 def check_url(url: str, *, callback: bool) -> str:
-    """Routemaster's rule: an https URL with a host and no query string. ``callback``: http is also
-    accepted for loopback hosts when SWITCHYARD_BUS_ALLOW_HTTP_CALLBACKS=1 (local runs, tests)."""
+    """Routemaster's rule: an https URL with a host and no query string. ``callback``: also the
+    rules the worker applies again when it connects (``switchyard.bus.callbacks``, the same parser):
+    no internal address unless allowed, http only to loopback with SWITCHYARD_BUS_ALLOW_HTTP_CALLBACKS=1."""
+    if callback:
+        settings = store().settings
+        check_subscription(url, allow_http=settings.allow_http_callbacks, allowlist=settings.allowlist)
+        return url
     if not _PRINTABLE_ASCII.fullmatch(url):
         raise ValueError("URL has spaces or characters outside printable ASCII")
     try:
@@ -92,18 +97,7 @@ def check_url(url: str, *, callback: bool) -> str:
         raise ValueError("URL has query string")
     if parts.scheme == "https":
         return url
-    if callback and parts.scheme == "http" and store().settings.allow_http_callbacks and _loopback(host):
-        return url
     raise ValueError("URL is not HTTPS")
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Strict(BaseModel):

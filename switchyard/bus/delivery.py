@@ -2,57 +2,65 @@
 
 ``POST <callback>`` with ``Content-Type: application/json`` (routemaster-drain answers 415 to
 anything else), a JSON array of ``{topic, type, url, t, data?}``, Basic auth with the subscriber's
-``uuid`` and password ``x``; any 2xx is success. One ``requests.Session`` per delivery thread keeps
-connections to subscribers alive between batches; connect timeout 2 s, total 20 s by default.
+``uuid`` and password ``x``; any 2xx is success, anything else (a redirect too: it is never
+followed) a failure. The request goes through ``callback_http.CallbackClient``: only to addresses
+``callbacks`` allows, within one wall-clock deadline (``SWITCHYARD_BUS_DELIVERY_TIMEOUT_MS``),
+reading at most ``SWITCHYARD_BUS_MAX_RESPONSE_BYTES`` of the answer. One client per delivery
+thread keeps connections to subscribers alive between batches.
 
 The batch is the head of the subscriber's stream and leaves it only after the 2xx, in the same
 script that releases the job (``finish_delivery.lua``): a worker killed mid-delivery leaves the job
-pending, the scrubber puts it back, and the same batch is delivered again.
+pending, and the scrubber puts it back as a failed delivery (health points, backoff) of the same
+batch.
 """
 
 from __future__ import annotations
 
+import http.client
+import threading
 import time
 from dataclasses import dataclass
 
-import requests
-from requests.adapters import HTTPAdapter
+from urllib3.exceptions import HTTPError
 
+from switchyard.bus.callback_http import CallbackClient
+from switchyard.bus.callbacks import AddressPolicy, CallbackError, parse_callback
+from switchyard.bus.settings import BusSettings
 from switchyard.bus.store import DELIVER, BusStore, as_text
 from switchyard.observability import logger
 
-USER_AGENT = "switchyard-bus"
-
+HOST_BUSY_RETRY_MS = 200  # a delivery whose host is at its limit tries again this much later
 
 @dataclass(frozen=True)
 class DeliveryResult:
     """What one delivery job did."""
 
-    outcome: str  # "ok" | "fail" | "wait" (backing off) | "gone" (no subscriber) | "empty"
+    # "ok" | "fail" | "wait" (backing off) | "gone" (no subscriber) | "empty" | "busy" (its host is at
+    # its limit: the job is left pending, for the caller to retry in HOST_BUSY_RETRY_MS)
+    outcome: str
     events: int = 0
     health_points: int = -1
     elapsed_ms: float = 0.0
     error: str = ""
 
 
-def http_session(pool_size: int = 4) -> requests.Session:
-    """A session that keeps connections alive (per callback host) and never retries by itself:
-    a failed POST is a failed delivery, retried by the job queue after the backoff."""
-    session = requests.Session()
-    adapter = HTTPAdapter(pool_connections=pool_size, pool_maxsize=pool_size, max_retries=0)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    session.headers.update({"User-Agent": USER_AGENT, "Content-Type": "application/json"})
-    return session
+def callback_client(settings: BusSettings, policy: AddressPolicy | None = None) -> CallbackClient:
+    """A delivery thread's client with the bus's limits; ``policy`` replaces the allowlist and the
+    system resolver (tests resolve names themselves, never through real DNS)."""
+    s = settings
+    return CallbackClient(policy or AddressPolicy(s.allowlist), connect_timeout_s=s.connect_timeout_s,
+                          deadline_s=s.delivery_timeout_s, max_response_bytes=s.max_response_bytes)
 
 
 class Deliverer:
     """Runs ``deliver:<token>`` jobs for one worker thread."""
 
-    def __init__(self, store: BusStore, session: requests.Session | None = None) -> None:
+    def __init__(self, store: BusStore, client: CallbackClient | None = None,
+                 hosts: HostSlots | None = None) -> None:
         self.store = store
         self.settings = store.settings
-        self.session = session or http_session()
+        self.client = client or callback_client(store.settings)
+        self.hosts = hosts or HostSlots(store.settings.host_threads)
 
     def _finish(self, pending_key: str, job: str, outcome: str, last_id: str = "") -> int:
         s = self.settings
@@ -79,14 +87,20 @@ class Deliverer:
         started = time.perf_counter()
         error = ""
         try:
-            timeouts = (self.settings.connect_timeout_s, self.settings.delivery_timeout_s)
-            response = self.session.post(as_text(callback), data=body, auth=(as_text(uuid), "x"),
-                                         timeout=timeouts)
-            response.close()
-            if not 200 <= response.status_code < 300:
-                error = f"HTTP {response.status_code}"
-        except requests.RequestException as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            target = parse_callback(as_text(callback), allow_http=self.settings.allow_http_callbacks)
+        except CallbackError as exc:
+            target, error = None, f"{type(exc).__name__}: {exc}"
+        if target is not None:
+            if not self.hosts.take(target.host):
+                return DeliveryResult("busy", len(entries))  # not settled: the worker retries the job
+            try:
+                status = self.client.post(target, body, as_text(uuid))
+                if not 200 <= status < 300:
+                    error = f"HTTP {status}"
+            except (CallbackError, HTTPError, OSError, http.client.HTTPException) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            finally:
+                self.hosts.give(target.host)
         elapsed_ms = (time.perf_counter() - started) * 1000
         if error:
             hp = self._finish(pending_key, job, "fail")
@@ -95,3 +109,29 @@ class Deliverer:
             return DeliveryResult("fail", len(entries), hp, elapsed_ms, error)
         hp = self._finish(pending_key, job, "ok", as_text(entries[-1][0]))
         return DeliveryResult("ok", len(entries), hp, elapsed_ms)
+
+
+class HostSlots:
+    """Deliveries in flight per callback host, shared by one worker's threads: past ``limit`` a
+    delivery waits (its job retried shortly, not counted as a failure), so subscriptions aimed at
+    one slow host hold at most ``limit`` threads, however many there are."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, int] = {}
+
+    def take(self, host: str) -> bool:
+        with self._lock:
+            if self._in_flight.get(host, 0) >= self.limit:
+                return False
+            self._in_flight[host] = self._in_flight.get(host, 0) + 1
+            return True
+
+    def give(self, host: str) -> None:
+        with self._lock:
+            left = self._in_flight.get(host, 1) - 1
+            if left:
+                self._in_flight[host] = left
+            else:
+                self._in_flight.pop(host, None)

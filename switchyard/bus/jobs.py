@@ -2,8 +2,10 @@
 per worker, taken with an atomic move) -> acked; a job exists at most once in any state.
 
 A worker that dies holding a job leaves it in its pending list; the scrubber puts it back once the
-worker is unseen for ``scrub_after_ms`` (at-least-once). A job that raises, or asks to, is retried
-later; the worker goes on (Routemaster's thread group stopped on an unexpected exception).
+worker is unseen for ``scrub_after_ms`` (at-least-once), a delivery as a failed one (health points
+and backoff: a subscriber whose answer kills workers must not get the next worker at once). A job
+that raises, or asks to, is retried later; the worker goes on (Routemaster's thread group stopped
+on an unexpected exception).
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ def heartbeat(store: BusStore, worker_ids: list[str]) -> None:
 
 
 def scrub(store: BusStore, max_age_ms: int) -> tuple[int, int]:
-    """Put back the pending jobs of workers unseen for ``max_age_ms``; (jobs put back, workers forgotten)."""
-    args = [store.prefix, max_age_ms, *QUEUES]
+    """Put back the pending jobs of workers unseen for ``max_age_ms``, each delivery among them as a
+    failed one of its subscriber (the worker died holding it); (jobs put back, workers forgotten)."""
+    s = store.settings
+    args = [store.prefix, max_age_ms, s.damage_rate, s.max_backoff_ms, *QUEUES]
     jobs, forgotten = store.script("scrub")(keys=[store.workers_key], args=args)
     return int(jobs), int(forgotten)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
+from switchyard.bus.callbacks import Allowlist
 from switchyard.config import env_int, fields_from_env, prefixed
 from switchyard.errors import ConfigError
 
@@ -34,11 +36,15 @@ class BusSettings:
     name: str = "main"  # the Redis hash tag: every key of one bus lives in one cluster slot
     root_key: str = ""
     allow_http_callbacks: bool = False  # local runs and tests only: http:// to loopback addresses
+    callback_allow: str = ""  # internal destinations callbacks may reach: host[:port] or networks
     max_event_data: int = 1024  # bytes of compact JSON of an event's ``data``
     worker_threads: int = 4
     acquire_timeout_s: float = 1.0
     connect_timeout_s: float = 2.0
-    delivery_timeout_s: float = 20.0
+    delivery_timeout_s: float = 20.0  # wall clock for a whole delivery: connect, send, the answer
+    max_response_bytes: int = 4096  # of a callback's answer read; the rest is never read
+    max_threads: int = 16  # delivery threads of one worker when slow deliveries hold the usual ones
+    host_threads: int = 2  # deliveries to one callback host in flight at once, per worker
     max_backoff_ms: int = 60_000
     heal_rate: int = 1
     damage_rate: int = 2
@@ -60,6 +66,8 @@ class BusSettings:
         if not _BUS_NAME_RE.match(self.name):
             raise ConfigError(f"SWITCHYARD_BUS_NAME must match [a-z0-9_-]{{1,64}}, got {self.name!r}")
         for field, low in (("worker_threads", 1), ("max_event_data", 0), ("max_backoff_ms", 1),
+                           ("max_response_bytes", 0), ("host_threads", 1),
+                           ("max_threads", self.worker_threads),
                            ("heal_rate", 1), ("damage_rate", 1), ("scrub_after_ms", 1),
                            ("heartbeat_ms", 1), ("schedule_interval_ms", 1), ("min_free", 0),
                            ("max_unclaimed_topics", 0), ("unclaimed_topic_ttl_ms", 1)):
@@ -70,6 +78,17 @@ class BusSettings:
                               "SWITCHYARD_BUS_SCRUB_AFTER_MS (a live worker would be scrubbed)")
         if self.max_mem <= 2 * self.min_free:
             raise ConfigError("SWITCHYARD_BUS_REDIS_MAX_MEM must exceed twice SWITCHYARD_BUS_REDIS_MIN_FREE")
+        if self.delivery_timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ConfigError("SWITCHYARD_BUS_CONNECT_TIMEOUT_MS and _DELIVERY_TIMEOUT_MS must be > 0")
+        try:
+            Allowlist.parse(self.callback_allow)
+        except ValueError as exc:
+            raise ConfigError(f"SWITCHYARD_BUS_CALLBACK_ALLOW: {exc}") from None
+
+    @cached_property
+    def allowlist(self) -> Allowlist:
+        """The internal destinations an operator lets callbacks reach (none by default)."""
+        return Allowlist.parse(self.callback_allow)
 
     @property
     def key_prefix(self) -> str:
@@ -81,7 +100,8 @@ class BusSettings:
     def from_env(cls) -> BusSettings:
         variables = prefixed("SWITCHYARD_BUS_", "name", "max_event_data", "worker_threads", "max_backoff_ms",
                              "scrub_after_ms", "heartbeat_ms", "autodrop_interval_ms", "monitor_interval_ms",
-                             "scrub_interval_ms", "max_unclaimed_topics", "unclaimed_topic_ttl_ms")
+                             "scrub_interval_ms", "max_unclaimed_topics", "unclaimed_topic_ttl_ms",
+                             "callback_allow", "max_response_bytes", "max_threads", "host_threads")
         variables |= {"max_mem": "SWITCHYARD_BUS_REDIS_MAX_MEM", "min_free": "SWITCHYARD_BUS_REDIS_MIN_FREE"}
         return fields_from_env(
             cls, variables,

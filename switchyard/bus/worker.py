@@ -1,7 +1,10 @@
 """``switchyard bus worker``: one process of delivery threads plus the bus's housekeeping.
 
 Threads (none of which can stop the others, unlike Routemaster's thread group):
-- ``worker_threads`` delivery threads, each a worker id with its own pending list on ``main``;
+- ``worker_threads`` delivery threads, each a worker id with its own pending list on ``main``; when
+  every one is busy another is started, up to ``max_threads``, and surplus idle ones end, so slow
+  subscribers (each holds at most one thread, and one host at most ``host_threads``) cannot keep
+  a healthy subscriber's batch waiting;
 - one aux thread running housekeeping jobs (autodrop, monitor, scrub) from ``aux``;
 - one ticker: promotes due scheduled jobs every ``schedule_interval_ms``, keeps the aux jobs
   queued (job uniqueness keeps one of each across every worker), heartbeats every worker id and
@@ -14,6 +17,8 @@ being due), which a Lambda function re-created every minute would not keep.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import secrets
 import threading
 import time
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from switchyard.bus.delivery import Deliverer
+from switchyard.bus.delivery import HOST_BUSY_RETRY_MS, Deliverer, HostSlots
 from switchyard.bus.housekeeping import aux_intervals, run_aux_job
 from switchyard.bus.jobs import JobQueue, heartbeat
 from switchyard.bus.store import DELIVER, BusStore
@@ -55,13 +60,21 @@ class BusWorker:
         self.settings = store.settings
         self.main = JobQueue(store, "main")
         self.aux = JobQueue(store, "aux")
-        n = threads or self.settings.worker_threads
+        self.base_threads = threads or self.settings.worker_threads
+        self.max_threads = max(self.base_threads, self.settings.max_threads)
         self.process_id = secrets.token_hex(6)
-        self.worker_ids = [f"{self.process_id}.{i}" for i in range(n)] + [f"{self.process_id}.aux"]
+        self._numbers = itertools.count()
+        # delivery threads' ids, then the aux thread's; changes under _lock as threads come and go
+        self.worker_ids = [f"{self.process_id}.{next(self._numbers)}" for _ in range(self.base_threads)]
+        self.worker_ids.append(f"{self.process_id}.aux")
+        self.hosts = HostSlots(self.settings.host_threads)
         self.stats = WorkerStats()
         self._flushed: dict[str, int] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._delivering = 0  # delivery threads running
+        self._idle = 0  # of which waiting for a job
 
     # -- one job ------------------------------------------------------------------------------
 
@@ -70,9 +83,13 @@ class BusWorker:
         job = queue.acquire(worker_id, self.settings.acquire_timeout_s)
         if job is None:
             return False
+        if deliverer is not None:
+            self._busy()
         try:
             if job.startswith(DELIVER) and deliverer is not None:
                 result = deliverer.run(job, queue.pending_key(worker_id))
+                if result.outcome == "busy":
+                    queue.retry(worker_id, job, HOST_BUSY_RETRY_MS)
                 self.stats.add(**{f"deliveries_{result.outcome}": 1,
                                   "events_delivered": result.events if result.outcome == "ok" else 0})
             else:
@@ -86,7 +103,58 @@ class BusWorker:
             logger.exception("bus job failed", extra={"job": job.split(":", 1)[0]})
             self.stats.add(job_errors=1)
             queue.retry(worker_id, job, self.settings.job_error_retry_ms)
+        finally:
+            if deliverer is not None:
+                with self._lock:
+                    self._idle += 1
         return True
+
+    # -- the delivery threads, elastic --------------------------------------------------------
+
+    def _busy(self) -> None:
+        """A delivery thread took a job: if none is left waiting, start one (up to max_threads), so
+        that a slow delivery never keeps the next job waiting while there is room."""
+        with self._lock:
+            self._idle -= 1
+            if self._idle > 0 or self._delivering >= self.max_threads or self._stop.is_set():
+                return
+            worker_id = f"{self.process_id}.{next(self._numbers)}"
+            self.worker_ids.insert(-1, worker_id)
+            self._start_delivery_thread(worker_id)
+        self.stats.add(threads_started=1)
+
+    def _start_delivery_thread(self, worker_id: str) -> None:  # under _lock
+        self._delivering += 1
+        self._idle += 1
+        thread = threading.Thread(target=self._deliver, args=(worker_id,), name=f"bus-deliver-{worker_id}",
+                                  daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _surplus(self, worker_id: str) -> bool:
+        """True (and the thread is forgotten) if this idle thread is one more than needed: above
+        worker_threads with another thread waiting for a job."""
+        with self._lock:
+            if self._delivering <= self.base_threads or self._idle < 2:
+                return False
+            self._delivering -= 1
+            self._idle -= 1
+            self.worker_ids.remove(worker_id)
+            return True
+
+    def _deliver(self, worker_id: str) -> None:
+        deliverer = Deliverer(self.store, hosts=self.hosts)
+        try:
+            with contextlib.suppress(redis.RedisError):  # else its first job's acquire waits for Redis
+                heartbeat(self.store, [worker_id])  # seen before it holds a job: never scrubbed as dead
+            self._loop(self.main, worker_id, deliverer)
+        finally:
+            deliverer.client.close()
+
+    def thread_count(self) -> int:
+        """Delivery threads running now."""
+        with self._lock:
+            return self._delivering
 
     # -- threads ------------------------------------------------------------------------------
 
@@ -97,11 +165,15 @@ class BusWorker:
             except redis.RedisError as exc:
                 logger.warning("bus worker: Redis error", extra={"error": str(exc)})
                 self._stop.wait(REDIS_ERROR_PAUSE_S)
+            if deliverer is not None and self._surplus(worker_id):
+                return
 
     def _tick_once(self, last: dict[str, float]) -> None:
         now = time.monotonic()
         if now - last.get("heartbeat", 0) >= self.settings.heartbeat_ms / 1000:
-            heartbeat(self.store, self.worker_ids)
+            with self._lock:
+                alive = list(self.worker_ids)
+            heartbeat(self.store, alive)
             last["heartbeat"] = now
         self.main.promote_due()
         self.aux.promote_due()
@@ -140,18 +212,28 @@ class BusWorker:
         """Run every thread until ``stop`` (or ``close()``); in-flight deliveries finish first."""
         if stop is not None:
             threading.Thread(target=lambda: (stop.wait(), self._stop.set()), daemon=True).start()
-        heartbeat(self.store, self.worker_ids)
-        self._threads = [threading.Thread(target=self._ticker, name="bus-ticker", daemon=True),
-                         threading.Thread(target=self._loop, args=(self.aux, self.worker_ids[-1], None),
-                                          name="bus-aux", daemon=True)]
-        for worker_id in self.worker_ids[:-1]:
-            args = (self.main, worker_id, Deliverer(self.store))
-            self._threads.append(threading.Thread(target=self._loop, args=args,
-                                                  name=f"bus-deliver-{worker_id}", daemon=True))
+        heartbeat(self.store, list(self.worker_ids))
+        aux = threading.Thread(target=self._loop, args=(self.aux, self.worker_ids[-1], None), name="bus-aux",
+                               daemon=True)
+        self._threads = [threading.Thread(target=self._ticker, name="bus-ticker", daemon=True), aux]
         for t in self._threads:
             t.start()
-        for t in self._threads:
-            t.join()
+        with self._lock:
+            for worker_id in self.worker_ids[:-1]:
+                self._start_delivery_thread(worker_id)
+        self._join(None)
+
+    def _join(self, timeout_s: float | None) -> None:
+        """Wait for every thread, those started meanwhile too (each at most ``timeout_s``)."""
+        joined: set[threading.Thread] = set()
+        while True:
+            with self._lock:
+                left = [t for t in self._threads if t not in joined]
+            if not left:
+                return
+            for t in left:
+                t.join(timeout_s)
+                joined.add(t)
 
     def start(self) -> BusWorker:
         threading.Thread(target=self.run, name="bus-worker", daemon=True).start()
@@ -159,5 +241,4 @@ class BusWorker:
 
     def close(self) -> None:
         self._stop.set()
-        for t in self._threads:
-            t.join(self.settings.delivery_timeout_s + 5)
+        self._join(self.settings.delivery_timeout_s + 5)

@@ -27,11 +27,15 @@ from switchyard.redis_client import connect_redis
 from tests.conftest import unique
 
 ROOT_KEY = "root-key-for-tests"
+# The subscribers of the tests listen on 127.0.0.1: the one internal address their callbacks may
+# reach (SWITCHYARD_BUS_CALLBACK_ALLOW); 127.0.0.2 and the rest of 127.0.0.0/8 stay refused.
+TEST_CALLBACK_ALLOW = "127.0.0.1"
 
 
 def fast_settings(name: str, **overrides: Any) -> BusSettings:
     """Test timings: short acquire, heartbeat and housekeeping intervals."""
-    base = dict(name=name, root_key=ROOT_KEY, allow_http_callbacks=True, acquire_timeout_s=0.2,
+    base = dict(name=name, root_key=ROOT_KEY, allow_http_callbacks=True, callback_allow=TEST_CALLBACK_ALLOW,
+                acquire_timeout_s=0.2,
                 heartbeat_ms=200, scrub_after_ms=1000, scrub_interval_ms=300, monitor_interval_ms=500,
                 autodrop_interval_ms=500, delivery_timeout_s=5.0)
     base.update(overrides)

@@ -68,6 +68,7 @@ def test_a_worker_killed_mid_delivery_loses_nothing(bus, subscriber):
     subscriber.hold = threading.Event()
     s = bus.store.settings
     env = subprocess_env(SWITCHYARD_BUS_NAME=s.name, SWITCHYARD_BUS_ALLOW_HTTP_CALLBACKS="1",
+                         SWITCHYARD_BUS_CALLBACK_ALLOW=s.callback_allow,
                          SWITCHYARD_BUS_WORKER_THREADS="1", SWITCHYARD_BUS_HEARTBEAT_MS="200",
                          SWITCHYARD_BUS_SCRUB_AFTER_MS="1000")
     proc = subprocess.Popen([sys.executable, "-m", "switchyard", "bus", "worker"], env=env,

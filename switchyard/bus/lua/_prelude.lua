@@ -99,3 +99,13 @@ local function schedule_delivery(p, token, now)
   end
 end
 
+-- A failed delivery of the subscriber `token` (an answer other than 2xx, or the worker that held
+-- it died): it loses `damage` health points (within 0..100) and gets no delivery for
+-- round(max_backoff * 2^-hp) ms. Returns the health points after the change.
+local function record_failure(p, token, now, damage, max_backoff)
+  local key = p .. 'sub:' .. token
+  local hp = math.max(0, (tonumber(redis.call('HGET', key, 'hp')) or 100) - damage)
+  local backoff = math.floor(max_backoff * 2 ^ (-hp) + 0.5)
+  redis.call('HSET', key, 'hp', hp, 'until', int(now + backoff), 'last', int(now))
+  return hp
+end

@@ -7,7 +7,8 @@
 --          subscriber loses health points and backs off), "wait" (too early: backing off)
 -- ARGV[5]  heal rate   ARGV[6] damage rate   ARGV[7] maximum backoff (ms)
 --
--- Health points stay within 0..100; the backoff after a failure is round(max * 2^-hp) ms.
+-- Health points stay within 0..100; the backoff after a failure is round(max * 2^-hp) ms
+-- (record_failure, which the scrubber also applies when the worker holding a delivery died).
 -- Returns the health points after the change, or -1 if the subscriber is gone.
 local p, job, outcome, last_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local token = string.sub(job, 9)
@@ -27,9 +28,7 @@ if outcome == 'ok' then
   hp = math.min(100, hp + tonumber(ARGV[5]))
   redis.call('HSET', key, 'hp', hp, 'until', 0, 'last', int(now))
 elseif outcome == 'fail' then
-  hp = math.max(0, hp - tonumber(ARGV[6]))
-  local backoff = math.floor(tonumber(ARGV[7]) * 2 ^ (-hp) + 0.5)
-  redis.call('HSET', key, 'hp', hp, 'until', int(now + backoff), 'last', int(now))
+  hp = record_failure(p, token, now, tonumber(ARGV[6]), tonumber(ARGV[7]))
 end
 schedule_delivery(p, token, now)
 return hp

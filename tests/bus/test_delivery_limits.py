@@ -1,0 +1,186 @@
+"""One subscriber must not stall or crash the others (issue 23, item 4), measured on a real
+``switchyard bus worker`` process: a callback dripping its answer, a huge answer, four dripping
+subscribers beside a healthy one, many subscriptions on one slow host, and a worker SIGKILLed
+mid-delivery. Servers on 127.0.0.0/8 only."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from switchyard.bus import api
+from switchyard.bus.jobs import scrub
+from switchyard.bus.store import BusStore
+from tests.bus.servers import TestServer, drip, huge, no_content
+from tests.conftest import subprocess_env, wait_for
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., TestServer]]:
+    made: list[TestServer] = []
+
+    def make(host: str = "127.0.0.1", **kw) -> TestServer:
+        made.append(TestServer(host, **kw))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+@pytest.fixture
+def start_worker(bus) -> Iterator[Callable[..., subprocess.Popen]]:
+    """``switchyard bus worker`` processes on the test's bus, with these environment overrides."""
+    procs: list[subprocess.Popen] = []
+
+    def start(**env: str) -> subprocess.Popen:
+        s = bus.store.settings
+        variables = dict(SWITCHYARD_BUS_NAME=s.name, SWITCHYARD_BUS_ALLOW_HTTP_CALLBACKS="1",
+                         SWITCHYARD_BUS_CALLBACK_ALLOW="127.0.0.1", SWITCHYARD_BUS_HEARTBEAT_MS="200",
+                         SWITCHYARD_BUS_SCRUB_AFTER_MS="1000", SWITCHYARD_LOG_LEVEL="ERROR")
+        variables.update(env)
+        proc = subprocess.Popen([sys.executable, "-m", "switchyard", "bus", "worker"],
+                                env=subprocess_env(**variables), stdout=subprocess.PIPE, text=True)
+        assert "worker" in proc.stdout.readline()
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def subscribe(bus, name: str, callback: str, topic: str):
+    client = bus.client(name)
+    response = client.post("/subscription", json={"topics": [topic], "callback": callback, "uuid": "u",
+                                                  "timeout": 0})
+    assert response.status_code == 204, response.text
+    return client
+
+
+def proc_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def test_a_dripping_callback_is_cut_at_the_delivery_deadline(bus, make_server, start_worker):
+    """1 byte every 0.5 s for 8 s: no single read waits 2 s, only a total deadline stops it."""
+    slow = make_server(answer=drip(0.5, 8.0))
+    pub, sub = bus.client("pub"), subscribe(bus, "slow", slow.url(), "drips")
+    start_worker(SWITCHYARD_BUS_DELIVERY_TIMEOUT_MS="2000")
+    pub.post("/topics/drips", json={"type": "create", "url": "https://x.example/1"})
+    wait_for(lambda: slow.seen, timeout=10, what="the delivery")
+    wait_for(lambda: bus.store.subscriber(sub.token).health_points < 100, timeout=12, interval=0.02,
+             what="the delivery to fail")
+    held = time.monotonic() - slow.seen[0].at
+    print(f"a dripping delivery held {held:.2f} s against a 2 s deadline")
+    assert held < 2.8
+
+
+def test_a_huge_answer_is_not_read_into_the_worker(bus, make_server, start_worker):
+    """50 MB answered as fast as the worker reads it: the worker reads a few KB and hangs up."""
+    small, big = make_server(), make_server(answer=huge(50 << 20))
+    pub = bus.client("pub")
+    subscribe(bus, "small", small.url(), "warm")
+    big_sub = subscribe(bus, "big", big.url(), "big")
+    proc = start_worker()
+    pub.post("/topics/warm", json={"type": "create", "url": "https://x.example/1"})
+    wait_for(lambda: small.seen, what="the warm-up delivery")
+    time.sleep(0.3)
+    before = proc_kib(proc.pid, "VmRSS")
+    pub.post("/topics/big", json={"type": "create", "url": "https://x.example/2"})
+    wait_for(lambda: big.seen, what="the big delivery")
+    settled = lambda: (bus.store.queued(big_sub.token)[0] == 0  # noqa: E731
+                       or bus.store.subscriber(big_sub.token).health_points < 100)
+    wait_for(settled, timeout=30, interval=0.05, what="the big delivery to settle")
+    peak = proc_kib(proc.pid, "VmHWM")
+    print(f"worker RSS before {before / 1024:.1f} MiB, peak after a 50 MiB answer {peak / 1024:.1f} MiB "
+          f"(+{(peak - before) / 1024:.1f} MiB)")
+    assert peak - before < 10 * 1024
+
+
+def test_four_dripping_subscribers_do_not_delay_a_healthy_one(bus, make_server, start_worker):
+    """The default 4 delivery threads, each taken by a dripping subscriber on its own host."""
+    wide = dataclasses.replace(bus.store.settings, callback_allow="127.0.0.0/8")  # a host per dripper
+    api.configure(BusStore(bus.store.redis, wide))
+    healthy = make_server("127.0.0.1")
+    drippers = [make_server(f"127.0.0.{10 + i}", answer=drip(0.5, 8.0)) for i in range(4)]
+    pub = bus.client("pub")
+    subscribe(bus, "healthy", healthy.url(), "orders")
+    for i, d in enumerate(drippers):
+        subscribe(bus, f"drip{i}", d.url(), "drips")
+    start_worker(SWITCHYARD_BUS_WORKER_THREADS="4", SWITCHYARD_BUS_CALLBACK_ALLOW="127.0.0.0/8")
+
+    def latency(n: int) -> float:
+        sent = time.monotonic()
+        pub.post("/topics/orders", json={"type": "create", "url": f"https://x.example/{n}"})
+        wait_for(lambda: len(healthy.seen) > n, timeout=15, interval=0.005, what="the healthy delivery")
+        return healthy.seen[n].at - sent
+
+    alone = [latency(n) for n in range(3)]
+    pub.post("/topics/drips", json={"type": "create", "url": "https://x.example/d"})
+    wait_for(lambda: all(d.in_flight for d in drippers), timeout=10, what="4 dripping deliveries")
+    beside = [latency(n) for n in range(3, 6)]
+    print(f"healthy subscriber: alone {[round(x * 1000, 1) for x in alone]} ms; beside 4 dripping "
+          f"{[round(x * 1000, 1) for x in beside]} ms")
+    assert all(d.in_flight for d in drippers)  # still dripping while the healthy one was served
+    assert max(beside) < 0.5
+
+
+def test_one_slow_host_holds_at_most_its_share_of_threads(bus, make_server, start_worker):
+    """Six subscriptions aimed at one dripping host: at most SWITCHYARD_BUS_HOST_THREADS (2) of
+    the worker's deliveries wait on it at once."""
+    slow = make_server("127.0.0.1", answer=drip(0.5, 4.0))
+    pub = bus.client("pub")
+    for i in range(6):
+        subscribe(bus, f"same{i}", slow.url(f"/cb{i}"), "drips")
+    start_worker(SWITCHYARD_BUS_WORKER_THREADS="4")
+    pub.post("/topics/drips", json={"type": "create", "url": "https://x.example/d"})
+    wait_for(lambda: slow.seen, what="a delivery")
+    time.sleep(2.0)
+    print(f"deliveries in flight at once to one slow host: at most {slow.max_in_flight}")
+    assert slow.max_in_flight <= 2
+
+
+def test_a_worker_killed_mid_delivery_counts_a_failure_against_it(bus, make_server, start_worker):
+    """The worker that died held the delivery: the subscriber loses health points and backs off, as
+    for any failed delivery, instead of the next worker taking the job at once."""
+    release = threading.Event()
+
+    def hold(handler) -> None:
+        release.wait(30)
+        no_content(handler)
+
+    server = make_server(answer=hold)
+    pub, sub = bus.client("pub"), subscribe(bus, "sub", server.url(), "orders")
+    store = bus.store
+    store.redis.hset(store.key("sub", sub.token), "hp", 3)
+    proc = start_worker(SWITCHYARD_BUS_WORKER_THREADS="1")
+    pub.post("/topics/orders", json={"type": "create", "url": "https://x.example/1"})
+    wait_for(lambda: server.seen, what="the delivery")
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    release.set()
+    time.sleep(1.3)  # past SWITCHYARD_BUS_SCRUB_AFTER_MS of the dead worker
+    jobs, _forgotten = scrub(store, 1000)
+    after = store.subscriber(sub.token)
+    now = store.now_ms()
+    print(f"scrubbed {jobs} job(s); hp 3 -> {after.health_points}, no delivery for "
+          f"{max(0, after.backoff_until_ms - now)} ms")
+    assert jobs == 1
+    assert after.health_points == 1  # -2, as a failed delivery
+    assert after.backoff_until_ms - now > 20_000  # round(60 s * 2^-1)
+
