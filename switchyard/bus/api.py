@@ -9,12 +9,19 @@ and every refused publish, goes through the resolver. A publish's token is check
 ingest script (no lookup of its own, so nothing to cache: a revoked token stops publishing at once).
 Status codes are Routemaster's; where Routemaster is wrong the difference is on purpose:
 
-- ``DELETE /api_tokens/:token`` revokes the token only; the client's subscription stays;
-- ``DELETE /topics/:name``: only the topic's publisher (or root; an unclaimed topic only root);
+- ``DELETE /api_tokens/:token`` revokes the token and removes its subscriber, as Routemaster did
+  (root has no subscriber of its own: ``DELETE /subscriber`` is a client's);
+- ``DELETE /topics/:name``: only the topic's publisher (or root; an unclaimed topic the client whose
+  subscription created it, or root);
+- a client's subscriptions create at most ``SWITCHYARD_BUS_MAX_UNCLAIMED_TOPICS`` unclaimed topics
+  (403 past it); housekeeping removes old unclaimed topics nobody subscribes to;
 - ``GET /subscriptions`` and ``GET /topics`` show a subscriber's ``uuid`` (the credential the bus
   delivers with) only to that subscriber, and other clients' tokens only as their client names;
 - an event with a field besides ``type``, ``url``, ``timestamp``, ``data`` is refused (400);
-- requests are authenticated before they are validated: without a valid token the answer is 401.
+- requests are authenticated before they are validated: without a valid token the answer is 401,
+  and a body is read as JSON only after its credential is checked (but an accepted publish's,
+  whose token the ingest script checks, in the same round trip); JSON nested deeper than Python's
+  recursion limit is a 400, never a crash.
 """
 
 from __future__ import annotations
@@ -41,8 +48,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints,
 from switchyard import __version__
 from switchyard.bus.callbacks import check_subscription
 from switchyard.bus.settings import BusSettings
-from switchyard.bus.store import BusStore, TopicClaimedError, UnknownTokenError, event_json
-from switchyard.observability import logger, metrics
+from switchyard.bus.store import BusStore, TopicClaimedError, TopicLimitError, UnknownTokenError, event_json
+from switchyard.observability import logger, metrics, redact
 
 TOPIC_PATTERN = r"^[a-z_]{1,64}$"
 UUID_PATTERN = r"^[\x21-\x39\x3b-\x7e]+$"  # printable ASCII but ':' (a Basic-auth username)
@@ -167,7 +174,8 @@ def handle(event: dict[str, Any], context: Any) -> dict[str, Any]:
     ``app.resolve`` with every body read as JSON text, whatever its Content-Type (as Routemaster's
     parser does: ``curl -d`` sends form-urlencoded, and Powertools would parse a form, or fail on a
     multipart type without a boundary). A body that is not UTF-8 becomes invalid JSON, refused like
-    any other (401 or 400), not a handler crash."""
+    any other (401 or 400), not a handler crash. A POST (every route with a body) is authenticated
+    before its body is parsed, and JSON too deeply nested to parse is a 400."""
     if _CONTROL_CHARS.search(event.get("path") or ""):
         # Powertools' route patterns end in ``$``, which matches before a final newline: without this
         # ``POST /topics/fast%0A`` would publish to topic ``fast``.
@@ -187,8 +195,31 @@ def handle(event: dict[str, Any], context: Any) -> dict[str, Any]:
         event = {**event, "body": body, "isBase64Encoded": False,
                  "headers": {**headers, "Content-Type": "application/json"},
                  "multiValueHeaders": {**multi, "Content-Type": ["application/json"]}}
+        if event.get("httpMethod") == "POST":
+            refused = _refuse_before_parsing(event, body)
+            if refused is not None:
+                return refused
     with _one_request_at_a_time:
         return app.resolve(event, context)
+
+
+_TOO_DEEP = "bad data in payload: JSON nested too deeply"
+
+
+def _refuse_before_parsing(event: dict[str, Any], body: str) -> dict[str, Any] | None:
+    """401 for a body without a valid credential (it is never parsed), 400 for JSON nested too
+    deeply to parse (an uncaught RecursionError was a 502 with a traceback), else None."""
+    headers = event.get("headers") or {}
+    if _who(basic_username(headers.get("Authorization") or headers.get("authorization"))) is None:
+        return {**_proxy_text(401, f"this endpoint requires authentication with {ANYONE}"),
+                "multiValueHeaders": {"Content-Type": ["text/plain"], "WWW-Authenticate": ["Basic"]}}
+    try:
+        json.loads(body)
+    except RecursionError:
+        return _proxy_text(400, _TOO_DEEP)
+    except ValueError:
+        pass  # the resolver refuses it with its own message
+    return None
 
 
 class Unauthorized(Exception):
@@ -224,7 +255,10 @@ def _is_root(username: str) -> bool:
 
 def caller() -> tuple[str, str] | None:
     """("root", key) or ("client", token) for the request's Basic credentials, else None."""
-    username = _basic_username()
+    return _who(_basic_username())
+
+
+def _who(username: str | None) -> tuple[str, str] | None:
     if username is None:
         return None
     if _is_root(username):
@@ -259,6 +293,9 @@ def _json(status: int, payload: Any) -> Response[str]:
     return Response(status_code=status, content_type="application/json", body=json.dumps(payload))
 
 
+ANYONE = Unauthorized(("root", "client"))
+
+
 @app.exception_handler(Unauthorized)
 def _unauthorized(exc: Unauthorized) -> Response[str]:
     return Response(status_code=401, content_type="text/plain", headers={"WWW-Authenticate": "Basic"},
@@ -268,7 +305,7 @@ def _unauthorized(exc: Unauthorized) -> Response[str]:
 @app.exception_handler(BadInput)
 def _bad_input(exc: BadInput) -> Response[str]:
     if caller() is None:  # authentication first, whatever is wrong with the input
-        return _unauthorized(Unauthorized(("root", "client")))
+        return _unauthorized(ANYONE)
     return _text(400, str(exc))
 
 
@@ -276,7 +313,7 @@ def _bad_input(exc: BadInput) -> Response[str]:
 def _invalid(exc: RequestValidationError) -> Response[str]:
     """Bad input is 400 (Routemaster's code), once the caller has shown a valid credential."""
     if caller() is None:
-        return _unauthorized(Unauthorized(("root", "client")))
+        return _unauthorized(ANYONE)
     errors = exc.errors()
     event = app.current_event
     if event.http_method == "POST" and event.path.startswith("/topics/"):
@@ -284,7 +321,7 @@ def _invalid(exc: RequestValidationError) -> Response[str]:
         return _text(400, "bad topic" if bad_path else "bad event")
     details = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg', '')}"
                         for e in errors[:5])
-    return _text(400, f"bad data in payload: {details}")
+    return _text(400, redact(f"bad data in payload: {details}"))
 
 
 @app.exception_handler(redis.RedisError)
@@ -350,7 +387,7 @@ def create_token(body: TokenIn) -> Response[str]:
     return _json(201, {"token": token, "name": body.name})
 
 
-@app.delete("/api_tokens/<token>", summary="revoke a token (root); its subscription stays",
+@app.delete("/api_tokens/<token>", summary="revoke a token and remove its subscriber (root)",
             responses={204: {"description": "revoked (or never existed)"}})
 def delete_token(token: str) -> Response[str]:
     require("root")
@@ -436,12 +473,13 @@ def fast_publish(event: dict[str, Any]) -> dict[str, Any] | None:
         if not isinstance(raw, dict):
             return None
         accept(topic, token, EventIn.model_validate(raw))
-    except (ValueError, BadInput, UnknownTokenError, TopicClaimedError, redis.RedisError):
-        return None  # ValueError: bad JSON or a ValidationError
+    except (ValueError, RecursionError, BadInput, UnknownTokenError, TopicClaimedError, redis.RedisError):
+        return None  # ValueError: bad JSON or a ValidationError; RecursionError: JSON nested too deeply
     return _proxy_text(200)
 
 
-@app.delete("/topics/<name>", summary="delete a topic (its publisher, or root); subscriptions to it go",
+@app.delete("/topics/<name>", summary="delete a topic (its publisher, or root; an unclaimed topic also "
+            "the client whose subscription created it); subscriptions to it go",
             responses={204: {"description": "deleted"}, 403: {"description": "not the publisher"},
                        404: {"description": "no such topic"}})
 def delete_topic(name: str) -> Response[str]:
@@ -460,18 +498,26 @@ def delete_topic(name: str) -> Response[str]:
 def _subscribe(body: SubscriptionIn) -> Response[str]:
     _, token = require("client")
     object_body("bad data in payload: not a JSON object")
-    store().subscribe(token, body.topics, body.callback, body.uuid, body.max, body.timeout)
+    try:
+        store().subscribe(token, body.topics, body.callback, body.uuid, body.max, body.timeout,
+                          registered=True)
+    except UnknownTokenError:
+        raise Unauthorized(("client",)) from None
+    except TopicLimitError as exc:
+        return _text(403, str(exc))
     return _text(204)
 
 
 @app.post("/subscription", summary="subscribe (the whole subscription: unlisted topics are left)",
-          responses={204: {"description": "subscribed"}})
+          responses={204: {"description": "subscribed"},
+                     403: {"description": "too many unclaimed topics created by this client"}})
 def subscribe(body: SubscriptionIn) -> Response[str]:
     return _subscribe(body)
 
 
 @app.post("/subscriber", summary="alias of POST /subscription",
-          responses={204: {"description": "subscribed"}})
+          responses={204: {"description": "subscribed"},
+                     403: {"description": "too many unclaimed topics created by this client"}})
 def subscribe_alias(body: SubscriptionIn) -> Response[str]:
     return _subscribe(body)
 
@@ -479,7 +525,7 @@ def subscribe_alias(body: SubscriptionIn) -> Response[str]:
 @app.delete("/subscriber", summary="unsubscribe from everything and drop queued events",
             responses={204: {"description": "deleted"}, 404: {"description": "not subscribed"}})
 def delete_subscriber() -> Response[str]:
-    _, token = require("root", "client")
+    _, token = require("client")  # root has none: DELETE /api_tokens/:token removes a client's
     if not store().delete_subscriber(token):
         return _text(404, "subscriber not found")
     return _text(204)
@@ -491,7 +537,7 @@ _UNSUBSCRIBE_ERRORS = {-1: "subscriber not found", -2: "topic not found", -3: "n
 @app.delete("/subscriber/topics/<name>", summary="unsubscribe from one topic",
             responses={204: {"description": "unsubscribed"}, 404: {"description": "not found"}})
 def unsubscribe(name: str) -> Response[str]:
-    _, token = require("root", "client")
+    _, token = require("client")
     done = store().unsubscribe(token, name)
     if done < 0:
         return _text(404, _UNSUBSCRIBE_ERRORS[done])

@@ -1,4 +1,5 @@
-"""The bus's periodic jobs: autodrop under memory pressure, the scrubber, and telemetry.
+"""The bus's periodic jobs: autodrop under memory pressure (and of old unclaimed topics nobody
+subscribes to), the scrubber, and telemetry.
 
 They run as ``aux`` jobs on the job queue (so one worker at a time runs each, whatever the number
 of workers), and the scheduled Lambda function ``bus_housekeeping`` runs them too, so telemetry
@@ -21,6 +22,7 @@ class AutodropOutcome:
     batches_dropped: int = 0
     events_dropped: int = 0
     dropped_by_subscriber: dict[str, int] = field(default_factory=dict)
+    topics_dropped: int = 0
 
 
 def used_memory(store: BusStore) -> int:
@@ -28,10 +30,14 @@ def used_memory(store: BusStore) -> int:
 
 
 def autodrop(store: BusStore) -> AutodropOutcome:
-    """Above ``max_mem - min_free`` bytes used, delete the oldest batches until below
-    ``max_mem - 2 * min_free`` (Routemaster's marks); each dropped event is counted."""
+    """Remove unclaimed topics without subscribers older than ``unclaimed_topic_ttl_ms`` (clients
+    create them by subscribing); above ``max_mem - min_free`` bytes used, delete the oldest batches
+    until below ``max_mem - 2 * min_free`` (Routemaster's marks); each dropped event is counted."""
     s = store.settings
-    outcome = AutodropOutcome(used_memory=used_memory(store))
+    outcome = AutodropOutcome(used_memory=used_memory(store), topics_dropped=store.drop_unclaimed_topics())
+    if outcome.topics_dropped:
+        logger.info("bus autodrop: unclaimed topics without subscribers removed",
+                    extra={"topics": outcome.topics_dropped})
     if outcome.used_memory <= s.max_mem - s.min_free:
         emit_gauge("BusEventsAutodropped", 0, "Bus", "all")
         return outcome
@@ -135,6 +141,7 @@ class HousekeepingOutcome:
     scrubbed_jobs: int = 0
     workers_forgotten: int = 0
     events_autodropped: int = 0
+    topics_dropped: int = 0
     subscribers: int = 0
 
 
@@ -144,6 +151,7 @@ def housekeep(store: BusStore) -> HousekeepingOutcome:
     out = HousekeepingOutcome()
     out.promoted = sum(JobQueue(store, q).promote_due() for q in QUEUES)
     out.scrubbed_jobs, out.workers_forgotten = scrub(store, store.settings.scrub_after_ms)
-    out.events_autodropped = autodrop(store).events_dropped
+    dropped = autodrop(store)
+    out.events_autodropped, out.topics_dropped = dropped.events_dropped, dropped.topics_dropped
     out.subscribers = len(telemetry(store).subscribers)
     return out

@@ -39,6 +39,15 @@ class UnknownTokenError(Exception):
     """The token is not registered (401)."""
 
 
+class TopicLimitError(Exception):
+    """A subscription would create more unclaimed topics than the client may have (403)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a client may have created at most {limit} unclaimed topics by subscribing "
+                         "(they count until a publisher claims them or they are deleted)")
+        self.limit = limit
+
+
 @functools.cache
 def _script_source(name: str) -> str:
     folder = resources.files("switchyard.bus.lua")
@@ -118,8 +127,9 @@ class BusStore:
         return token
 
     def delete_token(self, token: str) -> None:
-        """Revoke a token. Its subscription (if any) stays: Routemaster destroyed the subscriber too."""
-        self.redis.hdel(self.tokens_key, token)
+        """Revoke a token and remove its subscriber (subscriptions, queued events, delivery job) in
+        one step, as Routemaster did: a revoked client receives nothing more."""
+        self.run_script("delete_subscriber", [self.subscribers_key], [self.prefix, token, "1"])
 
     # -- topics -------------------------------------------------------------------------------
 
@@ -131,7 +141,7 @@ class BusStore:
         if ok < 0:
             raise UnknownTokenError("unknown token")
         if not ok:
-            raise TopicClaimedError(f"topic claimed by {as_text(detail)}")
+            raise TopicClaimedError("topic claimed by another client")  # whose token: never said
         return int(detail)
 
     def topics(self) -> list[dict[str, Any]]:
@@ -141,18 +151,50 @@ class BusStore:
                  "events": int(counts.get(name, 0))} for name, owner in sorted(owners.items())]
 
     def delete_topic(self, topic: str, caller: str | None) -> int:
-        """1 deleted, 0 no such topic, -1 the caller (a client token; None = root) does not own it."""
+        """1 deleted, 0 no such topic, -1 the caller (a client token; None = root) does not own it
+        (an unclaimed topic is the creator's: the client whose subscription created it)."""
         return int(self.script("delete_topic")(keys=[self.topics_key, self.topic_events_key],
                                                args=[self.prefix, topic, caller or ""]))
 
     # -- subscribers --------------------------------------------------------------------------
 
     def subscribe(self, token: str, topics: list[str], callback: str, uuid: str,
-                  max_events: int | None, timeout_ms: int | None) -> None:
-        self.script("subscribe")(
+                  max_events: int | None, timeout_ms: int | None, *, registered: bool = False) -> None:
+        """Make the token's subscription exactly this. ``registered`` (the API): the token must be
+        registered, in the same step (UnknownTokenError: revoked since the API checked it).
+        TopicLimitError: too many new unclaimed topics. Either way nothing was written."""
+        limit = self.settings.max_unclaimed_topics
+        done = int(self.script("subscribe")(
             keys=[self.subscribers_key, self.topics_key],
             args=[self.prefix, token, callback, uuid, "" if max_events is None else max_events,
-                  "" if timeout_ms is None else timeout_ms, *dict.fromkeys(topics)])
+                  "" if timeout_ms is None else timeout_ms, limit, "1" if registered else "",
+                  *dict.fromkeys(topics)]))
+        if done == -1:
+            raise UnknownTokenError("unknown token")
+        if done == -2:
+            raise TopicLimitError(limit)
+
+    def unclaimed_created(self, token: str) -> int:
+        """Unclaimed topics the token's subscriptions created (what its bound counts)."""
+        return int(self.redis.scard(self.key("created", token)))
+
+    def drop_unclaimed_topics(self, batch: int = 500) -> int:
+        """Remove the unclaimed topics without subscribers older than the setting's age; returns
+        how many. Unclaimed topics from before the index (no creation time) are indexed now."""
+        index = self.key("unclaimed")
+        now = self.now_ms()
+        pipe = self.redis.pipeline(transaction=False)
+        for topic, owner in self.redis.hscan_iter(self.topics_key, count=1000):
+            if not owner:
+                pipe.zadd(index, {topic: now}, nx=True)
+        pipe.execute()
+        dropped = 0
+        while True:
+            removed, seen = self.run_script("drop_unclaimed", [self.topics_key, self.topic_events_key],
+                                            [self.prefix, self.settings.unclaimed_topic_ttl_ms, batch])
+            dropped += int(removed)
+            if int(seen) < batch:
+                return dropped
 
     def unsubscribe(self, token: str, topic: str) -> int:
         """1 done, -1 no such subscriber, -2 no such topic, -3 not subscribed."""

@@ -5,6 +5,10 @@
 --   p.."tokens"                hash   API token -> client name
 --   p.."topics"                hash   topic -> publisher token ("" while unclaimed)
 --   p.."topic_events"          hash   topic -> events ever published
+--   p.."unclaimed"             zset   unclaimed topic -> when it was created (or last seen
+--                                     subscribed by housekeeping), ms
+--   p.."topic_creator"         hash   unclaimed topic -> the token whose subscription created it
+--   p.."created:"..token       set    unclaimed topics the token created (its bound counts these)
 --   p.."subscribers"           set    subscriber tokens
 --   p.."sub:"..token           hash   callback, uuid, max, timeout, hp, until (no delivery before,
 --                                     ms), last (last attempt, ms)
@@ -92,12 +96,24 @@ local function delivery_due(p, token, now)
   return due
 end
 
+-- A topic stops being unclaimed (claimed by its first publisher, or deleted): it no longer
+-- counts against the client whose subscription created it.
+local function forget_unclaimed(p, topic)
+  redis.call('ZREM', p .. 'unclaimed', topic)
+  local creator = redis.call('HGET', p .. 'topic_creator', topic)
+  if creator then
+    redis.call('SREM', p .. 'created:' .. creator, topic)
+    redis.call('HDEL', p .. 'topic_creator', topic)
+  end
+end
+
 local function schedule_delivery(p, token, now)
   local due = delivery_due(p, token, now)
   if due then
     enqueue(p, 'main', 'deliver:' .. token, due, now)
   end
 end
+
 
 -- A failed delivery of the subscriber `token` (an answer other than 2xx, or the worker that held
 -- it died): it loses `damage` health points (within 0..100) and gets no delivery for

@@ -19,6 +19,7 @@ if owner and owner ~= '' and owner ~= publisher then
 end
 if owner ~= publisher then
   redis.call('HSET', KEYS[1], topic, publisher)
+  if owner == '' then forget_unclaimed(p, topic) end
 end
 redis.call('HINCRBY', KEYS[2], topic, 1)
 local now = now_ms()
