@@ -12,34 +12,42 @@ resolver is the Lambda behind API Gateway (``functions/pending_api.py``). Routes
 * ``POST requests/{id}/response`` ``{"take": T, "ok": true, "body": ..., "streams": [...]}`` or
   ``{"take": T, "ok": false, "error": "..."}``: the answer (``{"delivery": "delivered"|...}``).
 
-Errors are JSON ``{"statusCode": n, "message": "..."}``: 401 missing/wrong token, 404 unknown
-endpoint, 400 malformed JSON or fields, 413 body over the message limit, 409 a take that no longer
-holds the request, 503 Redis unreachable (or refusing the command).
+Errors are JSON ``{"statusCode": n, "message": "..."}``: 401 missing/wrong token (an unknown
+endpoint answers the same: names cannot be enumerated), 400 malformed JSON (nested too deeply too)
+or fields, 413 body over the message limit, 409 a take that does not hold the request (stale, or a
+request id that is not this endpoint's: nothing is said about other endpoints' requests), 429 more
+than ``SWITCHYARD_PENDING_MAX_POLLS`` long polls of the endpoint waiting already (``Retry-After``),
+503 Redis unreachable (or refusing the command). A body is read only after the token is checked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
+import math
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import redis
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.api_gateway import BaseRouter
 from aws_lambda_powertools.event_handler.exceptions import (
     BadRequestError,
     NotFoundError,
     RequestEntityTooLargeError,
+    ServiceError,
     UnauthorizedError,
 )
 
 from switchyard.errors import ConfigError
-from switchyard.pending.errors import MessageTooLargeError, PendingError
+from switchyard.pending.errors import MessageTooLargeError, PendingError, QueueUnavailableError
 from switchyard.pending.queue import ID_LENGTH, Delivery, PendingQueue
 from switchyard.pending.settings import ENDPOINT_NAME
 from switchyard.pending.storage import StreamError, StreamRef
@@ -49,6 +57,14 @@ LAMBDA_MARGIN_MS = 2_000
 # JSON framing around a message (take id, ok flag) on top of the message size limit.
 ENVELOPE_BYTES = 4096
 TOKENS_REFRESH_S = 300.0
+# A poll slot outlives its poll by this much: a node that dies holding one frees it this late.
+POLL_SLOT_GRACE_S = 5.0
+NOT_HELD = "this take does not hold the request"
+# What the queue's processor heartbeat says when the take does not hold the request, or the request
+# is not in this endpoint's keys (expired, or another endpoint's id): answered alike, as NOT_HELD.
+_NOT_HELD_REASONS = frozenset({"this take no longer holds the request",
+                               "the request is gone from Redis (expired)"})
+_NO_DIGEST = hashlib.sha256(b"").digest()
 
 
 class TokenStore:
@@ -96,9 +112,11 @@ class TokenStore:
         return endpoint in self._current()
 
     def check(self, endpoint: str, token: str) -> bool:
-        """Constant-time comparison of digests (no timing hint about the token)."""
+        """Constant-time comparison of digests (no timing hint about the token, nor about whether the
+        endpoint exists: an unknown one is compared too)."""
         expected = self._current().get(endpoint)
-        return expected is not None and hmac.compare_digest(expected, hashlib.sha256(token.encode()).digest())
+        matches = hmac.compare_digest(expected or _NO_DIGEST, hashlib.sha256(token.encode()).digest())
+        return expected is not None and matches
 
 
 def _json_body(app: APIGatewayRestResolver, limit: int) -> dict[str, Any]:
@@ -110,12 +128,58 @@ def _json_body(app: APIGatewayRestResolver, limit: int) -> dict[str, Any]:
         body = json.loads(raw)
     except ValueError as exc:
         raise BadRequestError(f"malformed JSON: {exc}") from exc
+    except RecursionError:  # a 100,000-deep body was an uncaught error: a 502 with a traceback
+        raise BadRequestError("malformed JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequestError("the body must be a JSON object")
     take = body.get("take")
     if not isinstance(take, str) or not take.isalnum():
         raise BadRequestError('"take" (the take id the request came with) is required')
     return body
+
+
+class TooManyPollsError(ServiceError):
+    """429: the endpoint has as many long polls waiting as it may."""
+
+    def __init__(self, endpoint: str, limit: int) -> None:
+        super().__init__(429, f"endpoint {endpoint!r} already has {limit} long polls waiting "
+                              "(SWITCHYARD_PENDING_MAX_POLLS); poll again later")
+
+
+class PollSlots:
+    """At most ``settings.max_polls_per_endpoint`` long polls of one endpoint wait at once, counted
+    in Redis so every node (every Lambda environment on AWS) shares the bound: a sorted set per
+    endpoint (``<prefix>:{<endpoint>}:polls``, slot -> when it lapses), with a TTL like every key."""
+
+    def __init__(self, queue: PendingQueue) -> None:
+        self._queue = queue
+        settings = queue.settings
+        self.limit = settings.max_polls_per_endpoint
+        self._key_ttl_ms = int((settings.http_poll_wait_s + POLL_SLOT_GRACE_S) * 1000)
+
+    def _key(self, endpoint: str) -> str:
+        return f"{self._queue.key_tag(endpoint)}:polls"
+
+    def take(self, endpoint: str, wait_s: float) -> str:
+        """A slot for a poll of ``wait_s`` seconds, or TooManyPollsError (the slot is not kept)."""
+        key, slot, now = self._key(endpoint), secrets.token_hex(8), time.time()
+        try:
+            pipe = self._queue.client.pipeline(transaction=True)
+            pipe.zremrangebyscore(key, "-inf", now)
+            pipe.zadd(key, {slot: now + wait_s + POLL_SLOT_GRACE_S})
+            pipe.zcard(key)
+            pipe.pexpire(key, self._key_ttl_ms)
+            waiting = pipe.execute()[2]
+            if waiting > self.limit:
+                self._queue.client.zrem(key, slot)
+                raise TooManyPollsError(endpoint, self.limit)
+        except redis.RedisError as exc:
+            raise QueueUnavailableError(f"Redis unavailable for the poll count: {exc}") from exc
+        return slot
+
+    def give_back(self, endpoint: str, slot: str) -> None:
+        with contextlib.suppress(redis.RedisError):  # else it lapses by itself
+            self._queue.client.zrem(self._key(endpoint), slot)
 
 
 class TurnTakingResolver(APIGatewayRestResolver):
@@ -156,14 +220,16 @@ def build_app(queue: PendingQueue, tokens: TokenStore) -> TurnTakingResolver:
     app = TurnTakingResolver()
     settings = queue.settings
     body_limit = settings.max_message_bytes + ENVELOPE_BYTES
+    slots = PollSlots(queue)
+    retry_after = str(max(1, math.ceil(settings.http_poll_wait_s / 5)))
 
     def authorize(endpoint: str, request_id: str | None = None) -> None:
-        if not ENDPOINT_NAME.match(endpoint) or not tokens.known(endpoint):
-            raise NotFoundError(f"unknown endpoint {endpoint!r}")
+        """The endpoint's token, else 401, the same for an endpoint that does not exist."""
         headers = app.current_event.headers
         header = headers.get("Authorization") or headers.get("authorization")
         scheme, _, token = (header or "").partition(" ")
-        if scheme.lower() != "bearer" or not token or not tokens.check(endpoint, token.strip()):
+        valid = scheme.lower() == "bearer" and tokens.check(endpoint, token.strip())
+        if not (valid and ENDPOINT_NAME.match(endpoint)):
             raise UnauthorizedError(f"missing or wrong token for endpoint {endpoint!r}")
         if request_id is not None and not (len(request_id) == ID_LENGTH and request_id.isalnum()):
             raise NotFoundError(f"no request {request_id!r}")
@@ -183,8 +249,18 @@ def build_app(queue: PendingQueue, tokens: TokenStore) -> TurnTakingResolver:
         context = app.lambda_context
         if context is not None:
             wait = min(wait, (context.get_remaining_time_in_millis() - LAMBDA_MARGIN_MS) / 1000)
-        with app.waiting():
-            request = queue.dequeue(endpoint, max(0.0, wait), track=False)
+        wait = max(0.0, wait)
+        try:
+            slot = slots.take(endpoint, wait)
+        except TooManyPollsError as exc:
+            return Response(status_code=429, content_type="application/json",
+                            headers={"Retry-After": retry_after},
+                            body=json.dumps({"statusCode": 429, "message": exc.msg}))
+        try:
+            with app.waiting():
+                request = queue.dequeue(endpoint, wait, track=False)
+        finally:
+            slots.give_back(endpoint, slot)
         if request is None:
             return Response(status_code=204, body="")
         return request.to_json()
@@ -194,7 +270,8 @@ def build_app(queue: PendingQueue, tokens: TokenStore) -> TurnTakingResolver:
         authorize(endpoint, request_id)
         body = _json_body(app, ENVELOPE_BYTES)
         beat = queue.processor_heartbeat(endpoint, request_id, body["take"])
-        return {"cancelled": beat.cancelled, "reason": beat.reason}
+        reason = NOT_HELD if beat.reason in _NOT_HELD_REASONS else beat.reason
+        return {"cancelled": beat.cancelled, "reason": reason}
 
     @app.post("/endpoints/<endpoint>/requests/<request_id>/response")
     def response(endpoint: str, request_id: str) -> Response | dict[str, Any]:
@@ -214,10 +291,10 @@ def build_app(queue: PendingQueue, tokens: TokenStore) -> TurnTakingResolver:
             delivery = queue.respond(endpoint, request_id, body["take"], message)
         except MessageTooLargeError as exc:
             raise RequestEntityTooLargeError(str(exc)) from exc
-        if delivery is Delivery.NOT_TAKER:
+        if delivery in (Delivery.NOT_TAKER, Delivery.GONE):  # gone: expired, or another endpoint's id
             return Response(status_code=409, content_type="application/json",
-                            body=json.dumps({"statusCode": 409, "delivery": delivery.value,
-                                             "message": "this take no longer holds the request"}))
+                            body=json.dumps({"statusCode": 409, "delivery": Delivery.NOT_TAKER.value,
+                                             "message": NOT_HELD}))
         return {"delivery": delivery.value}
 
     @app.exception_handler(PendingError)  # QueueUnavailableError, or Redis refusing (WRONGTYPE, OOM)

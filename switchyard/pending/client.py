@@ -144,7 +144,7 @@ class PollingService:
                 error = None
             if reply is not None and reply.status_code in (401, 403, 404):
                 return self._fatal(reply)
-            if reply is None or reply.status_code >= 500:
+            if reply is None or reply.status_code >= 500 or reply.status_code == 429:  # 429: too many polls
                 backoff = min(MAX_BACKOFF_S, backoff * 2 or 0.5)
                 logger.warning("poll of %s failed (%s); retrying in %.1f s", self.endpoint,
                                error or f"HTTP {reply.status_code}", backoff)  # type: ignore[union-attr]

@@ -53,6 +53,9 @@ class PendingSettings:
     retry_interval_s: float = 1.0  # ... this far apart
     max_message_bytes: int = 1024 * 1024  # request/response JSON; larger data goes in streams
     redis_connections: int = 128  # per node, for scripts (a poller's blocking pops use its own)
+    # Long polls of one endpoint that may wait at once (all nodes together); more get 429, so one
+    # endpoint's pollers cannot hold every server thread (or, on AWS, the function's concurrency).
+    max_polls_per_endpoint: int = 32
     store: str = ""  # where streams go: "" (none), a directory path, or s3://bucket/prefix
     connections: Connections = field(default_factory=Connections)
 
@@ -66,6 +69,8 @@ class PendingSettings:
                               "s (API Gateway ends a request at 29 s)")
         if self.heartbeat_interval_s >= min(self.sender_timeout_s, self.processor_timeout_s):
             raise ConfigError("the heartbeat interval must be shorter than both heartbeat timeouts")
+        if self.max_polls_per_endpoint < 1:
+            raise ConfigError("SWITCHYARD_PENDING_MAX_POLLS must be at least 1")
         if self.redis_connections < 4:
             raise ConfigError("SWITCHYARD_PENDING_REDIS_CONNECTIONS must be at least 4")
         if self.max_message_bytes < 1024:
@@ -96,6 +101,7 @@ class PendingSettings:
             "data_loss_check_s": "DATA_LOSS_CHECK", "data_loss_guard_ttl_s": "DATA_LOSS_GUARD_TTL",
             "retry_window_s": "RETRY_WINDOW", "retry_interval_s": "RETRY_INTERVAL",
             "max_message_bytes": "MAX_MESSAGE_BYTES", "redis_connections": "REDIS_CONNECTIONS",
+            "max_polls_per_endpoint": "MAX_POLLS",
             "store": "STORE",
         }
         values: dict[str, object] = {}
