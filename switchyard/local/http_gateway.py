@@ -12,7 +12,11 @@ The server is waitress: a maintained, pure-Python production WSGI server (no C b
 machine the project does). Its I/O loop holds any number of idle connections; each request in
 progress holds one worker thread, so ``threads`` bounds how many long polls can wait at once
 (default 512: hundreds of pollers holding a request open for up to 29 s each). ``poll()`` is used
-instead of ``select()`` so more than 1,024 sockets work.
+instead of ``select()`` so more than 1,024 sockets work. A request head (request line and
+headers) must arrive within ``SWITCHYARD_HTTP_HEAD_TIMEOUT`` seconds (default 10) of the
+connection opening or of its first byte: slowloris clients dripping an incomplete head are
+closed, so they cannot fill the connection limit (1,000 of them did, and new clients timed out).
+Requests in progress and idle keep-alive connections are not cut by it.
 
 Known difference from API Gateway: a header sent several times reaches the handler as one value,
 joined with ", " (WSGI joins repeated headers, as RFC 9110 5.3 allows for list-valued fields).
@@ -40,7 +44,9 @@ import waitress.server
 from waitress import wasyncore
 from waitress.channel import HTTPChannel
 
+from switchyard.config import env_float
 from switchyard.local.lambda_context import FakeLambdaContext
+from switchyard.observability import redact
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +55,7 @@ Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 # API Gateway REST's own limits: a 29 s integration timeout and a 10 MB payload.
 INTEGRATION_TIMEOUT_MS = 29_000
 MAX_PAYLOAD_BYTES = 10 * 1024 * 1024
+DEFAULT_HEAD_TIMEOUT_S = 10.0
 LOCAL_ACCOUNT = "000000000000"
 # Headers WSGI keeps outside HTTP_* (their names as a client sends them).
 _CONTENT_HEADERS = {"CONTENT_TYPE": "Content-Type", "CONTENT_LENGTH": "Content-Length"}
@@ -192,7 +199,8 @@ def _status_line(code: int) -> str:
 
 
 class _Channel(HTTPChannel):
-    """Waitress's channel, less a busy wait of its I/O loop while a task thread sends a response.
+    """Waitress's channel, less a busy wait of its I/O loop while a task thread sends a response,
+    and with the time its request head began (``_cut_slow_heads`` closes it past the head timeout).
 
     The task thread sends its response itself, holding the channel's output lock. Meanwhile
     waitress's ``writable()`` says yes (output is buffered), the socket is always ready for
@@ -202,6 +210,22 @@ class _Channel(HTTPChannel):
     the trigger if it cannot (then the lock is free and the loop sends it).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.head_started: float | None = self.creation_time  # a new connection owes its first head
+
+    def received(self, data: bytes) -> bool:
+        """Waitress's parsing; then when the head being read began, or None (no head in progress:
+        between requests, or reading a body)."""
+        in_head = self.request is not None and not self.request.headers_finished
+        result = super().received(data)
+        if self.request is not None and not self.request.headers_finished:
+            if not in_head:
+                self.head_started = time.time()
+        else:
+            self.head_started = None
+        return bool(result)
+
     def writable(self) -> bool:
         if self.requests and self.total_outbufs_len and not (self.will_close or self.close_when_flushed):
             if not self.outbuf_lock.acquire(False):
@@ -210,10 +234,33 @@ class _Channel(HTTPChannel):
         return bool(super().writable())
 
 
+def _cut_slow_heads(server: Any, head_timeout_s: float) -> Callable[[float], None]:
+    """Waitress's maintenance (idle channels), then: close each connection whose request head has
+    taken longer than ``head_timeout_s`` (logged and counted in ``server.heads_cut``)."""
+    idle_maintenance = server.maintenance
+    server.heads_cut = 0
+
+    def maintenance(now: float) -> None:
+        idle_maintenance(now)
+        cutoff, cut = now - head_timeout_s, 0
+        for channel in list(server.active_channels.values()):
+            started = getattr(channel, "head_started", None)
+            if started is not None and started < cutoff and not channel.requests and not channel.will_close:
+                channel.will_close = True
+                cut += 1
+        if cut:
+            server.heads_cut += cut
+            logger.info("closed %d connection(s) whose request head took over %g s (%d in all)",
+                        cut, head_timeout_s, server.heads_cut)
+
+    return maintenance
+
+
 class HttpGateway:
     """Serve one Lambda proxy handler over HTTP; ``start()``/``stop()`` or a ``with`` block.
 
-    ``port=0`` takes an ephemeral port (read ``port``/``url`` after ``start()``).
+    ``port=0`` takes an ephemeral port (read ``port``/``url`` after ``start()``). ``head_timeout_s``:
+    how long a request head may take (default ``SWITCHYARD_HTTP_HEAD_TIMEOUT``, 10 s).
     """
 
     def __init__(
@@ -227,8 +274,14 @@ class HttpGateway:
         timeout_ms: int = INTEGRATION_TIMEOUT_MS,
         stage: str = "local",
         max_body_bytes: int = MAX_PAYLOAD_BYTES,
+        head_timeout_s: float | None = None,
     ) -> None:
         self._handler = as_handler(handler)
+        if head_timeout_s is None:
+            head_timeout_s = env_float("SWITCHYARD_HTTP_HEAD_TIMEOUT", DEFAULT_HEAD_TIMEOUT_S)
+        if head_timeout_s <= 0:
+            raise ValueError(f"the request head timeout must be positive, got {head_timeout_s}")
+        self._head_timeout_s = head_timeout_s
         self._host, self._requested_port = host, port
         self._threads = threads
         self._function_name, self._timeout_ms, self._stage = function_name, timeout_ms, stage
@@ -255,9 +308,9 @@ class HttpGateway:
         try:
             status, headers, body = http_response(self._handler(event, context))
         except Exception:
-            logger.exception("handler failed for %s %s", event["httpMethod"], event["path"])
+            logger.exception("handler failed for %s %s", event["httpMethod"], redact(event["path"]))
             return self._reply(start_response, 502, {"message": "Internal server error"})
-        logger.debug("%s %s -> %d in %.1f ms", event["httpMethod"], event["path"], status,
+        logger.debug("%s %s -> %d in %.1f ms", event["httpMethod"], redact(event["path"]), status,
                       (time.monotonic() - started) * 1000)
         headers.append(("Content-Length", str(len(body))))
         if not any(name.lower() == "date" for name, _ in headers):
@@ -285,6 +338,7 @@ class HttpGateway:
             threads=self._threads,
             connection_limit=max(1000, self._threads * 2),
             channel_timeout=max(120, self._timeout_ms // 1000 + 30),
+            cleanup_interval=max(1, min(30, int(self._head_timeout_s / 2))),
             backlog=2048,
             asyncore_use_poll=True,
             max_request_body_size=self._max_body_bytes,
@@ -292,6 +346,7 @@ class HttpGateway:
             clear_untrusted_proxy_headers=True,
         )
         self._server.channel_class = _Channel
+        self._server.maintenance = _cut_slow_heads(self._server, self._head_timeout_s)
         self.port = int(self._server.effective_port)
         self._thread = threading.Thread(target=self._server.run, name=f"gateway:{self.port}", daemon=True)
         self._thread.start()

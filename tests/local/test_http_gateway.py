@@ -237,3 +237,46 @@ def test_a_response_being_sent_by_its_task_is_not_polled_for() -> None:
         channel.close()
         theirs.close()
         server.close()
+
+
+def test_a_slow_request_head_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slowloris: about 1,000 connections sending an incomplete request head filled the connection
+    limit and new clients timed out. A head must arrive within SWITCHYARD_HTTP_HEAD_TIMEOUT seconds
+    (here 1); the slow ones are closed, new clients are served."""
+    monkeypatch.setenv("SWITCHYARD_HTTP_HEAD_TIMEOUT", "1")
+    with HttpGateway(app, threads=8) as gw:
+        slow: list[socket.socket] = []
+        try:
+            for _ in range(1000):
+                sock = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+                sock.sendall(b"GET /echo/slow HTTP/1.1\r\nHost: x\r\nX-Drip: ")
+                slow.append(sock)
+            silent = socket.create_connection(("127.0.0.1", gw.port), timeout=5)  # sends nothing at all
+            slow.append(silent)
+            started = time.monotonic()
+            reply = requests.get(f"{gw.url}/echo/fresh", timeout=8)
+            assert reply.status_code == 200 and time.monotonic() - started < 5
+            for sock in (slow[0], slow[-2], silent):
+                assert _closed_by_peer(sock)
+        finally:
+            for sock in slow:
+                sock.close()
+
+
+def test_a_head_that_arrives_in_time_is_served_however_long_the_request_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head timeout bounds the head only: a long poll (a request in progress) and an idle
+    keep-alive connection between requests are not cut by it."""
+    monkeypatch.setenv("SWITCHYARD_HTTP_HEAD_TIMEOUT", "1")
+    with HttpGateway(app, threads=8) as gw, requests.Session() as session:
+        assert session.get(f"{gw.url}/wait?s=2.5", timeout=10).json() == {"ok": True}
+        time.sleep(2.5)  # idle on the kept-alive connection
+        assert session.get(f"{gw.url}/echo/again", timeout=10).status_code == 200
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
