@@ -10,6 +10,7 @@ import boto3
 import pytest
 
 from switchyard import deployed_config
+from switchyard.aws_secrets import SECRET_URLS, source_variables
 from switchyard.cli import main
 from switchyard.config import Connections
 from switchyard.deployed_config import CONFIG_PATH_ENV, config_path, load_deployed_config
@@ -32,6 +33,14 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         for parameter in page["Parameters"]:
             ssm.delete_parameter(Name=parameter["Name"])
     deployed_config.forget()
+
+
+def unset(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """Unset ``names`` so that what the deployed configuration sets in their place is undone after
+    the test too (``delenv`` of an unset variable records nothing to restore)."""
+    for name in names:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
 
 def put(stack: str, **values: str) -> None:
@@ -62,7 +71,7 @@ def test_cached_until_max_age_then_refreshed(stack: str) -> None:
 
 def test_connections_read_the_deployed_stack(stack: str, monkeypatch: pytest.MonkeyPatch) -> None:
     put(stack, SWITCHYARD_KAFKA_BOOTSTRAP="kafka.internal:9098")
-    monkeypatch.delenv("SWITCHYARD_KAFKA_BOOTSTRAP", raising=False)
+    unset(monkeypatch, "SWITCHYARD_KAFKA_BOOTSTRAP")  # else kafka.internal stays for the next tests
     monkeypatch.setenv(CONFIG_PATH_ENV, config_path(stack))
     assert Connections.from_env().kafka_bootstrap == "kafka.internal:9098"
 
@@ -86,9 +95,7 @@ def test_cli_stack_option_reads_parameters_and_fills_secrets(
     try:
         put(stack, SWITCHYARD_AMQP_URL="amqp://{username}:{password}@mq.internal:5671/%2F",
             SWITCHYARD_AMQP_SECRET_ARN=arn)
-        for name in ("SWITCHYARD_AMQP_URL", "SWITCHYARD_AMQP_SECRET_ARN"):
-            monkeypatch.setenv(name, "")  # recorded for undo; empty counts as unset
-            monkeypatch.delenv(name)
+        unset(monkeypatch, "SWITCHYARD_AMQP_URL", "SWITCHYARD_AMQP_SECRET_ARN")
         assert main(["--stack", stack, "config"]) == 0
         printed = capsys.readouterr().out
         assert f"SSM {config_path(stack)}" in printed
@@ -120,13 +127,8 @@ def test_a_process_reads_only_the_secrets_of_the_services_it_uses(
             SWITCHYARD_REDIS_SECRET_ARN=unreadable,
             SWITCHYARD_POSTGRES_DSN="postgresql://{username}:{password}@{host}:{port}/{dbname}",
             SWITCHYARD_POSTGRES_SECRET_ARN=unreadable)
-        for service in ("AMQP", "REDIS", "POSTGRES"):
-            for name in (f"SWITCHYARD_{service}_SECRET_ARN", f"SWITCHYARD_{service}_USERNAME",
-                         f"SWITCHYARD_{service}_PASSWORD"):
-                monkeypatch.delenv(name, raising=False)
-        for name in ("SWITCHYARD_AMQP_URL", "SWITCHYARD_REDIS_URL", "SWITCHYARD_POSTGRES_DSN"):
-            monkeypatch.setenv(name, "")
-            monkeypatch.delenv(name)
+        for service, urls in SECRET_URLS.items():
+            unset(monkeypatch, *urls, *source_variables(service))
         monkeypatch.setenv(CONFIG_PATH_ENV, config_path(stack))
         connections = Connections.from_env()
         assert connections.amqp_url == "amqp://svc:pw@mq.internal:5671/%2F"
