@@ -81,6 +81,7 @@ REAP_BATCH = 256
 # Metrics (Count, dimension Endpoint; the CDK alarms watch them). Data loss has no endpoint.
 METRIC_PICKUP_TIMEOUTS = "PendingPickupTimeouts"
 METRIC_PROCESSORS_LOST = "PendingProcessorsLost"
+METRIC_REQUEUED = "PendingRequestsRequeued"  # popped, never claimed within the processor timeout
 METRIC_UNDELIVERED = "PendingResponsesUndelivered"  # abandoned / cancelled / gone
 METRIC_DATA_LOSS = "PendingDataLossEvents"
 METRIC_DROPPED = "PendingRequestsDropped"  # a pending-list element no caller wrote (no id to answer)
@@ -226,6 +227,7 @@ class _Call:
     error: PendingError | None = None
     recheck: bool = False
     taken: bool = False
+    requeued: bool = False  # a beat put it back in the pending list: its pickup timeout starts again
     cancel_reason: str | None = None
 
     def ready(self) -> bool:
@@ -511,6 +513,9 @@ class PendingQueue:
                         return answer
                     if call.taken:
                         pickup_deadline = None
+                    if call.requeued:
+                        call.requeued = False
+                        pickup_deadline = now + pickup_timeout
         finally:
             with self._lock:
                 self._calls.pop(call.id, None)
@@ -554,8 +559,10 @@ class PendingQueue:
     def _caller_beat(self, call: _Call, state_key: str) -> Response | None:
         """Heartbeat + pickup check + response poll, one command; raises when the call is lost."""
         s = self.settings
-        reply = self._redis(lambda: self._heartbeat(keys=[state_key, self.pending_key(call.endpoint)],
-                                                    args=["c", "", _ms(s.in_flight_ttl_s), call.element]))
+        reply = self._redis(lambda: self._heartbeat(
+            keys=[state_key, self.pending_key(call.endpoint)],
+            args=["c", "", _ms(s.in_flight_ttl_s), call.element, _ms(s.processor_timeout_s),
+                  _ms(s.pending_list_ttl_s)]))
         state = _text(reply[0])
         if state == "missing":
             self._state_vanished(call)
@@ -563,15 +570,20 @@ class PendingQueue:
             return self._collect(call, state_key, reply[2])
         if state == "t":
             call.taken = True
-        # Taken: since the processor's last beat. Queued: since a beat found the request popped but
-        # unclaimed (the polling node died between its pop and the claim), else 0.
+        if state == "requeued":
+            # Popped and never claimed for the processor timeout: the node that popped it died
+            # before handing it over (SIGKILL mid long poll), so it was put back for another.
+            logger.warning("request %s to %r: popped and never claimed for %g s; back in the queue",
+                           call.id, call.endpoint, s.processor_timeout_s)
+            _count(METRIC_REQUEUED, call.endpoint)
+            call.requeued = True
+        # Taken: ms since the processor's last beat.
         if int(reply[1]) > _ms(s.processor_timeout_s):
             self._redis(lambda: self._withdraw(keys=[state_key, self.pending_key(call.endpoint)],
                                                args=self._withdraw_args(call, "cancel")))
             _count(METRIC_PROCESSORS_LOST, call.endpoint)
-            what = "sent no heartbeat" if state == "t" else "popped it and did not claim it"
             raise ProcessorLostError(
-                f"request {call.id} to {call.endpoint!r}: the node processing it {what} for "
+                f"request {call.id} to {call.endpoint!r}: the node processing it sent no heartbeat for "
                 f"{int(reply[1]) / 1000:.0f} s (limit {s.processor_timeout_s:g} s); presumed offline")
         return None
 

@@ -82,32 +82,53 @@ def state_of(node: PendingQueue, endpoint: str) -> list[bytes]:
     return [node.client.hget(k, "s") for k in node.client.scan_iter(match=f"{node.key_tag(endpoint)}:r:*")]
 
 
-@pytest.mark.parametrize("claimed", [True, False], ids=["after-claim", "between-pop-and-claim"])
-def test_processor_dies_caller_gets_a_clear_error_within_the_timeout(private_redis: PrivateRedis,
-                                                                     claimed: bool) -> None:
-    """Killed after its node claimed the request (its heartbeats stop), or right after the pop,
-    before the claim (the request sits in the dead node's take key): the same clear error."""
+def test_processor_dies_after_the_claim_caller_gets_a_clear_error_within_the_timeout(
+        private_redis: PrivateRedis) -> None:
+    """Killed after its node claimed the request (its heartbeats stop): the caller is told, since
+    the processor may have done the work."""
     settings = private_settings(private_redis)
-    # A processor whose first heartbeat (the claim) comes after CLAIM_DELAY_S, not FAST's 0.1 s
-    processor_settings = settings if claimed else replace(settings, heartbeat_initial_delay_s=5.0)
     with nodes(settings, 1) as [caller], \
-            node_process(processor_settings, "processor", "ep", "--hold", "60") as processor:
+            node_process(settings, "processor", "ep", "--hold", "60") as processor:
         errors: list[Exception] = []
         thread = threading.Thread(target=lambda: _record(errors, caller.queue_and_wait, "ep", 1))
         thread.start()
         wait_for(lambda: processor.stdout.readline(), timeout=10, what="the processor to take the request")
-        if claimed:
-            wait_for(lambda: state_of(caller, "ep") == [b"t"], timeout=5, what="the claim")
+        wait_for(lambda: state_of(caller, "ep") == [b"t"], timeout=5, what="the claim")
         processor.send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        assert processor.wait(5) and state_of(caller, "ep") == [b"t" if claimed else b"q"]
+        assert processor.wait(5) and state_of(caller, "ep") == [b"t"]
         thread.join(10)
         elapsed = time.monotonic() - killed
     assert isinstance(errors[0], ProcessorLostError), errors
     assert "presumed offline" in str(errors[0])
-    # processor timeout 1 s + one heartbeat interval (0.2 s) + scheduling slack (the pickup
-    # timeout, 5 s, is not waited for: the caller's beat finds an unclaimed request popped)
+    # processor timeout 1 s + one heartbeat interval (0.2 s) + scheduling slack
     assert elapsed < settings.processor_timeout_s + 3, elapsed
+
+
+def test_node_dies_between_pop_and_claim_the_request_goes_to_another(private_redis: PrivateRedis) -> None:
+    """Killed right after the pop, before the claim (a node SIGKILLed mid long poll never handed
+    the request over): after the processor timeout the caller's beat puts it back in the queue,
+    and a live node answers it, long before the pickup timeout (5 s) would have run out."""
+    settings = private_settings(private_redis)
+    # A processor whose first heartbeat (the claim) comes after CLAIM_DELAY_S, not FAST's 0.1 s
+    with nodes(settings, 2) as [caller, live], \
+            node_process(replace(settings, heartbeat_initial_delay_s=5.0), "processor", "ep",
+                         "--hold", "60") as processor:
+        outcome: list[object] = []
+        thread = threading.Thread(target=lambda: _record(outcome, caller.queue_and_wait, "ep", 1))
+        thread.start()
+        wait_for(lambda: processor.stdout.readline(), timeout=10, what="the processor to take the request")
+        processor.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        assert processor.wait(5) and state_of(caller, "ep") == [b"q"]
+        request = live.dequeue("ep", settings.processor_timeout_s + 3)
+        assert request is not None, "the popped request never came back"
+        assert live.apply_response(request, "from the live node") is Delivery.DELIVERED
+        thread.join(10)
+        elapsed = time.monotonic() - killed
+    assert getattr(outcome[0], "body", outcome[0]) == "from the live node"
+    assert elapsed < settings.processor_timeout_s + 3, elapsed
+    assert keys_without_ttl(private_redis.client(), settings.prefix) == []
 
 
 def test_caller_dies_processor_work_is_cancelled(private_redis: PrivateRedis) -> None:
@@ -193,10 +214,11 @@ CRASHES = [
     ("caller", "before_collect", None, [b"a"]),
     ("caller", "collected", None, None),  # answered; unlinked or not yet (the reaper's batch)
     ("caller", "withdraw_timeout", None, []),
-    # popped, never claimed: flagged cancelled, expires with its TTL (its take key too)
-    ("processor", "taken", "ProcessorLostError", [b"q"]),
+    # popped, never claimed: back in the queue after the processor timeout; nobody else serves, so
+    # the (restarted) pickup timeout withdraws it; the dead take key expires with its TTL
+    ("processor", "taken", "PickupTimeoutError", []),
     ("processor", "responded", "response", []),
-    ("server", "taken", "ProcessorLostError", [b"q"]),  # PendingQueue.serve: the same two points
+    ("server", "taken", "PickupTimeoutError", []),  # PendingQueue.serve: the same two points
     ("server", "responded", "response", []),
 ]
 

@@ -7,7 +7,8 @@
 -- ARGV[2]  take id (processor) or '' (caller)
 -- ARGV[3]  state TTL in ms while taken (refreshed here, so a live request never expires)
 -- ARGV[4]  request id (processor) or the request's list element (caller)
--- ARGV[5]  processor node id (processor)
+-- ARGV[5]  processor node id (processor); caller: ms a request may stay popped and unclaimed
+-- ARGV[6]  caller: the pending list's TTL in ms (the list may have to be created again)
 --
 -- Halibut publishes heartbeats on per-request channels each side must subscribe to; here a
 -- heartbeat is a timestamp in the state, so one command per interval both sends and checks,
@@ -15,13 +16,15 @@
 -- pickup check and its response poll (a response whose message was missed is returned here).
 -- The processor's first beat claims a request its response has not claimed yet. A queued request
 -- the caller finds neither claimed nor in the pending list was popped by a node that has not
--- claimed it: the beat stamps mv, and a node silent that long is as lost as a silent processor.
+-- claimed it: the beat stamps mv, and once it has stayed so for ARGV[5] ms the request goes back
+-- to the head of the pending list (the node died before handing it over, or its processor could
+-- reach no node to claim it for that long: at least once), and the beat returns 'requeued'.
 -- (A list longer than POPPED_SCAN is not searched, for the cost: the pickup timeout's withdrawal
 -- finds a popped request then.)
--- Returns {'missing'} when the state is gone; for the caller {state, ms since the processor's
--- last beat (taken) or since the request was found popped but unclaimed (queued), else 0,
--- response or ''}; for the processor {'not_taker'} when it does not hold the request, else
--- {state, ms since the caller's last beat, 1 if cancelled}.
+-- Returns {'missing'} when the state is gone; for the caller {state ('requeued' when it went
+-- back), ms since the processor's last beat (taken), else 0, response or ''}; for the processor
+-- {'not_taker'} when it does not hold the request, else {state, ms since the caller's last beat,
+-- 1 if cancelled}.
 local v = redis.call('HMGET', KEYS[1], 's', 'taker', 'hc', 'hp', 'x', 'resp', 'mv')
 if not v[1] then
   if ARGV[1] == 'p' then
@@ -39,7 +42,12 @@ if ARGV[1] == 'c' then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
     silence = now - tonumber(v[4])
   elseif v[1] == 'q' and v[7] then
-    silence = now - tonumber(v[7])
+    if now - tonumber(v[7]) > tonumber(ARGV[5]) then
+      redis.call('LPUSH', KEYS[2], ARGV[4])
+      redis.call('PEXPIRE', KEYS[2], ARGV[6])
+      redis.call('HDEL', KEYS[1], 'mv')
+      return {'requeued', 0, ''}
+    end
   elseif v[1] == 'q' and redis.call('LLEN', KEYS[2]) <= POPPED_SCAN
       and not redis.call('LPOS', KEYS[2], ARGV[4], 'MAXLEN', POPPED_SCAN) then
     redis.call('HSET', KEYS[1], 'mv', stamp)
