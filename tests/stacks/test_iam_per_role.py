@@ -219,9 +219,11 @@ def deployment(resources: dict[str, dict[str, Any]]) -> Iterator[Deployment]:
     finally:
         cleanup()
         ssm.delete_parameters(Names=list(params))
-        for arn in refs.values():
-            if arn.startswith("arn:aws:secretsmanager"):
-                sm.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
+        for logical, ref in refs.items():
+            if ref.startswith("arn:aws:secretsmanager"):
+                sm.delete_secret(SecretId=ref, ForceDeleteWithoutRecovery=True)
+            elif logical in _of_kind(resources, "AWS::ECS::Cluster"):
+                boto3.client("ecs", endpoint_url=MOTO, region_name=REGION).delete_cluster(cluster=ref)
 
 
 def _make_aws_resources(dep: Deployment) -> None:
