@@ -34,7 +34,10 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Sequence[str]]  # (host, port) -> the addresses it resolves to
 
 _PRINTABLE_ASCII = re.compile(r"[\x21-\x7e]*")
-_SHARED_V4 = ipaddress.IPv4Network("100.64.0.0/10")  # carrier-grade NAT: Python's is_private misses it
+# Special-purpose ranges some Python versions call global (their tables changed across patch releases):
+# carrier-grade NAT, IETF protocol assignments, benchmarking, NAT64 for local use.
+_SPECIAL = tuple(ipaddress.ip_network(n) for n in ("100.64.0.0/10", "192.0.0.0/24", "198.18.0.0/15",
+                                                  "64:ff9b:1::/48"))
 _GLOBAL_V6 = ipaddress.IPv6Network("2000::/3")  # every other IPv6 range is local, reserved or special
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # well-known prefix: a public IPv4 address, translated
 _COMPATIBLE_V6 = ipaddress.IPv6Network("::/96")  # deprecated IPv4-compatible form
@@ -59,7 +62,8 @@ def refusal(ip: IPAddress) -> str | None:
             return f"{reason} ({carried} inside {ip})" if reason else None
     for reason, hit in (("loopback", ip.is_loopback), ("unspecified", ip.is_unspecified),
                         ("link-local", ip.is_link_local), ("multicast", ip.is_multicast),
-                        ("private", ip.is_private or ip in _SHARED_V4), ("reserved", ip.is_reserved)):
+                        ("private", ip.is_private), ("reserved", ip.is_reserved),
+                        ("special-purpose", any(ip in net for net in _SPECIAL))):
         if hit:
             return f"{reason} address {ip}"
     if not ip.is_global or (isinstance(ip, ipaddress.IPv6Address) and ip not in _GLOBAL_V6):
@@ -114,8 +118,9 @@ class Allowlist:
 
 
 def _allow_entry(raw: str) -> AllowEntry:
+    bare = raw[1:-1] if raw.startswith("[") and raw.endswith("]") else raw
     try:
-        return AllowEntry(network=ipaddress.ip_network(raw.strip("[]"), strict=False))
+        return AllowEntry(network=ipaddress.ip_network(bare, strict=False))
     except ValueError:
         pass
     try:

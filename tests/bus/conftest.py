@@ -24,6 +24,7 @@ from switchyard.bus.store import BusStore
 from switchyard.bus.worker import BusWorker
 from switchyard.local.http_gateway import HttpGateway
 from switchyard.redis_client import connect_redis
+from tests.bus.servers import TestServer
 from tests.conftest import unique
 
 ROOT_KEY = "root-key-for-tests"
@@ -177,6 +178,20 @@ def make_subscriber() -> Iterator[Callable[[], Subscriber]]:
     yield make
     for sub in made:
         sub.close()
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., TestServer]]:
+    """Misbehaving HTTP servers on loopback addresses (``tests/bus/servers.py``), closed after the test."""
+    made: list[TestServer] = []
+
+    def make(host: str = "127.0.0.1", **kw: Any) -> TestServer:
+        made.append(TestServer(host, **kw))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
 
 
 @pytest.fixture

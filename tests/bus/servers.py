@@ -5,6 +5,7 @@ its answer a byte at a time, one that streams a huge body. Nothing here leaves 1
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,14 @@ class Seen:
 def no_content(handler: BaseHTTPRequestHandler) -> None:
     handler.send_response(204)
     handler.send_header("Content-Length", "0")
+    handler.end_headers()
+
+
+def no_content_then_close(handler: BaseHTTPRequestHandler) -> None:
+    """A 204 with ``Connection: close``: the next request needs a new connection."""
+    handler.send_response(204)
+    handler.send_header("Content-Length", "0")
+    handler.send_header("Connection", "close")
     handler.end_headers()
 
 
@@ -88,11 +97,13 @@ def huge(total: int, chunk: int = 1 << 16) -> Answer:
 class TestServer:
     """An HTTP server on ``host`` (any 127.0.0.0/8 address, or ::1) recording every request.
 
-    ``answer`` decides the response; ``in_flight`` / ``max_in_flight`` count requests being answered."""
+    ``answer`` decides the response; ``in_flight`` / ``max_in_flight`` count requests being answered;
+    with ``tls`` it serves HTTPS."""
 
     __test__ = False  # not a test class, whatever pytest thinks of the name
 
-    def __init__(self, host: str = "127.0.0.1", answer: Answer = no_content) -> None:
+    def __init__(self, host: str = "127.0.0.1", answer: Answer = no_content,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.host, self.answer = host, answer
         self.seen: list[Seen] = []
         self.in_flight = self.max_in_flight = 0
@@ -128,6 +139,8 @@ class TestServer:
 
         self.server = Server((host, 0), Handler)
         self.port = self.server.server_port
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def url(self, path: str = "/cb", scheme: str = "http") -> str:

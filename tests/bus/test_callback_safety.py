@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
 
 import pytest
 
 from switchyard.bus import api
 from switchyard.bus.store import BusStore
-from tests.bus.servers import TestServer, redirect
+from tests.bus.servers import redirect
 from tests.conftest import wait_for
 
 INTERNAL_CALLBACKS = [
@@ -23,19 +22,6 @@ INTERNAL_CALLBACKS = [
     "https://[::ffff:127.0.0.2]/cb", "https://[::ffff:169.254.169.254]/cb", "https://[64:ff9b::a9fe:a9fe]/cb",
     "https://224.0.0.1/cb", "https://255.255.255.255/cb", "https://localhost/cb", "https://x.localhost/cb",
 ]
-
-
-@pytest.fixture
-def make_server() -> Iterator[Callable[..., TestServer]]:
-    made: list[TestServer] = []
-
-    def make(host: str = "127.0.0.1", **kw) -> TestServer:
-        made.append(TestServer(host, **kw))
-        return made[-1]
-
-    yield make
-    for server in made:
-        server.close()
 
 
 def subscribe(client, callback: str, topic: str = "parcels"):

@@ -18,21 +18,8 @@ import pytest
 from switchyard.bus import api
 from switchyard.bus.jobs import scrub
 from switchyard.bus.store import BusStore
-from tests.bus.servers import TestServer, drip, huge, no_content
+from tests.bus.servers import drip, huge, no_content
 from tests.conftest import subprocess_env, wait_for
-
-
-@pytest.fixture
-def make_server() -> Iterator[Callable[..., TestServer]]:
-    made: list[TestServer] = []
-
-    def make(host: str = "127.0.0.1", **kw) -> TestServer:
-        made.append(TestServer(host, **kw))
-        return made[-1]
-
-    yield make
-    for server in made:
-        server.close()
 
 
 @pytest.fixture
