@@ -36,7 +36,8 @@ class DelayService:
         self.settings = settings
         self.connections = connections
         self.node_id = node_id or str(uuid.uuid4())
-        self.store = PostgresDelayStore(connections.postgres_dsn, settings.schema, settings.application_name)
+        self.store = PostgresDelayStore(connections.postgres_dsn, settings.schema, settings.application_name,
+                                        settings.store_timeout_ms / 1000)
         self._local = threading.local()
         logger.info(f"delay node {self.node_id} started", extra={"node_id": self.node_id})
 

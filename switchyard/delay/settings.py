@@ -61,6 +61,10 @@ class DelaySettings:
     failure_detection_interval_ms: int = 500
     ready_batch_size: int = 2000
     publish_timeout_ms: int = 2000
+    # The longest one Postgres operation may take before its connection is dropped (and opened again):
+    # a server that stops answering without closing the connection (a half-open connection, a frozen
+    # host) otherwise holds the thread forever, since the kernel still acknowledges what is sent.
+    store_timeout_ms: int = 30_000
     # librdkafka's linger.ms for the output topic: how long a produced message may wait to share a
     # request with others. 5 ms halves the producer's and the broker's CPU per message at 10,000/s
     # against 1 ms; it delays arrival, not the firing time (the record's CreateTime is set at send).
@@ -80,7 +84,8 @@ class DelaySettings:
         if self.input_topic == self.output_topic:
             raise ConfigError("the delay input and output topics must differ (messages would loop)")
         for name in ("hold_time_ms", "poll_interval_ms", "idle_poll_ms", "failure_detection_interval_ms",
-                     "ready_batch_size", "publish_timeout_ms", "batch_size", "batch_window_ms"):
+                     "ready_batch_size", "publish_timeout_ms", "batch_size", "batch_window_ms",
+                     "store_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"delay setting {name} must be positive, got {getattr(self, name)}")
         if not 1000 <= self.max_message_bytes <= 1_000_000_000:

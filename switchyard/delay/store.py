@@ -1,11 +1,14 @@
 """Postgres adapter of the DelayStore port: the only module that talks to psycopg.
 
 One autocommit connection per thread (psycopg serialises a shared connection), created lazily and
-re-created after the server drops it. A connection belongs to its thread: when a thread has ended,
-its connection is closed the next time any thread opens one, so threads that come and go (a fire
-loop's store worker, one per invocation) never pile up backends. Every driver error leaves here as
-a StoreError: StoreUnavailableError (connection lost), TransientStoreError (deadlock, timeouts,
-overload: retry), UnstorableMessageError (the data itself was refused), or plain StoreError.
+re-created after the server drops it. An operation that outlasts its deadline has its connection's
+socket shut down by a watchdog thread, so a server that went silent without closing the connection
+(half-open) costs a StoreUnavailableError and a new connection, not a thread blocked for good. A
+connection belongs to its thread: when a thread has ended, its connection is closed the next time
+any thread opens one, so threads that come and go (a fire loop's store worker, one per invocation)
+never pile up backends. Every driver error leaves here as a StoreError: StoreUnavailableError
+(connection lost), TransientStoreError (deadlock, timeouts, overload: retry), UnstorableMessageError
+(the data itself was refused), or plain StoreError.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -39,6 +44,8 @@ from switchyard.observability import logger
 _to_json = json.JSONEncoder(separators=(",", ":")).encode
 
 VERIFYING_SSL_MODES = ("verify-ca", "verify-full")
+STORE_TIMEOUT_S = 30.0  # the longest one operation may take (DelaySettings.store_timeout_ms)
+WATCHDOG_INTERVAL_S = 0.25
 
 
 def tls_options(dsn: str) -> dict[str, str]:
@@ -55,7 +62,8 @@ def tls_options(dsn: str) -> dict[str, str]:
 class PostgresDelayStore:
     """Delayed messages in ``{schema}.delayed_messages``."""
 
-    def __init__(self, dsn: str, schema: str, application_name: str = "switchyard-delay") -> None:
+    def __init__(self, dsn: str, schema: str, application_name: str = "switchyard-delay",
+                 timeout_s: float = STORE_TIMEOUT_S) -> None:
         self.dsn = dsn
         self.schema = validate_schema(schema)
         self.application_name = application_name
@@ -65,6 +73,10 @@ class PostgresDelayStore:
         self._local = threading.local()
         self._owners: dict[psycopg.Connection, threading.Thread] = {}
         self._owners_lock = threading.Lock()
+        self.timeout_s = timeout_s
+        self._deadlines: dict[psycopg.Connection, float] = {}  # operations under way (monotonic)
+        self._watchdog: threading.Thread | None = None
+        self._closed = threading.Event()
 
     # -- connections -------------------------------------------------------------------------
 
@@ -99,11 +111,13 @@ class PostgresDelayStore:
             conn.close()
 
     @contextmanager
-    def _session(self) -> Iterator[psycopg.Connection]:
-        """A connection for one operation; driver errors become the StoreError they mean."""
+    def _session(self, wait_s: float = 0.0) -> Iterator[psycopg.Connection]:
+        """A connection for one operation (which may also wait ``wait_s`` on purpose), dropped by the
+        watchdog past its deadline; driver errors become the StoreError they mean."""
         conn: psycopg.Connection | None = None
         try:
             conn = self._connection()
+            self._watch(conn, time.monotonic() + self.timeout_s + wait_s)
             yield conn
         except psycopg.Error as exc:
             lost = conn is None or conn.broken or conn.closed or isinstance(exc, psycopg.InterfaceError)
@@ -117,9 +131,39 @@ class PostgresDelayStore:
             if isinstance(exc, psycopg.DataError | psycopg.IntegrityError):
                 raise UnstorableMessageError(f"postgres refused the data: {detail}") from exc
             raise StoreError(f"postgres error: {detail}") from exc
+        finally:
+            if conn is not None:
+                with self._owners_lock:
+                    self._deadlines.pop(conn, None)
+
+    def _watch(self, conn: psycopg.Connection, deadline: float) -> None:
+        with self._owners_lock:
+            self._deadlines[conn] = deadline
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(target=self._watch_loop, daemon=True,
+                                                  name=f"delay-store-watchdog-{self.schema}")
+                self._watchdog.start()
+
+    def _watch_loop(self) -> None:
+        """Shut down the socket of each operation past its deadline: the blocked read then fails."""
+        while not self._closed.wait(WATCHDOG_INTERVAL_S):
+            now = time.monotonic()
+            with self._owners_lock:
+                late = [conn for conn, deadline in self._deadlines.items() if deadline < now]
+                for conn in late:
+                    del self._deadlines[conn]
+            for conn in late:
+                logger.warning("postgres operation past its deadline: dropping the connection",
+                               extra={"timeout_s": self.timeout_s, "schema": self.schema})
+                try:
+                    with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+                        sock.shutdown(socket.SHUT_RDWR)
+                except (OSError, psycopg.Error):
+                    pass  # closed meanwhile: the operation ended anyway
 
     def close(self) -> None:
         """Close every connection this store opened, in any thread."""
+        self._closed.set()
         with self._owners_lock:
             conns, self._owners = list(self._owners), {}
         for conn in conns:
@@ -202,7 +246,7 @@ class PostgresDelayStore:
         Listens on this thread's connection (keep it for listening only). A new LISTEN returns 0.0
         at once: whatever was enqueued before it was not notified to us, so the caller claims now.
         """
-        with self._session() as conn:
+        with self._session(wait_s=timeout_s) as conn:
             if not getattr(conn, "_switchyard_listening", False):
                 conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                 conn._switchyard_listening = True  # type: ignore[attr-defined]
