@@ -7,7 +7,7 @@ from typing import Any
 from aws_cdk.assertions import Match, Template
 
 from stacks.constants import STACK_ID
-from stacks.pending import API_TIMEOUT_S
+from stacks.pending import API_RESERVED_CONCURRENCY, API_TIMEOUT_S
 
 
 def _of_type(resources: dict[str, dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
@@ -25,6 +25,8 @@ def test_the_node_api_function_fits_api_gateway(template: Template,
     assert {"SWITCHYARD_REDIS_URL", "SWITCHYARD_REDIS_SECRET_ARN", "SWITCHYARD_PENDING_TOKENS_SECRET_ARN",
             "SWITCHYARD_PENDING_STORE"} <= set(env)
     assert fn["TracingConfig"] == {"Mode": "Active"} and "VpcConfig" in fn
+    # one tenant's idle long polls cannot take the account's concurrency (issue 23 item 9)
+    assert fn["ReservedConcurrentExecutions"] == API_RESERVED_CONCURRENCY == 100
     assert int(env["SWITCHYARD_PENDING_RETRY_WINDOW"]) < API_TIMEOUT_S
     template.has_resource_properties("AWS::ApiGateway::Method", {
         "HttpMethod": "ANY",
