@@ -19,20 +19,28 @@ class Account:
     seconds: float
     faults: int = 0
     note: str = ""
+    # Seconds from a fault's end until every call it held up was answered (the slowest fault);
+    # None where a scenario cannot measure it, or a call it held up was never answered.
+    recovery: float | None = None
 
     @classmethod
     def settle(cls, scenario: str, sent: Iterable[str], seen: Mapping[str, int], seconds: float,
-               faults: int = 0, note: str = "") -> Account:
+               faults: int = 0, note: str = "", recovery: float | None = None) -> Account:
         """``seen[id]``: how many times ``id`` was answered / fired / handled (0 or absent: lost)."""
         counts = Counter(min(seen.get(i, 0), 2) for i in sent)
-        return cls(scenario, sum(counts.values()), counts[1], counts[2], counts[0], seconds, faults, note)
+        return cls(scenario, sum(counts.values()), counts[1], counts[2], counts[0], seconds, faults, note,
+                   recovery)
 
     @property
     def ok(self) -> bool:
         return self.lost == 0 and self.sent > 0 and self.once + self.duplicated + self.lost == self.sent
 
 
-HEADER = ("scenario", "sent", "once", "duplicated", "lost", "faults", "time (s)", "note")
+HEADER = ("scenario", "sent", "once", "duplicated", "lost", "faults", "time (s)", "recovery (s)", "note")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def table(accounts: Iterable[Account]) -> str:
@@ -40,12 +48,14 @@ def table(accounts: Iterable[Account]) -> str:
     accounts = list(accounts)
     rows = [HEADER] + [
         (a.scenario, str(a.sent), str(a.once), str(a.duplicated), str(a.lost), str(a.faults),
-         f"{a.seconds:.1f}", a.note) for a in accounts]
+         f"{a.seconds:.1f}", _seconds(a.recovery), a.note) for a in accounts]
+    recoveries = [a.recovery for a in accounts if a.recovery is not None]
     rows.append(("TOTAL", str(sum(a.sent for a in accounts)), str(sum(a.once for a in accounts)),
                  str(sum(a.duplicated for a in accounts)), str(sum(a.lost for a in accounts)),
-                 str(sum(a.faults for a in accounts)), f"{sum(a.seconds for a in accounts):.1f}", ""))
+                 str(sum(a.faults for a in accounts)), f"{sum(a.seconds for a in accounts):.1f}",
+                 _seconds(max(recoveries, default=None)), ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
-    numeric = range(1, 7)
+    numeric = range(1, 8)
 
     def fmt(row: tuple[str, ...]) -> str:
         return "  ".join(c.rjust(w) if i in numeric else c.ljust(w)
@@ -53,3 +63,22 @@ def table(accounts: Iterable[Account]) -> str:
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([fmt(rows[0]), rule, *(fmt(r) for r in rows[1:-1]), rule, fmt(rows[-1])])
+
+
+def recovery_after(faults: Iterable[tuple[float, float]], sent_at: Mapping[str, float],
+                   done_at: Mapping[str, float]) -> float | None:
+    """Seconds from a fault's end until the last item it held up was done, the slowest fault.
+
+    An item (a call, or a message by its deadline) is held up by a fault if it was sent (due)
+    before the fault ended, or within a second after, and not done before the fault began. None if
+    there was no fault or a held-up item was never done: the run did not recover. Both clocks are
+    the caller's (monotonic or wall), the same for the faults and the items.
+    """
+    slowest = None
+    for start, end in faults:
+        held = [i for i, sent in sent_at.items() if sent <= end + 1.0 and done_at.get(i, end) >= start]
+        if not held or any(i not in done_at for i in held):
+            return None
+        took = max(0.0, max(done_at[i] for i in held) - end)
+        slowest = took if slowest is None else max(slowest, took)
+    return slowest

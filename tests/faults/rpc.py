@@ -34,7 +34,7 @@ from switchyard.rpc.client import Response
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.topology import PoolTopology
 from tests.conftest import ROOT, unique
-from tests.faults.account import Account
+from tests.faults.account import Account, recovery_after
 from tests.faults.handlers import FAULTS_REDIS_ENV, handled_key
 from tests.faults.procs import Service, kill_pids, pids_with_env
 from tests.rpc.conftest import flush_pool_state
@@ -64,6 +64,9 @@ class RpcTraffic:
         self.failures: dict[str, str] = {}
         self.resent = 0
         self.submitted = 0
+        self.sent_at: dict[str, float] = {}  # first submit, time.monotonic()
+        self.answered_at: dict[str, float] = {}  # first answer
+        self.faults: list[tuple[float, float]] = []  # (start, end) of each fault, time.monotonic()
         self._pending = 0
         self._lock = threading.Lock()
         self._retry: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -91,6 +94,14 @@ class RpcTraffic:
     def wait_progress(self, fraction: float) -> None:
         while self.progress() < fraction and self._thread.is_alive():
             time.sleep(0.02)
+
+    def fault_over(self, started: float) -> None:
+        """Mark a fault that began at ``started`` as over now (the service is back)."""
+        self.faults.append((started, time.monotonic()))
+
+    def recovery(self) -> float | None:
+        """Seconds from a fault's end until the last call it held up was answered (``recovery_after``)."""
+        return recovery_after(self.faults, self.sent_at, self.answered_at)
 
     def _run(self) -> None:
         try:
@@ -122,6 +133,7 @@ class RpcTraffic:
     def _submit(self, client: RpcClient, rid: str) -> None:
         with self._lock:
             self._pending += 1
+        self.sent_at.setdefault(rid, time.monotonic())
         try:
             future = client.submit(self.key(rid), rid)
         except RETRYABLE:
@@ -137,6 +149,7 @@ class RpcTraffic:
                 response = future.result()
                 if response.ok:
                     self.answers[rid] += 1
+                    self.answered_at.setdefault(rid, time.monotonic())
                 else:
                     self.failures[rid] = f"answered {response.status}"
             elif isinstance(exc, RETRYABLE):
@@ -219,7 +232,8 @@ class RpcRig:
                  f"{queued} still queued at the end" if queued else "",
                  f"{late} handled, answered after the {traffic.size.timeout:g} s timeout" if late else "",
                  ", ".join(f"lost: {k} x{v}" for k, v in failures.items())]
-        return Account.settle(scenario, traffic.ids, seen, seconds, faults, "; ".join(filter(None, notes)))
+        return Account.settle(scenario, traffic.ids, seen, seconds, faults, "; ".join(filter(None, notes)),
+                              traffic.recovery())
 
 
 Fault = Callable[[RpcRig, RpcTraffic], int]
@@ -244,7 +258,9 @@ def kill_workers(rig: RpcRig, traffic: RpcTraffic) -> int:
     for at in (0.25, 0.5, 0.75):
         traffic.wait_progress(at)
         pids = rig.workers()
+        started = time.monotonic()
         killed += kill_pids(random.sample(pids, max(1, len(pids) // 2)) if pids else [])
+        traffic.fault_over(started)
     return killed
 
 
@@ -252,9 +268,11 @@ def kill_control_plane(rig: RpcRig, traffic: RpcTraffic) -> int:
     """SIGKILL ``switchyard local`` (every bridge and the reconciler at once), restart it 1 s later."""
     for at in (0.3, 0.6):
         traffic.wait_progress(at)
+        started = time.monotonic()
         rig.plane.sigkill()
         time.sleep(1.0)
         rig.plane.start()
+        traffic.fault_over(started)
     return 2
 
 
@@ -262,15 +280,24 @@ def flush_state(rig: RpcRig, traffic: RpcTraffic) -> int:
     """Delete every Redis key of the pool's state, twice during the run."""
     for at in (0.3, 0.6):
         traffic.wait_progress(at)
+        started = time.monotonic()
         flush_pool_state(rig.redis, rig.pool)
+        traffic.fault_over(started)
     return 2
 
 
 RABBITMQ4_SCRIPT = [str(ROOT / "scripts/rabbitmq4.sh")]
 
 
-def restart_rabbitmq(rig: RpcRig, traffic: RpcTraffic) -> int:
+def restart_rabbitmq(rig: RpcRig, traffic: RpcTraffic, *how: str) -> int:
     """Restart the suite's own RabbitMQ (4.0, port 5673) in the middle of the run."""
     traffic.wait_progress(0.4)
-    subprocess.run([*RABBITMQ4_SCRIPT, "restart"], check=True, capture_output=True, timeout=180)
+    started = time.monotonic()
+    subprocess.run([*RABBITMQ4_SCRIPT, "restart", *how], check=True, capture_output=True, timeout=180)
+    traffic.fault_over(started)
     return 1
+
+
+def kill_rabbitmq(rig: RpcRig, traffic: RpcTraffic) -> int:
+    """SIGKILL the suite's RabbitMQ (4.0) in the middle of the run, and start it again (a crash)."""
+    return restart_rabbitmq(rig, traffic, "--kill")

@@ -51,17 +51,6 @@ def restart_rabbitmq4() -> None:
     subprocess.run([*rpc.RABBITMQ4_SCRIPT, "restart"], check=True, capture_output=True, timeout=180)
 
 
-def _rabbitmq_restart(size: str, workdir: Path) -> Account:
-    """The restart, then the rig's teardown deletes the pool: the sequence that once stranded the
-    broker's at-least-once dead-lettering (rabbitmq-server#16652) and failed every later run. The
-    broker is left healthy whatever happens; a stranded one fails the scenario."""
-    ensure_rabbitmq4()
-    account = rpc.run_rpc("rpc: RabbitMQ 4.0 restarted", rpc.restart_rabbitmq, RPC_SIZES[size], workdir,
-                          rabbitmq4())
-    if rabbitmq4_dead_lettering() != "running":
-        restart_rabbitmq4()
-        raise AssertionError("the scenario stranded RabbitMQ 4.0's dead-letter supervisor (restarted since)")
-    return account
 
 
 def _kafka_restart(size: str, workdir: Path) -> Account:
@@ -81,6 +70,23 @@ class Scenario:
     in_ci: bool = True  # its short size runs in ./dev test (tests/faults/test_faults.py)
 
 
+def _on_rabbitmq4(name: str, fault: rpc.Fault) -> Scenario:
+    """A fault of the 4.0 broker, then the rig's teardown deletes the pool: the sequence that once
+    stranded the broker's at-least-once dead-lettering (rabbitmq-server#16652) and failed every later
+    run. The broker is left healthy whatever happens; a stranded one fails the scenario."""
+
+    def run(size: str, workdir: Path) -> Account:
+        ensure_rabbitmq4()
+        account = rpc.run_rpc(name, fault, RPC_SIZES[size], workdir, rabbitmq4())
+        if rabbitmq4_dead_lettering() != "running":
+            restart_rabbitmq4()
+            raise AssertionError(
+                "the scenario stranded RabbitMQ 4.0's dead-letter supervisor (restarted since)")
+        return account
+
+    return Scenario(name, run)
+
+
 def _rpc(name: str, fault: rpc.Fault) -> Scenario:
     return Scenario(name, lambda size, workdir: rpc.run_rpc(name, fault, RPC_SIZES[size], workdir))
 
@@ -93,7 +99,8 @@ SCENARIOS = [
     _rpc("rpc: SIGKILL workers", rpc.kill_workers),
     _rpc("rpc: SIGKILL control plane", rpc.kill_control_plane),
     _rpc("rpc: Redis state flushed", rpc.flush_state),
-    Scenario("rpc: RabbitMQ 4.0 restarted", _rabbitmq_restart),
+    _on_rabbitmq4("rpc: RabbitMQ 4.0 restarted", rpc.restart_rabbitmq),
+    _on_rabbitmq4("rpc: RabbitMQ 4.0 SIGKILLed", rpc.kill_rabbitmq),
     _delay("delay: SIGKILL mid-batch", delay.kill_fire_loop),
     _delay("delay: Postgres backends killed", delay.kill_postgres_connections),
     Scenario("delay: Kafka broker restarted", _kafka_restart),

@@ -51,6 +51,9 @@ def test_account_table() -> None:
     assert not account.ok
     lines = table([account]).splitlines()
     assert lines[0].split() == ["scenario", "sent", "once", "duplicated", "lost", "faults", "time", "(s)",
-                                "note"]
-    assert lines[2].split() == ["s", "4", "1", "1", "2", "2", "1.2"]
+                                "recovery", "(s)", "note"]
+    assert lines[2].split() == ["s", "4", "1", "1", "2", "2", "1.2", "-"]
     assert lines[-1].split()[:5] == ["TOTAL", "4", "1", "1", "2"]
+    recovered = Account.settle("r", ["a"], {"a": 1}, 2.0, faults=1, recovery=3.25)
+    assert table([account, recovered]).splitlines()[3].split()[-1] == "3.2"
+    assert table([account, recovered]).splitlines()[-1].split()[-1] == "3.2"  # the slowest
