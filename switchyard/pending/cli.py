@@ -28,7 +28,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"pending node {queue.node_id} serving polling services on {gateway.url} "
               f"(long poll up to {queue.settings.http_poll_wait_s:g} s); Ctrl-C to stop", flush=True)
         if not tokens.endpoints():
-            print("warning: no endpoint tokens (SWITCHYARD_PENDING_TOKENS): every endpoint answers 404",
+            print("warning: no endpoint tokens (SWITCHYARD_PENDING_TOKENS): every endpoint answers 401",
                   file=sys.stderr, flush=True)
         stop.wait()
     finally:
