@@ -128,6 +128,7 @@ class BusWorker:
         self._idle += 1
         thread = threading.Thread(target=self._deliver, args=(worker_id,), name=f"bus-deliver-{worker_id}",
                                   daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()]  # the ended ones: a long run starts many
         self._threads.append(thread)
         thread.start()
 

@@ -18,6 +18,7 @@ import pytest
 from switchyard.bus import api
 from switchyard.bus.jobs import scrub
 from switchyard.bus.store import BusStore
+from switchyard.bus.worker import BusWorker
 from tests.bus.servers import drip, huge, no_content
 from tests.conftest import subprocess_env, wait_for
 
@@ -124,6 +125,32 @@ def test_four_dripping_subscribers_do_not_delay_a_healthy_one(bus, make_server, 
           f"{[round(x * 1000, 1) for x in beside]} ms")
     assert all(d.in_flight for d in drippers)  # still dripping while the healthy one was served
     assert max(beside) < 0.5
+
+
+def test_delivery_threads_grow_to_the_cap_and_shrink_back(bus, make_server):
+    """1 usual thread, at most 3: five dripping subscribers on five hosts get 3 threads between
+    them, and once they are done the worker is back to 1."""
+    wide = dataclasses.replace(bus.store.settings, callback_allow="127.0.0.0/8", worker_threads=1,
+                               max_threads=3, delivery_timeout_s=5.0)
+    store = BusStore(bus.store.redis, wide)
+    api.configure(store)
+    drippers = [make_server(f"127.0.0.{20 + i}", answer=drip(0.3, 2.0)) for i in range(5)]
+    pub = bus.client("pub")
+    for i, d in enumerate(drippers):
+        subscribe(bus, f"drip{i}", d.url(), "drips")
+    worker = BusWorker(store, threads=1).start()
+    try:
+        pub.post("/topics/drips", json={"type": "create", "url": "https://x.example/d"})
+        peak, began = 0, time.monotonic()
+        while time.monotonic() - began < 2.5:
+            peak = max(peak, worker.thread_count(), sum(d.in_flight for d in drippers))
+            time.sleep(0.02)
+        wait_for(lambda: all(d.seen for d in drippers), timeout=15, what="every dripper served")
+        wait_for(lambda: worker.thread_count() == 1, timeout=10, what="the extra threads to end")
+        print(f"delivery threads: at most {peak} (cap 3), then {worker.thread_count()}")
+        assert peak == 3
+    finally:
+        worker.close()
 
 
 def test_one_slow_host_holds_at_most_its_share_of_threads(bus, make_server, start_worker):
