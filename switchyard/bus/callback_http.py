@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import heapq
 import itertools
 import socket
@@ -120,6 +121,13 @@ def _shut(conn: HTTPConnection) -> None:
             socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
+@functools.cache
+def default_ssl_context() -> ssl.SSLContext:
+    """One context for every delivery thread (it is thread-safe; each loads the CA bundle once):
+    certifi's CAs, as ``requests`` used, certificates and names verified."""
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 class CallbackClient:
     """One delivery thread's client: ``post`` a batch, get the status; keeps one keep-alive
     connection per callback origin (at most ``MAX_ORIGINS``). Not thread-safe: one per thread."""
@@ -130,7 +138,7 @@ class CallbackClient:
         self.policy = policy
         self.connect_timeout_s, self.deadline_s = connect_timeout_s, deadline_s
         self.max_response_bytes = max_response_bytes
-        self.ssl_context = ssl_context or ssl.create_default_context(cafile=certifi.where())
+        self.ssl_context = ssl_context or default_ssl_context()
         self.watchdog = watchdog
         self._conns: OrderedDict[tuple[str, str, int], HTTPConnection] = OrderedDict()
 
