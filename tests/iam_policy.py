@@ -256,6 +256,14 @@ def _ecs(kind: str, value: str, cluster: str = "default") -> str:
     return _arn("ecs", f"{kind}/{cluster}/{value}" if kind == "task" else f"{kind}/{value}")
 
 
+def _task_definition(value: str) -> str:
+    """The task definition RunTask is authorized on. A family without a revision runs its latest
+    ACTIVE revision, and since AWS's 2024 fix IAM judges that revision's ARN (aws-cdk#30751: a grant
+    on the bare family ARN no longer matches; ``family:*`` does)."""
+    arn = _ecs("task-definition", value)
+    return arn if ":" in arn.rsplit("/", 1)[1] else f"{arn}:latest"
+
+
 def _cluster_name(p: Mapping[str, Any]) -> str:
     return str(p.get("cluster", "default")).rsplit("/", 1)[-1]
 
@@ -267,7 +275,7 @@ RESOURCES: dict[tuple[str, str], Callable[[Mapping[str, Any]], list[str]]] = {
     ("ssm", "GetParametersByPath"): lambda p: [_parameter(p["Path"])],
     ("ssm", "GetParameter"): lambda p: [_parameter(p["Name"])],
     ("ssm", "GetParameters"): lambda p: [_parameter(n) for n in p["Names"]],
-    ("ecs", "RunTask"): lambda p: [_ecs("task-definition", p["taskDefinition"])],
+    ("ecs", "RunTask"): lambda p: [_task_definition(p["taskDefinition"])],
     ("ecs", "ListTasks"): lambda p: [_arn("ecs", f"container-instance/{_cluster_name(p)}/*")],
     ("ecs", "DescribeTasks"): lambda p: [_ecs("task", t, _cluster_name(p)) for t in p["tasks"]],
     ("ecs", "StopTask"): lambda p: [_ecs("task", p["task"], _cluster_name(p))],
@@ -289,11 +297,17 @@ RESOURCES: dict[tuple[str, str], Callable[[Mapping[str, Any]], list[str]]] = {
     ("sts", "GetCallerIdentity"): lambda p: ["*"],
 }
 NO_AUTH = {("sts", "GetCallerIdentity")}  # AWS answers these whatever the policy says
+# Further actions one request is authorized for: RunTask with tags also needs ecs:TagResource on the
+# task it creates (AWS's "tag-on-create" authorization).
+IMPLIED: dict[tuple[str, str], Callable[[Mapping[str, Any]], list[Call]]] = {
+    ("ecs", "RunTask"): lambda p: [Call("ecs:TagResource", _arn("ecs", f"task/{_cluster_name(p)}/new"))]
+    if p.get("tags") else [],
+}
 
 
 def calls_of(service: str, operation: str, params: Mapping[str, Any]) -> list[Call]:
-    """The IAM calls one API request makes (RunTask also passes the task definition's roles:
-    ``iam:PassRole``, which the recorder adds with the roles the test registered)."""
+    """The IAM calls one API request is authorized as (``IMPLIED`` included; RunTask's
+    ``iam:PassRole`` on the task definition's roles is added by the test, which knows them)."""
     prefix = IAM_PREFIX.get(service, service)
     action = ACTION_NAMES.get((prefix, operation), operation)
     if (prefix, action) in NO_AUTH:
@@ -301,7 +315,8 @@ def calls_of(service: str, operation: str, params: Mapping[str, Any]) -> list[Ca
     rule = RESOURCES.get((prefix, action))
     if rule is None:
         raise KeyError(f"no resource rule for {prefix}:{action}: add one to tests/iam_policy.RESOURCES")
-    return [Call(f"{prefix}:{action}", resource) for resource in rule(params)]
+    implied = IMPLIED.get((prefix, action), lambda _: [])(params)
+    return [*(Call(f"{prefix}:{action}", resource) for resource in rule(params)), *implied]
 
 
 @contextmanager

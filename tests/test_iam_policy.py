@@ -55,6 +55,12 @@ def test_calls_name_the_resource_iam_authorizes_and_unknown_ones_are_refused() -
     assert calls_of("ssm", "GetParametersByPath", {"Path": "/switchyard/S/config/"}) == [
         Call("ssm:GetParametersByPath", "arn:aws:ssm:us-east-1:123456789012:parameter/switchyard/S/config")]
     assert calls_of("s3", "ListObjectsV2", {"Bucket": "b"}) == [Call("s3:ListBucket", "arn:aws:s3:::b")]
+    family = "arn:aws:ecs:us-east-1:123456789012:task-definition/workers"
+    assert calls_of("ecs", "RunTask", {"taskDefinition": "workers"}) == [
+        Call("ecs:RunTask", f"{family}:latest")]  # the latest revision, not the bare family
+    assert calls_of("ecs", "RunTask", {"taskDefinition": f"{family}:7", "cluster": "c", "tags": [{}]}) == [
+        Call("ecs:RunTask", f"{family}:7"),
+        Call("ecs:TagResource", "arn:aws:ecs:us-east-1:123456789012:task/c/new")]  # tagged on create
     assert calls_of("sts", "GetCallerIdentity", {}) == []
     with pytest.raises(KeyError, match="no resource rule for sqs:SendMessage"):
         calls_of("sqs", "SendMessage", {"QueueUrl": "x"})

@@ -223,7 +223,11 @@ def deployment(resources: dict[str, dict[str, Any]]) -> Iterator[Deployment]:
             if ref.startswith("arn:aws:secretsmanager"):
                 sm.delete_secret(SecretId=ref, ForceDeleteWithoutRecovery=True)
             elif logical in _of_kind(resources, "AWS::ECS::Cluster"):
-                boto3.client("ecs", endpoint_url=MOTO, region_name=REGION).delete_cluster(cluster=ref)
+                ecs = boto3.client("ecs", endpoint_url=MOTO, region_name=REGION)
+                for task in ecs.list_tasks(cluster=ref)["taskArns"]:  # what the orphan probe started
+                    ecs.stop_task(cluster=ref, task=task)
+                with contextlib.suppress(ecs.exceptions.ClientError):
+                    ecs.delete_cluster(cluster=ref)
 
 
 def _make_aws_resources(dep: Deployment) -> None:
@@ -285,6 +289,17 @@ def _role_of(arn: Mapping[str, Any]) -> str:
     return arn["Fn::GetAtt"][0]
 
 
+def _orphan_event(pool: str, broker: str) -> dict[str, Any]:
+    import pika
+
+    from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event
+    from switchyard.rpc import protocol as p
+
+    request = RmqDelivery(b"{}", pika.BasicProperties(headers={p.KEY_HEADER: "iam-probe-key"},
+                                                       correlation_id="iam-probe", expiration="60000"))
+    return build_rmq_event(p.orphan_queue(pool), "/", [request], broker_arn=broker)
+
+
 def _events(dep: Deployment) -> dict[str, Any]:
     """A representative invocation per handler module: a custom resource's Create on the probe's own
     names, an empty batch, a scheduled tick, one authenticated API request (refused: wrong token)."""
@@ -293,12 +308,14 @@ def _events(dep: Deployment) -> dict[str, Any]:
     o = dep.overrides
     rmq = {"eventSource": "aws:rmq", "eventSourceArn": broker, "rmqMessagesByQueue": {}}
     return {
+        # one orphan of a new key: the control plane starts its worker group (ECS RunTask)
+        "rpc_orphans": _orphan_event(o["SWITCHYARD_POOL"], broker),
         "deploy_pools": {"RequestType": "Create", "ResourceProperties": {"Pools": [o["SWITCHYARD_POOL"]]}},
         "deploy_delay_schema": {"RequestType": "Create",
                                 "ResourceProperties": {"Schema": o["SWITCHYARD_DELAY_SCHEMA"]}},
         "deploy_topics": {"RequestType": "Create", "ResourceProperties": {
             "Topics": [o["SWITCHYARD_DELAY_INPUT_TOPIC"]], "Partitions": 1, "ReplicationFactor": 1}},
-        "rpc_orphans": rmq, "rpc_dead_letters": rmq, "rpc_activity": rmq,
+        "rpc_dead_letters": rmq, "rpc_activity": rmq,
         "rpc_reconcile": SCHEDULED, "delay_fire": SCHEDULED, "delay_sweep": SCHEDULED,
         "bus_housekeeping": SCHEDULED,
         "delay_enqueue": {"eventSource": "aws:kafka", "eventSourceArn": kafka,
