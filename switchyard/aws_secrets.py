@@ -77,6 +77,11 @@ def _fetch(arn: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in values.items()}
 
 
+def fetch_secret(arn: str) -> dict[str, str]:
+    """A JSON secret's fields, read the same way (the pools custom resource reads the broker users')."""
+    return _fetch(arn)
+
+
 def fill(template: str, values: dict[str, str], name: str) -> str:
     """``template`` with each ``{field}`` replaced by the percent-encoded value."""
     fields = {f for _, f, _, _ in Formatter().parse(template) if f}

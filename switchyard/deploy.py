@@ -45,22 +45,61 @@ def _on_create_or_update(event: Mapping[str, Any], physical_id: str,
 
 
 def declare_pools(event: Mapping[str, Any]) -> dict[str, Any]:
-    """``switchyard pool init`` (exchanges, queues, bindings, policies) for every pool listed."""
+    """``switchyard pool init`` (exchanges, queues, bindings, policies) for every pool listed, then the
+    broker users of ``Users`` (optional: ``Role``, ``Pool`` ("" for clients), ``SecretArn`` each),
+    each with its secret's username and password and its role's permissions (switchyard/rpc/access.py)."""
     from switchyard.rpc.protocol import validate_pool
     from switchyard.rpc.settings import RpcSettings
     from switchyard.rpc.topology import init_pool
 
     (pools,) = _properties(event, "Pools")
     pools = [validate_pool(pool) for pool in pools]
+    users = _broker_users((event.get("ResourceProperties") or {}).get("Users") or [])
 
     def work() -> dict[str, Any]:
         settings = RpcSettings.from_env()
         for pool in pools:
             init_pool(pool, settings)
             logger.info("pool declared", extra={"pool": pool})
-        return {"Pools": ",".join(pools)}
+        made = _ensure_users(settings, pools, users)
+        return {"Pools": ",".join(pools), "Users": ",".join(made) or "none"}
 
     return _on_create_or_update(event, "switchyard-pools", work)
+
+
+def _broker_users(raw: Sequence[Any]) -> list[tuple[Any, str]]:
+    """``(BrokerUser, secret ARN)`` of each ``Users`` entry, checked before any work."""
+    from switchyard.rpc.access import BrokerRole, BrokerUser
+
+    users = []
+    for entry in raw:
+        if not isinstance(entry, Mapping) or not {"Role", "Pool", "SecretArn"} <= entry.keys():
+            raise ConfigError(f"each of Users needs Role, Pool and SecretArn, got {entry!r}")
+        try:
+            role = BrokerRole(entry["Role"])
+        except ValueError as exc:
+            raise ConfigError(f"unknown broker role {entry['Role']!r}") from exc
+        users.append((BrokerUser(role, entry["Pool"] or None), str(entry["SecretArn"])))
+    return users
+
+
+def _ensure_users(settings: Any, pools: Sequence[str], users: Sequence[tuple[Any, str]]) -> list[str]:
+    from urllib.parse import unquote, urlsplit
+
+    from switchyard.aws_secrets import fetch_secret
+    from switchyard.rpc.access import Credentials, ensure_users
+    from switchyard.rpc.management import ManagementApi, vhost_from_amqp_url
+
+    if not users:
+        return []
+    conn = settings.connections
+    credentials = [(user, Credentials.from_secret(fetch_secret(arn), f"the {user.role} secret {arn}"))
+                   for user, arn in users]
+    management = ManagementApi(conn.management_url, vhost_from_amqp_url(conn.amqp_url))
+    admin = unquote(urlsplit(conn.management_url).username or "")
+    made = ensure_users(management, pools, credentials, admin)
+    logger.info("broker users set", extra={"users": made})
+    return made
 
 
 def migrate_delay_schema(event: Mapping[str, Any]) -> dict[str, Any]:

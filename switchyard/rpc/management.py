@@ -83,6 +83,19 @@ class ManagementApi:
                 return found
             page += 1
 
+    def put_user(self, name: str, password: str, tags: tuple[str, ...] = ()) -> None:
+        """Create or update a user (password and tags replaced)."""
+        body = {"password": password, "tags": ",".join(tags)}
+        self._request("PUT", f"/users/{quote(name, safe='')}", json=body)
+
+    def put_permissions(self, user: str, configure: str, write: str, read: str) -> None:
+        """Set ``user``'s configure/write/read patterns in this vhost (replacing any)."""
+        body = {"configure": configure, "write": write, "read": read}
+        self._request("PUT", f"/permissions/{self._vhost}/{quote(user, safe='')}", json=body)
+
+    def delete_user(self, name: str) -> None:
+        self._request("DELETE", f"/users/{quote(name, safe='')}")
+
     def delete_policy(self, name: str) -> None:
         self._request("DELETE", f"/policies/{self._vhost}/{quote(name, safe='')}")
 

@@ -295,3 +295,35 @@ def exact_queue_pattern(queue: str) -> str:
 def pool_queues_policy_pattern(pool: str) -> str:
     """Matches exactly the pool's dead-letter, activity and poison queues."""
     return f"^{validate_pool(pool)}-(dl|activity|poison)$"
+
+
+# Permission patterns. RabbitMQ grants a user configure, write and read on the resources (queues and
+# exchanges alike) whose names match that user's regular expressions, unanchored unless anchored: each
+# pattern here is anchored. switchyard/rpc/access.py builds every user's permissions from these.
+DEFAULT_EXCHANGE_RESOURCE = "amq.default"  # the default exchange's name in permission checks
+SERVER_NAMED_QUEUE_PREFIX = "amq.gen-"  # exclusive reply queues; only the broker makes amq.* names
+DEAD_LETTER_PROBE_PATTERN = f"^{re.escape(DEAD_LETTER_PROBE_PREFIX)}"
+NOTHING_PATTERN = "^$"  # RabbitMQ's "no resource" (no queue or exchange has an empty name)
+
+
+def names_pattern(*names: str) -> str:
+    """A pattern matching exactly ``names``."""
+    if not names:
+        return NOTHING_PATTERN
+    return "^(" + "|".join(re.escape(name) for name in names) + ")$"
+
+
+def any_of(*patterns: str) -> str:
+    """A pattern matching what any of ``patterns`` matches."""
+    patterns = tuple(dict.fromkeys(p for p in patterns if p != NOTHING_PATTERN))
+    return "|".join(f"(?:{p})" for p in patterns) if patterns else NOTHING_PATTERN
+
+
+def request_queues_pattern(pool: str) -> str:
+    """The pool's request queues (the policy's pattern). It also matches the pool's request exchange,
+    whose name has the same prefix: excluding it would exclude the queue of the key ``xchg`` too."""
+    return request_policy_pattern(pool)
+
+
+def server_named_queues_pattern() -> str:
+    return f"^{re.escape(SERVER_NAMED_QUEUE_PREFIX)}"

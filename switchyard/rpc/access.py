@@ -1,0 +1,138 @@
+"""Who may do what on the broker: one RabbitMQ user per role, made at deploy time.
+
+On AWS the Amazon MQ admin user is the pools custom resource's alone: it declares the topology, puts
+the policies and makes these users (``ensure_users``, through the management API), each with the
+password of its own secret and permissions limited to what the role does (configure / write / read;
+the README's deploy section has the same as a table):
+
+- orphans: declare request queues / bind them, publish to the request exchange and ``amq.default``
+  (poison copies, negative answers) / the request exchange (a bind's source);
+- dead-letters: nothing / ``amq.default`` (answers, poison copies) / nothing;
+- activity: declare request queues / bind them / the request exchange;
+- reconcile: delete request queues and the probe's queues / unbind and bind / the request exchange;
+- mappings (the event source mappings' pollers): nothing / nothing / the orphan, dl, activity queues;
+- workers (users' code): nothing / ``amq.default`` (replies, sheds) and the activity exchange /
+  the request queues;
+- clients: the exclusive ``amq.gen-*`` reply queues / every pool's request exchange / ``amq.gen-*``.
+
+Every role but ``clients`` is per pool. Only ``reconcile`` uses the management API (queue lists,
+the dead-lettering probe's policies): tag ``policymaker``. RabbitMQ checks what it checks (its
+access-control guide): a passive declare needs nothing, ``queue.bind`` needs write on the queue and
+read on the exchange, a publish needs write on the exchange (``amq.default`` for the default one,
+whatever the routing key: a role that answers through it can address any queue by name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from switchyard.errors import ConfigError
+from switchyard.rpc import protocol as p
+from switchyard.rpc.management import ManagementApi
+
+USERNAME_PREFIX = "switchyard-"
+POLICYMAKER = "policymaker"
+
+
+class BrokerRole(StrEnum):
+    ORPHANS = "orphans"  # the orphan handler (Lambda)
+    DEAD_LETTERS = "dead-letters"  # the dead-letter responder (Lambda)
+    ACTIVITY = "activity"  # the activity tracker (Lambda)
+    RECONCILE = "reconcile"  # the pool reconciler (Lambda on a schedule)
+    MAPPINGS = "mappings"  # the Amazon MQ event source mappings' pollers
+    WORKERS = "workers"  # the ECS workers: users' handler code
+    CLIENTS = "clients"  # callers of every pool (the EMR job)
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """A user's configure/write/read patterns in the vhost, and its management tags."""
+
+    configure: str = p.NOTHING_PATTERN
+    write: str = p.NOTHING_PATTERN
+    read: str = p.NOTHING_PATTERN
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BrokerUser:
+    """One role's user: per pool, except ``clients``."""
+
+    role: BrokerRole
+    pool: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.role is BrokerRole.CLIENTS) != (self.pool is None):
+            raise ConfigError(f"broker role {self.role} is {'not ' if self.pool is None else ''}per pool")
+        if self.pool is not None:
+            p.validate_pool(self.pool)
+
+    @property
+    def username(self) -> str:
+        """The name a deployment gives this user (its secret's ``username``)."""
+        return USERNAME_PREFIX + (self.role if self.pool is None else f"{self.pool}-{self.role}")
+
+    def permissions(self, pools: Sequence[str]) -> Permissions:
+        """What this user may do when the deployment has ``pools``."""
+        if self.pool is None:
+            return Permissions(configure=p.server_named_queues_pattern(),
+                               write=p.names_pattern(*map(p.req_exchange, pools)),
+                               read=p.server_named_queues_pattern())
+        return _pool_permissions(self.role, self.pool)
+
+
+def _pool_permissions(role: BrokerRole, pool: str) -> Permissions:
+    requests, exchange = p.request_queues_pattern(pool), p.names_pattern(p.req_exchange(pool))
+    binds = Permissions(configure=requests, write=requests, read=exchange)  # declare and bind queues
+    return {
+        BrokerRole.ORPHANS: Permissions(
+            configure=requests, read=exchange,
+            write=p.any_of(requests, p.names_pattern(p.req_exchange(pool), p.DEFAULT_EXCHANGE_RESOURCE))),
+        BrokerRole.DEAD_LETTERS: Permissions(write=p.names_pattern(p.DEFAULT_EXCHANGE_RESOURCE)),
+        BrokerRole.ACTIVITY: binds,
+        BrokerRole.RECONCILE: Permissions(configure=p.any_of(requests, p.DEAD_LETTER_PROBE_PATTERN),
+                                          write=requests, read=exchange, tags=(POLICYMAKER,)),
+        BrokerRole.MAPPINGS: Permissions(
+            read=p.names_pattern(p.orphan_queue(pool), p.dl_queue(pool), p.activity_queue(pool))),
+        BrokerRole.WORKERS: Permissions(
+            write=p.names_pattern(p.DEFAULT_EXCHANGE_RESOURCE, p.activity_exchange(pool)), read=requests),
+    }[role]
+
+
+def deployment_users(pools: Iterable[str]) -> list[BrokerUser]:
+    """Every user a deployment with ``pools`` has: the per-pool roles of each pool, and the clients."""
+    per_pool = [role for role in BrokerRole if role is not BrokerRole.CLIENTS]
+    return [*(BrokerUser(role, pool) for pool in pools for role in per_pool), BrokerUser(BrokerRole.CLIENTS)]
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+
+    @classmethod
+    def from_secret(cls, values: Mapping[str, Any], where: str) -> Credentials:
+        username, password = values.get("username"), values.get("password")
+        if not (isinstance(username, str) and username and isinstance(password, str) and password):
+            raise ConfigError(f"{where} must hold a non-empty username and password")
+        return cls(username, password)
+
+
+def ensure_users(management: ManagementApi, pools: Sequence[str],
+                 users: Iterable[tuple[BrokerUser, Credentials]], admin: str) -> list[str]:
+    """Create or update each user: its password, tags and permissions in the vhost (idempotent: PUT
+    whole). ``admin`` (the connection's own user) is refused, so a wrong secret cannot demote it."""
+    done = []
+    for user, credentials in users:
+        if credentials.username == admin:
+            raise ConfigError(f"the {user.role} user cannot be the broker admin {admin!r}")
+        if user.pool is not None and user.pool not in pools:
+            raise ConfigError(f"the {user.role} user of pool {user.pool!r} names a pool not deployed")
+        granted = user.permissions(pools)
+        management.put_user(credentials.username, credentials.password, granted.tags)
+        management.put_permissions(credentials.username, granted.configure, granted.write, granted.read)
+        done.append(credentials.username)
+    return done

@@ -1,0 +1,319 @@
+"""Per-role broker users on the real RabbitMQ: each role does its job, and nothing more.
+
+The users are made as the pools custom resource makes them (``deploy.declare_pools`` with ``Users``:
+each user's secret in Secrets Manager, moto here), then every role connects as itself: a client's
+call goes through the orphan path (the mappings user reads the orphan, the orphans user forwards
+it), a worker serves it, the activity tracker and the reconciler (with the dead-lettering probe) run
+their pass, the dead-letter responder answers; then each user is refused what it must not do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from urllib.parse import urlsplit
+
+import boto3
+import pika
+import pika.exceptions
+import pytest
+import redis
+import requests
+
+from switchyard import deploy
+from switchyard.config import Connections
+from switchyard.rpc import protocol as p
+from switchyard.rpc.access import BrokerRole, BrokerUser, deployment_users
+from switchyard.rpc.client import RpcClient
+from switchyard.rpc.control_plane import ControlPlane, ControlSettings
+from switchyard.rpc.drivers.noop import NoopDriver
+from switchyard.rpc.management import ManagementApi, vhost_from_amqp_url
+from switchyard.rpc.reconciler import Delays
+from switchyard.rpc.rmq_event import AmqpMessage
+from switchyard.rpc.settings import RpcSettings
+from switchyard.rpc.topology import PoolTopology
+from tests.conftest import unique
+from tests.rpc.conftest import WorkerProcesses, delete_pool, flush_pool_state
+
+MOTO = "http://127.0.0.1:5000"
+ACCESS_REFUSED = 403
+
+
+@dataclass
+class Deployed:
+    pool: str
+    other: str  # a second pool of the same deployment
+    admin: RpcSettings
+    secrets: dict[BrokerUser, str]  # user -> secret ARN
+    passwords: dict[BrokerUser, tuple[str, str]]  # user -> (username, password)
+
+    def template(self, url: str) -> str:
+        """The admin's ``url`` with ``{username}``/``{password}`` placeholders, as a deployment has it."""
+        parts = urlsplit(url)
+        return parts._replace(netloc=f"{{username}}:{{password}}@{parts.hostname}:{parts.port}").geturl()
+
+    def settings(self, role: BrokerRole, pool: str | None = None) -> RpcSettings:
+        """What a Lambda function of ``role`` builds: URLs with placeholders, filled from its secret."""
+        user = BrokerUser(role, None if role is BrokerRole.CLIENTS else (pool or self.pool))
+        admin = self.admin.connections
+        connections = Connections(amqp_url=self.template(admin.amqp_url),
+                                  management_url=self.template(admin.management_url),
+                                  redis_url=admin.redis_url,
+                                  secret_sources={"SWITCHYARD_AMQP_SECRET_ARN": self.secrets[user]})
+        return replace(self.admin, connections=connections)
+
+    def connect(self, role: BrokerRole, pool: str | None = None) -> pika.BlockingConnection:
+        return pika.BlockingConnection(pika.URLParameters(self.settings(role, pool).connections.amqp_url))
+
+
+@pytest.fixture
+def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployed]:
+    """Two pools and every user of their deployment, made by the pools custom resource's code."""
+    for name, value in (("AWS_ENDPOINT_URL", MOTO), ("AWS_DEFAULT_REGION", "us-east-1"),
+                        ("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, os.environ.get(name) or value)
+    admin = RpcSettings.from_env()
+    pools = [unique("u"), unique("u")]
+    sm = boto3.client("secretsmanager")
+    secrets, passwords = {}, {}
+    for user in deployment_users(pools):
+        # The clients' user is one per deployment: made unique here, as the shared broker holds other runs'.
+        name = user.username if user.pool else f"{user.username}-{pools[0]}"
+        passwords[user] = (name, unique("pw"))
+        secrets[user] = sm.create_secret(Name=unique("broker-user"), SecretString=json.dumps(
+            {"username": name, "password": passwords[user][1]}))["ARN"]
+    event = {"RequestType": "Create", "ResourceProperties": {
+        "Pools": pools, "Users": [{"Role": u.role.value, "Pool": u.pool or "", "SecretArn": arn}
+                                  for u, arn in secrets.items()]}}
+    conn = admin.connections
+    management = ManagementApi(conn.management_url, vhost_from_amqp_url(conn.amqp_url))
+    try:
+        answer = deploy.declare_pools(event)
+        assert sorted(answer["Data"]["Users"].split(",")) == sorted(n for n, _ in passwords.values())
+        yield Deployed(pools[0], pools[1], admin, secrets, passwords)
+    finally:
+        for name, _ in passwords.values():
+            management.delete_user(name)
+        for pool in pools:
+            delete_pool(admin, pool)
+        for arn in secrets.values():
+            sm.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
+
+
+def _plane(deployed: Deployed, role: BrokerRole, redis_client: redis.Redis,
+           delays: Delays | None = None) -> ControlPlane:
+    control = ControlSettings(deployed.pool, delays or Delays(), dead_letter_probe_interval_s=0.001)
+    return ControlPlane(control, deployed.settings(role), NoopDriver(), redis_client)
+
+
+def _take(deployed: Deployed, queue: str, count: int = 1, timeout: float = 10.0) -> list[AmqpMessage]:
+    """What an event source mapping hands its function: read as the mappings user, acked after."""
+    connection = deployed.connect(BrokerRole.MAPPINGS)
+    try:
+        channel, taken = connection.channel(), []
+        deadline = time.monotonic() + timeout
+        while len(taken) < count and time.monotonic() < deadline:
+            method, props, body = channel.basic_get(queue)
+            if method is None:
+                time.sleep(0.05)
+                continue
+            taken.append(AmqpMessage(body, props, method.redelivered, queue))
+            channel.basic_ack(method.delivery_tag)
+        assert len(taken) == count, f"{queue}: {len(taken)} of {count} messages"
+        return taken
+    finally:
+        connection.close()
+
+
+def test_every_role_does_its_job_as_its_own_user(deployed: Deployed, workers: WorkerProcesses,
+                                                  redis_client: redis.Redis) -> None:
+    pool, key = deployed.pool, "k1"
+    with RpcClient(pool, deployed.settings(BrokerRole.CLIENTS), timeout=60) as client:
+        answer = client.submit(key, b"hello")
+        # The orphan handler, fed by the mappings user, declares, binds and forwards as the orphans user.
+        plane = _plane(deployed, BrokerRole.ORPHANS, redis_client)
+        try:
+            outcome = plane.forward_orphans(_take(deployed, p.orphan_queue(pool)))
+        finally:
+            plane.close()
+        assert (outcome.forwarded, outcome.new_groups) == (1, 1)
+        # A worker as ECS starts it: the workers user's credentials injected into a placeholder URL.
+        name, password = deployed.passwords[BrokerUser(BrokerRole.WORKERS, pool)]
+        workers.start(pool, key, "tests.rpc.handlers:whoami", "w1",
+                      SWITCHYARD_AMQP_URL=deployed.template(deployed.admin.connections.amqp_url),
+                      SWITCHYARD_AMQP_USERNAME=name, SWITCHYARD_AMQP_PASSWORD=password,
+                      WORKER_ACTIVITY_INTERVAL="0")
+        assert answer.result(30).text() == f"w1|{key}|hello"
+
+    # The activity tracker finds the group unknown (state lost): it declares and binds the queue again.
+    flush_pool_state(redis_client, pool)
+    reports = _take(deployed, p.activity_queue(pool), count=2)  # started, request-received
+    plane = _plane(deployed, BrokerRole.ACTIVITY, redis_client)
+    try:
+        assert plane.track_activity(reports).reactivated == 1
+    finally:
+        plane.close()
+
+    # The reconciler unbinds, then (the worker gone) deletes the queue, and probes the broker.
+    workers.stop_all()
+    plane = _plane(deployed, BrokerRole.RECONCILE, redis_client, Delays(unbind_s=0, stop_s=0))
+    try:
+        first, second = plane.reconcile(), plane.reconcile()
+    finally:
+        plane.close()
+    assert (first.unbound, second.queues_deleted) == (1, 1), (first, second)
+    assert first.queue_errors == second.queue_errors == 0
+    # Its dead-lettering probe (policies, a probe queue declared and deleted), which a pass runs only
+    # on its turn among every pool on the broker: run as the reconciler runs it.
+    with PoolTopology(pool, deployed.settings(BrokerRole.RECONCILE)) as topology:
+        assert topology.probe_dead_lettering().detail
+
+    # The dead-letter responder answers a dead letter on the caller's reply queue and keeps the poison.
+    connection = deployed.connect(BrokerRole.CLIENTS)
+    reply_queue = connection.channel().queue_declare("", exclusive=True).method.queue
+    _dead_letter(deployed, reply_queue)
+    plane = _plane(deployed, BrokerRole.DEAD_LETTERS, redis_client)
+    try:
+        outcome = plane.respond_dead_letters(_take(deployed, p.dl_queue(pool)))
+    finally:
+        plane.close()
+    assert (outcome.responses, outcome.poisoned) == (1, 1)
+    method, props, _ = connection.channel().basic_get(reply_queue, auto_ack=True)
+    connection.close()
+    assert method is not None and props.headers[p.STATUS_HEADER] == p.Status.DELIVERY_LIMIT
+
+
+def _dead_letter(deployed: Deployed, reply_to: str) -> None:
+    """A request dead-lettered at its delivery limit, as the broker routes it (admin: the broker's part)."""
+    connection = pika.BlockingConnection(pika.URLParameters(deployed.admin.connections.amqp_url))
+    try:
+        props = pika.BasicProperties(reply_to=reply_to, correlation_id="c1", headers={
+            p.FIRST_DEATH_REASON_HEADER: p.Status.DELIVERY_LIMIT.value, p.KEY_HEADER: "k1"})
+        connection.channel().basic_publish(p.dl_exchange(deployed.pool), "k1", b"x", props)
+    finally:
+        connection.close()
+
+
+# -- refusals ------------------------------------------------------------------------------------------
+Operation = Callable[[pika.adapters.blocking_connection.BlockingChannel, Deployed], object]
+
+
+def _publish(exchange: Callable[[Deployed], str], routing: Callable[[Deployed], str]) -> Operation:
+    def run(channel: pika.adapters.blocking_connection.BlockingChannel, d: Deployed) -> None:
+        channel.confirm_delivery()
+        channel.basic_publish(exchange(d), routing(d), b"x")
+    return run
+
+
+def _consume(queue: Callable[[Deployed], str]) -> Operation:
+    return lambda channel, d: channel.basic_consume(queue(d), lambda *_: None)
+
+
+def _declare(queue: Callable[[Deployed], str]) -> Operation:
+    return lambda channel, d: channel.queue_declare(queue(d), durable=True)
+
+
+def _delete(queue: Callable[[Deployed], str]) -> Operation:
+    return lambda channel, d: channel.queue_delete(queue(d))
+
+
+def _own_request_queue(d: Deployed) -> str:
+    return p.request_queue(d.pool, "k1")
+
+
+def _other_request_queue(d: Deployed) -> str:
+    return p.request_queue(d.other, "k1")
+
+
+REFUSED: list[tuple[BrokerRole, str, Operation]] = [
+    (BrokerRole.WORKERS, "read another pool's request queue", _consume(_other_request_queue)),
+    (BrokerRole.WORKERS, "publish to another pool's request exchange",
+     _publish(lambda d: p.req_exchange(d.other), lambda d: "k1")),
+    (BrokerRole.WORKERS, "publish to its own pool's request exchange",
+     _publish(lambda d: p.req_exchange(d.pool), lambda d: "k1")),
+    (BrokerRole.WORKERS, "publish to another pool's activity exchange",
+     _publish(lambda d: p.activity_exchange(d.other), lambda d: "k1")),
+    (BrokerRole.WORKERS, "read its pool's orphans", _consume(lambda d: p.orphan_queue(d.pool))),
+    (BrokerRole.WORKERS, "declare a queue", _declare(lambda d: p.request_queue(d.pool, "mine"))),
+    (BrokerRole.WORKERS, "delete its request queue", _delete(_own_request_queue)),
+    (BrokerRole.CLIENTS, "read a request queue", _consume(_own_request_queue)),
+    (BrokerRole.CLIENTS, "publish through the default exchange",
+     _publish(lambda d: "", _own_request_queue)),
+    (BrokerRole.CLIENTS, "publish to an activity exchange",
+     _publish(lambda d: p.activity_exchange(d.pool), lambda d: "k1")),
+    (BrokerRole.CLIENTS, "declare a named queue", _declare(lambda d: p.request_queue(d.pool, "k2"))),
+    (BrokerRole.MAPPINGS, "read a request queue", _consume(_own_request_queue)),
+    (BrokerRole.MAPPINGS, "read another pool's orphans", _consume(lambda d: p.orphan_queue(d.other))),
+    (BrokerRole.MAPPINGS, "publish", _publish(lambda d: "", lambda d: p.orphan_queue(d.pool))),
+    (BrokerRole.ORPHANS, "read its orphan queue", _consume(lambda d: p.orphan_queue(d.pool))),
+    (BrokerRole.ORPHANS, "declare another pool's request queue", _declare(_other_request_queue)),
+    (BrokerRole.ORPHANS, "publish to another pool's request exchange",
+     _publish(lambda d: p.req_exchange(d.other), lambda d: "k1")),
+    (BrokerRole.DEAD_LETTERS, "publish to the request exchange",
+     _publish(lambda d: p.req_exchange(d.pool), lambda d: "k1")),
+    (BrokerRole.DEAD_LETTERS, "declare a request queue", _declare(lambda d: p.request_queue(d.pool, "k2"))),
+    (BrokerRole.ACTIVITY, "publish to another pool's request exchange",
+     _publish(lambda d: p.req_exchange(d.other), lambda d: "k1")),
+    (BrokerRole.ACTIVITY, "publish through the default exchange", _publish(lambda d: "", _own_request_queue)),
+    (BrokerRole.ACTIVITY, "read a request queue", _consume(_own_request_queue)),
+    (BrokerRole.RECONCILE, "read a request queue", _consume(_own_request_queue)),
+    (BrokerRole.RECONCILE, "delete its orphan queue", _delete(lambda d: p.orphan_queue(d.pool))),
+    (BrokerRole.RECONCILE, "delete another pool's request queue", _delete(_other_request_queue)),
+    (BrokerRole.RECONCILE, "publish through the default exchange",
+     _publish(lambda d: "", _own_request_queue)),
+]
+
+
+@pytest.fixture
+def request_queues(deployed: Deployed) -> Deployed:
+    """``k1``'s request queue in both pools (the admin's doing), for the refusals to aim at."""
+    for pool in (deployed.pool, deployed.other):
+        with PoolTopology(pool, deployed.admin) as topology:
+            topology.ensure_request_queue("k1")
+    return deployed
+
+
+def test_each_user_is_refused_what_its_role_does_not_do(request_queues: Deployed) -> None:
+    deployed, allowed = request_queues, []
+    for role, what, operation in REFUSED:
+        connection = deployed.connect(role)
+        try:
+            operation(connection.channel(), deployed)
+            allowed.append(f"{role}: {what}")
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            assert exc.reply_code == ACCESS_REFUSED, (role, what, exc)
+        finally:
+            if connection.is_open:
+                connection.close()
+    assert not allowed, "allowed, and should not be:\n" + "\n".join(allowed)
+
+
+def test_only_the_reconciler_uses_the_management_api(deployed: Deployed) -> None:
+    base = urlsplit(deployed.admin.connections.management_url)
+    answers = {}
+    for role in BrokerRole:
+        user = BrokerUser(role, None if role is BrokerRole.CLIENTS else deployed.pool)
+        name, password = deployed.passwords[user]
+        url = f"{base.scheme}://{base.hostname}:{base.port}/api/queues/%2F?name=^{deployed.pool}-&use_regex=true"
+        answers[role] = requests.get(url, auth=(name, password), timeout=10).status_code
+    assert answers == {role: 200 if role is BrokerRole.RECONCILE else 401 for role in BrokerRole}
+
+
+def test_the_pools_resource_refuses_to_demote_its_own_admin(deployed: Deployed) -> None:
+    """A users secret naming the admin would strip the deploy's own rights: refused before any change."""
+    admin_name = urlsplit(deployed.admin.connections.management_url).username
+    sm = boto3.client("secretsmanager")
+    arn = sm.create_secret(Name=unique("broker-user"), SecretString=json.dumps(
+        {"username": admin_name, "password": "not-the-admin's"}))["ARN"]
+    try:
+        with pytest.raises(Exception, match="cannot be the broker admin"):
+            users = [{"Role": "workers", "Pool": deployed.pool, "SecretArn": arn}]
+            deploy.declare_pools({"RequestType": "Update", "ResourceProperties": {
+                "Pools": [deployed.pool], "Users": users}})
+    finally:
+        sm.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
+    with PoolTopology(deployed.pool, deployed.admin) as topology:  # the admin still works
+        assert topology.exists()
