@@ -17,30 +17,27 @@ from switchyard.local.http_gateway import HttpGateway
 from switchyard.pending import PendingQueue
 from switchyard.pending.api import TokenStore, build_app
 from tests.pending.conftest import NodeFactory
+from tests.pending.test_api import AUTH, TOKENS
 
-TOKENS = {"svc": "s3cret-svc", "other": "s3cret-other"}
-AUTH = {"Authorization": f"Bearer {TOKENS['svc']}"}
 OTHER = {"Authorization": f"Bearer {TOKENS['other']}"}
 DEEP = "[" * 100_000 + "]" * 100_000
 REQUEST = "r" * 32
+Served = tuple[PendingQueue, HttpGateway]
 
 
 @pytest.fixture
-def node(make_node: NodeFactory) -> PendingQueue:
-    return make_node(http_poll_wait_s=5.0)
-
-
-@pytest.fixture
-def gateway(node: PendingQueue) -> Iterator[HttpGateway]:
-    with HttpGateway(build_app(node, TokenStore.static(TOKENS)), threads=48) as gw:
-        yield gw
+def served(make_node: NodeFactory) -> Iterator[tuple[PendingQueue, HttpGateway]]:
+    """A node whose long polls may wait 5 s, behind a gateway of 48 threads."""
+    node = make_node(http_poll_wait_s=5.0)
+    with HttpGateway(build_app(node, TokenStore.static(TOKENS)), threads=48) as gateway:
+        yield node, gateway
 
 
 @pytest.mark.parametrize("route", ["heartbeat", "response"])
-def test_deeply_nested_json_is_a_400_not_a_crash(gateway: HttpGateway, route: str) -> None:
+def test_deeply_nested_json_is_a_400_not_a_crash(served: Served, route: str) -> None:
     """An uncaught RecursionError was a 502 with a traceback (on AWS: a function error anyone with
     a token could cause). Without a token the body is not read: 401."""
-    url = f"{gateway.url}/endpoints/svc/requests/{REQUEST}/{route}"
+    url = f"{served[1].url}/endpoints/svc/requests/{REQUEST}/{route}"
     deep = DEEP if route == "response" else "[" * 2000 + "]" * 2000  # a heartbeat's limit is 4 KB
     assert requests.post(url, data=deep, timeout=10).status_code == 401
     reply = requests.post(url, data=deep, headers=AUTH, timeout=10)
@@ -48,10 +45,11 @@ def test_deeply_nested_json_is_a_400_not_a_crash(gateway: HttpGateway, route: st
     assert "nested" in reply.json()["message"]
 
 
-def test_one_endpoint_cannot_starve_another_or_health(gateway: HttpGateway, node: PendingQueue) -> None:
+def test_one_endpoint_cannot_starve_another_or_health(served: Served) -> None:
     """520 idle polls with one endpoint's token blocked another endpoint's poll and /health for over
     8 s. At most SWITCHYARD_PENDING_MAX_POLLS (32) polls of one endpoint wait at once: the next get
     429 at once (with Retry-After), and the other endpoints and /health are answered."""
+    node, gateway = served
     started = threading.Barrier(61)
     statuses: list[tuple[int, float]] = []
 
@@ -86,9 +84,9 @@ def test_one_endpoint_cannot_starve_another_or_health(gateway: HttpGateway, node
                         timeout=10).status_code == 204
 
 
-def test_unknown_and_known_endpoints_answer_alike_without_a_token(gateway: HttpGateway) -> None:
+def test_unknown_and_known_endpoints_answer_alike_without_a_token(served: Served) -> None:
     """Unknown endpoints answered 404 and known ones 401: names could be enumerated."""
-    answers = []
+    answers, gateway = [], served[1]
     for endpoint in ("svc", "nope", "other", "never-configured"):
         for headers in ({}, {"Authorization": "Bearer guess"}, AUTH if endpoint != "svc" else OTHER):
             reply = requests.get(f"{gateway.url}/endpoints/{endpoint}/next?wait=0", headers=headers,
@@ -98,11 +96,11 @@ def test_unknown_and_known_endpoints_answer_alike_without_a_token(gateway: HttpG
 
 
 def test_a_take_that_is_not_the_callers_is_refused_and_says_nothing(
-        make_node: NodeFactory, gateway: HttpGateway) -> None:
+        make_node: NodeFactory, served: Served) -> None:
     """With endpoint svc's own token on its own path, a response carrying endpoint other's request id
     got 200 ``{"delivery": "gone"}`` and a heartbeat ``the request is gone from Redis (expired)``.
     Both now refuse, the same way whether the request exists elsewhere or nowhere."""
-    caller = make_node()
+    caller, gateway = make_node(), served[1]
     waiting = threading.Thread(target=lambda: _call_quietly(caller), daemon=True)
     waiting.start()
     taken = requests.get(f"{gateway.url}/endpoints/other/next", params={"wait": 5}, headers=OTHER,
