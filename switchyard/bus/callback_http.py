@@ -101,7 +101,6 @@ class _Checked:
                 last = exc
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.connected_to = address
             return sock
         raise CallbackError(f"cannot connect to {self._dns_host}:{self.port}: {last}")  # type: ignore[attr-defined]
 
