@@ -203,3 +203,12 @@ def test_a_token_revoked_before_its_subscription_is_stored_leaves_no_subscriber(
     with pytest.raises(UnknownTokenError):
         store.subscribe("revoked-meanwhile", ["t"], subscriber.url, "u", None, None, registered=True)
     assert store.subscriber("revoked-meanwhile") is None and store.topics() == []
+
+
+def test_revoking_again_removes_a_subscriber_left_by_an_earlier_revocation(bus, subscriber):
+    """Before this version a revoked token kept its subscription: root revokes the token again (root
+    sees every subscriber's token in GET /subscriptions) and the subscriber goes."""
+    bus.store.subscribe("revoked-long-ago", ["old"], subscriber.url, "u", None, None)  # no token left
+    assert "revoked-long-ago" in bus.root.get("/subscriptions").text
+    assert bus.root.delete("/api_tokens/revoked-long-ago").status_code == 204
+    assert bus.store.subscriber("revoked-long-ago") is None
