@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -139,3 +140,36 @@ def reject_buffered(channel: BlockingChannel, delivery_tag: int, requeue: bool) 
 def frame_max(connection: pika.BlockingConnection) -> int:
     """The frame size negotiated with the broker: a message's properties must fit in one frame."""
     return int(connection._impl.params.frame_max)
+
+
+def abandon(connection: pika.BlockingConnection, why: str) -> None:
+    """Drop the connection's socket without the close handshake (a stuck channel never answers it)."""
+    if connection.is_open:
+        connection._impl._terminate_stream(pika.exceptions.StreamLostError(why))
+    with contextlib.suppress(pika.exceptions.AMQPError):
+        connection.process_data_events(time_limit=0)
+
+
+def consume_answered(amqp_url: str, queue: str, timeout: float) -> bool:
+    """Whether the broker answers a ``basic.consume`` on ``queue`` within ``timeout`` seconds.
+
+    On a connection of its own, since a quorum queue without a leader blocks the channel for the
+    broker's own timeout (65 s). At most one message is delivered to the probe, and it goes back to
+    the queue when the probe's channel closes.
+    """
+    connection = connect(amqp_url, "switchyard-queue-probe")
+    answered: list[bool] = []
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=1)
+        channel._impl.basic_consume(queue, lambda *_: None, callback=lambda _frame: answered.append(True))
+        deadline = time.monotonic() + timeout
+        while not answered and connection.is_open and time.monotonic() < deadline:
+            connection.process_data_events(time_limit=min(0.1, max(0.0, deadline - time.monotonic())))
+    finally:
+        if answered:
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                connection.close()
+        else:
+            abandon(connection, f"no answer to a consume on {queue!r} within {timeout:g} s")
+    return bool(answered)
