@@ -23,6 +23,7 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.activity import ActivityOutcome, track_activity
 from switchyard.rpc.dead_letters import DeadLetterOutcome, respond_dead_letters
 from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
+from switchyard.rpc.leaderless import LeaderlessWatch
 from switchyard.rpc.orphans import OrphanOutcome, forward_orphans
 from switchyard.rpc.publisher import ConfirmingPublisher
 from switchyard.rpc.reconciler import Delays, ReconcileOutcome, Reconciler
@@ -71,6 +72,7 @@ class ControlPlane:
         self._idle: list[tuple[PoolTopology, ConfirmingPublisher]] = []
         self._all: list[tuple[PoolTopology, ConfirmingPublisher]] = []
         self._lease_lock = threading.Lock()
+        self.leaderless = LeaderlessWatch()  # outlives each pass (and a warm Lambda invocation)
 
     @contextmanager
     def _lease(self) -> Iterator[tuple[PoolTopology, ConfirmingPublisher]]:
@@ -105,7 +107,7 @@ class ControlPlane:
     def reconcile(self) -> ReconcileOutcome:
         with self._lease() as (topology, _):
             return Reconciler(self.state, topology, self.driver, self.control.delays,
-                              self.control.dead_letter_probe_interval_s).run_pass()
+                              self.control.dead_letter_probe_interval_s, self.leaderless).run_pass()
 
     def close(self) -> None:
         """Close every connection this plane opened and the driver (which stops local workers).

@@ -17,6 +17,8 @@ holds work is deleted. Queue names Switchyard would not have made are skipped, l
 Broker health: one pass per ``probe_interval_s`` (across every pool on the broker) probes whether
 the broker can still start an at-least-once dead-lettering queue (switchyard/rpc/dead_lettering.py);
 ``dead_lettering_stranded`` is the alarm's metric.
+A request queue a broker crash left without a leader (switchyard/rpc/leaderless.py) is found by its
+missing statistics and a probe, then deleted and declared again: ``leaderless_redeclared``.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from dataclasses import dataclass, field
 
 from switchyard.observability import logger
 from switchyard.rpc import protocol as p
+from switchyard.rpc.amqp import consume_answered
 from switchyard.rpc.dead_lettering import broker_id
 from switchyard.rpc.drivers import WorkerGroup, WorkerGroupDriver
+from switchyard.rpc.leaderless import LeaderlessWatch
 from switchyard.rpc.state import GroupState, GroupStatus, PoolState, now_ms
 from switchyard.rpc.topology import PoolTopology
 
@@ -57,18 +61,21 @@ class ReconcileOutcome:
     foreign_queues: int = 0  # ``{pool}-req-*`` names Switchyard did not make: skipped
     dead_lettering_probes: int = 0
     dead_lettering_stranded: int = 0  # the probe found the broker's dead-letter supervisor gone
+    leaderless_redeclared: int = 0  # request queues a broker crash left without a leader
     depths: dict[str, int] = field(default_factory=dict)  # worker group id -> messages in its queue
 
 
 class Reconciler:
     def __init__(self, state: PoolState, topology: PoolTopology, driver: WorkerGroupDriver,
-                 delays: Delays, probe_interval_s: float = 0.0) -> None:
+                 delays: Delays, probe_interval_s: float = 0.0,
+                 leaderless: LeaderlessWatch | None = None) -> None:
         self.state = state
         self.topology = topology
         self.driver = driver
         self.delays = delays
         self.probe_interval_s = probe_interval_s  # 0: no probe
         self.pool = topology.pool
+        self.leaderless = leaderless  # None: not watched (its memory must outlive the pass)
 
     def run_pass(self, at_ms: int | None = None) -> ReconcileOutcome:
         outcome = ReconcileOutcome()
@@ -86,7 +93,8 @@ class Reconciler:
                     outcome.queue_errors += 1
                     logger.exception("request queue step failed", extra={"pool": self.pool, "key": group.key})
             running = self._converge_groups(outcome, now)
-            self._observe_depths(outcome, running)
+            queues = self._observe_depths(outcome, running)
+            self._redeclare_leaderless(queues, outcome)
             self._probe_dead_lettering(outcome)
         return outcome
 
@@ -219,14 +227,15 @@ class Reconciler:
             found.append((key, queue))
         return found
 
-    def _observe_depths(self, outcome: ReconcileOutcome, running: set[str]) -> None:
-        """Queue depth per group: a metric (Amazon MQ 4.x sends none) and the autoscaling input."""
+    def _observe_depths(self, outcome: ReconcileOutcome, running: set[str]) -> list[tuple[str, dict]]:
+        """Queue depth per group: a metric (Amazon MQ 4.x sends none) and the autoscaling input.
+        Returns the queues read (none if reading failed)."""
         try:
             queues = self._request_queues(outcome)
         except Exception:  # observability must not break the pass
             outcome.queue_errors += 1
             logger.exception("reading queue depths failed", extra={"pool": self.pool})
-            return
+            return []
         for key, queue in queues:
             depth = int(queue.get("messages") or 0)
             wg = WorkerGroup(self.pool, key)
@@ -237,6 +246,37 @@ class Reconciler:
                 except Exception:
                     outcome.driver_errors += 1
                     logger.exception("scaling failed", extra={"pool": self.pool, "key": key})
+        return queues
+
+    def _redeclare_leaderless(self, queues: list[tuple[str, dict]], outcome: ReconcileOutcome) -> None:
+        """Delete and declare again each request queue that stays silent and does not answer a probe."""
+        if self.leaderless is None or self.topology.policy.queue_type is not p.QueueType.QUORUM:
+            return
+        for key in self.leaderless.suspects(queues):
+            queue = p.request_queue(self.pool, key)
+            try:
+                if consume_answered(self.topology.settings.connections.amqp_url, queue,
+                                    self.leaderless.probe_timeout_s):
+                    self.leaderless.cleared(key)
+                    continue
+                # Not under the key's lock: the orphan handler holds it while its publish to this
+                # very queue is blocked, until the delete frees it. Nothing it could do meanwhile
+                # matters: the queue's messages are gone, and a bind lost to the race sends the
+                # next requests to the orphan handler, which binds the queue again.
+                group = self.state.get(key)
+                self.topology.delete_request_queue(key)
+                self.topology.ensure_request_queue(
+                    key, bind=group is not None and group.status is GroupStatus.ACTIVE)
+            except Exception:  # the next pass tries again
+                outcome.queue_errors += 1
+                logger.exception("declaring a leaderless request queue again failed",
+                                 extra={"pool": self.pool, "queue": queue})
+                continue
+            self.leaderless.cleared(key)
+            outcome.leaderless_redeclared += 1
+            logger.error("request queue had no leader after a broker crash: deleted and declared again "
+                         "(its messages were lost with the member; callers time out and may retry)",
+                         extra={"pool": self.pool, "queue": queue})
 
     # -- lost state ---------------------------------------------------------------------------
     def _rebuild(self, outcome: ReconcileOutcome) -> None:

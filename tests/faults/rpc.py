@@ -3,7 +3,7 @@
 Keys come into use gradually (the first 60 % of the run), so the orphan path (a new key's first
 requests, forwarded by the control plane) is busy when a fault lands, not only the fast path.
 A call is re-sent (same id) only when the client reports that its connection to the broker was
-lost, since then its reply can never arrive. Every handling is counted by the worker
+lost, since then its reply can never arrive, or that the broker refused it (a nack). Every handling is counted by the worker
 (``handlers.count``), so a request worked on twice is a duplicate even though its caller saw one
 answer. A request no worker ever handled is lost (timed out, or answered with a dead-letter status);
 one handled but answered after its caller's timeout is late, not lost, and named in the note.
@@ -27,7 +27,7 @@ import pika.exceptions
 import redis
 
 from switchyard.config import Connections
-from switchyard.errors import BrokerUnavailableError, ClientBusyError, ClientClosedError
+from switchyard.errors import BrokerUnavailableError, ClientBusyError, ClientClosedError, PublishRejectedError
 from switchyard.rpc import RpcClient
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import Response
@@ -39,7 +39,8 @@ from tests.faults.handlers import FAULTS_REDIS_ENV, handled_key
 from tests.faults.procs import Service, kill_pids, pids_with_env
 from tests.rpc.conftest import flush_pool_state
 
-RETRYABLE = (BrokerUnavailableError, ClientClosedError, ClientBusyError)
+# A nack is the broker saying it did not take the request: the caller knows, and sends it again.
+RETRYABLE = (BrokerUnavailableError, ClientClosedError, ClientBusyError, PublishRejectedError)
 
 
 @dataclass(frozen=True)
