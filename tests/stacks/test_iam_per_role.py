@@ -168,6 +168,26 @@ def _secret_logical(resources: Mapping[str, Any], ref: Any) -> str:
     return logical
 
 
+def _service_secrets(resources: dict[str, dict[str, Any]], config: Mapping[str, Any]) -> dict[str, str]:
+    """Secret logical id -> the service whose URLs it fills, wherever a process finds it: the deployed
+    configuration, a function's environment (each broker role names its own user's secret) or an ECS
+    task's injected secrets. Each gets the local service's credentials: this test is about IAM; the
+    broker users' own permissions are tests/rpc/test_broker_users.py's."""
+    found: dict[str, str] = {}
+    environments = [config, *(fn["Properties"].get("Environment", {}).get("Variables", {})
+                              for fn in _of_kind(resources, "AWS::Lambda::Function").values())]
+    for env in environments:
+        found.update({_secret_logical(resources, env[f"SWITCHYARD_{s}_SECRET_ARN"]): s
+                      for s in SERVICES if f"SWITCHYARD_{s}_SECRET_ARN" in env})
+    for task in _of_kind(resources, "AWS::ECS::TaskDefinition").values():
+        for container in task["Properties"]["ContainerDefinitions"]:
+            for secret in container.get("Secrets", []):
+                service = next((s for s in SERVICES if secret["Name"].startswith(f"SWITCHYARD_{s}_")), None)
+                for logical in (r for r in references(secret["ValueFrom"]) if service and r in resources):
+                    found[_secret_logical(resources, {"Ref": logical})] = service
+    return found
+
+
 def _own_config_path(resources: dict[str, dict[str, Any]], tag: str) -> dict[str, dict[str, Any]]:
     """The template with its configuration path made unique, as if synthesized under another stack
     name: moto is shared with other test runs, which may write or delete the default path."""
@@ -186,8 +206,7 @@ def deployment(resources: dict[str, dict[str, Any]]) -> Iterator[Deployment]:
     params = {v["Properties"]["Name"]: v["Properties"]["Value"]
               for v in _of_kind(resources, "AWS::SSM::Parameter").values()}
     by_variable = {name.rsplit("/", 1)[1]: value for name, value in params.items()}
-    service_secret = {_secret_logical(resources, by_variable[f"SWITCHYARD_{s}_SECRET_ARN"]): s
-                      for s in SERVICES if f"SWITCHYARD_{s}_SECRET_ARN" in by_variable}
+    service_secret = _service_secrets(resources, by_variable)
     sm = boto3.client("secretsmanager", endpoint_url=MOTO, region_name=REGION)
     refs: dict[str, str] = {}
     for logical, res in _of_kind(resources, "AWS::SecretsManager::Secret").items():
@@ -257,10 +276,11 @@ def _make_aws_resources(dep: Deployment) -> None:
 def _make_local_resources(pool: str, schema: str, topics: tuple[str, str]) -> Any:
     """The pool, the delay schema and topics the probes work on (unique names), and their cleanup."""
     import psycopg
+    import redis
 
     from switchyard import deploy
     from tests.delay.conftest import delete_topics
-    from tests.rpc.conftest import delete_pool
+    from tests.rpc.conftest import delete_pool, flush_pool_state
 
     local = Connections.from_env()
     deploy.declare_pools({"RequestType": "Create", "ResourceProperties": {"Pools": [pool]}})
@@ -277,6 +297,7 @@ def _make_local_resources(pool: str, schema: str, topics: tuple[str, str]) -> An
         from switchyard.rpc.settings import RpcSettings
 
         delete_pool(RpcSettings.from_env(), pool)
+        flush_pool_state(redis.Redis.from_url(local.redis_url), pool)  # the group the orphan probe started
         with psycopg.connect(local.postgres_dsn, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         delete_topics(local.kafka_bootstrap, *topics)
