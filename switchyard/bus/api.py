@@ -210,7 +210,11 @@ def _refuse_before_parsing(event: dict[str, Any], body: str) -> dict[str, Any] |
     """401 for a body without a valid credential (it is never parsed), 400 for JSON nested too
     deeply to parse (an uncaught RecursionError was a 502 with a traceback), else None."""
     headers = event.get("headers") or {}
-    if _who(basic_username(headers.get("Authorization") or headers.get("authorization"))) is None:
+    try:
+        who = _who(basic_username(headers.get("Authorization") or headers.get("authorization")))
+    except redis.RedisError as exc:  # as the resolver's handler answers it
+        return _proxy_text(503, _storage_unavailable(exc))
+    if who is None:
         return {**_proxy_text(401, f"this endpoint requires authentication with {ANYONE}"),
                 "multiValueHeaders": {"Content-Type": ["text/plain"], "WWW-Authenticate": ["Basic"]}}
     try:
@@ -326,8 +330,13 @@ def _invalid(exc: RequestValidationError) -> Response[str]:
 
 @app.exception_handler(redis.RedisError)
 def _redis_down(exc: redis.RedisError) -> Response[str]:
+    return _text(503, _storage_unavailable(exc))
+
+
+def _storage_unavailable(exc: redis.RedisError) -> str:
+    """Log a Redis error; the message a 503 says."""
     logger.warning("bus API: Redis error", extra={"error": str(exc)})
-    return _text(503, "storage unavailable")
+    return "storage unavailable"
 
 
 # -- health ------------------------------------------------------------------------------------

@@ -212,3 +212,22 @@ def test_revoking_again_removes_a_subscriber_left_by_an_earlier_revocation(bus, 
     assert "revoked-long-ago" in bus.root.get("/subscriptions").text
     assert bus.root.delete("/api_tokens/revoked-long-ago").status_code == 204
     assert bus.store.subscriber("revoked-long-ago") is None
+
+
+def test_redis_down_is_a_503_before_parsing_too(make_store):
+    """The credential check that now comes before a POST's body is parsed answers a Redis outage as
+    the resolver does (503), not with a traceback."""
+    from switchyard.bus import api
+    from switchyard.bus.store import BusStore
+    from switchyard.local.http_gateway import HttpGateway
+    from tests.bus.conftest import connect_redis_url, fast_settings, free_port
+
+    dead = BusStore(connect_redis_url(f"redis://127.0.0.1:{free_port()}/0"), fast_settings("nowhere"))
+    api.configure(dead)
+    try:
+        with HttpGateway(api.handle, threads=4) as gw:
+            for path in ("/subscription", "/topics/t", "/api_tokens"):
+                reply = requests.post(gw.url + path, json={"x": 1}, auth=("someone", "x"), timeout=30)
+                assert (reply.status_code, reply.text) == (503, "storage unavailable"), path
+    finally:
+        api.configure(None)
