@@ -1,5 +1,11 @@
-"""The fault suite: traffic through RPC and the delay scheduler while faults are injected.
+"""The fault suite: traffic through RPC, the delay scheduler, the event bus and the pending queue
+while faults are injected: kills, restarts, and network cuts between the runtime and RabbitMQ,
+Redis, Postgres and Kafka (``cuts.py``).
 
 ``python -m tests.faults`` (``./dev faults``) runs every scenario at full size, then the fuzz run,
-and prints the account; ``tests/faults/test_faults.py`` runs the same scenarios, smaller, in CI.
+and prints the account; ``tests/faults/test_faults.py`` runs the scenarios marked ``in_ci``,
+smaller, in the test command. Of the cuts, CI takes the four 5 s cuts and the two kills (bus worker
+mid-delivery, pending node with requests taken): about 80 s more in ./dev test, short sizes
+measured here. The 60 s cuts and the half-open ones (each waits out heartbeats or a store deadline,
+one to two minutes apiece) run only in ./dev faults.
 """

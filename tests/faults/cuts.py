@@ -25,6 +25,7 @@ from switchyard.config import Connections
 from tests.delay.conftest import Tansu, free_port
 from tests.faults import delay, rpc
 from tests.faults.account import Account
+from tests.faults.handlers import handled_key
 from tests.pending.tcp_proxy import CuttableProxy
 
 HALF_OPEN_S = 5.0  # how long new connections stay silent in a half-open cut
@@ -81,9 +82,11 @@ def rpc_cut(name: str, service: str, outage: Outage, sizes: dict[str, rpc.RpcSiz
 
         def fault(rig: rpc.RpcRig, traffic: rpc.RpcTraffic) -> int:
             traffic.wait_progress(0.3)
+            started = time.monotonic()
             over = outage.apply(proxy)
             time.sleep(max(0.0, over - time.monotonic()))
-            traffic.fault_ends.append(time.monotonic())
+            traffic.fault_over(started)
+            _await_handling(rig, traffic, HANDLING_S)
             return proxy.cuts
 
         try:
@@ -95,6 +98,19 @@ def rpc_cut(name: str, service: str, outage: Outage, sizes: dict[str, rpc.RpcSiz
     return run
 
 
+HANDLING_S = 240.0
+
+
+def _await_handling(rig: rpc.RpcRig, traffic: rpc.RpcTraffic, limit_s: float) -> None:
+    """Wait until every request was handled (or ``limit_s``): a request that a hung connection held
+    past its caller's timeout comes back when the broker drops the connection (two missed
+    heartbeats), so it is late, and the account, taken when every call settled, must not miss it."""
+    traffic.wait_progress(1.0)
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end and rig.redis.hlen(handled_key(rig.pool)) < len(traffic.ids):
+        time.sleep(0.5)
+
+
 # -- the delay scheduler: Postgres and Kafka ----------------------------------------------------------
 CUT_AT = 0.3  # of the plan's last deadline: chunks are due before, during and after the cut
 
@@ -104,9 +120,10 @@ def _delay_fault(proxy: CuttableProxy, outage: Outage, after_production: bool = 
         if after_production:
             traffic.produced_all.wait()
         traffic.at(CUT_AT * traffic.plan.last_due())
+        started = time.time()
         over = outage.apply(proxy)
         time.sleep(max(0.0, over - time.monotonic()))
-        traffic.fault_ends.append(time.time())
+        traffic.fault_over(started)
         return proxy.cuts
 
     return fault

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Producer
 
@@ -32,7 +33,7 @@ from tests.delay.conftest import (
     free_port,
     terminate_backends,
 )
-from tests.faults.account import Account
+from tests.faults.account import Account, recovery_after
 from tests.faults.procs import Service
 
 
@@ -139,7 +140,7 @@ class DelayTraffic:
         self.start_s = time.time()
         self.confirmed: list[str] = []
         self.unconfirmed: list[str] = []
-        self.fault_ends: list[float] = []  # when each fault was over (time.time(), like the plan)
+        self.faults: list[tuple[float, float]] = []  # (start, end) of each fault, time.time() like the plan
         self.produced_all = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"produce-{rig.name}", daemon=True)
         self.error: BaseException | None = None
@@ -181,6 +182,21 @@ class DelayTraffic:
         if self.error is not None:
             raise self.error
 
+    def fault_over(self, started: float) -> None:
+        """Mark a fault that began at ``started`` (time.time()) as over now."""
+        self.faults.append((started, time.time()))
+
+    def recovery(self, fired: list[Any]) -> float | None:
+        """From a fault's end until every message due before it (and not fired before it began)
+        fired: each message's CreateTime is set by the scheduler's producer as it fires."""
+        confirmed = set(self.confirmed)
+        due = {rid: self.start_s + at for _, at, ids in self.plan.chunks for rid in ids if rid in confirmed}
+        fired_at: dict[str, float] = {}
+        for msg in fired:
+            rid = dict(msg.headers() or []).get("test-id", b"").decode()
+            fired_at.setdefault(rid, msg.timestamp()[1] / 1000)
+        return recovery_after(self.faults, due, fired_at)
+
 
 Fault = Callable[[DelayRig, DelayTraffic], int]
 
@@ -205,7 +221,8 @@ def run_delay(scenario: str, fault: Fault, size: DelaySize, workdir: Path, boots
         rig.reader.poll(1.0)  # late duplicates
         seen = Counter(rig.reader.ids())
         note = f"{len(traffic.unconfirmed)} not confirmed by the input broker" if traffic.unconfirmed else ""
-        return Account.settle(scenario, traffic.confirmed, seen, time.monotonic() - start, faults, note)
+        return Account.settle(scenario, traffic.confirmed, seen, time.monotonic() - start, faults, note,
+                              traffic.recovery(rig.reader.messages))
 
 
 # -- faults --------------------------------------------------------------------------------------

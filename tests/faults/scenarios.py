@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchyard.config import Connections
-from tests.faults import cuts, delay, rpc
+from tests.faults import bus, cuts, delay, pending, rpc
 from tests.faults.account import Account
 
 RPC_SIZES = {"full": rpc.RpcSize(requests=2000, keys=12, rate=100), "short": rpc.RpcSize(300, 6, 60)}
@@ -95,6 +95,9 @@ def _delay(name: str, fault: delay.Fault) -> Scenario:
     return Scenario(name, lambda size, workdir: delay.run_delay(name, fault, DELAY_SIZES[size], workdir))
 
 
+BUS_KILL = "bus: SIGKILL worker mid-delivery"
+PENDING_KILL = "pending: SIGKILL node, requests taken"
+
 SCENARIOS = [
     _rpc("rpc: SIGKILL workers", rpc.kill_workers),
     _rpc("rpc: SIGKILL control plane", rpc.kill_control_plane),
@@ -105,4 +108,7 @@ SCENARIOS = [
     _delay("delay: Postgres backends killed", delay.kill_postgres_connections),
     Scenario("delay: Kafka broker restarted", _kafka_restart),
     *(Scenario(name, run, ci) for name, run, ci in cuts.scenarios(RPC_SIZES, DELAY_SIZES)),
+    Scenario(BUS_KILL, lambda size, workdir: bus.run_bus(BUS_KILL, bus.SIZES[size], workdir)),
+    Scenario(PENDING_KILL,
+             lambda size, workdir: pending.run_pending(PENDING_KILL, pending.SIZES[size], workdir)),
 ]

@@ -1,0 +1,147 @@
+"""The event bus under faults: ``switchyard bus worker`` SIGKILLed while it delivers.
+
+Events are published through the API (served in this process) to one topic with two subscribers,
+real HTTP servers on 127.0.0.1 that take 50 ms per batch, so the worker always holds batches when it
+is killed. A batch the killed worker held comes back once its worker ids go unseen (the scrub), so
+its events may arrive twice: nothing may be lost, and every duplicate must belong to a batch that was
+in flight at a kill (it reached a subscriber within ``IN_FLIGHT_S`` before the kill).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from switchyard.bus import api
+from switchyard.bus.store import BusStore
+from switchyard.local.cli import quiet_metrics
+from switchyard.local.http_gateway import HttpGateway
+from switchyard.redis_client import connect_redis
+from tests.bus.conftest import ROOT_KEY, Client, Subscriber, drop_bus, fast_settings
+from tests.conftest import unique, wait_for
+from tests.faults.account import Account, recovery_after
+from tests.faults.procs import Service
+
+BATCH_S = 0.05  # each subscriber's time per batch
+# A batch that reached a subscriber this soon before a kill may have been held by the killed worker:
+# its 50 ms at the subscriber, then the worker's acknowledgement, with room for a busy machine.
+IN_FLIGHT_S = 0.3
+MAX_BATCH = 50
+
+
+@dataclass(frozen=True)
+class BusSize:
+    events: int
+    rate: float  # events per second
+    kills: tuple[float, ...] = (0.3, 0.6)  # of the events published
+
+
+SIZES = {"full": BusSize(events=3000, rate=200), "short": BusSize(events=600, rate=150)}
+
+
+class BusRig:
+    """A bus of its own: the API here, a worker subprocess, two subscribers that log each arrival."""
+
+    def __init__(self, workdir: Path) -> None:
+        settings = fast_settings(unique("faults-bus").lower())
+        self.store = BusStore(connect_redis(), settings)
+        self.worker = Service(["bus", "worker", "--threads", "4"], {
+            "SWITCHYARD_BUS_NAME": settings.name, "SWITCHYARD_BUS_ALLOW_HTTP_CALLBACKS": "1",
+            "SWITCHYARD_BUS_CALLBACK_ALLOW": "127.0.0.1",  # the subscribers' (loopback) host
+            "SWITCHYARD_BUS_HEARTBEAT_MS": str(settings.heartbeat_ms),
+            "SWITCHYARD_BUS_SCRUB_AFTER_MS": str(settings.scrub_after_ms),
+            "SWITCHYARD_BUS_SCRUB_INTERVAL_MS": str(settings.scrub_interval_ms),
+            "SWITCHYARD_BUS_DELIVERY_TIMEOUT_MS": "5000",
+        }, workdir / f"bus-{settings.name}.log", tag=settings.name)
+        self.subscribers = [Subscriber(), Subscriber()]
+        self.arrivals: list[tuple[float, str]] = []  # (time.monotonic(), "subscriber:event")
+        self.busy = 0  # batches a subscriber is handling now
+        self._lock = threading.Lock()
+        for index, subscriber in enumerate(self.subscribers):
+            subscriber.respond = lambda events, index=index: self._arrived(index, events)
+        self.gateway: HttpGateway | None = None
+
+    def _arrived(self, index: int, events: list[dict[str, Any]]) -> int:
+        now = time.monotonic()
+        with self._lock:
+            self.busy += 1
+            self.arrivals.extend((now, f"s{index}:{e['data']['n']}") for e in events)
+        time.sleep(BATCH_S)
+        with self._lock:
+            self.busy -= 1
+        return 204
+
+    def __enter__(self) -> BusRig:
+        quiet_metrics()  # the API's metrics in this process: not on the suite's output
+        api.configure(self.store)
+        self.gateway = HttpGateway(api.handle, threads=8).start()
+        root = Client(self.gateway.url, ROOT_KEY)
+        for index, subscriber in enumerate(self.subscribers):
+            token = root.post("/api_tokens", json={"name": f"sub{index}"}).json()["token"]
+            response = Client(self.gateway.url, token).post("/subscription", json={
+                "topics": ["parcels"], "callback": subscriber.url, "uuid": f"u{index}", "max": MAX_BATCH,
+                "timeout": 100})
+            assert response.status_code == 204, response.text
+        token = root.post("/api_tokens", json={"name": "pub"}).json()["token"]
+        self.publisher = Client(self.gateway.url, token)
+        self.worker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.worker.stop()
+        if self.gateway is not None:
+            self.gateway.stop()
+        api.configure(None)
+        for subscriber in self.subscribers:
+            subscriber.close()
+        drop_bus(self.store)
+
+    def publish(self, n: int) -> None:
+        response = self.publisher.post("/topics/parcels", json={"type": "update", "url": f"https://x.example/{n}",
+                                                                 "data": {"n": n}})
+        assert response.status_code == 200, response.text
+
+    def kill_mid_delivery(self) -> tuple[float, float]:
+        """SIGKILL the worker while a subscriber handles one of its batches; start it again. Returns
+        when it was killed and when it was started again (time.monotonic())."""
+        wait_for(lambda: self.busy > 0, timeout=30, interval=0.005, what="a batch in delivery")
+        self.worker.sigkill()
+        killed = time.monotonic()
+        time.sleep(0.5)
+        self.worker.start()
+        return killed, time.monotonic()
+
+
+def run_bus(scenario: str, size: BusSize, workdir: Path) -> Account:
+    """Publish ``size.events`` while the worker is killed; the account once all arrived (or 90 s)."""
+    with BusRig(workdir) as rig:
+        start = time.monotonic()
+        kills: list[tuple[float, float]] = []
+        published: dict[int, float] = {}
+        kill_at = [int(f * size.events) for f in size.kills]
+        for n in range(size.events):
+            time.sleep(max(0.0, start + n / size.rate - time.monotonic()))
+            rig.publish(n)
+            published[n] = time.monotonic()
+            if n in kill_at:
+                kills.append(rig.kill_mid_delivery())
+        expected = {f"s{i}:{n}" for i in range(len(rig.subscribers)) for n in range(size.events)}
+        end = time.monotonic() + 90
+        while time.monotonic() < end and not expected <= {key for _, key in rig.arrivals}:
+            time.sleep(0.2)
+        time.sleep(1.0)  # late duplicates
+        seen = Counter(key for _, key in rig.arrivals)
+        arrived: dict[str, float] = {}
+        for at, key in rig.arrivals:
+            arrived.setdefault(key, at)
+        sent_at = {key: published[int(key.partition(":")[2])] for key in expected}
+        in_flight = {key for at, key in rig.arrivals if any(k - IN_FLIGHT_S <= at <= k for k, _ in kills)}
+        stray = {key for key, count in seen.items() if count > 1} - in_flight
+        assert not stray, f"{len(stray)} duplicates were not in flight at a kill, e.g. {sorted(stray)[:5]}"
+        note = f"duplicates all in the {len(in_flight)} events in flight at the kills"
+        return Account.settle(scenario, sorted(expected), seen, time.monotonic() - start, len(kills), note,
+                              recovery_after(kills, sent_at, arrived))
