@@ -45,6 +45,7 @@ def connect(amqp_url: str, name: str, heartbeat: int | None = None) -> pika.Bloc
             "Check SWITCHYARD_AMQP_URL, or start the local stack with ./dev services."
         ) from exc
     _coalesce_writes(connection)
+    _heard_from(connection)  # from now on, is_alive knows when the broker was last heard
     return connection
 
 
@@ -59,7 +60,22 @@ def is_alive(connection: pika.BlockingConnection | None) -> bool:
         connection.process_data_events(time_limit=0)
     except pika.exceptions.AMQPError:
         return False
-    return connection.is_open
+    return connection.is_open and _heard_from(connection)
+
+
+def _heard_from(connection: pika.BlockingConnection) -> bool:
+    """Whether the broker sent anything within two heartbeat intervals. An idle broker sends
+    heartbeats, so a kept connection that received nothing for that long goes through a half-open
+    socket (the path dropped without a RST); trusted, it would fail only at the next publish's
+    confirm timeout (30 s more), while the control plane's orphans wait."""
+    impl = connection._impl
+    received, now = impl.bytes_received, time.monotonic()
+    last = getattr(connection, "_switchyard_heard", None)
+    if last is None or last[0] != received:
+        connection._switchyard_heard = (received, now)  # type: ignore[attr-defined]
+        return True
+    heartbeat = impl.params.heartbeat
+    return not heartbeat or now - last[1] <= 2 * heartbeat
 
 
 def redact(url: str) -> str:
