@@ -234,6 +234,7 @@ def role_statements(resources: Mapping[str, Mapping[str, Any]], role: str,
 IAM_PREFIX = {"monitoring": "cloudwatch", "emr-serverless": "emr-serverless"}
 # (prefix, operation) -> IAM action name, where they differ.
 ACTION_NAMES = {("s3", "ListObjectsV2"): "ListBucket", ("s3", "HeadObject"): "GetObject",
+                ("s3", "DeleteObjects"): "DeleteObject",
                 ("s3", "HeadBucket"): "ListBucket", ("lambda", "Invoke"): "InvokeFunction"}
 
 
@@ -282,7 +283,9 @@ RESOURCES: dict[tuple[str, str], Callable[[Mapping[str, Any]], list[str]]] = {
     ("ecs", "TagResource"): lambda p: [p["resourceArn"]],
     ("s3", "GetObject"): lambda p: [f"arn:{PARTITION}:s3:::{p['Bucket']}/{p['Key']}"],
     ("s3", "PutObject"): lambda p: [f"arn:{PARTITION}:s3:::{p['Bucket']}/{p['Key']}"],
-    ("s3", "DeleteObject"): lambda p: [f"arn:{PARTITION}:s3:::{p['Bucket']}/{p['Key']}"],
+    ("s3", "DeleteObject"): lambda p: [f"arn:{PARTITION}:s3:::{p['Bucket']}/{o['Key']}"
+                                       for o in p["Delete"]["Objects"]] if "Delete" in p
+    else [f"arn:{PARTITION}:s3:::{p['Bucket']}/{p['Key']}"],
     ("s3", "ListBucket"): lambda p: [f"arn:{PARTITION}:s3:::{p['Bucket']}"],
     ("lambda", "InvokeFunction"): lambda p: [p["FunctionName"] if p["FunctionName"].startswith("arn:")
                                              else _arn("lambda", f"function:{p['FunctionName']}")],

@@ -75,16 +75,27 @@ def bus_worker() -> str:
     return str(_store().redis.ping())
 
 
-def emr_job() -> list[str]:
-    """The publish job's settings as ``publish`` reads them, then its check of the pools on the broker."""
+def emr_job(input_uri: str, output_uri: str) -> list[str]:
+    """The publish job's settings as ``publish`` reads them, its check of the pools on the broker,
+    and its staging: the input downloaded from S3, the results uploaded over the last ones."""
+    import tempfile
+    from pathlib import Path
+
     from switchyard.config import Connections
     from switchyard.delay.settings import DelaySettings
     from switchyard.rpc.settings import RpcSettings
+    from switchyard.spark import staging
     from switchyard.spark.job import _unknown_pools
 
     settings = RpcSettings.from_env()
     read = [Connections.from_env().kafka_bootstrap, DelaySettings.from_env().input_topic]
-    return [*read, *sorted(_unknown_pools([os.environ["IAM_PROBE_POOL"]], settings))]
+    unknown = sorted(_unknown_pools([os.environ["IAM_PROBE_POOL"]], settings))
+    with tempfile.TemporaryDirectory() as tmp:
+        staging.download(input_uri, Path(tmp, "input"))
+        (Path(tmp, "output", "results")).mkdir(parents=True)
+        Path(tmp, "output", "results", "part-0.json").write_text("{}\n")
+        staging.upload(Path(tmp, "output"), output_uri, ("results",))
+    return [*read, *unknown]
 
 
 def ecs_agent(secrets: list[str], log_group: str, stream: str, repository: str) -> str:

@@ -450,12 +450,22 @@ def _emr_probe(dep: Deployment) -> Probe:
 
     role = next(k for k, v in _of_kind(dep.resources, "AWS::IAM::Role").items()
                 if "emr-serverless" in json.dumps(v["Properties"]["AssumeRolePolicyDocument"]))
+    # the job's input and output: in the bucket its role names (the pipeline bucket)
+    (bucket,) = {r for r in references(raw_statements(dep.resources, role, dep.resolver))
+                 if dep.resources.get(r, {}).get("Type") == "AWS::S3::Bucket"}
+    s3 = boto3.client("s3", endpoint_url=MOTO, region_name=REGION)
+    name, prefix = dep.resolver.ref(bucket), f"iam-probe/{uuid.uuid4().hex}"
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=name)
+    s3.put_object(Bucket=name, Key=f"{prefix}/input.csv", Body=b"pool,key,payload\n")
+    s3.put_object(Bucket=name, Key=f"{prefix}/output/results/old.json", Body=b"{}\n")
     args = argparse.Namespace(
         bucket=None, entry_point="s3://pipeline/publish_requests.py", archive="s3://pipeline/env.tar.gz",
         logs="s3://pipeline/logs/", application_id="app1", role_arn=dep.resolver.get_att(role, "Arn"),
         job_args=[], env=[], name="iam-probe")
     job_env = dict(spec_from_args(args, {}, dep.config).env)
-    return Probe(role, {"kind": "call", "target": "tests.iam_probe:emr_job"},
+    return Probe(role, {"kind": "call", "target": "tests.iam_probe:emr_job",
+                        "args": [f"s3://{name}/{prefix}/input.csv", f"s3://{name}/{prefix}/output"]},
                  plain={k: dep.overrides.get(k, v) for k, v in job_env.items()})
 
 
