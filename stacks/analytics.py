@@ -21,6 +21,7 @@ from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.names import physical_name
 from stacks.network import NetworkConstruct
+from switchyard.rpc.access import BrokerRole
 
 
 def pipeline_bucket(scope: Construct, construct_id: str) -> s3.Bucket:
@@ -85,12 +86,13 @@ class AnalyticsConstruct(Construct):
                 "emr-serverless.amazonaws.com",
                 conditions={"StringEquals": {"aws:SourceAccount": Stack.of(self).account}},
             ),
-            description="Switchyard PySpark jobs: their bucket, the broker secret, the topics",
+            description="Switchyard PySpark jobs: their bucket, the broker clients' secret, the topics",
         )
         self.bucket.grant_read_write(self.job_role)
         self.job_role.add_to_policy(
             iam.PolicyStatement(
-                actions=["secretsmanager:GetSecretValue"], resources=[broker.secret.secret_arn]
+                actions=["secretsmanager:GetSecretValue"],
+                resources=[broker.user_secret(BrokerRole.CLIENTS).secret_arn],  # not the admin's
             )
         )
         # The job schedules rows through the delay input topic with an idempotent producer.

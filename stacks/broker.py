@@ -15,6 +15,7 @@ from constructs import Construct
 from stacks import constants as c
 from stacks.names import physical_name
 from stacks.network import allow_from
+from switchyard.rpc.access import BrokerRole, BrokerUser, deployment_users
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,9 @@ class BrokerConstruct(Construct):
     Attributes for the constructs that come next:
     - ``broker``: the ``CfnBroker`` (``broker.attr_arn`` for Lambda event source mappings,
       ``broker.attr_amqp_endpoints`` for clients);
-    - ``secret``: admin credentials (JSON ``username``/``password``), the BASIC_AUTH secret of
-      Amazon MQ event source mappings;
+    - ``secret``: admin credentials (JSON ``username``/``password``): the pools custom resource's alone;
+    - ``users``: one secret per role's broker user (switchyard/rpc/access.py; ``user_secret``), which
+      that custom resource makes on the broker: the functions, mappings, workers and clients use these;
     - ``security_group``: the broker's group, open on AMQPS 5671 and HTTPS 443 (management API)
       to the client groups only, and to itself: event source mappings run their pollers in the
       broker's subnets with this group, so it also keeps all outbound traffic allowed.
@@ -72,6 +74,7 @@ class BrokerConstruct(Construct):
         subnets: ec2.SubnetSelection,
         clients: Sequence[ec2.ISecurityGroup],
         settings: BrokerSettings | None = None,
+        pools: Sequence[str] = (),
     ) -> None:
         super().__init__(scope, construct_id)
         self.vpc = vpc
@@ -83,6 +86,7 @@ class BrokerConstruct(Construct):
         )
         self.security_group = self._build_security_group()
         self.secret = self._build_secret()
+        self.users = {user: self._build_user_secret(user) for user in deployment_users(pools)}
         self.broker = self._build_broker()
 
     def _build_security_group(self) -> ec2.SecurityGroup:
@@ -98,12 +102,21 @@ class BrokerConstruct(Construct):
         return group
 
     def _build_secret(self) -> secretsmanager.Secret:
+        return self._credentials(c.BROKER_SECRET_ID, c.BROKER_ADMIN_USERNAME,
+                                 "Amazon MQ for RabbitMQ admin user (username/password JSON)")
+
+    def _build_user_secret(self, user: BrokerUser) -> secretsmanager.Secret:
+        return self._credentials(f"User-{user.pool or 'all'}-{user.role}", user.username,
+                                 f"RabbitMQ user of the {user.role} role (switchyard/rpc/access.py)")
+
+    def _credentials(self, construct_id: str, username: str, description: str) -> secretsmanager.Secret:
+        """A ``username``/generated ``password`` JSON secret."""
         return secretsmanager.Secret(
             self,
-            c.BROKER_SECRET_ID,
-            description="Amazon MQ for RabbitMQ admin user (username/password JSON)",
+            construct_id,
+            description=description,
             generate_secret_string=secretsmanager.SecretStringGenerator(
-                secret_string_template=json.dumps({"username": c.BROKER_ADMIN_USERNAME}),
+                secret_string_template=json.dumps({"username": username}),
                 generate_string_key="password",
                 exclude_characters=c.BROKER_PASSWORD_EXCLUDED_CHARACTERS,
                 include_space=False,
@@ -111,6 +124,10 @@ class BrokerConstruct(Construct):
             ),
             removal_policy=RemovalPolicy.DESTROY,
         )
+
+    def user_secret(self, role: BrokerRole, pool: str | None = None) -> secretsmanager.Secret:
+        """The secret of ``role``'s user (of ``pool``; none for the clients)."""
+        return self.users[BrokerUser(role, pool)]
 
     def _subnet_ids(self) -> list[str]:
         ids = list(self.subnets.subnet_ids)

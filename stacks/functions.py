@@ -30,15 +30,19 @@ from stacks import constants as c
 from stacks.broker import BrokerConstruct
 from stacks.config import ConfigError, DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
+from stacks.names import metrics_namespace
 from stacks.network import NetworkConstruct
 from stacks.parameters import DELAY_CONSUMER_GROUP, ConfigParametersConstruct, ServiceEndpoints
 from stacks.platform import lambda_architecture, lambda_runtime
 from stacks.workers import WorkersConstruct, worker_family
 from switchyard.deployed_config import CONFIG_PATH_ENV
 from switchyard.observability import DELAY_SERVICE, DEPLOY_SERVICE, pool_service
+from switchyard.rpc.access import BrokerRole
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POOL_QUEUES = {"orphans": "orphan", "dead_letters": "dl", "activity": "activity"}  # handler -> queue suffix
+POOL_ROLES = {"orphans": BrokerRole.ORPHANS, "dead_letters": BrokerRole.DEAD_LETTERS,  # handler -> user
+              "activity": BrokerRole.ACTIVITY, "reconcile": BrokerRole.RECONCILE}
 
 
 def code_version() -> str:
@@ -162,7 +166,7 @@ class FunctionsConstruct(Construct):
             log_group=log_group,
             environment={
                 "POWERTOOLS_SERVICE_NAME": service,
-                "POWERTOOLS_METRICS_NAMESPACE": c.METRICS_NAMESPACE,
+                "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace(self),
                 "POWERTOOLS_LOG_LEVEL": c.LOG_LEVEL,
                 "SWITCHYARD_LOG_LEVEL": c.LOG_LEVEL,
                 CONFIG_PATH_ENV: self.parameters.path,
@@ -173,8 +177,9 @@ class FunctionsConstruct(Construct):
         self.functions[construct_id] = fn
         return fn
 
-    def _amqp_env(self) -> dict[str, str]:
-        return self.endpoints.amqp_env()
+    def _amqp_env(self, secret: secretsmanager.ISecret) -> dict[str, str]:
+        """The broker's URLs, filled from ``secret``: the admin's or one role's user (rpc/access.py)."""
+        return {**self.endpoints.amqp_env(), "SWITCHYARD_AMQP_SECRET_ARN": secret.secret_arn}
 
     def _redis_env(self) -> dict[str, str]:
         return self.endpoints.redis_env()
@@ -315,10 +320,14 @@ class FunctionsConstruct(Construct):
 
     def _build_deploy_resources(self) -> dict[str, CustomResource]:
         d = self.config.delay
+        # The admin's one process: it declares the pools and makes every role's user from its secret.
+        users = [{"Role": user.role.value, "Pool": user.pool or "", "SecretArn": secret.secret_arn}
+                 for user, secret in self.broker.users.items()]
         pools_fn, pools = self._custom_resource(
-            "Pools", "deploy_pools", {"Pools": [p.name for p in self.config.pools]}, self._amqp_env()
+            "Pools", "deploy_pools", {"Pools": [p.name for p in self.config.pools], "Users": users},
+            self._amqp_env(self.broker.secret)
         )
-        self._read_secrets(pools_fn, self.broker.secret)
+        self._read_secrets(pools_fn, self.broker.secret, *self.broker.users.values())
         schema_fn, schema = self._custom_resource(
             "DelaySchema",
             "deploy_delay_schema",
@@ -341,9 +350,9 @@ class FunctionsConstruct(Construct):
         return {"pools": pools, "schema": schema, "topics": topics}
 
     # -- RPC control plane, per pool -------------------------------------------------------------
-    def _pool_env(self, pool: PoolConfig, driver: str) -> dict[str, str]:
+    def _pool_env(self, pool: PoolConfig, driver: str, broker_user: secretsmanager.ISecret) -> dict[str, str]:
         env = {
-            **self._amqp_env(),
+            **self._amqp_env(broker_user),
             **self._redis_env(),
             "SWITCHYARD_POOL": pool.name,
             "SWITCHYARD_UNBIND_DELAY": str(pool.unbind_delay_seconds),
@@ -362,10 +371,10 @@ class FunctionsConstruct(Construct):
                         ).subnet_ids,
                     ),
                     "SWITCHYARD_ECS_SECURITY_GROUPS": self.network.workers_sg.security_group_id,
+                    "SWITCHYARD_ECS_CAPACITY_PROVIDER": pool.capacity_provider,
                     "SWITCHYARD_MIN_WORKERS": str(pool.min_workers),
                     "SWITCHYARD_MAX_WORKERS": str(pool.max_workers),
                     "SWITCHYARD_TARGET_BACKLOG": str(pool.target_backlog),
-                    "SWITCHYARD_ECS_CAPACITY_PROVIDER": pool.capacity_provider,
                 }
             )
         return env
@@ -425,15 +434,16 @@ class FunctionsConstruct(Construct):
         made: dict[str, lambda_.Function] = {}
         for role in ("orphans", "dead_letters", "activity", "reconcile"):
             starts_groups = role in ("orphans", "reconcile")
+            broker_user = self.broker.user_secret(POOL_ROLES[role], pool.name)
             fn = self._function(
                 f"{pool.name}-{role}",
                 f"rpc_{role}",
                 service=service,
-                environment=self._pool_env(pool, "ecs" if starts_groups else "noop"),
+                environment=self._pool_env(pool, "ecs" if starts_groups else "noop", broker_user),
                 timeout_s=c.RECONCILE_TIMEOUT_S if role == "reconcile" else c.ESM_TIMEOUT_S,
                 reserved_concurrency=c.RECONCILE_RESERVED_CONCURRENCY if role == "reconcile" else None,
             )
-            self._read_secrets(fn, self.broker.secret, self.data.redis_secret)
+            self._read_secrets(fn, broker_user, self.data.redis_secret)
             if starts_groups:
                 self._ecs_access(fn, pool)
             if role in POOL_QUEUES:
@@ -447,6 +457,9 @@ class FunctionsConstruct(Construct):
             iam.PolicyStatement(actions=["mq:DescribeBroker"], resources=[self.broker.broker.attr_arn])
         )
         self._event_source_network_access(fn)
+        # The pollers log in as the pool's mappings user (read on its three queues) with this role.
+        poller = self.broker.user_secret(BrokerRole.MAPPINGS, pool.name)
+        self._read_secrets(fn, poller)
         mapping = lambda_.CfnEventSourceMapping(
             self,
             f"{pool.name}-{suffix}-source",
@@ -457,7 +470,7 @@ class FunctionsConstruct(Construct):
             maximum_batching_window_in_seconds=pool.batch_window_seconds,
             source_access_configurations=[
                 lambda_.CfnEventSourceMapping.SourceAccessConfigurationProperty(
-                    type="BASIC_AUTH", uri=self.broker.secret.secret_arn
+                    type="BASIC_AUTH", uri=poller.secret_arn
                 ),
                 lambda_.CfnEventSourceMapping.SourceAccessConfigurationProperty(type="VIRTUAL_HOST", uri="/"),
             ],

@@ -56,13 +56,15 @@ def apply_checks(app: App) -> None:
 
 def acknowledge(stack: SwitchyardStack) -> None:
     """Accepted findings of ``stack``, each with its reason."""
-    accept(
-        stack.broker.secret,
-        "SMG4",
-        "Amazon MQ has no managed rotation for broker users: rotating this password needs a custom "
-        "rotation Lambda that also updates the broker user, which is not built yet. The secret is only "
-        "usable from inside the VPC (the broker is not publicly accessible).",
-    )
+    for secret in (stack.broker.secret, *stack.broker.users.values()):
+        accept(
+            secret,
+            "SMG4",
+            "Amazon MQ has no managed rotation for broker users: rotating this password needs a custom "
+            "rotation Lambda that also updates the broker user (the pools custom resource sets the role "
+            "users' passwords from their secrets at each deploy), which is not built yet. The secret is "
+            "only usable from inside the VPC (the broker is not publicly accessible).",
+        )
     _data(stack)
     _functions(stack)
     _workers(stack)

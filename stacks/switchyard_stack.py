@@ -21,6 +21,7 @@ from stacks.network import NetworkConstruct
 from stacks.parameters import ConfigParametersConstruct, ServiceEndpoints
 from stacks.pending import PENDING_CONSTRUCT_ID, PendingConstruct
 from stacks.workers import WorkersConstruct
+from switchyard.rpc.access import BrokerRole
 
 
 class SwitchyardStack(Stack):
@@ -38,7 +39,8 @@ class SwitchyardStack(Stack):
         self.network = NetworkConstruct(self, c.NETWORK_CONSTRUCT_ID, nat_gateways=self.config.nat_gateways)
         self.broker = BrokerConstruct(
             self, c.BROKER_CONSTRUCT_ID, vpc=self.network.vpc, subnets=self.network.egress_subnets,
-            clients=[self.network.functions_sg, self.network.workers_sg, self.network.emr_sg])
+            clients=[self.network.functions_sg, self.network.workers_sg, self.network.emr_sg],
+            pools=[pool.name for pool in self.config.pools])
         self.data = DataConstruct(self, c.DATA_CONSTRUCT_ID, network=self.network, config=self.config)
         self.workers = WorkersConstruct(self, c.WORKERS_CONSTRUCT_ID, network=self.network,
                                         broker=self.broker, config=self.config)
@@ -46,7 +48,9 @@ class SwitchyardStack(Stack):
             amqp_url=self.broker.amqp_url_template, management_url=self.broker.management_url_template,
             redis_url=self.data.redis_url_template, postgres_dsn=self.data.postgres_dsn_template,
             kafka_bootstrap=self.data.kafka_bootstrap, kafka_auth="aws-msk-iam",
-            amqp_secret=self.broker.secret, redis_secret=self.data.redis_secret,
+            # The deployed configuration's broker user is the clients' (the EMR job, an operator's
+            # calls); each function and worker names its own role's secret in its environment.
+            amqp_secret=self.broker.user_secret(BrokerRole.CLIENTS), redis_secret=self.data.redis_secret,
             postgres_secret=self.data.postgres_secret)
         # The callers' default timeout on AWS outlives a new key's wait for a Fargate task.
         self.parameters = ConfigParametersConstruct(self, c.CONFIG_CONSTRUCT_ID, values={
@@ -81,6 +85,7 @@ class SwitchyardStack(Stack):
         outputs = {
             "BrokerArn": self.broker.broker.attr_arn,
             "BrokerSecretArn": self.broker.secret.secret_arn,
+            "BrokerClientsSecretArn": self.broker.user_secret(BrokerRole.CLIENTS).secret_arn,
             "VpcId": self.network.vpc.vpc_id,
             "KafkaClusterArn": self.data.kafka.attr_arn,
             "KafkaBootstrapIam": self.data.kafka_bootstrap,

@@ -19,9 +19,11 @@ from constructs import Construct
 from stacks import constants as c
 from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig, PoolConfig
-from stacks.names import physical_name
+from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct
 from stacks.platform import fargate_platform, worker_image
+from switchyard.aws_secrets import INJECTED_FIELDS
+from switchyard.rpc.access import BrokerRole
 from switchyard.rpc.settings import CALL_TIMEOUT_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +72,7 @@ class WorkersConstruct(Construct):
         return self._built_image
 
     def _task_definition(self, pool: PoolConfig) -> ecs.FargateTaskDefinition:
+        secret = self.broker.user_secret(BrokerRole.WORKERS, pool.name)
         task = ecs.FargateTaskDefinition(
             self,
             f"Worker-{pool.name}",
@@ -91,12 +94,11 @@ class WorkersConstruct(Construct):
                 "SWITCHYARD_LOG_LEVEL": c.LOG_LEVEL,
                 **self.rpc_env,  # a handler that calls another pool waits as long as any caller
                 "POWERTOOLS_SERVICE_NAME": f"switchyard-{pool.name}-worker",
-                "POWERTOOLS_METRICS_NAMESPACE": c.METRICS_NAMESPACE,
+                "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace(self),
                 "WORKER_POOL": pool.name,  # WORKER_KEY, WORKER_ID...: set per task by the driver
             },
-            secrets={
-                "SWITCHYARD_AMQP_USERNAME": ecs.Secret.from_secrets_manager(self.broker.secret, "username"),
-                "SWITCHYARD_AMQP_PASSWORD": ecs.Secret.from_secrets_manager(self.broker.secret, "password"),
-            },
+            # The pool's workers user (switchyard/rpc/access.py): its request queues, replies, activity.
+            secrets={f"SWITCHYARD_AMQP_{field.upper()}": ecs.Secret.from_secrets_manager(secret, field)
+                     for field in INJECTED_FIELDS},
         )
         return task

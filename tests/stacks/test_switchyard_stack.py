@@ -256,7 +256,7 @@ def test_every_handler_is_deployed_with_layer_tracing_vpc_and_powertools(resourc
             assert props["TracingConfig"] == {"Mode": "Active"}, module
             assert props["VpcConfig"]["SecurityGroupIds"], module
             env = props["Environment"]["Variables"]
-            assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Switchyard", module
+            assert env["POWERTOOLS_METRICS_NAMESPACE"] == f"Switchyard/{c.STACK_ID}", module  # its own
             assert env["POWERTOOLS_SERVICE_NAME"].startswith("switchyard-"), module
             assert env["POWERTOOLS_LOG_LEVEL"] == "INFO", module
 
@@ -333,7 +333,8 @@ def test_each_function_reaches_only_its_own_services(resources: Resources) -> No
 # -- event sources and schedules -----------------------------------------------------------------
 def test_amazon_mq_mappings_for_the_three_queues_of_every_pool(resources: Resources) -> None:
     broker, _ = only(resources, "AWS::AmazonMQ::Broker")
-    secret = next(k for k in of_type(resources, "AWS::SecretsManager::Secret") if "BrokerAdminSecret" in k)
+    # The pollers log in as the pool's mappings user (tests/stacks/test_broker_users.py), not the admin.
+    secret = next(k for k in of_type(resources, "AWS::SecretsManager::Secret") if "mappings" in k)
     mq = {
         m["Properties"]["Queues"][0]: m["Properties"]
         for m in of_type(resources, "AWS::Lambda::EventSourceMapping").values()
