@@ -29,7 +29,7 @@ from stacks import constants as c
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.monitoring import PERIOD, AlarmSpec, MonitoringConstruct
-from stacks.names import physical_name
+from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct, allow_from
 from stacks.platform import fargate_platform, worker_image
 from stacks.workers import WorkersConstruct
@@ -152,7 +152,7 @@ class BusConstruct(Construct):
                 "SWITCHYARD_BUS_NAME": BUS_NAME,
                 "SWITCHYARD_LOG_LEVEL": c.LOG_LEVEL,
                 "POWERTOOLS_SERVICE_NAME": BUS_SERVICE,
-                "POWERTOOLS_METRICS_NAMESPACE": c.METRICS_NAMESPACE,
+                "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace(self),
                 "POWERTOOLS_METRICS_DISABLED": "false",  # the CLI turns EMF off unless told otherwise
             },
             secrets={"SWITCHYARD_REDIS_PASSWORD":
@@ -175,9 +175,8 @@ class BusConstruct(Construct):
             circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
         )
 
-    @staticmethod
-    def _bus_metric(name: str, statistic: str) -> cw.Metric:
-        return cw.Metric(namespace=c.METRICS_NAMESPACE, metric_name=name, dimensions_map={"Bus": "all"},
+    def _bus_metric(self, name: str, statistic: str) -> cw.Metric:
+        return cw.Metric(namespace=metrics_namespace(self), metric_name=name, dimensions_map={"Bus": "all"},
                          statistic=statistic, period=PERIOD)
 
     def _alarm_specs(self) -> list[AlarmSpec]:

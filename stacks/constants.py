@@ -106,7 +106,6 @@ CPU_ARCHITECTURE = "x86_64"
 LAYER_DIR = "layers/build/switchyard"  # what layers/build.sh writes, relative to the repository
 FUNCTIONS_DIR = "functions"
 LAMBDA_MEMORY_MB = 512
-METRICS_NAMESPACE = "Switchyard"
 LOG_LEVEL = "INFO"
 ESM_TIMEOUT_S = 60  # one batch: forward / answer / track, all confirmed
 RECONCILE_TIMEOUT_S = 60

@@ -1,6 +1,7 @@
 """CloudWatch: the alarms (each threshold says why), the SNS topic they notify, one dashboard.
 
-Metrics come from three places: the handlers (Powertools EMF, namespace ``Switchyard``, dimension
+Metrics come from three places: the handlers (Powertools EMF, the stack's own namespace
+``Switchyard/<stack name>`` (stacks/names.py: a second stack's traffic never reaches these alarms), dimension
 ``service`` = ``switchyard-{pool}`` or ``switchyard-delay``), the reconciler (``QueueDepth`` per
 ``WorkerGroup``: Amazon MQ 4.x publishes no per-queue metric) and AWS's own (Lambda, RDS,
 ElastiCache, ECS).
@@ -28,7 +29,7 @@ from stacks import constants as c
 from stacks.config import DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
-from stacks.names import alarm_name, dashboard_name
+from stacks.names import alarm_name, dashboard_name, metrics_namespace
 from stacks.workers import WorkersConstruct
 from switchyard.observability import DELAY_SERVICE, pool_service
 
@@ -111,10 +112,9 @@ class MonitoringConstruct(Construct):
             topic.add_subscription(subscriptions.EmailSubscription(self.config.alarm_email))
 
     # -- metrics ---------------------------------------------------------------------------------
-    @staticmethod
-    def emf(name: str, service: str, statistic: str = "Sum", period: Duration = PERIOD) -> cw.Metric:
+    def emf(self, name: str, service: str, statistic: str = "Sum", period: Duration = PERIOD) -> cw.Metric:
         return cw.Metric(
-            namespace=c.METRICS_NAMESPACE,
+            namespace=metrics_namespace(self),
             metric_name=name,
             dimensions_map={"service": service},
             statistic=statistic,
@@ -130,12 +130,11 @@ class MonitoringConstruct(Construct):
         return cw.MathExpression(expression=" + ".join(metrics), using_metrics=inputs, label=label,
                                  period=self.period)
 
-    @staticmethod
-    def queue_depth(pool: PoolConfig) -> cw.MathExpression:
+    def queue_depth(self, pool: PoolConfig) -> cw.MathExpression:
         """The deepest worker group queue of the pool (Metrics Insights: groups come and go)."""
         return cw.MathExpression(
             expression=(
-                f'SELECT MAX(QueueDepth) FROM SCHEMA("{c.METRICS_NAMESPACE}", WorkerGroup, service) '
+                f'SELECT MAX(QueueDepth) FROM SCHEMA("{metrics_namespace(self)}", WorkerGroup, service) '
                 f"WHERE service = '{pool_service(pool.name)}'"
             ),
             label=f"{pool.name}: deepest worker group queue",
@@ -195,7 +194,7 @@ class MonitoringConstruct(Construct):
                 "rabbitmq-dead-lettering-stranded",
                 cw.MathExpression(
                     expression=("SELECT MAX(ReconcileDeadLetteringStranded) "
-                                f'FROM SCHEMA("{c.METRICS_NAMESPACE}", service)'),
+                                f'FROM SCHEMA("{metrics_namespace(self)}", service)'),
                     label="broker probes that found at-least-once dead-lettering stranded",
                     period=PERIOD,
                 ),

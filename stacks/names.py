@@ -7,7 +7,8 @@ the other's workers. Resources that need no name get none (CloudFormation makes 
 the ones whose name is required (the broker, MSK, the ElastiCache group), read by people (alarms,
 the dashboard, the APIs, the EMR application) or read by code, which gets it from its environment or
 the deployed configuration, never from a constant: the control plane's ``SWITCHYARD_ECS_TASK_DEFINITION``,
-``SWITCHYARD_ALARM_PREFIX`` (``switchyard alarms``).
+``SWITCHYARD_ALARM_PREFIX`` (``switchyard alarms``). Metrics are not resources but collide the same
+way: each stack has its own namespace (``metrics_namespace``), which its alarms and dashboard read.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import re
 from aws_cdk import Stack
 from constructs import Construct
 
-from switchyard.deployed_config import ALARM_PREFIX_ENV
+from switchyard.deployed_config import ALARM_PREFIX_ENV, METRICS_NAMESPACE_ENV
+from switchyard.deployed_config import metrics_namespace as stack_metrics_namespace
 
 DIGEST_CHARS = 8
 
@@ -52,6 +54,11 @@ def dashboard_name(scope: Construct) -> str:
     return Stack.of(scope).stack_name
 
 
+def metrics_namespace(scope: Construct) -> str:
+    """The stack's CloudWatch namespace: its functions and tasks emit there, its alarms read there."""
+    return stack_metrics_namespace(Stack.of(scope).stack_name)
+
+
 def runtime_names(scope: Construct) -> dict[str, str]:
     """The names that code reads at run time, for the deployed configuration (SSM)."""
-    return {ALARM_PREFIX_ENV: alarm_prefix(scope)}
+    return {ALARM_PREFIX_ENV: alarm_prefix(scope), METRICS_NAMESPACE_ENV: metrics_namespace(scope)}

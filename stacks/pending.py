@@ -23,7 +23,7 @@ from stacks import constants as c
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.monitoring import AlarmSpec, MonitoringConstruct
-from stacks.names import physical_name
+from stacks.names import metrics_namespace, physical_name
 
 API_TIMEOUT_S = 29  # API Gateway REST's integration limit; the function's timeout matches it
 STREAMS_PREFIX = "streams/"
@@ -125,11 +125,10 @@ class PendingConstruct(Construct):
         self.alarms = [monitoring._alarm(spec) for spec in self._specs(monitoring)]
         self._acknowledge()
 
-    @staticmethod
-    def _sum(metric: str, label: str) -> cw.MathExpression:
+    def _sum(self, metric: str, label: str) -> cw.MathExpression:
         """``metric`` summed over every endpoint (Metrics Insights: endpoints come and go)."""
         return cw.MathExpression(
-            expression=f'SELECT SUM({metric}) FROM SCHEMA("{c.METRICS_NAMESPACE}", Endpoint)',
+            expression=f'SELECT SUM({metric}) FROM SCHEMA("{metrics_namespace(self)}", Endpoint)',
             label=label,
             period=Duration.minutes(c.ALARM_PERIOD_MINUTES),
         )

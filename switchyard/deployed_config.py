@@ -25,6 +25,8 @@ CONFIG_PATH_ENV = "SWITCHYARD_CONFIG_PATH"
 CONFIG_MAX_AGE_ENV = "SWITCHYARD_CONFIG_MAX_AGE"
 # Names of the stack's own resources that code reads at run time (the deployment writes them too):
 ALARM_PREFIX_ENV = "SWITCHYARD_ALARM_PREFIX"  # every alarm of the stack is named {prefix}{alarm}
+METRICS_NAMESPACE_ENV = "SWITCHYARD_METRICS_NAMESPACE"  # the stack's metrics: metrics_namespace(stack)
+DEFAULT_METRICS_NAMESPACE = "Switchyard"  # a process of no stack (local runs, tests)
 DEFAULT_MAX_AGE_S = 300
 VARIABLE_RE = re.compile(r"^SWITCHYARD_[A-Z0-9_]+$")
 STACK_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")  # CloudFormation's stack name rule
@@ -40,6 +42,12 @@ def config_path(stack_name: str) -> str:
         raise ConfigError(f"invalid stack name {stack_name!r}: letters, digits and hyphens, "
                           "starting with a letter, at most 128 characters")
     return f"/switchyard/{stack_name}/config/"
+
+
+def metrics_namespace(stack_name: str) -> str:
+    """The stack's own CloudWatch namespace: two stacks in one account (staging beside production)
+    emit the same metric names and dimensions, so each stack's alarms must read its own namespace."""
+    return f"{DEFAULT_METRICS_NAMESPACE}/{stack_name}"
 
 
 def _max_age(environ: MutableMapping[str, str]) -> int:

@@ -20,7 +20,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 from aws_lambda_powertools.utilities.data_classes import event_source
 
-from switchyard.deployed_config import load_deployed_config
+from switchyard.deployed_config import DEFAULT_METRICS_NAMESPACE, METRICS_NAMESPACE_ENV, load_deployed_config
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "switchyard"
 # The ``service`` dimension of each part's metrics: the deployed functions carry it (stacks/) and the
@@ -33,7 +33,14 @@ DEPLOY_SERVICE = "switchyard-deploy"
 def pool_service(pool: str) -> str:
     """The service of a pool's control-plane functions (``switchyard-<pool>``)."""
     return f"switchyard-{pool}"
-METRICS_NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "Switchyard"
+
+
+def metrics_namespace() -> str:
+    """This process's namespace: Powertools' variable (each deployed function and task has its stack's),
+    else the deployed stack's configuration (``switchyard --stack NAME`` loaded it), else the default."""
+    return (os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or os.environ.get(METRICS_NAMESPACE_ENV)
+            or DEFAULT_METRICS_NAMESPACE)
+
 
 
 REDACTED = "<redacted>"
@@ -102,7 +109,7 @@ def _build_tracer() -> Tracer | NoTracer:
 
 
 logger = _build_logger()
-metrics = Metrics(namespace=METRICS_NAMESPACE, service=SERVICE)
+metrics = Metrics(namespace=metrics_namespace(), service=SERVICE)
 tracer = _build_tracer()
 _provider_factory: Callable[..., AmazonCloudWatchEMFProvider] | None = None
 
@@ -116,6 +123,7 @@ def use_metrics_provider(factory: Callable[..., AmazonCloudWatchEMFProvider] | N
     """
     global _provider_factory
     _provider_factory = factory
+    metrics.namespace = metrics_namespace()  # the stack's, if its configuration was loaded since import
     metrics.provider = (factory or AmazonCloudWatchEMFProvider)(
         namespace=metrics.namespace, service=metrics.service, metric_set=metrics.metric_set,
         dimension_set=metrics.dimension_set, metadata_set=metrics.metadata_set,
@@ -141,12 +149,12 @@ def emit_gauge(name: str, value: float, dimension: str, dimension_value: str) ->
     if is_metrics_disabled():
         return
     if _provider_factory is not None:  # the local runtime's provider (its CloudWatch shipper)
-        gauge = _provider_factory(namespace=METRICS_NAMESPACE, service=metrics.service)
+        gauge = _provider_factory(namespace=metrics.namespace, service=metrics.service)
         gauge.add_dimension(name=dimension, value=dimension_value)
         gauge.add_metric(name=name, unit=MetricUnit.Count, value=value)
         gauge.flush_metrics()
         return
-    with single_metric(name=name, unit=MetricUnit.Count, value=value, namespace=METRICS_NAMESPACE) as metric:
+    with single_metric(name=name, unit=MetricUnit.Count, value=value, namespace=metrics.namespace) as metric:
         metric.add_dimension(name=dimension, value=dimension_value)
 
 

@@ -10,7 +10,7 @@ from stacks.localstack_deploy import Deployment
 from stacks.localstack_stack import LOCAL_BROKER_CREDENTIALS
 from switchyard.aws_secrets import fill
 from switchyard.config import Connections
-from switchyard.deployed_config import config_path
+from switchyard.deployed_config import config_path, metrics_namespace
 
 SHARED = {"SWITCHYARD_AMQP_URL", "SWITCHYARD_MANAGEMENT_URL", "SWITCHYARD_AMQP_SECRET_ARN",
           "SWITCHYARD_REDIS_URL", "SWITCHYARD_POSTGRES_DSN", "SWITCHYARD_KAFKA_BOOTSTRAP",
@@ -51,8 +51,9 @@ def test_alarms_watch_switchyard_metrics_and_notify_the_topic(localstack_deploym
     alarms = {a["AlarmName"]: a for a in aws("cloudwatch").describe_alarms(AlarmNamePrefix="switchyard-")[
         "MetricAlarms"]}
     poison, overdue = alarms["switchyard-core-poison-growing"], alarms["switchyard-delay-messages-overdue"]
+    own = metrics_namespace(localstack_deployment.stack_name)  # the stack's own: no other stack's traffic
     assert (poison["Namespace"], poison["MetricName"], poison["Statistic"]) == (
-        "Switchyard", "DeadLetterPoisoned", "Sum")
+        own, "DeadLetterPoisoned", "Sum")
     assert poison["Dimensions"] == [{"Name": "service", "Value": "switchyard-core"}]
     assert (poison["Period"], poison["Threshold"], poison["EvaluationPeriods"]) == (10, 1.0, 1)
     assert (overdue["MetricName"], overdue["Statistic"], overdue["EvaluationPeriods"]) == (
@@ -65,4 +66,4 @@ def test_alarms_watch_switchyard_metrics_and_notify_the_topic(localstack_deploym
         assert alarm["AlarmActions"] == [topic], name
         metrics = [alarm] if "MetricName" in alarm else [m["MetricStat"]["Metric"] for m in alarm["Metrics"]
                                                           if "MetricStat" in m]
-        assert all(m["Namespace"] == "Switchyard" for m in metrics), name
+        assert all(m["Namespace"] == own for m in metrics), name

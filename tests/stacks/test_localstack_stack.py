@@ -12,6 +12,7 @@ from aws_cdk.assertions import Template
 from stacks import constants as c
 from stacks.application import build_app
 from stacks.config import ConfigError
+from switchyard.deployed_config import metrics_namespace
 from switchyard.rpc.settings import CALL_TIMEOUT_ENV
 from tests.stacks.conftest import synth
 from tests.stacks.test_switchyard_stack import actions_of, of_type, policy_statements, switchyard_functions
@@ -104,7 +105,7 @@ def test_switchyard_alarms_are_shared_and_aws_alarms_are_not(local: tuple[Templa
         assert len(props["AlarmActions"]) == 1, name
     poison = here["core-poison-growing"]
     assert (poison["Namespace"], poison["Period"], there["core-poison-growing"]["Period"]) == (
-        "Switchyard", c.LOCALSTACK_ALARM_PERIOD_S, 300)
+        metrics_namespace(local[2].stack_name), c.LOCALSTACK_ALARM_PERIOD_S, 300)  # each stack its own
     assert not [n for n in here if "errors-or-throttles" in n or n.startswith(("postgres", "elasticache"))]
 
 
