@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import socket
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +18,9 @@ from switchyard.errors import BrokerUnavailableError, ConfigError
 
 HEARTBEAT_ENV = "SWITCHYARD_AMQP_HEARTBEAT"
 DEFAULT_HEARTBEAT_S = 30
+# struct tcp_info up to tcpi_last_ack_recv: 8 one-byte fields, 9 u32, then last_data_sent,
+# last_ack_sent, last_data_recv, last_ack_recv (ms ago).
+TCP_INFO_LAYOUT = "8B9I4I"
 
 
 def heartbeat_from_env() -> int:
@@ -45,7 +50,6 @@ def connect(amqp_url: str, name: str, heartbeat: int | None = None) -> pika.Bloc
             "Check SWITCHYARD_AMQP_URL, or start the local stack with ./dev services."
         ) from exc
     _coalesce_writes(connection)
-    _heard_from(connection)  # from now on, is_alive knows when the broker was last heard
     return connection
 
 
@@ -64,18 +68,20 @@ def is_alive(connection: pika.BlockingConnection | None) -> bool:
 
 
 def _heard_from(connection: pika.BlockingConnection) -> bool:
-    """Whether the broker sent anything within two heartbeat intervals. An idle broker sends
-    heartbeats, so a kept connection that received nothing for that long goes through a half-open
-    socket (the path dropped without a RST); trusted, it would fail only at the next publish's
-    confirm timeout (30 s more), while the control plane's orphans wait."""
-    impl = connection._impl
-    received, now = impl.bytes_received, time.monotonic()
-    last = getattr(connection, "_switchyard_heard", None)
-    if last is None or last[0] != received:
-        connection._switchyard_heard = (received, now)  # type: ignore[attr-defined]
+    """Whether the broker sent anything within two heartbeat intervals, by the kernel's own record
+    (TCP_INFO's last data received; Linux). An idle broker sends heartbeats, so a kept connection
+    that received nothing for that long goes through a half-open path (dropped without a RST):
+    trusted, it failed only at the next publish's confirm timeout or heartbeat check, while the
+    control plane's orphans waited. Where the record cannot be read, the connection is trusted."""
+    heartbeat = connection._impl.params.heartbeat
+    if not heartbeat:
         return True
-    heartbeat = impl.params.heartbeat
-    return not heartbeat or now - last[1] <= 2 * heartbeat
+    try:
+        info = connection._impl._transport._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        last_data_recv_ms = struct.unpack_from(TCP_INFO_LAYOUT, info)[-2]
+    except (AttributeError, OSError, struct.error):
+        return True
+    return last_data_recv_ms <= 2 * heartbeat * 1000
 
 
 def redact(url: str) -> str:

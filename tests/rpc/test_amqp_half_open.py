@@ -8,18 +8,29 @@ from __future__ import annotations
 import time
 from urllib.parse import urlsplit
 
+import pika
+import pytest
+
 from switchyard.config import Connections
-from switchyard.rpc.amqp import connect, is_alive
+from switchyard.rpc.amqp import HEARTBEAT_ENV, connect, is_alive
+from switchyard.rpc.publisher import ConfirmingPublisher, Outgoing
 from tests.pending.tcp_proxy import CuttableProxy
 
 HEARTBEAT_S = 1
 
 
-def test_a_kept_connection_through_a_half_open_path_is_not_alive() -> None:
+def _through(proxy: CuttableProxy) -> str:
     url = urlsplit(Connections.from_env().amqp_url)
-    proxy = CuttableProxy(url.port or 5672)
-    connection = connect(url._replace(netloc=f"{url.netloc.rpartition('@')[0]}@{proxy.address}").geturl(),
-                         "half-open-test", heartbeat=HEARTBEAT_S)
+    return url._replace(netloc=f"{url.netloc.rpartition('@')[0]}@{proxy.address}").geturl()
+
+
+def _proxy() -> CuttableProxy:
+    return CuttableProxy(urlsplit(Connections.from_env().amqp_url).port or 5672)
+
+
+def test_a_kept_connection_through_a_half_open_path_is_not_alive() -> None:
+    proxy = _proxy()
+    connection = connect(_through(proxy), "half-open-test", heartbeat=HEARTBEAT_S)
     try:
         assert is_alive(connection)
         proxy.hang(60)
@@ -40,3 +51,23 @@ def test_an_idle_connection_to_a_live_broker_stays_alive() -> None:
         assert is_alive(connection)
     finally:
         connection.close()
+
+
+def test_a_publisher_whose_connection_went_half_open_after_use_publishes_on_a_new_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Used, then the path goes silent; the next batch opens a new connection (new ones get
+    through again after 1 s) instead of waiting on the dead one for a confirm."""
+    monkeypatch.setenv(HEARTBEAT_ENV, str(HEARTBEAT_S))
+    proxy = _proxy()
+    publisher = ConfirmingPublisher(_through(proxy), "half-open-publisher")
+    message = Outgoing("", "switchyard-no-such-queue", b"x", pika.BasicProperties())
+    try:
+        assert publisher.publish_all([message]) == 1
+        proxy.hang(1)
+        time.sleep(2 * HEARTBEAT_S + 1)
+        started = time.monotonic()
+        assert publisher.publish_all([message], timeout=10) == 1
+        assert time.monotonic() - started < 1.0
+    finally:
+        publisher.close()
+        proxy.close()
