@@ -49,8 +49,10 @@ class PendingRig:
         self.prefix = unique("faults-pq")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # A request the dying node popped comes back after the processor timeout: 6 s keeps the run
+        # short and still leaves a live processor three heartbeats to claim what it holds.
         self.settings = replace(PendingSettings.from_env(), prefix=self.prefix, heartbeat_initial_delay_s=1.0,
-                                heartbeat_interval_s=2.0, processor_timeout_s=20.0, sender_timeout_s=20.0)
+                                heartbeat_interval_s=2.0, processor_timeout_s=6.0, sender_timeout_s=20.0)
         self.node = Service(["pending", "serve", "--port", str(self.port), "--threads", "64"], {
             **env_for(self.settings), "SWITCHYARD_PENDING_TOKENS": json.dumps({ENDPOINT: TOKEN}),
             "SWITCHYARD_PENDING_HTTP_POLL_WAIT": "5",
