@@ -10,13 +10,13 @@ from stacks.localstack_deploy import Deployment
 from stacks.localstack_stack import LOCAL_BROKER_CREDENTIALS
 from switchyard.aws_secrets import fill
 from switchyard.config import Connections
-from switchyard.deployed_config import config_path, metrics_namespace
+from switchyard.deployed_config import ALARM_PREFIX_ENV, METRICS_NAMESPACE_ENV, config_path, metrics_namespace
 
 SHARED = {"SWITCHYARD_AMQP_URL", "SWITCHYARD_MANAGEMENT_URL", "SWITCHYARD_AMQP_SECRET_ARN",
           "SWITCHYARD_REDIS_URL", "SWITCHYARD_POSTGRES_DSN", "SWITCHYARD_KAFKA_BOOTSTRAP",
           "SWITCHYARD_KAFKA_AUTH",
           "SWITCHYARD_DELAY_INPUT_TOPIC", "SWITCHYARD_DELAY_OUTPUT_TOPIC", "SWITCHYARD_DELAY_SCHEMA",
-          "SWITCHYARD_DELAY_CONSUMER_GROUP"}
+          "SWITCHYARD_DELAY_CONSUMER_GROUP", ALARM_PREFIX_ENV, METRICS_NAMESPACE_ENV}
 
 
 def parameters(aws: Any, path: str) -> dict[str, str]:
@@ -42,15 +42,17 @@ def test_parameters_and_secret_give_the_local_services(localstack_deployment: De
     assert values["SWITCHYARD_POSTGRES_DSN"] == local.postgres_dsn
     assert values["SWITCHYARD_KAFKA_BOOTSTRAP"] == local.kafka_bootstrap
     assert values["SWITCHYARD_KAFKA_AUTH"] == "none"
+    assert values[METRICS_NAMESPACE_ENV] == metrics_namespace(localstack_deployment.stack_name)
 
 
 def test_alarms_watch_switchyard_metrics_and_notify_the_topic(localstack_deployment: Deployment,
                                                               aws: Any) -> None:
     topic = localstack_deployment.outputs["AlarmTopicArn"]
     aws("sns").get_topic_attributes(TopicArn=topic)  # the topic exists
-    alarms = {a["AlarmName"]: a for a in aws("cloudwatch").describe_alarms(AlarmNamePrefix="switchyard-")[
-        "MetricAlarms"]}
-    poison, overdue = alarms["switchyard-core-poison-growing"], alarms["switchyard-delay-messages-overdue"]
+    prefix = f"{localstack_deployment.stack_name}-"  # alarm names start with the stack's
+    alarms = {a["AlarmName"].removeprefix(prefix): a for a in aws("cloudwatch").describe_alarms(
+        AlarmNamePrefix=prefix)["MetricAlarms"]}
+    poison, overdue = alarms["core-poison-growing"], alarms["delay-messages-overdue"]
     own = metrics_namespace(localstack_deployment.stack_name)  # the stack's own: no other stack's traffic
     assert (poison["Namespace"], poison["MetricName"], poison["Statistic"]) == (
         own, "DeadLetterPoisoned", "Sum")
@@ -59,8 +61,8 @@ def test_alarms_watch_switchyard_metrics_and_notify_the_topic(localstack_deploym
     assert (overdue["MetricName"], overdue["Statistic"], overdue["EvaluationPeriods"]) == (
         "DelayMessagesOverdue", "Maximum", 2)
     assert overdue["Dimensions"] == [{"Name": "service", "Value": "switchyard-delay"}]
-    names = localstack_deployment.outputs["AlarmNames"].split(",")
-    assert {"switchyard-core-poison-growing", "switchyard-delay-messages-overdue"} <= set(names)
+    names = [n.removeprefix(prefix) for n in localstack_deployment.outputs["AlarmNames"].split(",")]
+    assert {"core-poison-growing", "delay-messages-overdue"} <= set(names)
     for name in names:
         alarm = alarms[name]
         assert alarm["AlarmActions"] == [topic], name
