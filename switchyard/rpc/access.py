@@ -9,7 +9,8 @@ the README's deploy section has the same as a table):
   (poison copies, negative answers) / the request exchange (a bind's source);
 - dead-letters: nothing / ``amq.default`` (answers, poison copies) / nothing;
 - activity: declare request queues / bind them / the request exchange;
-- reconcile: delete request queues and the probe's queues / unbind and bind / the request exchange;
+- reconcile: delete request queues and the probe's queues / unbind and bind / the request queues
+  (the leaderless-queue probe consumes one: refused, it would read as silence and delete the queue);
 - mappings (the event source mappings' pollers): nothing / nothing / the orphan, dl, activity queues;
 - workers (users' code): nothing / ``amq.default`` (replies, sheds) and the activity exchange /
   the request queues;
@@ -94,7 +95,7 @@ def _pool_permissions(role: BrokerRole, pool: str) -> Permissions:
         BrokerRole.DEAD_LETTERS: Permissions(write=p.names_pattern(p.DEFAULT_EXCHANGE_RESOURCE)),
         BrokerRole.ACTIVITY: binds,
         BrokerRole.RECONCILE: Permissions(configure=p.any_of(requests, p.DEAD_LETTER_PROBE_PATTERN),
-                                          write=requests, read=exchange, tags=(POLICYMAKER,)),
+                                          write=requests, read=requests, tags=(POLICYMAKER,)),
         BrokerRole.MAPPINGS: Permissions(
             read=p.names_pattern(p.orphan_queue(pool), p.dl_queue(pool), p.activity_queue(pool))),
         BrokerRole.WORKERS: Permissions(

@@ -27,6 +27,7 @@ from switchyard import deploy
 from switchyard.config import Connections
 from switchyard.rpc import protocol as p
 from switchyard.rpc.access import BrokerRole, BrokerUser, deployment_users
+from switchyard.rpc.amqp import consume_answered
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.control_plane import ControlPlane, ControlSettings
 from switchyard.rpc.drivers.noop import NoopDriver
@@ -170,6 +171,10 @@ def test_every_role_does_its_job_as_its_own_user(deployed: Deployed, workers: Wo
     # on its turn among every pool on the broker: run as the reconciler runs it.
     with PoolTopology(pool, deployed.settings(BrokerRole.RECONCILE)) as topology:
         assert topology.probe_dead_lettering().detail
+        # And its leaderless-queue probe, a consume on a request queue: a refusal would read as silence.
+        topology.ensure_request_queue("k2")
+    assert consume_answered(deployed.settings(BrokerRole.RECONCILE).connections.amqp_url,
+                            p.request_queue(pool, "k2"), 10.0)
 
     # The dead-letter responder answers a dead letter on the caller's reply queue and keeps the poison.
     connection = deployed.connect(BrokerRole.CLIENTS)
@@ -259,7 +264,7 @@ REFUSED: list[tuple[BrokerRole, str, Operation]] = [
      _publish(lambda d: p.req_exchange(d.other), lambda d: "k1")),
     (BrokerRole.ACTIVITY, "publish through the default exchange", _publish(lambda d: "", _own_request_queue)),
     (BrokerRole.ACTIVITY, "read a request queue", _consume(_own_request_queue)),
-    (BrokerRole.RECONCILE, "read a request queue", _consume(_own_request_queue)),
+    (BrokerRole.RECONCILE, "read another pool's request queue", _consume(_other_request_queue)),
     (BrokerRole.RECONCILE, "delete its orphan queue", _delete(lambda d: p.orphan_queue(d.pool))),
     (BrokerRole.RECONCILE, "delete another pool's request queue", _delete(_other_request_queue)),
     (BrokerRole.RECONCILE, "publish through the default exchange",
