@@ -22,7 +22,7 @@ from switchyard.local.cli import quiet_metrics
 from switchyard.local.http_gateway import HttpGateway
 from switchyard.redis_client import connect_redis
 from tests.bus.conftest import ROOT_KEY, Client, Subscriber, drop_bus, fast_settings
-from tests.conftest import unique, wait_for
+from tests.conftest import unique
 from tests.faults.account import Account, recovery_after
 from tests.faults.procs import Service
 
@@ -106,14 +106,8 @@ class BusRig:
         assert response.status_code == 200, response.text
 
     def kill_mid_delivery(self) -> tuple[float, float]:
-        """SIGKILL the worker while a subscriber handles one of its batches; start it again. Returns
-        when it was killed and when it was started again (time.monotonic())."""
-        wait_for(lambda: self.busy > 0, timeout=30, interval=0.005, what="a batch in delivery")
-        self.worker.sigkill()
-        killed = time.monotonic()
-        time.sleep(0.5)
-        self.worker.start()
-        return killed, time.monotonic()
+        """SIGKILL the worker while a subscriber handles one of its batches; start it again."""
+        return self.worker.sigkill_holding(lambda: self.busy > 0, "a batch in delivery", 0.5)
 
 
 def run_bus(scenario: str, size: BusSize, workdir: Path) -> Account:

@@ -93,14 +93,8 @@ class PendingRig:
         self.node.stop()
 
     def kill_with_requests_taken(self) -> tuple[float, float]:
-        """SIGKILL the node while the service holds requests; start it again. Returns when it was
-        killed and when it was started again (time.monotonic())."""
-        wait_for(lambda: self.holding > 0, timeout=30, interval=0.005, what="a request taken")
-        self.node.sigkill()
-        killed = time.monotonic()
-        time.sleep(1.0)
-        self.node.start()
-        return killed, time.monotonic()
+        """SIGKILL the node while the service holds requests; start it again 1 s later."""
+        return self.node.sigkill_holding(lambda: self.holding > 0, "a request taken", 1.0)
 
 
 def run_pending(scenario: str, size: PendingSize, workdir: Path) -> Account:

@@ -7,9 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import subprocess_env
+from tests.conftest import subprocess_env, wait_for
 
 
 def pids_with_env(name: str, value: str) -> list[int]:
@@ -64,6 +66,16 @@ class Service:
         assert self.proc is not None and self.alive(), f"{self.args[0]} is not running; see {self.log}"
         self.proc.kill()
         self.proc.wait(10)
+
+    def sigkill_holding(self, holding: Callable[[], bool], what: str, down_s: float) -> tuple[float, float]:
+        """SIGKILL once ``holding()`` says it has work in hand, start it again ``down_s`` later.
+        Returns when it was killed and when it was started again (time.monotonic())."""
+        wait_for(holding, timeout=30, interval=0.005, what=what)
+        self.sigkill()
+        killed = time.monotonic()
+        time.sleep(down_s)
+        self.start()
+        return killed, time.monotonic()
 
     def stop(self) -> None:
         """SIGTERM (a clean stop), SIGKILL after 20 s; then reap anything it left behind."""
