@@ -25,6 +25,11 @@ after its deadline is rejected without requeue (dead-lettered as ``rejected``). 
 counts: the unacked request returns to the queue with its delivery count raised. On SIGTERM the
 request in hand is finished and answered, and prefetched ones are shed the same way.
 
+A worker may start before its request queue exists: the orphan handler marks a new key active and
+then declares its queue, and the group can be started in between (by the reconciler, which reads
+the state); on a loaded machine the worker's consume comes first. It waits for the queue, up to
+``WORKER_QUEUE_WAIT`` seconds (default 30), then fails with ``TopologyError`` (exit 1).
+
 Activity reports (``started``, ``request-received``) go to the pool's activity exchange, with the
 worker key as routing key; ``request-received`` is sent at most once per activity interval
 (0 sends one per request), which is all the activity tracker needs.
@@ -102,6 +107,7 @@ class WorkerConfig:
     activity_exchange: str
     prefetch: int = 4
     activity_interval: float = 1.0
+    queue_wait: float = 30.0  # seconds to wait for a request queue that does not exist yet
 
     @classmethod
     def from_env(
@@ -121,6 +127,7 @@ class WorkerConfig:
             activity_exchange=env.get("WORKER_ACTIVITY_EXCHANGE") or p.activity_exchange(pool),
             prefetch=int(env.get("WORKER_PREFETCH") or settings.worker_prefetch),
             activity_interval=float(env.get("WORKER_ACTIVITY_INTERVAL") or settings.activity_interval),
+            queue_wait=float(env.get("WORKER_QUEUE_WAIT") or 30.0),
         )
 
 
@@ -130,6 +137,7 @@ class WorkerStats:
     errors: int = 0
     requeued: int = 0
     no_reply_to: int = 0
+    waited_for_queue: int = 0  # consumes refused (404) before the request queue was declared
 
 
 def load_handler(spec: str) -> Handler:
@@ -230,21 +238,12 @@ class Worker:
         self._connection = connection
         handler_thread = threading.Thread(target=self._serve, name="switchyard-handler", daemon=True)
         try:
-            channel = connection.channel()
-            self._channel = channel
-            channel.basic_qos(prefetch_count=cfg.prefetch)
             self._shed_channel = connection.channel()
             enable_async_confirms(self._shed_channel, self._on_shed_confirm)
-            self._report(p.Event.STARTED)
-            try:
-                tag = channel.basic_consume(cfg.requests_queue, self._on_request)
-            except pika.exceptions.ChannelClosedByBroker as exc:
-                if exc.reply_code == NOT_FOUND:
-                    raise TopologyError(
-                        f"request queue {cfg.requests_queue!r} does not exist; it is created by the "
-                        "orphan handler, or by `switchyard pool bind`"
-                    ) from exc
-                raise
+            consuming = self._consume(connection)
+            if consuming is None:
+                return  # stopped while waiting for the queue: nothing was taken
+            channel, tag = consuming
             handler_thread.start()
             logger.info("worker started", extra={"worker_id": cfg.worker_id, "pool": cfg.pool,
                                                  "queue": cfg.requests_queue})
@@ -264,6 +263,35 @@ class Worker:
         finally:
             if connection.is_open:
                 connection.close()
+
+    def _consume(self, connection: pika.BlockingConnection) -> tuple[BlockingChannel, str] | None:
+        """Report ``started`` and consume the request queue, waiting for it if it is not declared yet
+        (None: stopped while waiting)."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.queue_wait
+        while True:
+            channel = connection.channel()
+            self._channel = channel
+            channel.basic_qos(prefetch_count=cfg.prefetch)
+            if not self.stats.waited_for_queue:
+                self._report(p.Event.STARTED)
+            try:
+                return channel, channel.basic_consume(cfg.requests_queue, self._on_request)
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code != NOT_FOUND:
+                    raise
+                if self._stopping:
+                    return None
+                if time.monotonic() >= deadline:
+                    raise TopologyError(
+                        f"request queue {cfg.requests_queue!r} does not exist (waited {cfg.queue_wait:g} s); "
+                        "it is created by the orphan handler, or by `switchyard pool bind`"
+                    ) from exc
+            if not self.stats.waited_for_queue:
+                logger.info("request queue not declared yet; waiting for it",
+                            extra={"worker_id": cfg.worker_id, "queue": cfg.requests_queue})
+            self.stats.waited_for_queue += 1
+            connection.sleep(0.2)  # keeps the connection's I/O (heartbeats) going
 
     # -- I/O thread -------------------------------------------------------------------------
     def _on_request(self, _channel: BlockingChannel, method: pika.spec.Basic.Deliver,

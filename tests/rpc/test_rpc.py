@@ -361,3 +361,25 @@ def test_worker_handles_sent_requests_and_answers_calls_after_them(pool, workers
         assert queue.method.message_count == 0  # taken in order, before the call behind them
     finally:
         connection.close()
+
+
+def test_a_worker_started_before_its_queue_waits_for_it(pool, workers) -> None:
+    """The orphan handler marks a new key active, then declares its queue: the reconciler may start
+    the group in between, and on a loaded machine the worker reaches its consume first. It must wait
+    for the queue, not exit 1 (and be restarted by the driver)."""
+    name, settings = pool
+    worker = workers.start(name, "late", f"{H}:whoami")
+    time.sleep(3)  # the worker is up and has tried its consume by now
+    assert worker.poll() is None, worker.stderr.read().decode()[-2000:]
+    bind(name, settings, "late")
+    workers.wait_consuming(settings, p.request_queue(name, "late"), timeout=30)
+    with RpcClient(name, settings, timeout=10) as client:
+        assert client.call("late", "hello").ok
+    assert worker.poll() is None
+
+
+def test_a_worker_whose_queue_never_comes_fails_after_its_wait(pool, workers) -> None:
+    name, _settings = pool
+    worker = workers.start(name, "never", f"{H}:whoami", WORKER_QUEUE_WAIT="1")
+    assert worker.wait(20) == 1
+    assert "does not exist (waited 1 s)" in worker.stderr.read().decode()
