@@ -25,12 +25,9 @@ TIMEOUT_S = 1.0
 def proxied_store(settings: DelaySettings, connections: Connections,
                   store: PostgresDelayStore) -> Iterator[tuple[CuttableProxy, PostgresDelayStore]]:
     """A store of the test's (migrated) schema whose connections cross a proxy."""
-    dsn = urlsplit(connections.postgres_dsn)
-    proxy = CuttableProxy(dsn.port or 5432)
-    credentials = dsn.netloc.rpartition("@")[0]
-    through = dsn._replace(netloc=f"{credentials}@{proxy.address}" if credentials else proxy.address)
-    proxied = PostgresDelayStore(through.geturl(), settings.schema, "switchyard-delay-half-open",
-                                 timeout_s=TIMEOUT_S)
+    proxy = CuttableProxy(urlsplit(connections.postgres_dsn).port or 5432)
+    proxied = PostgresDelayStore(proxy.through(connections.postgres_dsn), settings.schema,
+                                 "switchyard-delay-half-open", timeout_s=TIMEOUT_S)
     yield proxy, proxied
     proxied.close()
     proxy.close()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from switchyard.config import Connections
 from tests.delay.conftest import Tansu, free_port
@@ -63,14 +63,6 @@ class Outage:
         return time.monotonic() + self.seconds
 
 
-def via(url: str, proxy: CuttableProxy) -> str:
-    """``url`` with its host and port replaced by the proxy's (credentials, path and query kept)."""
-    parts = urlsplit(url)
-    credentials = parts.netloc.rpartition("@")[0]
-    return urlunsplit(parts._replace(netloc=f"{credentials}@{proxy.address}" if credentials
-                                     else proxy.address))
-
-
 def port_of(url: str) -> int:
     port = urlsplit(url).port
     assert port is not None, f"no port in {url}"
@@ -101,7 +93,7 @@ def rpc_cut(name: str, service: str, outage: Outage, sizes: dict[str, rpc.RpcSiz
 
         try:
             return rpc.run_rpc(name, fault, sizes[size], workdir,
-                               plane_env={variable: via(url, proxy)})
+                               plane_env={variable: proxy.through(url)})
         finally:
             proxy.close()
 
@@ -136,7 +128,7 @@ def postgres_cut(name: str, outage: Outage, sizes: dict[str, delay.DelaySize],
         try:
             return delay.run_delay(name, _delay_fault(proxy, outage),
                                    sizes[size], workdir,
-                                   node_env={"SWITCHYARD_POSTGRES_DSN": via(dsn, proxy)})
+                                   node_env={"SWITCHYARD_POSTGRES_DSN": proxy.through(dsn)})
         finally:
             proxy.close()
 

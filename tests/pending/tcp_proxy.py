@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 
 @dataclass(eq=False)
@@ -60,6 +61,13 @@ class CuttableProxy:
     def url(self) -> str:
         """The Redis URL through the proxy."""
         return f"redis://{self.address}/0"
+
+    def through(self, url: str) -> str:
+        """``url`` (a service's) with the proxy's host and port: credentials, path and query kept."""
+        parts = urlsplit(url)
+        credentials = parts.netloc.rpartition("@")[0]
+        return urlunsplit(parts._replace(netloc=f"{credentials}@{self.address}" if credentials
+                                         else self.address))
 
     def _accept(self) -> None:
         while not self._closed:

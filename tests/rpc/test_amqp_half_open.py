@@ -19,18 +19,14 @@ from tests.pending.tcp_proxy import CuttableProxy
 HEARTBEAT_S = 1
 
 
-def _through(proxy: CuttableProxy) -> str:
-    url = urlsplit(Connections.from_env().amqp_url)
-    return url._replace(netloc=f"{url.netloc.rpartition('@')[0]}@{proxy.address}").geturl()
-
-
 def _proxy() -> CuttableProxy:
     return CuttableProxy(urlsplit(Connections.from_env().amqp_url).port or 5672)
 
 
 def test_a_kept_connection_through_a_half_open_path_is_not_alive() -> None:
     proxy = _proxy()
-    connection = connect(_through(proxy), "half-open-test", heartbeat=HEARTBEAT_S)
+    connection = connect(proxy.through(Connections.from_env().amqp_url), "half-open-test",
+                         heartbeat=HEARTBEAT_S)
     try:
         assert is_alive(connection)
         proxy.hang(60)
@@ -59,7 +55,7 @@ def test_a_publisher_whose_connection_went_half_open_after_use_publishes_on_a_ne
     through again after 1 s) instead of waiting on the dead one for a confirm."""
     monkeypatch.setenv(HEARTBEAT_ENV, str(HEARTBEAT_S))
     proxy = _proxy()
-    publisher = ConfirmingPublisher(_through(proxy), "half-open-publisher")
+    publisher = ConfirmingPublisher(proxy.through(Connections.from_env().amqp_url), "half-open-publisher")
     message = Outgoing("", "switchyard-no-such-queue", b"x", pika.BasicProperties())
     try:
         assert publisher.publish_all([message]) == 1
