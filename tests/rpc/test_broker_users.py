@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import boto3
@@ -40,6 +41,7 @@ from tests.conftest import unique
 from tests.rpc.conftest import WorkerProcesses, delete_pool, flush_pool_state
 
 MOTO = "http://127.0.0.1:5000"
+T = TypeVar("T")
 ACCESS_REFUSED = 403
 
 
@@ -104,10 +106,15 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployed]:
             sm.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
 
 
-def _plane(deployed: Deployed, role: BrokerRole, redis_client: redis.Redis,
-           delays: Delays | None = None) -> ControlPlane:
+def _as(deployed: Deployed, role: BrokerRole, redis_client: redis.Redis, work: Callable[[ControlPlane], T],
+        delays: Delays | None = None) -> T:
+    """``work`` on a control plane of ``role``'s Lambda function, as that function builds it."""
     control = ControlSettings(deployed.pool, delays or Delays(), dead_letter_probe_interval_s=0.001)
-    return ControlPlane(control, deployed.settings(role), NoopDriver(), redis_client)
+    plane = ControlPlane(control, deployed.settings(role), NoopDriver(), redis_client)
+    try:
+        return work(plane)
+    finally:
+        plane.close()
 
 
 def _take(deployed: Deployed, queue: str, count: int = 1, timeout: float = 10.0) -> list[AmqpMessage]:
@@ -135,11 +142,8 @@ def test_every_role_does_its_job_as_its_own_user(deployed: Deployed, workers: Wo
     with RpcClient(pool, deployed.settings(BrokerRole.CLIENTS), timeout=60) as client:
         answer = client.submit(key, b"hello")
         # The orphan handler, fed by the mappings user, declares, binds and forwards as the orphans user.
-        plane = _plane(deployed, BrokerRole.ORPHANS, redis_client)
-        try:
-            outcome = plane.forward_orphans(_take(deployed, p.orphan_queue(pool)))
-        finally:
-            plane.close()
+        orphans = _take(deployed, p.orphan_queue(pool))
+        outcome = _as(deployed, BrokerRole.ORPHANS, redis_client, lambda cp: cp.forward_orphans(orphans))
         assert (outcome.forwarded, outcome.new_groups) == (1, 1)
         # A worker as ECS starts it: the workers user's credentials injected into a placeholder URL.
         name, password = deployed.passwords[BrokerUser(BrokerRole.WORKERS, pool)]
@@ -152,19 +156,13 @@ def test_every_role_does_its_job_as_its_own_user(deployed: Deployed, workers: Wo
     # The activity tracker finds the group unknown (state lost): it declares and binds the queue again.
     flush_pool_state(redis_client, pool)
     reports = _take(deployed, p.activity_queue(pool), count=2)  # started, request-received
-    plane = _plane(deployed, BrokerRole.ACTIVITY, redis_client)
-    try:
-        assert plane.track_activity(reports).reactivated == 1
-    finally:
-        plane.close()
+    tracked = _as(deployed, BrokerRole.ACTIVITY, redis_client, lambda plane: plane.track_activity(reports))
+    assert tracked.reactivated == 1
 
     # The reconciler unbinds, then (the worker gone) deletes the queue, and probes the broker.
     workers.stop_all()
-    plane = _plane(deployed, BrokerRole.RECONCILE, redis_client, Delays(unbind_s=0, stop_s=0))
-    try:
-        first, second = plane.reconcile(), plane.reconcile()
-    finally:
-        plane.close()
+    first, second = _as(deployed, BrokerRole.RECONCILE, redis_client,
+                        lambda plane: (plane.reconcile(), plane.reconcile()), Delays(unbind_s=0, stop_s=0))
     assert (first.unbound, second.queues_deleted) == (1, 1), (first, second)
     assert first.queue_errors == second.queue_errors == 0
     # Its dead-lettering probe (policies, a probe queue declared and deleted), which a pass runs only
@@ -180,11 +178,8 @@ def test_every_role_does_its_job_as_its_own_user(deployed: Deployed, workers: Wo
     connection = deployed.connect(BrokerRole.CLIENTS)
     reply_queue = connection.channel().queue_declare("", exclusive=True).method.queue
     _dead_letter(deployed, reply_queue)
-    plane = _plane(deployed, BrokerRole.DEAD_LETTERS, redis_client)
-    try:
-        outcome = plane.respond_dead_letters(_take(deployed, p.dl_queue(pool)))
-    finally:
-        plane.close()
+    dead = _take(deployed, p.dl_queue(pool))
+    outcome = _as(deployed, BrokerRole.DEAD_LETTERS, redis_client, lambda cp: cp.respond_dead_letters(dead))
     assert (outcome.responses, outcome.poisoned) == (1, 1)
     method, props, _ = connection.channel().basic_get(reply_queue, auto_ack=True)
     connection.close()
