@@ -271,10 +271,11 @@ class ConcurrencyConfig:
     account_limit: int = c.DEFAULT_ACCOUNT_CONCURRENCY
     fire: int = c.FIRE_RESERVED_CONCURRENCY  # 2: the next invocation starts before the last one ends
     sweep: int = c.SWEEP_RESERVED_CONCURRENCY
+    pending_api: int = c.PENDING_API_RESERVED_CONCURRENCY  # caps the node API's long polls
 
     def __post_init__(self) -> None:
-        _check(self.fire >= 1 and self.sweep >= 1, c.CTX_CONCURRENCY,
-               "fire and sweep must be at least 1 (0 would throttle every invocation)")
+        _check(self.fire >= 1 and self.sweep >= 1 and self.pending_api >= 1, c.CTX_CONCURRENCY,
+               "fire, sweep and pendingApi must be at least 1 (0 would throttle every invocation)")
         _check(self.account_limit >= 1, c.CTX_CONCURRENCY, "accountLimit must be positive")
 
     def check_reserved(self, reserved: dict[str, int]) -> None:
@@ -289,7 +290,7 @@ class ConcurrencyConfig:
             f"least {c.LAMBDA_MIN_UNRESERVED} unreserved of the account's limit, so with accountLimit "
             f"{self.account_limit} at most {max(0, budget)} can be reserved and the deploy would fail. Raise "
             "the account's 'Concurrent executions' quota (Service Quotas, AWS Lambda) and set accountLimit "
-            f"in {c.CTX_CONCURRENCY} to it, or reserve less (fire, sweep; fewer pools).",
+            f"in {c.CTX_CONCURRENCY} to it, or reserve less (fire, sweep, pendingApi; fewer pools).",
         )
 
 

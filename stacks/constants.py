@@ -114,6 +114,8 @@ RECONCILE_TIMEOUT_S = 60
 LOOP_TIMEOUT_S = 70
 FIRE_RESERVED_CONCURRENCY = 2
 SWEEP_RESERVED_CONCURRENCY = 2
+# The pending node API's long polls each hold an execution up to 25 s: its reservation is also its cap.
+PENDING_API_RESERVED_CONCURRENCY = 100
 RECONCILE_RESERVED_CONCURRENCY = 1  # one pass at a time per pool (the reconciler lock agrees)
 BUS_HOUSEKEEPING_RESERVED_CONCURRENCY = 1  # one housekeeping pass at a time
 # Lambda keeps at least this many of the account's concurrent executions unreserved: a function whose

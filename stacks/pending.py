@@ -29,11 +29,6 @@ API_TIMEOUT_S = 29  # API Gateway REST's integration limit; the function's timeo
 STREAMS_PREFIX = "streams/"
 STREAMS_EXPIRE_DAYS = 1  # streams live as long as a call (minutes); leftovers of crashed callers go
 THROTTLE_RATE, THROTTLE_BURST = 2000, 1000  # requests/s over the whole API (polls + responses)
-# Each long poll holds an execution up to 25 s: without a bound one tenant's idle polls could take
-# the account's concurrency. Reserved concurrency caps the function (and counts against the account
-# budget that switchyard:concurrency's accountLimit checks at synth); within it, one endpoint holds
-# at most SWITCHYARD_PENDING_MAX_POLLS (32) polls (the API answers 429 past them).
-API_RESERVED_CONCURRENCY = 100
 REDIS_RETRY_WINDOW_S = 20
 EXAMPLE_ENDPOINT = "example"
 PENDING_CONSTRUCT_ID = "Pending"  # the secret's first entry; add one per polling service
@@ -86,7 +81,11 @@ class PendingConstruct(Construct):
             "pending_api",
             service="switchyard-pending",
             timeout_s=API_TIMEOUT_S,
-            reserved_concurrency=API_RESERVED_CONCURRENCY,
+            # Each long poll holds an execution up to 25 s: without a bound one tenant's idle polls could
+            # take the account's concurrency. The reservation caps the function (switchyard:concurrency
+            # pendingApi, in the account budget synth checks); within it one endpoint holds at most
+            # SWITCHYARD_PENDING_MAX_POLLS polls (the API answers 429 past them).
+            reserved_concurrency=functions.config.concurrency.pending_api,
             environment={
                 **functions._redis_env(),
                 "SWITCHYARD_PENDING_TOKENS_SECRET_ARN": self.tokens.secret_arn,

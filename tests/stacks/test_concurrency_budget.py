@@ -11,7 +11,6 @@ import pytest
 
 from stacks import constants as c
 from stacks.config import ConfigError
-from stacks.pending import API_RESERVED_CONCURRENCY
 from tests.stacks.conftest import synth
 
 pytestmark = pytest.mark.slow
@@ -38,11 +37,11 @@ def test_default_reservations_fit_the_default_account_limit(
     assert 0 < total <= limit - 100
     # reconcile 1 per pool, fire 2, sweep 2, bus housekeeping 1, the pending node API 100 (the README
     # says the same)
-    assert total == 1 * len(stack.config.pools) + 2 + 2 + 1 + API_RESERVED_CONCURRENCY
+    assert total == 1 * len(stack.config.pools) + 2 + 2 + 1 + c.PENDING_API_RESERVED_CONCURRENCY
 
 
 def test_reservations_are_context_settings(layer_dir: str, tmp_path: Path) -> None:
-    context = {CTX_CONCURRENCY: {"fire": 3, "sweep": 1, "accountLimit": 300}}
+    context = {CTX_CONCURRENCY: {"fire": 3, "sweep": 1, "pendingApi": 20, "accountLimit": 300}}
     template = synth(layer_dir, tmp_path, **context)[0]
     resources = template.to_json()["Resources"]
     by_handler = {
@@ -50,15 +49,15 @@ def test_reservations_are_context_settings(layer_dir: str, tmp_path: Path) -> No
         for r in resources.values()
         if r["Type"] == "AWS::Lambda::Function" and "Handler" in r["Properties"]
     }
-    assert by_handler["delay_fire"] == 3 and by_handler["delay_sweep"] == 1
-    assert reserved_total(resources) == 1 + 3 + 1 + 1 + API_RESERVED_CONCURRENCY
+    assert (by_handler["delay_fire"], by_handler["delay_sweep"], by_handler["pending_api"]) == (3, 1, 20)
+    assert reserved_total(resources) == 1 + 3 + 1 + 1 + 20
 
 
 @pytest.mark.parametrize("limit", [10, 205])
 def test_reservations_beyond_the_account_budget_fail_synth_with_the_reason(
     layer_dir: str, tmp_path: Path, limit: int
 ) -> None:
-    reserved = 6 + API_RESERVED_CONCURRENCY
+    reserved = 6 + c.PENDING_API_RESERVED_CONCURRENCY
     reason = rf"(?s)reserve {reserved} .*at least 100 unreserved.*{CTX_CONCURRENCY}"
     with pytest.raises(ConfigError, match=reason):
         synth(layer_dir, tmp_path, **{CTX_CONCURRENCY: {"accountLimit": limit}})

@@ -6,8 +6,9 @@ from typing import Any
 
 from aws_cdk.assertions import Match, Template
 
+from stacks import constants as c
 from stacks.constants import STACK_ID
-from stacks.pending import API_RESERVED_CONCURRENCY, API_TIMEOUT_S
+from stacks.pending import API_TIMEOUT_S
 
 
 def _of_type(resources: dict[str, dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
@@ -26,7 +27,7 @@ def test_the_node_api_function_fits_api_gateway(template: Template,
             "SWITCHYARD_PENDING_STORE"} <= set(env)
     assert fn["TracingConfig"] == {"Mode": "Active"} and "VpcConfig" in fn
     # one tenant's idle long polls cannot take the account's concurrency (issue 23 item 9)
-    assert fn["ReservedConcurrentExecutions"] == API_RESERVED_CONCURRENCY == 100
+    assert fn["ReservedConcurrentExecutions"] == c.PENDING_API_RESERVED_CONCURRENCY == 100
     assert int(env["SWITCHYARD_PENDING_RETRY_WINDOW"]) < API_TIMEOUT_S
     template.has_resource_properties("AWS::ApiGateway::Method", {
         "HttpMethod": "ANY",
