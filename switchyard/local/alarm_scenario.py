@@ -11,25 +11,39 @@ alarms evaluate them:
 3. recover: the fire loop catches up; the overdue alarm must return to OK.
 
 A table shows each alarm's state after every phase.
+
+Runs on one stack take turns: its alarms watch metrics that every run on it shares (the stack's
+namespace, services ``switchyard-{pool}`` and ``switchyard-delay``), so a second run at once would
+mix their states. A run waits for the one before (a lock per stack and CloudWatch endpoint), starts calm only
+once no watched alarm is in ALARM, calls keys of its own (``calm-RUN``, ``poison-RUN``), and removes
+what it made: their request queues and pool state, and its poison requests from ``{pool}-poison``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import hashlib
 import os
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from switchyard.cli import add_stack_option
 from switchyard.deployed_config import ALARM_PREFIX_ENV
 from switchyard.errors import ConfigError, SwitchyardError
 
+if TYPE_CHECKING:
+    from switchyard.rpc.worker import Request
+
 OK, ALARM = "OK", "ALARM"
+POISON_PREFIX = "poison-"  # a run's poison key: ``poison-RUN``
 
 
 def alarm_prefix() -> str:
@@ -48,6 +62,28 @@ def poison_alarm(pool: str) -> str:
 
 def overdue_alarm() -> str:
     return f"{alarm_prefix()}delay-messages-overdue"
+
+
+@contextlib.contextmanager
+def taking_turns(client: Any, out: Callable[[str], None]) -> Iterator[None]:
+    """Hold the stack's scenario lock (one per alarm prefix and CloudWatch endpoint) for the run."""
+    where = f"{alarm_prefix()}|{client.meta.endpoint_url}"
+    path = os.path.join(tempfile.gettempdir(),
+                        f"switchyard-alarm-scenario-{hashlib.sha256(where.encode()).hexdigest()[:16]}.lock")
+    with open(path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            out(f"waiting for the alarm scenario running on this stack ({path})")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def scenario_worker(request: Request) -> bytes | str:
+    """The scenario's workers: a request on a run's poison key kills its worker (``examples.crash``)."""
+    from switchyard.rpc.examples import crash, describe
+
+    return crash(request) if request.key.startswith(POISON_PREFIX) else describe(request)
 
 
 class ScenarioFailed(SwitchyardError):
@@ -113,7 +149,7 @@ class Table:
 
 
 # -- traffic ------------------------------------------------------------------------------------
-def rpc_traffic(pool: str, good_calls: int, poison_calls: int, out: Callable[[str], None]) -> None:
+def rpc_traffic(pool: str, run: str, good_calls: int, poison_calls: int, out: Callable[[str], None]) -> None:
     """Good calls, then ``poison_calls`` requests whose worker dies, through the local control plane."""
     from switchyard.local.rpc_runtime import LocalControlPlane
     from switchyard.observability import metrics, pool_service
@@ -127,23 +163,64 @@ def rpc_traffic(pool: str, good_calls: int, poison_calls: int, out: Callable[[st
     metrics.service = pool_service(pool)  # the dimension the pool's alarms select on
     settings = RpcSettings.from_env()
     driver = SubprocessDriver((sys.executable, "-m", "switchyard", "worker", "--handler",
-                               "switchyard.rpc.examples:demo"),
+                               f"{__name__}:scenario_worker"),
                               min_workers=1, max_workers=1, stop_timeout=5,
                               env={"SWITCHYARD_LOG_LEVEL": "ERROR"})
     control = ControlSettings(pool, Delays(unbind_s=60, stop_s=60), reconcile_interval_s=0.3)
     with LocalControlPlane(control, settings, driver), \
             RpcClient(pool, settings, concurrency=64, timeout=120) as client:
-        answers = [client.submit("calm", f"call {i}") for i in range(good_calls)]
+        answers = [client.submit(f"calm-{run}", f"call {i}") for i in range(good_calls)]
         ok = sum(f.result(130).ok for f in answers)
         out(f"  {ok}/{good_calls} good calls answered")
         if poison_calls:
-            poisoned = [client.submit("poison", f"crash {i}") for i in range(poison_calls)]
+            poisoned = [client.submit(POISON_PREFIX + run, f"crash {run} {i}") for i in range(poison_calls)]
             statuses = [f.result(130).status for f in poisoned]
             limited = statuses.count(p.Status.DELIVERY_LIMIT)
             out(f"  {limited}/{poison_calls} poison requests dead-lettered at the delivery limit "
                 f"({settings.policy.delivery_limit} deliveries each)")
             if limited != poison_calls:
                 raise ScenarioFailed(f"poison requests ended as {statuses}, not {p.Status.DELIVERY_LIMIT}")
+
+
+def remove_rpc_traffic(pool: str, run: str, out: Callable[[str], None]) -> None:
+    """Delete the run's request queues and pool state, and take its poison requests out of the
+    pool's poison inventory (other messages there go back as they were)."""
+    import pika
+
+    from switchyard.redis_client import connect_redis
+    from switchyard.rpc import protocol as p
+    from switchyard.rpc.amqp import connect
+    from switchyard.rpc.settings import RpcSettings
+    from switchyard.rpc.state import PoolState
+    from switchyard.rpc.topology import PoolTopology
+
+    settings = RpcSettings.from_env()
+    keys = (f"calm-{run}", POISON_PREFIX + run)
+    with PoolTopology(pool, settings) as topology:
+        for key in keys:
+            topology.delete_request_queue(key)
+    state = PoolState(connect_redis(settings.connections), pool)
+    for key in keys:
+        group = state.get(key)
+        if group is not None:
+            state.remove(group)
+    connection = connect(settings.connections.amqp_url, "switchyard-alarm-scenario-cleanup")
+    removed = 0
+    try:
+        channel = connection.channel()
+        waiting = channel.queue_declare(p.poison_queue(pool), passive=True).method.message_count
+        for _ in range(waiting):
+            method, _props, body = channel.basic_get(p.poison_queue(pool))
+            if method is None:
+                break
+            if body.startswith(f"crash {run} ".encode()):
+                channel.basic_ack(method.delivery_tag)
+                removed += 1
+        # The others, unacked, go back to the queue when the connection closes.
+    finally:
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            connection.close()
+    out(f"  removed: request queues and state of {', '.join(keys)}; {removed} poison request(s)")
 
 
 def delay_fire(backlog: int, budget_ms: int, out: Callable[[str], None]) -> int:
@@ -195,14 +272,18 @@ def run_scenario(pool: str, *, poison_calls: int = 1, backlog: int = 20, timeout
             shipper.flush()
         return tick
 
+    run = uuid.uuid4().hex[:8]
+    out(f"run {run}: keys calm-{run} and {POISON_PREFIX}{run}")
     try:
         out("1. calm: good calls, and a fire loop that keeps up")
-        rpc_traffic(pool, good_calls=50, poison_calls=0, out=out)
-        calm = wait_for_states(client, {overdue: lambda s: s == OK}, timeout_s=timeout_s,
-                               tick=fire(0, catch_up_ms))
+        rpc_traffic(pool, run, good_calls=50, poison_calls=0, out=out)
+        # A run before this one may have left an alarm in ALARM: calm means none is.
+        calm = wait_for_states(client, {overdue: lambda s: s == OK,
+                                        poison_alarm(pool): lambda s: s != ALARM},
+                               timeout_s=timeout_s, tick=fire(0, catch_up_ms))
         table.add("calm", calm)
         out(f"2. trip: {poison_calls} poison request(s), {backlog} delayed messages left unfired")
-        rpc_traffic(pool, good_calls=10, poison_calls=poison_calls, out=out)
+        rpc_traffic(pool, run, good_calls=10, poison_calls=poison_calls, out=out)
         delay_fire(backlog, 0, out)
         tripped = wait_for_states(client, {n: lambda s: s == ALARM for n in watched}, timeout_s=timeout_s,
                                   tick=fire(0, 0))
@@ -212,6 +293,7 @@ def run_scenario(pool: str, *, poison_calls: int = 1, backlog: int = 20, timeout
                                     tick=fire(0, catch_up_ms))
         table.add("recovered", recovered)
     finally:
+        remove_rpc_traffic(pool, run, out)
         stats = uninstall_metrics_shipper()
         if stats is not None:
             out(stats.line())
@@ -233,7 +315,8 @@ def cmd_show(_args: argparse.Namespace) -> int:
 
 
 def cmd_scenario(args: argparse.Namespace) -> int:
-    run_scenario(args.pool, poison_calls=args.poison, backlog=args.backlog, timeout_s=args.timeout)
+    with taking_turns(cloudwatch(), print):
+        run_scenario(args.pool, poison_calls=args.poison, backlog=args.backlog, timeout_s=args.timeout)
     print("scenario passed: the watched alarms stayed calm, tripped and recovered")
     return 0
 

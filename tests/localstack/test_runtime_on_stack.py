@@ -6,17 +6,21 @@ EMR Serverless) through boto3's per-service endpoints, in the same process.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from typing import Any
 
 import boto3
+import pika
+import pika.exceptions
 import pytest
 
 from stacks.localstack_deploy import Deployment
 from tests.conftest import ROOT, subprocess_env
 
 MOTO = "http://127.0.0.1:5000"
+LOCAL_BROKER = "amqp://guest:guest@127.0.0.1:5672/%2F"  # the stack's broker (test_config_comes_from...)
 WATCHED = ("core-poison-growing", "delay-messages-overdue")  # alarm names after the stack's name
 
 
@@ -58,11 +62,29 @@ def test_per_service_endpoints_split_localstack_and_moto(localstack_deployment: 
     assert boto3.client("emr-serverless").meta.endpoint_url == MOTO
 
 
+def queue_depth(queue: str) -> int | None:
+    """Messages in ``queue`` on the stack's broker (the local RabbitMQ), None if there is no such queue."""
+    connection = pika.BlockingConnection(pika.URLParameters(LOCAL_BROKER))
+    try:
+        return connection.channel().queue_declare(queue, passive=True).method.message_count
+    except pika.exceptions.ChannelClosedByBroker:
+        return None
+    finally:
+        connection.close()
+
+
 @pytest.mark.slow
 def test_alarm_scenario_trips_and_clears_the_watched_alarms(localstack_deployment: Deployment) -> None:
-    """Poison and an overdue backlog trip their alarms; calm traffic does not; both clear after."""
+    """Poison and an overdue backlog trip their alarms; calm traffic does not; both clear after. The
+    run uses keys of its own and leaves nothing behind: no request queue, no poison in the inventory."""
+    poisoned_before = queue_depth("core-poison") or 0
     done = switchyard(localstack_deployment, "alarms", "scenario", "--timeout", "120", timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    keys = re.findall(r"^run \S+: keys (\S+) and (\S+)$", done.stdout, re.MULTILINE)
+    assert len(keys) == 1 and not {"calm", "poison"} & set(keys[0]), done.stdout[:500]
+    for key in keys[0]:
+        assert queue_depth(f"core-req-{key}") is None, key
+    assert (queue_depth("core-poison") or 0) == poisoned_before
     rows = {line.split()[1]: line.split()[2:] for line in done.stdout.splitlines()
             if line.startswith("* ")}
     watched = [f"{localstack_deployment.stack_name}-{name}" for name in WATCHED]
