@@ -1,12 +1,13 @@
 """RPC under faults: ``RpcClient`` calls over many keys through ``switchyard local`` and its workers.
 
 Keys come into use gradually (the first 60 % of the run), so the orphan path (a new key's first
-requests, forwarded by the control plane) is busy when a fault lands, not only the fast path.
-A call is re-sent (same id) only when the client reports that its connection to the broker was
-lost, since then its reply can never arrive, or that the broker refused it (a nack). Every handling is counted by the worker
-(``handlers.count``), so a request worked on twice is a duplicate even though its caller saw one
-answer. A request no worker ever handled is lost (timed out, or answered with a dead-letter status);
-one handled but answered after its caller's timeout is late, not lost, and named in the note.
+requests, forwarded by the control plane) is busy when a fault lands, not only the fast path. A call
+is re-sent (same id) only when the client reports that its connection to the broker was lost, since
+then its reply can never arrive, or that the broker refused it (a nack). Every handling is counted
+by the worker (``handlers.count``), so a request worked on twice is a duplicate even though its
+caller saw one answer. A request no worker ever handled is lost (timed out, or answered with a dead-
+letter status); one handled but answered after its caller's timeout is late, not lost, and named in
+the note.
 """
 
 from __future__ import annotations
