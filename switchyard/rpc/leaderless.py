@@ -26,6 +26,9 @@ from typing import Any
 
 SILENT_S = 10.0
 PROBE_TIMEOUT_S = 10.0
+# Probes per pass: a broker that reports no queue statistics at all must not cost a connection per
+# queue every pass; the longest silent go first, the others wait their turn.
+MAX_PROBES = 4
 
 
 @dataclass
@@ -34,16 +37,19 @@ class LeaderlessWatch:
 
     silent_s: float = SILENT_S
     probe_timeout_s: float = PROBE_TIMEOUT_S
+    max_probes: int = MAX_PROBES
     clock: Callable[[], float] = time.monotonic
     _silent_since: dict[str, float] = field(default_factory=dict)
 
     def suspects(self, queues: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
         """Keys whose queue has reported no statistics for ``silent_s`` (a new queue reports within
-        seconds); a queue that reports is forgotten."""
+        seconds), at most ``max_probes``; a queue that reports is forgotten."""
         now = self.clock()
         silent = {key for key, queue in queues if queue.get("messages") is None}
         self._silent_since = {key: self._silent_since.get(key, now) for key in silent}
-        return sorted(key for key, since in self._silent_since.items() if now - since >= self.silent_s)
+        due = sorted((since, key) for key, since in self._silent_since.items()
+                     if now - since >= self.silent_s)
+        return [key for _, key in due[:self.max_probes]]
 
     def cleared(self, key: str) -> None:
         """The queue answered (or was declared again): start its silence over."""

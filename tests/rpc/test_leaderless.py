@@ -21,3 +21,17 @@ def test_a_queue_silent_for_the_window_is_a_suspect_until_it_reports_or_is_clear
     assert watch.suspects([("a", {"name": "q-a", "messages": 3})]) == []  # it reports: forgotten
     now[0] = 200.0
     assert watch.suspects([silent]) == []  # silent again: a new window
+
+
+def test_at_most_max_probes_suspects_a_pass_the_longest_silent_first() -> None:
+    now = [0.0]
+    watch = LeaderlessWatch(silent_s=10, max_probes=2, clock=lambda: now[0])
+    watch.suspects([("old", {})])
+    now[0] = 5.0
+    queues = [("old", {}), ("b", {}), ("a", {})]
+    watch.suspects(queues)
+    now[0] = 15.0
+    assert watch.suspects(queues) == ["old", "a"]
+    watch.cleared("old")
+    watch.cleared("a")
+    assert watch.suspects(queues) == ["b"]
