@@ -173,23 +173,28 @@ def abandon(connection: pika.BlockingConnection, why: str) -> None:
 
 
 def consume_answered(amqp_url: str, queue: str, timeout: float) -> bool:
-    """Whether the broker answers a ``basic.consume`` on ``queue`` within ``timeout`` seconds.
+    """Whether the broker answers a ``basic.consume`` on ``queue`` within ``timeout`` seconds: with
+    a consume-ok or by closing the channel (refused, no such queue: an answer too). False only for
+    silence, on a connection still open.
 
     On a connection of its own, since a quorum queue without a leader blocks the channel for the
     broker's own timeout (65 s). At most one message is delivered to the probe, and it goes back to
-    the queue when the probe's channel closes.
+    the queue when the probe's channel closes. A lost connection raises ``AMQPError``.
     """
     connection = connect(amqp_url, "switchyard-queue-probe")
     answered: list[bool] = []
+    channel: BlockingChannel | None = None
     try:
         channel = connection.channel()
         channel.basic_qos(prefetch_count=1)
         channel._impl.basic_consume(queue, lambda *_: None, callback=lambda _frame: answered.append(True))
         deadline = time.monotonic() + timeout
-        while not answered and connection.is_open and time.monotonic() < deadline:
+        while not answered and channel.is_open and time.monotonic() < deadline:
             connection.process_data_events(time_limit=min(0.1, max(0.0, deadline - time.monotonic())))
+        if channel.is_closed:
+            answered.append(True)
     finally:
-        if answered:
+        if answered or channel is None:
             with contextlib.suppress(pika.exceptions.AMQPError):
                 connection.close()
         else:

@@ -1,8 +1,12 @@
-"""The leaderless-queue watch alone: which request queues are silent long enough to be probed."""
+"""The leaderless-queue watch (which request queues are silent long enough to be probed) and its probe."""
 
 from __future__ import annotations
 
+from switchyard.rpc import protocol as p
+from switchyard.rpc.amqp import consume_answered
+from switchyard.rpc.client import RpcClient
 from switchyard.rpc.leaderless import LeaderlessWatch
+from switchyard.rpc.topology import PoolTopology
 
 
 def test_a_queue_silent_for_the_window_is_a_suspect_until_it_reports_or_is_cleared() -> None:
@@ -35,3 +39,18 @@ def test_at_most_max_probes_suspects_a_pass_the_longest_silent_first() -> None:
     watch.cleared("old")
     watch.cleared("a")
     assert watch.suspects(queues) == ["b"]
+
+
+def test_the_probe_hears_a_consume_ok_or_a_refusal_and_leaves_the_message(pool) -> None:
+    """Only silence reads as leaderless: a missing queue's 404 is an answer, not a reason to delete."""
+    name, settings = pool
+    url = settings.connections.amqp_url
+    queue = p.request_queue(name, "probed")
+    with PoolTopology(name, settings) as topology:
+        topology.ensure_request_queue("probed")
+    with RpcClient(name, settings) as client:
+        client.send("probed", "kept").result(10)
+    assert consume_answered(url, queue, timeout=5)
+    assert consume_answered(url, p.request_queue(name, "never-declared"), timeout=5)
+    with PoolTopology(name, settings) as topology:
+        assert topology.queue_status(queue) == (1, 0)  # the message went back
