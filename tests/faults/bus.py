@@ -9,16 +9,17 @@ in flight at a kill (it reached a subscriber within ``IN_FLIGHT_S`` before the k
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from switchyard.bus import api
 from switchyard.bus.store import BusStore
-from switchyard.local.cli import quiet_metrics
 from switchyard.local.http_gateway import HttpGateway
 from switchyard.redis_client import connect_redis
 from tests.bus.conftest import ROOT_KEY, Client, Subscriber, drop_bus, fast_settings
@@ -76,7 +77,10 @@ class BusRig:
         return 204
 
     def __enter__(self) -> BusRig:
-        quiet_metrics()  # the API's metrics in this process: not on the suite's output
+        # The API's metrics in this process: not on the suite's output, and not for the tests after
+        # it either (an environment left changed turned off every later test's shipped metrics).
+        self._quiet = mock.patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"})
+        self._quiet.start()
         api.configure(self.store)
         self.gateway = HttpGateway(api.handle, threads=8).start()
         root = Client(self.gateway.url, ROOT_KEY)
@@ -99,6 +103,7 @@ class BusRig:
         for subscriber in self.subscribers:
             subscriber.close()
         drop_bus(self.store)
+        self._quiet.stop()
 
     def publish(self, n: int) -> None:
         response = self.publisher.post("/topics/parcels", json={"type": "update", "url": f"https://x.example/{n}",

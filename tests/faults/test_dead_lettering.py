@@ -125,7 +125,7 @@ def test_a_stranded_broker_is_detected_named_and_alarmed(broker4: RpcSettings) -
     pool = unique("dlxd")
     strand(broker4)
     with PoolTopology(pool, broker4) as topology:
-        result = topology.probe_rabbitmq4_dead_lettering()
+        result = topology.probe_dead_lettering()
         assert result.stranded and "reboot" in result.detail.lower()
         with pytest.raises(DeadLetteringStrandedError, match="reboot"):
             topology.declare()
@@ -135,7 +135,7 @@ def test_a_stranded_broker_is_detected_named_and_alarmed(broker4: RpcSettings) -
     assert outcome.dead_lettering_stranded == 1
     restart_rabbitmq4()
     with PoolTopology(pool, broker4) as topology:
-        assert not topology.probe_rabbitmq4_dead_lettering().stranded
+        assert not topology.probe_dead_lettering().stranded
     delete_pools(broker4, pool)
     assert management.list_queues(f"^{p.DEAD_LETTER_PROBE_PREFIX}") == []
 
