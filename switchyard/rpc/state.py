@@ -38,7 +38,12 @@ import redis
 from switchyard.errors import SwitchyardError
 from switchyard.rpc import protocol as p
 
-LOCK_TTL_MS = 120_000
+# A holder that dies (a SIGKILLed control plane, a Lambda timeout) blocks its keys until the lock
+# expires: 120 s here once timed out a third of a fault run's calls. Every step under a lock is a
+# declare, a bind, a state write or a confirm wait; only a broker in trouble makes one take seconds,
+# and then the compare-and-set on the group's state still guards the reconciler's delete. Waiters
+# wait longer than this, so one redelivered batch always outlasts a dead holder's lock.
+LOCK_TTL_MS = 15_000
 
 
 class GroupStatus(StrEnum):

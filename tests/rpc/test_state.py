@@ -177,3 +177,14 @@ def test_initialized_marker(state: PoolState) -> None:
     assert not state.is_initialized()
     state.mark_initialized()
     assert state.is_initialized()
+
+
+def test_a_dead_holders_lock_expires_within_one_wait(state: PoolState) -> None:
+    """A holder SIGKILLed inside ``locked`` never releases: its keys must come free before the next
+    batch's wait ends (a 120 s lock once timed out a third of a fault run's calls)."""
+    gen = state.locked(["k"])
+    gen.__enter__()  # taken, and never released: the holder is gone
+    started = time.monotonic()
+    with state.locked(["k"], wait=30.0):
+        waited = time.monotonic() - started
+    assert waited < 30.0
