@@ -112,7 +112,7 @@ def probe(channel: Callable[[], BlockingChannel], management: ManagementApi, pri
         channel().queue_declare(queue, durable=True,
                                 arguments={p.QUEUE_TYPE_ARGUMENT: p.QueueType.QUORUM.value})
     except pika.exceptions.ConnectionClosedByBroker as exc:
-        if exc.reply_code != INTERNAL_ERROR:
+        if not is_stranding(exc):
             raise
         logger.error("at-least-once dead-lettering is stranded", extra={"probe_queue": queue,
                                                                          "recovery": RECOVERY})
