@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from switchyard.bus.settings import BusSettings  # noqa: E402
 from switchyard.bus.store import BusStore, event_json  # noqa: E402
-from switchyard.config import Connections  # noqa: E402
-from switchyard.redis_client import connect_redis  # noqa: E402
+from switchyard.core.config import Connections  # noqa: E402
+from switchyard.core.redis_client import connect_redis  # noqa: E402
 
 ROUTEMASTER = {"ingest_per_thread": 150, "ingest_at_scale": 2194, "p50_latency_batch100_ms": "340-820"}
 ROOT_KEY = "bench-root"

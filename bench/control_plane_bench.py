@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("SWITCHYARD_LOG_LEVEL", "ERROR")
 
-from switchyard.latency import LatencySummary  # noqa: E402
+from switchyard.core.latency import LatencySummary  # noqa: E402
 from switchyard.local.functions import load_function  # noqa: E402
 from switchyard.local.lambda_context import FakeLambdaContext  # noqa: E402
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event  # noqa: E402

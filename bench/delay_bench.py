@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.stats import cpu_seconds, listener_pid, load_average, percentiles  # noqa: E402
-from switchyard.config import Connections  # noqa: E402
+from switchyard.core.config import Connections  # noqa: E402
 from switchyard.delay.parsing import format_deadline  # noqa: E402
 from switchyard.delay.settings import OUTPUT_CONSUMER_SETTINGS  # noqa: E402
 from switchyard.delay.store import PostgresDelayStore  # noqa: E402

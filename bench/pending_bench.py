@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.stats import cpu_seconds, load_average  # noqa: E402
-from switchyard.latency import LatencySummary  # noqa: E402
+from switchyard.core.latency import LatencySummary  # noqa: E402
 from switchyard.pending import PendingQueue, PendingSettings  # noqa: E402
 from switchyard.pending.client import PollingService  # noqa: E402
 from tests.pending.conftest import PrivateRedis, free_port  # noqa: E402
@@ -60,7 +60,7 @@ RAW = "raw"  # key prefix of the baseline's lists
 
 
 def bench_settings(url: str, prefix: str) -> PendingSettings:
-    from switchyard.config import Connections
+    from switchyard.core.config import Connections
 
     return PendingSettings(prefix=prefix, connections=Connections(redis_url=url), redis_connections=256)
 

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.plain_pika import PlainClient  # noqa: E402
-from switchyard.latency import LatencySummary  # noqa: E402
+from switchyard.core.latency import LatencySummary  # noqa: E402
 from switchyard.rpc import protocol as p  # noqa: E402
 from switchyard.rpc.client import RpcClient  # noqa: E402
 from switchyard.rpc.drivers import WorkerGroup  # noqa: E402

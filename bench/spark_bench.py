@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 
+from switchyard.core.redis_client import connect_redis  # noqa: E402
 from switchyard.local.rpc_runtime import LocalControlPlane  # noqa: E402
-from switchyard.redis_client import connect_redis  # noqa: E402
 from switchyard.rpc import protocol as p  # noqa: E402
 from switchyard.rpc.client import RpcClient  # noqa: E402
 from switchyard.rpc.control_plane import ControlSettings  # noqa: E402

@@ -5,7 +5,7 @@ OpenAPI document."""
 from typing import Any
 
 from switchyard.bus.api import handle
-from switchyard.observability import logger, metrics, tracer
+from switchyard.core.observability import logger, metrics, tracer
 
 
 @metrics.log_metrics  # BusEventsPublished, flushed once per invocation

@@ -6,7 +6,7 @@ from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 
 from switchyard.bus import api
 from switchyard.bus.housekeeping import HousekeepingOutcome, housekeep
-from switchyard.observability import lambda_handler_for
+from switchyard.core.observability import lambda_handler_for
 
 
 def run(_event: EventBridgeEvent, _context: object) -> HousekeepingOutcome:

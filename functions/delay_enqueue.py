@@ -9,15 +9,15 @@ the mapping delivers its partition again from it; an unreachable Postgres fails 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes import KafkaEvent
 
-from switchyard.delay import runtime
+from switchyard.core.observability import lambda_handler_for, metrics
 from switchyard.delay.model import EnqueueOutcome
 from switchyard.delay.msk import partial_batch_response, records_from_kafka_event
-from switchyard.observability import lambda_handler_for, metrics
+from switchyard.delay.service import service
 
 
 def enqueue(event: KafkaEvent, _context: object) -> EnqueueOutcome:
     """Store one batch: the work itself, which does not know it runs in Lambda."""
-    return runtime.service().enqueue(records_from_kafka_event(event))
+    return service().enqueue(records_from_kafka_event(event))
 
 
 def report(outcome: EnqueueOutcome) -> None:

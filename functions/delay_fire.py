@@ -7,9 +7,9 @@ the broker confirmed it.
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 
-from switchyard.delay import runtime
+from switchyard.core.observability import lambda_handler_for, metrics
 from switchyard.delay.model import FireOutcome
-from switchyard.observability import lambda_handler_for, metrics
+from switchyard.delay.service import service
 
 
 def report(outcome: FireOutcome) -> None:
@@ -25,7 +25,7 @@ def report(outcome: FireOutcome) -> None:
 
 
 lambda_handler = lambda_handler_for(
-    lambda _event, context: runtime.service().fire(context.get_remaining_time_in_millis),
+    lambda _event, context: service().fire(context.get_remaining_time_in_millis),
     data_class=EventBridgeEvent,
     report=report,
 )

@@ -6,9 +6,9 @@ Rows readied longer ago than the hold time are reset (compare-and-set) and the s
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 
-from switchyard.delay import runtime
+from switchyard.core.observability import lambda_handler_for, metrics
 from switchyard.delay.model import SweepOutcome
-from switchyard.observability import lambda_handler_for, metrics
+from switchyard.delay.service import service
 
 
 def report(outcome: SweepOutcome) -> None:
@@ -17,7 +17,7 @@ def report(outcome: SweepOutcome) -> None:
 
 
 lambda_handler = lambda_handler_for(
-    lambda _event, context: runtime.service().sweep(context.get_remaining_time_in_millis),
+    lambda _event, context: service().sweep(context.get_remaining_time_in_millis),
     data_class=EventBridgeEvent,
     report=report,
 )

@@ -1,13 +1,13 @@
 """Declares every configured pool (`switchyard pool init`, with its policies) on each deploy.
 
 A CloudFormation custom resource (CDK Provider framework); idempotent; Delete keeps the data.
-The logic is ``switchyard.deploy.declare_pools``.
+The logic is ``switchyard.aws.deploy.declare_pools``.
 """
 
 from typing import Any
 
-from switchyard import deploy
-from switchyard.observability import logger
+from switchyard.aws import deploy
+from switchyard.core.observability import logger
 
 
 @logger.inject_lambda_context

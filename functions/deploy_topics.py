@@ -1,13 +1,13 @@
 """Creates the delay scheduler's input and output topics on MSK on each deploy.
 
 A CloudFormation custom resource (CDK Provider framework); idempotent; Delete keeps the data.
-The logic is ``switchyard.deploy.create_topics``.
+The logic is ``switchyard.aws.deploy.create_topics``.
 """
 
 from typing import Any
 
-from switchyard import deploy
-from switchyard.observability import logger
+from switchyard.aws import deploy
+from switchyard.core.observability import logger
 
 
 @logger.inject_lambda_context

@@ -9,7 +9,7 @@ wait on Redis). Tokens per endpoint come from the Secrets Manager secret
 
 from typing import Any
 
-from switchyard.observability import logger, metrics, tracer
+from switchyard.core.observability import logger, metrics, tracer
 from switchyard.pending.api import TokenStore, build_app
 from switchyard.pending.queue import PendingQueue
 

@@ -5,7 +5,7 @@ One state update per key per batch; activity keeps a group Active and re-binds a
 
 from aws_lambda_powertools.utilities.data_classes.rabbit_mq_event import RabbitMQEvent
 
-from switchyard.observability import lambda_handler_for
+from switchyard.core.observability import lambda_handler_for
 from switchyard.rpc.control_plane import control_plane
 from switchyard.rpc.rmq_event import messages_from_event
 

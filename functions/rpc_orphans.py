@@ -6,7 +6,7 @@ mapping redeliver the whole batch (duplicates are possible, losses are not).
 
 from aws_lambda_powertools.utilities.data_classes.rabbit_mq_event import RabbitMQEvent
 
-from switchyard.observability import lambda_handler_for
+from switchyard.core.observability import lambda_handler_for
 from switchyard.rpc.control_plane import control_plane
 from switchyard.rpc.rmq_event import messages_from_event
 

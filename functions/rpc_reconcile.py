@@ -7,7 +7,7 @@ from running two passes at once. Queue depth per worker group goes out as a metr
 
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 
-from switchyard.observability import emit_gauge, lambda_handler_for
+from switchyard.core.observability import emit_gauge, lambda_handler_for
 from switchyard.rpc.control_plane import control_plane
 from switchyard.rpc.reconciler import ReconcileOutcome
 

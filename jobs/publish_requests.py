@@ -5,7 +5,7 @@
 
 import sys
 
-from switchyard.spark.cli import main
+from switchyard.cli.spark import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,7 +14,7 @@ from stacks import nag
 from stacks.config import ConfigError
 from stacks.localstack_stack import LocalStackTargetStack
 from stacks.switchyard_stack import SwitchyardStack
-from switchyard.deployed_config import STACK_NAME_RE
+from switchyard.core.deployed_config import STACK_NAME_RE
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 

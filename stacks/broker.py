@@ -170,7 +170,7 @@ class BrokerConstruct(Construct):
 
     @property
     def amqp_url_template(self) -> str:
-        """The AMQPS URL with ``{username}``/``{password}`` placeholders (see switchyard/aws_secrets.py)."""
+        """The AMQPS URL with ``{username}``/``{password}`` placeholders (switchyard/core/aws_secrets.py)."""
         return Fn.join("", ["amqps://{username}:{password}@", self.host_port, "/%2F"])
 
     @property

@@ -33,7 +33,7 @@ from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct, allow_from
 from stacks.platform import fargate_platform, worker_image
 from stacks.workers import WorkersConstruct
-from switchyard.observability import BUS_SERVICE
+from switchyard.core.observability import BUS_SERVICE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUS_CONSTRUCT_ID = "Bus"

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 from constructs import Construct
 
 from stacks import constants as c
+from switchyard.core.errors import InvalidNameError
 from switchyard.delay.settings import validate_schema, validate_topic
-from switchyard.errors import InvalidNameError
 from switchyard.rpc.drivers.ecs import CAPACITY_PROVIDERS, DEFAULT_CAPACITY_PROVIDER
 from switchyard.rpc.protocol import validate_pool
 from switchyard.rpc.settings import PoolPolicy

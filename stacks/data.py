@@ -130,7 +130,7 @@ class DataConstruct(Construct):
             database_name=POSTGRES_DATABASE,
             allocated_storage=cfg.allocated_storage_gib,
             storage_type=rds.StorageType.GP3,  # 3,000 IOPS baseline at any size, cheaper per GB than gp2
-            ca_certificate=rds.CaCertificate.RDS_CA_RSA2048_G1,  # its roots are in switchyard/certs
+            ca_certificate=rds.CaCertificate.RDS_CA_RSA2048_G1,  # its roots are in switchyard/core/certs
             storage_encrypted=True,
             multi_az=cfg.multi_az,
             deletion_protection=cfg.deletion_protection or self.config.production,
@@ -208,9 +208,9 @@ class DataConstruct(Construct):
 
     @property
     def postgres_dsn_template(self) -> str:
-        """Every part comes from the RDS secret (see switchyard/aws_secrets.py). TLS with the server's
+        """Every part comes from the RDS secret (see switchyard/core/aws_secrets.py). TLS with the server's
         certificate and host name verified against the RDS CA bundle the package ships
-        (``switchyard/certs``; the delay store names it as ``sslrootcert``)."""
+        (``switchyard/core/certs``; the delay store names it as ``sslrootcert``)."""
         return "postgresql://{username}:{password}@{host}:{port}/{dbname}?sslmode=verify-full"
 
     @property

@@ -4,7 +4,7 @@ deploy-time custom resources (pools declared, delay schema migrated, delay topic
 Every function: the Python and CPU of ``stacks/platform.py``, the one layer, Powertools' environment
 (service, metrics namespace, log level), X-Ray active tracing, the private subnets with the functions'
 security group, and a role holding only what its handler touches. Connection URLs carry placeholders that
-the runtime fills from Secrets Manager (``switchyard/aws_secrets.py``): no secret value is in the
+the runtime fills from Secrets Manager (``switchyard/core/aws_secrets.py``): no secret value is in the
 template or in a function's configuration.
 """
 
@@ -35,8 +35,8 @@ from stacks.network import NetworkConstruct
 from stacks.parameters import DELAY_CONSUMER_GROUP, ConfigParametersConstruct, ServiceEndpoints
 from stacks.platform import lambda_architecture, lambda_runtime
 from stacks.workers import WorkersConstruct, worker_family
-from switchyard.deployed_config import CONFIG_PATH_ENV
-from switchyard.observability import DELAY_SERVICE, DEPLOY_SERVICE, pool_service
+from switchyard.core.deployed_config import CONFIG_PATH_ENV
+from switchyard.core.observability import DELAY_SERVICE, DEPLOY_SERVICE, pool_service
 from switchyard.rpc.access import BrokerRole
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -27,7 +27,7 @@ from stacks.config import DeploymentConfig
 from stacks.monitoring import MonitoringConstruct
 from stacks.names import alarm_name, dashboard_name
 from stacks.parameters import ConfigParametersConstruct, ServiceEndpoints
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 
 LOCAL_BROKER_CREDENTIALS = {"username": "guest", "password": "guest"}  # the local RabbitMQ's user
 
@@ -40,7 +40,7 @@ def _with_placeholders(url: str) -> str:
 
 
 def local_endpoints(broker_secret: secretsmanager.ISecret) -> ServiceEndpoints:
-    """The local services (their defaults in ``switchyard.config.Connections``), broker credentials
+    """The local services (their defaults in ``switchyard.core.config.Connections``), broker credentials
     from ``broker_secret`` as on AWS."""
     local = Connections()
     return ServiceEndpoints(

@@ -31,7 +31,7 @@ from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.names import alarm_name, dashboard_name, metrics_namespace
 from stacks.workers import WorkersConstruct
-from switchyard.observability import DELAY_SERVICE, pool_service
+from switchyard.core.observability import DELAY_SERVICE, pool_service
 
 PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
 

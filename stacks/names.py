@@ -19,8 +19,8 @@ import re
 from aws_cdk import Stack
 from constructs import Construct
 
-from switchyard.deployed_config import ALARM_PREFIX_ENV, METRICS_NAMESPACE_ENV
-from switchyard.deployed_config import metrics_namespace as stack_metrics_namespace
+from switchyard.core.deployed_config import ALARM_PREFIX_ENV, METRICS_NAMESPACE_ENV
+from switchyard.core.deployed_config import metrics_namespace as stack_metrics_namespace
 
 DIGEST_CHARS = 8
 

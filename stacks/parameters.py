@@ -1,7 +1,7 @@
 """The deployed configuration: where the services are, as SSM parameters a process reads at start.
 
 Both targets write the same thing: one String parameter per setting, named after its environment
-variable, under ``/switchyard/<stack name>/config/`` (``switchyard.deployed_config.config_path``,
+variable, under ``/switchyard/<stack name>/config/`` (``switchyard.core.deployed_config.config_path``,
 which reads them back). Only the settings every part shares go there (connection URLs with their
 ``{username}``/``{password}`` placeholders and the ARNs of the secrets that fill them, the Kafka
 bootstrap, the delay scheduler's topics and schema); per-function settings (pool, driver) stay in
@@ -25,7 +25,7 @@ from constructs import Construct
 
 from stacks.config import ConfigError, DelayConfig
 from stacks.names import runtime_names
-from switchyard.deployed_config import CONFIG_PATH_ENV, VARIABLE_RE, config_path
+from switchyard.core.deployed_config import CONFIG_PATH_ENV, VARIABLE_RE, config_path
 
 DELAY_CONSUMER_GROUP = "switchyard-delay"
 

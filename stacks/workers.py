@@ -22,7 +22,7 @@ from stacks.config import DeploymentConfig, PoolConfig
 from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct
 from stacks.platform import fargate_platform, worker_image
-from switchyard.aws_secrets import INJECTED_FIELDS
+from switchyard.core.aws_secrets import INJECTED_FIELDS
 from switchyard.rpc.access import BrokerRole
 from switchyard.rpc.settings import CALL_TIMEOUT_ENV
 

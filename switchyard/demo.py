@@ -18,8 +18,8 @@ import uuid
 from collections import Counter, defaultdict
 from concurrent.futures import Future
 
-from switchyard.cli import add_stack_option
-from switchyard.latency import LatencySummary
+from switchyard.cli.options import add_stack_option
+from switchyard.core.latency import LatencySummary
 
 KEYS = ("infra=42", "infra=7", "🚂 express", "timetable #12", "infra=99", "infra=3")
 
@@ -115,12 +115,12 @@ def _pipelined(client, keys: list[str], seconds: float, concurrency: int):
 
 def run_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-    from switchyard.observability import logger
+    from switchyard.core.observability import logger
 
     if not args.verbose:
         logger.setLevel("ERROR")
+    from switchyard.core.redis_client import connect_redis
     from switchyard.local.rpc_runtime import LocalControlPlane
-    from switchyard.redis_client import connect_redis
     from switchyard.rpc.amqp import redact
     from switchyard.rpc.client import RpcClient
     from switchyard.rpc.control_plane import ControlSettings
@@ -325,8 +325,8 @@ def event_bus_part(out: Printer) -> None:
     from switchyard.bus.settings import BusSettings
     from switchyard.bus.store import BusStore
     from switchyard.bus.worker import BusWorker
+    from switchyard.core.redis_client import connect_redis
     from switchyard.local.http_gateway import HttpGateway
-    from switchyard.redis_client import connect_redis
 
     started = time.monotonic()
     failures_left = {"billing": 3}
@@ -420,12 +420,12 @@ def delay_scheduler_part(out: Printer, messages: int = 300) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from switchyard.config import Connections
+    from switchyard.core.config import Connections
     from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
     from switchyard.delay.parsing import format_deadline
-    from switchyard.delay.runtime import LocalRuntime
     from switchyard.delay.settings import OUTPUT_CONSUMER_SETTINGS, DelaySettings
     from switchyard.delay.store import PostgresDelayStore
+    from switchyard.local.delay_runtime import LocalRuntime
 
     name = f"demo_delay_{uuid.uuid4().hex[:6]}"
     settings = DelaySettings(input_topic=f"{name}-in", output_topic=f"{name}-out", schema=name,

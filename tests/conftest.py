@@ -43,7 +43,7 @@ def rabbitmq_broker(config: pytest.Config) -> str:
     if BROKER not in config.stash:
         import requests
 
-        from switchyard.config import Connections
+        from switchyard.core.config import Connections
 
         conn = Connections.from_env()
         mgmt, amqp = urlsplit(conn.management_url), urlsplit(conn.amqp_url)

@@ -70,7 +70,7 @@ def rpc_worker() -> str:
 
 def bus_worker() -> str:
     """An event bus worker's start-up (``switchyard bus worker``): its store on Redis."""
-    from switchyard.bus.cli import _store
+    from switchyard.cli.bus import _store
 
     return str(_store().redis.ping())
 
@@ -81,7 +81,7 @@ def emr_job(input_uri: str, output_uri: str) -> list[str]:
     import tempfile
     from pathlib import Path
 
-    from switchyard.config import Connections
+    from switchyard.core.config import Connections
     from switchyard.delay.settings import DelaySettings
     from switchyard.rpc.settings import RpcSettings
     from switchyard.spark import staging

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from switchyard.config import Connections, env_float, env_int
-from switchyard.errors import ConfigError
+from switchyard.core.config import Connections, env_float, env_int
+from switchyard.core.errors import ConfigError
 from switchyard.rpc.settings import PoolPolicy
 
 

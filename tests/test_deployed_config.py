@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from switchyard import deployed_config
-from switchyard.aws_secrets import SECRET_URLS, source_variables
 from switchyard.cli import main
-from switchyard.config import Connections
-from switchyard.deployed_config import CONFIG_PATH_ENV, config_path, load_deployed_config
-from switchyard.errors import ConfigError
+from switchyard.core import deployed_config
+from switchyard.core.aws_secrets import SECRET_URLS, source_variables
+from switchyard.core.config import Connections
+from switchyard.core.deployed_config import CONFIG_PATH_ENV, config_path, load_deployed_config
+from switchyard.core.errors import ConfigError
 from tests.conftest import unique
 
 MOTO = "http://127.0.0.1:5000"

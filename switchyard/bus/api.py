@@ -49,7 +49,7 @@ from switchyard import __version__
 from switchyard.bus.callbacks import check_subscription
 from switchyard.bus.settings import BusSettings
 from switchyard.bus.store import BusStore, TopicClaimedError, TopicLimitError, UnknownTokenError, event_json
-from switchyard.observability import logger, metrics, redact
+from switchyard.core.observability import logger, metrics, redact
 
 TOPIC_PATTERN = r"^[a-z_]{1,64}$"
 UUID_PATTERN = r"^[\x21-\x39\x3b-\x7e]+$"  # printable ASCII but ':' (a Basic-auth username)
@@ -77,7 +77,7 @@ def store() -> BusStore:
     """The bus this API serves: from ``SWITCHYARD_BUS_*`` and ``SWITCHYARD_REDIS_URL`` unless configured."""
     global _store
     if _store is None:
-        from switchyard.redis_client import connect_redis
+        from switchyard.core.redis_client import connect_redis
 
         _store = BusStore(connect_redis(), BusSettings.from_env())
     return _store

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
-from switchyard.errors import SwitchyardError
+from switchyard.core.errors import SwitchyardError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

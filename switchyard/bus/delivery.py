@@ -27,7 +27,7 @@ from switchyard.bus.callback_http import CallbackClient
 from switchyard.bus.callbacks import AddressPolicy, CallbackError, parse_callback
 from switchyard.bus.settings import BusSettings
 from switchyard.bus.store import DELIVER, BusStore, as_text
-from switchyard.observability import logger
+from switchyard.core.observability import logger
 
 HOST_BUSY_RETRY_MS = 200  # a delivery whose host is at its limit tries again this much later
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from switchyard.bus.jobs import JobQueue, scrub
 from switchyard.bus.store import QUEUES, BusStore, as_text
-from switchyard.observability import emit_gauge, logger
+from switchyard.core.observability import emit_gauge, logger
 
 
 @dataclass

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from switchyard.bus.callbacks import Allowlist
-from switchyard.config import env_int, fields_from_env, prefixed
-from switchyard.errors import ConfigError
+from switchyard.core.config import env_int, fields_from_env, prefixed
+from switchyard.core.errors import ConfigError
 
 _BUS_NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
 
@@ -24,7 +24,7 @@ def root_key_from_env() -> str:
     key = os.environ.get("SWITCHYARD_BUS_ROOT_KEY", "")
     if key or not os.environ.get("SWITCHYARD_BUS_SECRET_ARN"):
         return key
-    from switchyard.aws_secrets import _secret_values
+    from switchyard.core.aws_secrets import _secret_values
 
     return _secret_values("BUS", os.environ).get("root_key", "")
 

@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from switchyard.bus.settings import BusSettings
-from switchyard.errors import InvalidNameError
+from switchyard.core.errors import InvalidNameError
 
 NAME_RE = re.compile(r"[a-z0-9:_-]{1,64}")  # client names and tokens (Routemaster's User), fullmatch
 DELIVER = "deliver:"  # delivery jobs are "deliver:<subscriber token>"

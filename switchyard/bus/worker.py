@@ -31,7 +31,7 @@ from switchyard.bus.delivery import HOST_BUSY_RETRY_MS, Deliverer, HostSlots
 from switchyard.bus.housekeeping import aux_intervals, run_aux_job
 from switchyard.bus.jobs import JobQueue, heartbeat
 from switchyard.bus.store import DELIVER, BusStore
-from switchyard.observability import logger, metrics
+from switchyard.core.observability import logger, metrics
 
 REDIS_ERROR_PAUSE_S = 1.0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
+from switchyard.core.observability import logger
 from switchyard.delay.errors import (
     InvalidMessageError,
     PublishError,
@@ -30,7 +31,6 @@ from switchyard.delay.model import (
 from switchyard.delay.parsing import parse_record
 from switchyard.delay.ports import DelayStore, Publisher
 from switchyard.delay.settings import DelaySettings
-from switchyard.observability import logger
 
 
 def _drop(drop: Drop, drops: list[Drop], exc_info: bool = False) -> None:

@@ -6,7 +6,7 @@ and the handlers only ever see these.
 
 from __future__ import annotations
 
-from switchyard.errors import BrokerError, BrokerUnavailableError, SwitchyardError
+from switchyard.core.errors import BrokerError, BrokerUnavailableError, SwitchyardError
 
 
 class DelayError(SwitchyardError):

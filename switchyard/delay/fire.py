@@ -27,11 +27,11 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
+from switchyard.core.observability import logger
 from switchyard.delay.errors import MessageRefusedError, PublishError, StoreError
 from switchyard.delay.model import FireOutcome, ReadyMessage
 from switchyard.delay.ports import DelayStore, Delivery, Publisher
 from switchyard.delay.settings import DelaySettings
-from switchyard.observability import logger
 
 DELETE_BATCH = 1000
 DELETE_INTERVAL_S = 0.1  # confirmed rows are deleted in batches at least this often (one commit each)

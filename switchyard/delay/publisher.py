@@ -28,12 +28,12 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from switchyard.core.msk_auth import kafka_security_config
+from switchyard.core.observability import logger
 from switchyard.delay.errors import MessageRefusedError, PublishError
 from switchyard.delay.model import Header
 from switchyard.delay.ports import Delivery
 from switchyard.delay.settings import validate_topic
-from switchyard.msk_auth import kafka_security_config
-from switchyard.observability import logger
 
 # Errors about one message itself: another attempt fails the same way (anything else may pass).
 REFUSED_CODES = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG, KafkaError.INVALID_MSG_SIZE,

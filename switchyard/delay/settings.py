@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass, fields
 from datetime import timedelta
 
-from switchyard.config import fields_from_env, prefixed
-from switchyard.errors import ConfigError, InvalidNameError
+from switchyard.core.config import fields_from_env, prefixed
+from switchyard.core.errors import ConfigError, InvalidNameError
 
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")

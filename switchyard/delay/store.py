@@ -28,7 +28,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from switchyard.certs import RDS_CA_BUNDLE
+from switchyard.core.certs import RDS_CA_BUNDLE
+from switchyard.core.observability import logger
 from switchyard.delay.errors import (
     StoreError,
     StoreUnavailableError,
@@ -39,7 +40,6 @@ from switchyard.delay.model import DelayedMessage, ReadyMessage, StuckMessage
 from switchyard.delay.parsing import headers_from_json, headers_to_json
 from switchyard.delay.queries import bind_schema, migrations, schema_queries
 from switchyard.delay.settings import validate_schema
-from switchyard.observability import logger
 
 _to_json = json.JSONEncoder(separators=(",", ":")).encode
 

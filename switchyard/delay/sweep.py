@@ -11,11 +11,11 @@ import random
 import time
 from collections.abc import Callable
 
+from switchyard.core.observability import logger
 from switchyard.delay.errors import StoreError
 from switchyard.delay.model import SweepOutcome
 from switchyard.delay.ports import DelayStore
 from switchyard.delay.settings import DelaySettings
-from switchyard.observability import logger
 
 SWEEP_LIMIT = 5000
 

@@ -44,9 +44,9 @@ import waitress.server
 from waitress import wasyncore
 from waitress.channel import HTTPChannel
 
-from switchyard.config import env_float
+from switchyard.core.config import env_float
+from switchyard.core.observability import redact
 from switchyard.local.lambda_context import FakeLambdaContext
-from switchyard.observability import redact
 
 logger = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from typing import Any
 
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 
-from switchyard import observability
-from switchyard.errors import ConfigError
-from switchyard.observability import logger
+from switchyard.core import observability
+from switchyard.core.errors import ConfigError
+from switchyard.core.observability import logger
 
 # PutMetricData's limits (API reference): 1,000 metrics and 1 MB per request, 150 distinct values
 # per metric through Values/Counts, 30 dimensions per metric.

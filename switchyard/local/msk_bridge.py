@@ -22,8 +22,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from switchyard.core.observability import logger
 from switchyard.local.lambda_context import FakeLambdaContext
-from switchyard.observability import logger
 
 Handler = Callable[[dict[str, Any], Any], Any]
 

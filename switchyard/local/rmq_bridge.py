@@ -38,9 +38,9 @@ import pika.exceptions
 import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.errors import BrokerError, ConfigError
+from switchyard.core.errors import BrokerError, ConfigError
+from switchyard.core.observability import logger
 from switchyard.local.lambda_context import FakeLambdaContext
-from switchyard.observability import logger
 from switchyard.rpc.amqp import connect
 
 Handler = Callable[[dict[str, Any], Any], Any]

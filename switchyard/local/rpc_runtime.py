@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from switchyard.core.observability import logger
 from switchyard.local.functions import load_function, scheduled_event
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RabbitMQEventSource
-from switchyard.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control_plane import ControlPlane, ControlSettings, install
 from switchyard.rpc.drivers import WorkerGroupDriver

@@ -46,7 +46,7 @@ from aws_lambda_powertools.event_handler.exceptions import (
     UnauthorizedError,
 )
 
-from switchyard.errors import ConfigError
+from switchyard.core.errors import ConfigError
 from switchyard.pending.errors import MessageTooLargeError, PendingError, QueueUnavailableError
 from switchyard.pending.queue import ID_LENGTH, Delivery, PendingQueue
 from switchyard.pending.settings import ENDPOINT_NAME
@@ -86,7 +86,7 @@ class TokenStore:
     def from_env(cls) -> TokenStore:
         arn = os.environ.get("SWITCHYARD_PENDING_TOKENS_SECRET_ARN")
         if arn:
-            from switchyard.aws_secrets import _fetch
+            from switchyard.core.aws_secrets import _fetch
 
             return cls(lambda: _fetch(arn))
         raw = os.environ.get("SWITCHYARD_PENDING_TOKENS", "")

@@ -19,7 +19,7 @@ from typing import Any
 
 import requests
 
-from switchyard.errors import ConfigError
+from switchyard.core.errors import ConfigError
 from switchyard.pending.queue import CancelToken, handler_message
 from switchyard.pending.settings import PendingSettings, check_endpoint
 from switchyard.pending.storage import StreamRef, StreamStore

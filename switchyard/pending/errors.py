@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from switchyard.errors import SwitchyardError
+from switchyard.core.errors import SwitchyardError
 
 
 class PendingError(SwitchyardError):

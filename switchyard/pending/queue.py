@@ -50,7 +50,7 @@ from typing import Any, BinaryIO
 
 import redis
 
-from switchyard.observability import emit_gauge
+from switchyard.core.observability import emit_gauge
 from switchyard.pending.batch import ScriptBatcher, Signal
 from switchyard.pending.errors import (
     CancelledError,

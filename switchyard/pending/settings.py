@@ -13,8 +13,8 @@ import redis
 from redis.backoff import ConstantBackoff
 from redis.retry import Retry
 
-from switchyard.config import Connections, env_float, env_int, env_str
-from switchyard.errors import ConfigError
+from switchyard.core.config import Connections, env_float, env_int, env_str
+from switchyard.core.errors import ConfigError
 
 # API Gateway (REST) ends every integration at 29 s; a long poll must answer before that.
 API_GATEWAY_LIMIT_S = 29.0

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from switchyard.errors import ConfigError
+from switchyard.core.errors import ConfigError
 from switchyard.pending.errors import PendingError
 
 CHUNK = 1024 * 1024

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from switchyard.errors import ConfigError
+from switchyard.core.errors import ConfigError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.management import ManagementApi
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from switchyard.observability import logger
+from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.rmq_event import AmqpMessage
 from switchyard.rpc.state import PoolState, TouchMode, now_ms

@@ -13,8 +13,8 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.config import env_int
-from switchyard.errors import BrokerUnavailableError, ConfigError
+from switchyard.core.config import env_int
+from switchyard.core.errors import BrokerUnavailableError, ConfigError
 
 HEARTBEAT_ENV = "SWITCHYARD_AMQP_HEARTBEAT"
 DEFAULT_HEARTBEAT_S = 30

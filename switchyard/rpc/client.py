@@ -42,7 +42,7 @@ import pika.exceptions
 import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.errors import (
+from switchyard.core.errors import (
     BrokerUnavailableError,
     CallTimeoutError,
     ClientBusyError,
@@ -53,7 +53,7 @@ from switchyard.errors import (
     RpcError,
     UnroutableError,
 )
-from switchyard.observability import logger
+from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import close_reason, connect, enable_async_confirms, frame_max, publish_buffered
 from switchyard.rpc.settings import RpcSettings

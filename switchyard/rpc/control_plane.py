@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import redis
 
-from switchyard.config import env_float, env_str
-from switchyard.errors import ConfigError
-from switchyard.redis_client import connect_redis
+from switchyard.core.config import env_float, env_str
+from switchyard.core.errors import ConfigError
+from switchyard.core.redis_client import connect_redis
 from switchyard.rpc import protocol as p
 from switchyard.rpc.activity import ActivityOutcome, track_activity
 from switchyard.rpc.dead_letters import DeadLetterOutcome, respond_dead_letters

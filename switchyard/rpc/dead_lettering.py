@@ -34,8 +34,8 @@ from urllib.parse import urlsplit
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.errors import DeadLetteringStrandedError
-from switchyard.observability import logger
+from switchyard.core.errors import DeadLetteringStrandedError
+from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.management import ManagementApi, vhost_from_amqp_url
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from switchyard.observability import logger
+from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.orphans import negative_response, poison_copy
 from switchyard.rpc.publisher import ConfirmingPublisher, Outgoing

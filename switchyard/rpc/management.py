@@ -11,7 +11,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 import requests
 
-from switchyard.errors import BrokerUnavailableError, ManagementApiError
+from switchyard.core.errors import BrokerUnavailableError, ManagementApiError
 
 
 def vhost_from_amqp_url(amqp_url: str) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 
 import pika
 
-from switchyard.observability import logger
+from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.drivers import WorkerGroup, WorkerGroupDriver
 from switchyard.rpc.publisher import ConfirmingPublisher, Outgoing

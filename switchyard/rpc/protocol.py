@@ -42,7 +42,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote
 
-from switchyard.errors import InvalidNameError
+from switchyard.core.errors import InvalidNameError
 
 MAX_NAME_BYTES = 255
 POOL_NAME_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")

@@ -18,7 +18,7 @@ import pika
 import pika.exceptions
 import pika.spec
 
-from switchyard.errors import BrokerError, PublishRejectedError, UnroutableError
+from switchyard.core.errors import BrokerError, PublishRejectedError, UnroutableError
 from switchyard.rpc.amqp import connect, enable_async_confirms, is_alive, publish_buffered
 
 

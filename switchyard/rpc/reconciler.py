@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from switchyard.observability import logger
+from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import consume_answered
 from switchyard.rpc.dead_lettering import broker_id

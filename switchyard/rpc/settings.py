@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from switchyard.config import Connections, env_float, env_int, env_str
-from switchyard.errors import ConfigError
+from switchyard.core.config import Connections, env_float, env_int, env_str
+from switchyard.core.errors import ConfigError
 from switchyard.rpc.protocol import QueueType
 
 # A call's default timeout, and with it its request's expiration. 30 s locally (a subprocess worker

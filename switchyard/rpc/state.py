@@ -35,7 +35,7 @@ from importlib import resources
 
 import redis
 
-from switchyard.errors import SwitchyardError
+from switchyard.core.errors import SwitchyardError
 from switchyard.rpc import protocol as p
 
 # A holder that dies (a SIGKILLed control plane, a Lambda timeout) blocks its keys until the lock

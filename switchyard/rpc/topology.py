@@ -16,8 +16,8 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.errors import PoolNotEmptyError, PoolNotFoundError, TopologyError
-from switchyard.observability import logger
+from switchyard.core.errors import PoolNotEmptyError, PoolNotFoundError, TopologyError
+from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import connect, is_alive
 from switchyard.rpc.dead_lettering import ProbeResult, is_stranding, probe, retired, stranded_error

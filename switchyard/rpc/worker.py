@@ -56,8 +56,8 @@ import pika.exceptions
 import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.errors import ConfigError, TopologyError
-from switchyard.observability import logger
+from switchyard.core.errors import ConfigError, TopologyError
+from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import (
     ack_buffered,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from switchyard.errors import BrokerError, CallTimeoutError, RpcError, SwitchyardError
+from switchyard.core.errors import BrokerError, CallTimeoutError, RpcError, SwitchyardError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import Response, RpcClient
 from switchyard.rpc.settings import RpcSettings

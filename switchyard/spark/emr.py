@@ -31,8 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from switchyard.aws_secrets import SECRET_URLS, source_variables
-from switchyard.errors import SwitchyardError
+from switchyard.core.aws_secrets import SECRET_URLS, source_variables
+from switchyard.core.errors import SwitchyardError
 
 APPLICATION_ID_ENV = "SWITCHYARD_EMR_APPLICATION_ID"
 JOB_ROLE_ARN_ENV = "SWITCHYARD_EMR_JOB_ROLE_ARN"
@@ -261,7 +261,7 @@ def job_settings() -> frozenset[str]:
 
 def stack_config(stack: str) -> dict[str, str]:
     """The stack's deployed ``SWITCHYARD_*`` settings (Powertools' cache: ``--stack`` just read them)."""
-    from switchyard.deployed_config import config_path, fetch
+    from switchyard.core.deployed_config import config_path, fetch
 
     return fetch(config_path(stack))
 

@@ -31,9 +31,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
+from switchyard.core.errors import ConfigError
 from switchyard.delay.settings import DelaySettings
-from switchyard.errors import ConfigError
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.topology import PoolTopology
 from switchyard.spark import rows as r

@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from switchyard.core.errors import InvalidNameError
 from switchyard.delay.model import MAX_MESSAGE_ID_LENGTH
 from switchyard.delay.parsing import format_deadline, parse_deadline
-from switchyard.errors import InvalidNameError
 from switchyard.rpc import protocol as p
 
 # Input columns (every one but ``key`` optional).

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 from confluent_kafka import Producer
 
+from switchyard.core.msk_auth import kafka_security_config
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.settings import validate_topic
-from switchyard.msk_auth import kafka_security_config
 from switchyard.rpc import protocol as p
 from switchyard.spark.rows import ID_HEADER, POOL_HEADER, Request, Status, result_row
 

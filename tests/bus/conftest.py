@@ -22,8 +22,8 @@ from switchyard.bus import api
 from switchyard.bus.settings import BusSettings
 from switchyard.bus.store import BusStore
 from switchyard.bus.worker import BusWorker
+from switchyard.core.redis_client import connect_redis
 from switchyard.local.http_gateway import HttpGateway
-from switchyard.redis_client import connect_redis
 from tests.bus.servers import TestServer
 from tests.conftest import unique
 
@@ -236,6 +236,6 @@ def private_redis() -> Iterator[str]:
 
 
 def connect_redis_url(url: str):
-    from switchyard.config import Connections
+    from switchyard.core.config import Connections
 
     return connect_redis(Connections(redis_url=url))

@@ -29,7 +29,7 @@ from switchyard.bus.callbacks import (
     refusal,
 )
 from switchyard.bus.settings import BusSettings
-from switchyard.errors import ConfigError
+from switchyard.core.errors import ConfigError
 from tests.bus.servers import TestServer, no_content_then_close
 
 REFUSED = [

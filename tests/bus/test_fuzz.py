@@ -18,8 +18,8 @@ from schemathesis.checks import not_a_server_error
 
 from switchyard.bus import api
 from switchyard.bus.store import BusStore
+from switchyard.core.redis_client import connect_redis
 from switchyard.local.http_gateway import HttpGateway
-from switchyard.redis_client import connect_redis
 from tests.bus.conftest import ROOT_KEY, drop_bus, fast_settings
 from tests.conftest import unique
 

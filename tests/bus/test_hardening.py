@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from switchyard.bus.housekeeping import housekeep
-from switchyard.observability import logger as switchyard_logger
+from switchyard.core.observability import logger as switchyard_logger
 from tests.bus.conftest import ROOT_KEY
 
 EVENT = {"type": "create", "url": "https://api.example/widgets/1"}

@@ -18,11 +18,11 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from switchyard.config import Connections
-from switchyard.delay import runtime
+from switchyard.core.config import Connections
+from switchyard.delay import service as runtime
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER, DelayedMessage
 from switchyard.delay.parsing import format_deadline
-from switchyard.delay.runtime import DelayService
+from switchyard.delay.service import DelayService
 from switchyard.delay.settings import DelaySettings
 from switchyard.delay.store import PostgresDelayStore
 from tests.conftest import ROOT, unique

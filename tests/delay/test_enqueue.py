@@ -15,11 +15,11 @@ from aws_lambda_powertools.utilities.data_classes import KafkaEvent
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
 from psycopg import sql
 
-from switchyard.config import Connections
-from switchyard.delay import runtime
+from switchyard.core.config import Connections
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
-from switchyard.delay.runtime import DelayService
+from switchyard.delay.service import DelayService
 from switchyard.delay.settings import DelaySettings
+from switchyard.local import delay_runtime as runtime
 from switchyard.local.functions import FUNCTIONS_DIR
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.msk_bridge import MskBridge, MskBridgeConfig
@@ -274,7 +274,7 @@ def test_non_ascii_id_binary_and_null_headers_through_the_bridge_end_to_end(
     settings: DelaySettings, connections: Connections, store: Any, output: OutputReader,
 ) -> None:
     """The local bridge sends signed bytes and nulls as Lambda does; the message comes out byte for byte."""
-    from switchyard.delay.runtime import LocalRuntime
+    from switchyard.local.delay_runtime import LocalRuntime
 
     message_id = "commande-№42-ключ-✓"
     trace = bytes(range(255, -1, -1))

@@ -16,13 +16,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 from switchyard.delay.fire import FireLoop
 from switchyard.delay.model import CHRONOS_HEADERS, FireOutcome, SweepOutcome
-from switchyard.delay.runtime import DelayService, LocalRuntime, load_function
+from switchyard.delay.service import DelayService
 from switchyard.delay.settings import DelaySettings
 from switchyard.delay.store import PostgresDelayStore
 from switchyard.delay.sweep import run_sweeps
+from switchyard.local.delay_runtime import LocalRuntime, load_function
 from switchyard.local.functions import scheduled_event
 from switchyard.local.lambda_context import FakeLambdaContext
 from tests.conftest import wait_for

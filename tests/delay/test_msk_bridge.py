@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEvent
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 from switchyard.delay.msk import records_from_kafka_event
 from switchyard.delay.settings import DelaySettings
 from switchyard.local.msk_bridge import MskBridge, MskBridgeConfig

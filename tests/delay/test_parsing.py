@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from switchyard.core.errors import ConfigError, InvalidNameError
 from switchyard.delay.errors import InvalidMessageError
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER, DropReason, InputRecord
 from switchyard.delay.parsing import (
@@ -19,7 +20,6 @@ from switchyard.delay.parsing import (
 )
 from switchyard.delay.queries import migrations, parse_queries, queries
 from switchyard.delay.settings import DelaySettings
-from switchyard.errors import ConfigError, InvalidNameError
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -1,5 +1,5 @@
 """Postgres TLS on AWS: the delay store verifies RDS's certificate and host name (``verify-full``)
-against the RDS CA bundle the package ships (switchyard/certs), on every host, with no download."""
+against the RDS CA bundle the package ships (switchyard/core/certs), on every host, with no download."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from switchyard.certs import RDS_CA_BUNDLE
+from switchyard.core.certs import RDS_CA_BUNDLE
 from switchyard.delay.store import PostgresDelayStore, tls_options
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 from switchyard.delay.model import DelayedMessage
 from switchyard.delay.queries import migrations
 from switchyard.delay.settings import DelaySettings

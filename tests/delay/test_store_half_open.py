@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 from switchyard.delay.errors import StoreUnavailableError
 from switchyard.delay.settings import DelaySettings
 from switchyard.delay.store import PostgresDelayStore

@@ -20,8 +20,8 @@ from unittest import mock
 
 from switchyard.bus import api
 from switchyard.bus.store import BusStore
+from switchyard.core.redis_client import connect_redis
 from switchyard.local.http_gateway import HttpGateway
-from switchyard.redis_client import connect_redis
 from tests.bus.conftest import ROOT_KEY, Client, Subscriber, drop_bus, fast_settings
 from tests.conftest import unique
 from tests.faults.account import Account, recovery_after

@@ -26,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 from tests.delay.conftest import Tansu, free_port
 from tests.faults import delay, rpc
 from tests.faults.account import Account

@@ -21,7 +21,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 from switchyard.delay.store import PostgresDelayStore
 from tests.conftest import unique, wait_for
 from tests.delay.conftest import (

@@ -10,7 +10,7 @@ import os
 
 import redis
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 from switchyard.rpc.worker import Request
 
 # The Redis the counts go to, straight (the pool's own may be cut by a scenario's proxy).

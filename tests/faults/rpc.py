@@ -27,8 +27,13 @@ import pika
 import pika.exceptions
 import redis
 
-from switchyard.config import Connections
-from switchyard.errors import BrokerUnavailableError, ClientBusyError, ClientClosedError, PublishRejectedError
+from switchyard.core.config import Connections
+from switchyard.core.errors import (
+    BrokerUnavailableError,
+    ClientBusyError,
+    ClientClosedError,
+    PublishRejectedError,
+)
 from switchyard.rpc import RpcClient
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import Response

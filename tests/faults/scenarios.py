@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 from tests.faults import bus, cuts, delay, pending, rpc
 from tests.faults.account import Account
 

@@ -22,8 +22,8 @@ import pika
 import pytest
 import redis
 
-from switchyard.config import Connections
-from switchyard.errors import DeadLetteringStrandedError
+from switchyard.core.config import Connections
+from switchyard.core.errors import DeadLetteringStrandedError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.management import ManagementApi
 from switchyard.rpc.reconciler import Delays, Reconciler

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import settings as fuzz_settings
 from hypothesis import strategies as st
 
-from switchyard.delay.runtime import DelayService
+from switchyard.delay.service import DelayService
 from switchyard.local.functions import load_function
 from switchyard.local.lambda_context import FakeLambdaContext
 from tests.delay.conftest import (  # noqa: F401 - fixtures

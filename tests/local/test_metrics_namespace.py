@@ -13,8 +13,8 @@ from typing import Any
 import boto3
 import pytest
 
-from switchyard import deployed_config, observability
-from switchyard.deployed_config import (
+from switchyard.core import deployed_config, observability
+from switchyard.core.deployed_config import (
     CONFIG_PATH_ENV,
     DEFAULT_METRICS_NAMESPACE,
     METRICS_NAMESPACE_ENV,

@@ -23,7 +23,7 @@ import pytest
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 from botocore.config import Config
 
-from switchyard import observability
+from switchyard.core import observability
 from switchyard.local.metrics_shipper import (
     MAX_DATUMS_PER_CALL,
     MetricsShipper,

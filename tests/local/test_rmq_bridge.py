@@ -17,7 +17,7 @@ import pytest
 import requests
 from aws_lambda_powertools.utilities.data_classes.rabbit_mq_event import RabbitMQEvent
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 from switchyard.local.rmq_bridge import (
     RabbitMQEventSource,
     RmqDelivery,

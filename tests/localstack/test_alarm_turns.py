@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from switchyard.deployed_config import ALARM_PREFIX_ENV
-from switchyard.local.alarm_scenario import taking_turns
+from switchyard.cli.alarms import taking_turns
+from switchyard.core.deployed_config import ALARM_PREFIX_ENV
 from tests.conftest import unique, wait_for
 
 CLOUDWATCH = SimpleNamespace(meta=SimpleNamespace(endpoint_url="http://127.0.0.1:4566"))

@@ -8,9 +8,14 @@ from typing import Any
 
 from stacks.localstack_deploy import Deployment
 from stacks.localstack_stack import LOCAL_BROKER_CREDENTIALS
-from switchyard.aws_secrets import fill
-from switchyard.config import Connections
-from switchyard.deployed_config import ALARM_PREFIX_ENV, METRICS_NAMESPACE_ENV, config_path, metrics_namespace
+from switchyard.core.aws_secrets import fill
+from switchyard.core.config import Connections
+from switchyard.core.deployed_config import (
+    ALARM_PREFIX_ENV,
+    METRICS_NAMESPACE_ENV,
+    config_path,
+    metrics_namespace,
+)
 
 SHARED = {"SWITCHYARD_AMQP_URL", "SWITCHYARD_MANAGEMENT_URL", "SWITCHYARD_AMQP_SECRET_ARN",
           "SWITCHYARD_REDIS_URL", "SWITCHYARD_POSTGRES_DSN", "SWITCHYARD_KAFKA_BOOTSTRAP",

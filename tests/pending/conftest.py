@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 from switchyard.pending.queue import PendingQueue
 from switchyard.pending.settings import PendingSettings
 from tests.conftest import unique

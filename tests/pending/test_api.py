@@ -107,7 +107,7 @@ def test_long_poll_ends_before_the_lambda_time_runs_out(node_b: PendingQueue) ->
 
 
 def test_settings_refuse_a_long_poll_longer_than_api_gateway_allows() -> None:
-    from switchyard.errors import ConfigError
+    from switchyard.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="29 s"):
         PendingSettings(http_poll_wait_s=29)
@@ -199,7 +199,7 @@ def test_the_lambda_handler_behind_the_gateway(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_token_store_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    from switchyard.errors import ConfigError
+    from switchyard.core.errors import ConfigError
 
     monkeypatch.setenv("SWITCHYARD_PENDING_TOKENS", '{"a": "t"}')
     store = TokenStore.from_env()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from switchyard.errors import ConfigError
+from switchyard.core.errors import ConfigError
 from switchyard.pending.storage import (
     LocalDirectoryStore,
     S3StreamStore,

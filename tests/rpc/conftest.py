@@ -13,7 +13,7 @@ import pika
 import pytest
 import redis
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 from switchyard.local.rpc_runtime import BridgeSettings, LocalControlPlane
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control_plane import ControlSettings

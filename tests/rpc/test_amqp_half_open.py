@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import pika
 import pytest
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 from switchyard.rpc.amqp import HEARTBEAT_ENV, connect, is_alive
 from switchyard.rpc.publisher import ConfirmingPublisher, Outgoing
 from tests.pending.tcp_proxy import CuttableProxy

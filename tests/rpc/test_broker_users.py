@@ -24,8 +24,8 @@ import pytest
 import redis
 import requests
 
-from switchyard import deploy
-from switchyard.config import Connections
+from switchyard.aws import deploy
+from switchyard.core.config import Connections
 from switchyard.rpc import protocol as p
 from switchyard.rpc.access import BrokerRole, BrokerUser, deployment_users
 from switchyard.rpc.amqp import consume_answered

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import pytest
 
-from switchyard.errors import CallTimeoutError, ClientClosedError, InvalidNameError
+from switchyard.core.errors import CallTimeoutError, ClientClosedError, InvalidNameError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.management import ManagementApi

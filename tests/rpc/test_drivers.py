@@ -11,7 +11,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from switchyard.errors import ConfigError, InvalidNameError
+from switchyard.core.errors import ConfigError, InvalidNameError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.drivers import (

@@ -27,8 +27,8 @@ import boto3
 import pytest
 import redis
 
-from switchyard.config import Connections
-from switchyard.errors import ConfigError
+from switchyard.core.config import Connections
+from switchyard.core.errors import ConfigError
 from switchyard.rpc.drivers import DriverError, DriverSettings, WorkerGroup, driver_from_env
 from switchyard.rpc.drivers.ecs import (
     DEFAULT_CAPACITY_PROVIDER,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.errors import CallTimeoutError
+from switchyard.core.errors import CallTimeoutError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from tests.conftest import subprocess_env

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from switchyard.errors import InvalidNameError
+from switchyard.core.errors import InvalidNameError
 from switchyard.rpc import protocol as p
 
 ODD_KEYS = ["", "k" * 1024, "#", "*", ".", "-", "a key with spaces", "🚂💨", "%41", "A", "%2541",

@@ -10,7 +10,7 @@ import time
 import pika
 import pytest
 
-from switchyard.errors import (
+from switchyard.core.errors import (
     CallTimeoutError,
     ClientBusyError,
     PoolNotFoundError,

@@ -29,7 +29,7 @@ import pytest
 
 from stacks.constants import EMR_RELEASE
 from switchyard.cli import main
-from switchyard.deployed_config import CONFIG_PATH_ENV
+from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.spark.emr import (
     APPLICATION_ID_ENV,
     BUCKET_ENV,

@@ -18,7 +18,7 @@ import pytest
 from switchyard import cli
 from switchyard.delay.model import CHRONOS_HEADERS
 from switchyard.delay.parsing import format_deadline
-from switchyard.delay.runtime import LocalRuntime
+from switchyard.local.delay_runtime import LocalRuntime
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.spark import rows as r

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from switchyard.errors import BrokerUnavailableError, CallTimeoutError
+from switchyard.core.errors import BrokerUnavailableError, CallTimeoutError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import Response
 from switchyard.spark import rows as r

@@ -12,10 +12,11 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from switchyard import aws_secrets, deploy, deployed_config
-from switchyard.config import Connections
-from switchyard.errors import ConfigError
-from switchyard.msk_auth import kafka_security_config
+from switchyard.aws import deploy
+from switchyard.core import aws_secrets, deployed_config
+from switchyard.core.config import Connections
+from switchyard.core.errors import ConfigError
+from switchyard.core.msk_auth import kafka_security_config
 from switchyard.rpc import protocol as p
 from switchyard.rpc.management import ManagementApi
 from switchyard.rpc.settings import RpcSettings

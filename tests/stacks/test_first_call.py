@@ -18,8 +18,8 @@ from aws_cdk import App, Stack
 
 from stacks import constants as c
 from stacks.config import ConfigError, DeploymentConfig
-from switchyard import deployed_config
-from switchyard.deployed_config import CONFIG_PATH_ENV, config_path
+from switchyard.core import deployed_config
+from switchyard.core.deployed_config import CONFIG_PATH_ENV, config_path
 from switchyard.rpc.settings import CALL_TIMEOUT_ENV, PoolPolicy, RpcSettings
 from tests.conftest import unique
 from tests.stacks.conftest import synth

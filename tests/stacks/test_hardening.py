@@ -55,7 +55,7 @@ def test_postgres_storage_is_gp3(resources: Resources) -> None:
 def test_every_postgres_dsn_verifies_the_server_and_its_name(resources: Resources) -> None:
     modes = re.findall(r"sslmode=([a-z-]+)", json.dumps(resources))
     assert modes and set(modes) == {"verify-full"}, modes
-    _, postgres = only(resources, "AWS::RDS::DBInstance")  # signed by a CA of switchyard/certs
+    _, postgres = only(resources, "AWS::RDS::DBInstance")  # signed by a CA of switchyard/core/certs
     assert postgres["Properties"]["CACertificateIdentifier"] == "rds-ca-rsa2048-g1"
 
 

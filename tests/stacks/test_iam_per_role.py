@@ -49,9 +49,9 @@ from urllib.parse import unquote, urlsplit
 import boto3
 import pytest
 
-from switchyard.aws_secrets import SECRET_URLS
-from switchyard.config import Connections
-from switchyard.deployed_config import CONFIG_PATH_ENV
+from switchyard.core.aws_secrets import SECRET_URLS
+from switchyard.core.config import Connections
+from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from tests.iam_policy import (
     ACCOUNT,
     REGION,
@@ -278,7 +278,7 @@ def _make_local_resources(pool: str, schema: str, topics: tuple[str, str]) -> An
     import psycopg
     import redis
 
-    from switchyard import deploy
+    from switchyard.aws import deploy
     from tests.delay.conftest import delete_topics
     from tests.rpc.conftest import delete_pool, flush_pool_state
 

@@ -12,7 +12,7 @@ from aws_cdk.assertions import Template
 from stacks import constants as c
 from stacks.application import build_app
 from stacks.config import ConfigError
-from switchyard.deployed_config import metrics_namespace
+from switchyard.core.deployed_config import metrics_namespace
 from switchyard.rpc.settings import CALL_TIMEOUT_ENV
 from tests.stacks.conftest import synth
 from tests.stacks.test_switchyard_stack import actions_of, of_type, policy_statements, switchyard_functions

@@ -17,7 +17,11 @@ import pytest
 from aws_cdk import Stack
 from aws_cdk.assertions import Template
 
-from switchyard.deployed_config import DEFAULT_METRICS_NAMESPACE, METRICS_NAMESPACE_ENV, metrics_namespace
+from switchyard.core.deployed_config import (
+    DEFAULT_METRICS_NAMESPACE,
+    METRICS_NAMESPACE_ENV,
+    metrics_namespace,
+)
 from tests.stacks.test_physical_names import two_stacks  # noqa: F401 - the fixture (one synthesis)
 
 pytestmark = pytest.mark.slow

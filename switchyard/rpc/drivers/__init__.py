@@ -24,8 +24,8 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-from switchyard.config import env_float, env_int, env_str
-from switchyard.errors import ConfigError
+from switchyard.core.config import env_float, env_int, env_str
+from switchyard.core.errors import ConfigError
 from switchyard.rpc.drivers.base import (
     DriverError,
     WorkerGroup,
@@ -112,7 +112,7 @@ def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
     """The ECS driver (imported here: only the deployment needs boto3's ECS client)."""
     import redis
 
-    from switchyard.config import Connections
+    from switchyard.core.config import Connections
     from switchyard.rpc.drivers.ecs import (
         DEFAULT_CAPACITY_PROVIDER,
         DEFAULT_CONTAINER,

@@ -21,7 +21,7 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from switchyard.errors import ConfigError, InvalidNameError, SwitchyardError
+from switchyard.core.errors import ConfigError, InvalidNameError, SwitchyardError
 from switchyard.rpc import protocol as p
 
 GROUP_ID_DIGEST_CHARS = 24

@@ -45,8 +45,8 @@ from typing import Any
 
 import redis
 
-from switchyard.errors import ConfigError
-from switchyard.observability import logger
+from switchyard.core.errors import ConfigError
+from switchyard.core.observability import logger
 from switchyard.rpc.drivers.base import (
     DriverError,
     WorkerGroup,

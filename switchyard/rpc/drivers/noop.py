@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from switchyard.observability import logger
+from switchyard.core.observability import logger
 from switchyard.rpc.drivers.base import WorkerGroup, WorkerGroupDriver
 
 

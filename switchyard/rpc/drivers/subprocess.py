@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from switchyard.errors import ConfigError
-from switchyard.observability import logger
+from switchyard.core.errors import ConfigError
+from switchyard.core.observability import logger
 from switchyard.rpc.drivers.base import (
     DriverError,
     WorkerGroup,

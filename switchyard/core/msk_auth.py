@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from switchyard.config import env_str
-from switchyard.errors import ConfigError
+from switchyard.core.config import env_str
+from switchyard.core.errors import ConfigError
 
 KAFKA_AUTH_IAM = "aws-msk-iam"
 

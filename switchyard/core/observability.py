@@ -20,7 +20,11 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 from aws_lambda_powertools.utilities.data_classes import event_source
 
-from switchyard.deployed_config import DEFAULT_METRICS_NAMESPACE, METRICS_NAMESPACE_ENV, load_deployed_config
+from switchyard.core.deployed_config import (
+    DEFAULT_METRICS_NAMESPACE,
+    METRICS_NAMESPACE_ENV,
+    load_deployed_config,
+)
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "switchyard"
 # The ``service`` dimension of each part's metrics: the deployed functions carry it (stacks/) and the

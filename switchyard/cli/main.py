@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 
 from switchyard import __version__
-from switchyard.deployed_config import CONFIG_PATH_ENV, config_path, load_deployed_config
-from switchyard.errors import SwitchyardError
+from switchyard.cli.options import add_stack_option, use_stack
+from switchyard.core.errors import SwitchyardError
 
 # Modules exposing ``register(subparsers)``; each adds its subcommands with a ``func`` default.
 COMMAND_MODULES = (
-    "switchyard.rpc.cli",
-    "switchyard.local.cli",
-    "switchyard.delay.cli",
-    "switchyard.pending.cli",
-    "switchyard.bus.cli",
+    "switchyard.cli.rpc",
+    "switchyard.cli.local",
+    "switchyard.cli.delay",
+    "switchyard.cli.pending",
+    "switchyard.cli.bus",
     "switchyard.demo",
-    "switchyard.config_cli",
-    "switchyard.local.alarm_scenario",
-    "switchyard.spark.cli",
+    "switchyard.cli.config",
+    "switchyard.cli.alarms",
+    "switchyard.cli.spark",
 )
 
 
@@ -38,20 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     return parser
-
-
-def add_stack_option(parser: argparse.ArgumentParser) -> None:
-    """``--stack NAME``: take the configuration a deployed stack wrote to SSM (after its deploy)."""
-    parser.add_argument(
-        "--stack", metavar="NAME", default=argparse.SUPPRESS,  # SUPPRESS: a subcommand's copy keeps the top's
-        help="read the configuration of this deployed stack (SSM parameters and secrets at "
-             "AWS_ENDPOINT_URL), as its Lambda functions do; e.g. SwitchyardLocal on LocalStack")
-
-
-def use_stack(stack: str) -> int:
-    """Point the process at ``stack``'s configuration and load it now, so every setting sees it."""
-    os.environ[CONFIG_PATH_ENV] = config_path(stack)
-    return load_deployed_config()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import time
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from switchyard.local.cli import quiet_metrics
+    from switchyard.cli.local import quiet_metrics
     from switchyard.local.http_gateway import HttpGateway
     from switchyard.pending.api import TokenStore, build_app
     from switchyard.pending.queue import PendingQueue

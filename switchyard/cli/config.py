@@ -7,8 +7,8 @@ import os
 import re
 from dataclasses import fields
 
-from switchyard.config import Connections
-from switchyard.deployed_config import CONFIG_PATH_ENV
+from switchyard.core.config import Connections
+from switchyard.core.deployed_config import CONFIG_PATH_ENV
 
 # user:password@ in any URL; the password is never printed.
 _CREDENTIALS = re.compile(r"(?<=://)([^:/@]*):[^@/]*@")

@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from switchyard.cli import add_stack_option
-from switchyard.errors import ConfigError
+from switchyard.cli.options import add_stack_option
+from switchyard.core.errors import ConfigError
 from switchyard.local.functions import FUNCTIONS_DIR, load_function
 from switchyard.local.lambda_context import FakeLambdaContext
 
@@ -28,7 +28,7 @@ def quiet_metrics(service: str | None = None) -> None:
 
 
 def cmd_local(args: argparse.Namespace) -> int:
-    from switchyard.observability import pool_service
+    from switchyard.core.observability import pool_service
 
     quiet_metrics(pool_service(args.pool))
     from switchyard.local.rpc_runtime import LocalControlPlane

@@ -60,8 +60,8 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_delete(args: argparse.Namespace) -> int:
-    from switchyard.errors import PoolNotEmptyError
-    from switchyard.redis_client import connect_redis
+    from switchyard.core.errors import PoolNotEmptyError
+    from switchyard.core.redis_client import connect_redis
     from switchyard.rpc.state import PoolState
 
     settings = _settings(args)

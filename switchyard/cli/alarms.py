@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from switchyard.cli import add_stack_option
-from switchyard.deployed_config import ALARM_PREFIX_ENV
-from switchyard.errors import ConfigError, SwitchyardError
+from switchyard.cli.options import add_stack_option
+from switchyard.core.deployed_config import ALARM_PREFIX_ENV
+from switchyard.core.errors import ConfigError, SwitchyardError
 
 if TYPE_CHECKING:
     from switchyard.rpc.worker import Request
@@ -151,8 +151,8 @@ class Table:
 # -- traffic ------------------------------------------------------------------------------------
 def rpc_traffic(pool: str, run: str, good_calls: int, poison_calls: int, out: Callable[[str], None]) -> None:
     """Good calls, then ``poison_calls`` requests whose worker dies, through the local control plane."""
+    from switchyard.core.observability import metrics, pool_service
     from switchyard.local.rpc_runtime import LocalControlPlane
-    from switchyard.observability import metrics, pool_service
     from switchyard.rpc import protocol as p
     from switchyard.rpc.client import RpcClient
     from switchyard.rpc.control_plane import ControlSettings
@@ -187,7 +187,7 @@ def remove_rpc_traffic(pool: str, run: str, out: Callable[[str], None]) -> None:
     pool's poison inventory (other messages there go back as they were)."""
     import pika
 
-    from switchyard.redis_client import connect_redis
+    from switchyard.core.redis_client import connect_redis
     from switchyard.rpc import protocol as p
     from switchyard.rpc.amqp import connect
     from switchyard.rpc.settings import RpcSettings
@@ -226,14 +226,14 @@ def remove_rpc_traffic(pool: str, run: str, out: Callable[[str], None]) -> None:
 def delay_fire(backlog: int, budget_ms: int, out: Callable[[str], None]) -> int:
     """Leave ``backlog`` rows overdue (deadline 5 min ago), then invoke the fire handler with
     ``budget_ms`` of time: 0 leaves them unfired (counted overdue), a few seconds fires them."""
-    from switchyard.delay import runtime
+    from switchyard.core.observability import DELAY_SERVICE, metrics
     from switchyard.delay.model import DelayedMessage
+    from switchyard.delay.service import service as delay_service
     from switchyard.local.functions import load_function, scheduled_event
     from switchyard.local.lambda_context import FakeLambdaContext
-    from switchyard.observability import DELAY_SERVICE, metrics
 
     metrics.service = DELAY_SERVICE
-    service = runtime.service()
+    service = delay_service()
     service.store.migrate()
     if backlog:
         due = datetime.now(UTC) - timedelta(minutes=5)

@@ -9,7 +9,7 @@ Variables set in the process itself win: they are how a user overrides one setti
 
 Only ``SWITCHYARD_*`` names are taken, so a parameter can never set ``PATH`` or ``LD_PRELOAD``.
 Secrets never sit in a parameter: URLs carry ``{username}``/``{password}`` placeholders that
-``switchyard.aws_secrets`` fills from Secrets Manager.
+``switchyard.core.aws_secrets`` fills from Secrets Manager.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import re
 import threading
 from collections.abc import MutableMapping
 
-from switchyard.errors import ConfigError
+from switchyard.core.errors import ConfigError
 
 CONFIG_PATH_ENV = "SWITCHYARD_CONFIG_PATH"
 CONFIG_MAX_AGE_ENV = "SWITCHYARD_CONFIG_MAX_AGE"

@@ -7,7 +7,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from switchyard.config import Connections
+from switchyard.core.config import Connections
 
 
 def connect_redis(connections: Connections | None = None) -> redis.Redis:

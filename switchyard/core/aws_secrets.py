@@ -24,8 +24,8 @@ from collections.abc import Mapping, MutableMapping
 from string import Formatter
 from urllib.parse import quote
 
-from switchyard.deployed_config import DEFAULT_MAX_AGE_S
-from switchyard.errors import ConfigError
+from switchyard.core.deployed_config import DEFAULT_MAX_AGE_S
+from switchyard.core.errors import ConfigError
 
 # Service -> the variables whose placeholders its secret fills.
 SECRET_URLS: dict[str, tuple[str, ...]] = {

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from switchyard.config import Connections
-from switchyard.errors import ConfigError
-from switchyard.msk_auth import kafka_security_config
-from switchyard.observability import logger
+from switchyard.core.config import Connections
+from switchyard.core.errors import ConfigError
+from switchyard.core.msk_auth import kafka_security_config
+from switchyard.core.observability import logger
 
 
 def _answer(physical_id: str, **data: Any) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def _broker_users(raw: Sequence[Any]) -> list[tuple[Any, str]]:
 def _ensure_users(settings: Any, pools: Sequence[str], users: Sequence[tuple[Any, str]]) -> list[str]:
     from urllib.parse import unquote, urlsplit
 
-    from switchyard.aws_secrets import fetch_secret
+    from switchyard.core.aws_secrets import fetch_secret
     from switchyard.rpc.access import Credentials, ensure_users
     from switchyard.rpc.management import ManagementApi, vhost_from_amqp_url
 

@@ -15,13 +15,14 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from switchyard.config import Connections
-from switchyard.delay import runtime
+from switchyard.core.config import Connections
+from switchyard.core.errors import ConfigError
 from switchyard.delay.errors import PublishError
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.parsing import format_deadline, parse_deadline
+from switchyard.delay.service import configure
 from switchyard.delay.settings import DelaySettings, validate_topic
-from switchyard.errors import ConfigError
+from switchyard.local import delay_runtime as runtime
 from switchyard.local.lambda_context import FakeLambdaContext
 
 
@@ -54,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    svc = runtime.configure(DelaySettings.from_env(), Connections.from_env())
+    svc = configure(DelaySettings.from_env(), Connections.from_env())
     applied = svc.store.migrate()
     print(json.dumps({"schema": svc.settings.schema, "applied": applied}))
     svc.close()
@@ -101,7 +102,7 @@ def _send(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    svc = runtime.configure(DelaySettings.from_env(), Connections.from_env())
+    svc = configure(DelaySettings.from_env(), Connections.from_env())
     waiting, ready = svc.store.counts()
     print(json.dumps({"schema": svc.settings.schema, "waiting": waiting, "ready": ready, "at": time.time()}))
     svc.close()
@@ -109,7 +110,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _parked(args: argparse.Namespace) -> int:
-    svc = runtime.configure(DelaySettings.from_env(), Connections.from_env())
+    svc = configure(DelaySettings.from_env(), Connections.from_env())
     try:
         svc.store.migrate()
         rows = svc.store.parked(args.limit)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from switchyard.errors import ConfigError
+from switchyard.core.errors import ConfigError
 from switchyard.spark import emr, package
 
 

@@ -8,13 +8,13 @@ import signal
 import threading
 from dataclasses import asdict
 
-from switchyard.local.cli import quiet_metrics
+from switchyard.cli.local import quiet_metrics
 
 
 def _store():
     from switchyard.bus.settings import BusSettings
     from switchyard.bus.store import BusStore
-    from switchyard.redis_client import connect_redis
+    from switchyard.core.redis_client import connect_redis
 
     return BusStore(connect_redis(), BusSettings.from_env())
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from switchyard.errors import ConfigError
+from switchyard.core.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -79,7 +79,7 @@ class SecretUrl:
     def __get__(self, obj: Connections | None, owner: type | None = None) -> str:
         if obj is None:
             return self.default  # the dataclass's default for the field
-        from switchyard.aws_secrets import resolve_url
+        from switchyard.core.aws_secrets import resolve_url
 
         return resolve_url(self.variable, obj.__dict__[self.name], obj.secret_sources)
 
@@ -124,8 +124,8 @@ class Connections:
     def from_env(cls) -> Connections:
         """The connections of this process: a deployed stack's configuration (SSM, when
         ``SWITCHYARD_CONFIG_PATH`` is set), then the environment. Reads no secret (see ``SecretUrl``)."""
-        from switchyard.aws_secrets import secret_sources
-        from switchyard.deployed_config import load_deployed_config
+        from switchyard.core.aws_secrets import secret_sources
+        from switchyard.core.deployed_config import load_deployed_config
 
         load_deployed_config()
         d = cls()

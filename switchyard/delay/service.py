@@ -1,0 +1,79 @@
+"""Composition: one DelayService per process (connections made once, lazily).
+
+Lambda handlers call ``service()``; the first call builds it from the environment. The local
+runtime (``switchyard.local.delay_runtime``) runs the same handlers against the same service.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+
+from switchyard.core.config import Connections
+from switchyard.core.observability import logger
+from switchyard.delay.enqueue import enqueue_records
+from switchyard.delay.fire import FireLoop
+from switchyard.delay.model import Drop, EnqueueOutcome, FireOutcome, InputRecord, SweepOutcome
+from switchyard.delay.publisher import KafkaPublisher
+from switchyard.delay.settings import DelaySettings
+from switchyard.delay.store import PostgresDelayStore
+from switchyard.delay.sweep import run_sweeps
+
+
+class DelayService:
+    """A queuing node: its id, its store and its publishers; the three operations of the seed."""
+
+    def __init__(self, settings: DelaySettings, connections: Connections, node_id: str | None = None) -> None:
+        self.settings = settings
+        self.connections = connections
+        self.node_id = node_id or str(uuid.uuid4())
+        self.store = PostgresDelayStore(connections.postgres_dsn, settings.schema, settings.application_name,
+                                        settings.store_timeout_ms / 1000)
+        self._local = threading.local()
+        logger.info(f"delay node {self.node_id} started", extra={"node_id": self.node_id})
+
+    def publisher(self) -> KafkaPublisher:
+        """This thread's producer for the output topic."""
+        pub = getattr(self._local, "publisher", None)
+        if pub is None:
+            pub = KafkaPublisher(self.connections.kafka_bootstrap, self.settings.output_topic,
+                                 self.settings.publish_timeout_ms, self.settings.publish_linger_ms,
+                                 self.settings.max_message_bytes)
+            self._local.publisher = pub
+        return pub
+
+    def enqueue(self, records: Iterable[InputRecord | Drop]) -> EnqueueOutcome:
+        return enqueue_records(records, self.store, self.publisher(), self.settings)
+
+    def fire(self, remaining_ms: Callable[[], int]) -> FireOutcome:
+        return FireLoop(self.store, self.publisher(), self.settings, self.node_id).run(remaining_ms)
+
+    def sweep(self, remaining_ms: Callable[[], int]) -> SweepOutcome:
+        return run_sweeps(self.store, self.settings, remaining_ms)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+_service: DelayService | None = None
+_service_lock = threading.Lock()
+
+
+def service() -> DelayService:
+    """The process's DelayService, built from the environment on first use."""
+    global _service
+    with _service_lock:
+        if _service is None:
+            _service = DelayService(DelaySettings.from_env(), Connections.from_env())
+        return _service
+
+
+def configure(settings: DelaySettings, connections: Connections, node_id: str | None = None) -> DelayService:
+    """Replace the process's DelayService (local runtime, CLI and tests)."""
+    global _service
+    with _service_lock:
+        if _service is not None:
+            _service.close()
+        _service = DelayService(settings, connections, node_id)
+        return _service
