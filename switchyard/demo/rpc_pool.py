@@ -134,6 +134,7 @@ def pipelined(client: RpcClient, keys: list[str], seconds: float, concurrency: i
 
 
 def cold_start(out: Printer, client: RpcClient, keys: list[str]) -> dict[str, float]:
+    """Step 1: keys without workers get their groups started by the control plane; the wait is timed."""
     out.section(f"1. Cold start: calling {len(keys)} keys that have no workers yet")
     started = {key: time.perf_counter() for key in keys}
     futures = {key: client.submit(key, "hello") for key in keys}
@@ -147,6 +148,7 @@ def cold_start(out: Printer, client: RpcClient, keys: list[str]) -> dict[str, fl
 
 
 def traffic(out: Printer, client: RpcClient, keys: list[str], options: PoolOptions) -> None:
+    """Step 2: sustained calls over the now warm keys, with the rate and latencies per key."""
     out.section(f"2. Traffic: {options.seconds:g} s with {options.concurrency} calls in flight over "
                 f"{len(keys)} keys")
     t0 = time.perf_counter()
@@ -163,6 +165,7 @@ def traffic(out: Printer, client: RpcClient, keys: list[str], options: PoolOptio
 
 
 def negative_responses(out: Printer, client: RpcClient) -> None:
+    """Step 3: a handler's exception is an answer (``error``), not a timeout."""
     out.section("3. Negative responses: the handler's error comes back at once, no timeout")
     client.call("math", "6/3")  # cold start of 'math', not timed
     for body in ("6/3", "1/0", "oops"):
@@ -171,6 +174,7 @@ def negative_responses(out: Printer, client: RpcClient) -> None:
 
 
 def expiration(out: Printer, client: RpcClient, prefetch: int) -> None:
+    """Step 4: a request queued behind a busy worker past its expiration is answered ``expired``."""
     out.section(f"4. Expiration: 'slow' takes 1 s per request and its worker holds {prefetch}; "
                 "the next may wait 0.5 s")
     client.call("slow", "warm up", timeout=20)
@@ -185,6 +189,7 @@ def expiration(out: Printer, client: RpcClient, prefetch: int) -> None:
 
 def idle(out: Printer, runtime: LocalControlPlane, driver: WorkerGroupDriver, watcher: StateWatcher,
          pool: str, options: PoolOptions) -> None:
+    """Step 6: no more calls; the watcher's transitions show each group unbind, then stop."""
     out.section(f"6. Idle: groups unbind after {options.unbind_delay:g} s, "
                 f"stop {options.stop_delay:g} s later")
     idle_from = time.monotonic()
