@@ -9,12 +9,17 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from switchyard.cli.options import add_stack_option
 from switchyard.core.errors import ConfigError
 from switchyard.local.functions import FUNCTIONS_DIR, load_function
 from switchyard.local.lambda_context import FakeLambdaContext
+
+if TYPE_CHECKING:
+    from switchyard.rpc.control_plane import ControlSettings
 
 
 def quiet_metrics(service: str | None = None) -> None:
@@ -27,20 +32,28 @@ def quiet_metrics(service: str | None = None) -> None:
         os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 
 
+def control_settings(pool: str, unbind_delay: float | None = None,
+                     stop_delay: float | None = None) -> ControlSettings:
+    """The pool's control settings: the environment's (``SWITCHYARD_*``), with the command's
+    flags passed as values on top (never written back into the environment for it to read)."""
+    from switchyard.rpc.control_plane import ControlSettings
+
+    control = ControlSettings.from_env(pool=pool)
+    delays = control.delays
+    if unbind_delay is not None:
+        delays = replace(delays, unbind_s=unbind_delay)
+    if stop_delay is not None:
+        delays = replace(delays, stop_s=stop_delay)
+    return replace(control, delays=delays)
+
+
 def cmd_local(args: argparse.Namespace) -> int:
     from switchyard.core.observability import pool_service
 
     quiet_metrics(pool_service(args.pool))
     from switchyard.local.rpc_runtime import LocalControlPlane
-    from switchyard.rpc.control_plane import ControlSettings
 
-    env = {"SWITCHYARD_POOL": args.pool}
-    if args.unbind_delay is not None:
-        env["SWITCHYARD_UNBIND_DELAY"] = str(args.unbind_delay)
-    if args.stop_delay is not None:
-        env["SWITCHYARD_STOP_DELAY"] = str(args.stop_delay)
-    os.environ.update(env)
-    control = ControlSettings.from_env()
+    control = control_settings(args.pool, args.unbind_delay, args.stop_delay)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

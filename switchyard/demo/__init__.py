@@ -1,0 +1,58 @@
+"""``switchyard demo``: the main job on the local stack, with a summary a person can read.
+
+A fresh pool with its control plane running locally (the Lambda handlers behind RabbitMQ
+event-source bridges, the reconciler ticking, workers as subprocesses) is called from cold to idle
+(``rpc_pool``, with the Spark job of ``spark_job`` while it runs) and summed up (``summary``); then
+the delay scheduler, the event bus and the pending request queue each show their own job. Everything
+it created is deleted at the end (unless ``--keep``). The ``switchyard`` command registers it from
+here; nothing heavier than the standard library is imported until it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from switchyard.cli.options import add_stack_option
+from switchyard.demo.delay_scheduler import delay_scheduler_part
+from switchyard.demo.event_bus import event_bus_part
+from switchyard.demo.pending_queue import pending_queue_part
+from switchyard.demo.printer import Printer
+from switchyard.demo.rpc_pool import KEYS, PoolOptions, rpc_pool_part
+from switchyard.demo.spark_job import spark_part
+from switchyard.demo.summary import print_summary
+
+__all__ = ["KEYS", "Printer", "delay_scheduler_part", "event_bus_part", "pending_queue_part", "register",
+           "run_demo", "spark_part"]
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    # Powertools reads its switch from the environment only: nothing reads the EMF blobs here.
+    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+    from switchyard.core.observability import logger
+    from switchyard.rpc.settings import RpcSettings
+
+    if not args.verbose:
+        logger.setLevel("ERROR")
+    out = Printer()
+    options = PoolOptions(pool=args.pool, keys=args.keys, seconds=args.seconds, concurrency=args.concurrency,
+                          unbind_delay=args.unbind_delay, stop_delay=args.stop_delay, keep=args.keep)
+    print_summary(out, rpc_pool_part(out, options, RpcSettings.from_env()))
+    delay_scheduler_part(out)
+    event_bus_part(out)
+    pending_queue_part(out)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    demo = subparsers.add_parser("demo", help="run the local stack with demo traffic and print what happened")
+    demo.add_argument("--seconds", type=float, default=5.0, help="length of the traffic phase")
+    demo.add_argument("--keys", type=int, default=4, help=f"keys to call (1-{len(KEYS)})")
+    demo.add_argument("--concurrency", type=int, default=32, help="calls in flight during the traffic phase")
+    demo.add_argument("--unbind-delay", type=float, default=3.0, help="seconds idle before a group unbinds")
+    demo.add_argument("--stop-delay", type=float, default=3.0, help="seconds unbound before a group stops")
+    demo.add_argument("--pool", help="pool name (default: a fresh demo_<6 hex digits>)")
+    demo.add_argument("--keep", action="store_true", help="keep the pool afterwards")
+    demo.add_argument("--verbose", action="store_true", help="show the structured logs too")
+    add_stack_option(demo)
+    demo.set_defaults(func=run_demo)

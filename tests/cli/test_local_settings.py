@@ -1,0 +1,29 @@
+"""`switchyard local`'s flags reach the control plane as values, not through the environment."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from switchyard.cli.local import control_settings
+from switchyard.rpc.reconciler import Delays
+
+
+def test_flags_win_over_the_environment_which_stays_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SWITCHYARD_POOL", raising=False)
+    monkeypatch.setenv("SWITCHYARD_UNBIND_DELAY", "7")
+    monkeypatch.setenv("SWITCHYARD_STOP_DELAY", "9")
+    before = dict(os.environ)
+    control = control_settings("flagged", unbind_delay=1.5)
+    assert (control.pool, control.delays.unbind_s, control.delays.stop_s) == ("flagged", 1.5, 9.0)
+    control = control_settings("flagged", stop_delay=2.0)
+    assert (control.delays.unbind_s, control.delays.stop_s) == (7.0, 2.0)
+    assert dict(os.environ) == before
+
+
+def test_without_flags_the_defaults_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("SWITCHYARD_POOL", "SWITCHYARD_UNBIND_DELAY", "SWITCHYARD_STOP_DELAY",
+                 "SWITCHYARD_TOMBSTONE_TTL"):
+        monkeypatch.delenv(name, raising=False)
+    assert control_settings("plain").delays == Delays()
