@@ -38,55 +38,28 @@ def kafka_access(
     create: tuple[str, ...] = (),
 ) -> None:
     """IAM for MSK (IAM auth): write (idempotently), read as the delay consumer group, create topics."""
-    principal = grantee.grant_principal
-    principal.add_to_principal_policy(
-        iam.PolicyStatement(actions=["kafka-cluster:Connect"], resources=[cluster_arn])
-    )
+
+    def allow(actions: list[str], resources: list[str]) -> None:
+        statement = iam.PolicyStatement(actions=actions, resources=resources)
+        grantee.grant_principal.add_to_principal_policy(statement)
+
+    def topics(names: tuple[str, ...]) -> list[str]:
+        return [kafka_arn(cluster_arn, "topic", t) for t in names]
+
+    allow(["kafka-cluster:Connect"], [cluster_arn])
     if write:
-        principal.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=["kafka-cluster:DescribeTopic", "kafka-cluster:WriteData"],
-                resources=[kafka_arn(cluster_arn, "topic", t) for t in write],
-            )
-        )
+        allow(["kafka-cluster:DescribeTopic", "kafka-cluster:WriteData"], topics(write))
         # The idempotent producer needs a transactional-id-free idempotent write grant.
-        principal.add_to_principal_policy(
-            iam.PolicyStatement(actions=["kafka-cluster:WriteDataIdempotently"], resources=[cluster_arn])
-        )
+        allow(["kafka-cluster:WriteDataIdempotently"], [cluster_arn])
     if read:
-        principal.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"],
-                resources=[kafka_arn(cluster_arn, "topic", t) for t in read],
-            )
-        )
-        principal.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=["kafka-cluster:DescribeGroup", "kafka-cluster:AlterGroup"],
-                resources=[kafka_arn(cluster_arn, "group", DELAY_CONSUMER_GROUP)],
-            )
-        )
-        principal.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=[
-                    "kafka:DescribeClusterV2",
-                    "kafka:GetBootstrapBrokers",
-                    "kafka-cluster:DescribeClusterDynamicConfiguration",
-                ],
-                resources=[cluster_arn],
-            )
-        )
+        allow(["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"], topics(read))
+        allow(["kafka-cluster:DescribeGroup", "kafka-cluster:AlterGroup"],
+              [kafka_arn(cluster_arn, "group", DELAY_CONSUMER_GROUP)])
+        allow(["kafka:DescribeClusterV2", "kafka:GetBootstrapBrokers",
+               "kafka-cluster:DescribeClusterDynamicConfiguration"], [cluster_arn])
     if create:
-        principal.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=[
-                    "kafka-cluster:CreateTopic",
-                    "kafka-cluster:DescribeTopic",
-                    "kafka-cluster:AlterTopic",
-                ],
-                resources=[kafka_arn(cluster_arn, "topic", t) for t in create],
-            )
-        )
+        allow(["kafka-cluster:CreateTopic", "kafka-cluster:DescribeTopic", "kafka-cluster:AlterTopic"],
+              topics(create))
 
 
 def event_source_network_access(fn: lambda_.Function) -> None:

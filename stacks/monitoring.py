@@ -373,37 +373,31 @@ class MonitoringConstruct(Construct):
                         cw.HorizontalAnnotation(value=pool.queue_depth_threshold, label="max x target")
                     ],
                 ),
-                cw.GraphWidget(
-                    title=f"{pool.name}: dead letters and poison",
-                    width=8,
-                    left=[
-                        self._emf(name, service)
-                        for name in (
-                            rpc_metrics.DEAD_LETTER_DEAD_LETTERS,
-                            rpc_metrics.DEAD_LETTER_RESPONSES,
-                            rpc_metrics.DEAD_LETTER_POISONED,
-                            rpc_metrics.DEAD_LETTER_WITHOUT_REASON,
-                            rpc_metrics.DEAD_LETTER_EXPIRED,
-                            rpc_metrics.DEAD_LETTER_DELIVERY_LIMIT,
-                            rpc_metrics.DEAD_LETTER_REJECTED,
-                            rpc_metrics.DEAD_LETTER_MAXLEN,
-                        )
-                    ],
+                self._counts_widget(
+                    f"{pool.name}: dead letters and poison",
+                    service,
+                    (
+                        rpc_metrics.DEAD_LETTER_DEAD_LETTERS,
+                        rpc_metrics.DEAD_LETTER_RESPONSES,
+                        rpc_metrics.DEAD_LETTER_POISONED,
+                        rpc_metrics.DEAD_LETTER_WITHOUT_REASON,
+                        rpc_metrics.DEAD_LETTER_EXPIRED,
+                        rpc_metrics.DEAD_LETTER_DELIVERY_LIMIT,
+                        rpc_metrics.DEAD_LETTER_REJECTED,
+                        rpc_metrics.DEAD_LETTER_MAXLEN,
+                    ),
                 ),
-                cw.GraphWidget(
-                    title=f"{pool.name}: orphans and worker groups",
-                    width=8,
-                    left=[
-                        self._emf(name, service)
-                        for name in (
-                            rpc_metrics.ORPHAN_FORWARDED,
-                            rpc_metrics.ORPHAN_NEW_GROUPS,
-                            rpc_metrics.ORPHAN_GROUP_START_FAILURES,
-                            rpc_metrics.RECONCILE_GROUPS_STARTED,
-                            rpc_metrics.RECONCILE_GROUPS_STOPPED,
-                            rpc_metrics.RECONCILE_DRIVER_ERRORS,
-                        )
-                    ],
+                self._counts_widget(
+                    f"{pool.name}: orphans and worker groups",
+                    service,
+                    (
+                        rpc_metrics.ORPHAN_FORWARDED,
+                        rpc_metrics.ORPHAN_NEW_GROUPS,
+                        rpc_metrics.ORPHAN_GROUP_START_FAILURES,
+                        rpc_metrics.RECONCILE_GROUPS_STARTED,
+                        rpc_metrics.RECONCILE_GROUPS_STOPPED,
+                        rpc_metrics.RECONCILE_DRIVER_ERRORS,
+                    ),
                 ),
             ]
         widgets += [
@@ -418,19 +412,16 @@ class MonitoringConstruct(Construct):
                     cw.HorizontalAnnotation(value=self.config.delay.lateness_sla_ms, label="SLA")
                 ],
             ),
-            cw.GraphWidget(
-                title="Delay: flow",
-                width=8,
-                left=[
-                    self._emf(m, DELAY_SERVICE)
-                    for m in (
-                        delay_metrics.DELAY_MESSAGES_ENQUEUED,
-                        delay_metrics.DELAY_MESSAGES_FIRED,
-                        delay_metrics.DELAY_RECORDS_DROPPED,
-                        delay_metrics.DELAY_SUSPECTED_FAILURES,
-                        delay_metrics.DELAY_MESSAGES_OVERDUE,
-                    )
-                ],
+            self._counts_widget(
+                "Delay: flow",
+                DELAY_SERVICE,
+                (
+                    delay_metrics.DELAY_MESSAGES_ENQUEUED,
+                    delay_metrics.DELAY_MESSAGES_FIRED,
+                    delay_metrics.DELAY_RECORDS_DROPPED,
+                    delay_metrics.DELAY_SUSPECTED_FAILURES,
+                    delay_metrics.DELAY_MESSAGES_OVERDUE,
+                ),
             ),
         ]
         if self.aws:
@@ -438,6 +429,10 @@ class MonitoringConstruct(Construct):
         for i in range(0, len(widgets), 3):
             board.add_widgets(*widgets[i : i + 3])
         return board
+
+    def _counts_widget(self, title: str, service: str, names: tuple[str, ...]) -> cw.GraphWidget:
+        """One third of a row: the sums of ``names`` (EMF counts of ``service``)."""
+        return cw.GraphWidget(title=title, width=8, left=[self._emf(name, service) for name in names])
 
     def _aws_widgets(self, aws: AwsResources) -> list[cw.IWidget]:
         every = {
