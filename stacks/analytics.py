@@ -19,6 +19,7 @@ from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
+from stacks.grants import kafka_access
 from stacks.names import physical_name
 from stacks.network import NetworkConstruct
 from switchyard.rpc.access import BrokerRole
@@ -96,4 +97,4 @@ class AnalyticsConstruct(Construct):
             )
         )
         # The job schedules rows through the delay input topic with an idempotent producer.
-        functions.kafka_access(self.job_role, write=(config.delay.input_topic,))
+        kafka_access(self.job_role, data.kafka.attr_arn, write=(config.delay.input_topic,))

@@ -22,17 +22,20 @@ from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_scheduler_targets as targets
-from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from stacks import constants as c
+from stacks import nag
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
-from stacks.monitoring import PERIOD, AlarmSpec, MonitoringConstruct
+from stacks.grants import read_secrets
+from stacks.monitoring import PERIOD, AlarmSpec, MonitoringConstruct, errors_or_throttles
 from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct, allow_from
 from stacks.platform import fargate_platform, worker_image
+from stacks.secrets import generated_secret
 from stacks.workers import WorkersConstruct
+from switchyard.bus import metrics as bus_metrics
 from switchyard.core.observability import BUS_SERVICE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -66,29 +69,19 @@ class BusConstruct(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.network, self.data, self.workers, self.functions = network, data, workers, functions
-        self.root_key = secretsmanager.Secret(
-            self,
-            "RootKey",
-            description="Switchyard event bus root key (JSON root_key): manages the API tokens",
-            generate_secret_string=secretsmanager.SecretStringGenerator(
-                secret_string_template="{}",
-                generate_string_key="root_key",
-                exclude_punctuation=True,
-                include_space=False,
-                password_length=48,
-            ),
-            removal_policy=RemovalPolicy.DESTROY,
-        )
-        env = {**functions._redis_env(), "SWITCHYARD_BUS_NAME": BUS_NAME}
-        self.api_function = functions._function(
+        self.root_key = generated_secret(
+            self, "RootKey", key="root_key", length=48,
+            description="Switchyard event bus root key (JSON root_key): manages the API tokens")
+        env = {**functions.redis_env(), "SWITCHYARD_BUS_NAME": BUS_NAME}
+        self.api_function = functions.add_function(
             "BusApi", "bus_api", service=BUS_SERVICE, timeout_s=BUS_API_TIMEOUT_S,
             environment={**env, "SWITCHYARD_BUS_SECRET_ARN": self.root_key.secret_arn})
-        functions._read_secrets(self.api_function, data.redis_secret, self.root_key)
-        self.housekeeping = functions._function(
+        read_secrets(self.api_function, data.redis_secret, self.root_key)
+        self.housekeeping = functions.add_function(
             "BusHousekeeping", "bus_housekeeping", service=BUS_SERVICE, environment=env,
             timeout_s=BUS_HOUSEKEEPING_TIMEOUT_S,
             reserved_concurrency=c.BUS_HOUSEKEEPING_RESERVED_CONCURRENCY)
-        functions._read_secrets(self.housekeeping, data.redis_secret)
+        read_secrets(self.housekeeping, data.redis_secret)
         self.schedule = scheduler.Schedule(
             self,
             "bus-housekeeping-schedule",
@@ -100,7 +93,7 @@ class BusConstruct(Construct):
         self.api = self._build_api()
         self.service = self._build_workers()
         for spec in self._alarm_specs():
-            monitoring._alarm(spec)
+            monitoring.add_alarm(spec)
         self._acknowledge()
 
     def _build_api(self) -> apigw.LambdaRestApi:
@@ -182,12 +175,12 @@ class BusConstruct(Construct):
     def _alarm_specs(self) -> list[AlarmSpec]:
         dropped = cw.MathExpression(
             expression="DIFF(total)",
-            using_metrics={"total": self._bus_metric("BusEventsAutodroppedTotal", "Maximum")},
+            using_metrics={"total": self._bus_metric(bus_metrics.BUS_EVENTS_AUTODROPPED_TOTAL, "Maximum")},
             label="bus: events autodropped", period=PERIOD)
         return [
             AlarmSpec(
                 "bus-unhealthy-subscriber",
-                self._bus_metric("BusMinSubscriberHealth", "Minimum"),
+                self._bus_metric(bus_metrics.BUS_MIN_SUBSCRIBER_HEALTH, "Minimum"),
                 UNHEALTHY_SUBSCRIBER_HP,
                 f"A subscriber's health points fell below {UNHEALTHY_SUBSCRIBER_HP} (-2 per failed "
                 "delivery, +1 per success): its callback has failed for a while and its events pile up.",
@@ -202,19 +195,17 @@ class BusConstruct(Construct):
             ),
             AlarmSpec(
                 "bus-backlog-age",
-                self._bus_metric("BusMaxOldestEventAgeMs", "Maximum"),
+                self._bus_metric(bus_metrics.BUS_MAX_OLDEST_EVENT_AGE_MS, "Maximum"),
                 BACKLOG_AGE_ALARM_MS,
                 "An event has waited 5 minutes for delivery: a subscriber is down (see the health alarm) "
                 "or the workers cannot keep up (scale the service).",
                 periods=2,
             ),
-            MonitoringConstruct._errors("bus-api", self.api_function),
-            MonitoringConstruct._errors("bus-housekeeping", self.housekeeping),
+            errors_or_throttles("bus-api", self.api_function),
+            errors_or_throttles("bus-housekeeping", self.housekeeping),
         ]
 
     def _acknowledge(self) -> None:
-        from stacks import nag
-
         nag.accept(self.root_key, "SMG4", "The bus root key is a bearer credential that clients never hold "
                    "(only operators managing tokens): rotating it means updating those operators, not code.")
         nag.accept(self.api, "APIG2", "Requests are validated by the function's Powertools resolver against "

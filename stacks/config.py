@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 from constructs import Construct
 
 from stacks import constants as c
+from switchyard.core import errors
 from switchyard.core.errors import InvalidNameError
-from switchyard.delay.settings import validate_schema, validate_topic
+from switchyard.delay.settings import DelaySettings, validate_schema, validate_topic
 from switchyard.rpc.drivers.ecs import CAPACITY_PROVIDERS, DEFAULT_CAPACITY_PROVIDER
 from switchyard.rpc.protocol import validate_pool
 from switchyard.rpc.settings import PoolPolicy
@@ -37,8 +38,11 @@ FARGATE_MEMORY = {
 }
 
 
-class ConfigError(ValueError):
-    """A context value the deployment cannot use; the message names the key and what to write."""
+class ConfigError(errors.ConfigError, ValueError):
+    """A context value the deployment cannot use; the message names the key and what to write.
+
+    The core's ``ConfigError`` (a setting the process cannot use), and a ``ValueError`` as the
+    validators' errors are, so one ``except ValueError`` in parsing turns both into this."""
 
 
 def _camel(name: str) -> str:
@@ -167,10 +171,13 @@ class PoolConfig:
 
 @dataclass(frozen=True)
 class DelayConfig:
-    input_topic: str = "switchyard-delay-input"
-    output_topic: str = "switchyard-delay-output"
+    """The delay scheduler as deployed: its topics and schema (the runtime's defaults, from
+    ``DelaySettings``), the input topic's partitions, the MSK event source and the alarms' bounds."""
+
+    input_topic: str = DelaySettings.input_topic
+    output_topic: str = DelaySettings.output_topic
     partitions: int = 3
-    schema: str = "switchyard_delay"
+    schema: str = DelaySettings.schema
     batch_size: int = 1000  # MSK event source: records per invocation (1-10,000)
     batch_window_seconds: int = 1
     starting_position: str = "TRIM_HORIZON"

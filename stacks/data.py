@@ -31,6 +31,7 @@ from stacks import constants as c
 from stacks.config import DeploymentConfig
 from stacks.names import physical_name
 from stacks.network import NetworkConstruct
+from stacks.secrets import generated_secret
 
 KAFKA_CLUSTER_SUFFIX = "kafka"  # {stack}-kafka, at most 64 characters (MSK's limit)
 KAFKA_CLUSTER_NAME_CHARS = 64
@@ -156,19 +157,9 @@ class DataConstruct(Construct):
     # -- ElastiCache --------------------------------------------------------------------------------
     def _build_redis(self) -> tuple[secretsmanager.Secret, elasticache.CfnReplicationGroup]:
         cfg = self.config.redis
-        secret = secretsmanager.Secret(
-            self,
-            "RedisAuthToken",
-            description="ElastiCache AUTH token of Switchyard's pool state (JSON password)",
-            generate_secret_string=secretsmanager.SecretStringGenerator(
-                secret_string_template="{}",
-                generate_string_key="password",
-                exclude_punctuation=True,
-                include_space=False,
-                password_length=64,
-            ),
-            removal_policy=RemovalPolicy.DESTROY,
-        )
+        secret = generated_secret(
+            self, "RedisAuthToken", key="password", length=64,
+            description="ElastiCache AUTH token of Switchyard's pool state (JSON password)")
         subnets = elasticache.CfnSubnetGroup(
             self,
             "RedisSubnets",

@@ -30,6 +30,7 @@ from stacks import constants as c
 from stacks.broker import BrokerConstruct
 from stacks.config import ConfigError, DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
+from stacks.grants import ecs_pool_access, event_source_network_access, kafka_access, read_secrets
 from stacks.names import metrics_namespace
 from stacks.network import NetworkConstruct
 from stacks.parameters import DELAY_CONSUMER_GROUP, ConfigParametersConstruct, ServiceEndpoints
@@ -131,7 +132,7 @@ class FunctionsConstruct(Construct):
             removal_policy=RemovalPolicy.RETAIN,
         )
 
-    def _function(
+    def add_function(
         self,
         construct_id: str,
         module: str,
@@ -142,6 +143,9 @@ class FunctionsConstruct(Construct):
         handler: str = "lambda_handler",
         reserved_concurrency: int | None = None,
     ) -> lambda_.Function:
+        """A function of ``functions/{module}.py``: the one layer, VPC, Powertools, X-Ray and log group, and
+        read access to the deployed configuration. Other constructs (the bus, the pending queue) make
+        theirs here too, so every function is in ``functions`` and gets the same checks."""
         log_group = logs.LogGroup(
             self,
             f"{construct_id}Logs",
@@ -181,7 +185,8 @@ class FunctionsConstruct(Construct):
         """The broker's URLs, filled from ``secret``: the admin's or one role's user (rpc/access.py)."""
         return {**self.endpoints.amqp_env(), "SWITCHYARD_AMQP_SECRET_ARN": secret.secret_arn}
 
-    def _redis_env(self) -> dict[str, str]:
+    def redis_env(self) -> dict[str, str]:
+        """Redis's URL (its password from the data construct's secret): the functions on the stack's Redis."""
         return self.endpoints.redis_env()
 
     def _postgres_env(self) -> dict[str, str]:
@@ -190,103 +195,11 @@ class FunctionsConstruct(Construct):
     def _kafka_env(self) -> dict[str, str]:
         return self.endpoints.kafka_env(self.config.delay)
 
-    @staticmethod
-    def _read_secrets(fn: lambda_.Function, *secrets: secretsmanager.ISecret) -> None:
-        for secret in secrets:
-            fn.add_to_role_policy(
-                iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[secret.secret_arn])
-            )
-
-    def kafka_arn(self, kind: str, name: str) -> str:
-        """``arn:...:{kind}/{cluster}/{uuid}/{name}`` from the cluster ARN (IAM resources of MSK)."""
-        head, tail = (Fn.select(i, Fn.split(":cluster/", self.data.kafka.attr_arn)) for i in (0, 1))
-        return Fn.join("", [head, f":{kind}/", tail, f"/{name}"])
-
-    def kafka_access(
-        self,
-        grantee: iam.IGrantable,
-        *,
-        write: tuple[str, ...] = (),
-        read: tuple[str, ...] = (),
-        create: tuple[str, ...] = (),
-    ) -> None:
-        """IAM for MSK (IAM auth): write (idempotently), read as the delay consumer group, create topics."""
-        grantee.grant_principal.add_to_principal_policy(
-            iam.PolicyStatement(actions=["kafka-cluster:Connect"], resources=[self.data.kafka.attr_arn])
-        )
-        if write:
-            grantee.grant_principal.add_to_principal_policy(
-                iam.PolicyStatement(
-                    actions=["kafka-cluster:DescribeTopic", "kafka-cluster:WriteData"],
-                    resources=[self.kafka_arn("topic", t) for t in write],
-                )
-            )
-            # The idempotent producer needs a transactional-id-free idempotent write grant.
-            grantee.grant_principal.add_to_principal_policy(
-                iam.PolicyStatement(
-                    actions=["kafka-cluster:WriteDataIdempotently"], resources=[self.data.kafka.attr_arn]
-                )
-            )
-        if read:
-            grantee.grant_principal.add_to_principal_policy(
-                iam.PolicyStatement(
-                    actions=["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"],
-                    resources=[self.kafka_arn("topic", t) for t in read],
-                )
-            )
-            grantee.grant_principal.add_to_principal_policy(
-                iam.PolicyStatement(
-                    actions=["kafka-cluster:DescribeGroup", "kafka-cluster:AlterGroup"],
-                    resources=[self.kafka_arn("group", DELAY_CONSUMER_GROUP)],
-                )
-            )
-            grantee.grant_principal.add_to_principal_policy(
-                iam.PolicyStatement(
-                    actions=[
-                        "kafka:DescribeClusterV2",
-                        "kafka:GetBootstrapBrokers",
-                        "kafka-cluster:DescribeClusterDynamicConfiguration",
-                    ],
-                    resources=[self.data.kafka.attr_arn],
-                )
-            )
-        if create:
-            grantee.grant_principal.add_to_principal_policy(
-                iam.PolicyStatement(
-                    actions=[
-                        "kafka-cluster:CreateTopic",
-                        "kafka-cluster:DescribeTopic",
-                        "kafka-cluster:AlterTopic",
-                    ],
-                    resources=[self.kafka_arn("topic", t) for t in create],
-                )
-            )
-
-    @staticmethod
-    def _event_source_network_access(fn: lambda_.Function) -> None:
-        """What an event source mapping's pollers do with the execution role: ENIs in the VPC.
-
-        EC2's Describe* and network-interface actions support no resource-level permissions.
-        """
-        fn.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=[
-                    "ec2:CreateNetworkInterface",
-                    "ec2:DeleteNetworkInterface",
-                    "ec2:DescribeNetworkInterfaces",
-                    "ec2:DescribeSecurityGroups",
-                    "ec2:DescribeSubnets",
-                    "ec2:DescribeVpcs",
-                ],
-                resources=["*"],
-            )
-        )
-
     # -- custom resources ------------------------------------------------------------------------
     def _custom_resource(
         self, name: str, module: str, properties: Mapping[str, object], environment: Mapping[str, str]
     ) -> tuple[lambda_.Function, CustomResource]:
-        fn = self._function(
+        fn = self.add_function(
             f"Deploy{name}",
             module,
             handler="on_event",
@@ -327,14 +240,14 @@ class FunctionsConstruct(Construct):
             "Pools", "deploy_pools", {"Pools": [p.name for p in self.config.pools], "Users": users},
             self._amqp_env(self.broker.secret)
         )
-        self._read_secrets(pools_fn, self.broker.secret, *self.broker.users.values())
+        read_secrets(pools_fn, self.broker.secret, *self.broker.users.values())
         schema_fn, schema = self._custom_resource(
             "DelaySchema",
             "deploy_delay_schema",
             {"Schema": d.schema},
             {**self._postgres_env(), "SWITCHYARD_DELAY_SCHEMA": d.schema},
         )
-        self._read_secrets(schema_fn, self.data.postgres_secret)
+        read_secrets(schema_fn, self.data.postgres_secret)
         schema.node.add_dependency(self.data.postgres)
         topics_fn, topics = self._custom_resource(
             "Topics",
@@ -346,14 +259,14 @@ class FunctionsConstruct(Construct):
             },
             self._kafka_env(),
         )
-        self.kafka_access(topics_fn, create=(d.input_topic, d.output_topic))
+        kafka_access(topics_fn, self.data.kafka.attr_arn, create=(d.input_topic, d.output_topic))
         return {"pools": pools, "schema": schema, "topics": topics}
 
     # -- RPC control plane, per pool -------------------------------------------------------------
     def _pool_env(self, pool: PoolConfig, driver: str, broker_user: secretsmanager.ISecret) -> dict[str, str]:
         env = {
             **self._amqp_env(broker_user),
-            **self._redis_env(),
+            **self.redis_env(),
             "SWITCHYARD_POOL": pool.name,
             "SWITCHYARD_UNBIND_DELAY": str(pool.unbind_delay_seconds),
             "SWITCHYARD_STOP_DELAY": str(pool.stop_delay_seconds),
@@ -379,63 +292,13 @@ class FunctionsConstruct(Construct):
             )
         return env
 
-    def _ecs_access(self, fn: lambda_.Function, pool: PoolConfig) -> None:
-        """Run, tag, list, describe and stop the pool's worker tasks in the one cluster; pass its roles."""
-        task = self.workers.task_definitions[pool.name]
-        cluster_arn = self.workers.cluster.cluster_arn
-        family_arn = self.stack.format_arn(
-            service="ecs", resource="task-definition", resource_name=f"{worker_family(self, pool.name)}:*"
-        )
-        task_arns = self.stack.format_arn(
-            service="ecs", resource="task", resource_name=f"{self.workers.cluster.cluster_name}/*"
-        )
-        on_cluster = {"ArnEquals": {"ecs:cluster": cluster_arn}}
-        fn.add_to_role_policy(
-            iam.PolicyStatement(actions=["ecs:RunTask"], resources=[family_arn], conditions=on_cluster)
-        )
-        fn.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["ecs:StopTask", "ecs:DescribeTasks"], resources=[task_arns], conditions=on_cluster
-            )
-        )
-        fn.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["ecs:TagResource"],
-                resources=[task_arns],
-                conditions={"StringEquals": {"ecs:CreateAction": "RunTask"}},
-            )
-        )
-        fn.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["ecs:ListTasks"],
-                resources=[
-                    self.stack.format_arn(
-                        service="ecs",
-                        resource="container-instance",
-                        resource_name=f"{self.workers.cluster.cluster_name}/*",
-                    )
-                ],
-                conditions=on_cluster,
-            )
-        )
-        roles = [task.task_role.role_arn]
-        if task.execution_role is not None:
-            roles.append(task.execution_role.role_arn)
-        fn.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["iam:PassRole"],
-                resources=roles,
-                conditions={"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}},
-            )
-        )
-
     def _build_pool(self, pool: PoolConfig) -> PoolFunctions:
         service = pool_service(pool.name)
         made: dict[str, lambda_.Function] = {}
         for role in ("orphans", "dead_letters", "activity", "reconcile"):
             starts_groups = role in ("orphans", "reconcile")
             broker_user = self.broker.user_secret(POOL_ROLES[role], pool.name)
-            fn = self._function(
+            fn = self.add_function(
                 f"{pool.name}-{role}",
                 f"rpc_{role}",
                 service=service,
@@ -443,9 +306,10 @@ class FunctionsConstruct(Construct):
                 timeout_s=c.RECONCILE_TIMEOUT_S if role == "reconcile" else c.ESM_TIMEOUT_S,
                 reserved_concurrency=c.RECONCILE_RESERVED_CONCURRENCY if role == "reconcile" else None,
             )
-            self._read_secrets(fn, broker_user, self.data.redis_secret)
+            read_secrets(fn, broker_user, self.data.redis_secret)
             if starts_groups:
-                self._ecs_access(fn, pool)
+                ecs_pool_access(fn, cluster=self.workers.cluster, family=worker_family(self, pool.name),
+                                task=self.workers.task_definitions[pool.name])
             if role in POOL_QUEUES:
                 self._amazon_mq_source(fn, pool, POOL_QUEUES[role])
             made[role] = fn
@@ -456,10 +320,10 @@ class FunctionsConstruct(Construct):
         fn.add_to_role_policy(
             iam.PolicyStatement(actions=["mq:DescribeBroker"], resources=[self.broker.broker.attr_arn])
         )
-        self._event_source_network_access(fn)
+        event_source_network_access(fn)
         # The pollers log in as the pool's mappings user (read on its three queues) with this role.
         poller = self.broker.user_secret(BrokerRole.MAPPINGS, pool.name)
-        self._read_secrets(fn, poller)
+        read_secrets(fn, poller)
         mapping = lambda_.CfnEventSourceMapping(
             self,
             f"{pool.name}-{suffix}-source",
@@ -488,16 +352,16 @@ class FunctionsConstruct(Construct):
         roles = {"enqueue": (c.ESM_TIMEOUT_S, None), "fire": (c.LOOP_TIMEOUT_S, reserved.fire),
                  "sweep": (c.LOOP_TIMEOUT_S, reserved.sweep)}
         enqueue, fire, sweep = (
-            self._function(f"delay-{role}", f"delay_{role}", service=DELAY_SERVICE, environment=env,
+            self.add_function(f"delay-{role}", f"delay_{role}", service=DELAY_SERVICE, environment=env,
                            timeout_s=timeout_s, reserved_concurrency=reserved)
             for role, (timeout_s, reserved) in roles.items()
         )
         for fn in (enqueue, fire, sweep):
-            self._read_secrets(fn, self.data.postgres_secret)
+            read_secrets(fn, self.data.postgres_secret)
         # enqueue publishes messages already due; fire publishes the rest; sweep only touches Postgres.
-        self.kafka_access(enqueue, read=(d.input_topic,), write=(d.output_topic,))
-        self.kafka_access(fire, write=(d.output_topic,))
-        self._event_source_network_access(enqueue)
+        kafka_access(enqueue, self.data.kafka.attr_arn, read=(d.input_topic,), write=(d.output_topic,))
+        kafka_access(fire, self.data.kafka.attr_arn, write=(d.output_topic,))
+        event_source_network_access(enqueue)
         mapping = lambda_.CfnEventSourceMapping(
             self,
             "delay-input-source",

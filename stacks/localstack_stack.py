@@ -1,6 +1,6 @@
 """The ``localstack`` target: what LocalStack's community edition can host, from the AWS target's constructs.
 
-Deployed (``switchyard localstack deploy``): the configuration parameters and the broker secret a
+Deployed (``python -m scripts.localstack_deploy``): the configuration parameters and the broker secret a
 process reads at start, an IAM role that may read them, the alarms over Switchyard's own metrics
 with their SNS topic and the dashboard, and the pipeline's bucket. Left out, because LocalStack
 cannot host them (no VPC-bound Amazon MQ, MSK, RDS, ElastiCache, ECS or EMR Serverless; Lambda

@@ -21,6 +21,7 @@ from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
@@ -32,6 +33,8 @@ from stacks.functions import FunctionsConstruct
 from stacks.names import alarm_name, dashboard_name, metrics_namespace
 from stacks.workers import WorkersConstruct
 from switchyard.core.observability import DELAY_SERVICE, pool_service
+from switchyard.delay import metrics as delay_metrics
+from switchyard.rpc import metrics as rpc_metrics
 
 PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
 
@@ -57,6 +60,24 @@ class AlarmSpec:
     comparison: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
 
 
+def errors_or_throttles(name: str, fn: lambda_.IFunction) -> AlarmSpec:
+    """The alarm on ``fn``'s failed or throttled invocations, named ``{name}-errors-or-throttles``."""
+    errors = fn.metric_errors(period=PERIOD)
+    throttles = fn.metric_throttles(period=PERIOD)
+    return AlarmSpec(
+        f"{name}-errors-or-throttles",
+        cw.MathExpression(
+            expression="errors + throttles",
+            using_metrics={"errors": errors, "throttles": throttles},
+            label=f"{name}: errors + throttles",
+            period=PERIOD,
+        ),
+        1,
+        "Any failed or throttled invocation: every handler is at-least-once and retried, so one error "
+        "delays work and a throttle means reserved concurrency or the account limit was hit.",
+    )
+
+
 class MonitoringConstruct(Construct):
     """``topic`` (SNS), ``alarms`` (spec name -> alarm; CloudWatch name ``alarm_name(stack, spec name)``) and
     ``dashboard``. ``aws``: the AWS target's resources (None on LocalStack)."""
@@ -78,7 +99,7 @@ class MonitoringConstruct(Construct):
         self.topic = self._build_topic(encrypt_topic)
         self.alarms: dict[str, cw.Alarm] = {}
         for spec in self.switchyard_alarm_specs() + (self._aws_specs(aws) if aws else []):
-            self._alarm(spec)
+            self.add_alarm(spec)
         self.dashboard = self._build_dashboard()
 
     # -- SNS -------------------------------------------------------------------------------------
@@ -134,7 +155,8 @@ class MonitoringConstruct(Construct):
         """The deepest worker group queue of the pool (Metrics Insights: groups come and go)."""
         return cw.MathExpression(
             expression=(
-                f'SELECT MAX(QueueDepth) FROM SCHEMA("{metrics_namespace(self)}", WorkerGroup, service) '
+                f"SELECT MAX({rpc_metrics.QUEUE_DEPTH}) "
+                f'FROM SCHEMA("{metrics_namespace(self)}", WorkerGroup, service) '
                 f"WHERE service = '{pool_service(pool.name)}'"
             ),
             label=f"{pool.name}: deepest worker group queue",
@@ -149,14 +171,14 @@ class MonitoringConstruct(Construct):
             specs += [
                 AlarmSpec(
                     f"{pool.name}-poison-growing",
-                    self._emf("DeadLetterPoisoned", service),
+                    self._emf(rpc_metrics.DEAD_LETTER_POISONED, service),
                     1,
                     "A poison request failed delivery-limit times: a handler bug or a bad request "
                     "that no retry will fix; each one waits in the poison queue for a person.",
                 ),
                 AlarmSpec(
                     f"{pool.name}-requests-expiring",
-                    self._emf("DeadLetterExpired", service),
+                    self._emf(rpc_metrics.DEAD_LETTER_EXPIRED, service),
                     10,
                     "Ten requests in five minutes expired before a worker answered: groups start too "
                     "slowly or run too few workers for their load (callers got 'expired', nothing lost).",
@@ -164,7 +186,8 @@ class MonitoringConstruct(Construct):
                 AlarmSpec(
                     f"{pool.name}-requests-rejected",
                     self._emf_sum("rejected or refused by a full queue", service,
-                                  rejected="DeadLetterRejected", maxlen="DeadLetterMaxlen"),
+                                  rejected=rpc_metrics.DEAD_LETTER_REJECTED,
+                                  maxlen=rpc_metrics.DEAD_LETTER_MAXLEN),
                     1,
                     "A worker rejected a request or a full queue refused one: neither happens in normal "
                     "operation (Requeue republishes; queues have no length limit by default).",
@@ -172,7 +195,8 @@ class MonitoringConstruct(Construct):
                 AlarmSpec(
                     f"{pool.name}-worker-group-start-failures",
                     self._emf_sum("worker group start/stop/scale failures", service,
-                                  orphan="OrphanGroupStartFailures", reconcile="ReconcileDriverErrors"),
+                                  orphan=rpc_metrics.ORPHAN_GROUP_START_FAILURES,
+                                  reconcile=rpc_metrics.RECONCILE_DRIVER_ERRORS),
                     1,
                     "ECS refused or throttled worker starts for 10 minutes running: the reconciler retries "
                     "every pass, so a failure that lasts two periods is capacity, quota or permissions.",
@@ -193,7 +217,7 @@ class MonitoringConstruct(Construct):
             specs.append(AlarmSpec(
                 "rabbitmq-dead-lettering-stranded",
                 cw.MathExpression(
-                    expression=("SELECT MAX(ReconcileDeadLetteringStranded) "
+                    expression=(f"SELECT MAX({rpc_metrics.RECONCILE_DEAD_LETTERING_STRANDED}) "
                                 f'FROM SCHEMA("{metrics_namespace(self)}", service)'),
                     label="broker probes that found at-least-once dead-lettering stranded",
                     period=PERIOD,
@@ -207,14 +231,14 @@ class MonitoringConstruct(Construct):
         specs += [
             AlarmSpec(
                 "delay-backlog-overdue",
-                self._emf("DelayMaxTimerLateness", DELAY_SERVICE, "Maximum"),
+                self._emf(delay_metrics.DELAY_MAX_TIMER_LATENESS, DELAY_SERVICE, "Maximum"),
                 c.DELAY_BACKLOG_LATENESS_MS,
                 "A message fired a whole minute after its deadline: the fire loop is behind (or was "
                 "down) and due messages are piling up.",
             ),
             AlarmSpec(
                 "delay-messages-overdue",
-                self._emf("DelayMessagesOverdue", DELAY_SERVICE, "Maximum"),
+                self._emf(delay_metrics.DELAY_MESSAGES_OVERDUE, DELAY_SERVICE, "Maximum"),
                 1,
                 "Messages due over a minute ago still wait unclaimed at the end of two invocations in "
                 "a row: the fire loop cannot keep up (or cannot publish); they fire late, never lost.",
@@ -222,7 +246,7 @@ class MonitoringConstruct(Construct):
             ),
             AlarmSpec(
                 "delay-lateness-p999-above-sla",
-                self._emf("DelayMaxTimerLateness", DELAY_SERVICE, "p99.9"),
+                self._emf(delay_metrics.DELAY_MAX_TIMER_LATENESS, DELAY_SERVICE, "p99.9"),
                 sla,
                 f"p99.9 of each invocation's worst lateness above the {sla} ms SLA for 15 minutes "
                 "(an upper bound of the per-message p99.9).",
@@ -231,14 +255,14 @@ class MonitoringConstruct(Construct):
             ),
             AlarmSpec(
                 "delay-messages-parked",
-                self._emf("DelayMessagesParked", DELAY_SERVICE),
+                self._emf(delay_metrics.DELAY_MESSAGES_PARKED, DELAY_SERVICE),
                 1,
                 "The output broker refused a message for good (too large, an invalid record): it was "
                 "parked, not fired; `switchyard delay parked` lists it for a person to act on.",
             ),
             AlarmSpec(
                 "delay-sweep-takeovers",
-                self._emf("DelaySuspectedFailures", DELAY_SERVICE),
+                self._emf(delay_metrics.DELAY_SUSPECTED_FAILURES, DELAY_SERVICE),
                 1,
                 "The sweep reset messages held past the hold time: a fire node died or stalled; "
                 "its messages fire late (never lost).",
@@ -246,7 +270,8 @@ class MonitoringConstruct(Construct):
             AlarmSpec(
                 "delay-publish-or-store-errors",
                 self._emf_sum("delay publish failures + store errors", DELAY_SERVICE,
-                              publish="DelayPublishFailures", store="DelayStoreErrors"),
+                              publish=delay_metrics.DELAY_PUBLISH_FAILURES,
+                              store=delay_metrics.DELAY_STORE_ERRORS),
                 1,
                 "MSK did not confirm, or Postgres failed, for 10 minutes: retried messages fire late.",
                 periods=2,
@@ -267,9 +292,9 @@ class MonitoringConstruct(Construct):
                 "(duplicates, never losses); one failure is worth a look, a run of them is an outage.",
             ))
             for role, fn in fns.all().items():
-                specs.append(self._errors(f"{pool.name}-{role}", fn))
+                specs.append(errors_or_throttles(f"{pool.name}-{role}", fn))
         for role, fn in aws.functions.delay.items():
-            specs.append(self._errors(f"delay-{role}", fn))
+            specs.append(errors_or_throttles(f"delay-{role}", fn))
         delay = self.config.delay
         specs += [
             AlarmSpec(
@@ -310,24 +335,9 @@ class MonitoringConstruct(Construct):
                          statistic="Maximum", period=PERIOD,
                          dimensions_map={"CacheClusterId": aws.data.redis_member_id})
 
-    @staticmethod
-    def _errors(name: str, fn: object) -> AlarmSpec:
-        errors = fn.metric_errors(period=PERIOD)  # type: ignore[attr-defined]
-        throttles = fn.metric_throttles(period=PERIOD)  # type: ignore[attr-defined]
-        return AlarmSpec(
-            f"{name}-errors-or-throttles",
-            cw.MathExpression(
-                expression="errors + throttles",
-                using_metrics={"errors": errors, "throttles": throttles},
-                label=f"{name}: errors + throttles",
-                period=PERIOD,
-            ),
-            1,
-            "Any failed or throttled invocation: every handler is at-least-once and retried, so one error "
-            "delays work and a throttle means reserved concurrency or the account limit was hit.",
-        )
-
-    def _alarm(self, spec: AlarmSpec) -> cw.Alarm:
+    def add_alarm(self, spec: AlarmSpec) -> cw.Alarm:
+        """The alarm of ``spec``, notifying the topic: other constructs (the bus, the pending queue) add
+        theirs here, so every alarm has the same name scheme, action and missing-data rule."""
         alarm = cw.Alarm(
             self,
             spec.name,
@@ -363,29 +373,31 @@ class MonitoringConstruct(Construct):
                         cw.HorizontalAnnotation(value=pool.queue_depth_threshold, label="max x target")
                     ],
                 ),
-                cw.GraphWidget(
-                    title=f"{pool.name}: dead letters and poison",
-                    width=8,
-                    left=[
-                        self._emf("DeadLetterDeadLetters", service),
-                        self._emf("DeadLetterResponses", service),
-                        self._emf("DeadLetterPoisoned", service),
-                        self._emf("DeadLetterWithoutReason", service),
-                        *(self._emf(f"DeadLetter{reason}", service)
-                          for reason in ("Expired", "DeliveryLimit", "Rejected", "Maxlen")),
-                    ],
+                self._counts_widget(
+                    f"{pool.name}: dead letters and poison",
+                    service,
+                    (
+                        rpc_metrics.DEAD_LETTER_DEAD_LETTERS,
+                        rpc_metrics.DEAD_LETTER_RESPONSES,
+                        rpc_metrics.DEAD_LETTER_POISONED,
+                        rpc_metrics.DEAD_LETTER_WITHOUT_REASON,
+                        rpc_metrics.DEAD_LETTER_EXPIRED,
+                        rpc_metrics.DEAD_LETTER_DELIVERY_LIMIT,
+                        rpc_metrics.DEAD_LETTER_REJECTED,
+                        rpc_metrics.DEAD_LETTER_MAXLEN,
+                    ),
                 ),
-                cw.GraphWidget(
-                    title=f"{pool.name}: orphans and worker groups",
-                    width=8,
-                    left=[
-                        self._emf("OrphanForwarded", service),
-                        self._emf("OrphanNewGroups", service),
-                        self._emf("OrphanGroupStartFailures", service),
-                        self._emf("ReconcileGroupsStarted", service),
-                        self._emf("ReconcileGroupsStopped", service),
-                        self._emf("ReconcileDriverErrors", service),
-                    ],
+                self._counts_widget(
+                    f"{pool.name}: orphans and worker groups",
+                    service,
+                    (
+                        rpc_metrics.ORPHAN_FORWARDED,
+                        rpc_metrics.ORPHAN_NEW_GROUPS,
+                        rpc_metrics.ORPHAN_GROUP_START_FAILURES,
+                        rpc_metrics.RECONCILE_GROUPS_STARTED,
+                        rpc_metrics.RECONCILE_GROUPS_STOPPED,
+                        rpc_metrics.RECONCILE_DRIVER_ERRORS,
+                    ),
                 ),
             ]
         widgets += [
@@ -393,26 +405,23 @@ class MonitoringConstruct(Construct):
                 title="Delay: fire lateness (ms)",
                 width=8,
                 left=[
-                    self._emf("DelayMaxTimerLateness", DELAY_SERVICE, stat)
+                    self._emf(delay_metrics.DELAY_MAX_TIMER_LATENESS, DELAY_SERVICE, stat)
                     for stat in ("p50", "p99", "p99.9", "Maximum")
                 ],
                 left_annotations=[
                     cw.HorizontalAnnotation(value=self.config.delay.lateness_sla_ms, label="SLA")
                 ],
             ),
-            cw.GraphWidget(
-                title="Delay: flow",
-                width=8,
-                left=[
-                    self._emf(m, DELAY_SERVICE)
-                    for m in (
-                        "DelayMessagesEnqueued",
-                        "DelayMessagesFired",
-                        "DelayRecordsDropped",
-                        "DelaySuspectedFailures",
-                        "DelayMessagesOverdue",
-                    )
-                ],
+            self._counts_widget(
+                "Delay: flow",
+                DELAY_SERVICE,
+                (
+                    delay_metrics.DELAY_MESSAGES_ENQUEUED,
+                    delay_metrics.DELAY_MESSAGES_FIRED,
+                    delay_metrics.DELAY_RECORDS_DROPPED,
+                    delay_metrics.DELAY_SUSPECTED_FAILURES,
+                    delay_metrics.DELAY_MESSAGES_OVERDUE,
+                ),
             ),
         ]
         if self.aws:
@@ -420,6 +429,10 @@ class MonitoringConstruct(Construct):
         for i in range(0, len(widgets), 3):
             board.add_widgets(*widgets[i : i + 3])
         return board
+
+    def _counts_widget(self, title: str, service: str, names: tuple[str, ...]) -> cw.GraphWidget:
+        """One third of a row: the sums of ``names`` (EMF counts of ``service``)."""
+        return cw.GraphWidget(title=title, width=8, left=[self._emf(name, service) for name in names])
 
     def _aws_widgets(self, aws: AwsResources) -> list[cw.IWidget]:
         every = {

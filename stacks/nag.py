@@ -9,12 +9,20 @@ its children), never stack-wide, so a new resource of another kind is checked ag
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, App, Validations
-from cdk_nag import AwsSolutionsChecks
-from constructs import IConstruct
+from typing import Any, Protocol
 
-from stacks.localstack_stack import LocalStackTargetStack
-from stacks.switchyard_stack import SwitchyardStack
+from aws_cdk import Acknowledgment, App, Validations
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_secretsmanager as secretsmanager
+from cdk_nag import AwsSolutionsChecks
+from constructs import IConstruct, Node
+
+from stacks.analytics import AnalyticsConstruct
+from stacks.broker import BrokerConstruct
+from stacks.data import DataConstruct
+from stacks.functions import FunctionsConstruct
+from stacks.monitoring import MonitoringConstruct
+from stacks.workers import WorkersConstruct
 
 PACK = "AwsSolutions"
 
@@ -40,12 +48,37 @@ REASONS = {
 }
 
 
+class AwsTarget(Protocol):
+    """What the AWS target's findings concern (``SwitchyardStack`` has it): nag imports no stack
+    module, so the constructs inside the stack (the bus, the pending queue) can accept their own."""
+
+    broker: BrokerConstruct
+    data: DataConstruct
+    functions: FunctionsConstruct
+    workers: WorkersConstruct
+    analytics: AnalyticsConstruct
+
+    @property
+    def node(self) -> Node: ...
+
+    def get_logical_id(self, element: Any) -> str: ...
+
+
+class LocalStackTarget(Protocol):
+    """What the ``localstack`` target's findings concern (``LocalStackTargetStack`` has it)."""
+
+    broker_secret: secretsmanager.ISecret
+    bucket: s3.IBucket
+    monitoring: MonitoringConstruct
+
+
 def rule(rule_id: str) -> str:
     """The acknowledgement id of an AwsSolutions rule, e.g. ``rule("SMG4")``."""
     return f"{PACK}::{PACK}-{rule_id}"
 
 
 def accept(construct: IConstruct, rule_id: str, reason: str) -> None:
+    """Accept the finding ``rule_id`` on ``construct`` and its children only, for ``reason``."""
     Validations.of(construct).acknowledge(Acknowledgment(id=rule(rule_id), reason=reason))
 
 
@@ -54,7 +87,7 @@ def apply_checks(app: App) -> None:
     Validations.of(app).add_plugins(AwsSolutionsChecks(app, verbose=True))
 
 
-def acknowledge(stack: SwitchyardStack) -> None:
+def acknowledge(stack: AwsTarget) -> None:
     """Accepted findings of ``stack``, each with its reason."""
     for secret in (stack.broker.secret, *stack.broker.users.values()):
         accept(
@@ -71,7 +104,7 @@ def acknowledge(stack: SwitchyardStack) -> None:
     _analytics(stack)
 
 
-def _data(stack: SwitchyardStack) -> None:
+def _data(stack: AwsTarget) -> None:
     data = stack.data
     accept(
         data.postgres,
@@ -125,7 +158,7 @@ def _data(stack: SwitchyardStack) -> None:
         accept(bootstrap, "L1", "CDK's AwsCustomResource singleton picks its own Node.js runtime.")
 
 
-def _functions(stack: SwitchyardStack) -> None:
+def _functions(stack: AwsTarget) -> None:
     for fn in stack.functions.functions.values():
         for policy in LAMBDA_MANAGED_POLICIES:
             accept(fn, f"IAM4[{policy}]", REASONS["IAM4"])
@@ -173,7 +206,7 @@ def _functions(stack: SwitchyardStack) -> None:
                 )
 
 
-def _workers(stack: SwitchyardStack) -> None:
+def _workers(stack: AwsTarget) -> None:
     for task in stack.workers.task_definitions.values():
         accept(
             task,
@@ -189,7 +222,7 @@ def _workers(stack: SwitchyardStack) -> None:
         )
 
 
-def _analytics(stack: SwitchyardStack) -> None:
+def _analytics(stack: AwsTarget) -> None:
     analytics = stack.analytics
     accept(
         analytics.bucket,
@@ -211,7 +244,7 @@ def _analytics(stack: SwitchyardStack) -> None:
     )
 
 
-def acknowledge_localstack(stack: LocalStackTargetStack) -> None:
+def acknowledge_localstack(stack: LocalStackTarget) -> None:
     """Accepted findings of the ``localstack`` target's stack, each with its reason."""
     accept(stack.broker_secret, "SMG4", "The local RabbitMQ's guest user, a fixed development credential "
            "of a broker that listens on 127.0.0.1 only; there is nothing to rotate.")

@@ -11,34 +11,30 @@ authenticate with a bearer token per endpoint: the JSON secret ``{"endpoint": "t
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Validations
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_secretsmanager as secretsmanager
-from constructs import Construct, IConstruct
+from constructs import Construct
 
 from stacks import constants as c
+from stacks import nag
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
-from stacks.monitoring import AlarmSpec, MonitoringConstruct
+from stacks.grants import read_secrets
+from stacks.monitoring import AlarmSpec, MonitoringConstruct, errors_or_throttles
 from stacks.names import metrics_namespace, physical_name
+from stacks.secrets import generated_secret
+from switchyard.pending import metrics as pending_metrics
 
 API_TIMEOUT_S = 29  # API Gateway REST's integration limit; the function's timeout matches it
 STREAMS_PREFIX = "streams/"
 STREAMS_EXPIRE_DAYS = 1  # streams live as long as a call (minutes); leftovers of crashed callers go
 THROTTLE_RATE, THROTTLE_BURST = 2000, 1000  # requests/s over the whole API (polls + responses)
 REDIS_RETRY_WINDOW_S = 20
-EXAMPLE_ENDPOINT = "example"
-PENDING_CONSTRUCT_ID = "Pending"  # the secret's first entry; add one per polling service
-
-
-def _accept(construct: IConstruct, rule_id: str, reason: str) -> None:
-    """An accepted cdk-nag finding (as stacks/nag.py's ``accept``, which this module cannot import:
-    nag imports the stack, the stack imports this module)."""
-    Validations.of(construct).acknowledge(
-        Acknowledgment(id=f"AwsSolutions::AwsSolutions-{rule_id}", reason=reason))
+EXAMPLE_ENDPOINT = "example"  # the secret's first entry; add one per polling service
+PENDING_CONSTRUCT_ID = "Pending"
 
 
 class PendingConstruct(Construct):
@@ -57,14 +53,9 @@ class PendingConstruct(Construct):
         """``account_logging``: the API whose CloudWatch role the account's API Gateway logging uses
         (one per account and region: the event bus's); this API's stage is created after it."""
         super().__init__(scope, construct_id)
-        self.tokens = secretsmanager.Secret(
-            self,
-            "Tokens",
-            description="Pending queue: polling services' bearer tokens, a JSON object {endpoint: token}",
-            generate_secret_string=secretsmanager.SecretStringGenerator(
-                secret_string_template="{}", generate_string_key=EXAMPLE_ENDPOINT,
-                exclude_punctuation=True, password_length=48),
-        )
+        self.tokens = generated_secret(
+            self, "Tokens", key=EXAMPLE_ENDPOINT, length=48, include_space=None,
+            description="Pending queue: polling services' bearer tokens, a JSON object {endpoint: token}")
         self.bucket = s3.Bucket(
             self,
             "Streams",
@@ -76,7 +67,7 @@ class PendingConstruct(Construct):
             removal_policy=RemovalPolicy.DESTROY,  # streams only live for a call
             auto_delete_objects=True,  # emptied on delete, or `cdk destroy` fails on a non-empty bucket
         )
-        self.function = functions._function(  # the one factory: layer, VPC, Powertools, X-Ray, logs
+        self.function = functions.add_function(  # the one factory: layer, VPC, Powertools, X-Ray, logs
             "PendingApi",
             "pending_api",
             service="switchyard-pending",
@@ -87,14 +78,14 @@ class PendingConstruct(Construct):
             # SWITCHYARD_PENDING_MAX_POLLS polls (the API answers 429 past them).
             reserved_concurrency=functions.config.concurrency.pending_api,
             environment={
-                **functions._redis_env(),
+                **functions.redis_env(),
                 "SWITCHYARD_PENDING_TOKENS_SECRET_ARN": self.tokens.secret_arn,
                 "SWITCHYARD_PENDING_STORE": f"s3://{self.bucket.bucket_name}/{STREAMS_PREFIX}",
                 # Redis retries must give up before API Gateway does (29 s): a clear 503, not a 504.
                 "SWITCHYARD_PENDING_RETRY_WINDOW": str(REDIS_RETRY_WINDOW_S),
             },
         )
-        functions._read_secrets(self.function, data.redis_secret, self.tokens)
+        read_secrets(self.function, data.redis_secret, self.tokens)
         self.bucket.grant_read_write(self.function, f"{STREAMS_PREFIX}*")
         access_logs = logs.LogGroup(self, "ApiAccessLogs", retention=logs.RetentionDays.ONE_MONTH,
                                     removal_policy=RemovalPolicy.DESTROY)
@@ -121,7 +112,7 @@ class PendingConstruct(Construct):
             ),
         )
         self.api.node.add_dependency(account_logging)
-        self.alarms = [monitoring._alarm(spec) for spec in self._specs(monitoring)]
+        self.alarms = [monitoring.add_alarm(spec) for spec in self._specs()]
         self._acknowledge()
 
     def _sum(self, metric: str, label: str) -> cw.MathExpression:
@@ -132,57 +123,56 @@ class PendingConstruct(Construct):
             period=Duration.minutes(c.ALARM_PERIOD_MINUTES),
         )
 
-    def _specs(self, monitoring: MonitoringConstruct) -> list[AlarmSpec]:
+    def _specs(self) -> list[AlarmSpec]:
         return [
             AlarmSpec(
                 "pending-pickup-timeouts",
-                self._sum("PendingPickupTimeouts", "requests nobody picked up in time"),
+                self._sum(pending_metrics.PENDING_PICKUP_TIMEOUTS, "requests nobody picked up in time"),
                 1,
                 "A request waited the whole pickup timeout (2 min by default) and was taken back: its "
                 "polling service is not polling (down, wrong token, connected to no node).",
             ),
             AlarmSpec(
                 "pending-abandoned-responses",
-                self._sum("PendingResponsesUndelivered", "responses with no caller left"),
+                self._sum(pending_metrics.PENDING_RESPONSES_UNDELIVERED, "responses with no caller left"),
                 5,
                 "Responses dropped because the caller cancelled, stopped heartbeating or the request was "
                 "lost: a few happen when callers give up; five in a period means callers die or time out.",
             ),
             AlarmSpec(
                 "pending-processors-lost",
-                self._sum("PendingProcessorsLost", "requests whose processing node went silent"),
+                self._sum(pending_metrics.PENDING_PROCESSORS_LOST,
+                          "requests whose processing node went silent"),
                 1,
                 "A node processing a request stopped heartbeating for 60 s: the caller got an error.",
             ),
             AlarmSpec(
                 "pending-data-loss",
-                self._sum("PendingDataLossEvents", "Redis data-loss detections"),
+                self._sum(pending_metrics.PENDING_DATA_LOSS_EVENTS, "Redis data-loss detections"),
                 1,
                 "A node's data-loss guard vanished from Redis (failover without replication, flush, "
                 "eviction): every in-flight pending request failed.",
             ),
-            monitoring._errors("pending-api", self.function),
+            errors_or_throttles("pending-api", self.function),
         ]
 
     def _acknowledge(self) -> None:
-        _accept(self.bucket, "S1", "Streams live for one call and expire within a day; a server-access-log "
-                "bucket would outlive them. The bucket is private and TLS-only.")
+        nag.accept(self.bucket, "S1", "Streams live for one call and expire within a day; a server-access-"
+                   "log bucket would outlive them. The bucket is private and TLS-only.")
         for action in ("s3:Abort*", "s3:DeleteObject*", "s3:GetBucket*", "s3:GetObject*", "s3:List*"):
-            _accept(self.function, f"IAM5[Action::{action}]",
-                    "CDK's grantReadWrite on the streams prefix of the pending queue's own bucket.")
-        _accept(self.function, f"IAM5[Resource::<{self._logical(self.bucket)}.Arn>/{STREAMS_PREFIX}*]",
-                "Every stream object under the streams prefix (ids are random per stream).")
-        _accept(self.api, "APIG2", "The one Lambda validates every request body and answers 400 with a "
-                "message (tests/pending/test_api.py); a model here would duplicate it.")
+            nag.accept(self.function, f"IAM5[Action::{action}]",
+                       "CDK's grantReadWrite on the streams prefix of the pending queue's own bucket.")
+        nag.accept(self.function, f"IAM5[Resource::<{self._logical(self.bucket)}.Arn>/{STREAMS_PREFIX}*]",
+                   "Every stream object under the streams prefix (ids are random per stream).")
+        nag.accept(self.api, "APIG2", "The one Lambda validates every request body and answers 400 with a "
+                   "message (tests/pending/test_api.py); a model here would duplicate it.")
         for rule_id in ("APIG4", "COG4"):
-            _accept(self.api, rule_id, "Polling services authenticate with a bearer token per endpoint, "
-                    "checked by the function in constant time against the Secrets Manager secret.")
-        _accept(self.api, "APIG3", "No WAF: the API's callers are the operator's polling services with "
-                "per-endpoint tokens; stage throttling bounds the request rate.")
-        _accept(self.tokens, "SMG4", "Tokens are rotated by writing a new value for an endpoint (the "
-                "function re-reads the secret every 5 minutes); no external system holds them.")
+            nag.accept(self.api, rule_id, "Polling services authenticate with a bearer token per endpoint, "
+                       "checked by the function in constant time against the Secrets Manager secret.")
+        nag.accept(self.api, "APIG3", "No WAF: the API's callers are the operator's polling services with "
+                   "per-endpoint tokens; stage throttling bounds the request rate.")
+        nag.accept(self.tokens, "SMG4", "Tokens are rotated by writing a new value for an endpoint (the "
+                   "function re-reads the secret every 5 minutes); no external system holds them.")
 
     def _logical(self, construct: Construct) -> str:
-        from aws_cdk import Stack
-
         return Stack.of(self).get_logical_id(construct.node.default_child)  # type: ignore[arg-type]

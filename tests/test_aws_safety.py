@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stacks.localstack_deploy import LocalStackDeployError, check_local_endpoint, deploy_env
+from scripts.localstack_deploy import LocalStackDeployError, check_local_endpoint, deploy_env
 from tests.conftest import aws_safety_problems
 
 SAFE = {"AWS_ENDPOINT_URL": "http://127.0.0.1:5000", "AWS_ACCESS_KEY_ID": "testing",

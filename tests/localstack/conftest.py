@@ -1,7 +1,7 @@
 """The ``localstack`` target deployed once per session on the LocalStack that ``./dev services`` runs.
 
 Nothing is started here: without LocalStack on 127.0.0.1:4566 the tests fail and say how to start
-it. A deployment whose template equals the synthesized one is reused (``stacks.localstack_deploy``).
+it. A deployment whose template equals the synthesized one is reused (``scripts.localstack_deploy``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stacks.localstack_deploy import Deployment, client, deploy
+from scripts.localstack_deploy import Deployment, client, deploy
 from tests.conftest import LOCALSTACK_URL, require_localstack
 
 ENDPOINT = LOCALSTACK_URL

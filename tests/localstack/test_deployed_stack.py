@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from stacks.localstack_deploy import Deployment
+from scripts.localstack_deploy import Deployment
 from stacks.localstack_stack import LOCAL_BROKER_CREDENTIALS
 from switchyard.core.aws_secrets import fill
 from switchyard.core.config import Connections

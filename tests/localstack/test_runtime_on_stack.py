@@ -16,7 +16,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from stacks.localstack_deploy import Deployment
+from scripts.localstack_deploy import Deployment
 from tests.conftest import ROOT, subprocess_env
 
 MOTO = "http://127.0.0.1:5000"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import boto3
 
+from scripts.localstack_deploy import Deployment, client
 from stacks.constants import EMR_RELEASE
-from stacks.localstack_deploy import Deployment, client
 from tests.conftest import ROOT, subprocess_env, unique
 from tests.localstack.conftest import localstack_deployment  # noqa: F401 (the session fixture)
 

@@ -37,7 +37,7 @@ def test_layer_is_within_lambdas_unzipped_limit(built_layer: Path) -> None:
 
 def test_layer_ships_the_package_its_pins_and_bytecode(built_layer: Path) -> None:
     assert (built_layer / "switchyard" / "rpc" / "drivers" / "ecs.py").is_file()
-    assert (built_layer / "switchyard" / "certs" / "rds-global-bundle.pem").is_file()
+    assert (built_layer / "switchyard" / "core" / "certs" / "rds-global-bundle.pem").is_file()
     abi = "cpython-" + c.PYTHON_VERSION.replace(".", "")  # the Lambda runtime's bytecode
     assert list((built_layer / "switchyard" / "__pycache__").glob(f"__init__.{abi}.pyc"))
     shipped = {p.name.split("-")[0].lower() for p in built_layer.glob("*.dist-info")}

@@ -1,6 +1,6 @@
 """Deploy the ``localstack`` target to LocalStack with the project's CDK CLI, and read its outputs.
 
-``python -m stacks.localstack_deploy`` (or ``deploy()``): synthesizes the ``localstack`` target in
+``python -m scripts.localstack_deploy`` (or ``deploy()``): synthesizes the ``localstack`` target in
 this process, bootstraps the LocalStack account once (the CDKToolkit stack), runs
 ``node_modules/.bin/cdk deploy`` on the synthesized assembly, and returns the stack's outputs. A
 deployment whose template equals the one synthesized is reused as it is (``force`` deploys anyway).
@@ -196,7 +196,7 @@ def deploy(endpoint: str = DEFAULT_ENDPOINT, *, force: bool = False,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stacks.localstack_deploy",
+    parser = argparse.ArgumentParser(prog="python -m scripts.localstack_deploy",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--endpoint", default=os.environ.get("SWITCHYARD_LOCALSTACK_URL", DEFAULT_ENDPOINT),
                         help=f"LocalStack's URL (default {DEFAULT_ENDPOINT}; loopback only)")
