@@ -94,7 +94,7 @@ def subscription_model(settings: BusSettings) -> type[SubscriptionBody]:
     """``SubscriptionIn`` of one bus: ``SubscriptionBody`` whose callback is checked against its
     settings while the request is validated (so a refused callback is a 400 like any bad field)."""
 
-    def callback(_cls: type, value: str) -> str:
+    def callback(cls: type, value: str) -> str:  # "cls": pydantic calls it as a classmethod
         return check_callback(value, settings)
 
     return create_model("SubscriptionIn", __base__=SubscriptionBody, __doc__=SubscriptionBody.__doc__,
