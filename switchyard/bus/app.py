@@ -82,8 +82,6 @@ class BusApp:
         with _one_request_at_a_time:
             return self.resolver.resolve(event, context)
 
-    __call__ = resolve
-
     def _refuse_before_parsing(self, event: dict[str, Any], body: str) -> dict[str, Any] | None:
         """401 for a body without a valid credential (it is never parsed), 400 for JSON nested too
         deeply to parse (an uncaught RecursionError was a 502 with a traceback), else None."""

@@ -34,6 +34,7 @@ _SUBSCRIBED = {204: {"description": "subscribed"},
 
 
 def text(status: int, message: str = "") -> Response[str]:
+    """A text/plain answer (Routemaster's refusals are text)."""
     return Response(status_code=status, content_type="text/plain", body=message)
 
 
@@ -42,6 +43,7 @@ def _json(status: int, payload: Any) -> Response[str]:
 
 
 def unauthorized_text(exc: UnauthorizedError) -> str:
+    """What a 401 says, from the fast checks and the resolver alike."""
     return f"this endpoint requires authentication with {exc}"
 
 
