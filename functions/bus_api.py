@@ -1,15 +1,24 @@
 """Event bus API: API Gateway (REST, proxy integration) -> this function -> the one Powertools
-resolver of ``switchyard.bus.api`` (through ``handle``): Routemaster's endpoints, validated, with an
-OpenAPI document."""
+resolver of ``switchyard.bus.api`` (through ``BusApp.resolve``): Routemaster's endpoints, validated,
+with an OpenAPI document. The app is built once per execution environment, on its first request
+(importing reads no setting and no secret)."""
 
+import functools
 from typing import Any
 
-from switchyard.bus.api import handle
+from switchyard.bus.api import BusApp
+from switchyard.bus.service import BusService
 from switchyard.core.observability import logger, metrics, tracer
+
+
+@functools.cache
+def bus_app() -> BusApp:
+    """This environment's API, on the bus of ``SWITCHYARD_BUS_*`` and ``SWITCHYARD_REDIS_URL``."""
+    return BusService.from_env().app()
 
 
 @metrics.log_metrics  # BusEventsPublished, flushed once per invocation
 @tracer.capture_lambda_handler
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return handle(event, context)
+    return bus_app().resolve(event, context)

@@ -27,7 +27,8 @@ from collections.abc import Callable
 import certifi
 from urllib3.connection import HTTPConnection, HTTPSConnection
 
-from switchyard.bus.callbacks import AddressPolicy, CallbackError, CallbackTarget
+from switchyard.bus.callbacks import AddressPolicy, CallbackTarget
+from switchyard.bus.errors import CallbackError
 
 USER_AGENT = "switchyard-bus"
 MAX_ORIGINS = 16  # keep-alive connections one delivery thread keeps (one per callback origin)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
-from switchyard.core.errors import SwitchyardError
+from switchyard.bus.errors import CallbackError, CallbackRefusedError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -42,15 +42,6 @@ _GLOBAL_V6 = ipaddress.IPv6Network("2000::/3")  # every other IPv6 range is loca
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # well-known prefix: a public IPv4 address, translated
 _COMPATIBLE_V6 = ipaddress.IPv6Network("::/96")  # deprecated IPv4-compatible form
 _LOOPBACK_NAMES = ("localhost", ".localhost")  # RFC 6761: always loopback, whatever DNS says
-
-
-class CallbackError(SwitchyardError):
-    """A delivery could not be made: the address was refused, the deadline passed, the answer broke."""
-
-
-class CallbackRefusedError(CallbackError, ValueError):
-    """The callback URL or an address it resolves to is not one the bus may call (a ValueError, so
-    the API's validation answers 400 with the message)."""
 
 
 def refusal(ip: IPAddress) -> str | None:

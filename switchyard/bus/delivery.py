@@ -24,12 +24,15 @@ from dataclasses import dataclass
 from urllib3.exceptions import HTTPError
 
 from switchyard.bus.callback_http import CallbackClient
-from switchyard.bus.callbacks import AddressPolicy, CallbackError, parse_callback
+from switchyard.bus.callbacks import AddressPolicy, parse_callback
+from switchyard.bus.errors import CallbackError
+from switchyard.bus.ports import BusStorePort
 from switchyard.bus.settings import BusSettings
-from switchyard.bus.store import DELIVER, BusStore, as_text
+from switchyard.bus.store import DELIVER
 from switchyard.core.observability import logger
 
 HOST_BUSY_RETRY_MS = 200  # a delivery whose host is at its limit tries again this much later
+OUTCOMES = ("ok", "fail", "wait", "gone", "empty", "busy")  # a DeliveryResult's, each a worker counter
 
 @dataclass(frozen=True)
 class DeliveryResult:
@@ -55,46 +58,40 @@ def callback_client(settings: BusSettings, policy: AddressPolicy | None = None) 
 class Deliverer:
     """Runs ``deliver:<token>`` jobs for one worker thread."""
 
-    def __init__(self, store: BusStore, client: CallbackClient | None = None,
+    def __init__(self, store: BusStorePort, client: CallbackClient | None = None,
                  hosts: HostSlots | None = None) -> None:
         self.store = store
         self.settings = store.settings
         self.client = client or callback_client(store.settings)
         self.hosts = hosts or HostSlots(store.settings.host_threads)
 
-    def _finish(self, pending_key: str, job: str, outcome: str, last_id: str = "") -> int:
-        s = self.settings
-        return int(self.store.script("finish_delivery")(
-            keys=[pending_key],
-            args=[self.store.prefix, job, outcome, last_id, s.heal_rate, s.damage_rate, s.max_backoff_ms]))
-
     def run(self, job: str, pending_key: str) -> DeliveryResult:
         """Deliver the subscriber's next batch (at most ``max`` events, oldest first) and settle the job."""
         token = job.removeprefix(DELIVER)
-        begun = self.store.script("begin_delivery")(keys=[self.store.key("sub", token),
-                                                          self.store.stream_key(token)])
-        if begun is None:
-            self._finish(pending_key, job, "gone")
+        finish = self.store.finish_delivery
+        batch = self.store.begin_delivery(token)
+        if batch is None:
+            finish(pending_key, job, "gone")
             return DeliveryResult("gone")
-        callback, uuid, health, backoff_until, now, entries = begun
-        if int(health) < 100 and int(backoff_until) > int(now):
-            hp = self._finish(pending_key, job, "wait")
+        entries = batch.entries
+        if batch.health_points < 100 and batch.backoff_until_ms > batch.now_ms:
+            hp = finish(pending_key, job, "wait")
             return DeliveryResult("wait", health_points=hp)
         if not entries:
-            hp = self._finish(pending_key, job, "ok")
+            hp = finish(pending_key, job, "ok")
             return DeliveryResult("empty", health_points=hp)
-        body = b"[" + b",".join(fields[1] for _, fields in entries) + b"]"
+        body = b"[" + b",".join(event for _, event in entries) + b"]"
         started = time.perf_counter()
         error = ""
         try:
-            target = parse_callback(as_text(callback), allow_http=self.settings.allow_http_callbacks)
+            target = parse_callback(batch.callback, allow_http=self.settings.allow_http_callbacks)
         except CallbackError as exc:
             target, error = None, f"{type(exc).__name__}: {exc}"
         if target is not None:
             if not self.hosts.take(target.host):
                 return DeliveryResult("busy", len(entries))  # not settled: the worker retries the job
             try:
-                status = self.client.post(target, body, as_text(uuid))
+                status = self.client.post(target, body, batch.uuid)
                 if not 200 <= status < 300:
                     error = f"HTTP {status}"
             except (CallbackError, HTTPError, OSError, http.client.HTTPException) as exc:
@@ -103,11 +100,11 @@ class Deliverer:
                 self.hosts.give(target.host)
         elapsed_ms = (time.perf_counter() - started) * 1000
         if error:
-            hp = self._finish(pending_key, job, "fail")
+            hp = finish(pending_key, job, "fail")
             logger.warning("bus delivery failed", extra={"subscriber": self.store.token_name(token),
                                                          "events": len(entries), "error": error, "hp": hp})
             return DeliveryResult("fail", len(entries), hp, elapsed_ms, error)
-        hp = self._finish(pending_key, job, "ok", as_text(entries[-1][0]))
+        hp = finish(pending_key, job, "ok", entries[-1][0])
         return DeliveryResult("ok", len(entries), hp, elapsed_ms)
 
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from switchyard.bus import metrics as m
+from switchyard.bus.errors import UnknownJobError
 from switchyard.bus.jobs import JobQueue, scrub
-from switchyard.bus.store import QUEUES, BusStore, as_text
+from switchyard.bus.ports import BusStorePort
+from switchyard.bus.store import QUEUES
 from switchyard.core.observability import emit_gauge, logger
 
 
@@ -25,35 +28,30 @@ class AutodropOutcome:
     topics_dropped: int = 0
 
 
-def used_memory(store: BusStore) -> int:
-    return int(store.redis.info("memory")["used_memory"])
-
-
-def autodrop(store: BusStore) -> AutodropOutcome:
+def autodrop(store: BusStorePort) -> AutodropOutcome:
     """Remove unclaimed topics without subscribers older than ``unclaimed_topic_ttl_ms`` (clients
     create them by subscribing); above ``max_mem - min_free`` bytes used, delete the oldest batches
     until below ``max_mem - 2 * min_free`` (Routemaster's marks); each dropped event is counted."""
     s = store.settings
-    outcome = AutodropOutcome(used_memory=used_memory(store), topics_dropped=store.drop_unclaimed_topics())
+    outcome = AutodropOutcome(used_memory=store.used_memory(), topics_dropped=store.drop_unclaimed_topics())
     if outcome.topics_dropped:
         logger.info("bus autodrop: unclaimed topics without subscribers removed",
                     extra={"topics": outcome.topics_dropped})
     if outcome.used_memory <= s.max_mem - s.min_free:
-        emit_gauge("BusEventsAutodropped", 0, "Bus", "all")
+        emit_gauge(m.BUS_EVENTS_AUTODROPPED, 0, "Bus", "all")
         return outcome
     low_mark = s.max_mem - 2 * s.min_free
-    script = store.script("autodrop")
     used = outcome.used_memory
     while used > low_mark:
-        dropped = script(keys=[store.subscribers_key, store.counters_key], args=[store.prefix])
-        if not dropped:
+        dropped = store.autodrop_batch()
+        if dropped is None:
             break
-        token, count = as_text(dropped[0]), int(dropped[1])
+        token, count = dropped
         outcome.batches_dropped += 1
         outcome.events_dropped += count
         outcome.dropped_by_subscriber[token] = outcome.dropped_by_subscriber.get(token, 0) + count
-        used = used_memory(store)
-    emit_gauge("BusEventsAutodropped", outcome.events_dropped, "Bus", "all")
+        used = store.used_memory()
+    emit_gauge(m.BUS_EVENTS_AUTODROPPED, outcome.events_dropped, "Bus", "all")
     logger.warning("bus autodrop", extra={"batches": outcome.batches_dropped,
                                           "events": outcome.events_dropped,
                                           "used_memory": outcome.used_memory, "now": used})
@@ -77,12 +75,12 @@ class Telemetry:
     autodropped: int = 0
 
 
-def telemetry(store: BusStore) -> Telemetry:
+def telemetry(store: BusStorePort) -> Telemetry:
     """Routemaster's Monitor: batches and events queued per subscriber (with the oldest event's age
     and health points), jobs per queue and state, Redis memory; emitted as Powertools metrics."""
     now = store.now_ms()
     names = store.tokens()
-    out = Telemetry(used_memory=used_memory(store))
+    out = Telemetry(used_memory=store.used_memory())
     for token in store.subscriber_tokens():
         sub = store.subscriber(token)
         if sub is None:
@@ -101,24 +99,24 @@ def telemetry(store: BusStore) -> Telemetry:
 
 def _emit(t: Telemetry) -> None:
     for g in t.subscribers:
-        emit_gauge("BusEventsQueued", g.events, "Subscriber", g.name)
-        emit_gauge("BusBatchesQueued", g.batches, "Subscriber", g.name)
-        emit_gauge("BusOldestEventAgeMs", g.oldest_age_ms, "Subscriber", g.name)
-        emit_gauge("BusSubscriberHealth", g.health_points, "Subscriber", g.name)
+        emit_gauge(m.BUS_EVENTS_QUEUED, g.events, "Subscriber", g.name)
+        emit_gauge(m.BUS_BATCHES_QUEUED, g.batches, "Subscriber", g.name)
+        emit_gauge(m.BUS_OLDEST_EVENT_AGE_MS, g.oldest_age_ms, "Subscriber", g.name)
+        emit_gauge(m.BUS_SUBSCRIBER_HEALTH, g.health_points, "Subscriber", g.name)
     for q, states in t.jobs.items():
         for state, n in states.items():
-            emit_gauge("BusJobs", n, "QueueState", f"{q}:{state}")
+            emit_gauge(m.BUS_JOBS, n, "QueueState", f"{q}:{state}")
     # Bus-wide figures without dimensions: what the alarms watch.
-    emit_gauge("BusRedisUsedMemory", t.used_memory, "Bus", "all")
+    emit_gauge(m.BUS_REDIS_USED_MEMORY, t.used_memory, "Bus", "all")
     lowest_health = min((g.health_points for g in t.subscribers), default=100)
-    emit_gauge("BusMinSubscriberHealth", lowest_health, "Bus", "all")
+    emit_gauge(m.BUS_MIN_SUBSCRIBER_HEALTH, lowest_health, "Bus", "all")
     oldest_age = max((g.oldest_age_ms for g in t.subscribers), default=0)
-    emit_gauge("BusMaxOldestEventAgeMs", oldest_age, "Bus", "all")
+    emit_gauge(m.BUS_MAX_OLDEST_EVENT_AGE_MS, oldest_age, "Bus", "all")
     # Cumulative (Redis counters): whoever dropped, the alarm sees the increase (metric math DIFF).
-    emit_gauge("BusEventsAutodroppedTotal", t.autodropped, "Bus", "all")
+    emit_gauge(m.BUS_EVENTS_AUTODROPPED_TOTAL, t.autodropped, "Bus", "all")
 
 
-def run_aux_job(store: BusStore, job: str) -> object:
+def run_aux_job(store: BusStorePort, job: str) -> object:
     """Run one housekeeping job by name."""
     if job == "autodrop":
         return autodrop(store)
@@ -126,10 +124,10 @@ def run_aux_job(store: BusStore, job: str) -> object:
         return telemetry(store)
     if job == "scrub":
         return scrub(store, store.settings.scrub_after_ms)
-    raise ValueError(f"unknown aux job {job!r}")
+    raise UnknownJobError(f"unknown aux job {job!r}")
 
 
-def aux_intervals(store: BusStore) -> dict[str, int]:
+def aux_intervals(store: BusStorePort) -> dict[str, int]:
     s = store.settings
     return {"autodrop": s.autodrop_interval_ms, "monitor": s.monitor_interval_ms,
             "scrub": s.scrub_interval_ms}
@@ -145,7 +143,7 @@ class HousekeepingOutcome:
     subscribers: int = 0
 
 
-def housekeep(store: BusStore) -> HousekeepingOutcome:
+def housekeep(store: BusStorePort) -> HousekeepingOutcome:
     """One pass of everything periodic (the scheduled function's work): promote due jobs, scrub dead
     workers, autodrop, telemetry. Safe beside running workers: each step is one atomic script."""
     out = HousekeepingOutcome()

@@ -25,12 +25,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-import redis
-
 from switchyard.bus.delivery import HOST_BUSY_RETRY_MS, Deliverer, HostSlots
+from switchyard.bus.errors import StorageError, StorageUnavailableError
 from switchyard.bus.housekeeping import aux_intervals, run_aux_job
 from switchyard.bus.jobs import JobQueue, heartbeat
-from switchyard.bus.store import DELIVER, BusStore
+from switchyard.bus.metrics import WORKER_COUNTERS
+from switchyard.bus.ports import BusStorePort
+from switchyard.bus.store import DELIVER
 from switchyard.core.observability import logger, metrics
 
 REDIS_ERROR_PAUSE_S = 1.0
@@ -55,7 +56,7 @@ class WorkerStats:
 class BusWorker:
     """Run with ``run(stop)`` until ``stop`` is set; ``start()``/``close()`` run it on a thread."""
 
-    def __init__(self, store: BusStore, threads: int | None = None) -> None:
+    def __init__(self, store: BusStorePort, threads: int | None = None) -> None:
         self.store = store
         self.settings = store.settings
         self.main = JobQueue(store, "main")
@@ -96,7 +97,7 @@ class BusWorker:
                 run_aux_job(self.store, job)
                 queue.ack(worker_id, job)
                 self.stats.add(aux_jobs=1)
-        except (redis.ConnectionError, redis.TimeoutError):
+        except StorageUnavailableError:
             raise  # Redis is away: the job stays pending for this worker id, taken again once it answers
         except Exception:
             # Any other failure of one job: logged, counted, retried later; this thread goes on.
@@ -146,7 +147,7 @@ class BusWorker:
     def _deliver(self, worker_id: str) -> None:
         deliverer = Deliverer(self.store, hosts=self.hosts)
         try:
-            with contextlib.suppress(redis.RedisError):  # else its first job's acquire waits for Redis
+            with contextlib.suppress(StorageError):  # else its first job's acquire waits for Redis
                 heartbeat(self.store, [worker_id])  # seen before it holds a job: never scrubbed as dead
             self._loop(self.main, worker_id, deliverer)
         finally:
@@ -163,7 +164,7 @@ class BusWorker:
         while not self._stop.is_set():
             try:
                 self.run_one(queue, worker_id, deliverer)
-            except redis.RedisError as exc:
+            except StorageError as exc:
                 logger.warning("bus worker: Redis error", extra={"error": str(exc)})
                 self._stop.wait(REDIS_ERROR_PAUSE_S)
             if deliverer is not None and self._surplus(worker_id):
@@ -191,7 +192,7 @@ class BusWorker:
         while not self._stop.is_set():
             try:
                 self._tick_once(last)
-            except redis.RedisError as exc:
+            except StorageError as exc:
                 logger.warning("bus ticker: Redis error", extra={"error": str(exc)})
             self._stop.wait(self.settings.schedule_interval_ms / 1000)
 
@@ -205,8 +206,7 @@ class BusWorker:
         if not any(deltas.values()):
             return
         for name, delta in deltas.items():
-            metric = "Bus" + "".join(part.capitalize() for part in name.split("_"))
-            metrics.add_metric(name=metric, unit=MetricUnit.Count, value=delta)
+            metrics.add_metric(name=WORKER_COUNTERS[name], unit=MetricUnit.Count, value=delta)
         metrics.flush_metrics()
 
     def run(self, stop: threading.Event | None = None) -> None:

@@ -11,12 +11,10 @@ from dataclasses import asdict
 from switchyard.cli.local import quiet_metrics
 
 
-def _store():
-    from switchyard.bus.settings import BusSettings
-    from switchyard.bus.store import BusStore
-    from switchyard.core.redis_client import connect_redis
+def _bus():
+    from switchyard.bus.service import BusService
 
-    return BusStore(connect_redis(), BusSettings.from_env())
+    return BusService.from_env()
 
 
 def _stop_event() -> threading.Event:
@@ -29,13 +27,12 @@ def _stop_event() -> threading.Event:
 def cmd_serve(args: argparse.Namespace) -> int:
     """The API over real HTTP, as API Gateway REST would hand it to the Lambda function."""
     quiet_metrics()
-    from switchyard.bus import api
     from switchyard.local.http_gateway import HttpGateway
 
-    store = _store()
-    api.configure(store)
+    bus = _bus()
+    store = bus.store
     stop = _stop_event()
-    with HttpGateway(api.handle, host=args.host, port=args.port, threads=args.threads,
+    with HttpGateway(bus.app(), host=args.host, port=args.port, threads=args.threads,
                      function_name="bus_api") as gateway:
         root = "set" if store.settings.root_key else "NOT set (SWITCHYARD_BUS_ROOT_KEY): no token management"
         print(f"event bus {store.settings.name!r} API on {gateway.url} (root key {root}); Ctrl-C to stop",
@@ -47,10 +44,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """Delivery threads and housekeeping until SIGTERM/SIGINT; in-flight deliveries finish first."""
     quiet_metrics()
-    from switchyard.bus.worker import BusWorker
-
-    store = _store()
-    worker = BusWorker(store, threads=args.threads)
+    bus = _bus()
+    store = bus.store
+    worker = bus.worker(threads=args.threads)
     print(f"event bus {store.settings.name!r} worker {worker.process_id}: "
           f"{len(worker.worker_ids) - 1} delivery threads; Ctrl-C to stop", flush=True)
     worker.run(_stop_event())
@@ -59,7 +55,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_token(args: argparse.Namespace) -> int:
     """Register a client directly in Redis (what ``POST /api_tokens`` does with the root key)."""
-    print(_store().create_token(args.name, args.token))
+    print(_bus().store.create_token(args.name, args.token))
     return 0
 
 
@@ -67,7 +63,7 @@ def cmd_status(_args: argparse.Namespace) -> int:
     quiet_metrics()
     from switchyard.bus.housekeeping import telemetry
 
-    print(json.dumps(asdict(telemetry(_store())), indent=2))
+    print(json.dumps(asdict(telemetry(_bus().store)), indent=2))
     return 0
 
 

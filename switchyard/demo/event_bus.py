@@ -40,11 +40,8 @@ def event_bus_part(out: Printer) -> None:
     deliveries, over real HTTP on 127.0.0.1 (API, subscribers) with a delivery worker."""
     import requests
 
-    from switchyard.bus import api
+    from switchyard.bus.service import BusService
     from switchyard.bus.settings import BusSettings
-    from switchyard.bus.store import BusStore
-    from switchyard.bus.worker import BusWorker
-    from switchyard.core.redis_client import connect_redis
     from switchyard.local.http_gateway import HttpGateway
 
     started = [time.monotonic()]  # reset when the events are published: the subscribers print from it
@@ -52,11 +49,11 @@ def event_bus_part(out: Printer) -> None:
     settings = BusSettings(name=f"demo_{uuid.uuid4().hex[:6]}", root_key=uuid.uuid4().hex,
                            allow_http_callbacks=True, callback_allow="127.0.0.1",  # the subscribers below
                            max_backoff_ms=2000, acquire_timeout_s=0.2)
-    store = BusStore(connect_redis(), settings)
+    bus = BusService.connect(settings)
+    store = bus.store
     servers = {name: _subscriber(out, name, failures_left, started) for name in ("warehouse", "billing")}
-    api.configure(store)
-    gateway = HttpGateway(api.handle, threads=8).start()
-    worker = BusWorker(store, threads=2).start()
+    gateway = HttpGateway(bus.app(), threads=8).start()
+    worker = bus.worker(threads=2).start()
     out.section("Event bus (Routemaster's API): a publisher, two subscribers; billing fails 3 times")
     try:
         def post(token: str, path: str, body: dict) -> requests.Response:
@@ -84,7 +81,6 @@ def event_bus_part(out: Printer) -> None:
     finally:
         worker.close()
         gateway.stop()
-        api.configure(None)
         for server in servers.values():
             server.shutdown()
         pattern = store.prefix.replace("{", "\\{").replace("}", "\\}") + "*"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 
-from switchyard.bus import api
+from switchyard.bus.api import BusApp, build_app
 from switchyard.bus.settings import BusSettings
 from switchyard.bus.store import BusStore
 from switchyard.bus.worker import BusWorker
@@ -83,25 +83,35 @@ class Client:
 
 @dataclasses.dataclass
 class Bus:
+    """The API of ``store`` served on ``url``; ``serve`` swaps the store the running gateway serves."""
+
     store: BusStore
-    url: str
-    root: Client
+    app: BusApp
+    url: str = ""
+    root: Client | None = None
 
     def client(self, name: str) -> Client:
         response = self.root.post("/api_tokens", json={"name": name})
         assert response.status_code == 201, response.text
         return Client(self.url, response.json()["token"])
 
+    def serve(self, store: BusStore) -> None:
+        """From the next request on, the gateway serves the API of ``store`` (other settings)."""
+        self.app = build_app(store)
+
+    def resolve(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+        return self.app.resolve(event, context)
+
 
 @pytest.fixture
 def bus(store) -> Iterator[Bus]:
-    api.configure(store)
-    gateway = HttpGateway(api.handle, threads=16).start()
+    served = Bus(store, build_app(store))
+    gateway = HttpGateway(served.resolve, threads=16).start()
+    served.url, served.root = gateway.url, Client(gateway.url, ROOT_KEY)
     try:
-        yield Bus(store, gateway.url, Client(gateway.url, ROOT_KEY))
+        yield served
     finally:
         gateway.stop()
-        api.configure(None)
 
 
 @dataclasses.dataclass

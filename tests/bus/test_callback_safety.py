@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from switchyard.bus import api
 from switchyard.bus.store import BusStore
 from tests.bus.servers import redirect
 from tests.conftest import wait_for
@@ -37,7 +36,7 @@ def failed_once(bus, token: str) -> bool:
 @pytest.mark.parametrize("callback", INTERNAL_CALLBACKS)
 def test_a_callback_to_an_internal_address_is_refused_at_subscribe(bus, callback):
     """With no allowlist (production's default): even 127.0.0.1, which the tests' own allows."""
-    api.configure(BusStore(bus.store.redis, dataclasses.replace(bus.store.settings, callback_allow="")))
+    bus.serve(BusStore(bus.store.redis, dataclasses.replace(bus.store.settings, callback_allow="")))
     client = bus.client("sub")
     response = subscribe(client, callback)
     print(callback, "->", response.status_code, response.text[:160])

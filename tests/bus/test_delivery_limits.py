@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from switchyard.bus import api
 from switchyard.bus.jobs import scrub
 from switchyard.bus.store import BusStore
 from switchyard.bus.worker import BusWorker
@@ -102,7 +101,7 @@ def test_a_huge_answer_is_not_read_into_the_worker(bus, make_server, start_worke
 def test_four_dripping_subscribers_do_not_delay_a_healthy_one(bus, make_server, start_worker):
     """The default 4 delivery threads, each taken by a dripping subscriber on its own host."""
     wide = dataclasses.replace(bus.store.settings, callback_allow="127.0.0.0/8")  # a host per dripper
-    api.configure(BusStore(bus.store.redis, wide))
+    bus.serve(BusStore(bus.store.redis, wide))
     healthy = make_server("127.0.0.1")
     drippers = [make_server(f"127.0.0.{10 + i}", answer=drip(0.5, 8.0)) for i in range(4)]
     pub = bus.client("pub")
@@ -133,7 +132,7 @@ def test_delivery_threads_grow_to_the_cap_and_shrink_back(bus, make_server):
     wide = dataclasses.replace(bus.store.settings, callback_allow="127.0.0.0/8", worker_threads=1,
                                max_threads=3, delivery_timeout_s=5.0)
     store = BusStore(bus.store.redis, wide)
-    api.configure(store)
+    bus.serve(store)
     drippers = [make_server(f"127.0.0.{20 + i}", answer=drip(0.3, 2.0)) for i in range(5)]
     pub = bus.client("pub")
     for i, d in enumerate(drippers):

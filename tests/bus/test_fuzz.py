@@ -16,14 +16,14 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from switchyard.bus import api
+from switchyard.bus.api import build_app, openapi_document
 from switchyard.bus.store import BusStore
 from switchyard.core.redis_client import connect_redis
 from switchyard.local.http_gateway import HttpGateway
 from tests.bus.conftest import ROOT_KEY, drop_bus, fast_settings
 from tests.conftest import unique
 
-SCHEMA = schemathesis.openapi.from_dict(json.loads(api.openapi_document()))
+SCHEMA = schemathesis.openapi.from_dict(json.loads(openapi_document()))
 EXAMPLES = int(os.environ.get("SWITCHYARD_BUS_FUZZ_EXAMPLES", "20"))
 
 
@@ -36,13 +36,11 @@ def fuzz_bus() -> Iterator[tuple[str, str]]:
     store = BusStore(connect_redis(), fast_settings(unique("fuzz")))
     client = store.create_token("fuzzer")
     store.publish("claimed", client, '{"topic":"claimed"}')
-    api.configure(store)
-    gateway = HttpGateway(api.handle, threads=8).start()
+    gateway = HttpGateway(build_app(store), threads=8).start()
     try:
         yield gateway.url, client
     finally:
         gateway.stop()
-        api.configure(None)
         drop_bus(store)
 
 

@@ -91,11 +91,10 @@ def test_a_deep_body_is_not_parsed_before_authentication(bus, monkeypatch):
     per publish; its parse is bounded, as the test above shows.)"""
     import json as json_module
 
-    from switchyard.bus import api
-
     parsed: list[int] = []
     real_loads = json_module.loads
-    monkeypatch.setattr(api.json, "loads", lambda s, *a, **k: parsed.append(len(s)) or real_loads(s, *a, **k))
+    monkeypatch.setattr(json_module, "loads",
+                        lambda s, *a, **k: parsed.append(len(s)) or real_loads(s, *a, **k))
     for path, auth in (("/topics/deep", None), ("/subscription", ("nobody", "x")),
                        ("/subscriber", None), ("/api_tokens", ("nobody", "x"))):
         reply = requests.post(bus.url + path, data="[" * 50 + "]" * 50, auth=auth, timeout=10)
@@ -198,7 +197,7 @@ def test_credentials_never_reach_a_log_line(bus, subscriber, debug_logs):
 def test_a_token_revoked_before_its_subscription_is_stored_leaves_no_subscriber(store, subscriber):
     """The API checks the token, then the subscribe script runs: a revocation between the two must
     not leave a subscriber behind (the script checks the token in the same step)."""
-    from switchyard.bus.store import UnknownTokenError
+    from switchyard.bus.errors import UnknownTokenError
 
     with pytest.raises(UnknownTokenError):
         store.subscribe("revoked-meanwhile", ["t"], subscriber.url, "u", None, None, registered=True)
@@ -217,17 +216,13 @@ def test_revoking_again_removes_a_subscriber_left_by_an_earlier_revocation(bus, 
 def test_redis_down_is_a_503_before_parsing_too(make_store):
     """The credential check that now comes before a POST's body is parsed answers a Redis outage as
     the resolver does (503), not with a traceback."""
-    from switchyard.bus import api
+    from switchyard.bus.api import build_app
     from switchyard.bus.store import BusStore
     from switchyard.local.http_gateway import HttpGateway
     from tests.bus.conftest import connect_redis_url, fast_settings, free_port
 
     dead = BusStore(connect_redis_url(f"redis://127.0.0.1:{free_port()}/0"), fast_settings("nowhere"))
-    api.configure(dead)
-    try:
-        with HttpGateway(api.handle, threads=4) as gw:
-            for path in ("/subscription", "/topics/t", "/api_tokens"):
-                reply = requests.post(gw.url + path, json={"x": 1}, auth=("someone", "x"), timeout=30)
-                assert (reply.status_code, reply.text) == (503, "storage unavailable"), path
-    finally:
-        api.configure(None)
+    with HttpGateway(build_app(dead), threads=4) as gw:
+        for path in ("/subscription", "/topics/t", "/api_tokens"):
+            reply = requests.post(gw.url + path, json={"x": 1}, auth=("someone", "x"), timeout=30)
+            assert (reply.status_code, reply.text) == (503, "storage unavailable"), path

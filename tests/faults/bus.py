@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from switchyard.bus import api
+from switchyard.bus.api import build_app
 from switchyard.bus.store import BusStore
 from switchyard.core.redis_client import connect_redis
 from switchyard.local.http_gateway import HttpGateway
@@ -81,8 +81,7 @@ class BusRig:
         # it either (an environment left changed turned off every later test's shipped metrics).
         self._quiet = mock.patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"})
         self._quiet.start()
-        api.configure(self.store)
-        self.gateway = HttpGateway(api.handle, threads=8).start()
+        self.gateway = HttpGateway(build_app(self.store), threads=8).start()
         root = Client(self.gateway.url, ROOT_KEY)
         for index, subscriber in enumerate(self.subscribers):
             token = root.post("/api_tokens", json={"name": f"sub{index}"}).json()["token"]
@@ -99,7 +98,6 @@ class BusRig:
         self.worker.stop()
         if self.gateway is not None:
             self.gateway.stop()
-        api.configure(None)
         for subscriber in self.subscribers:
             subscriber.close()
         drop_bus(self.store)
