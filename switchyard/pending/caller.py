@@ -28,8 +28,8 @@ from switchyard.pending.errors import (
     ProcessorLostError,
 )
 from switchyard.pending.model import CancelToken, Response, decode_response, encode_message, store_streams
-from switchyard.pending.ports import PendingStore, Subscriber
-from switchyard.pending.settings import PendingSettings, check_endpoint
+from switchyard.pending.ports import NodeContext
+from switchyard.pending.settings import check_endpoint
 from switchyard.pending.streams import StreamRef, StreamStore
 from switchyard.pending.wakeup import Signal
 
@@ -60,26 +60,12 @@ class Call:
 class Caller:
     """The calls of one node: sending, waiting, heartbeats, pickup timeout, cancellation."""
 
-    def __init__(
-        self,
-        settings: PendingSettings,
-        store: PendingStore,
-        subscriber: Subscriber,
-        *,
-        new_id: Callable[[], str],
-        collect: Callable[[str, str], None],
-        check_data_loss: Callable[[], bool],
-        step: Callable[[str], None],
-        streams: StreamStore | None,
-    ) -> None:
-        self.settings = settings
+    def __init__(self, node: NodeContext, streams: StreamStore | None,
+                 collect: Callable[[str, str], None]) -> None:
+        self.settings = node.settings
         self.streams = streams
-        self._store = store
-        self._subscriber = subscriber
-        self._new_id = new_id
+        self._node = node
         self._collect_later = collect  # (endpoint, request id): unlink its answered state, batched
-        self._check_data_loss = check_data_loss
-        self._step = step
         self._lock = threading.Lock()
         self._calls: dict[str, Call] = {}
 
@@ -110,16 +96,10 @@ class Caller:
 
     # ------------------------------------------------------------- calling
 
-    def queue_and_wait(
-        self,
-        endpoint: str,
-        body: Any = None,
-        *,
-        streams: Mapping[str, bytes | BinaryIO] | None = None,
-        pickup_timeout: float | None = None,
-        cancel: CancelToken | None = None,
-    ) -> Response:
-        """Send ``body`` (JSON) to the polling service of ``endpoint``; block until it answers."""
+    def queue_and_wait(self, endpoint: str, body: Any, streams: Mapping[str, bytes | BinaryIO] | None,
+                       pickup_timeout: float | None, cancel: CancelToken | None) -> Response:
+        """Send ``body`` (JSON) to the polling service of ``endpoint``; block until it answers
+        (``PendingQueue.queue_and_wait`` says what it raises)."""
         check_endpoint(endpoint)
         s = self.settings
         refs = store_streams(self.streams, streams)
@@ -140,9 +120,9 @@ class Caller:
     def _call(self, endpoint: str, message: bytes, pickup_timeout: float,
               cancel: CancelToken | None) -> Response:
         s = self.settings
-        request_id = self._new_id()
-        element = b"%s %d %s\n%s" % (request_id.encode(), time.time() * 1000, self._store.node_id.encode(),
-                                     message)
+        request_id = self._node.new_id()
+        node_id = self._node.store.node_id.encode()
+        element = b"%s %d %s\n%s" % (request_id.encode(), time.time() * 1000, node_id, message)
         call = Call(request_id, endpoint, element)
         with self._lock:
             self._calls[call.id] = call
@@ -154,15 +134,15 @@ class Caller:
         if cancel is not None:
             cancel.on_cancel(on_cancel)
         try:
-            self._step("before_enqueue")
-            self._store.enqueue(endpoint, request_id, element, pickup_timeout)
-            self._step("enqueued")
+            self._node.step("before_enqueue")
+            self._node.store.enqueue(endpoint, request_id, element, pickup_timeout)
+            self._node.step("enqueued")
             started = time.monotonic()
             pickup_deadline: float | None = started + pickup_timeout
             next_beat = started + s.heartbeat_initial_delay_s
             while True:
                 wake_at = min(next_beat, pickup_deadline or next_beat)
-                self._subscriber.wait(call.event, max(0.0, wake_at - time.monotonic()), call.ready)
+                self._node.subscriber.wait(call.event, max(0.0, wake_at - time.monotonic()), call.ready)
                 if call.response is not None:
                     return self._collect(call, call.response)
                 if call.error is not None:
@@ -195,15 +175,15 @@ class Caller:
     def _collect(self, call: Call, raw: bytes) -> Response:
         """The call has its response: the answered state is unlinked off the caller's path (the
         reaper batches them); if this process dies first, the state's response TTL removes it."""
-        self._step("before_collect")
+        self._node.step("before_collect")
         self._collect_later(call.endpoint, call.id)
-        self._step("collected")
+        self._node.step("collected")
         return decode_response(call.id, raw)
 
     def _beat(self, call: Call) -> Response | None:
         """Heartbeat + pickup check + response poll, one command; raises when the call is lost."""
         s = self.settings
-        reply = self._store.caller_beat(call.endpoint, call.id, call.element)
+        reply = self._node.store.caller_beat(call.endpoint, call.id, call.element)
         if reply.state == "missing":
             self._state_vanished(call)
         if reply.state == "a":
@@ -219,7 +199,7 @@ class Caller:
             call.requeued = True
         # Taken: ms since the processor's last beat.
         if reply.processor_silence_ms > max(1, int(s.processor_timeout_s * 1000)):
-            self._store.withdraw(call.endpoint, call.id, call.element, "cancel")
+            self._node.store.withdraw(call.endpoint, call.id, call.element, "cancel")
             metrics.count(metrics.PENDING_PROCESSORS_LOST, call.endpoint)
             raise ProcessorLostError(
                 f"request {call.id} to {call.endpoint!r}: the node processing it sent no heartbeat for "
@@ -228,14 +208,14 @@ class Caller:
         return None
 
     def _state_vanished(self, call: Call) -> None:
-        if self._check_data_loss():
+        if self._node.check_data_loss():
             raise DataLossError(f"request {call.id} to {call.endpoint!r}: Redis lost its data")
         raise DataLossError(f"request {call.id} to {call.endpoint!r}: its state is gone from Redis "
                             "(expired or lost) while the call was waiting")
 
     def _withdraw(self, call: Call, mode: str) -> Response | None:
-        reply = self._store.withdraw(call.endpoint, call.id, call.element, mode)
-        self._step(f"withdraw_{mode}")
+        reply = self._node.store.withdraw(call.endpoint, call.id, call.element, mode)
+        self._node.step(f"withdraw_{mode}")
         if reply.outcome == "answered":
             return decode_response(call.id, reply.response or b"")
         if reply.outcome == "missing":

@@ -13,8 +13,10 @@ before the store had a port: callers of the queue see the same exceptions.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from switchyard.pending.settings import PendingSettings
 from switchyard.pending.wakeup import Signal
 
 
@@ -122,3 +124,15 @@ class PendingStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What each side of a node (caller, processor) is given by the node that composes them."""
+
+    settings: PendingSettings
+    store: PendingStore
+    subscriber: Subscriber
+    new_id: Callable[[], str]  # request and take ids
+    check_data_loss: Callable[[], bool]  # the watcher's guard check (on loss it fails everything)
+    step: Callable[[str], None]  # the node's step hook (tests crash a process at a named step)

@@ -30,8 +30,8 @@ from switchyard.pending.model import (
     handler_message,
     store_streams,
 )
-from switchyard.pending.ports import PendingStore, Subscriber
-from switchyard.pending.settings import PendingSettings, check_endpoint
+from switchyard.pending.ports import NodeContext
+from switchyard.pending.settings import check_endpoint
 from switchyard.pending.streams import StreamRef, StreamStore
 
 logger = logging.getLogger(__name__)
@@ -52,26 +52,11 @@ class Tracked:
 class Processor:
     """The requests this node takes for its polling services, and their answers."""
 
-    def __init__(
-        self,
-        settings: PendingSettings,
-        store: PendingStore,
-        subscriber: Subscriber,
-        *,
-        new_id: Callable[[], str],
-        check_data_loss: Callable[[], bool],
-        step: Callable[[str], None],
-        streams: StreamStore | None,
-        closed: threading.Event,
-        started: Callable[[], bool],
-    ) -> None:
-        self.settings = settings
+    def __init__(self, node: NodeContext, streams: StreamStore | None, closed: threading.Event,
+                 started: Callable[[], bool]) -> None:
+        self.settings = node.settings
         self.streams = streams
-        self._store = store
-        self._subscriber = subscriber
-        self._new_id = new_id
-        self._check_data_loss = check_data_loss
-        self._step = step
+        self._node = node
         self._closed = closed
         self._started = started
         self._lock = threading.Lock()
@@ -111,7 +96,7 @@ class Processor:
             request = item.request
             try:
                 beat = self.processor_heartbeat(request.endpoint, request.id, request.take_id)
-            except (QueueUnavailableError, *self._store.refused) as exc:  # the next beat tries again
+            except (QueueUnavailableError, *self._node.store.refused) as exc:  # the next beat tries again
                 logger.warning("heartbeat for %s failed: %s", request.id, exc)
                 continue
             if beat.cancelled:
@@ -121,8 +106,7 @@ class Processor:
 
     # ------------------------------------------------------------- taking
 
-    def dequeue(self, endpoint: str, wait: float | None = None, *,
-                track: bool = True) -> PendingRequest | None:
+    def dequeue(self, endpoint: str, wait: float | None, track: bool) -> PendingRequest | None:
         """The next request for ``endpoint``, waiting up to ``wait`` s (default: the poll wait)."""
         self._check_processing(endpoint)
         deadline = time.monotonic() + (self.settings.poll_wait_s if wait is None else wait)
@@ -151,26 +135,26 @@ class Processor:
                 self._answer(request, handler_message(handler, request, self.streams))
 
     def _next(self, endpoint: str, deadline: float, track: bool) -> PendingRequest | None:
-        channel = self._store.endpoint_channel(endpoint)
+        channel = self._node.store.endpoint_channel(endpoint)
         subscribed = self._cancel_channels.get(channel)
         if subscribed is None:
             with self._lock:
                 subscribed = self._cancel_channels.get(channel)
                 if subscribed is None:
                     subscribed = self._cancel_channels[channel] = threading.Event()
-                    self._subscriber.subscribe(channel)
+                    self._node.subscriber.subscribe(channel)
         if not subscribed.is_set():  # a first poll: cancellations of what it pops should reach us
             # (no longer than the claim delay: a cancellation is seen at the claim anyway)
             subscribed.wait(max(0.0, min(CLAIM_DELAY_S, deadline - time.monotonic())))
         while not self._closed.is_set():
-            take_id = self._new_id()
-            element = self._store.pop(endpoint, take_id, deadline)
+            take_id = self._node.new_id()
+            element = self._node.store.pop(endpoint, take_id, deadline)
             if element is None:
                 return None
             request = self._request(endpoint, take_id, element)
             if request is None:
                 continue  # unreadable: answered with an error (or dropped); take the next
-            self._step("taken")
+            self._node.step("taken")
             if track:
                 first_beat = time.monotonic() + min(CLAIM_DELAY_S, self.settings.heartbeat_initial_delay_s)
                 with self._lock:
@@ -213,18 +197,12 @@ class Processor:
             raw = encode_message({"ok": False, "error": str(exc)}, "response", limit)
         try:
             self._send_response(request.endpoint, request.id, request.take_id, raw)
-        except (*self._store.refused, PendingError) as exc:
+        except (*self._node.store.refused, PendingError) as exc:
             metrics.count(metrics.PENDING_RESPONSES_UNDELIVERED, request.endpoint)
             logger.error("could not store the response to %s on %s: %s", request.id, request.endpoint, exc)
 
-    def apply_response(
-        self,
-        request: PendingRequest,
-        body: Any = None,
-        *,
-        error: str | None = None,
-        streams: Mapping[str, bytes | BinaryIO] | None = None,
-    ) -> Delivery:
+    def apply_response(self, request: PendingRequest, body: Any, error: str | None,
+                       streams: Mapping[str, bytes | BinaryIO] | None) -> Delivery:
         """Answer a dequeued request (``error``: the service failed). Returns what became of it."""
         with self._lock:
             self._tracked.pop(request.id, None)
@@ -241,8 +219,8 @@ class Processor:
         return self._send_response(endpoint, request_id, take_id, raw)
 
     def _send_response(self, endpoint: str, request_id: str, take_id: str, raw: bytes) -> Delivery:
-        outcome = Delivery(self._store.respond(endpoint, request_id, take_id, raw))
-        self._step("responded")
+        outcome = Delivery(self._node.store.respond(endpoint, request_id, take_id, raw))
+        self._node.step("responded")
         if outcome is not Delivery.DELIVERED:
             metrics.count(metrics.PENDING_RESPONSES_UNDELIVERED, endpoint)
             logger.info("response to %s on %s not delivered: %s", request_id, endpoint, outcome.value)
@@ -252,9 +230,9 @@ class Processor:
         """The processor is alive (the first beat also claims the request); learn whether its work
         should stop (cancelled, caller gone, lost)."""
         s = self.settings
-        reply = self._store.processor_beat(endpoint, request_id, take_id)
+        reply = self._node.store.processor_beat(endpoint, request_id, take_id)
         if reply.state == "missing":
-            if self._check_data_loss():
+            if self._node.check_data_loss():
                 return ProcessorBeat(True, "Redis lost its data")
             return ProcessorBeat(True, "the request is gone from Redis (expired)")
         if reply.state == "not_taker":

@@ -31,6 +31,7 @@ from switchyard.pending.model import (
     ProcessorBeat,
     Response,
 )
+from switchyard.pending.ports import NodeContext
 from switchyard.pending.processor import Processor
 from switchyard.pending.settings import PendingSettings
 from switchyard.pending.store import RedisStore
@@ -67,14 +68,11 @@ class PendingQueue:
             self.settings.store, self.settings.connections.aws_endpoint_url)
         # _on_message is looked up per message: a test makes a started node deaf by replacing it.
         self._subscriber = self.redis_store.listen(lambda m: self._on_message(m), self._node_ready.clear)
-        ids = IdSource()
+        node = NodeContext(self.settings, self.redis_store, self._subscriber, IdSource(),
+                           self.check_data_loss, self._step)
         self.reaper = Reaper(self.redis_store, self._closed)
-        self.caller = Caller(self.settings, self.redis_store, self._subscriber, new_id=ids,
-                             collect=self.reaper.add, check_data_loss=self.check_data_loss, step=self._step,
-                             streams=streams)
-        self.processor = Processor(self.settings, self.redis_store, self._subscriber, new_id=ids,
-                                   check_data_loss=self.check_data_loss, step=self._step, streams=streams,
-                                   closed=self._closed, started=lambda: bool(self._threads))
+        self.caller = Caller(node, streams, collect=self.reaper.add)
+        self.processor = Processor(node, streams, self._closed, started=lambda: bool(self._threads))
         self.watcher = Watcher(self.settings, self.redis_store, self._closed, on_loss=self._on_data_loss,
                                beat_due=self.processor.beat_due)
 
@@ -180,8 +178,7 @@ class PendingQueue:
         """
         if not self._threads:
             raise PendingError("start() the PendingQueue before calling")
-        return self.caller.queue_and_wait(endpoint, body, streams=streams, pickup_timeout=pickup_timeout,
-                                          cancel=cancel)
+        return self.caller.queue_and_wait(endpoint, body, streams, pickup_timeout, cancel)
 
     # ------------------------------------------------------- processing side
 
@@ -195,7 +192,7 @@ class PendingQueue:
         (``processor_heartbeat``) claims it. Raises QueueUnavailableError (Redis unreachable for
         the retry window) or PendingError (Redis refused the pop: a key of the wrong type, OOM).
         """
-        return self.processor.dequeue(endpoint, wait, track=track)
+        return self.processor.dequeue(endpoint, wait, track)
 
     def serve(self, endpoint: str, handler: Handler, stop: threading.Event | None = None) -> None:
         """Answer the requests of ``endpoint`` with ``handler`` on this thread until ``stop`` is set
@@ -220,7 +217,7 @@ class PendingQueue:
         streams: Mapping[str, bytes | BinaryIO] | None = None,
     ) -> Delivery:
         """Answer a dequeued request (``error``: the service failed). Returns what became of it."""
-        return self.processor.apply_response(request, body, error=error, streams=streams)
+        return self.processor.apply_response(request, body, error, streams)
 
     def respond(self, endpoint: str, request_id: str, take_id: str, message: dict[str, Any]) -> Delivery:
         """Store a response message for a taken request and tell its caller (respond.lua)."""
