@@ -2,11 +2,11 @@
 
 Part of the Redis adapter (``store.py`` is its only user). Why: with redis-py a round trip costs
 ~150 us of Python CPU, more than the Lua work it carries; under load a node's callers and pollers
-each paid it for every enqueue, take and respond. Here a
-thread that finds no round trip under way runs its own call at once (a lone call is not delayed
-and runs exactly as before); threads arriving meanwhile queue theirs, and the next of them sends
-everything queued as one pipeline. Each script is idempotent (see ``lua/``), so redis-py's retry
-of a whole pipeline after a lost connection is as safe as the retry of one call.
+each paid it for every enqueue, take and respond. Here a thread that finds no round trip under way
+runs its own call at once (a lone call is not delayed and runs exactly as before); threads
+arriving meanwhile queue theirs, and the next of them sends everything queued as one pipeline.
+Each script is idempotent (see ``lua/``), so redis-py's retry of a whole pipeline after a lost
+connection is as safe as the retry of one call.
 """
 
 from __future__ import annotations

@@ -73,3 +73,11 @@ def test_only_settings_reads_the_environment() -> None:
     reading = {path.name for path in PART.glob("*.py")
                if re.search(r"\bos\.(environ|getenv)", path.read_text())}
     assert reading <= {"settings.py"}, reading
+
+
+def test_one_remote_error_the_cores() -> None:
+    import switchyard.pending
+    import switchyard.pending.errors
+    from switchyard.core.errors import RemoteError
+
+    assert switchyard.pending.RemoteError is switchyard.pending.errors.RemoteError is RemoteError
