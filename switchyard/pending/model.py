@@ -121,24 +121,25 @@ class Reply:
 Handler = Callable[[PendingRequest], Any]
 
 
-def store_streams(store: StreamStore | None,
+def store_streams(stream_store: StreamStore | None,
                   streams: Mapping[str, bytes | BinaryIO] | None) -> list[StreamRef]:
-    """Put ``streams`` in ``store``; their references (messages carry references, never bytes)."""
+    """Put ``streams`` in ``stream_store``; their references (messages carry references, never bytes)."""
     if not streams:
         return []
-    if store is None:
+    if stream_store is None:
         raise PendingError("streams need a store: set SWITCHYARD_PENDING_STORE")
-    return [store.put(name, data) for name, data in streams.items()]
+    return [stream_store.put(name, data) for name, data in streams.items()]
 
 
-def handler_message(handler: Callable[[Any], Any], request: Any, store: StreamStore | None) -> dict[str, Any]:
+def handler_message(handler: Callable[[Any], Any], request: Any,
+                    stream_store: StreamStore | None) -> dict[str, Any]:
     """Run a service's handler; the response message for its answer (streams stored), or for its
     failure (any exception: it is this request's problem only)."""
     try:
         result = handler(request)
         if not isinstance(result, Reply):
             result = Reply(result)
-        streams = [ref.to_json() for ref in store_streams(store, result.streams)]
+        streams = [ref.to_json() for ref in store_streams(stream_store, result.streams)]
         return {"ok": True, "body": result.body, "streams": streams}
     except Exception as exc:
         logger.exception("handler failed for request %s", request.id)
