@@ -185,8 +185,8 @@ def caller_process(side: str, url: str, prefix: str, names: list[str], in_flight
         list(pool.map(worker, range(in_flight)))
     report: dict[str, object] = {"latencies": latencies, "cpu_s": time.process_time() - cpu_before}
     if node is not None:
-        report["round_trips"] = node._batch.round_trips
-        report["script_calls"] = node._batch.calls
+        report["round_trips"] = node.redis_store.batch.round_trips
+        report["script_calls"] = node.redis_store.batch.calls
     print(json.dumps(report), flush=True)
     if node is not None:
         node.close()

@@ -10,8 +10,8 @@ wait on Redis). Tokens per endpoint come from the Secrets Manager secret
 from typing import Any
 
 from switchyard.core.observability import logger, metrics, tracer
+from switchyard.pending import PendingQueue
 from switchyard.pending.api import TokenStore, build_app
-from switchyard.pending.queue import PendingQueue
 
 queue = PendingQueue()
 app = build_app(queue, TokenStore.from_env())

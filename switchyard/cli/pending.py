@@ -13,8 +13,8 @@ import time
 def _serve(args: argparse.Namespace) -> int:
     from switchyard.cli.local import quiet_metrics
     from switchyard.local.http_gateway import HttpGateway
+    from switchyard.pending import PendingQueue
     from switchyard.pending.api import TokenStore, build_app
-    from switchyard.pending.queue import PendingQueue
 
     quiet_metrics()
     tokens = TokenStore.from_env()
@@ -45,7 +45,7 @@ def _parse_body(raw: str) -> object:
 
 
 def _call(args: argparse.Namespace) -> int:
-    from switchyard.pending.queue import CancelToken, PendingQueue
+    from switchyard.pending import CancelToken, PendingQueue
 
     cancel = CancelToken()
     if args.timeout:
@@ -61,7 +61,7 @@ def _call(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from switchyard.pending.queue import PendingQueue
+    from switchyard.pending import PendingQueue
 
     queue = PendingQueue()  # no background threads: status only reads
     endpoints = queue.status()

@@ -10,15 +10,8 @@ from switchyard.pending.errors import (
     QueueUnavailableError,
     RemoteError,
 )
-from switchyard.pending.queue import (
-    CancelToken,
-    Delivery,
-    PendingQueue,
-    PendingRequest,
-    ProcessorBeat,
-    Reply,
-    Response,
-)
+from switchyard.pending.model import CancelToken, Delivery, PendingRequest, ProcessorBeat, Reply, Response
+from switchyard.pending.service import PendingQueue
 from switchyard.pending.settings import PendingSettings
 
 __all__ = [

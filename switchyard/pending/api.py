@@ -22,12 +22,10 @@ than ``SWITCHYARD_PENDING_MAX_POLLS`` long polls of the endpoint waiting already
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import json
 import math
-import os
 import secrets
 import threading
 import time
@@ -35,7 +33,6 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import redis
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.api_gateway import BaseRouter
 from aws_lambda_powertools.event_handler.exceptions import (
@@ -47,10 +44,11 @@ from aws_lambda_powertools.event_handler.exceptions import (
 )
 
 from switchyard.core.errors import ConfigError
-from switchyard.pending.errors import MessageTooLargeError, PendingError, QueueUnavailableError
-from switchyard.pending.queue import ID_LENGTH, Delivery, PendingQueue
-from switchyard.pending.settings import ENDPOINT_NAME
-from switchyard.pending.storage import StreamError, StreamRef
+from switchyard.pending.errors import MessageTooLargeError, PendingError, StreamError
+from switchyard.pending.model import ID_LENGTH, Delivery
+from switchyard.pending.service import PendingQueue
+from switchyard.pending.settings import ENDPOINT_NAME, token_sources
+from switchyard.pending.streams import StreamRef
 
 # Time kept back from the Lambda's remaining time so a long poll answers before it is cut off.
 LAMBDA_MARGIN_MS = 2_000
@@ -84,12 +82,11 @@ class TokenStore:
 
     @classmethod
     def from_env(cls) -> TokenStore:
-        arn = os.environ.get("SWITCHYARD_PENDING_TOKENS_SECRET_ARN")
+        arn, raw = token_sources()
         if arn:
             from switchyard.core.aws_secrets import _fetch
 
             return cls(lambda: _fetch(arn))
-        raw = os.environ.get("SWITCHYARD_PENDING_TOKENS", "")
         try:
             tokens = json.loads(raw) if raw else {}
         except ValueError as exc:
@@ -152,34 +149,21 @@ class PollSlots:
     endpoint (``<prefix>:{<endpoint>}:polls``, slot -> when it lapses), with a TTL like every key."""
 
     def __init__(self, queue: PendingQueue) -> None:
-        self._queue = queue
+        self._store = queue.redis_store
         settings = queue.settings
         self.limit = settings.max_polls_per_endpoint
         self._key_ttl_ms = int((settings.http_poll_wait_s + POLL_SLOT_GRACE_S) * 1000)
 
-    def _key(self, endpoint: str) -> str:
-        return f"{self._queue.key_tag(endpoint)}:polls"
-
     def take(self, endpoint: str, wait_s: float) -> str:
         """A slot for a poll of ``wait_s`` seconds, or TooManyPollsError (the slot is not kept)."""
-        key, slot, now = self._key(endpoint), secrets.token_hex(8), time.time()
-        try:
-            pipe = self._queue.client.pipeline(transaction=True)
-            pipe.zremrangebyscore(key, "-inf", now)
-            pipe.zadd(key, {slot: now + wait_s + POLL_SLOT_GRACE_S})
-            pipe.zcard(key)
-            pipe.pexpire(key, self._key_ttl_ms)
-            waiting = pipe.execute()[2]
-            if waiting > self.limit:
-                self._queue.client.zrem(key, slot)
-                raise TooManyPollsError(endpoint, self.limit)
-        except redis.RedisError as exc:
-            raise QueueUnavailableError(f"Redis unavailable for the poll count: {exc}") from exc
+        slot = secrets.token_hex(8)
+        lapses_at = time.time() + wait_s + POLL_SLOT_GRACE_S
+        if not self._store.take_poll_slot(endpoint, slot, lapses_at, self._key_ttl_ms, self.limit):
+            raise TooManyPollsError(endpoint, self.limit)
         return slot
 
     def give_back(self, endpoint: str, slot: str) -> None:
-        with contextlib.suppress(redis.RedisError):  # else it lapses by itself
-            self._queue.client.zrem(self._key(endpoint), slot)
+        self._store.give_back_poll_slot(endpoint, slot)
 
 
 class TurnTakingResolver(APIGatewayRestResolver):

@@ -1,16 +1,16 @@
 """Concurrent script calls of one node share a round trip (flat combining).
 
-Why: with redis-py a round trip costs ~150 us of Python CPU, more than the Lua work it carries;
-under load a node's callers and pollers each paid it for every enqueue, take and respond. Here a
-thread that finds no round trip under way runs its own call at once (a lone call is not delayed
-and runs exactly as before); threads arriving meanwhile queue theirs, and the next of them sends
-everything queued as one pipeline. Each script is idempotent (see ``lua/``), so redis-py's retry
-of a whole pipeline after a lost connection is as safe as the retry of one call.
+Part of the Redis adapter (``store.py`` is its only user). Why: with redis-py a round trip costs
+~150 us of Python CPU, more than the Lua work it carries; under load a node's callers and pollers
+each paid it for every enqueue, take and respond. Here a thread that finds no round trip under way
+runs its own call at once (a lone call is not delayed and runs exactly as before); threads
+arriving meanwhile queue theirs, and the next of them sends everything queued as one pipeline.
+Each script is idempotent (see ``lua/``), so redis-py's retry of a whole pipeline after a lost
+connection is as safe as the retry of one call.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -18,31 +18,9 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
+from switchyard.pending.wakeup import Signal
+
 _UNSET = object()
-
-
-class Signal:
-    """Wakes one waiting thread: ``set`` wakes it, ``wait`` consumes the wake-up. An Event that
-    clears itself, on one bare lock: Event's Condition costs a lock allocation and more on every
-    wait, paid twice per call (the caller's wait for its response, a combined call's wait)."""
-
-    __slots__ = ("_lock",)
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
-
-    def set(self) -> None:
-        with contextlib.suppress(RuntimeError):  # already set, not yet consumed
-            self._lock.release()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """True if woken (the wake-up is consumed), False after ``timeout`` seconds."""
-        return self._lock.acquire(timeout=-1 if timeout is None else timeout)
-
-    def is_set(self) -> bool:
-        """Set and not yet consumed: the waiting thread is about to wake."""
-        return not self._lock.locked()
 
 
 class _Op:

@@ -20,9 +20,9 @@ from typing import Any
 import requests
 
 from switchyard.core.errors import ConfigError
-from switchyard.pending.queue import CancelToken, handler_message
+from switchyard.pending.model import CancelToken, handler_message
 from switchyard.pending.settings import PendingSettings, check_endpoint
-from switchyard.pending.storage import StreamRef, StreamStore
+from switchyard.pending.streams import StreamRef, StreamStore
 
 logger = logging.getLogger(__name__)
 

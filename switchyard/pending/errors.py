@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from switchyard.core.errors import SwitchyardError
+from switchyard.core.errors import RemoteError, SwitchyardError
+
+# ``RemoteError`` (the polling service answered with an error) is the core's, raised with status
+# "request <id>: the service failed" and the service's error as its body: one class for every
+# part's "the other side failed", re-exported here so ``switchyard.pending.errors.RemoteError``
+# still imports. (It is an ``RpcError``, no longer a ``PendingError``.)
 
 
 class PendingError(SwitchyardError):
@@ -25,13 +30,26 @@ class CancelledError(PendingError):
     """The caller cancelled the request (before or after pickup)."""
 
 
-class RemoteError(PendingError):
-    """The polling service answered with an error."""
-
-
 class QueueUnavailableError(PendingError):
     """Redis could not be reached within the retry window."""
 
 
 class MessageTooLargeError(PendingError, ValueError):
     """A request or response is larger than the limit; large data belongs in streams."""
+
+
+class StreamError(PendingError):
+    """A stream could not be stored or read back intact."""
+
+
+__all__ = [
+    "CancelledError",
+    "DataLossError",
+    "MessageTooLargeError",
+    "PendingError",
+    "PickupTimeoutError",
+    "ProcessorLostError",
+    "QueueUnavailableError",
+    "RemoteError",
+    "StreamError",
+]

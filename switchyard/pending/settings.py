@@ -9,10 +9,6 @@ import math
 import re
 from dataclasses import dataclass, field, fields
 
-import redis
-from redis.backoff import ConstantBackoff
-from redis.retry import Retry
-
 from switchyard.core.config import Connections, env_float, env_int, env_str
 from switchyard.core.errors import ConfigError
 
@@ -28,6 +24,14 @@ def check_endpoint(endpoint: str) -> str:
         raise ValueError(f"endpoint must match {ENDPOINT_NAME.pattern} (letters, digits, . _ : -), "
                          f"got {endpoint!r}")
     return endpoint
+
+
+
+def token_sources() -> tuple[str, str]:
+    """Where the node API's endpoint tokens come from: the Secrets Manager secret
+    ``SWITCHYARD_PENDING_TOKENS_SECRET_ARN`` (on AWS) and ``SWITCHYARD_PENDING_TOKENS`` (a JSON
+    object, locally); "" for one not set."""
+    return env_str("SWITCHYARD_PENDING_TOKENS_SECRET_ARN", ""), env_str("SWITCHYARD_PENDING_TOKENS", "")
 
 
 @dataclass(frozen=True)
@@ -117,20 +121,10 @@ class PendingSettings:
         return cls(connections=Connections.from_env(), **values)  # type: ignore[arg-type]
 
 
-def connect_pending_redis(settings: PendingSettings, url: str | None = None) -> redis.Redis:
-    """A Redis client whose commands are retried by redis-py for the retry window (seed 002: 30 s,
-    1 s apart), each attempt bounded by ``SWITCHYARD_REDIS_TIMEOUT``. Commands are short (no
-    blocking reads: pollers pop on connections of their own), so thousands of waiting callers
-    share a bounded pool: a thread that finds every connection busy waits for one (up to the retry
-    window) instead of failing."""
-    timeout = settings.connections.redis_timeout_s
-    pool = redis.BlockingConnectionPool.from_url(
-        url or settings.connections.redis_url,
-        max_connections=settings.redis_connections,
-        timeout=settings.retry_window_s,
-        socket_timeout=timeout,
-        socket_connect_timeout=min(timeout, 2.0),
-        health_check_interval=30,
-        retry=Retry(ConstantBackoff(settings.retry_interval_s), retries=settings.retries),
-    )
-    return redis.Redis(connection_pool=pool)
+def __getattr__(name: str) -> object:
+    """``connect_pending_redis`` moved to the Redis adapter (``store.py``); still importable here."""
+    if name == "connect_pending_redis":
+        from switchyard.pending.store import connect_pending_redis
+
+        return connect_pending_redis
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

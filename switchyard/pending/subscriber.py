@@ -1,5 +1,8 @@
 """A node's one pub/sub connection, read by whichever thread is waiting for a message on it.
 
+Part of the Redis adapter: ``store.py`` makes it (``RedisStore.listen``); the services see the
+``Subscriber`` port.
+
 Why: a listener thread used to read it and wake the caller a response was for: a thread hand-off
 on the path of every call, a large share of a fast call's latency with the GIL. (Pollers wait in
 a blocking pop on a connection of their own, not here.) Now a thread about to block for a message
@@ -30,7 +33,7 @@ from typing import Any
 import redis
 from redis.client import PubSub
 
-from switchyard.pending.batch import Signal
+from switchyard.pending.wakeup import Signal
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from switchyard.core.config import Connections
-from switchyard.pending.queue import PendingQueue
+from switchyard.pending import PendingQueue
 from switchyard.pending.settings import PendingSettings
 from tests.conftest import unique
 

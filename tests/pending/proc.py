@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from switchyard.pending import PendingError, PendingQueue, PendingRequest
+from switchyard.pending import PendingError, PendingQueue, PendingRequest, RemoteError
 
 CRASH_EXIT = 70
 
@@ -39,7 +39,7 @@ def main() -> int:
                 body = queue.queue_and_wait(args.endpoint, {"pid": os.getpid()},
                                             pickup_timeout=args.pickup_timeout).body
                 print(json.dumps({"response": body}), flush=True)
-            except PendingError as exc:
+            except (PendingError, RemoteError) as exc:
                 print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
             return 0
 

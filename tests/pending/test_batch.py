@@ -85,7 +85,7 @@ def test_a_busy_node_shares_round_trips_and_unlinks_answered_states_in_batches(
     """40 callers at once on one node: fewer round trips than script calls, every answer to its
     own caller, and the answered states gone within the reaper's interval, by few UNLINKs."""
     from switchyard.pending import PendingQueue
-    from switchyard.pending.queue import REAP_INTERVAL_S
+    from switchyard.pending.watcher import REAP_INTERVAL_S
     from tests.pending.conftest import private_settings
     from tests.pending.test_queue import serve
 
@@ -99,8 +99,8 @@ def test_a_busy_node_shares_round_trips_and_unlinks_answered_states_in_batches(
                 answers = list(pool.map(lambda i: [caller.queue_and_wait("busy", i * 100 + j).body
                                                    for j in range(5)], range(40)))
             assert answers == [[2 * (i * 100 + j) for j in range(5)] for i in range(40)]
-            assert caller._batch.calls == 200
-            assert caller._batch.round_trips < 200, "concurrent enqueues did not share round trips"
+            assert caller.redis_store.batch.calls == 200
+            assert caller.redis_store.batch.round_trips < 200, "concurrent enqueues did not share round trips"
             time.sleep(REAP_INTERVAL_S * 3)
             assert list(client.scan_iter(match=f"{settings.prefix}:{{busy}}:r:*")) == []
             unlinks = client.info("commandstats").get("cmdstat_unlink", {}).get("calls", 0)

@@ -24,7 +24,7 @@ from switchyard.pending import (
     ProcessorBeat,
     RemoteError,
 )
-from switchyard.pending.storage import LocalDirectoryStore
+from switchyard.pending.streams import LocalDirectoryStore
 from tests.conftest import wait_for
 from tests.pending.conftest import NodeFactory, keys_without_ttl, ownerless_requests
 
@@ -71,7 +71,7 @@ def test_fast_call_costs_two_scripts_and_a_pop_no_claim_and_no_heartbeat(make_no
     answered before the claim delay is claimed by its response (no claiming heartbeat)."""
     caller, service_node = make_node(heartbeat_initial_delay_s=7.0), make_node(heartbeat_initial_delay_s=7.0)
     calls: list[str] = []
-    for node in (caller, service_node):
+    for node in (caller.redis_store, service_node.redis_store):
         for name in ("_enqueue", "_respond", "_heartbeat", "_withdraw"):
             script = getattr(node, name)
             setattr(node, name, lambda *a, _s=script, _n=name, **k: calls.append(_n) or _s(*a, **k))
@@ -219,10 +219,10 @@ def test_enqueue_claim_and_respond_are_idempotent_on_retry(make_node: NodeFactor
     state, take = node.state_key("idem", request_id), node.take_key("idem", "t" * 32)
     keys = [state, node.pending_key("idem")]
     args = [f"{request_id} 1 {node.node_id}\n".encode() + b'{"body":1}', node.node_id, 60_000, 60_000]
-    assert node._enqueue(keys=keys, args=args) == 1
-    assert node._enqueue(keys=keys, args=args) == 0
+    assert node.redis_store._enqueue(keys=keys, args=args) == 1
+    assert node.redis_store._enqueue(keys=keys, args=args) == 0
     assert shared_redis.llen(node.pending_key("idem")) == 1
-    assert node._pop("idem", "t" * 32, time.monotonic() + 1).startswith(request_id.encode())
+    assert node.redis_store.pop("idem", "t" * 32, time.monotonic() + 1).startswith(request_id.encode())
     assert shared_redis.pttl(take) > 0  # the popped request is in a key with a TTL
     # the processor's first heartbeat claims it; a retry is the same take's beat again
     assert node.processor_heartbeat("idem", request_id, "t" * 32) == ProcessorBeat(False)
@@ -255,7 +255,7 @@ def test_a_response_claims_a_popped_request_once(make_node: NodeFactory, shared_
 def first_pop_reply_lost(node: PendingQueue, then: Callable[[], None] = lambda: None) -> Iterator[list[bool]]:
     """The next pop on this thread runs in Redis, but its reply is lost (the connection breaks
     after it arrived; ``then`` runs first). Yields a list that is non-empty once that happened."""
-    connection = node._poll_connection()  # this thread's: the pop uses it
+    connection = node.redis_store._poll_connection()  # this thread's: the pop uses it
     original = connection.read_response
     broken: list[bool] = []
 
@@ -345,7 +345,8 @@ def test_an_unreadable_request_is_answered_with_an_error_not_a_crash(make_node: 
     caller, service_node = make_node(), make_node()
     outcome: list[object] = []
     garbage = b"{not json"
-    thread = threading.Thread(target=lambda: outcome.append(_catch(caller._call, "svc", garbage, 5, None)))
+    thread = threading.Thread(
+        target=lambda: outcome.append(_catch(caller.caller._call, "svc", garbage, 5, None)))
     thread.start()
     assert service_node.dequeue("svc", 2) is None  # answered with an error, the poll goes on
     thread.join(5)
@@ -379,7 +380,7 @@ def test_close_ends_a_poll_blocked_in_its_pop_at_once(make_node: NodeFactory) ->
     outcome: list[object] = []
     poller = threading.Thread(target=lambda: outcome.append(node.dequeue("closing", 20)))
     poller.start()
-    wait_for(lambda: len(node._poll_connections) == 1, what="the poller's pop connection")
+    wait_for(lambda: len(node.redis_store._poll_connections) == 1, what="the poller's pop connection")
     time.sleep(0.2)  # the poller is blocked in BLMOVE
     closed_at = time.monotonic()
     node.close()

@@ -17,7 +17,7 @@ from switchyard.pending import (
     RemoteError,
     Reply,
 )
-from switchyard.pending.storage import LocalDirectoryStore
+from switchyard.pending.streams import LocalDirectoryStore
 from tests.conftest import wait_for
 from tests.pending.conftest import NodeFactory, PrivateRedis, keys_without_ttl, private_settings
 from tests.pending.test_queue import _catch

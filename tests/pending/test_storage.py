@@ -11,7 +11,7 @@ import boto3
 import pytest
 
 from switchyard.core.errors import ConfigError
-from switchyard.pending.storage import (
+from switchyard.pending.streams import (
     LocalDirectoryStore,
     S3StreamStore,
     StreamError,

@@ -9,6 +9,7 @@ from aws_cdk.assertions import Match, Template
 from stacks import constants as c
 from stacks.constants import STACK_ID
 from stacks.pending import API_TIMEOUT_S
+from switchyard.pending.metrics import PENDING_DATA_LOSS_EVENTS
 
 
 def _of_type(resources: dict[str, dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
@@ -70,4 +71,4 @@ def test_pending_alarms_notify_the_alarm_topic(resources: dict[str, dict[str, An
         assert alarm["AlarmActions"], name
         assert alarm["AlarmDescription"]
     query = alarms["pending-data-loss"]["Metrics"][0]["Expression"]
-    assert "PendingDataLossEvents" in query and "Endpoint" in query
+    assert PENDING_DATA_LOSS_EVENTS in query and "Endpoint" in query

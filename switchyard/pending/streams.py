@@ -18,13 +18,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from switchyard.core.errors import ConfigError
-from switchyard.pending.errors import PendingError
+from switchyard.pending.errors import StreamError
 
 CHUNK = 1024 * 1024
-
-
-class StreamError(PendingError):
-    """A stream could not be stored or read back intact."""
 
 
 @dataclass(frozen=True)

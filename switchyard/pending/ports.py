@@ -1,0 +1,138 @@
+"""What the pending queue's services need from Redis, as protocols: the store and its subscriber.
+
+The caller's side (``caller.py``), the processing side (``processor.py``), the watcher
+(``watcher.py``) and the node API (``api.py``) only see these; ``store.py`` is the Redis adapter
+(keys and their hash tags, the Lua scripts of ``lua/``, blocking pops, the batched round trips).
+
+Errors: an operation raises ``QueueUnavailableError`` when Redis stayed unreachable for the retry
+window (and ``PendingError`` for a refused pop); a command Redis refuses otherwise (out of memory, a
+key of the wrong type) raises one of ``PendingStore.refused``, the driver's own errors, as it did
+before the store had a port: callers of the queue see the same exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from switchyard.pending.settings import PendingSettings
+from switchyard.pending.wakeup import Signal
+
+
+class CallerBeatReply(NamedTuple):
+    """A caller's heartbeat: the request's state (``q``, ``t``, ``a``, ``requeued`` or ``missing``),
+    ms since its processor's last beat (taken, else 0), and the response (answered, else empty)."""
+
+    state: str
+    processor_silence_ms: int
+    response: bytes
+
+
+class ProcessorBeatReply(NamedTuple):
+    """A processor's heartbeat: the state (``missing`` or ``not_taker`` when it holds no request),
+    ms since the caller's last beat, and whether the caller cancelled."""
+
+    state: str
+    caller_silence_ms: int
+    cancelled: bool
+
+
+class WithdrawReply(NamedTuple):
+    """A withdrawal: ``withdrawn``, ``answered`` (with the response), ``taken``, ``cancelled`` or
+    ``missing``."""
+
+    outcome: str
+    response: bytes | None
+
+
+class Subscriber(Protocol):
+    """The node's one pub/sub connection; a waiting thread reads it when no other thread does."""
+
+    def subscribe(self, channel: str) -> None: ...
+
+    def wait(self, signal: Signal, timeout: float, ready: Callable[[], bool]) -> bool:
+        """Block until ``signal`` is set (True) or ``timeout`` s passed (False)."""
+        ...
+
+    def run(self) -> None:
+        """The listener thread's loop, until the node closes."""
+        ...
+
+
+class PendingStore(Protocol):
+    """One node's view of the pending queue's state in Redis."""
+
+    node_id: str
+    node_channel: str
+    refused: tuple[type[Exception], ...]
+
+    def endpoint_channel(self, endpoint: str) -> str:
+        """Where cancellations of an endpoint's popped, unclaimed requests are published."""
+        ...
+
+    def listen(self, dispatch: Callable[[dict[str, Any]], None], on_lost: Callable[[], None]) -> Subscriber:
+        """The node channel's subscriber (``dispatch`` gets each message on the reading thread)."""
+        ...
+
+    # caller's side
+    def enqueue(self, endpoint: str, request_id: str, element: bytes, pickup_timeout_s: float) -> None: ...
+
+    def caller_beat(self, endpoint: str, request_id: str, element: bytes) -> CallerBeatReply: ...
+
+    def withdraw(self, endpoint: str, request_id: str, element: bytes, mode: str) -> WithdrawReply:
+        """``mode``: ``timeout`` (take back only if nobody took it) or ``cancel``."""
+        ...
+
+    def unlink_answered(self, answered: Mapping[str, Sequence[str]]) -> None:
+        """Remove answered states (endpoint -> request ids) in one round trip; a failure is logged
+        (their TTL removes them)."""
+        ...
+
+    # processing side
+    def pop(self, endpoint: str, take_id: str, deadline: float) -> bytes | None:
+        """The next request's element of ``endpoint``, moved into the take key, waiting until
+        ``deadline`` (monotonic); None when none came or the node closes."""
+        ...
+
+    def interrupt_pops(self) -> None:
+        """End every blocking pop now (the node is closing)."""
+        ...
+
+    def respond(self, endpoint: str, request_id: str, take_id: str, raw: bytes) -> str:
+        """Store a response and tell its caller; what became of it (``Delivery``'s values)."""
+        ...
+
+    def processor_beat(self, endpoint: str, request_id: str, take_id: str) -> ProcessorBeatReply: ...
+
+    # watcher
+    def swap_guard(self, token: str, ttl_s: float) -> bytes | None:
+        """Set this node's data-loss guard to ``token``; the value it had (None: gone)."""
+        ...
+
+    # node API
+    def take_poll_slot(self, endpoint: str, slot: str, lapses_at: float, key_ttl_ms: int, limit: int) -> bool:
+        """Count a long poll of ``endpoint`` (until ``lapses_at``, epoch s); False (and not kept)
+        when ``limit`` polls wait already."""
+        ...
+
+    def give_back_poll_slot(self, endpoint: str, slot: str) -> None: ...
+
+    # admin
+    def status(self) -> dict[str, Any]:
+        """Queue depth, in-flight requests by state and oldest age, per endpoint."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What each side of a node (caller, processor) is given by the node that composes them."""
+
+    settings: PendingSettings
+    store: PendingStore
+    subscriber: Subscriber
+    new_id: Callable[[], str]  # request and take ids
+    check_data_loss: Callable[[], bool]  # the watcher's guard check (on loss it fails everything)
+    step: Callable[[str], None]  # the node's step hook (tests crash a process at a named step)
