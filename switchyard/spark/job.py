@@ -153,7 +153,7 @@ def read_input(spark: SparkSession, path: str, fmt: str) -> DataFrame:
     types = {f.name: f.dataType for f in df.schema.fields}
     if r.KEY not in types:
         raise PublishOptionsError(f"{path}: the input has no {r.KEY!r} column "
-                          f"(columns: {', '.join(types) or 'none'})")
+                                  f"(columns: {', '.join(types) or 'none'})")
     columns = []
     for name in r.INPUT_COLUMNS:
         if name not in types:
@@ -265,7 +265,7 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
          before_send: Callable[[r.Request], None] | None) -> PublishSummary:
     if options.output_format not in OUTPUT_FORMATS:
         raise PublishOptionsError(f"--format must be one of {', '.join(OUTPUT_FORMATS)}, "
-                          f"got {options.output_format!r}")
+                                  f"got {options.output_format!r}")
     started = time.monotonic()
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
     settings = SparkSettings.from_env(options.delay_topic)
