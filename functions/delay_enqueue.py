@@ -6,10 +6,10 @@ record that could not be stored for a transient reason is named in the partial b
 the mapping delivers its partition again from it; an unreachable Postgres fails the whole batch.
 """
 
-from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes import KafkaEvent
 
-from switchyard.core.observability import lambda_handler_for, metrics
+from switchyard.core.observability import lambda_handler_for
+from switchyard.delay.metrics import report_enqueue
 from switchyard.delay.model import EnqueueOutcome
 from switchyard.delay.msk import partial_batch_response, records_from_kafka_event
 from switchyard.delay.service import service
@@ -20,18 +20,9 @@ def enqueue(event: KafkaEvent, _context: object) -> EnqueueOutcome:
     return service().enqueue(records_from_kafka_event(event))
 
 
-def report(outcome: EnqueueOutcome) -> None:
-    metrics.add_metric(name="DelayRecordsReceived", unit=MetricUnit.Count, value=outcome.received)
-    metrics.add_metric(name="DelayMessagesEnqueued", unit=MetricUnit.Count, value=outcome.enqueued)
-    metrics.add_metric(name="DelayDuplicatesIgnored", unit=MetricUnit.Count, value=outcome.duplicates)
-    metrics.add_metric(name="DelayFiredImmediately", unit=MetricUnit.Count, value=outcome.fired_immediately)
-    metrics.add_metric(name="DelayRecordsDropped", unit=MetricUnit.Count, value=len(outcome.dropped))
-    metrics.add_metric(name="DelayRecordsRetried", unit=MetricUnit.Count, value=len(outcome.failed))
-
-
 lambda_handler = lambda_handler_for(
     enqueue,
     data_class=KafkaEvent,
-    report=report,
+    report=report_enqueue,
     respond=lambda outcome: partial_batch_response(outcome.failed),
 )

@@ -81,20 +81,18 @@ def emr_job(input_uri: str, output_uri: str) -> list[str]:
     import tempfile
     from pathlib import Path
 
-    from switchyard.core.config import Connections
-    from switchyard.delay.settings import DelaySettings
-    from switchyard.rpc.settings import RpcSettings
-    from switchyard.spark import staging
+    from switchyard.spark import store
     from switchyard.spark.job import _unknown_pools
+    from switchyard.spark.settings import SparkSettings
 
-    settings = RpcSettings.from_env()
-    read = [Connections.from_env().kafka_bootstrap, DelaySettings.from_env().input_topic]
-    unknown = sorted(_unknown_pools([os.environ["IAM_PROBE_POOL"]], settings))
+    settings = SparkSettings.from_env()
+    read = [settings.kafka_bootstrap, settings.delay_topic]
+    unknown = sorted(_unknown_pools([os.environ["IAM_PROBE_POOL"]], settings.rpc))
     with tempfile.TemporaryDirectory() as tmp:
-        staging.download(input_uri, Path(tmp, "input"))
+        store.download(input_uri, Path(tmp, "input"))
         (Path(tmp, "output", "results")).mkdir(parents=True)
         Path(tmp, "output", "results", "part-0.json").write_text("{}\n")
-        staging.upload(Path(tmp, "output"), output_uri, ("results",))
+        store.upload(Path(tmp, "output"), output_uri, ("results",))
     return [*read, *unknown]
 
 

@@ -6,6 +6,7 @@ once, so that a bad topic or schema name fails at start-up rather than in a quer
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, fields
 from datetime import timedelta
@@ -28,6 +29,12 @@ OUTPUT_CONSUMER_SETTINGS: dict[str, object] = {
     "enable.auto.commit": True,
     "auto.commit.interval.ms": 1000,
 }
+
+
+def libpq_root_cert() -> str | None:
+    """``PGSSLROOTCERT``, the root certificate this process names for libpq (libpq reads it itself; the
+    store asks only whether one is named before it supplies the RDS bundle)."""
+    return os.environ.get("PGSSLROOTCERT") or None
 
 
 def validate_topic(name: str) -> str:

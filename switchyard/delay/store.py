@@ -39,7 +39,7 @@ from switchyard.delay.errors import (
 from switchyard.delay.model import DelayedMessage, ReadyMessage, StuckMessage
 from switchyard.delay.parsing import headers_from_json, headers_to_json
 from switchyard.delay.queries import bind_schema, migrations, schema_queries
-from switchyard.delay.settings import validate_schema
+from switchyard.delay.settings import libpq_root_cert, validate_schema
 
 _to_json = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -53,7 +53,7 @@ def tls_options(dsn: str) -> dict[str, str]:
     server and names no root certificate of its own (libpq's default, ~/.postgresql/root.crt, exists on
     no Lambda or worker host). A DSN or PGSSLROOTCERT that names one keeps it."""
     params = conninfo_to_dict(dsn)
-    named = "sslrootcert" in params or os.environ.get("PGSSLROOTCERT")
+    named = "sslrootcert" in params or libpq_root_cert()
     if params.get("sslmode") in VERIFYING_SSL_MODES and not named:
         return {"sslrootcert": str(RDS_CA_BUNDLE)}
     return {}

@@ -1,4 +1,4 @@
-"""One Spark partition's calls: a slotted ``RpcClient`` per pool, many calls in flight, bounded retries.
+"""One Spark partition's calls: a caller per pool (``ports.PoolCaller``), many in flight, bounded retries.
 
 Runs inside a task (no Spark import here). Every request yields exactly one results row, in the
 order answers arrive. With ``reply=False`` requests go without reply-to (``RpcClient.send``) and a
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from switchyard.core.errors import BrokerError, CallTimeoutError, RpcError, SwitchyardError
 from switchyard.rpc import protocol as p
-from switchyard.rpc.client import Response, RpcClient
-from switchyard.rpc.settings import RpcSettings
+from switchyard.rpc.client import Response
+from switchyard.spark.ports import ConnectPool, PoolCaller
 from switchyard.spark.rows import Request, Status, result_row
 
 _BACKOFF_S = (0.1, 0.5, 1.0, 2.0)
@@ -67,17 +67,17 @@ def _outcome(future: Future[Response | None]) -> tuple[Status, bytes | None, str
 def call_partition(
     requests: Iterable[Request],
     options: CallOptions,
-    settings: RpcSettings | None = None,
+    connect: ConnectPool,
     on_result: Callable[[tuple], None] | None = None,
     before_send: Callable[[Request], None] | None = None,
 ) -> Iterator[tuple]:
-    """Call every request; yield one results row each (``rows.RESULT_FIELDS``).
+    """Call every request through ``connect(pool)``'s callers; yield one results row each
+    (``rows.RESULT_FIELDS``). The callers are closed when the partition ends.
 
     ``on_result`` sees every row (progress counters); ``before_send`` every request before its first
     attempt (a hook: an exception there fails the task, as a lost executor would).
     """
-    settings = settings or RpcSettings.from_env()
-    clients: dict[str, RpcClient] = {}
+    clients: dict[str, PoolCaller] = {}
     done: queue.SimpleQueue[tuple[_Attempt, Future[Response]]] = queue.SimpleQueue()
     source = iter(requests)
     waiting: list[tuple[float, int, _Attempt]] = []  # retries: a heap by when they may go
@@ -85,10 +85,9 @@ def call_partition(
     in_flight = 0
     exhausted = False
 
-    def client_for(pool: str) -> RpcClient:
+    def client_for(pool: str) -> PoolCaller:
         if pool not in clients:
-            clients[pool] = RpcClient(pool, settings, concurrency=options.concurrency,
-                                      timeout=options.timeout_s, confirm=True, name="switchyard-spark")
+            clients[pool] = connect(pool)
         return clients[pool]
 
     def send(attempt: _Attempt) -> tuple | None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import time
 import uuid
@@ -32,12 +31,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from switchyard.core.aws_secrets import SECRET_URLS, source_variables
-from switchyard.core.errors import SwitchyardError
-
-APPLICATION_ID_ENV = "SWITCHYARD_EMR_APPLICATION_ID"
-JOB_ROLE_ARN_ENV = "SWITCHYARD_EMR_JOB_ROLE_ARN"
-BUCKET_ENV = "SWITCHYARD_PIPELINE_BUCKET"
-LOG_URI_ENV = "SWITCHYARD_EMR_LOG_URI"
+from switchyard.spark.errors import EmrJobError, InvalidJobInputError
+from switchyard.spark.settings import (
+    APPLICATION_ID_ENV,
+    BUCKET_ENV,
+    JOB_ROLE_ARN_ENV,
+    LOG_URI_ENV,
+    EmrSettings,
+)
 
 # The stack outputs (stacks/switchyard_stack.py) that hold the defaults above.
 STACK_OUTPUTS = {
@@ -62,14 +63,6 @@ _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P
 _ID = re.compile(r"^[0-9a-z]{1,64}$")  # EMR Serverless application and job run ids
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _ROLE_ARN = re.compile(r"^arn:aws[a-zA-Z-]*:iam::\d{12}:role/(?:[\x21-\x7e]+/)?[\w+=,.@-]{1,64}$")
-
-
-class EmrJobError(SwitchyardError):
-    """A job could not be submitted or followed, or it ended in a state other than SUCCESS."""
-
-
-class InvalidJobInputError(EmrJobError, ValueError):
-    """A flag or setting of a submission is malformed; the message names it."""
 
 
 def parse_s3_uri(uri: str, what: str, *, need_key: bool = False) -> tuple[str, str]:
@@ -278,9 +271,9 @@ def stack_outputs(stack: str) -> dict[str, str]:
     return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
 
 
-def resolve(flag: str | None, env: str, outputs: Mapping[str, str], output: str) -> str | None:
-    """A setting from its flag, else its variable, else the stack output."""
-    return flag or os.environ.get(env) or outputs.get(output) or None
+def resolve(flag: str | None, setting: str | None, outputs: Mapping[str, str], output: str) -> str | None:
+    """A setting from its flag, else its variable (``EmrSettings``), else the stack output."""
+    return flag or setting or outputs.get(output) or None
 
 
 def read_manifest(s3: Any, bucket: str) -> dict[str, str]:
@@ -301,15 +294,17 @@ def read_manifest(s3: Any, bucket: str) -> dict[str, str]:
     return manifest
 
 
-def _application_id(args: argparse.Namespace, outputs: Mapping[str, str]) -> str | None:
-    return resolve(args.application_id, APPLICATION_ID_ENV, outputs, STACK_OUTPUTS["application_id"])
+def _application_id(args: argparse.Namespace, outputs: Mapping[str, str],
+                    settings: EmrSettings) -> str | None:
+    return resolve(args.application_id, settings.application_id, outputs, STACK_OUTPUTS["application_id"])
 
 
 def spec_from_args(args: argparse.Namespace, outputs: Mapping[str, str],
-                   deployed: Mapping[str, str] | None = None) -> JobSpec:
-    """The submission the flags, variables and stack outputs (and the deployed settings the job
-    reads, ``job_settings``) describe."""
-    bucket = resolve(args.bucket, BUCKET_ENV, outputs, STACK_OUTPUTS["bucket"])
+                   deployed: Mapping[str, str] | None = None, settings: EmrSettings | None = None) -> JobSpec:
+    """The submission the flags, variables (``settings``, default from the environment) and stack
+    outputs (and the deployed settings the job reads, ``job_settings``) describe."""
+    settings = settings or EmrSettings.from_env()
+    bucket = resolve(args.bucket, settings.bucket, outputs, STACK_OUTPUTS["bucket"])
     location = bucket_location(bucket) if bucket else None
     entry_point, archive = args.entry_point, args.archive
     if not (entry_point and archive):
@@ -320,13 +315,13 @@ def spec_from_args(args: argparse.Namespace, outputs: Mapping[str, str],
 
         manifest = read_manifest(boto3.client("s3"), bucket)
         entry_point, archive = entry_point or manifest.get("entryPoint"), archive or manifest.get("archive")
-    log_uri = args.logs or os.environ.get(LOG_URI_ENV) or (
+    log_uri = args.logs or settings.log_uri or (
         f"s3://{location[0]}/{location[1]}/{LOGS_SUFFIX}" if location else None)
     if not log_uri:
         raise InvalidJobInputError(f"--logs (or {LOG_URI_ENV}, or --bucket) is required: the S3 location "
                                    "of the job's logs")
-    application_id = _application_id(args, outputs)
-    role_arn = resolve(args.role_arn, JOB_ROLE_ARN_ENV, outputs, STACK_OUTPUTS["role_arn"])
+    application_id = _application_id(args, outputs, settings)
+    role_arn = resolve(args.role_arn, settings.job_role_arn, outputs, STACK_OUTPUTS["role_arn"])
     if not application_id:
         raise InvalidJobInputError(f"--application-id (or {APPLICATION_ID_ENV}, or --stack) is required")
     if not role_arn:
@@ -364,7 +359,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     outputs = stack_outputs(args.stack) if getattr(args, "stack", None) else {}
-    application_id = _application_id(args, outputs)
+    application_id = _application_id(args, outputs, EmrSettings.from_env())
     for value, flag in ((application_id, "--application-id"), (args.job_run_id, "--job-run-id")):
         if not _ID.match(value or ""):
             raise InvalidJobInputError(f"{flag} must be an EMR Serverless id (lowercase letters and digits), "

@@ -16,7 +16,6 @@ final status (or the latest run's).
 from __future__ import annotations
 
 import math
-import os
 import sys
 import threading
 import time
@@ -31,15 +30,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from switchyard.core.config import Connections
-from switchyard.core.errors import ConfigError
-from switchyard.delay.settings import DelaySettings
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.topology import PoolTopology
 from switchyard.spark import rows as r
-from switchyard.spark import staging
-from switchyard.spark.calls import CallOptions, call_partition
-from switchyard.spark.schedule import schedule_partition
+from switchyard.spark import store
+from switchyard.spark.calls import CallOptions
+from switchyard.spark.errors import PublishOptionsError
+from switchyard.spark.service import PartitionPublisher
+from switchyard.spark.settings import SparkSettings, default_spark_env
 
 INPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "json", ".json": "json",
                  ".ndjson": "json", ".csv": "csv"}
@@ -122,7 +120,7 @@ def build_session(master: str | None = None, app_name: str = "switchyard-publish
     if master and master.startswith("local"):
         # Local tasks run their Python workers with this interpreter (the venv with Switchyard's
         # dependencies), not whatever `python3` is first on PATH.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        default_spark_env("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
     if master:
         builder = builder.master(master)
@@ -135,14 +133,15 @@ def input_format(path: str, given: str | None) -> str:
     """``parquet``, ``json`` (JSON Lines) or ``csv``: given, else from the file names."""
     if given:
         if given not in ("parquet", "json", "csv"):
-            raise ConfigError(f"--input-format must be parquet, json or csv, got {given!r}")
+            raise PublishOptionsError(f"--input-format must be parquet, json or csv, got {given!r}")
         return given
     names = [path]
     if "://" not in path and Path(path).is_dir():
         names = [f.name for f in Path(path).iterdir() if not f.name.startswith(("_", "."))]
     found = {INPUT_FORMATS.get(Path(n).suffix.lower()) for n in names} - {None}
     if len(found) != 1:
-        raise ConfigError(f"cannot tell the format of {path!r} from its file names; give --input-format")
+        raise PublishOptionsError(f"cannot tell the format of {path!r} from its file names; "
+                                  "give --input-format")
     return found.pop()
 
 
@@ -153,8 +152,8 @@ def read_input(spark: SparkSession, path: str, fmt: str) -> DataFrame:
           "csv": lambda: reader.option("header", True).csv(path)}[fmt]()
     types = {f.name: f.dataType for f in df.schema.fields}
     if r.KEY not in types:
-        raise ConfigError(f"{path}: the input has no {r.KEY!r} column "
-                          f"(columns: {', '.join(types) or 'none'})")
+        raise PublishOptionsError(f"{path}: the input has no {r.KEY!r} column "
+                                  f"(columns: {', '.join(types) or 'none'})")
     columns = []
     for name in r.INPUT_COLUMNS:
         if name not in types:
@@ -241,43 +240,41 @@ def run(spark: SparkSession, options: PublishOptions, *, report: Callable[[str],
         before_send: Callable[[r.Request], None] | None = None) -> PublishSummary:
     """Run the job on ``spark``; ``before_send`` runs in the tasks before each row's first call.
 
-    With a local master, ``s3://`` input and output go through a local directory (``staging``).
+    With a local master, ``s3://`` input and output go through a local directory (``store``).
     """
     report = report or (lambda line: print(line, file=sys.stderr, flush=True))
-    staged = (staging.is_s3(options.input), staging.is_s3(options.output))
+    staged = (store.is_s3(options.input), store.is_s3(options.output))
     if not any(staged) or not spark.sparkContext.master.startswith("local"):
         return _run(spark, options, report, before_send)
-    with staging.workdir() as tmp:
+    with store.workdir() as tmp:
         local_input, local_output = options.input, options.output
         if staged[0]:
-            local_input = str(staging.download(options.input, Path(tmp) / "input"))
+            local_input = str(store.download(options.input, Path(tmp) / "input"))
         if staged[1]:
             local_output = str(Path(tmp) / "output")
             if options.resume:
-                staging.download(options.output, Path(tmp) / "output", "--output", prefix_only=True)
+                store.download(options.output, Path(tmp) / "output", "--output", prefix_only=True)
         summary = _run(spark, replace(options, input=local_input, output=local_output), report, before_send)
         if staged[1]:
             overwritten = () if options.resume else ("results", "errors")
-            staging.upload(Path(local_output), options.output, overwritten)
+            store.upload(Path(local_output), options.output, overwritten)
     return summary
 
 
 def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], None],
          before_send: Callable[[r.Request], None] | None) -> PublishSummary:
     if options.output_format not in OUTPUT_FORMATS:
-        raise ConfigError(f"--format must be one of {', '.join(OUTPUT_FORMATS)}, "
-                          f"got {options.output_format!r}")
+        raise PublishOptionsError(f"--format must be one of {', '.join(OUTPUT_FORMATS)}, "
+                                  f"got {options.output_format!r}")
     started = time.monotonic()
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
-    rpc_settings = RpcSettings.from_env()
-    bootstrap = Connections.from_env().kafka_bootstrap
-    delay_topic = options.delay_topic or DelaySettings.from_env().input_topic
+    settings = SparkSettings.from_env(options.delay_topic)
     default_pool = options.pool
 
     frame = read_input(spark, options.input, input_format(options.input, options.input_format))
     prepared = frame.rdd.map(lambda row: r.prepare(row.asDict(), default_pool)).persist()
     valid = prepared.filter(lambda x: isinstance(x, r.Request))
-    unknown = _unknown_pools(valid.map(lambda x: x.pool).distinct().collect(), rpc_settings)
+    unknown = _unknown_pools(valid.map(lambda x: x.pool).distinct().collect(), settings.rpc)
     rejected = prepared.filter(lambda x: isinstance(x, r.Rejected)).union(
         valid.filter(lambda x: x.pool in unknown).map(
             lambda x: r.Rejected(x.id, x.pool, x.key, r.Reason.UNKNOWN_POOL,
@@ -300,7 +297,8 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
     scheduled = valid.filter(lambda x: x.deadline is not None)
     partitions = options.partitions or max(PARTITIONS_PER_CORE * spark.sparkContext.defaultParallelism,
                                            math.ceil(total / ROWS_PER_PARTITION))
-    call_options = CallOptions(options.timeout_s, options.retries, options.concurrency, options.reply)
+    publisher = PartitionPublisher(
+        settings, CallOptions(options.timeout_s, options.retries, options.concurrency, options.reply))
 
     progress = Progress(spark, total, sum(bad.values()), options.progress_interval_s, report)
     done_acc, unfinished_acc = progress.done, progress.unfinished
@@ -311,9 +309,8 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
             unfinished_acc.add(1)
 
     called = calls.keyBy(lambda x: x.key).partitionBy(partitions, _key_partition).values().mapPartitions(
-        lambda it: call_partition(it, call_options, rpc_settings, counted, before_send))
-    produced = scheduled.mapPartitions(
-        lambda it: schedule_partition(it, bootstrap, delay_topic, options.timeout_s, counted))
+        lambda it: publisher.call(it, counted, before_send))
+    produced = scheduled.mapPartitions(lambda it: publisher.schedule(it, counted))
     mode = "append" if options.resume else "overwrite"
 
     def write(rdd: Any, schema: T.StructType, name: str) -> None:
@@ -353,7 +350,7 @@ def main(options: PublishOptions, master: str | None = None) -> int:
     """Run in this process's session (built here, and then stopped, unless one is already active):
     0 when every sent row reached a final status, else 1."""
     if master and master.startswith("local"):  # local mode binds to loopback unless told otherwise
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        default_spark_env("SPARK_LOCAL_IP", "127.0.0.1")
     active = SparkSession.getActiveSession()
     spark = active or build_session(master)
     try:

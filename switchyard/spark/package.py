@@ -34,15 +34,14 @@ from typing import Any
 
 import switchyard
 from switchyard.spark.emr import (
-    BUCKET_ENV,
     MANIFEST_NAME,
     STACK_OUTPUTS,
-    EmrJobError,
-    InvalidJobInputError,
     bucket_location,
     resolve,
     stack_outputs,
 )
+from switchyard.spark.errors import InvalidJobInputError, PackagingError
+from switchyard.spark.settings import BUCKET_ENV, EmrSettings
 
 PYTHON_VERSION = "3.11"  # the project's (requires-python >= 3.11); the custom image installs the same
 # Wheels pip may pick: Amazon Linux 2023 (EMR 7.x) has glibc 2.34, x86_64 (the application's default).
@@ -68,10 +67,6 @@ if ! command -v "$py" >/dev/null 2>&1; then
 fi
 PYTHONPATH="$env_dir/lib/python{PYTHON_VERSION}/site-packages${{PYTHONPATH:+:$PYTHONPATH}}" exec "$py" "$@"
 """
-
-
-class PackagingError(EmrJobError):
-    """The environment could not be built or uploaded."""
 
 
 def site_packages(env_dir: Path) -> Path:
@@ -188,7 +183,7 @@ def upload(s3: Any, bucket: str, archive: Path, entry_point: Path) -> dict[str, 
 
 def cmd_package(args: argparse.Namespace) -> int:
     outputs = stack_outputs(args.stack) if getattr(args, "stack", None) else {}
-    bucket = resolve(args.bucket, BUCKET_ENV, outputs, STACK_OUTPUTS["bucket"])
+    bucket = resolve(args.bucket, EmrSettings.from_env().bucket, outputs, STACK_OUTPUTS["bucket"])
     if not bucket and not args.no_upload:
         raise InvalidJobInputError(f"--bucket (or {BUCKET_ENV}, or --stack) is required to upload; "
                                    "--no-upload only builds")

@@ -1,11 +1,11 @@
 """One Spark partition's scheduled rows: produced to the delay scheduler's input topic.
 
 The same conventions as ``switchyard delay send``: an idempotent producer (``enable.idempotence``,
-``acks=all``), the Chronos headers ``chronosMessageId`` (the row's id) and ``chronosDeadline``
-(canonical UTC), and here the pool, key and id in headers too (``x-switchyard-pool``,
-``x-switchyard-key``, ``x-switchyard-id``, which the scheduler relays); the Kafka key is the row's
-key, the value its body. A row is ``scheduled`` once the broker confirmed it, ``failed`` (retried
-by ``--resume``) if not.
+``acks=all``; ``service.delay_producer`` makes it), the Chronos headers ``chronosMessageId`` (the
+row's id) and ``chronosDeadline`` (canonical UTC), and here the pool, key and id in headers too
+(``x-switchyard-pool``, ``x-switchyard-key``, ``x-switchyard-id``, which the scheduler relays); the
+Kafka key is the row's key, the value its body. A row is ``scheduled`` once the broker confirmed
+it, ``failed`` (retried by ``--resume``) if not.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from confluent_kafka import Producer
-
-from switchyard.core.msk_auth import kafka_security_config
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.settings import validate_topic
 from switchyard.rpc import protocol as p
+from switchyard.spark.ports import ConnectProducer
 from switchyard.spark.rows import ID_HEADER, POOL_HEADER, Request, Status, result_row
 
 
@@ -32,20 +30,19 @@ def chronos_headers(request: Request) -> list[tuple[str, bytes]]:
 
 def schedule_partition(
     requests: Iterable[Request],
-    bootstrap: str,
+    connect: ConnectProducer,
     topic: str,
     timeout_s: float = 30.0,
     on_result: Callable[[tuple], None] | None = None,
 ) -> Iterator[tuple]:
-    """Produce every request; yield one results row each once the broker confirmed (or refused) it."""
+    """Produce every request to ``topic`` with ``connect()``'s producer (made for the first row);
+    yield one results row each once the broker confirmed (or refused) it."""
     topic = validate_topic(topic)
     requests = iter(requests)
     first = next(requests, None)
     if first is None:  # most partitions hold no scheduled row: no producer, no connection
         return
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 5, "message.timeout.ms": int(timeout_s * 1000),
-                         "client.id": "switchyard-spark", **kafka_security_config()})
+    producer = connect()
     finished: list[tuple] = []
     pending: dict[int, Request] = {}
 

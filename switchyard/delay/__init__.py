@@ -1,0 +1,51 @@
+"""The delay scheduler (seed 003, Chronos): Kafka in, Postgres underneath, Kafka out at the deadline.
+
+The face holds what an application uses without a connection: the settings, the protocol's data and
+the errors. The service (``switchyard.delay.service``) and its adapters (``store``: Postgres,
+``publisher``: Kafka) are imported where they run, so importing this package loads no driver.
+"""
+
+from switchyard.delay.errors import (
+    DelayError,
+    InvalidMessageError,
+    MessageRefusedError,
+    PublishError,
+    PublisherUnavailableError,
+    StoreError,
+    StoreUnavailableError,
+    TransientStoreError,
+    UnstorableMessageError,
+)
+from switchyard.delay.model import (
+    DEADLINE_HEADER,
+    MESSAGE_ID_HEADER,
+    DelayedMessage,
+    DropReason,
+    EnqueueOutcome,
+    FireOutcome,
+    InputRecord,
+    SweepOutcome,
+)
+from switchyard.delay.settings import OUTPUT_CONSUMER_SETTINGS, DelaySettings
+
+__all__ = [
+    "DEADLINE_HEADER",
+    "MESSAGE_ID_HEADER",
+    "OUTPUT_CONSUMER_SETTINGS",
+    "DelayError",
+    "DelaySettings",
+    "DelayedMessage",
+    "DropReason",
+    "EnqueueOutcome",
+    "FireOutcome",
+    "InputRecord",
+    "InvalidMessageError",
+    "MessageRefusedError",
+    "PublishError",
+    "PublisherUnavailableError",
+    "StoreError",
+    "StoreUnavailableError",
+    "SweepOutcome",
+    "TransientStoreError",
+    "UnstorableMessageError",
+]
