@@ -21,7 +21,7 @@ from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.names import physical_name
 from stacks.network import NetworkConstruct
-from switchyard.rpc.access import BrokerRole
+from switchyard.rpc.control.access import BrokerRole
 
 
 def pipeline_bucket(scope: Construct, construct_id: str) -> s3.Bucket:

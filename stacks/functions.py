@@ -37,7 +37,7 @@ from stacks.platform import lambda_architecture, lambda_runtime
 from stacks.workers import WorkersConstruct, worker_family
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.observability import DELAY_SERVICE, DEPLOY_SERVICE, pool_service
-from switchyard.rpc.access import BrokerRole
+from switchyard.rpc.control.access import BrokerRole
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POOL_QUEUES = {"orphans": "orphan", "dead_letters": "dl", "activity": "activity"}  # handler -> queue suffix

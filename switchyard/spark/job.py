@@ -34,8 +34,8 @@ from pyspark.sql import types as T
 from switchyard.core.config import Connections
 from switchyard.core.errors import ConfigError
 from switchyard.delay.settings import DelaySettings
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.topology import PoolTopology
 from switchyard.spark import rows as r
 from switchyard.spark import staging
 from switchyard.spark.calls import CallOptions, call_partition

@@ -13,7 +13,7 @@ import pytest
 
 from switchyard.core.config import Connections
 from switchyard.rpc.amqp import HEARTBEAT_ENV, connect, is_alive
-from switchyard.rpc.publisher import ConfirmingPublisher, Outgoing
+from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
 from tests.pending.tcp_proxy import CuttableProxy
 
 HEARTBEAT_S = 1

@@ -14,10 +14,11 @@ from urllib.parse import quote
 
 import pytest
 
-from switchyard.core.errors import CallTimeoutError, ClientClosedError, InvalidNameError
+from switchyard.core.errors import InvalidNameError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
-from switchyard.rpc.management import ManagementApi
+from switchyard.rpc.control.management import ManagementApi
+from switchyard.rpc.errors import CallTimeoutError, ClientClosedError
 from tests.conftest import unique, wait_for
 from tests.rpc.test_rpc import H, bind
 

@@ -10,15 +10,10 @@ import time
 import pika
 import pytest
 
-from switchyard.core.errors import (
-    CallTimeoutError,
-    ClientBusyError,
-    PoolNotFoundError,
-    UnroutableError,
-)
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.errors import CallTimeoutError, ClientBusyError, PoolNotFoundError, UnroutableError
 from tests.conftest import unique, wait_for
 from tests.rpc.conftest import get_message
 from tests.rpc.test_protocol import ODD_KEYS

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from switchyard.rpc.state import GroupStatus, LockTimeoutError, PoolState
+from switchyard.rpc.errors import LockTimeoutError
+from switchyard.rpc.store import GroupStatus, PoolState
 from tests.conftest import unique, wait_for
 from tests.rpc.conftest import flush_pool_state
 

@@ -1,6 +1,6 @@
 """Worker group drivers: how the worker groups control loop starts, stops and sizes workers.
 
-``base`` holds the contract, one module per backend (``subprocess``, ``noop``, ``ecs``), and
+``switchyard.rpc.ports`` holds the contract, one module per backend (``subprocess``, ``noop``, ``ecs``), and
 ``driver_from_env()`` picks one from the environment:
 
 * ``SWITCHYARD_DRIVER``: ``subprocess`` (default), ``noop`` or ``ecs``;
@@ -26,14 +26,10 @@ from dataclasses import dataclass
 
 from switchyard.core.config import env_float, env_int, env_str
 from switchyard.core.errors import ConfigError
-from switchyard.rpc.drivers.base import (
-    DriverError,
-    WorkerGroup,
-    WorkerGroupDriver,
-    desired_workers,
-)
 from switchyard.rpc.drivers.noop import NoopDriver
 from switchyard.rpc.drivers.subprocess import DEFAULT_LOG_DIR, SubprocessDriver, WorkerProcess
+from switchyard.rpc.errors import DriverError
+from switchyard.rpc.ports import WorkerGroup, WorkerGroupDriver, desired_workers
 
 __all__ = [
     "DriverError",
@@ -110,8 +106,6 @@ def _env_list(name: str) -> tuple[str, ...]:
 
 def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
     """The ECS driver (imported here: only the deployment needs boto3's ECS client)."""
-    import redis
-
     from switchyard.core.config import Connections
     from switchyard.rpc.drivers.ecs import (
         DEFAULT_CAPACITY_PROVIDER,
@@ -119,9 +113,9 @@ def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
         DEFAULT_TASK_DEFINITION,
         EcsDriver,
         EcsSettings,
-        RedisGroupLock,
         ecs_client,
     )
+    from switchyard.rpc.store import WorkerGroupLock
 
     connections = Connections.from_env()
     ecs = EcsSettings(
@@ -134,7 +128,7 @@ def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
     )
     return EcsDriver(
         ecs,
-        lock=RedisGroupLock(redis.Redis.from_url(connections.redis_url), ecs.lock_ttl_s, ecs.lock_wait_s),
+        lock=WorkerGroupLock.from_url(connections.redis_url, ecs.lock_ttl_s, ecs.lock_wait_s),
         client=ecs_client(connections.aws_endpoint_url),
         min_workers=settings.min_workers,
         max_workers=settings.max_workers,

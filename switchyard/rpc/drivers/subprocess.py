@@ -23,8 +23,8 @@ from pathlib import Path
 
 from switchyard.core.errors import ConfigError
 from switchyard.core.observability import logger
-from switchyard.rpc.drivers.base import (
-    DriverError,
+from switchyard.rpc.errors import DriverError
+from switchyard.rpc.ports import (
     WorkerGroup,
     WorkerGroupDriver,
     check_sizes,

@@ -20,17 +20,17 @@ from switchyard.core.config import env_float, env_str
 from switchyard.core.errors import ConfigError
 from switchyard.core.redis_client import connect_redis
 from switchyard.rpc import protocol as p
-from switchyard.rpc.activity import ActivityOutcome, track_activity
-from switchyard.rpc.dead_letters import DeadLetterOutcome, respond_dead_letters
+from switchyard.rpc.control.activity import ActivityOutcome, track_activity
+from switchyard.rpc.control.dead_letters import DeadLetterOutcome, respond_dead_letters
+from switchyard.rpc.control.leaderless import LeaderlessWatch
+from switchyard.rpc.control.orphans import OrphanOutcome, forward_orphans
+from switchyard.rpc.control.publisher import ConfirmingPublisher
+from switchyard.rpc.control.reconciler import Delays, ReconcileOutcome, Reconciler
+from switchyard.rpc.control.rmq_event import AmqpMessage
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
-from switchyard.rpc.leaderless import LeaderlessWatch
-from switchyard.rpc.orphans import OrphanOutcome, forward_orphans
-from switchyard.rpc.publisher import ConfirmingPublisher
-from switchyard.rpc.reconciler import Delays, ReconcileOutcome, Reconciler
-from switchyard.rpc.rmq_event import AmqpMessage
 from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.state import PoolState
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.store import PoolState
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.rmq_event import AmqpMessage
-from switchyard.rpc.state import PoolState, TouchMode, now_ms
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.control.rmq_event import AmqpMessage
+from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.store import PoolState, TouchMode, now_ms
 
 _EVENTS = {e.value for e in p.Event}
 
