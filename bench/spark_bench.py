@@ -45,11 +45,9 @@ from switchyard.core.redis_client import connect_redis  # noqa: E402
 from switchyard.local.rpc_runtime import LocalControlPlane  # noqa: E402
 from switchyard.rpc import protocol as p  # noqa: E402
 from switchyard.rpc.client import RpcClient  # noqa: E402
-from switchyard.rpc.control.reconciler import Delays  # noqa: E402
 from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
 from switchyard.rpc.drivers import SubprocessDriver  # noqa: E402
-from switchyard.rpc.service import ControlSettings  # noqa: E402
-from switchyard.rpc.settings import RpcSettings  # noqa: E402
+from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings  # noqa: E402
 from switchyard.rpc.store import PoolState  # noqa: E402
 
 

@@ -123,11 +123,9 @@ def run_demo(args: argparse.Namespace) -> int:
     from switchyard.local.rpc_runtime import LocalControlPlane
     from switchyard.rpc.amqp import redact
     from switchyard.rpc.client import RpcClient
-    from switchyard.rpc.control.reconciler import Delays
     from switchyard.rpc.control.topology import PoolTopology
     from switchyard.rpc.drivers import SubprocessDriver
-    from switchyard.rpc.service import ControlSettings
-    from switchyard.rpc.settings import RpcSettings
+    from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings
     from switchyard.rpc.store import PoolState
 
     out = Printer()

@@ -155,10 +155,8 @@ def rpc_traffic(pool: str, run: str, good_calls: int, poison_calls: int, out: Ca
     from switchyard.local.rpc_runtime import LocalControlPlane
     from switchyard.rpc import protocol as p
     from switchyard.rpc.client import RpcClient
-    from switchyard.rpc.control.reconciler import Delays
     from switchyard.rpc.drivers import SubprocessDriver
-    from switchyard.rpc.service import ControlSettings
-    from switchyard.rpc.settings import RpcSettings
+    from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings
 
     metrics.service = pool_service(pool)  # the dimension the pool's alarms select on
     settings = RpcSettings.from_env()

@@ -32,7 +32,7 @@ def cmd_local(args: argparse.Namespace) -> int:
 
     quiet_metrics(pool_service(args.pool))
     from switchyard.local.rpc_runtime import LocalControlPlane
-    from switchyard.rpc.service import ControlSettings
+    from switchyard.rpc.settings import ControlSettings
 
     env = {"SWITCHYARD_POOL": args.pool}
     if args.unbind_delay is not None:

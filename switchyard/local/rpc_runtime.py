@@ -18,8 +18,8 @@ from switchyard.local.rmq_bridge import RabbitMQEventSource
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroupDriver
-from switchyard.rpc.service import ControlPlane, ControlSettings, install
-from switchyard.rpc.settings import RpcSettings
+from switchyard.rpc.service import ControlPlane, install
+from switchyard.rpc.settings import ControlSettings, RpcSettings
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,9 @@ import redis
 from switchyard.core.config import Connections
 from switchyard.local.rpc_runtime import BridgeSettings, LocalControlPlane
 from switchyard.rpc import protocol as p
-from switchyard.rpc.control.reconciler import Delays
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import SubprocessDriver, WorkerGroup
-from switchyard.rpc.service import ControlSettings
-from switchyard.rpc.settings import PoolPolicy, RpcSettings
+from switchyard.rpc.settings import ControlSettings, Delays, PoolPolicy, RpcSettings
 from switchyard.rpc.store import PoolState
 from tests.conftest import subprocess_env, unique
 

@@ -31,12 +31,11 @@ from switchyard.rpc.amqp import consume_answered
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.control.access import BrokerRole, BrokerUser, deployment_users
 from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
-from switchyard.rpc.control.reconciler import Delays
 from switchyard.rpc.control.rmq_event import AmqpMessage
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers.noop import NoopDriver
-from switchyard.rpc.service import ControlPlane, ControlSettings
-from switchyard.rpc.settings import RpcSettings
+from switchyard.rpc.service import ControlPlane
+from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings
 from tests.conftest import unique
 from tests.rpc.conftest import WorkerProcesses, delete_pool, flush_pool_state
 

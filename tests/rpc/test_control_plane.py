@@ -22,10 +22,10 @@ from switchyard.local.rmq_bridge import RabbitMQEventSource
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import Response, RpcClient
 from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
-from switchyard.rpc.control.reconciler import Delays
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroup
-from switchyard.rpc.service import ControlPlane, ControlSettings, install
+from switchyard.rpc.service import ControlPlane, install
+from switchyard.rpc.settings import ControlSettings, Delays
 from switchyard.rpc.store import GroupStatus
 from tests.conftest import wait_for
 from tests.rpc.conftest import CountingDriver, flush_pool_state, worker_driver

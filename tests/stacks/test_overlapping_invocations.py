@@ -15,10 +15,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from switchyard.rpc.control.reconciler import Delays, ReconcileOutcome
+from switchyard.rpc.control.reconciler import ReconcileOutcome
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroup
-from switchyard.rpc.service import ControlPlane, ControlSettings
+from switchyard.rpc.service import ControlPlane
+from switchyard.rpc.settings import ControlSettings, Delays
 from switchyard.rpc.store import PoolState
 from tests.rpc.conftest import PoolFactory, flush_pool_state, make_pool  # noqa: F401 - fixture
 from tests.rpc.test_ecs_driver import MOTO, cluster, ecs_client, make_driver, network, running_tasks  # noqa: F401 - fixtures

@@ -32,16 +32,8 @@ from switchyard.rpc.control.dead_lettering import broker_id
 from switchyard.rpc.control.leaderless import LeaderlessWatch
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroup, WorkerGroupDriver
+from switchyard.rpc.settings import Delays
 from switchyard.rpc.store import GroupState, GroupStatus, PoolState, now_ms
-
-
-@dataclass(frozen=True)
-class Delays:
-    unbind_s: float = 300.0
-    stop_s: float = 600.0
-    # How long a stopped group's tombstone is kept: activity reports later than this (from
-    # workers nobody stopped, e.g. started by hand) count as a new group again.
-    tombstone_s: float = 3600.0
 
 
 @dataclass

@@ -30,8 +30,9 @@ from switchyard.rpc.ports import (
     check_sizes,
     desired_workers,
 )
+from switchyard.rpc.settings import DEFAULT_WORKER_LOG_DIR
 
-DEFAULT_LOG_DIR = Path(".local/logs/workers")
+DEFAULT_LOG_DIR = Path(DEFAULT_WORKER_LOG_DIR)
 
 
 @dataclass(frozen=True, slots=True)
