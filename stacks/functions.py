@@ -178,7 +178,7 @@ class FunctionsConstruct(Construct):
         return fn
 
     def _amqp_env(self, secret: secretsmanager.ISecret) -> dict[str, str]:
-        """The broker's URLs, filled from ``secret``: the admin's or one role's user (rpc/access.py)."""
+        """The broker's URLs, filled from ``secret``: the admin's or a role's user (rpc/control/access.py)."""
         return {**self.endpoints.amqp_env(), "SWITCHYARD_AMQP_SECRET_ARN": secret.secret_arn}
 
     def _redis_env(self) -> dict[str, str]:

@@ -20,7 +20,8 @@ from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.rmq_event import AmqpMessage
 from switchyard.rpc.control.topology import PoolTopology
-from switchyard.rpc.store import PoolState, TouchMode, now_ms
+from switchyard.rpc.ports import PoolStore
+from switchyard.rpc.store import TouchMode, now_ms
 
 _EVENTS = {e.value for e in p.Event}
 
@@ -37,7 +38,7 @@ class ActivityOutcome:
 
 
 def track_activity(
-    messages: Iterable[AmqpMessage], *, state: PoolState, topology: PoolTopology, at_ms: int | None = None
+    messages: Iterable[AmqpMessage], *, state: PoolStore, topology: PoolTopology, at_ms: int | None = None
 ) -> ActivityOutcome:
     outcome = ActivityOutcome()
     keys: set[str] = set()

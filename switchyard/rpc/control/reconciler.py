@@ -31,9 +31,9 @@ from switchyard.rpc.amqp import consume_answered
 from switchyard.rpc.control.dead_lettering import broker_id
 from switchyard.rpc.control.leaderless import LeaderlessWatch
 from switchyard.rpc.control.topology import PoolTopology
-from switchyard.rpc.drivers import WorkerGroup, WorkerGroupDriver
+from switchyard.rpc.ports import PoolStore, WorkerGroup, WorkerGroupDriver
 from switchyard.rpc.settings import Delays
-from switchyard.rpc.store import GroupState, GroupStatus, PoolState, now_ms
+from switchyard.rpc.store import GroupState, GroupStatus, now_ms
 
 
 @dataclass
@@ -58,7 +58,7 @@ class ReconcileOutcome:
 
 
 class Reconciler:
-    def __init__(self, state: PoolState, topology: PoolTopology, driver: WorkerGroupDriver,
+    def __init__(self, state: PoolStore, topology: PoolTopology, driver: WorkerGroupDriver,
                  delays: Delays, probe_interval_s: float = 0.0,
                  leaderless: LeaderlessWatch | None = None) -> None:
         self.state = state
