@@ -133,10 +133,10 @@ class RedisLocks:
             raise
         return token
 
-    def release(self, lock_keys: list[str], token: str) -> None:
-        """Give back the locks this token still holds (one that expired and was retaken is left)."""
-        if lock_keys:
-            self._release(keys=lock_keys, args=[token])
+    def release(self, lock_keys: list[str], token: str) -> int:
+        """Give back the locks this token still holds (one that expired and was retaken is left);
+        returns how many it gave back."""
+        return int(self._release(keys=lock_keys, args=[token])) if lock_keys else 0
 
     def _acquire_all(self, lock_keys: list[str], token: str, held: list[str], ttl_ms: int,
                      wait: float) -> None:
