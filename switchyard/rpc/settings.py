@@ -24,6 +24,17 @@ if TYPE_CHECKING:
 # starts in about a second); a deployment writes its own into the stack's configuration, long
 # enough for a new key's first call to wait for a Fargate task (README, "A new key's first call").
 CALL_TIMEOUT_ENV = "SWITCHYARD_CALL_TIMEOUT"
+# Every AMQP connection of the part (client, worker, control plane) heartbeats this often.
+HEARTBEAT_ENV = "SWITCHYARD_AMQP_HEARTBEAT"
+DEFAULT_HEARTBEAT_S = 30
+
+
+def heartbeat_from_env() -> int:
+    """Seconds between AMQP heartbeats; the broker drops a connection silent for two of them."""
+    heartbeat = env_int(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S)
+    if heartbeat < 0:
+        raise ConfigError(f"{HEARTBEAT_ENV} must be >= 0 (0 disables heartbeats), got {heartbeat}")
+    return heartbeat
 
 
 @dataclass(frozen=True)
