@@ -33,12 +33,11 @@ from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event  # noqa: E4
 from switchyard.local.rpc_runtime import LocalControlPlane  # noqa: E402
 from switchyard.rpc import protocol as p  # noqa: E402
 from switchyard.rpc.client import RpcClient  # noqa: E402
-from switchyard.rpc.control_plane import ControlPlane, ControlSettings, install  # noqa: E402
+from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing  # noqa: E402
+from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
 from switchyard.rpc.drivers import NoopDriver  # noqa: E402
-from switchyard.rpc.publisher import ConfirmingPublisher, Outgoing  # noqa: E402
-from switchyard.rpc.reconciler import Delays  # noqa: E402
-from switchyard.rpc.settings import RpcSettings  # noqa: E402
-from switchyard.rpc.topology import PoolTopology  # noqa: E402
+from switchyard.rpc.service import ControlPlane, install  # noqa: E402
+from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings  # noqa: E402
 
 
 def new_pool(prefix: str) -> str:

@@ -32,9 +32,9 @@ from bench.plain_pika import PlainClient  # noqa: E402
 from switchyard.core.latency import LatencySummary  # noqa: E402
 from switchyard.rpc import protocol as p  # noqa: E402
 from switchyard.rpc.client import RpcClient  # noqa: E402
+from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
 from switchyard.rpc.drivers import WorkerGroup  # noqa: E402
 from switchyard.rpc.settings import PoolPolicy, RpcSettings  # noqa: E402
-from switchyard.rpc.topology import PoolTopology  # noqa: E402
 
 SIDES = ("plain pika", "switchyard")
 MODES = ("sequential", "pipelined")

@@ -45,12 +45,10 @@ from switchyard.core.redis_client import connect_redis  # noqa: E402
 from switchyard.local.rpc_runtime import LocalControlPlane  # noqa: E402
 from switchyard.rpc import protocol as p  # noqa: E402
 from switchyard.rpc.client import RpcClient  # noqa: E402
-from switchyard.rpc.control_plane import ControlSettings  # noqa: E402
+from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
 from switchyard.rpc.drivers import SubprocessDriver  # noqa: E402
-from switchyard.rpc.reconciler import Delays  # noqa: E402
-from switchyard.rpc.settings import RpcSettings  # noqa: E402
-from switchyard.rpc.state import PoolState  # noqa: E402
-from switchyard.rpc.topology import PoolTopology  # noqa: E402
+from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings  # noqa: E402
+from switchyard.rpc.store import PoolState  # noqa: E402
 
 
 def write_rows(path: Path, rows: int, keys: list[str]) -> None:

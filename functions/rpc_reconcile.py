@@ -8,15 +8,17 @@ from running two passes at once. Queue depth per worker group goes out as a metr
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 
 from switchyard.core.observability import emit_gauge, lambda_handler_for
-from switchyard.rpc.control_plane import control_plane
-from switchyard.rpc.reconciler import ReconcileOutcome
+from switchyard.rpc import metrics
+from switchyard.rpc.control.reconciler import ReconcileOutcome
+from switchyard.rpc.service import control_plane
 
 
 def reconcile(_event: EventBridgeEvent, _context: object) -> ReconcileOutcome:
     outcome = control_plane().reconcile()
     for group_id, depth in outcome.depths.items():
-        emit_gauge("QueueDepth", depth, "WorkerGroup", group_id)
+        emit_gauge(metrics.QUEUE_DEPTH, depth, metrics.WORKER_GROUP_DIMENSION, group_id)
     return outcome
 
 
-lambda_handler = lambda_handler_for(reconcile, data_class=EventBridgeEvent, metric_prefix="Reconcile")
+lambda_handler = lambda_handler_for(reconcile, data_class=EventBridgeEvent,
+                                    metric_prefix=metrics.RECONCILE_PREFIX)

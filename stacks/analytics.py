@@ -22,7 +22,7 @@ from stacks.functions import FunctionsConstruct
 from stacks.grants import kafka_access
 from stacks.names import physical_name
 from stacks.network import NetworkConstruct
-from switchyard.rpc.access import BrokerRole
+from switchyard.rpc.control.access import BrokerRole
 
 
 def pipeline_bucket(scope: Construct, construct_id: str) -> s3.Bucket:

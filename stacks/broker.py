@@ -15,7 +15,7 @@ from constructs import Construct
 from stacks import constants as c
 from stacks.names import physical_name
 from stacks.network import allow_from
-from switchyard.rpc.access import BrokerRole, BrokerUser, deployment_users
+from switchyard.rpc.control.access import BrokerRole, BrokerUser, deployment_users
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class BrokerConstruct(Construct):
     - ``broker``: the ``CfnBroker`` (``broker.attr_arn`` for Lambda event source mappings,
       ``broker.attr_amqp_endpoints`` for clients);
     - ``secret``: admin credentials (JSON ``username``/``password``): the pools custom resource's alone;
-    - ``users``: one secret per role's broker user (switchyard/rpc/access.py; ``user_secret``), which
+    - ``users``: one secret per role's broker user (switchyard/rpc/control/access.py; ``user_secret``), which
       that custom resource makes on the broker: the functions, mappings, workers and clients use these;
     - ``security_group``: the broker's group, open on AMQPS 5671 and HTTPS 443 (management API)
       to the client groups only, and to itself: event source mappings run their pollers in the
@@ -107,7 +107,7 @@ class BrokerConstruct(Construct):
 
     def _build_user_secret(self, user: BrokerUser) -> secretsmanager.Secret:
         return self._credentials(f"User-{user.pool or 'all'}-{user.role}", user.username,
-                                 f"RabbitMQ user of the {user.role} role (switchyard/rpc/access.py)")
+                                 f"RabbitMQ user of the {user.role} role (switchyard/rpc/control/access.py)")
 
     def _credentials(self, construct_id: str, username: str, description: str) -> secretsmanager.Secret:
         """A ``username``/generated ``password`` JSON secret."""

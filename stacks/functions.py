@@ -38,7 +38,7 @@ from stacks.platform import lambda_architecture, lambda_runtime
 from stacks.workers import WorkersConstruct, worker_family
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.observability import DELAY_SERVICE, DEPLOY_SERVICE, pool_service
-from switchyard.rpc.access import BrokerRole
+from switchyard.rpc.control.access import BrokerRole
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POOL_QUEUES = {"orphans": "orphan", "dead_letters": "dl", "activity": "activity"}  # handler -> queue suffix
@@ -182,7 +182,7 @@ class FunctionsConstruct(Construct):
         return fn
 
     def _amqp_env(self, secret: secretsmanager.ISecret) -> dict[str, str]:
-        """The broker's URLs, filled from ``secret``: the admin's or one role's user (rpc/access.py)."""
+        """The broker's URLs, filled from ``secret``: the admin's or a role's user (rpc/control/access.py)."""
         return {**self.endpoints.amqp_env(), "SWITCHYARD_AMQP_SECRET_ARN": secret.secret_arn}
 
     def redis_env(self) -> dict[str, str]:

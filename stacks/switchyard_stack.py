@@ -21,7 +21,7 @@ from stacks.network import NetworkConstruct
 from stacks.parameters import ConfigParametersConstruct, ServiceEndpoints
 from stacks.pending import PENDING_CONSTRUCT_ID, PendingConstruct
 from stacks.workers import WorkersConstruct
-from switchyard.rpc.access import BrokerRole
+from switchyard.rpc.control.access import BrokerRole
 
 
 class SwitchyardStack(Stack):

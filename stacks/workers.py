@@ -23,7 +23,7 @@ from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct
 from stacks.platform import fargate_platform, worker_image
 from switchyard.core.aws_secrets import INJECTED_FIELDS
-from switchyard.rpc.access import BrokerRole
+from switchyard.rpc.control.access import BrokerRole
 from switchyard.rpc.settings import CALL_TIMEOUT_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +97,7 @@ class WorkersConstruct(Construct):
                 "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace(self),
                 "WORKER_POOL": pool.name,  # WORKER_KEY, WORKER_ID...: set per task by the driver
             },
-            # The pool's workers user (switchyard/rpc/access.py): its request queues, replies, activity.
+            # The pool's workers user (switchyard/rpc/control/access.py): request queues, replies, activity.
             secrets={f"SWITCHYARD_AMQP_{field.upper()}": ecs.Secret.from_secrets_manager(secret, field)
                      for field in INJECTED_FIELDS},
         )

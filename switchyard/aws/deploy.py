@@ -47,10 +47,11 @@ def _on_create_or_update(event: Mapping[str, Any], physical_id: str,
 def declare_pools(event: Mapping[str, Any]) -> dict[str, Any]:
     """``switchyard pool init`` (exchanges, queues, bindings, policies) for every pool listed, then the
     broker users of ``Users`` (optional: ``Role``, ``Pool`` ("" for clients), ``SecretArn`` each),
-    each with its secret's username and password and its role's permissions (switchyard/rpc/access.py)."""
+    each with its secret's username and password and its role's permissions
+    (switchyard/rpc/control/access.py)."""
+    from switchyard.rpc.control.topology import init_pool
     from switchyard.rpc.protocol import validate_pool
     from switchyard.rpc.settings import RpcSettings
-    from switchyard.rpc.topology import init_pool
 
     (pools,) = _properties(event, "Pools")
     pools = [validate_pool(pool) for pool in pools]
@@ -69,7 +70,7 @@ def declare_pools(event: Mapping[str, Any]) -> dict[str, Any]:
 
 def _broker_users(raw: Sequence[Any]) -> list[tuple[Any, str]]:
     """``(BrokerUser, secret ARN)`` of each ``Users`` entry, checked before any work."""
-    from switchyard.rpc.access import BrokerRole, BrokerUser
+    from switchyard.rpc.control.access import BrokerRole, BrokerUser
 
     users = []
     for entry in raw:
@@ -87,8 +88,8 @@ def _ensure_users(settings: Any, pools: Sequence[str], users: Sequence[tuple[Any
     from urllib.parse import unquote, urlsplit
 
     from switchyard.core.aws_secrets import fetch_secret
-    from switchyard.rpc.access import Credentials, ensure_users
-    from switchyard.rpc.management import ManagementApi, vhost_from_amqp_url
+    from switchyard.rpc.control.access import Credentials, ensure_users
+    from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
 
     if not users:
         return []

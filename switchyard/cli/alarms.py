@@ -155,10 +155,8 @@ def rpc_traffic(pool: str, run: str, good_calls: int, poison_calls: int, out: Ca
     from switchyard.local.rpc_runtime import LocalControlPlane
     from switchyard.rpc import protocol as p
     from switchyard.rpc.client import RpcClient
-    from switchyard.rpc.control_plane import ControlSettings
     from switchyard.rpc.drivers import SubprocessDriver
-    from switchyard.rpc.reconciler import Delays
-    from switchyard.rpc.settings import RpcSettings
+    from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings
 
     metrics.service = pool_service(pool)  # the dimension the pool's alarms select on
     settings = RpcSettings.from_env()
@@ -190,9 +188,9 @@ def remove_rpc_traffic(pool: str, run: str, out: Callable[[str], None]) -> None:
     from switchyard.core.redis_client import connect_redis
     from switchyard.rpc import protocol as p
     from switchyard.rpc.amqp import connect
+    from switchyard.rpc.control.topology import PoolTopology
     from switchyard.rpc.settings import RpcSettings
-    from switchyard.rpc.state import PoolState
-    from switchyard.rpc.topology import PoolTopology
+    from switchyard.rpc.store import PoolState
 
     settings = RpcSettings.from_env()
     keys = (f"calm-{run}", POISON_PREFIX + run)

@@ -19,7 +19,7 @@ from switchyard.local.functions import FUNCTIONS_DIR, load_function
 from switchyard.local.lambda_context import FakeLambdaContext
 
 if TYPE_CHECKING:
-    from switchyard.rpc.control_plane import ControlSettings
+    from switchyard.rpc.settings import ControlSettings
 
 
 def quiet_metrics(service: str | None = None) -> None:
@@ -36,7 +36,7 @@ def control_settings(pool: str, unbind_delay: float | None = None,
                      stop_delay: float | None = None) -> ControlSettings:
     """The pool's control settings: the environment's (``SWITCHYARD_*``), with the command's
     flags passed as values on top (never written back into the environment for it to read)."""
-    from switchyard.rpc.control_plane import ControlSettings
+    from switchyard.rpc.settings import ControlSettings
 
     control = ControlSettings.from_env(pool=pool)
     delays = control.delays

@@ -9,8 +9,8 @@ import time
 
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.settings import PoolPolicy, RpcSettings
-from switchyard.rpc.topology import PoolTopology
 from switchyard.rpc.worker import run_worker
 
 
@@ -60,9 +60,9 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_delete(args: argparse.Namespace) -> int:
-    from switchyard.core.errors import PoolNotEmptyError
     from switchyard.core.redis_client import connect_redis
-    from switchyard.rpc.state import PoolState
+    from switchyard.rpc.errors import PoolNotEmptyError
+    from switchyard.rpc.store import PoolState
 
     settings = _settings(args)
     with PoolTopology(args.pool, settings) as topology:

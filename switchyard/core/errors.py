@@ -1,4 +1,8 @@
-"""The error tree. Driver errors (pika, psycopg, redis, boto3) are wrapped at the edge with ``from``."""
+"""The root of the error tree and the errors more than one part raises.
+
+Each part keeps its own errors in its ``errors`` module (``switchyard.rpc.errors``, ...). Driver
+errors (pika, psycopg, redis, boto3) are wrapped at the edge with ``from``.
+"""
 
 from __future__ import annotations
 
@@ -23,59 +27,8 @@ class BrokerUnavailableError(BrokerError):
     """The broker could not be reached (connection refused, closed, timed out)."""
 
 
-class TopologyError(BrokerError):
-    """Exchanges, queues or policies are missing or declared differently than Switchyard expects."""
-
-
-class PoolNotFoundError(TopologyError):
-    """The pool was never initialized: its request exchange does not exist."""
-
-
-class PoolNotEmptyError(TopologyError):
-    """A pool delete was refused: its queues still hold messages (``--force`` drops them)."""
-
-    def __init__(self, pool: str, waiting: dict[str, int]) -> None:
-        total = sum(waiting.values())
-        queues = ", ".join(f"{q} ({n})" for q, n in sorted(waiting.items()))
-        super().__init__(f"pool {pool!r} still holds {total} messages in {queues}; nothing deleted "
-                         "(add --force to drop them)")
-        self.waiting = waiting
-
-
-class DeadLetteringStrandedError(TopologyError):
-    """The broker can start no quorum queue with at-least-once dead-lettering (rabbitmq-server#16652).
-
-    Its dead-letter worker supervisor stopped; only a node restart brings it back. Raised with the
-    recovery step, since the broker itself answers only ``INTERNAL_ERROR``.
-    """
-
-
-class ManagementApiError(BrokerError):
-    """The RabbitMQ management HTTP API answered with an error."""
-
-
 class RpcError(SwitchyardError):
-    """A keyed RPC call did not produce a usable response."""
-
-
-class CallTimeoutError(RpcError, TimeoutError):
-    """No response arrived within the call's timeout; the slot was freed."""
-
-
-class UnroutableError(RpcError):
-    """The broker returned the request (basic.return): nothing could route it."""
-
-
-class PublishRejectedError(RpcError):
-    """The broker nacked the request under publisher confirms: it was not stored."""
-
-
-class ClientBusyError(RpcError):
-    """Every slot of the client stayed taken until the caller's wait ran out."""
-
-
-class ClientClosedError(RpcError):
-    """The client was closed (or lost its connection) while the call was in flight."""
+    """A keyed RPC call did not produce a usable response (here: ``RemoteError`` derives from it)."""
 
 
 class RemoteError(RpcError):
@@ -89,19 +42,9 @@ class RemoteError(RpcError):
 __all__ = [
     "BrokerError",
     "BrokerUnavailableError",
-    "CallTimeoutError",
-    "ClientBusyError",
-    "ClientClosedError",
     "ConfigError",
-    "DeadLetteringStrandedError",
     "InvalidNameError",
-    "ManagementApiError",
-    "PoolNotEmptyError",
-    "PoolNotFoundError",
-    "PublishRejectedError",
     "RemoteError",
     "RpcError",
     "SwitchyardError",
-    "TopologyError",
-    "UnroutableError",
 ]

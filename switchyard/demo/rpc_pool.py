@@ -221,10 +221,9 @@ def rpc_pool_part(out: Printer, options: PoolOptions, settings: RpcSettings) -> 
     from switchyard.local.rpc_runtime import LocalControlPlane
     from switchyard.rpc.amqp import redact
     from switchyard.rpc.client import RpcClient
-    from switchyard.rpc.control_plane import ControlSettings
-    from switchyard.rpc.reconciler import Delays
-    from switchyard.rpc.state import PoolState
-    from switchyard.rpc.topology import PoolTopology
+    from switchyard.rpc.control.topology import PoolTopology
+    from switchyard.rpc.settings import ControlSettings, Delays
+    from switchyard.rpc.store import PoolState
 
     pool = options.pool or f"demo_{uuid.uuid4().hex[:6]}"
     keys = list(KEYS[: max(1, min(options.keys, len(KEYS)))])

@@ -17,7 +17,7 @@ The event, as Lambda builds it (a Java service serializing the RabbitMQ Java cli
 * header strings are the Java client's ``LongString``: ``{"bytes": [...]}``, with Java's signed
   bytes (non-ASCII UTF-8 bytes appear negative); numbers and booleans are plain; nested tables
   are objects and arrays are lists, converted the same way. Powertools does not decode headers:
-  use ``switchyard.rpc.rmq_event.decode_headers``.
+  use ``switchyard.rpc.control.rmq_event.decode_headers``.
 """
 
 from __future__ import annotations

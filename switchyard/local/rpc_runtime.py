@@ -16,10 +16,10 @@ from switchyard.local.functions import load_function, scheduled_event
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RabbitMQEventSource
 from switchyard.rpc import protocol as p
-from switchyard.rpc.control_plane import ControlPlane, ControlSettings, install
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroupDriver
-from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.service import ControlPlane, install
+from switchyard.rpc.settings import ControlSettings, RpcSettings
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,17 @@
-"""Keyed RPC over RabbitMQ (seeds 000 and 001)."""
+"""Keyed RPC over RabbitMQ (seeds 000 and 001).
+
+Rooms: ``client/`` (the slotted client), ``worker/`` (the worker runtime and the demo handlers),
+``control/`` (the control plane's handlers, the reconciler, the pool's topology and broker access),
+``drivers/`` (how worker groups are started). At the top: the wire ``protocol``, the ``amqp``
+connection helpers all three share, and the part's shape: ``settings``, ``errors``, ``ports``,
+``store`` (pool state and locks in Redis), ``metrics`` and ``service`` (one pool's control plane,
+wired once per process).
+"""
 
 from switchyard.rpc.client import Response, RpcClient
+from switchyard.rpc.control.topology import PoolTopology, init_pool
 from switchyard.rpc.protocol import Event, QueueType, Status
 from switchyard.rpc.settings import PoolPolicy, RpcSettings
-from switchyard.rpc.topology import PoolTopology, init_pool
 from switchyard.rpc.worker import Request, Requeue, Worker, WorkerConfig
 
 __all__ = [

@@ -13,22 +13,12 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.core.config import env_int
-from switchyard.core.errors import BrokerUnavailableError, ConfigError
+from switchyard.core.errors import BrokerUnavailableError
+from switchyard.rpc.settings import heartbeat_from_env
 
-HEARTBEAT_ENV = "SWITCHYARD_AMQP_HEARTBEAT"
-DEFAULT_HEARTBEAT_S = 30
 # struct tcp_info up to tcpi_last_ack_recv: 8 one-byte fields, 9 u32, then last_data_sent,
 # last_ack_sent, last_data_recv, last_ack_recv (ms ago).
 TCP_INFO_LAYOUT = "8B9I4I"
-
-
-def heartbeat_from_env() -> int:
-    """Seconds between AMQP heartbeats; the broker drops a connection silent for two of them."""
-    heartbeat = env_int(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S)
-    if heartbeat < 0:
-        raise ConfigError(f"{HEARTBEAT_ENV} must be >= 0 (0 disables heartbeats), got {heartbeat}")
-    return heartbeat
 
 
 def connection_parameters(amqp_url: str, name: str, heartbeat: int | None = None) -> pika.URLParameters:

@@ -45,6 +45,11 @@ from urllib.parse import unquote
 from switchyard.core.errors import InvalidNameError
 
 MAX_NAME_BYTES = 255
+
+# AMQP reply codes the client, the worker and the control plane act on.
+NOT_FOUND = 404  # a passive declare or consume of a queue or exchange that does not exist
+PRECONDITION_FAILED = 406  # a queue redeclared with other arguments
+INTERNAL_ERROR = 541  # what a broker whose dead-letter supervisor stopped answers a declare
 POOL_NAME_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 
 # Headers
@@ -75,7 +80,7 @@ STAGING_SUFFIX = "-staging"
 # Dead-letter strategies of quorum queues (policy key ``dead-letter-strategy``). At-least-once keeps
 # a dead letter until its target confirms it, through a per-queue worker under one node-wide
 # supervisor that RabbitMQ's #16652 can stop for good: Switchyard uses it only where the dead letter
-# is a request in transit (the orphan staging hop), see switchyard/rpc/dead_lettering.py.
+# is a request in transit (the orphan staging hop), see switchyard/rpc/control/dead_lettering.py.
 AT_LEAST_ONCE = "at-least-once"
 AT_MOST_ONCE = "at-most-once"
 DEAD_LETTER_STRATEGY = "dead-letter-strategy"
@@ -299,7 +304,7 @@ def pool_queues_policy_pattern(pool: str) -> str:
 
 # Permission patterns. RabbitMQ grants a user configure, write and read on the resources (queues and
 # exchanges alike) whose names match that user's regular expressions, unanchored unless anchored: each
-# pattern here is anchored. switchyard/rpc/access.py builds every user's permissions from these.
+# pattern here is anchored. switchyard/rpc/control/access.py builds every user's permissions from these.
 DEFAULT_EXCHANGE_RESOURCE = "amq.default"  # the default exchange's name in permission checks
 SERVER_NAMED_QUEUE_PREFIX = "amq.gen-"  # exclusive reply queues; only the broker makes amq.* names
 DEAD_LETTER_PROBE_PATTERN = f"^{re.escape(DEAD_LETTER_PROBE_PREFIX)}"
@@ -327,3 +332,16 @@ def request_queues_pattern(pool: str) -> str:
 
 def server_named_queues_pattern() -> str:
     return f"^{re.escape(SERVER_NAMED_QUEUE_PREFIX)}"
+
+
+def body_bytes(value: object, refusal: str) -> bytes:
+    """A message body from what an application hands over (a handler's result, a row's column):
+    None is empty, ``str`` is UTF-8, bytes-likes are copied; anything else raises ``TypeError``
+    with ``refusal`` (the caller's words) and the type's name."""
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"{refusal}, not {type(value).__name__}")

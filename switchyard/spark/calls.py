@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from switchyard.core.errors import BrokerError, CallTimeoutError, RpcError, SwitchyardError
+from switchyard.core.errors import BrokerError, RpcError, SwitchyardError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import Response
+from switchyard.rpc.errors import CallTimeoutError
 from switchyard.spark.ports import ConnectPool, PoolCaller
 from switchyard.spark.rows import Request, Status, result_row
 

@@ -30,8 +30,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.topology import PoolTopology
 from switchyard.spark import rows as r
 from switchyard.spark import store
 from switchyard.spark.calls import CallOptions

@@ -86,16 +86,6 @@ class Rejected:
     detail: str
 
 
-def _body_bytes(body: Any) -> bytes:
-    if body is None:
-        return b""
-    if isinstance(body, str):
-        return body.encode("utf-8")
-    if isinstance(body, bytes | bytearray | memoryview):
-        return bytes(body)
-    raise TypeError(f"body must be a string or bytes, not {type(body).__name__}")
-
-
 def stable_id(pool: str, key: str, body: bytes, deadline: str | None) -> str:
     """The id of a row without one: a hash of what it sends, so a re-run sends the same ids."""
     material = json.dumps([pool, key, base64.b64encode(body).decode("ascii"), deadline],
@@ -126,7 +116,7 @@ def prepare(row: dict[str, Any], default_pool: str | None) -> Request | Rejected
     except InvalidNameError as exc:
         return reject(Reason.INVALID_POOL, str(exc))
     try:
-        body = _body_bytes(row.get(BODY))
+        body = p.body_bytes(row.get(BODY), "body must be a string or bytes")
     except TypeError as exc:
         return reject(Reason.INVALID_BODY, str(exc))
     deadline = row.get(DEADLINE)

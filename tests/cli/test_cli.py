@@ -10,9 +10,9 @@ import pytest
 import redis
 
 from switchyard.cli import build_parser
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.state import PoolState
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.store import PoolState
 from tests.conftest import subprocess_env, unique
 
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from switchyard.cli.local import control_settings
-from switchyard.rpc.reconciler import Delays
+from switchyard.rpc.settings import Delays
 
 
 def test_flags_win_over_the_environment_which_stays_untouched(monkeypatch: pytest.MonkeyPatch) -> None:

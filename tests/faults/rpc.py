@@ -28,17 +28,13 @@ import pika.exceptions
 import redis
 
 from switchyard.core.config import Connections
-from switchyard.core.errors import (
-    BrokerUnavailableError,
-    ClientBusyError,
-    ClientClosedError,
-    PublishRejectedError,
-)
+from switchyard.core.errors import BrokerUnavailableError
 from switchyard.rpc import RpcClient
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import Response
+from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.errors import ClientBusyError, ClientClosedError, PublishRejectedError
 from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.topology import PoolTopology
 from tests.conftest import ROOT, unique
 from tests.faults.account import Account, recovery_after
 from tests.faults.handlers import FAULTS_REDIS_ENV, handled_key

@@ -23,13 +23,13 @@ import pytest
 import redis
 
 from switchyard.core.config import Connections
-from switchyard.core.errors import DeadLetteringStrandedError
 from switchyard.rpc import protocol as p
-from switchyard.rpc.management import ManagementApi
-from switchyard.rpc.reconciler import Delays, Reconciler
-from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.state import PoolState
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.control.management import ManagementApi
+from switchyard.rpc.control.reconciler import Reconciler
+from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.errors import DeadLetteringStrandedError
+from switchyard.rpc.settings import Delays, RpcSettings
+from switchyard.rpc.store import PoolState
 from tests.conftest import unique, wait_for
 from tests.faults.scenarios import ensure_rabbitmq4, rabbitmq4, rabbitmq4_dead_lettering, restart_rabbitmq4
 

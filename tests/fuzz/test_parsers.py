@@ -12,7 +12,7 @@ from switchyard.delay.errors import InvalidMessageError
 from switchyard.delay.model import Drop
 from switchyard.delay.msk import records_from_kafka_event
 from switchyard.delay.parsing import parse_record
-from switchyard.rpc.rmq_event import decode_header_value, messages_from_event
+from switchyard.rpc.control.rmq_event import decode_header_value, messages_from_event
 from tests.fuzz.conftest import examples
 from tests.fuzz.events import kafka_batch, kafka_event, rmq_event, rmq_message
 

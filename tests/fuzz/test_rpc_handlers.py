@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from switchyard.rpc import protocol as p
-from switchyard.rpc.control_plane import ControlPlane, ControlSettings, install
 from switchyard.rpc.drivers import NoopDriver
-from switchyard.rpc.reconciler import Delays
+from switchyard.rpc.service import ControlPlane, install
+from switchyard.rpc.settings import ControlSettings, Delays
 from tests.fuzz.conftest import examples
 from tests.fuzz.events import rmq_event, rmq_message, scheduled_event
 from tests.rpc.conftest import PoolFactory, flush_pool_state, make_pool, redis_client  # noqa: F401

@@ -24,7 +24,7 @@ from switchyard.local.rmq_bridge import (
     build_rmq_event,
     format_timestamp,
 )
-from switchyard.rpc.rmq_event import decode_header_value, decode_headers
+from switchyard.rpc.control.rmq_event import decode_header_value, decode_headers
 from tests.conftest import unique, wait_for
 from tests.local import sample_rmq_events
 

@@ -16,12 +16,10 @@ import redis
 from switchyard.core.config import Connections
 from switchyard.local.rpc_runtime import BridgeSettings, LocalControlPlane
 from switchyard.rpc import protocol as p
-from switchyard.rpc.control_plane import ControlSettings
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import SubprocessDriver, WorkerGroup
-from switchyard.rpc.reconciler import Delays
-from switchyard.rpc.settings import PoolPolicy, RpcSettings
-from switchyard.rpc.state import PoolState
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.settings import ControlSettings, Delays, PoolPolicy, RpcSettings
+from switchyard.rpc.store import PoolState
 from tests.conftest import subprocess_env, unique
 
 

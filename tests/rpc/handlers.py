@@ -1,4 +1,5 @@
-"""Handlers the RPC tests run in real worker subprocesses."""
+"""Handlers the RPC tests run in real worker subprocesses, beside the package's own
+(``switchyard.rpc.examples``: ``sleepy`` is the tests' slow echo)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,6 @@ from switchyard.rpc.worker import Request, Requeue
 
 def whoami(request: Request) -> str:
     return f"{request.worker_id}|{request.key}|{request.text()}"
-
-
-def slow_echo(request: Request) -> bytes:
-    time.sleep(float(os.environ.get("SLOW_SECONDS", "1.0")))
-    return request.body
 
 
 def fail(request: Request) -> bytes:

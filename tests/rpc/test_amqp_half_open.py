@@ -12,8 +12,9 @@ import pika
 import pytest
 
 from switchyard.core.config import Connections
-from switchyard.rpc.amqp import HEARTBEAT_ENV, connect, is_alive
-from switchyard.rpc.publisher import ConfirmingPublisher, Outgoing
+from switchyard.rpc.amqp import connect, is_alive
+from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
+from switchyard.rpc.settings import HEARTBEAT_ENV
 from tests.pending.tcp_proxy import CuttableProxy
 
 HEARTBEAT_S = 1

@@ -27,16 +27,15 @@ import requests
 from switchyard.aws import deploy
 from switchyard.core.config import Connections
 from switchyard.rpc import protocol as p
-from switchyard.rpc.access import BrokerRole, BrokerUser, deployment_users
 from switchyard.rpc.amqp import consume_answered
 from switchyard.rpc.client import RpcClient
-from switchyard.rpc.control_plane import ControlPlane, ControlSettings
+from switchyard.rpc.control.access import BrokerRole, BrokerUser, deployment_users
+from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
+from switchyard.rpc.control.rmq_event import AmqpMessage
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers.noop import NoopDriver
-from switchyard.rpc.management import ManagementApi, vhost_from_amqp_url
-from switchyard.rpc.reconciler import Delays
-from switchyard.rpc.rmq_event import AmqpMessage
-from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.service import ControlPlane
+from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings
 from tests.conftest import unique
 from tests.rpc.conftest import WorkerProcesses, delete_pool, flush_pool_state
 

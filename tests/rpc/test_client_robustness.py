@@ -14,12 +14,13 @@ from urllib.parse import quote
 
 import pytest
 
-from switchyard.core.errors import CallTimeoutError, ClientClosedError, InvalidNameError
+from switchyard.core.errors import InvalidNameError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
-from switchyard.rpc.management import ManagementApi
+from switchyard.rpc.control.management import ManagementApi
+from switchyard.rpc.errors import CallTimeoutError, ClientClosedError
 from tests.conftest import unique, wait_for
-from tests.rpc.test_rpc import H, bind
+from tests.rpc.test_rpc import SLEEPY, H, bind
 
 MAX_KEY = "k" * p.MAX_KEY_BYTES
 
@@ -40,7 +41,7 @@ BAD_CALLS = {
 def test_each_bad_call_fails_alone_and_the_shared_client_goes_on(pool, workers) -> None:
     name, settings = pool
     bind(name, settings, "k", MAX_KEY)
-    workers.start(name, "k", f"{H}:slow_echo", SLOW_SECONDS="0.3")
+    workers.start(name, "k", SLEEPY, SLEEPY_SECONDS="0.3")
     workers.start(name, MAX_KEY, f"{H}:whoami")
     workers.wait_consuming(settings, p.request_queue(name, "k"), timeout=60)
     workers.wait_consuming(settings, p.request_queue(name, MAX_KEY), timeout=60)

@@ -21,12 +21,12 @@ from switchyard.local.functions import load_function
 from switchyard.local.rmq_bridge import RabbitMQEventSource
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import Response, RpcClient
-from switchyard.rpc.control_plane import ControlPlane, ControlSettings, install
+from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroup
-from switchyard.rpc.management import ManagementApi, vhost_from_amqp_url
-from switchyard.rpc.reconciler import Delays
-from switchyard.rpc.state import GroupStatus
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.service import ControlPlane, install
+from switchyard.rpc.settings import ControlSettings, Delays
+from switchyard.rpc.store import GroupStatus
 from tests.conftest import wait_for
 from tests.rpc.conftest import CountingDriver, flush_pool_state, worker_driver
 

@@ -14,6 +14,7 @@ import pytest
 from switchyard.core.errors import ConfigError, InvalidNameError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import (
     DriverError,
     DriverSettings,
@@ -23,9 +24,8 @@ from switchyard.rpc.drivers import (
     desired_workers,
     driver_from_env,
 )
-from switchyard.rpc.drivers.base import GROUP_ID_RE
+from switchyard.rpc.ports import GROUP_ID_RE
 from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.topology import PoolTopology
 from tests.conftest import subprocess_env, wait_for
 from tests.rpc.test_protocol import ODD_KEYS
 

@@ -35,11 +35,11 @@ from switchyard.rpc.drivers.ecs import (
     TAG_KEY,
     EcsDriver,
     EcsSettings,
-    RedisGroupLock,
     ecs_client,
     key_from_tags,
     key_tags,
 )
+from switchyard.rpc.store import WorkerGroupLock
 from tests.conftest import unique
 
 MOTO = "http://127.0.0.1:5000"
@@ -96,7 +96,7 @@ def make_driver(cluster: str, redis_client: redis.Redis, network: tuple[str, str
                 **kwargs: Any) -> EcsDriver:
     subnet, group = network
     settings = EcsSettings(cluster=cluster, subnets=(subnet,), security_groups=(group,))
-    return EcsDriver(settings, lock=RedisGroupLock(redis_client), client=ecs_client(MOTO), **kwargs)
+    return EcsDriver(settings, lock=WorkerGroupLock(redis_client), client=ecs_client(MOTO), **kwargs)
 
 
 def running_tasks(cluster: str, group: WorkerGroup) -> list[dict[str, Any]]:
@@ -186,7 +186,7 @@ def test_concurrent_starts_never_start_a_group_twice(cluster: str, pool: str,
 def test_a_held_lock_makes_a_clear_driver_error(cluster: str, pool: str, redis_client: redis.Redis,
         network: tuple[str, str]) -> None:
     group = WorkerGroup(pool, "locked")
-    slow = RedisGroupLock(redis_client, ttl_s=5, wait_s=0.2)
+    slow = WorkerGroupLock(redis_client, ttl_s=5, wait_s=0.2)
     driver = EcsDriver(EcsSettings(cluster=cluster, subnets=(network[0],), security_groups=(network[1],)),
                        lock=slow, client=ecs_client(MOTO))
     with slow(group), pytest.raises(DriverError, match="locked by another caller"):

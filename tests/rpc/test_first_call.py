@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.core.errors import CallTimeoutError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
+from switchyard.rpc.errors import CallTimeoutError
 from tests.conftest import subprocess_env
 from tests.rpc.conftest import WORKER_COMMAND, CountingDriver
 

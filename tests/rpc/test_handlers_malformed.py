@@ -21,10 +21,10 @@ from switchyard.local.functions import load_function
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event, rmq_message
 from switchyard.rpc import protocol as p
-from switchyard.rpc.control_plane import ControlPlane, ControlSettings, install
 from switchyard.rpc.drivers import NoopDriver
-from switchyard.rpc.reconciler import Delays
-from switchyard.rpc.state import GroupStatus, PoolState
+from switchyard.rpc.service import ControlPlane, install
+from switchyard.rpc.settings import ControlSettings, Delays
+from switchyard.rpc.store import GroupStatus, PoolState
 from tests.conftest import wait_for
 from tests.rpc.conftest import flush_pool_state
 

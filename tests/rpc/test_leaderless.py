@@ -5,8 +5,8 @@ from __future__ import annotations
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import consume_answered
 from switchyard.rpc.client import RpcClient
-from switchyard.rpc.leaderless import LeaderlessWatch
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.control.leaderless import LeaderlessWatch
+from switchyard.rpc.control.topology import PoolTopology
 
 
 def test_a_queue_silent_for_the_window_is_a_suspect_until_it_reports_or_is_cleared() -> None:

@@ -10,20 +10,16 @@ import time
 import pika
 import pytest
 
-from switchyard.core.errors import (
-    CallTimeoutError,
-    ClientBusyError,
-    PoolNotFoundError,
-    UnroutableError,
-)
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.errors import CallTimeoutError, ClientBusyError, PoolNotFoundError, UnroutableError
 from tests.conftest import unique, wait_for
 from tests.rpc.conftest import get_message
 from tests.rpc.test_protocol import ODD_KEYS
 
 H = "tests.rpc.handlers"
+SLEEPY = "switchyard.rpc.examples:sleepy"  # echoes after SLEEPY_SECONDS
 
 
 def bind(pool: str, settings, *keys: str) -> None:
@@ -54,7 +50,7 @@ def test_late_response_never_completes_the_call_reusing_its_slot(pool, workers) 
     """Seed 001's mismatch: A times out, A's response arrives while B holds the same slot."""
     name, settings = pool
     bind(name, settings, "slow")
-    workers.start(name, "slow", f"{H}:slow_echo", SLOW_SECONDS="0.6", WORKER_PREFETCH="4")
+    workers.start(name, "slow", SLEEPY, SLEEPY_SECONDS="0.6", WORKER_PREFETCH="4")
     workers.wait_consuming(settings, p.request_queue(name, "slow"))
     with RpcClient(name, settings, concurrency=1) as client:
         with pytest.raises(CallTimeoutError):
@@ -69,7 +65,7 @@ def test_late_response_never_completes_the_call_reusing_its_slot(pool, workers) 
 def test_all_slots_taken_waits_then_reports_busy(pool, workers) -> None:
     name, settings = pool
     bind(name, settings, "slow")
-    workers.start(name, "slow", f"{H}:slow_echo", SLOW_SECONDS="1.0")
+    workers.start(name, "slow", SLEEPY, SLEEPY_SECONDS="1.0")
     workers.wait_consuming(settings, p.request_queue(name, "slow"))
     with RpcClient(name, settings, concurrency=2, timeout=5) as client:
         first = [client.submit("slow", str(i)) for i in range(2)]
@@ -238,7 +234,7 @@ def test_activity_reports_started_and_request_received(pool, workers) -> None:
 def test_sigterm_finishes_the_request_in_hand_then_exits(pool, workers) -> None:
     name, settings = pool
     bind(name, settings, "slow")
-    proc = workers.start(name, "slow", f"{H}:slow_echo", SLOW_SECONDS="1.0", WORKER_PREFETCH="1")
+    proc = workers.start(name, "slow", SLEEPY, SLEEPY_SECONDS="1.0", WORKER_PREFETCH="1")
     workers.wait_consuming(settings, p.request_queue(name, "slow"))
     with RpcClient(name, settings, timeout=10) as client:
         future = client.submit("slow", "in hand")
@@ -293,7 +289,7 @@ def test_a_worker_killed_mid_request_loses_nothing(pool, workers) -> None:
     """At-least-once: the request a crashed worker held is redelivered and answered by another."""
     name, settings = pool
     bind(name, settings, "k")
-    doomed = workers.start(name, "k", f"{H}:slow_echo", worker_id=unique("doomed"), SLOW_SECONDS="30")
+    doomed = workers.start(name, "k", SLEEPY, worker_id=unique("doomed"), SLEEPY_SECONDS="30")
     workers.wait_consuming(settings, p.request_queue(name, "k"))
     with RpcClient(name, settings, timeout=60) as client:
         future = client.submit("k", "survives")

@@ -18,9 +18,9 @@ import pika
 import pytest
 
 from switchyard.rpc import protocol as p
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import NoopDriver
-from switchyard.rpc.state import GroupStatus
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.store import GroupStatus
 from tests.conftest import subprocess_env, unique, wait_for
 
 KEYS = ["infra=42", "voie 3 é 🚂", "timetable=7,infra=42"]

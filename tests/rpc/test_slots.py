@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from switchyard.rpc.slots import SlotTable
+from switchyard.rpc.client.slots import SlotTable
 
 
 def test_a_late_completion_for_a_reused_slot_is_refused() -> None:

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from switchyard.rpc.state import GroupStatus, LockTimeoutError, PoolState
+from switchyard.rpc.errors import LockTimeoutError
+from switchyard.rpc.store import GroupStatus, PoolState
 from tests.conftest import unique, wait_for
 from tests.rpc.conftest import flush_pool_state
 
@@ -95,7 +96,7 @@ def test_locks_are_exclusive_and_released_only_by_their_holder(state: PoolState)
             pass
         # A stranger's release (wrong token) leaves the lock in place.
         lock_key = state._lock_key("a")
-        assert state._release(keys=[lock_key], args=["not-the-holder"]) == 0
+        assert state._locks.release([lock_key], "not-the-holder") == 0
         assert state.redis.get(lock_key) is not None
     assert state.redis.get(state._lock_key("a")) is None
     with state.locked(["b"], wait=0.2):
@@ -188,3 +189,18 @@ def test_a_dead_holders_lock_expires_within_one_wait(state: PoolState) -> None:
     with state.locked(["k"], wait=30.0):
         waited = time.monotonic() - started
     assert waited < 30.0
+
+
+def test_the_ecs_driver_group_lock_is_the_stores_lock(state: PoolState) -> None:
+    """One lock implementation: the ECS driver's group lock is exclusive and says who holds it."""
+    from switchyard.rpc.errors import DriverError
+    from switchyard.rpc.ports import WorkerGroup
+    from switchyard.rpc.store import ECS_LOCK_PREFIX, WorkerGroupLock
+
+    lock = WorkerGroupLock(state.redis, ttl_s=5, wait_s=0.2)
+    group = WorkerGroup(state.pool, "k")
+    with lock(group):
+        assert state.redis.get(ECS_LOCK_PREFIX + group.group_id) is not None
+        with pytest.raises(DriverError, match="locked by another caller"), lock(group):
+            pass
+    assert state.redis.get(ECS_LOCK_PREFIX + group.group_id) is None

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from switchyard.core.errors import PoolNotFoundError
 from switchyard.rpc import protocol as p
-from switchyard.rpc.management import ManagementApi
+from switchyard.rpc.control.management import ManagementApi
+from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.errors import PoolNotFoundError
 from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.topology import PoolTopology
 from tests.conftest import subprocess_env, unique, wait_for
 from tests.rpc.conftest import delete_pool
 
@@ -187,7 +187,7 @@ def test_an_orphan_left_unhandled_past_the_request_ttl_is_dead_lettered_not_drop
 def test_pool_delete_removes_only_its_own_queues_and_counts_exactly(make_pool, api) -> None:
     """Other applications' ``{pool}-...`` queues survive, and the emptiness check is exact (the
     management API's sampled counts lag by seconds and once let 3 confirmed requests be dropped)."""
-    from switchyard.core.errors import PoolNotEmptyError
+    from switchyard.rpc.errors import PoolNotEmptyError
 
     name, settings = make_pool()
     foreign = [f"{name}-other-app", f"{name}-req-%FF", f"{name}-req-x~y"]

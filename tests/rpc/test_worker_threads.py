@@ -15,7 +15,7 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from tests.conftest import unique, wait_for
 from tests.rpc.conftest import get_message
-from tests.rpc.test_rpc import H, bind
+from tests.rpc.test_rpc import SLEEPY, H, bind
 
 
 @pytest.mark.slow
@@ -82,7 +82,7 @@ def test_sigterm_sheds_prefetched_requests_without_counting_them(make_pool, work
     """Two-stage shutdown: the request in hand is answered, prefetched ones go back uncounted."""
     name, settings = make_pool(delivery_limit=5)
     bind(name, settings, "k")
-    doomed = workers.start(name, "k", f"{H}:slow_echo", SLOW_SECONDS="1.0", WORKER_PREFETCH="4")
+    doomed = workers.start(name, "k", SLEEPY, SLEEPY_SECONDS="1.0", WORKER_PREFETCH="4")
     workers.wait_consuming(settings, p.request_queue(name, "k"), timeout=60)
     with RpcClient(name, settings, timeout=30) as client:
         futures = [client.submit("k", str(i)) for i in range(4)]

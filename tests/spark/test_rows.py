@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from switchyard.core.errors import BrokerUnavailableError, CallTimeoutError
+from switchyard.core.errors import BrokerUnavailableError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import Response
+from switchyard.rpc.errors import CallTimeoutError
 from switchyard.spark import rows as r
 from switchyard.spark.calls import _outcome
 

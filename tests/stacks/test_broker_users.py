@@ -2,7 +2,7 @@
 
 The Amazon MQ admin secret is the pools custom resource's alone (it makes the users); every other
 function, the ECS workers, the event source mappings, the EMR job and the deployed configuration
-name the secret of their own role (switchyard/rpc/access.py). The users' broker permissions are
+name the secret of their own role (switchyard/rpc/control/access.py). The users' broker permissions are
 checked on a real RabbitMQ in tests/rpc/test_broker_users.py.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from switchyard.rpc.access import BrokerRole, BrokerUser, deployment_users
+from switchyard.rpc.control.access import BrokerRole, BrokerUser, deployment_users
 
 Resources = dict[str, dict[str, Any]]
 POOL_FUNCTION_ROLES = {"rpc_orphans": BrokerRole.ORPHANS, "rpc_dead_letters": BrokerRole.DEAD_LETTERS,

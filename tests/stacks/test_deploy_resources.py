@@ -18,7 +18,7 @@ from switchyard.core.config import Connections
 from switchyard.core.errors import ConfigError
 from switchyard.core.msk_auth import kafka_security_config
 from switchyard.rpc import protocol as p
-from switchyard.rpc.management import ManagementApi
+from switchyard.rpc.control.management import ManagementApi
 from switchyard.rpc.settings import RpcSettings
 from tests.conftest import unique
 from tests.delay.conftest import delete_topics

@@ -15,11 +15,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from switchyard.rpc.control_plane import ControlPlane, ControlSettings
+from switchyard.rpc.control.reconciler import ReconcileOutcome
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroup
-from switchyard.rpc.reconciler import Delays, ReconcileOutcome
-from switchyard.rpc.state import PoolState
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.service import ControlPlane
+from switchyard.rpc.settings import ControlSettings, Delays
+from switchyard.rpc.store import PoolState
 from tests.rpc.conftest import PoolFactory, flush_pool_state, make_pool  # noqa: F401 - fixture
 from tests.rpc.test_ecs_driver import MOTO, cluster, ecs_client, make_driver, network, running_tasks  # noqa: F401 - fixtures
 from tests.rpc.test_ecs_driver import redis_client as ecs_redis  # noqa: F401 - fixture

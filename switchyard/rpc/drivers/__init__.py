@@ -1,7 +1,8 @@
 """Worker group drivers: how the worker groups control loop starts, stops and sizes workers.
 
-``base`` holds the contract, one module per backend (``subprocess``, ``noop``, ``ecs``), and
-``driver_from_env()`` picks one from the environment:
+``switchyard.rpc.ports`` holds the contract, one module per backend (``subprocess``, ``noop``, ``ecs``), and
+``driver_from_env()`` picks one from the environment (read by ``switchyard.rpc.settings``:
+``DriverSettings`` and ``ecs_settings_from_env``):
 
 * ``SWITCHYARD_DRIVER``: ``subprocess`` (default), ``noop`` or ``ecs``;
 * ``SWITCHYARD_WORKER_HANDLER``: ``module:function`` (default ``switchyard.rpc.examples:describe``);
@@ -20,20 +21,11 @@
 
 from __future__ import annotations
 
-import shlex
-import sys
-from dataclasses import dataclass
-
-from switchyard.core.config import env_float, env_int, env_str
-from switchyard.core.errors import ConfigError
-from switchyard.rpc.drivers.base import (
-    DriverError,
-    WorkerGroup,
-    WorkerGroupDriver,
-    desired_workers,
-)
 from switchyard.rpc.drivers.noop import NoopDriver
-from switchyard.rpc.drivers.subprocess import DEFAULT_LOG_DIR, SubprocessDriver, WorkerProcess
+from switchyard.rpc.drivers.subprocess import SubprocessDriver, WorkerProcess
+from switchyard.rpc.errors import DriverError
+from switchyard.rpc.ports import WorkerGroup, WorkerGroupDriver, desired_workers
+from switchyard.rpc.settings import DriverSettings
 
 __all__ = [
     "DriverError",
@@ -46,45 +38,6 @@ __all__ = [
     "desired_workers",
     "driver_from_env",
 ]
-
-DEFAULT_HANDLER = "switchyard.rpc.examples:describe"
-DRIVERS = ("subprocess", "noop", "ecs")
-
-
-@dataclass(frozen=True)
-class DriverSettings:
-    """The driver's settings, read once from the environment (see the module docstring)."""
-
-    driver: str = "subprocess"
-    command: tuple[str, ...] = ()
-    min_workers: int = 1
-    max_workers: int = 4
-    target_backlog: int = 10
-    log_dir: str = str(DEFAULT_LOG_DIR)
-    stop_timeout: float = 15.0
-
-    @classmethod
-    def from_env(cls) -> DriverSettings:
-        d = cls()
-        driver = env_str("SWITCHYARD_DRIVER", d.driver)
-        if driver not in DRIVERS:
-            raise ConfigError(f"SWITCHYARD_DRIVER must be one of {', '.join(DRIVERS)}, got {driver!r}")
-        handler = env_str("SWITCHYARD_WORKER_HANDLER", DEFAULT_HANDLER)
-        raw_command = env_str("SWITCHYARD_WORKER_COMMAND", "")
-        try:
-            command = tuple(shlex.split(raw_command)) if raw_command else (
-                sys.executable, "-m", "switchyard", "worker", "--handler", handler)
-        except ValueError as exc:
-            raise ConfigError(f"SWITCHYARD_WORKER_COMMAND cannot be split: {exc}") from exc
-        return cls(
-            driver=driver,
-            command=command,
-            min_workers=env_int("SWITCHYARD_MIN_WORKERS", d.min_workers),
-            max_workers=env_int("SWITCHYARD_MAX_WORKERS", d.max_workers),
-            target_backlog=env_int("SWITCHYARD_TARGET_BACKLOG", d.target_backlog),
-            log_dir=env_str("SWITCHYARD_WORKER_LOG_DIR", d.log_dir),
-            stop_timeout=env_float("SWITCHYARD_WORKER_STOP_TIMEOUT", d.stop_timeout),
-        )
 
 
 def driver_from_env(settings: DriverSettings | None = None) -> WorkerGroupDriver:
@@ -104,37 +57,18 @@ def driver_from_env(settings: DriverSettings | None = None) -> WorkerGroupDriver
     )
 
 
-def _env_list(name: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in env_str(name, "").split(",") if part.strip())
-
-
 def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
     """The ECS driver (imported here: only the deployment needs boto3's ECS client)."""
-    import redis
-
     from switchyard.core.config import Connections
-    from switchyard.rpc.drivers.ecs import (
-        DEFAULT_CAPACITY_PROVIDER,
-        DEFAULT_CONTAINER,
-        DEFAULT_TASK_DEFINITION,
-        EcsDriver,
-        EcsSettings,
-        RedisGroupLock,
-        ecs_client,
-    )
+    from switchyard.rpc.drivers.ecs import EcsDriver, ecs_client
+    from switchyard.rpc.settings import ecs_settings_from_env  # imports the ECS driver's module
+    from switchyard.rpc.store import WorkerGroupLock
 
     connections = Connections.from_env()
-    ecs = EcsSettings(
-        cluster=env_str("SWITCHYARD_ECS_CLUSTER", ""),
-        subnets=_env_list("SWITCHYARD_ECS_SUBNETS"),
-        security_groups=_env_list("SWITCHYARD_ECS_SECURITY_GROUPS"),
-        task_definition=env_str("SWITCHYARD_ECS_TASK_DEFINITION", DEFAULT_TASK_DEFINITION),
-        container=env_str("SWITCHYARD_ECS_CONTAINER", DEFAULT_CONTAINER),
-        capacity_provider=env_str("SWITCHYARD_ECS_CAPACITY_PROVIDER", DEFAULT_CAPACITY_PROVIDER),
-    )
+    ecs = ecs_settings_from_env()
     return EcsDriver(
         ecs,
-        lock=RedisGroupLock(redis.Redis.from_url(connections.redis_url), ecs.lock_ttl_s, ecs.lock_wait_s),
+        lock=WorkerGroupLock.from_url(connections.redis_url, ecs.lock_ttl_s, ecs.lock_wait_s),
         client=ecs_client(connections.aws_endpoint_url),
         min_workers=settings.min_workers,
         max_workers=settings.max_workers,

@@ -22,7 +22,8 @@ task definition, up to 120 s on Fargate). The driver does not wait for that: a L
 
 Concurrency: the reconciler and the orphan handler run in different Lambda environments and may
 start the same group at once. Every change of a group runs under a Redis lock per group
-(``SET NX PX`` with a token, released by compare-and-delete), and ``RunTask`` carries a
+(``store.WorkerGroupLock``: the store's one Redis lock, ``SET NX PX`` with a token, released by
+compare-and-delete), and ``RunTask`` carries a
 ``clientToken`` derived from the group and the tasks seen, so two callers that saw the same state
 (a lock that expired mid-call, ``ListTasks`` lagging a fresh ``RunTask``) make one request in ECS's eyes.
 
@@ -36,19 +37,15 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from switchyard.core.errors import ConfigError
 from switchyard.core.observability import logger
-from switchyard.rpc.drivers.base import (
-    DriverError,
+from switchyard.rpc.errors import DriverError
+from switchyard.rpc.ports import (
+    GroupLock,
     WorkerGroup,
     WorkerGroupDriver,
     check_sizes,
@@ -61,7 +58,6 @@ TAG_KEY = "switchyard:key"  # switchyard:key:0, switchyard:key:1, ... (base64url
 TAG_VALUE_CHARS = 256
 MAX_KEY_TAGS = 40  # ECS allows 50 tags per task; the rest are the pool, the group and spares
 DESCRIBE_TASKS_MAX = 100
-LOCK_PREFIX = "switchyard:ecs-driver:lock:"
 DEFAULT_CONTAINER = "worker"
 DEFAULT_TASK_DEFINITION = "switchyard-worker-{pool}"
 # The capacity providers a pool may run its workers on (the deployment associates every one of them
@@ -132,42 +128,6 @@ def key_from_tags(tags: Sequence[dict[str, str]]) -> str | None:
         return base64.urlsafe_b64decode("".join(parts[i] for i in range(len(parts)))).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
         return None
-
-
-class RedisGroupLock:
-    """A lock per worker group shared by every process that drives the pool (Lambda environments)."""
-
-    _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-
-    def __init__(self, client: redis.Redis, ttl_s: float = 30.0, wait_s: float = 10.0) -> None:
-        self.client = client
-        self.ttl_ms = int(ttl_s * 1000)
-        self.wait_s = wait_s
-        self._release = client.register_script(self._RELEASE)
-
-    @contextmanager
-    def __call__(self, group: WorkerGroup) -> Iterator[None]:
-        name = LOCK_PREFIX + group.group_id
-        token = uuid.uuid4().hex
-        deadline = time.monotonic() + self.wait_s
-        try:
-            while not self.client.set(name, token, nx=True, px=self.ttl_ms):
-                if time.monotonic() > deadline:
-                    raise DriverError(f"worker group {group.group_id} is locked by another caller "
-                                      f"for more than {self.wait_s:g} s")
-                time.sleep(0.05)
-        except redis.RedisError as exc:
-            raise DriverError(f"cannot lock worker group {group.group_id}: {exc}") from exc
-        try:
-            yield
-        finally:
-            try:
-                self._release(keys=[name], args=[token])
-            except redis.RedisError:  # the lock expires on its own
-                logger.warning("releasing a worker group lock failed", extra={"group_id": group.group_id})
-
-
-GroupLock = Callable[[WorkerGroup], Any]  # a context manager factory, e.g. RedisGroupLock
 
 
 def ecs_client(endpoint_url: str | None = None) -> Any:

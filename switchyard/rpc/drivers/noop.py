@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from switchyard.core.observability import logger
-from switchyard.rpc.drivers.base import WorkerGroup, WorkerGroupDriver
+from switchyard.rpc.ports import WorkerGroup, WorkerGroupDriver
 
 
 class NoopDriver(WorkerGroupDriver):

@@ -23,15 +23,16 @@ from pathlib import Path
 
 from switchyard.core.errors import ConfigError
 from switchyard.core.observability import logger
-from switchyard.rpc.drivers.base import (
-    DriverError,
+from switchyard.rpc.errors import DriverError
+from switchyard.rpc.ports import (
     WorkerGroup,
     WorkerGroupDriver,
     check_sizes,
     desired_workers,
 )
+from switchyard.rpc.settings import DEFAULT_WORKER_LOG_DIR
 
-DEFAULT_LOG_DIR = Path(".local/logs/workers")
+DEFAULT_LOG_DIR = Path(DEFAULT_WORKER_LOG_DIR)
 
 
 @dataclass(frozen=True, slots=True)

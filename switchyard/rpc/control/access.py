@@ -32,7 +32,7 @@ from typing import Any
 
 from switchyard.core.errors import ConfigError
 from switchyard.rpc import protocol as p
-from switchyard.rpc.management import ManagementApi
+from switchyard.rpc.control.management import ManagementApi
 
 USERNAME_PREFIX = "switchyard-"
 POLICYMAKER = "policymaker"

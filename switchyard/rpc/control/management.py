@@ -11,7 +11,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 import requests
 
-from switchyard.core.errors import BrokerUnavailableError, ManagementApiError
+from switchyard.core.errors import BrokerUnavailableError
+from switchyard.rpc.errors import ManagementApiError
 
 
 def vhost_from_amqp_url(amqp_url: str) -> str:

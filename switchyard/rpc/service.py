@@ -12,50 +12,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import redis
 
-from switchyard.core.config import env_float, env_str
-from switchyard.core.errors import ConfigError
 from switchyard.core.redis_client import connect_redis
-from switchyard.rpc import protocol as p
-from switchyard.rpc.activity import ActivityOutcome, track_activity
-from switchyard.rpc.dead_letters import DeadLetterOutcome, respond_dead_letters
+from switchyard.rpc.control.activity import ActivityOutcome, track_activity
+from switchyard.rpc.control.dead_letters import DeadLetterOutcome, respond_dead_letters
+from switchyard.rpc.control.leaderless import LeaderlessWatch
+from switchyard.rpc.control.orphans import OrphanOutcome, forward_orphans
+from switchyard.rpc.control.publisher import ConfirmingPublisher
+from switchyard.rpc.control.reconciler import ReconcileOutcome, Reconciler
+from switchyard.rpc.control.rmq_event import AmqpMessage
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
-from switchyard.rpc.leaderless import LeaderlessWatch
-from switchyard.rpc.orphans import OrphanOutcome, forward_orphans
-from switchyard.rpc.publisher import ConfirmingPublisher
-from switchyard.rpc.reconciler import Delays, ReconcileOutcome, Reconciler
-from switchyard.rpc.rmq_event import AmqpMessage
-from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.state import PoolState
-from switchyard.rpc.topology import PoolTopology
-
-
-@dataclass(frozen=True)
-class ControlSettings:
-    pool: str
-    delays: Delays
-    reconcile_interval_s: float = 1.0
-    # How often (across every pool on the broker) the reconciler probes at-least-once dead-lettering;
-    # under the alarm's five-minute period, so each period sees a probe. 0: never.
-    dead_letter_probe_interval_s: float = 240.0
-
-    @classmethod
-    def from_env(cls, pool: str | None = None) -> ControlSettings:
-        pool = pool or env_str("SWITCHYARD_POOL", "")
-        if not pool:
-            raise ConfigError("SWITCHYARD_POOL must name the pool this control plane manages")
-        d = Delays()
-        return cls(
-            pool=p.validate_pool(pool),
-            delays=Delays(unbind_s=env_float("SWITCHYARD_UNBIND_DELAY", d.unbind_s),
-                          stop_s=env_float("SWITCHYARD_STOP_DELAY", d.stop_s),
-                          tombstone_s=env_float("SWITCHYARD_TOMBSTONE_TTL", d.tombstone_s)),
-            reconcile_interval_s=env_float("SWITCHYARD_RECONCILE_INTERVAL", 1.0),
-            dead_letter_probe_interval_s=env_float("SWITCHYARD_DEAD_LETTER_PROBE_INTERVAL", 240.0),
-        )
+from switchyard.rpc.settings import ControlSettings, RpcSettings
+from switchyard.rpc.store import PoolState
 
 
 class ControlPlane:

@@ -18,8 +18,9 @@ import pika
 import pika.exceptions
 import pika.spec
 
-from switchyard.core.errors import BrokerError, PublishRejectedError, UnroutableError
+from switchyard.core.errors import BrokerError
 from switchyard.rpc.amqp import connect, enable_async_confirms, is_alive, publish_buffered
+from switchyard.rpc.errors import PublishRejectedError, UnroutableError
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,11 @@ from urllib.parse import urlsplit
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.core.errors import DeadLetteringStrandedError
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.management import ManagementApi, vhost_from_amqp_url
+from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
+from switchyard.rpc.errors import DeadLetteringStrandedError
 
-INTERNAL_ERROR = 541
 RETIRE_SETTLE_S = 0.2
 RECOVERY = (
     "RabbitMQ's at-least-once dead-letter supervisor has stopped (rabbitmq-server#16652): no quorum "
@@ -68,7 +67,7 @@ def stranded_error(what: str) -> DeadLetteringStrandedError:
 
 def is_stranding(exc: BaseException) -> bool:
     """Whether a broker error is the stranded supervisor's ``INTERNAL_ERROR`` on a declare."""
-    return isinstance(exc, pika.exceptions.ConnectionClosedByBroker) and exc.reply_code == INTERNAL_ERROR
+    return isinstance(exc, pika.exceptions.ConnectionClosedByBroker) and exc.reply_code == p.INTERNAL_ERROR
 
 
 def retire_definition(definition: dict[str, Any]) -> dict[str, Any]:

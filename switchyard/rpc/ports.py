@@ -1,10 +1,12 @@
-"""The worker group driver contract (seed 000, "Worker group" and "Worker groups control loop").
+"""What the rpc part needs from outside: a worker group driver and the pool-state store.
+
+The worker group driver contract (seed 000, "Worker group" and "Worker groups control loop").
 
 A worker group is every worker of one (pool, key): they consume the same request queue. The
 worker groups control loop decides which groups should run and asks a driver to make it so;
 the driver knows nothing of queues or demand, only how to start, stop, count and size workers.
 
-Shape for an ECS driver (later): ``start`` is ``run_task`` (or ``create_service``) named after
+How the ECS driver (``drivers/ecs.py``) maps it: ``start`` is ``run_task`` (or ``create_service``) named after
 ``group.group_id``, with ``group.environment(worker_id)`` as container overrides and tags
 carrying the pool and the raw key; ``stop`` is ``stop_task`` on the tasks tagged with that pool
 and key (or ``delete_service``); ``list_running`` lists the pool's tasks and reads the raw key
@@ -19,17 +21,19 @@ from __future__ import annotations
 import math
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from switchyard.core.errors import ConfigError, InvalidNameError, SwitchyardError
+from switchyard.core.errors import ConfigError, InvalidNameError
 from switchyard.rpc import protocol as p
+
+if TYPE_CHECKING:
+    from switchyard.rpc.store import GroupState, GroupStatus, Touch, TouchMode
 
 GROUP_ID_DIGEST_CHARS = 24
 GROUP_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
-
-
-class DriverError(SwitchyardError):
-    """A driver could not start, stop or inspect workers; the control loop retries on its next tick."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,3 +123,39 @@ class WorkerGroupDriver(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op for drivers that hold nothing
         """Release what the driver holds (the subprocess driver stops its workers)."""
+
+
+GroupLock = Callable[[WorkerGroup], AbstractContextManager[Any]]
+"""Holds one worker group's lock across processes (``store.WorkerGroupLock``); raises ``DriverError``."""
+
+
+class PoolStore(Protocol):
+    """The expected state of one pool's worker groups and its per-key locks (``store.PoolState``).
+
+    The control plane's handlers and the reconciler see the store only through this.
+    """
+
+    pool: str
+
+    def touch(self, keys: Iterable[str], at_ms: int | None = None,
+              mode: TouchMode = ...) -> dict[str, Touch]: ...
+
+    def groups(self, include_stopped: bool = False) -> dict[str, GroupState]: ...
+
+    def get(self, key: str) -> GroupState | None: ...
+
+    def set_status(self, group: GroupState, status: GroupStatus, at_ms: int | None = None) -> bool: ...
+
+    def remove(self, group: GroupState) -> bool: ...
+
+    def probe_turn(self, broker: str, interval_s: float) -> bool: ...
+
+    def is_initialized(self) -> bool: ...
+
+    def mark_initialized(self) -> None: ...
+
+    def generation(self) -> int: ...
+
+    def locked(self, keys: Iterable[str], wait: float = 30.0) -> AbstractContextManager[None]: ...
+
+    def reconciler_turn(self, ttl_ms: int = 60_000) -> AbstractContextManager[bool]: ...

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.rmq_event import AmqpMessage
-from switchyard.rpc.state import PoolState, TouchMode, now_ms
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.control.rmq_event import AmqpMessage
+from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.ports import PoolStore
+from switchyard.rpc.store import TouchMode, now_ms
 
 _EVENTS = {e.value for e in p.Event}
 
@@ -37,7 +38,7 @@ class ActivityOutcome:
 
 
 def track_activity(
-    messages: Iterable[AmqpMessage], *, state: PoolState, topology: PoolTopology, at_ms: int | None = None
+    messages: Iterable[AmqpMessage], *, state: PoolStore, topology: PoolTopology, at_ms: int | None = None
 ) -> ActivityOutcome:
     outcome = ActivityOutcome()
     keys: set[str] = set()

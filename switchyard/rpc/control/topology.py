@@ -16,23 +16,21 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.core.errors import PoolNotEmptyError, PoolNotFoundError, TopologyError
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import connect, is_alive
-from switchyard.rpc.dead_lettering import ProbeResult, is_stranding, probe, retired, stranded_error
-from switchyard.rpc.management import ManagementApi, vhost_from_amqp_url
+from switchyard.rpc.control.dead_lettering import ProbeResult, is_stranding, probe, retired, stranded_error
+from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
+from switchyard.rpc.errors import PoolNotEmptyError, PoolNotFoundError, TopologyError
 from switchyard.rpc.settings import PoolPolicy, RpcSettings
 
-NOT_FOUND = 404
-PRECONDITION_FAILED = 406
 # Pool queues hold orphans and dead letters, which must not be dropped by a broker default
 # (Amazon MQ 4.x gives quorum queues a delivery limit of 20 and these queues have no DLX).
 POOL_QUEUE_DELIVERY_LIMIT = 1_000_000
 
 
 def _dead_lettering(policy: PoolPolicy, pool: str, delivery_limit: int) -> dict[str, Any]:
-    """At-most-once (see switchyard/rpc/dead_lettering.py): a request's dead letter is an answer about
+    """At-most-once (see switchyard/rpc/control/dead_lettering.py): a request's dead letter is an answer about
     its failure, and its caller's own deadline stands behind it. Request queues come and go with
     their keys, and deleting an at-least-once queue can stop the broker's dead-letter supervisor."""
     definition: dict[str, Any] = {"dead-letter-exchange": p.dl_exchange(pool)}
@@ -213,7 +211,7 @@ class PoolTopology:
         try:
             self._channel().exchange_declare(p.req_exchange(self.pool), passive=True)
         except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code == NOT_FOUND:
+            if exc.reply_code == p.NOT_FOUND:
                 return False
             raise TopologyError(f"checking pool {self.pool!r}: {exc.reply_text}") from exc
         return True
@@ -251,7 +249,7 @@ class PoolTopology:
                 self._channel().queue_bind(p.request_queue(self.pool, key), p.req_exchange(self.pool),
                                            routing_key=p.routing_key(key))
             except pika.exceptions.ChannelClosedByBroker as exc:
-                if exc.reply_code != NOT_FOUND:
+                if exc.reply_code != p.NOT_FOUND:
                     raise TopologyError(f"binding the queue of {key!r}: {exc.reply_text}") from exc
                 missing.append(key)
         to_declare = new + missing
@@ -299,7 +297,7 @@ class PoolTopology:
         try:
             frame = self._channel().queue_declare(queue, passive=True)
         except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code == NOT_FOUND:
+            if exc.reply_code == p.NOT_FOUND:
                 return None
             raise TopologyError(f"inspecting {queue!r}: {exc.reply_text}") from exc
         return frame.method.message_count, frame.method.consumer_count
@@ -320,7 +318,7 @@ class PoolTopology:
                 raise stranded_error(f"declaring queue {name!r}") from exc
             raise
         except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code != PRECONDITION_FAILED:
+            if exc.reply_code != p.PRECONDITION_FAILED:
                 raise TopologyError(f"declaring queue {name!r}: {exc.reply_text}") from exc
             # Declared earlier with other arguments (e.g. classic vs quorum): it exists; use it.
             self._channel().queue_declare(name, passive=True)

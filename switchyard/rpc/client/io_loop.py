@@ -1,40 +1,19 @@
-"""The slotted RPC client (seed 001) for keyed pools (seed 000).
+"""The client's I/O thread: one connection, one channel and one reply queue, reconnecting on loss.
 
-One connection, one channel and one reply queue per client, driven by a background I/O thread.
-Every public method is thread-safe. ``submit`` returns a ``concurrent.futures.Future`` (wrap it
-with ``asyncio.wrap_future`` in async code); ``call`` blocks for the response; ``send`` publishes a
-request that expects no response (seed 000: no reply-to) and its future resolves once the broker
-has it. Futures complete in the I/O thread: their done-callbacks must not block, but they may call
-``submit``, ``send`` and ``close``.
-
-When all slots are taken, ``submit`` waits for one to free up, at most the call's timeout, then
-raises ``ClientBusyError`` (called from a done-callback, it raises at once instead of waiting).
-
-A bad call fails alone: ``submit`` validates and encodes the request in the caller's thread and
-raises a clear error there (``InvalidNameError`` for a key, ``TypeError`` / ``ValueError`` for a
-body, headers, timeout or expiration), before it takes a slot. Nothing but a broker failure ends
-the I/O loop; anything else fails the calls in flight and the client goes on.
-
-The I/O thread runs a ``_ClientCore`` and never holds the ``RpcClient`` itself, so a client that is
-dropped without ``close()`` is garbage collected, and a finalizer then closes its core: the thread
-ends, the connection closes and the broker deletes the reply queue. Calls in flight keep their
-client alive through their futures' callbacks only.
+It owns every pika object (pika is not thread-safe); callers hand it requests through an outbox
+and wake it with ``add_callback_threadsafe``. See ``rpc_client`` for the threading and reclaim rules.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
-import math
 import os
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 import pika
@@ -42,179 +21,29 @@ import pika.exceptions
 import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.core.errors import (
-    BrokerUnavailableError,
+from switchyard.core.errors import BrokerUnavailableError, RpcError
+from switchyard.core.observability import logger
+from switchyard.rpc import protocol as p
+from switchyard.rpc.amqp import close_reason, connect, enable_async_confirms, frame_max, publish_buffered
+from switchyard.rpc.client.requests import Call, encode_request
+from switchyard.rpc.client.response import ClientStats, Response
+from switchyard.rpc.client.slots import SlotTable
+from switchyard.rpc.errors import (
     CallTimeoutError,
     ClientBusyError,
     ClientClosedError,
     PoolNotFoundError,
     PublishRejectedError,
-    RemoteError,
-    RpcError,
     UnroutableError,
 )
-from switchyard.core.observability import logger
-from switchyard.rpc import protocol as p
-from switchyard.rpc.amqp import close_reason, connect, enable_async_confirms, frame_max, publish_buffered
 from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.slots import SlotTable
-from switchyard.rpc.topology import NOT_FOUND
 
 _MAX_LOOP_WAIT = 0.2
 _RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
-    """A response: ``status`` is ``ok``, ``error`` (the worker failed) or a dead-letter reason."""
-
-    status: str
-    body: bytes
-    correlation_id: str
-    headers: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == p.Status.OK
-
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
-
-    def raise_for_status(self) -> Response:
-        if not self.ok:
-            raise RemoteError(self.status, self.body)
-        return self
-
-
-@dataclass(slots=True)
-class _Call:
-    key: str
-    routing_key: str
-    body: bytes
-    timeout: float
-    props: pika.BasicProperties
-    future: Future
-    slot: int = 0
-    seq: int = 0
-    reply: bool = True  # False: sent without reply-to; done when the broker has it
-
-
-@dataclass
-class ClientStats:
-    """Counters a caller or a benchmark can read; updated by the I/O thread only."""
-
-    published: int = 0
-    sent: int = 0  # requests without reply-to the broker has (``send``)
-    responses: int = 0
-    stale_responses: int = 0
-    malformed_responses: int = 0
-    timeouts: int = 0
-    returned: int = 0
-    nacked: int = 0
-
-
 def _header_str(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-class RpcClient:
-    """Calls workers of one pool by key. See the module docstring for threading and reclaim rules."""
-
-    def __init__(
-        self,
-        pool: str,
-        settings: RpcSettings | None = None,
-        *,
-        concurrency: int | None = None,
-        timeout: float | None = None,
-        confirm: bool = False,
-        name: str = "switchyard-client",
-    ) -> None:
-        settings = settings or RpcSettings.from_env()
-        self._core = _ClientCore(pool, settings, concurrency, timeout, confirm, name)
-        # Runs once: at close(), when the client is garbage collected, or at interpreter exit.
-        self._finalizer = weakref.finalize(self, self._core.close)
-
-    @property
-    def pool(self) -> str:
-        return self._core.pool
-
-    @property
-    def settings(self) -> RpcSettings:
-        return self._core.settings
-
-    @property
-    def default_timeout(self) -> float:
-        return self._core.default_timeout
-
-    @property
-    def stats(self) -> ClientStats:
-        return self._core.stats
-
-    @property
-    def in_flight(self) -> int:
-        return self._core.slots.in_use()
-
-    def submit(
-        self,
-        key: str,
-        body: bytes | str = b"",
-        *,
-        timeout: float | None = None,
-        expiration_ms: int | None = None,
-        headers: Mapping[str, Any] | None = None,
-    ) -> Future[Response]:
-        """Send a request; the future resolves to a ``Response`` or fails with an ``RpcError``.
-
-        ``expiration_ms`` defaults to the timeout: a request nobody waits for anymore expires in
-        its queue instead of being worked on (0: no expiration). A malformed request raises here,
-        for this caller only.
-        """
-        return self._core.submit(key, body, timeout, expiration_ms, headers)
-
-    def send(
-        self,
-        key: str,
-        body: bytes | str = b"",
-        *,
-        timeout: float | None = None,
-        expiration_ms: int = 0,
-        headers: Mapping[str, Any] | None = None,
-    ) -> Future[None]:
-        """Send a request that expects no response: published without reply-to (seed 000).
-
-        The future resolves to None once the broker has the request: when it confirms it on a
-        ``confirm=True`` client, else once it is written. It fails like ``submit``'s on a nack, a
-        return or a lost connection, and with ``CallTimeoutError`` if no confirm came within
-        ``timeout``. ``expiration_ms`` defaults to 0 (the request waits for a worker however long).
-        """
-        return self._core.submit(key, body, timeout, expiration_ms, headers, reply=False)
-
-    def call(self, key: str, body: bytes | str = b"", *, timeout: float | None = None,
-             expiration_ms: int | None = None, headers: Mapping[str, Any] | None = None) -> Response:
-        """Send a request and wait for its response (raises ``CallTimeoutError`` on timeout)."""
-        timeout = self._core.default_timeout if timeout is None else timeout
-        future = self._core.submit(key, body, timeout, expiration_ms, headers)
-        # The I/O thread enforces the timeout; the margin only guards against a dead I/O thread.
-        return future.result(timeout + 5.0)
-
-    def close(self) -> None:
-        """Fail calls still in flight with ``ClientClosedError`` and close the connection.
-
-        Safe from any thread, a done-callback included (it then does not wait for the I/O thread).
-        """
-        self._finalizer()
-
-    def __enter__(self) -> RpcClient:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
-
-_CID_ROOM = 40  # bytes a correlation id may take: tag, slot and sequence number
-_FRAME_OVERHEAD = 8 + 14  # frame header and end, content header's class, weight and body size
 
 
 class _ClientCore:
@@ -227,16 +56,16 @@ class _ClientCore:
         self.default_timeout = timeout if timeout is not None else self.settings.call_timeout
         self.confirm = confirm
         self.stats = ClientStats()
-        self.slots: SlotTable[_Call] = SlotTable(concurrency or self.settings.client_concurrency)
+        self.slots: SlotTable[Call] = SlotTable(concurrency or self.settings.client_concurrency)
         self._name = name
         self._exchange = p.req_exchange(pool)
         self._tag = os.urandom(4).hex()
-        self._outbox: deque[_Call] = deque()
+        self._outbox: deque[Call] = deque()
         self._submit_lock = threading.Lock()  # orders submit's enqueue against close
         self._wake_pending = False
         self._wake_lock = threading.Lock()
         self._deadlines: list[tuple[float, int, int]] = []
-        self._unconfirmed: dict[int, _Call] = {}
+        self._unconfirmed: dict[int, Call] = {}
         self._publish_seq = 0
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
@@ -256,7 +85,8 @@ class _ClientCore:
     def submit(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
                headers: Mapping[str, Any] | None, reply: bool = True) -> Future:
         timeout = self.default_timeout if timeout is None else timeout
-        call = self._encode(key, body, timeout, expiration_ms, headers, reply)
+        call = encode_request(key, body, timeout, expiration_ms, headers, reply=reply,
+                              reply_queue=self._reply_queue, frame_max=self._frame_max)
         if self._closing:
             raise ClientClosedError("the client is closed")
         on_io_thread = threading.current_thread() is self._thread
@@ -276,45 +106,6 @@ class _ClientCore:
         if not on_io_thread:
             self._wake()
         return call.future
-
-    def _encode(self, key: str, body: bytes | str, timeout: float, expiration_ms: int | None,
-                headers: Mapping[str, Any] | None, reply: bool) -> _Call:
-        """Validate a request and build its properties, so a bad one fails here, for its caller."""
-        p.validate_key(key)
-        if isinstance(body, str):
-            body = body.encode("utf-8")
-        elif isinstance(body, bytearray | memoryview):
-            body = bytes(body)
-        elif not isinstance(body, bytes):
-            raise TypeError(f"a request body must be bytes or str, not {type(body).__name__}")
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout) \
-                or timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if expiration_ms is None:
-            expiration_ms = max(1, int(timeout * 1000))
-        elif isinstance(expiration_ms, bool) or not isinstance(expiration_ms, int) or expiration_ms < 0:
-            raise ValueError(f"expiration_ms must be a non-negative integer, got {expiration_ms!r}")
-        if headers is not None and not isinstance(headers, Mapping):
-            raise TypeError(f"headers must be a mapping, not {type(headers).__name__}")
-        msg_headers = {**headers, p.KEY_HEADER: key} if headers else {p.KEY_HEADER: key}
-        props = pika.BasicProperties(
-            reply_to=self._reply_queue if reply else None,
-            expiration=str(expiration_ms) if expiration_ms else None,  # 0: never expires
-            headers=msg_headers,
-            delivery_mode=pika.DeliveryMode.Persistent,
-        )
-        if headers:  # only the caller's headers can hold what AMQP cannot encode
-            try:
-                size = sum(len(piece) for piece in props.encode())
-            except Exception as exc:
-                raise ValueError(f"request headers cannot be encoded in AMQP: {type(exc).__name__}: {exc}"
-                                 ) from exc
-        else:
-            size = 256 + len(key.encode("utf-8"))  # the fixed properties and the key header
-        if size + _CID_ROOM + _FRAME_OVERHEAD > self._frame_max:
-            raise ValueError(f"request properties and headers take {size} bytes: more than the "
-                             f"broker's frame size ({self._frame_max} bytes) can carry")
-        return _Call(key, p.routing_key(key), body, timeout, props, Future(), reply=reply)
 
     def close(self) -> None:
         with self._submit_lock:
@@ -363,7 +154,7 @@ class _ClientCore:
             except pika.exceptions.ChannelClosedByBroker as exc:
                 error: Exception = (
                     PoolNotFoundError(f"pool {self.pool!r} is not initialized: {exc.reply_text}")
-                    if exc.reply_code == NOT_FOUND
+                    if exc.reply_code == p.NOT_FOUND
                     else BrokerUnavailableError(f"channel closed by the broker: {exc.reply_text}")
                 )
                 logger.warning("client channel closed; reopening", extra={"pool": self.pool,
@@ -388,7 +179,7 @@ class _ClientCore:
         try:
             channel.exchange_declare(self._exchange, passive=True)
         except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code == NOT_FOUND:
+            if exc.reply_code == p.NOT_FOUND:
                 raise PoolNotFoundError(
                     f"pool {self.pool!r} is not initialized (no exchange {self._exchange!r}); "
                     f"run: switchyard pool init --pool {self.pool}"
@@ -528,7 +319,7 @@ class _ClientCore:
             elif not call.reply:  # a return came before this ack (see _open) and failed it already
                 self._settle_sent(call)
 
-    def _settle_sent(self, call: _Call) -> None:
+    def _settle_sent(self, call: Call) -> None:
         if self.slots.complete(call.slot, call.seq) is not None:
             self.stats.sent += 1
             call.future.set_result(None)

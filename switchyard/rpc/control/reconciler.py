@@ -15,9 +15,9 @@ A lost state (no ``initialized`` marker) is rebuilt from the broker's ``{pool}-r
 the driver's running groups, all marked Active: the normal delays then apply and nothing that
 holds work is deleted. Queue names Switchyard would not have made are skipped, logged and counted.
 Broker health: one pass per ``probe_interval_s`` (across every pool on the broker) probes whether
-the broker can still start an at-least-once dead-lettering queue (switchyard/rpc/dead_lettering.py);
+the broker can still start an at-least-once dead-lettering queue (switchyard/rpc/control/dead_lettering.py);
 ``dead_lettering_stranded`` is the alarm's metric.
-A request queue a broker crash left without a leader (switchyard/rpc/leaderless.py) is found by its
+A request queue a broker crash left without a leader (switchyard/rpc/control/leaderless.py) is found by its
 missing statistics and a probe, then deleted and declared again: ``leaderless_redeclared``.
 """
 
@@ -28,20 +28,12 @@ from dataclasses import dataclass, field
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import consume_answered
-from switchyard.rpc.dead_lettering import broker_id
-from switchyard.rpc.drivers import WorkerGroup, WorkerGroupDriver
-from switchyard.rpc.leaderless import LeaderlessWatch
-from switchyard.rpc.state import GroupState, GroupStatus, PoolState, now_ms
-from switchyard.rpc.topology import PoolTopology
-
-
-@dataclass(frozen=True)
-class Delays:
-    unbind_s: float = 300.0
-    stop_s: float = 600.0
-    # How long a stopped group's tombstone is kept: activity reports later than this (from
-    # workers nobody stopped, e.g. started by hand) count as a new group again.
-    tombstone_s: float = 3600.0
+from switchyard.rpc.control.dead_lettering import broker_id
+from switchyard.rpc.control.leaderless import LeaderlessWatch
+from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.ports import PoolStore, WorkerGroup, WorkerGroupDriver
+from switchyard.rpc.settings import Delays
+from switchyard.rpc.store import GroupState, GroupStatus, now_ms
 
 
 @dataclass
@@ -66,7 +58,7 @@ class ReconcileOutcome:
 
 
 class Reconciler:
-    def __init__(self, state: PoolState, topology: PoolTopology, driver: WorkerGroupDriver,
+    def __init__(self, state: PoolStore, topology: PoolTopology, driver: WorkerGroupDriver,
                  delays: Delays, probe_interval_s: float = 0.0,
                  leaderless: LeaderlessWatch | None = None) -> None:
         self.state = state

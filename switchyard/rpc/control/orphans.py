@@ -28,11 +28,11 @@ import pika
 
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.drivers import WorkerGroup, WorkerGroupDriver
-from switchyard.rpc.publisher import ConfirmingPublisher, Outgoing
-from switchyard.rpc.rmq_event import AmqpMessage, timestamp_seconds
-from switchyard.rpc.state import PoolState, now_ms
-from switchyard.rpc.topology import PoolTopology
+from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
+from switchyard.rpc.control.rmq_event import AmqpMessage, timestamp_seconds
+from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.ports import PoolStore, WorkerGroup, WorkerGroupDriver
+from switchyard.rpc.store import now_ms
 
 
 @dataclass
@@ -101,7 +101,7 @@ def negative_response(message: AmqpMessage, status: str, detail: dict) -> Outgoi
 def forward_orphans(
     messages: Iterable[AmqpMessage],
     *,
-    state: PoolState,
+    state: PoolStore,
     topology: PoolTopology,
     publisher: ConfirmingPublisher,
     driver: WorkerGroupDriver,

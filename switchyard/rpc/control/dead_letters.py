@@ -15,9 +15,9 @@ from typing import Any
 
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.orphans import negative_response, poison_copy
-from switchyard.rpc.publisher import ConfirmingPublisher, Outgoing
-from switchyard.rpc.rmq_event import AmqpMessage
+from switchyard.rpc.control.orphans import negative_response, poison_copy
+from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
+from switchyard.rpc.control.rmq_event import AmqpMessage
 
 UNKNOWN_REASON = "dead_lettered"
 _PER_REASON = frozenset({p.Status.EXPIRED, p.Status.DELIVERY_LIMIT, p.Status.REJECTED, p.Status.MAXLEN})

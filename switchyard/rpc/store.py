@@ -1,4 +1,6 @@
-"""Pool state (seed 000's pool state tracker), kept in Redis so stateless handlers can share it.
+"""The rpc part's store: pool state (seed 000's pool state tracker) and its locks, in Redis.
+
+Kept in Redis so stateless handlers can share it.
 
 Each worker group is Active or Unbound, with the generation it entered that state under and the
 last time an orphan or activity was seen for it. Handlers that bind a queue and the reconciler
@@ -18,7 +20,8 @@ every key one script or pipeline touches lives in the same slot):
 - ``lock:{sha256(key)[:32]}``  per-key lock (token, with expiry)
 - ``reconciler``   lock held by the running reconciler pass
 
-and one key per broker, outside any pool: ``switchyard:rpc:probe:<broker id>``, the turn of the
+and, outside any pool: ``switchyard:ecs-driver:lock:<group id>``, the ECS driver's group lock
+(``WorkerGroupLock``), and one key per broker: ``switchyard:rpc:probe:<broker id>``, the turn of the
 dead-lettering probe (whichever pool's pass takes it first probes; it expires after the interval).
 """
 
@@ -35,8 +38,10 @@ from importlib import resources
 
 import redis
 
-from switchyard.core.errors import SwitchyardError
+from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
+from switchyard.rpc.errors import DriverError, LockTimeoutError
+from switchyard.rpc.ports import WorkerGroup
 
 # A holder that dies (a SIGKILLed control plane, a Lambda timeout) blocks its keys until the lock
 # expires: 120 s here once timed out a third of a fault run's calls. Every step under a lock is a
@@ -58,10 +63,6 @@ class TouchMode(StrEnum):
     ORPHAN = "orphan"  # a request waits: any group becomes Active
     ACTIVITY = "activity"  # under the keys' locks: Unbound and unknown groups become Active
     SEEN = "seen"  # no locks: only Active groups are touched
-
-
-class LockTimeoutError(SwitchyardError):
-    """A per-key lock stayed taken too long; the caller fails so its batch is redelivered."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,98 @@ def _script(name: str) -> str:
     return resources.files("switchyard.rpc.lua").joinpath(name).read_text()
 
 
+class RedisLocks:
+    """Token locks in Redis (``SET NX PX``, released by compare-and-delete in release_lock.lua).
+
+    The one lock of the part: the pool state's per-key locks and the ECS driver's group locks.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self._release = client.register_script(_script("release_lock.lua"))
+
+    def acquire(self, lock_keys: list[str], ttl_ms: int, wait: float) -> str:
+        """Take every lock, in the order given; returns the token. Raises ``LockTimeoutError`` (or a
+        Redis error) with nothing held."""
+        token = uuid.uuid4().hex
+        held: list[str] = []
+        try:
+            self._acquire_all(lock_keys, token, held, ttl_ms, wait)
+        except BaseException:
+            if held:
+                self._release(keys=held, args=[token])
+            raise
+        return token
+
+    def release(self, lock_keys: list[str], token: str) -> int:
+        """Give back the locks this token still holds (one that expired and was retaken is left);
+        returns how many it gave back."""
+        return int(self._release(keys=lock_keys, args=[token])) if lock_keys else 0
+
+    def _acquire_all(self, lock_keys: list[str], token: str, held: list[str], ttl_ms: int,
+                     wait: float) -> None:
+        # Fast path: everything free, one round trip.
+        pipe = self.redis.pipeline(transaction=False)
+        for lock_key in lock_keys:
+            pipe.set(lock_key, token, nx=True, px=ttl_ms)
+        results = pipe.execute()
+        first_miss = next((i for i, ok in enumerate(results) if not ok), None)
+        if first_miss is None:
+            held.extend(lock_keys)
+            return
+        # Keep the prefix before the first miss; give back what was taken out of order.
+        held.extend(lock_keys[:first_miss])
+        out_of_order = [k for k, ok in zip(lock_keys[first_miss:], results[first_miss:], strict=True) if ok]
+        if out_of_order:
+            self._release(keys=out_of_order, args=[token])
+        deadline = time.monotonic() + wait
+        for lock_key in lock_keys[first_miss:]:
+            delay = 0.002
+            while not self.redis.set(lock_key, token, nx=True, px=ttl_ms):
+                if time.monotonic() > deadline:
+                    raise LockTimeoutError(f"lock {lock_key} still taken after {wait:.0f}s")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+            held.append(lock_key)
+
+
+ECS_LOCK_PREFIX = "switchyard:ecs-driver:lock:"
+
+
+class WorkerGroupLock:
+    """A lock per worker group shared by every process that drives the pool (Lambda environments).
+
+    The ECS driver's ``GroupLock``: the reconciler and the orphan handler may start one group at once.
+    """
+
+    def __init__(self, client: redis.Redis, ttl_s: float = 30.0, wait_s: float = 10.0) -> None:
+        self.ttl_ms = int(ttl_s * 1000)
+        self.wait_s = wait_s
+        self._locks = RedisLocks(client)
+
+    @classmethod
+    def from_url(cls, redis_url: str, ttl_s: float = 30.0, wait_s: float = 10.0) -> WorkerGroupLock:
+        return cls(redis.Redis.from_url(redis_url), ttl_s, wait_s)
+
+    @contextmanager
+    def __call__(self, group: WorkerGroup) -> Iterator[None]:
+        names = [ECS_LOCK_PREFIX + group.group_id]
+        try:
+            token = self._locks.acquire(names, self.ttl_ms, self.wait_s)
+        except LockTimeoutError as exc:
+            raise DriverError(f"worker group {group.group_id} is locked by another caller "
+                              f"for more than {self.wait_s:g} s") from exc
+        except redis.RedisError as exc:
+            raise DriverError(f"cannot lock worker group {group.group_id}: {exc}") from exc
+        try:
+            yield
+        finally:
+            try:
+                self._locks.release(names, token)
+            except redis.RedisError:  # the lock expires on its own
+                logger.warning("releasing a worker group lock failed", extra={"group_id": group.group_id})
+
+
 class PoolState:
     """The expected state of one pool's worker groups. Thread-safe (redis-py pools connections)."""
 
@@ -121,7 +214,7 @@ class PoolState:
         self._initialized = self.prefix + "initialized"
         self._touch = client.register_script(_script("touch_groups.lua"))
         self._cas = client.register_script(_script("compare_and_set.lua"))
-        self._release = client.register_script(_script("release_lock.lua"))
+        self._locks = RedisLocks(client)
 
     @staticmethod
     def key_prefix(pool: str) -> str:
@@ -191,39 +284,11 @@ class PoolState:
     def locked(self, keys: Iterable[str], wait: float = 30.0) -> Iterator[None]:
         """Hold the per-key locks of ``keys`` (taken in sorted order, so holders never deadlock)."""
         lock_keys = sorted({self._lock_key(k) for k in keys})
-        token = uuid.uuid4().hex
-        held: list[str] = []
+        token = self._locks.acquire(lock_keys, LOCK_TTL_MS, wait)
         try:
-            self._acquire_all(lock_keys, token, held, wait)
             yield
         finally:
-            if held:
-                self._release(keys=held, args=[token])
-
-    def _acquire_all(self, lock_keys: list[str], token: str, held: list[str], wait: float) -> None:
-        # Fast path: everything free, one round trip.
-        pipe = self.redis.pipeline(transaction=False)
-        for lock_key in lock_keys:
-            pipe.set(lock_key, token, nx=True, px=LOCK_TTL_MS)
-        results = pipe.execute()
-        first_miss = next((i for i, ok in enumerate(results) if not ok), None)
-        if first_miss is None:
-            held.extend(lock_keys)
-            return
-        # Keep the prefix before the first miss; give back what was taken out of order.
-        held.extend(lock_keys[:first_miss])
-        out_of_order = [k for k, ok in zip(lock_keys[first_miss:], results[first_miss:], strict=True) if ok]
-        if out_of_order:
-            self._release(keys=out_of_order, args=[token])
-        deadline = time.monotonic() + wait
-        for lock_key in lock_keys[first_miss:]:
-            delay = 0.002
-            while not self.redis.set(lock_key, token, nx=True, px=LOCK_TTL_MS):
-                if time.monotonic() > deadline:
-                    raise LockTimeoutError(f"lock {lock_key} still taken after {wait:.0f}s")
-                time.sleep(delay)
-                delay = min(delay * 2, 0.1)
-            held.append(lock_key)
+            self._locks.release(lock_keys, token)
 
     @contextmanager
     def reconciler_turn(self, ttl_ms: int = 60_000) -> Iterator[bool]:
@@ -235,4 +300,4 @@ class PoolState:
             yield acquired
         finally:
             if acquired:
-                self._release(keys=[key], args=[token])
+                self._locks.release([key], token)

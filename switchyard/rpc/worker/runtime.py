@@ -38,25 +38,18 @@ worker key as routing key; ``request-received`` is sent at most once per activit
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
-import os
 import queue
 import signal
-import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import pika
 import pika.exceptions
 import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.core.errors import ConfigError, TopologyError
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import (
@@ -66,104 +59,9 @@ from switchyard.rpc.amqp import (
     publish_buffered,
     reject_buffered,
 )
+from switchyard.rpc.errors import TopologyError
 from switchyard.rpc.settings import RpcSettings
-from switchyard.rpc.topology import NOT_FOUND
-
-
-class Requeue(Exception):
-    """Raise from a handler to give the request back to the queue for another worker."""
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    key: str
-    body: bytes
-    correlation_id: str | None
-    reply_to: str | None
-    headers: Mapping[str, Any]
-    redelivered: bool
-    worker_id: str
-
-    @property
-    def delivery_count(self) -> int:
-        """How many times this request was delivered before (quorum queues), sheds included."""
-        return sum(int(self.headers.get(h, 0) or 0) for h in (p.DELIVERY_COUNT_HEADER, p.REDELIVERIES_HEADER))
-
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
-
-
-Handler = Callable[[Request], "bytes | str | None"]
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """The worker protocol's environment (seed 000, "Worker protocol")."""
-
-    worker_id: str
-    key: str
-    pool: str
-    requests_queue: str
-    activity_exchange: str
-    prefetch: int = 4
-    activity_interval: float = 1.0
-    queue_wait: float = 30.0  # seconds to wait for a request queue that does not exist yet
-
-    @classmethod
-    def from_env(
-        cls, settings: RpcSettings | None = None, env: Mapping[str, str] | None = None
-    ) -> WorkerConfig:
-        env = os.environ if env is None else env
-        settings = settings or RpcSettings.from_env()
-        pool = env.get("WORKER_POOL")
-        key = env.get("WORKER_KEY")
-        if pool is None or key is None:
-            raise ConfigError("WORKER_POOL and WORKER_KEY must be set (the worker group driver sets them)")
-        return cls(
-            worker_id=env.get("WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
-            key=key,
-            pool=p.validate_pool(pool),
-            requests_queue=env.get("WORKER_REQUESTS_QUEUE") or p.request_queue(pool, key),
-            activity_exchange=env.get("WORKER_ACTIVITY_EXCHANGE") or p.activity_exchange(pool),
-            prefetch=int(env.get("WORKER_PREFETCH") or settings.worker_prefetch),
-            activity_interval=float(env.get("WORKER_ACTIVITY_INTERVAL") or settings.activity_interval),
-            queue_wait=float(env.get("WORKER_QUEUE_WAIT") or 30.0),
-        )
-
-
-@dataclass
-class WorkerStats:
-    handled: int = 0
-    errors: int = 0
-    requeued: int = 0
-    no_reply_to: int = 0
-    waited_for_queue: int = 0  # consumes refused (404) before the request queue was declared
-
-
-def load_handler(spec: str) -> Handler:
-    """Import ``module:function``."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"handler must look like module:function, got {spec!r}")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load handler {spec!r}: {exc}") from exc
-    if not callable(target):
-        raise ConfigError(f"handler {spec!r} is not callable")
-    return target
-
-
-def _encode_result(result: bytes | str | None) -> bytes:
-    if result is None:
-        return b""
-    if isinstance(result, str):
-        return result.encode("utf-8")
-    if isinstance(result, bytes | bytearray | memoryview):
-        return bytes(result)
-    raise TypeError(f"a handler must return bytes, str or None, not {type(result).__name__}")
+from switchyard.rpc.worker.request import Handler, Request, Requeue, WorkerConfig, WorkerStats, load_handler
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +176,7 @@ class Worker:
             try:
                 return channel, channel.basic_consume(cfg.requests_queue, self._on_request)
             except pika.exceptions.ChannelClosedByBroker as exc:
-                if exc.reply_code != NOT_FOUND:
+                if exc.reply_code != p.NOT_FOUND:
                     raise
                 if self._stopping:
                     return None
@@ -400,7 +298,7 @@ class Worker:
             worker_id=cfg.worker_id,
         )
         try:
-            reply_body = _encode_result(self.handler(request))
+            reply_body = p.body_bytes(self.handler(request), "a handler must return bytes, str or None")
         except Requeue:
             self.stats.requeued += 1
             return None, b""

@@ -1,0 +1,10 @@
+"""The slotted RPC client (seed 001): ``RpcClient`` calls one pool's workers by key.
+
+``rpc_client`` is the caller's side, ``io_loop`` the I/O thread, ``requests`` a request's checks and
+encoding, ``response`` what a call resolves to, ``slots`` the table of calls in flight.
+"""
+
+from switchyard.rpc.client.response import ClientStats, Response
+from switchyard.rpc.client.rpc_client import RpcClient
+
+__all__ = ["ClientStats", "Response", "RpcClient"]

@@ -1,0 +1,72 @@
+"""A request, validated and encoded in the caller's thread, so a bad one fails there, alone."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+
+from switchyard.rpc import protocol as p
+
+_CID_ROOM = 40  # bytes a correlation id may take: tag, slot and sequence number
+_FRAME_OVERHEAD = 8 + 14  # frame header and end, content header's class, weight and body size
+
+
+@dataclass(slots=True)
+class Call:
+    """One request on its way: what the I/O thread publishes and the future it settles."""
+
+    key: str
+    routing_key: str
+    body: bytes
+    timeout: float
+    props: pika.BasicProperties
+    future: Future
+    slot: int = 0
+    seq: int = 0
+    reply: bool = True  # False: sent without reply-to; done when the broker has it
+
+
+def encode_request(key: str, body: bytes | str, timeout: float, expiration_ms: int | None,
+                   headers: Mapping[str, Any] | None, *, reply: bool, reply_queue: str,
+                   frame_max: int) -> Call:
+    """Validate a request and build its properties, so a bad one fails here, for its caller."""
+    p.validate_key(key)
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    elif isinstance(body, bytearray | memoryview):
+        body = bytes(body)
+    elif not isinstance(body, bytes):
+        raise TypeError(f"a request body must be bytes or str, not {type(body).__name__}")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout) \
+            or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if expiration_ms is None:
+        expiration_ms = max(1, int(timeout * 1000))
+    elif isinstance(expiration_ms, bool) or not isinstance(expiration_ms, int) or expiration_ms < 0:
+        raise ValueError(f"expiration_ms must be a non-negative integer, got {expiration_ms!r}")
+    if headers is not None and not isinstance(headers, Mapping):
+        raise TypeError(f"headers must be a mapping, not {type(headers).__name__}")
+    msg_headers = {**headers, p.KEY_HEADER: key} if headers else {p.KEY_HEADER: key}
+    props = pika.BasicProperties(
+        reply_to=reply_queue if reply else None,
+        expiration=str(expiration_ms) if expiration_ms else None,  # 0: never expires
+        headers=msg_headers,
+        delivery_mode=pika.DeliveryMode.Persistent,
+    )
+    if headers:  # only the caller's headers can hold what AMQP cannot encode
+        try:
+            size = sum(len(piece) for piece in props.encode())
+        except Exception as exc:
+            raise ValueError(f"request headers cannot be encoded in AMQP: {type(exc).__name__}: {exc}"
+                             ) from exc
+    else:
+        size = 256 + len(key.encode("utf-8"))  # the fixed properties and the key header
+    if size + _CID_ROOM + _FRAME_OVERHEAD > frame_max:
+        raise ValueError(f"request properties and headers take {size} bytes: more than the "
+                         f"broker's frame size ({frame_max} bytes) can carry")
+    return Call(key, p.routing_key(key), body, timeout, props, Future(), reply=reply)

@@ -1,0 +1,46 @@
+"""What a call resolves to (``Response``), and the client's counters."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from switchyard.core.errors import RemoteError
+from switchyard.rpc import protocol as p
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A response: ``status`` is ``ok``, ``error`` (the worker failed) or a dead-letter reason."""
+
+    status: str
+    body: bytes
+    correlation_id: str
+    headers: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == p.Status.OK
+
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def raise_for_status(self) -> Response:
+        if not self.ok:
+            raise RemoteError(self.status, self.body)
+        return self
+
+
+@dataclass
+class ClientStats:
+    """Counters a caller or a benchmark can read; updated by the I/O thread only."""
+
+    published: int = 0
+    sent: int = 0  # requests without reply-to the broker has (``send``)
+    responses: int = 0
+    stale_responses: int = 0
+    malformed_responses: int = 0
+    timeouts: int = 0
+    returned: int = 0
+    nacked: int = 0

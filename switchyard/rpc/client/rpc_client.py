@@ -1,0 +1,130 @@
+"""The slotted RPC client (seed 001) for keyed pools (seed 000).
+
+One connection, one channel and one reply queue per client, driven by a background I/O thread.
+Every public method is thread-safe. ``submit`` returns a ``concurrent.futures.Future`` (wrap it
+with ``asyncio.wrap_future`` in async code); ``call`` blocks for the response; ``send`` publishes a
+request that expects no response (seed 000: no reply-to) and its future resolves once the broker
+has it. Futures complete in the I/O thread: their done-callbacks must not block, but they may call
+``submit``, ``send`` and ``close``.
+
+When all slots are taken, ``submit`` waits for one to free up, at most the call's timeout, then
+raises ``ClientBusyError`` (called from a done-callback, it raises at once instead of waiting).
+
+A bad call fails alone: ``submit`` validates and encodes the request in the caller's thread and
+raises a clear error there (``InvalidNameError`` for a key, ``TypeError`` / ``ValueError`` for a
+body, headers, timeout or expiration), before it takes a slot. Nothing but a broker failure ends
+the I/O loop; anything else fails the calls in flight and the client goes on.
+
+The I/O thread runs a ``_ClientCore`` and never holds the ``RpcClient`` itself, so a client that is
+dropped without ``close()`` is garbage collected, and a finalizer then closes its core: the thread
+ends, the connection closes and the broker deletes the reply queue. Calls in flight keep their
+client alive through their futures' callbacks only.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any
+
+from switchyard.rpc.client.io_loop import _ClientCore
+from switchyard.rpc.client.response import ClientStats, Response
+from switchyard.rpc.settings import RpcSettings
+
+
+class RpcClient:
+    """Calls workers of one pool by key. See the module docstring for threading and reclaim rules."""
+
+    def __init__(
+        self,
+        pool: str,
+        settings: RpcSettings | None = None,
+        *,
+        concurrency: int | None = None,
+        timeout: float | None = None,
+        confirm: bool = False,
+        name: str = "switchyard-client",
+    ) -> None:
+        settings = settings or RpcSettings.from_env()
+        self._core = _ClientCore(pool, settings, concurrency, timeout, confirm, name)
+        # Runs once: at close(), when the client is garbage collected, or at interpreter exit.
+        self._finalizer = weakref.finalize(self, self._core.close)
+
+    @property
+    def pool(self) -> str:
+        return self._core.pool
+
+    @property
+    def settings(self) -> RpcSettings:
+        return self._core.settings
+
+    @property
+    def default_timeout(self) -> float:
+        return self._core.default_timeout
+
+    @property
+    def stats(self) -> ClientStats:
+        return self._core.stats
+
+    @property
+    def in_flight(self) -> int:
+        return self._core.slots.in_use()
+
+    def submit(
+        self,
+        key: str,
+        body: bytes | str = b"",
+        *,
+        timeout: float | None = None,
+        expiration_ms: int | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> Future[Response]:
+        """Send a request; the future resolves to a ``Response`` or fails with an ``RpcError``.
+
+        ``expiration_ms`` defaults to the timeout: a request nobody waits for anymore expires in
+        its queue instead of being worked on (0: no expiration). A malformed request raises here,
+        for this caller only.
+        """
+        return self._core.submit(key, body, timeout, expiration_ms, headers)
+
+    def send(
+        self,
+        key: str,
+        body: bytes | str = b"",
+        *,
+        timeout: float | None = None,
+        expiration_ms: int = 0,
+        headers: Mapping[str, Any] | None = None,
+    ) -> Future[None]:
+        """Send a request that expects no response: published without reply-to (seed 000).
+
+        The future resolves to None once the broker has the request: when it confirms it on a
+        ``confirm=True`` client, else once it is written. It fails like ``submit``'s on a nack, a
+        return or a lost connection, and with ``CallTimeoutError`` if no confirm came within
+        ``timeout``. ``expiration_ms`` defaults to 0 (the request waits for a worker however long).
+        """
+        return self._core.submit(key, body, timeout, expiration_ms, headers, reply=False)
+
+    def call(self, key: str, body: bytes | str = b"", *, timeout: float | None = None,
+             expiration_ms: int | None = None, headers: Mapping[str, Any] | None = None) -> Response:
+        """Send a request and wait for its response (raises ``CallTimeoutError`` on timeout)."""
+        timeout = self._core.default_timeout if timeout is None else timeout
+        future = self._core.submit(key, body, timeout, expiration_ms, headers)
+        # The I/O thread enforces the timeout; the margin only guards against a dead I/O thread.
+        return future.result(timeout + 5.0)
+
+    def close(self) -> None:
+        """Fail calls still in flight with ``ClientClosedError`` and close the connection.
+
+        Safe from any thread, a done-callback included (it then does not wait for the I/O thread).
+        """
+        self._finalizer()
+
+    def __enter__(self) -> RpcClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,102 @@
+"""What a handler author works with: ``Request`` in, ``Requeue`` to hand it back, and the worker's
+configuration from the worker protocol's environment (seed 000, "Worker protocol")."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from switchyard.core.errors import ConfigError
+from switchyard.rpc import protocol as p
+from switchyard.rpc.settings import RpcSettings
+
+
+class Requeue(Exception):
+    """Raise from a handler to give the request back to the queue for another worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    key: str
+    body: bytes
+    correlation_id: str | None
+    reply_to: str | None
+    headers: Mapping[str, Any]
+    redelivered: bool
+    worker_id: str
+
+    @property
+    def delivery_count(self) -> int:
+        """How many times this request was delivered before (quorum queues), sheds included."""
+        return sum(int(self.headers.get(h, 0) or 0) for h in (p.DELIVERY_COUNT_HEADER, p.REDELIVERIES_HEADER))
+
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+Handler = Callable[[Request], "bytes | str | None"]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """The worker protocol's environment (seed 000, "Worker protocol")."""
+
+    worker_id: str
+    key: str
+    pool: str
+    requests_queue: str
+    activity_exchange: str
+    prefetch: int = 4
+    activity_interval: float = 1.0
+    queue_wait: float = 30.0  # seconds to wait for a request queue that does not exist yet
+
+    @classmethod
+    def from_env(
+        cls, settings: RpcSettings | None = None, env: Mapping[str, str] | None = None
+    ) -> WorkerConfig:
+        env = os.environ if env is None else env
+        settings = settings or RpcSettings.from_env()
+        pool = env.get("WORKER_POOL")
+        key = env.get("WORKER_KEY")
+        if pool is None or key is None:
+            raise ConfigError("WORKER_POOL and WORKER_KEY must be set (the worker group driver sets them)")
+        return cls(
+            worker_id=env.get("WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+            key=key,
+            pool=p.validate_pool(pool),
+            requests_queue=env.get("WORKER_REQUESTS_QUEUE") or p.request_queue(pool, key),
+            activity_exchange=env.get("WORKER_ACTIVITY_EXCHANGE") or p.activity_exchange(pool),
+            prefetch=int(env.get("WORKER_PREFETCH") or settings.worker_prefetch),
+            activity_interval=float(env.get("WORKER_ACTIVITY_INTERVAL") or settings.activity_interval),
+            queue_wait=float(env.get("WORKER_QUEUE_WAIT") or 30.0),
+        )
+
+
+@dataclass
+class WorkerStats:
+    handled: int = 0
+    errors: int = 0
+    requeued: int = 0
+    no_reply_to: int = 0
+    waited_for_queue: int = 0  # consumes refused (404) before the request queue was declared
+
+
+def load_handler(spec: str) -> Handler:
+    """Import ``module:function``."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"handler must look like module:function, got {spec!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load handler {spec!r}: {exc}") from exc
+    if not callable(target):
+        raise ConfigError(f"handler {spec!r} is not callable")
+    return target
