@@ -30,6 +30,8 @@ LONG_MODULES: dict[str, str] = {}
 
 CORE, PART, ADAPTER, ENTRY = "core", "part", "adapter", "entry point"
 ENTRY_MODULES = ("app", "switchyard.__main__", "switchyard.cli", "switchyard.cli.main", "switchyard.demo")
+# The package's faces for applications: they re-export from the parts, so they sit above them.
+FACE_MODULES = ("switchyard.errors",)
 ADAPTER_PACKAGES = ("switchyard.local", "switchyard.cli", "switchyard.aws", "functions", "stacks")
 
 
@@ -54,13 +56,13 @@ def _under(name: str, package: str) -> bool:
 
 def floor(name: str) -> str | None:
     """The floor of a first-party module, None for the standard library and third-party modules."""
-    if name in ENTRY_MODULES or _under(name, "switchyard.demo"):  # switchyard.cli: the face of cli.main
-        return ENTRY
+    if name in ENTRY_MODULES or name in FACE_MODULES or _under(name, "switchyard.demo"):
+        return ENTRY  # switchyard.cli: the face of cli.main
     if any(_under(name, p) for p in ADAPTER_PACKAGES):
         return ADAPTER
     if any(_under(name, f"switchyard.{p}") for p in PARTS):
         return PART
-    if _under(name, "switchyard"):  # switchyard.core, and the faces kept at the top: switchyard, .errors
+    if _under(name, "switchyard"):  # switchyard.core, and the package itself (its version)
         return CORE
     return None
 
