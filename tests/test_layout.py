@@ -3,10 +3,10 @@
 Floors, top-down: entry points, adapters, parts, core. An import points down a floor or sideways
 inside one; the checker below reads every ``.py`` of ``switchyard/``, ``functions/``, ``stacks/``
 and ``app.py``. Imports inside functions (the lazy ones) count for the floors: they are how a
-module would reach upwards unseen. Cycles are between module-level imports only (a lazy import
-cannot deadlock a module's first import); imports under ``if TYPE_CHECKING:`` count for the
-floors, not for the cycles. A parent package's ``__init__`` also runs on an import, but is not an
-edge here: only the module an import statement names is.
+module would reach upwards unseen. Every import counts for the circles too, those inside functions
+and under ``if TYPE_CHECKING:`` included: a circle a lazy import hides is still two modules that
+cannot be read, or moved, one without the other. A parent package's ``__init__`` also runs on an
+import, but is not an edge here: only the module an import statement names is.
 
 The last tests feed the same checker a small synthetic tree with one of each fault, so every
 assertion is known to be able to fail.
@@ -39,7 +39,6 @@ ADAPTER_PACKAGES = ("switchyard.local", "switchyard.cli", "switchyard.aws", "fun
 class Import:
     target: str  # the module the statement names (``from a import b``: ``a.b`` if that is a module)
     line: int
-    module_level: bool  # runs when the module is first imported (not in a function, not TYPE_CHECKING)
 
 
 @dataclass
@@ -82,25 +81,15 @@ def source_files(root: Path) -> Iterator[Path]:
         yield root / "app.py"
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _statements(body: Iterable[ast.stmt], module_level: bool) -> Iterator[tuple[ast.stmt, bool]]:
-    """Every import statement with whether it runs at import time."""
+def _statements(body: Iterable[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement, at module level, in functions and under TYPE_CHECKING alike."""
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node, module_level
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield from _statements(node.body, False)
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
-            yield from _statements(node.body, False)
-            yield from _statements(node.orelse, module_level)
+            yield node
         else:
             for child_field in ("body", "orelse", "finalbody", "handlers", "cases"):
                 children = getattr(node, child_field, None) or []
-                yield from _statements([c for c in children if isinstance(c, ast.AST)], module_level)
+                yield from _statements([c for c in children if isinstance(c, ast.AST)])
 
 
 def collect(root: Path) -> dict[str, Module]:
@@ -112,7 +101,7 @@ def collect(root: Path) -> dict[str, Module]:
         text = path.read_text()
         module = modules[name] = Module(name, path, len(text.splitlines()))
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node, module_level in _statements(ast.parse(text, str(path)).body, True):
+        for node in _statements(ast.parse(text, str(path)).body):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -125,7 +114,7 @@ def collect(root: Path) -> dict[str, Module]:
                 if target.split(".", 1)[0] in handlers:  # Lambda imports a handler by its bare name
                     target = f"functions.{target}"
                 if floor(target) is not None:
-                    module.imports.append(Import(target, node.lineno, module_level))
+                    module.imports.append(Import(target, node.lineno))
     return modules
 
 
@@ -143,8 +132,9 @@ def floor_violations(modules: dict[str, Module]) -> list[str]:
 
 
 def cycles(modules: dict[str, Module]) -> list[list[str]]:
-    """One circle of module-level imports per strongly connected group (Tarjan), as a path a -> ... -> a."""
-    graph = {name: sorted({i.target for i in m.imports if i.module_level and i.target in modules})
+    """One circle per strongly connected group (Tarjan), as a path a -> ... -> a. Every import counts,
+    those inside functions and under TYPE_CHECKING too: a circle hidden in a lazy import is still one."""
+    graph = {name: sorted({i.target for i in m.imports if i.target in modules})
              for name, m in modules.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -253,11 +243,15 @@ SYNTHETIC = {
                                  "def lazy():\n    from switchyard.local import bridge\n"),
     "switchyard/rpc/worker.py": ("from typing import TYPE_CHECKING\nfrom . import client\n"
                                  "if TYPE_CHECKING:\n    from switchyard.rpc import store\n"),
-    "switchyard/rpc/store.py": "from switchyard.rpc.worker import x\n",  # no circle: worker's is type-only
+    "switchyard/rpc/store.py": "import json\n",
+    # a circle through a type-only import is a circle
+    "switchyard/pending/ports.py": ("from typing import TYPE_CHECKING\n"
+                                    "if TYPE_CHECKING:\n    from . import store\n"),
+    "switchyard/pending/store.py": "from switchyard.pending.ports import Port\n",
     "switchyard/local/__init__.py": "",
     "switchyard/local/bridge.py": "import switchyard.demo\nimport delay_fire\n",  # adapter -> entry point
     "switchyard/demo/__init__.py": "from switchyard.local import bridge\n",
-    "functions/delay_fire.py": "from switchyard.rpc import client\n",
+    "functions/delay_fire.py": "from switchyard.rpc import store\n",
     "stacks/big.py": "x = 1\n" * (MAX_LINES + 1),
     "app.py": "import stacks.big\n",
 }
@@ -286,6 +280,7 @@ def test_the_checker_reports_a_circle_and_names_its_modules(synthetic: Path) -> 
     modules = collect(synthetic)
     assert cycles(modules) == [
         ["switchyard.demo", "switchyard.local.bridge", "switchyard.demo"],
+        ["switchyard.pending.ports", "switchyard.pending.store", "switchyard.pending.ports"],
         ["switchyard.rpc.client", "switchyard.rpc.worker", "switchyard.rpc.client"],
     ]
     assert "functions.delay_fire" in {i.target for i in modules["switchyard.local.bridge"].imports}

@@ -119,12 +119,3 @@ class PendingSettings:
             else:
                 values[attr] = env_float(var, default)
         return cls(connections=Connections.from_env(), **values)  # type: ignore[arg-type]
-
-
-def __getattr__(name: str) -> object:
-    """``connect_pending_redis`` moved to the Redis adapter (``store.py``); still importable here."""
-    if name == "connect_pending_redis":
-        from switchyard.pending.store import connect_pending_redis
-
-        return connect_pending_redis
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,22 +18,73 @@ no driver method takes a handle that only one backend could produce.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from enum import StrEnum
+from typing import Any, Protocol
 
 from switchyard.core.errors import ConfigError, InvalidNameError
 from switchyard.rpc import protocol as p
 
-if TYPE_CHECKING:
-    from switchyard.rpc.store import GroupState, GroupStatus, Touch, TouchMode
-
 GROUP_ID_DIGEST_CHARS = 24
 GROUP_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+
+
+# The pool store's vocabulary: what a group's state is, and what a touch did to it.
+class GroupStatus(StrEnum):
+    ACTIVE = "active"  # queue bound, workers expected
+    UNBOUND = "unbound"  # queue unbound (seed 000's first shutdown stage); workers drain it
+    STOPPED = "stopped"  # workers stopped, queue deleted: a tombstone until purged
+
+
+class TouchMode(StrEnum):
+    """How ``PoolState.touch`` treats groups that are not Active (see touch_groups.lua)."""
+
+    ORPHAN = "orphan"  # a request waits: any group becomes Active
+    ACTIVITY = "activity"  # under the keys' locks: Unbound and unknown groups become Active
+    SEEN = "seen"  # no locks: only Active groups are touched
+
+
+@dataclass(frozen=True)
+class GroupState:
+    key: str
+    status: GroupStatus
+    generation: int
+    seen_ms: int
+    since_ms: int
+    raw: str  # exactly as stored: the compare-and-set token
+
+    @classmethod
+    def parse(cls, key: str, raw: str) -> GroupState:
+        data = json.loads(raw)
+        return cls(key, GroupStatus(data["s"]), int(data["g"]), int(data["seen"]), int(data["since"]), raw)
+
+    def encode(self, status: GroupStatus, since_ms: int) -> str:
+        return json.dumps({"s": status.value, "g": self.generation, "seen": self.seen_ms, "since": since_ms})
+
+
+@dataclass(frozen=True)
+class Touch:
+    generation: int
+    code: int  # see touch_groups.lua
+
+    @property
+    def became_active(self) -> bool:
+        return self.code == 1
+
+    @property
+    def needs_lock(self) -> bool:
+        """Not Active and not Stopped: a ``SEEN`` touch left it for a locked ``ACTIVITY`` touch."""
+        return self.code == 2
+
+    @property
+    def stopped(self) -> bool:
+        return self.code == 3
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,13 +27,10 @@ dead-lettering probe (whichever pool's pass takes it first probes; it expires af
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from enum import StrEnum
 from importlib import resources
 
 import redis
@@ -41,7 +38,7 @@ import redis
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.errors import DriverError, LockTimeoutError
-from switchyard.rpc.ports import WorkerGroup
+from switchyard.rpc.ports import GroupState, GroupStatus, Touch, TouchMode, WorkerGroup
 
 # A holder that dies (a SIGKILLed control plane, a Lambda timeout) blocks its keys until the lock
 # expires: 120 s here once timed out a third of a fault run's calls. Every step under a lock is a
@@ -49,57 +46,6 @@ from switchyard.rpc.ports import WorkerGroup
 # and then the compare-and-set on the group's state still guards the reconciler's delete. Waiters
 # wait longer than this, so one redelivered batch always outlasts a dead holder's lock.
 LOCK_TTL_MS = 15_000
-
-
-class GroupStatus(StrEnum):
-    ACTIVE = "active"  # queue bound, workers expected
-    UNBOUND = "unbound"  # queue unbound (seed 000's first shutdown stage); workers drain it
-    STOPPED = "stopped"  # workers stopped, queue deleted: a tombstone until purged
-
-
-class TouchMode(StrEnum):
-    """How ``PoolState.touch`` treats groups that are not Active (see touch_groups.lua)."""
-
-    ORPHAN = "orphan"  # a request waits: any group becomes Active
-    ACTIVITY = "activity"  # under the keys' locks: Unbound and unknown groups become Active
-    SEEN = "seen"  # no locks: only Active groups are touched
-
-
-@dataclass(frozen=True)
-class GroupState:
-    key: str
-    status: GroupStatus
-    generation: int
-    seen_ms: int
-    since_ms: int
-    raw: str  # exactly as stored: the compare-and-set token
-
-    @classmethod
-    def parse(cls, key: str, raw: str) -> GroupState:
-        data = json.loads(raw)
-        return cls(key, GroupStatus(data["s"]), int(data["g"]), int(data["seen"]), int(data["since"]), raw)
-
-    def encode(self, status: GroupStatus, since_ms: int) -> str:
-        return json.dumps({"s": status.value, "g": self.generation, "seen": self.seen_ms, "since": since_ms})
-
-
-@dataclass(frozen=True)
-class Touch:
-    generation: int
-    code: int  # see touch_groups.lua
-
-    @property
-    def became_active(self) -> bool:
-        return self.code == 1
-
-    @property
-    def needs_lock(self) -> bool:
-        """Not Active and not Stopped: a ``SEEN`` touch left it for a locked ``ACTIVITY`` touch."""
-        return self.code == 2
-
-    @property
-    def stopped(self) -> bool:
-        return self.code == 3
 
 
 def now_ms() -> int:
