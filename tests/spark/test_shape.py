@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.core.errors import CallTimeoutError, ConfigError, SwitchyardError
+from switchyard.core.errors import ConfigError, SwitchyardError
 from switchyard.rpc.client import Response
+from switchyard.rpc.errors import CallTimeoutError
 from switchyard.spark import errors, metrics
 from switchyard.spark import rows as r
 from switchyard.spark.calls import CallOptions, call_partition
