@@ -70,9 +70,9 @@ def rpc_worker() -> str:
 
 def bus_worker() -> str:
     """An event bus worker's start-up (``switchyard bus worker``): its store on Redis."""
-    from switchyard.cli.bus import _store
+    from switchyard.bus.service import BusService  # what `switchyard bus worker` builds first
 
-    return str(_store().redis.ping())
+    return str(BusService.from_env().store.redis.ping())
 
 
 def emr_job(input_uri: str, output_uri: str) -> list[str]:
