@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
+import os
+import warnings
 from collections.abc import Sequence
 
 from switchyard import __version__
-from switchyard.cli.options import add_stack_option, use_stack
+from switchyard.cli.config import redact_url
+from switchyard.cli.options import CliParser, add_stack_option, print_error, use_stack
+from switchyard.cli.preflight import unavailable
 from switchyard.core.errors import SwitchyardError
 
 # Modules exposing ``register(subparsers)``; each adds its subcommands with a ``func`` default.
@@ -23,13 +26,17 @@ COMMAND_MODULES = (
     "switchyard.cli.alarms",
     "switchyard.cli.spark",
 )
+# Set to see the traceback of an unexpected error (a bug to report) instead of its one line.
+TRACEBACK_ENV = "SWITCHYARD_TRACEBACK"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="switchyard",
         description="Route work to the right worker, at the right time, without losing it.",
-        epilog="Configuration comes from SWITCHYARD_* environment variables; see the README.",
+        epilog="Configuration comes from SWITCHYARD_* environment variables; see the README. "
+               f"An error is one line on stderr; exit 2 for usage, 1 for failures ({TRACEBACK_ENV}=1 "
+               "shows an unexpected error's traceback).",
     )
     parser.add_argument("--version", action="version", version=f"switchyard {__version__}")
     add_stack_option(parser)
@@ -46,12 +53,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
+    # Library warnings (Powertools' "no metrics to publish") are not the user's to act on.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"aws_lambda_powertools\.")
     try:
         if getattr(args, "stack", None):
             use_stack(args.stack)
         return int(func(args) or 0)
     except SwitchyardError as exc:
-        print(f"switchyard: error: {exc}", file=sys.stderr)
-        return 1
+        return print_error(redact_url(str(exc)))
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # the last guard: a driver's error as one line, never a traceback
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        return print_error(redact_url(unavailable(exc) or f"{type(exc).__name__}: {exc} (unexpected; rerun "
+                                      f"with {TRACEBACK_ENV}=1 to see where, and report it)"))
