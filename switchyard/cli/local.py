@@ -88,6 +88,14 @@ def cmd_invoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _raised_by_event_wrapper(exc: BaseException) -> bool:
+    """Whether ``exc`` came from Powertools' event data class (reading the event), not the work."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and "data_classes" in Path(tb.tb_frame.f_code.co_filename).parts
+
+
 SAMPLE_EVENTS = frozenset(p.name for p in (FUNCTIONS_DIR.parent / "events").glob("*.json"))
 
 
@@ -109,7 +117,7 @@ def invoke_handler(module: Any, name: str, event: dict[str, Any], path: str, con
         return module.lambda_handler(event, context)
     except KeyError as exc:
         field = exc.args[0] if exc.args else None
-        if not isinstance(field, str) or field in event:
+        if not isinstance(field, str) or field in event or not _raised_by_event_wrapper(exc):
             raise
         raise ConfigError(f"event file {path} has no {field!r}: it is not the event {name} takes; "
                           f"start from a sample in events/ ({', '.join(sorted(SAMPLE_EVENTS))})") from exc

@@ -68,18 +68,13 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
 
 def cmd_pool_delete(args: argparse.Namespace) -> int:
     from switchyard.core.redis_client import connect_redis
-    from switchyard.rpc.errors import PoolNotEmptyError
     from switchyard.rpc.store import PoolState
 
     settings = _settings(args)
     require("amqp", "management", "redis", connections=settings.connections)
     with PoolTopology(args.pool, settings) as topology:
         queues = topology.own_queues()
-        try:
-            dropped = topology.delete(force=args.force)
-        except PoolNotEmptyError as exc:
-            print(exc, file=sys.stderr)
-            return 1
+        dropped = topology.delete(force=args.force)  # PoolNotEmptyError: one line from main, exit 1
     PoolState(connect_redis(settings.connections), args.pool).clear()
     print(f"pool {args.pool!r} deleted ({len(queues)} queues, {dropped} messages dropped)")
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -65,14 +66,16 @@ QUICK = {("spark", "package"): ["--no-upload", "--archive", str(SCRATCH / "missi
          ("pending", "echo"): ["--url", f"http://127.0.0.1:{CLOSED_PORT}"]}
 # The cases issue 25 found, named so they stay covered however the walk changes.
 KNOWN = [
-    (("bus", "status"), [], 1),
-    (("bus", "token"), ["walker"], 1),
-    (("call",), ["--pool", "p", "--key", "k", "--timeout", "-1"], 2),
-    (("call",), ["--pool", "p", "--key", "k", "--timeout", "0"], 2),
-    (("invoke",), ["rpc_orphans", "--event", str(SCRATCH / "empty_event.json")], 1),
-    (("spark", "publish"), ["--input", "nope.jsonl", "--output", str(SCRATCH / "out")], 1),
-    (("pending", "status"), [], 1),
-    (("delay", "send"), [], 1),
+    (("bus", "status"), [], 1, "cannot reach Redis at 127.0.0.1:1 (SWITCHYARD_REDIS_URL)"),
+    (("bus", "token"), ["walker"], 1, "cannot reach Redis at 127.0.0.1:1 (SWITCHYARD_REDIS_URL)"),
+    (("call",), ["--pool", "p", "--key", "k", "--timeout", "-1"], 2, "--timeout: must be a number above 0"),
+    (("call",), ["--pool", "p", "--key", "k", "--timeout", "0"], 2, "--timeout: must be a number above 0"),
+    (("invoke",), ["rpc_orphans", "--event", str(SCRATCH / "empty_event.json")], 1,
+     "has no 'rmqMessagesByQueue': it is not the event rpc_orphans takes"),
+    (("spark", "publish"), ["--input", "nope.jsonl", "--output", str(SCRATCH / "out")], 1,
+     "--input nope.jsonl: no such file or directory"),
+    (("pending", "status"), [], 1, "cannot reach Redis at 127.0.0.1:1 (SWITCHYARD_REDIS_URL)"),
+    (("delay", "send"), [], 1, "cannot reach Kafka at 127.0.0.1:1 (SWITCHYARD_KAFKA_BOOTSTRAP)"),
 ]
 
 
@@ -81,6 +84,7 @@ class Case:
     argv: tuple[str, ...]
     expect: frozenset[int]
     what: str
+    says: str = ""  # a part of the error line
 
     @property
     def id(self) -> str:
@@ -150,8 +154,8 @@ def cases() -> Iterator[Case]:
         if any("--stack" in a.option_strings for a in parser._actions):
             yield Case((*path, "--stack", "NoSuchStack", *required), failure, "--stack, AWS on a closed port")
     yield Case(("--stack", "NoSuchStack", "config"), failure, "--stack, AWS on a closed port")
-    for path, argv, code in KNOWN:
-        yield Case((*path, *argv), frozenset({code}), "issue 25")
+    for path, argv, code, says in KNOWN:
+        yield Case((*path, *argv), frozenset({code}), "issue 25", says)
 
 
 CASES = list(cases())
@@ -169,9 +173,10 @@ def _run(case: Case) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def results() -> dict[str, subprocess.CompletedProcess]:
+def results() -> Iterator[dict[str, subprocess.CompletedProcess]]:
     with ThreadPoolExecutor(max_workers=8) as pool:
-        return dict(zip([c.id for c in CASES], pool.map(_run, CASES), strict=True))
+        yield dict(zip([c.id for c in CASES], pool.map(_run, CASES), strict=True))
+    shutil.rmtree(SCRATCH, ignore_errors=True)
 
 
 def test_the_walk_covers_every_command() -> None:
@@ -191,3 +196,4 @@ def test_bad_input_gives_one_line(case: Case, results: dict[str, subprocess.Comp
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("switchyard: error: "), report
+        assert case.says in lines[0], report
