@@ -43,6 +43,8 @@ SERVICES = {
                      lambda scheme: 6379 if scheme in ("redis", "rediss") else None),
     "postgres": Service("Postgres", "SWITCHYARD_POSTGRES_DSN", "postgres_dsn", lambda _scheme: 5432),
     "kafka": Service("Kafka", "SWITCHYARD_KAFKA_BOOTSTRAP", "kafka_bootstrap", lambda _scheme: 9092),
+    "aws": Service("the AWS endpoint", "AWS_ENDPOINT_URL", "aws_endpoint_url",
+                   lambda scheme: 443 if scheme == "https" else 80),
 }
 
 
@@ -112,6 +114,8 @@ def require(*names: str, connections: Connections | None = None) -> None:
         configured = type(connections).__dict__[service.field]
         raw = configured.template(connections) if hasattr(configured, "template") else \
             getattr(connections, service.field)
+        if not raw:
+            continue  # e.g. no AWS_ENDPOINT_URL: the SDK's own endpoints
         try:
             targets = addresses(service, raw)
         except ValueError:
@@ -129,9 +133,11 @@ def require(*names: str, connections: Connections | None = None) -> None:
 _DRIVER_ERRORS = {
     "redis.exceptions.ConnectionError": "redis",
     "redis.exceptions.TimeoutError": "redis",
+    "redis.exceptions.InvalidResponse": "redis",  # something else answers at that address
     "pika.exceptions.AMQPConnectionError": "amqp",
     "psycopg.OperationalError": "postgres",
-    "requests.exceptions.ConnectionError": "management",
+    "cimpl.KafkaException": "kafka",
+    "botocore.exceptions.EndpointConnectionError": "aws",
 }
 
 
@@ -143,7 +149,7 @@ def unavailable(exc: BaseException) -> str | None:
         if name:
             service = SERVICES[name]
             reason = str(exc).rstrip(".")
-            return f"{service.label} unavailable ({service.variable}): {reason}; {_hint(service)}"
+            return f"{service.label} is unavailable ({service.variable}): {reason}; {_hint(service)}"
     return None
 
 

@@ -71,7 +71,7 @@ def test_a_driver_connection_error_names_its_setting() -> None:
     import redis
 
     message = unavailable(redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:1."))
-    assert message == ("Redis unavailable (SWITCHYARD_REDIS_URL): Error 111 connecting to 127.0.0.1:1; "
+    assert message == ("Redis is unavailable (SWITCHYARD_REDIS_URL): Error 111 connecting to 127.0.0.1:1; "
                        "start it with ./dev services or set SWITCHYARD_REDIS_URL")
     assert unavailable(ValueError("x")) is None
 
