@@ -132,11 +132,12 @@ def _with(required: list[str], flag: str, value: str) -> list[str]:
 def cases() -> Iterator[Case]:
     usage, failure = frozenset({2}), frozenset({1})
     for path, parser in commands(build_parser()):
-        yield Case((*path, "--no-such-flag"), usage, "unknown flag")
         if _is_group(parser):
+            yield Case((*path, "--no-such-flag"), usage, "unknown flag")
             yield Case((*path, "no-such-command"), usage, "unknown command")
             continue
         required = _required(parser)
+        yield Case((*path, *_with(required, "--no-such-flag", "x")), usage, "unknown flag")
         if required:
             yield Case(path, usage, "required arguments missing")
         for action in _arguments(parser):
