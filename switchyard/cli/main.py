@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
 import warnings
 from collections.abc import Sequence
 
@@ -46,9 +47,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def innermost(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The (sub)command parser ``argv`` names, so a usage error points at that command's help."""
+    for word in argv:
+        subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if subparsers and word in subparsers[0].choices:
+            parser = subparsers[0].choices[word]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # as parse_args would, but from the command they were given to
+        innermost(parser, argv).error(f"unrecognized arguments: {' '.join(extras)}")
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
