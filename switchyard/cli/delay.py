@@ -58,10 +58,10 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _store(*services: str) -> Any:
-    """The delay service over its store, the services it needs (Postgres, ``services``) checked first."""
+def _store() -> Any:
+    """The delay service over its store, Postgres checked first."""
     connections = Connections.from_env()
-    require("postgres", *services, connections=connections)
+    require("postgres", connections=connections)
     return configure(DelaySettings.from_env(), connections)
 
 
