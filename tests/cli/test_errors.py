@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,15 +44,8 @@ CLOSED = {
 TIMEOUT_S = 25.0  # per command; a command that hangs on a closed port fails here
 
 
-def _scratch() -> Path:
-    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"switchyard-cli-walk-{os.getpid()}"
-    path.mkdir(exist_ok=True)
-    (path / "rows.jsonl").write_text('{"key": "k"}\n')
-    (path / "empty_event.json").write_text("{}")
-    return path
-
-
-SCRATCH = _scratch()
+# The commands' files, written by the ``results`` fixture (collecting this module writes nothing).
+SCRATCH = Path(tempfile.gettempdir()) / f"switchyard-cli-walk-{os.getpid()}"
 
 # Values for required arguments (by dest) that let a command get as far as its services.
 VALID = {
@@ -175,6 +169,9 @@ def _run(case: Case) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def results() -> Iterator[dict[str, subprocess.CompletedProcess]]:
+    SCRATCH.mkdir(exist_ok=True)
+    (SCRATCH / "rows.jsonl").write_text('{"key": "k"}\n')
+    (SCRATCH / "empty_event.json").write_text("{}")
     with ThreadPoolExecutor(max_workers=8) as pool:
         yield dict(zip([c.id for c in CASES], pool.map(_run, CASES), strict=True))
     shutil.rmtree(SCRATCH, ignore_errors=True)
