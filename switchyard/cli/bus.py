@@ -9,11 +9,15 @@ import threading
 from dataclasses import asdict
 
 from switchyard.cli.local import quiet_metrics
+from switchyard.cli.options import AT_LEAST_ONE, PORT
+from switchyard.cli.preflight import require
 
 
 def _bus():
+    """The bus over Redis, which is checked first (a second, not the client's retries)."""
     from switchyard.bus.service import BusService
 
+    require("redis")
     return BusService.from_env()
 
 
@@ -80,13 +84,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bus.set_defaults(func=lambda _args: bus.print_help() or 2)
 
     serve = sub.add_parser("serve", help="serve the HTTP API locally (the Lambda function's resolver)")
-    serve.add_argument("--port", type=int, default=8090)
+    serve.add_argument("--port", type=PORT, default=8090, help="0: any free port")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--threads", type=int, default=32, help="requests in progress at once")
+    serve.add_argument("--threads", type=AT_LEAST_ONE, default=32, help="requests in progress at once")
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="deliver batches; housekeeping (autodrop, scrub, telemetry)")
-    worker.add_argument("--threads", type=int, help="delivery threads (SWITCHYARD_BUS_WORKER_THREADS)")
+    worker.add_argument("--threads", type=AT_LEAST_ONE,
+                        help="delivery threads (SWITCHYARD_BUS_WORKER_THREADS)")
     worker.set_defaults(func=cmd_worker)
 
     token = sub.add_parser("token", help="register a client token directly in Redis; prints the token")

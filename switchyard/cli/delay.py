@@ -10,11 +10,13 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
 
+from switchyard.cli.local import invoke_handler, read_event
+from switchyard.cli.options import AT_LEAST_ONE, COUNT
+from switchyard.cli.preflight import require
 from switchyard.core.config import Connections
 from switchyard.core.errors import ConfigError
 from switchyard.delay.errors import PublishError
@@ -36,6 +38,8 @@ def ship_metrics(family: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     ship_metrics("delay")
     settings, connections = DelaySettings.from_env(), Connections.from_env()
+    kafka = ("kafka",) if {"enqueue", "fire"} & set(args.roles) else ()  # the sweep needs Postgres only
+    require("postgres", *kafka, connections=connections)
     local = runtime.LocalRuntime(settings, connections, roles=args.roles)
     stopped = threading.Event()
 
@@ -54,8 +58,15 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store() -> Any:
+    """The delay service over its store, Postgres checked first."""
+    connections = Connections.from_env()
+    require("postgres", connections=connections)
+    return configure(DelaySettings.from_env(), connections)
+
+
 def _migrate(args: argparse.Namespace) -> int:
-    svc = configure(DelaySettings.from_env(), Connections.from_env())
+    svc = _store()
     applied = svc.store.migrate()
     print(json.dumps({"schema": svc.settings.schema, "applied": applied}))
     svc.close()
@@ -64,10 +75,12 @@ def _migrate(args: argparse.Namespace) -> int:
 
 def _invoke(args: argparse.Namespace) -> int:
     ship_metrics("delay")
-    event = json.loads(Path(args.event).read_text(encoding="utf-8")) if args.event else \
+    event = read_event(args.event) if args.event else \
         runtime.scheduled_event(f"switchyard-delay-{args.handler}")
-    module = runtime.load_function(args.handler)
-    result = module.lambda_handler(event, FakeLambdaContext(runtime.FUNCTIONS[args.handler], args.timeout_ms))
+    require("postgres", *(("kafka",) if args.handler == "fire" else ()))
+    name = runtime.FUNCTIONS[args.handler]
+    result = invoke_handler(runtime.load_function(args.handler), name, event, args.event or "-",
+                            FakeLambdaContext(name, args.timeout_ms))
     print(json.dumps(result, default=str))
     return 0
 
@@ -75,6 +88,7 @@ def _invoke(args: argparse.Namespace) -> int:
 def _send(args: argparse.Namespace) -> int:
     settings, connections = DelaySettings.from_env(), Connections.from_env()
     topic = validate_topic(args.topic or settings.input_topic)
+    require("kafka", connections=connections)
     if args.deadline:
         try:
             deadline = format_deadline(parse_deadline(args.deadline))
@@ -89,20 +103,23 @@ def _send(args: argparse.Namespace) -> int:
         if not sep or not name:
             raise ConfigError(f"--header must be NAME=VALUE, got {item!r}")
         headers.append((name, value.encode()))
+    # log_level 0: librdkafka's own lines (%3|...|FAIL|...) stay off the terminal; a failure is
+    # the delivery error below, as one line.
     producer = Producer({"bootstrap.servers": connections.kafka_bootstrap, "enable.idempotence": True,
-                         "acks": "all", "message.timeout.ms": 10_000})
+                         "acks": "all", "message.timeout.ms": 10_000, "log_level": 0})
     errors: list[str] = []
     producer.produce(topic, key=args.key.encode() if args.key is not None else None,
                      value=args.value.encode() if args.value is not None else None, headers=headers,
-                     on_delivery=lambda err, _msg: errors.append(str(err)) if err else None)
+                     on_delivery=lambda err, _msg: errors.append(err.str()) if err else None)
     if producer.flush(15) or errors:
-        raise PublishError(f"message {message_id} not confirmed by {connections.kafka_bootstrap}: {errors}")
+        raise PublishError(f"message {message_id} not confirmed by Kafka at {connections.kafka_bootstrap}: "
+                           f"{'; '.join(errors) or 'no answer'}; check SWITCHYARD_KAFKA_BOOTSTRAP")
     print(json.dumps({"topic": topic, "chronosMessageId": message_id, "chronosDeadline": deadline}))
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    svc = configure(DelaySettings.from_env(), Connections.from_env())
+    svc = _store()
     waiting, ready = svc.store.counts()
     print(json.dumps({"schema": svc.settings.schema, "waiting": waiting, "ready": ready, "at": time.time()}))
     svc.close()
@@ -110,7 +127,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _parked(args: argparse.Namespace) -> int:
-    svc = configure(DelaySettings.from_env(), Connections.from_env())
+    svc = _store()
     try:
         svc.store.migrate()
         rows = svc.store.parked(args.limit)
@@ -150,7 +167,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             description="Call functions/delay_HANDLER.py's lambda_handler once, locally.")
     invoke.add_argument("handler", choices=list(runtime.FUNCTIONS))
     invoke.add_argument("--event", help="JSON event file (default: an EventBridge scheduled event)")
-    invoke.add_argument("--timeout-ms", type=int, default=5000,
+    invoke.add_argument("--timeout-ms", type=COUNT, default=5000,
                         help="the fake context's remaining time; fire/sweep loop until it runs short")
     invoke.set_defaults(func=_invoke)
 
@@ -172,5 +189,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parked = sub.add_parser("parked", help="list messages the output broker refused for good",
                             description="Messages moved to parked_messages instead of being retried forever.")
-    parked.add_argument("--limit", type=int, default=100, help="at most this many, newest first")
+    parked.add_argument("--limit", type=AT_LEAST_ONE, default=100, help="at most this many, newest first")
     parked.set_defaults(func=_parked)

@@ -11,9 +11,10 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from switchyard.cli.options import add_stack_option
+from switchyard.cli.options import COUNT, NON_NEGATIVE, POSITIVE, add_stack_option
+from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
 from switchyard.local.functions import FUNCTIONS_DIR, load_function
 from switchyard.local.lambda_context import FakeLambdaContext
@@ -54,6 +55,7 @@ def cmd_local(args: argparse.Namespace) -> int:
     from switchyard.local.rpc_runtime import LocalControlPlane
 
     control = control_settings(args.pool, args.unbind_delay, args.stop_delay)
+    require("amqp", "management", "redis")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -78,30 +80,63 @@ def cmd_invoke(args: argparse.Namespace) -> int:
     if not (FUNCTIONS_DIR / f"{name}.py").exists():
         available = ", ".join(sorted(p.stem for p in FUNCTIONS_DIR.glob("*.py")))
         raise ConfigError(f"no function {name!r}; available: {available}")
-    try:
-        event = json.loads(Path(args.event).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read event file {args.event}: {exc}") from exc
-    result = load_function(name).lambda_handler(event, FakeLambdaContext(name, args.timeout_ms))
+    event = read_event(args.event)
+    result = invoke_handler(load_function(name), name, event, args.event,
+                            FakeLambdaContext(name, args.timeout_ms))
     json.dump(result, sys.stdout, indent=2, default=str)
     print()
     return 0
+
+
+def _raised_by_event_wrapper(exc: BaseException) -> bool:
+    """Whether ``exc`` came from Powertools' event data class (reading the event), not the work."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and "data_classes" in Path(tb.tb_frame.f_code.co_filename).parts
+
+
+SAMPLE_EVENTS = frozenset(p.name for p in (FUNCTIONS_DIR.parent / "events").glob("*.json"))
+
+
+def read_event(path: str) -> dict[str, Any]:
+    """The JSON object in the event file ``path``; a ConfigError that says why not."""
+    try:
+        event = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read event file {path}: {exc}") from exc
+    if not isinstance(event, dict):
+        raise ConfigError(f"event file {path} must hold a JSON object, not {type(event).__name__}")
+    return event
+
+
+def invoke_handler(module: Any, name: str, event: dict[str, Any], path: str, context: Any) -> Any:
+    """``module.lambda_handler(event, context)``; an event without a field the handler reads is the
+    user's file, not a bug: say which field and where the samples are."""
+    try:
+        return module.lambda_handler(event, context)
+    except KeyError as exc:
+        field = exc.args[0] if exc.args else None
+        if not isinstance(field, str) or field in event or not _raised_by_event_wrapper(exc):
+            raise
+        raise ConfigError(f"event file {path} has no {field!r}: it is not the event {name} takes; "
+                          f"start from a sample in events/ ({', '.join(sorted(SAMPLE_EVENTS))})") from exc
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     local = subparsers.add_parser(
         "local", help="run a pool's control plane locally (orphans, dead letters, activity, reconciler)")
     local.add_argument("--pool", required=True, help="the pool to manage (declared if missing)")
-    local.add_argument("--unbind-delay", type=float,
+    local.add_argument("--unbind-delay", type=NON_NEGATIVE,
                        help="seconds idle before unbinding (SWITCHYARD_UNBIND_DELAY)")
-    local.add_argument("--stop-delay", type=float,
+    local.add_argument("--stop-delay", type=NON_NEGATIVE,
                        help="seconds unbound before stopping (SWITCHYARD_STOP_DELAY)")
-    local.add_argument("--status-every", type=float, default=5.0, help="print the groups every N seconds")
+    local.add_argument("--status-every", type=POSITIVE, default=5.0, help="print the groups every N seconds")
     add_stack_option(local)
     local.set_defaults(func=cmd_local)
 
     invoke = subparsers.add_parser("invoke", help="call one Lambda handler of functions/ with an event file")
     invoke.add_argument("function", help="e.g. rpc_orphans, rpc_dead_letters, rpc_activity, rpc_reconcile")
     invoke.add_argument("--event", required=True, help="JSON event file, e.g. events/rmq_orphan.json")
-    invoke.add_argument("--timeout-ms", type=int, default=60_000, help="the fake context's time budget")
+    invoke.add_argument("--timeout-ms", type=COUNT, default=60_000, help="the fake context's time budget")
     invoke.set_defaults(func=cmd_invoke)

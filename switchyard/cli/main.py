@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 from switchyard import __version__
-from switchyard.cli.options import add_stack_option, use_stack
+from switchyard.cli.config import redact_url
+from switchyard.cli.options import CliParser, add_stack_option, print_error, use_stack
+from switchyard.cli.preflight import unavailable
 from switchyard.core.errors import SwitchyardError
 
 # Modules exposing ``register(subparsers)``; each adds its subcommands with a ``func`` default.
@@ -23,13 +27,17 @@ COMMAND_MODULES = (
     "switchyard.cli.alarms",
     "switchyard.cli.spark",
 )
+# Set to see the traceback of an unexpected error (a bug to report) instead of its one line.
+TRACEBACK_ENV = "SWITCHYARD_TRACEBACK"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="switchyard",
         description="Route work to the right worker, at the right time, without losing it.",
-        epilog="Configuration comes from SWITCHYARD_* environment variables; see the README.",
+        epilog="Configuration comes from SWITCHYARD_* environment variables; see the README. "
+               f"An error is one line on stderr; exit 2 for usage, 1 for failures ({TRACEBACK_ENV}=1 "
+               "shows an unexpected error's traceback).",
     )
     parser.add_argument("--version", action="version", version=f"switchyard {__version__}")
     add_stack_option(parser)
@@ -39,19 +47,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def innermost(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The (sub)command parser ``argv`` names, so a usage error points at that command's help."""
+    for word in argv:
+        subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if subparsers and word in subparsers[0].choices:
+            parser = subparsers[0].choices[word]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # as parse_args would, but from the command they were given to
+        innermost(parser, argv).error(f"unrecognized arguments: {' '.join(extras)}")
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
         return 2
+    # Library warnings (Powertools' "no metrics to publish") are not the user's to act on.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"aws_lambda_powertools\.")
     try:
         if getattr(args, "stack", None):
             use_stack(args.stack)
         return int(func(args) or 0)
     except SwitchyardError as exc:
-        print(f"switchyard: error: {exc}", file=sys.stderr)
-        return 1
+        return print_error(redact_url(str(exc)))
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # the last guard: a driver's error as one line, never a traceback
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        return print_error(redact_url(unavailable(exc) or f"{type(exc).__name__}: {exc} (unexpected; rerun "
+                                      f"with {TRACEBACK_ENV}=1 to see where, and report it)"))

@@ -1,11 +1,61 @@
-"""Options and set-up that every command shares."""
+"""Options and set-up that every command shares: the parser, number flags, ``--stack``."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
 
 from switchyard.core.deployed_config import CONFIG_PATH_ENV, config_path, load_deployed_config
+
+
+def fail(message: str) -> str:
+    """The one line a failed command leaves on stderr (whitespace and line breaks folded)."""
+    return f"switchyard: error: {' '.join(message.split())}"
+
+
+class CliParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line that says where to read on, not the usage
+    block: ``switchyard: error: call: argument --timeout: ...; see switchyard call --help``."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("switchyard").strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, fail(f"{where}{message}; see {self.prog} --help") + "\n")
+
+
+class Number:
+    """An argparse type: an ``int`` or ``float`` within bounds, with a message that names them.
+
+    ``invalid_example`` is a value just out of range (the no-traceback test passes it)."""
+
+    def __init__(self, cast: Callable[[str], float], minimum: float, *, above: bool = False,
+                 maximum: float | None = None) -> None:
+        self.cast, self.minimum, self.above, self.maximum = cast, minimum, above, maximum
+        self.__name__ = "integer" if cast is int else "number"  # argparse: "invalid number value: 'x'"
+        self.rule = (f"{'above' if above else 'at least'} {minimum:g}"
+                     + (f" and at most {maximum:g}" if maximum is not None else ""))
+
+    def __call__(self, text: str) -> float:
+        value = self.cast(text)
+        if not (value > self.minimum if self.above else value >= self.minimum) or \
+                (self.maximum is not None and not value <= self.maximum):
+            noun = "an integer" if self.cast is int else "a number"
+            raise argparse.ArgumentTypeError(f"must be {noun} {self.rule}, got {text!r}")
+        return value
+
+    @property
+    def invalid_example(self) -> str:
+        return f"{self.minimum:g}" if self.above else f"{self.minimum - 1:g}"
+
+
+POSITIVE = Number(float, 0, above=True)  # seconds to wait, intervals
+NON_NEGATIVE = Number(float, 0)  # delays that may be zero
+COUNT = Number(int, 0)  # how many of something, none allowed
+AT_LEAST_ONE = Number(int, 1)  # threads, concurrency, limits, milliseconds of a TTL
+PORT = Number(int, 0, maximum=65535)  # 0: any free port
 
 
 def add_stack_option(parser: argparse.ArgumentParser) -> None:
@@ -20,3 +70,9 @@ def use_stack(stack: str) -> int:
     """Point the process at ``stack``'s configuration and load it now, so every setting sees it."""
     os.environ[CONFIG_PATH_ENV] = config_path(stack)
     return load_deployed_config()
+
+
+def print_error(message: str) -> int:
+    """Print ``message`` as the command's one error line; the exit code of a failure."""
+    print(fail(message), file=sys.stderr)
+    return 1

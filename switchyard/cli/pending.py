@@ -8,6 +8,11 @@ import signal
 import sys
 import threading
 import time
+from urllib.parse import urlsplit
+
+from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE
+from switchyard.cli.preflight import reach, require
+from switchyard.core.errors import ConfigError
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -17,6 +22,7 @@ def _serve(args: argparse.Namespace) -> int:
     from switchyard.pending.api import TokenStore, build_app
 
     quiet_metrics()
+    require("redis")
     tokens = TokenStore.from_env()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -47,6 +53,7 @@ def _parse_body(raw: str) -> object:
 def _call(args: argparse.Namespace) -> int:
     from switchyard.pending import CancelToken, PendingQueue
 
+    require("redis")
     cancel = CancelToken()
     if args.timeout:
         cancel.cancel_after(args.timeout)
@@ -63,6 +70,7 @@ def _call(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from switchyard.pending import PendingQueue
 
+    require("redis")
     queue = PendingQueue()  # no background threads: status only reads
     endpoints = queue.status()
     if args.json:
@@ -82,11 +90,27 @@ def _status(args: argparse.Namespace) -> int:
 def _echo(args: argparse.Namespace) -> int:
     from switchyard.pending.client import PollingService
 
+    _require_node(args.url)
     service = PollingService(args.url, args.endpoint, args.token, lambda request: {"echo": request.body},
                              concurrency=args.concurrency)
     print(f"echo service polling {args.url} for endpoint {args.endpoint!r}; Ctrl-C to stop", flush=True)
     service.run_forever()
     return 0
+
+
+def _require_node(url: str) -> None:
+    """The node at ``--url`` accepts connections (the service would otherwise retry in silence)."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise ConfigError(f"--url {url!r} is not a URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not host:
+        raise ConfigError(f"--url must be http(s)://HOST[:PORT] of a pending node, got {url!r}")
+    reason = reach(host, port)
+    if reason:
+        raise ConfigError(f"cannot reach the pending node at {host}:{port} (--url): {reason}; "
+                          "start one with switchyard pending serve or give its --url")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -101,16 +125,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            description="Serve the node API (the Lambda's resolver) on HOST:PORT. Tokens: "
                                        'SWITCHYARD_PENDING_TOKENS=\'{"endpoint": "token"}\'.')
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8765)
-    serve.add_argument("--threads", type=int, default=512, help="long polls that can wait at once")
+    serve.add_argument("--port", type=PORT, default=8765, help="0: any free port")
+    serve.add_argument("--threads", type=AT_LEAST_ONE, default=512, help="long polls that can wait at once")
     serve.set_defaults(func=_serve)
 
     call = sub.add_parser("call", help="send one request to an endpoint and print the response",
                           description="QueueAndWait from this process (a caller node).")
     call.add_argument("--endpoint", required=True)
     call.add_argument("--body", default="null", help="JSON (plain text is sent as a string)")
-    call.add_argument("--pickup-timeout", type=float, help="seconds (SWITCHYARD_PENDING_PICKUP_TIMEOUT)")
-    call.add_argument("--timeout", type=float, help="cancel the call after this many seconds")
+    call.add_argument("--pickup-timeout", type=POSITIVE, help="seconds (SWITCHYARD_PENDING_PICKUP_TIMEOUT)")
+    call.add_argument("--timeout", type=POSITIVE, help="cancel the call after this many seconds")
     call.set_defaults(func=_call)
 
     status = sub.add_parser("status", help="queue depth, in-flight requests and oldest age per endpoint")
@@ -121,6 +145,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     echo.add_argument("--url", default="http://127.0.0.1:8765")
     echo.add_argument("--endpoint", required=True)
     echo.add_argument("--token", required=True)
-    echo.add_argument("--concurrency", type=int, default=4)
+    echo.add_argument("--concurrency", type=AT_LEAST_ONE, default=4, help="requests answered at once")
     echo.set_defaults(func=_echo)
 

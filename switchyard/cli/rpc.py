@@ -7,6 +7,8 @@ import json
 import sys
 import time
 
+from switchyard.cli.options import AT_LEAST_ONE, POSITIVE
+from switchyard.cli.preflight import require
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.control.topology import PoolTopology
@@ -31,6 +33,7 @@ def _settings(args: argparse.Namespace) -> RpcSettings:
 
 def cmd_pool_init(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    require("amqp", "management", connections=settings.connections)
     with PoolTopology(args.pool, settings) as topology:
         topology.declare()
     policy = settings.policy
@@ -41,7 +44,9 @@ def cmd_pool_init(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_bind(args: argparse.Namespace) -> int:
-    with PoolTopology(args.pool, _settings(args)) as topology:
+    settings = _settings(args)
+    require("amqp", "management", connections=settings.connections)
+    with PoolTopology(args.pool, settings) as topology:
         topology.require()
         queue = topology.ensure_request_queue(args.key)
     print(f"queue {queue} bound to {p.req_exchange(args.pool)} by key {args.key!r}")
@@ -49,7 +54,9 @@ def cmd_pool_bind(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_status(args: argparse.Namespace) -> int:
-    with PoolTopology(args.pool, _settings(args)) as topology:
+    settings = _settings(args)
+    require("amqp", "management", connections=settings.connections)
+    with PoolTopology(args.pool, settings) as topology:
         topology.require()
         queues = topology.management.list_queues(f"^{args.pool}-")
     print(f"{'queue':60} {'type':8} {'messages':>8} {'consumers':>9}")
@@ -61,25 +68,23 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
 
 def cmd_pool_delete(args: argparse.Namespace) -> int:
     from switchyard.core.redis_client import connect_redis
-    from switchyard.rpc.errors import PoolNotEmptyError
     from switchyard.rpc.store import PoolState
 
     settings = _settings(args)
+    require("amqp", "management", "redis", connections=settings.connections)
     with PoolTopology(args.pool, settings) as topology:
         queues = topology.own_queues()
-        try:
-            dropped = topology.delete(force=args.force)
-        except PoolNotEmptyError as exc:
-            print(exc, file=sys.stderr)
-            return 1
+        dropped = topology.delete(force=args.force)  # PoolNotEmptyError: one line from main, exit 1
     PoolState(connect_redis(settings.connections), args.pool).clear()
     print(f"pool {args.pool!r} deleted ({len(queues)} queues, {dropped} messages dropped)")
     return 0
 
 
 def cmd_call(args: argparse.Namespace) -> int:
+    settings = RpcSettings.from_env()
+    require("amqp", connections=settings.connections)
     body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode()
-    with RpcClient(args.pool, RpcSettings.from_env(), timeout=args.timeout, confirm=args.confirm) as client:
+    with RpcClient(args.pool, settings, timeout=args.timeout, confirm=args.confirm) as client:
         started = time.perf_counter()
         response = client.call(args.key, body, expiration_ms=args.expiration_ms)
         elapsed = time.perf_counter() - started
@@ -111,8 +116,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _pool_arg(init)
     init.add_argument("--queue-type", choices=[t.value for t in p.QueueType],
                       help="request queue type (default SWITCHYARD_QUEUE_TYPE or quorum)")
-    init.add_argument("--ttl-ms", type=int, help="request TTL in ms (default SWITCHYARD_REQUEST_TTL_MS)")
-    init.add_argument("--delivery-limit", type=int,
+    init.add_argument("--ttl-ms", type=AT_LEAST_ONE,
+                      help="request TTL in ms (default SWITCHYARD_REQUEST_TTL_MS)")
+    init.add_argument("--delivery-limit", type=AT_LEAST_ONE,
                       help="deliveries before a request is dead-lettered (default SWITCHYARD_DELIVERY_LIMIT)")
     init.set_defaults(func=cmd_pool_init)
 
@@ -134,9 +140,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _pool_arg(call)
     call.add_argument("--key", required=True, help="the worker key (any UTF-8 string)")
     call.add_argument("--body", default="", help="request body; '-' reads standard input")
-    call.add_argument("--timeout", type=float, default=None,
+    call.add_argument("--timeout", type=POSITIVE, default=None,
                       help="seconds to wait (default SWITCHYARD_CALL_TIMEOUT)")
-    call.add_argument("--expiration-ms", type=int, default=None, help="request TTL (default: the timeout)")
+    call.add_argument("--expiration-ms", type=AT_LEAST_ONE, default=None,
+                      help="request TTL (default: the timeout)")
     call.add_argument("--confirm", action="store_true", help="use publisher confirms")
     call.add_argument("--json", action="store_true", help="print the response as JSON")
     call.set_defaults(func=cmd_call)

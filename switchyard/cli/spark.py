@@ -7,23 +7,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 
+from switchyard.cli.options import AT_LEAST_ONE, COUNT, POSITIVE
+from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
 from switchyard.spark import emr, package
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
-    return value
 
 
 def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,23 +29,30 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: from the input's file names (.parquet, .jsonl/.json, .csv)")
     parser.add_argument("--resume", action="store_true",
                         help="append a run to an existing output, sending only ids without a final status")
-    parser.add_argument("--timeout", dest="timeout_s", type=_positive, default=30.0, metavar="S",
+    parser.add_argument("--timeout", dest="timeout_s", type=POSITIVE, default=30.0, metavar="S",
                         help="seconds one call may wait for its answer (default 30)")
-    parser.add_argument("--retries", type=_count, default=2, metavar="N",
+    parser.add_argument("--retries", type=COUNT, default=2, metavar="N",
                         help="retries of a call that timed out or that the broker lost (default 2)")
-    parser.add_argument("--concurrency", type=int, default=64, metavar="N",
+    parser.add_argument("--concurrency", type=AT_LEAST_ONE, default=64, metavar="N",
                         help="calls in flight per Spark partition (default 64)")
     parser.add_argument("--no-reply", dest="reply", action="store_false",
                         help="send requests that expect no answer (no reply-to): a row is final, status "
                              "sent, once the broker confirms it; workers' answers are not collected")
-    parser.add_argument("--partitions", type=int, metavar="N",
+    parser.add_argument("--partitions", type=AT_LEAST_ONE, metavar="N",
                         help="call partitions (default: one per 5,000 rows, at least 4 per core)")
-    parser.add_argument("--progress-interval", dest="progress_interval_s", type=_positive, default=5.0,
+    parser.add_argument("--progress-interval", dest="progress_interval_s", type=POSITIVE, default=5.0,
                         metavar="S", help="seconds between progress lines (default 5)")
     parser.add_argument("--delay-topic", help="where rows with a deadline go (default "
                                               "SWITCHYARD_DELAY_INPUT_TOPIC)")
     parser.add_argument("--master", help="Spark master, e.g. local[2] "
                                          "(default: spark-submit's, else local[*])")
+
+
+def check_input(path: str) -> None:
+    """A local input that is not there fails now, not after Spark's start-up (s3:// is read later)."""
+    if "://" not in path and not Path(path).exists():
+        raise ConfigError(f"--input {path}: no such file or directory; give a file, a directory or an "
+                          "s3:// URI")
 
 
 def options_from_args(args: argparse.Namespace):  # -> job.PublishOptions (pyspark imported lazily)
@@ -65,6 +61,7 @@ def options_from_args(args: argparse.Namespace):  # -> job.PublishOptions (pyspa
 
     if args.concurrency < 1 or (args.partitions is not None and args.partitions < 1):
         raise ConfigError("--concurrency and --partitions must be at least 1")
+    check_input(args.input)
     return PublishOptions(
         input=args.input, output=args.output, pool=args.pool, input_format=args.input_format,
         output_format=args.output_format, resume=args.resume, timeout_s=args.timeout_s,
@@ -79,6 +76,13 @@ def run_publish(args: argparse.Namespace) -> int:
         raise ConfigError(f"pyspark is not installed ({exc}); install requirements-spark.txt "
                           "(./dev setup does)") from exc
     return job.main(options_from_args(args), args.master)
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    """``switchyard spark publish``: the broker checked (and the input found) before Spark starts."""
+    check_input(args.input)
+    require("amqp")
+    return run_publish(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -106,6 +110,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     publish = sub.add_parser("publish", help="run the publish job with a local (or given) Spark master",
                              description=PUBLISH_DESCRIPTION)
     add_publish_arguments(publish)
-    publish.set_defaults(func=run_publish)
+    publish.set_defaults(func=cmd_publish)
     emr.add_submit_parsers(sub)
     package.add_package_parser(sub)
