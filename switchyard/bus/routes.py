@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Path
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 
 from switchyard import __version__
 from switchyard.bus.auth import ANYONE, Caller, Credentials, basic_username
@@ -29,7 +30,7 @@ from switchyard.bus.publish import Publisher
 from switchyard.core.observability import logger, redact
 
 _UNSUBSCRIBE_ERRORS = {-1: "subscriber not found", -2: "topic not found", -3: "not subscribed"}
-_SUBSCRIBED = {204: {"description": "subscribed"},
+_SUBSCRIBED: dict[int, OpenAPIResponse] = {204: {"description": "subscribed"},
                403: {"description": "too many unclaimed topics created by this client"}}
 
 

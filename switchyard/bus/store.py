@@ -16,7 +16,7 @@ import re
 import secrets
 from collections.abc import Callable
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import redis
 
@@ -65,6 +65,10 @@ def _script_source(name: str) -> str:
     return folder.joinpath("_prelude.lua").read_text() + folder.joinpath(name).read_text()
 
 
+@overload
+def as_text(value: bytes | str) -> str: ...
+@overload
+def as_text(value: bytes | str | None) -> str | None: ...
 def as_text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -317,7 +321,8 @@ class BusStore:
             return as_text(held)
         self.redis.sadd(self._queue_key("pending_index", queue), worker_id)
         instant = self._queue_key("instant", queue)
-        return as_text(self.redis.blmove(instant, pending, timeout_s, "RIGHT", "LEFT"))
+        # redis-py annotates the timeout as int; BLMOVE takes seconds as a float (Redis >= 6).
+        return as_text(self.redis.blmove(instant, pending, timeout_s, "RIGHT", "LEFT"))  # type: ignore[arg-type]
 
     @_wrapped
     def ack_job(self, queue: str, worker_id: str, job: str) -> None:

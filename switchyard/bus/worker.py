@@ -212,7 +212,11 @@ class BusWorker:
     def run(self, stop: threading.Event | None = None) -> None:
         """Run every thread until ``stop`` (or ``close()``); in-flight deliveries finish first."""
         if stop is not None:
-            threading.Thread(target=lambda: (stop.wait(), self._stop.set()), daemon=True).start()
+            def relay_stop() -> None:
+                stop.wait()
+                self._stop.set()
+
+            threading.Thread(target=relay_stop, daemon=True).start()
         heartbeat(self.store, list(self.worker_ids))
         aux = threading.Thread(target=self._loop, args=(self.aux, self.worker_ids[-1], None), name="bus-aux",
                                daemon=True)

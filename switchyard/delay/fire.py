@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from typing import Any
 
 from switchyard.core.observability import logger
 from switchyard.delay.errors import MessageRefusedError, PublishError, StoreError
@@ -231,9 +232,11 @@ class FireLoop:
 
     def _run_phase2(self, batch: Phase2) -> Phase2:
         """Store calls of phase 2; errors are kept in ``batch`` for the caller's thread, not raised."""
-        for rows, call, result in ((batch.to_delete, self.store.delete, "deleted"),
-                                   (batch.to_release, partial(self.store.release, self.node_id), "released"),
-                                   (batch.to_park, partial(self.store.park, self.node_id), "parked")):
+        steps: tuple[tuple[list[Any], Callable[[Any], set[str]], str], ...] = (
+            (batch.to_delete, self.store.delete, "deleted"),
+            (batch.to_release, partial(self.store.release, self.node_id), "released"),
+            (batch.to_park, partial(self.store.park, self.node_id), "parked"))
+        for rows, call, result in steps:
             if rows:
                 try:
                     setattr(batch, result, call(rows))
@@ -291,8 +294,8 @@ class FireLoop:
             except StoreError as exc:
                 self._claim_failed(time.time(), exc)
         if self._phase2 is not None and self._phase2.done():
-            job, self._phase2 = self._phase2, None
-            self._phase2_done(time.time(), job.result())
+            settled, self._phase2 = self._phase2, None
+            self._phase2_done(time.time(), settled.result())
 
     def _submit(self, now: float, accepting: bool) -> None:
         """Hand the worker a claim and a phase-2 batch when due, one of each at a time."""

@@ -46,9 +46,9 @@ def header_value(value: list[int] | None) -> bytes | None:
         return array("b", value).tobytes()  # Java's signed bytes; OverflowError outside -128..127
 
 
-def _headers(chunks: list[dict[str, list[int] | None]]) -> tuple[Header, ...]:
+def _headers(chunks: Iterable[dict[str, list[int] | None]]) -> tuple[Header, ...]:
     """The record's headers in order; ``header_value`` inlined for arrays (this runs per header)."""
-    out = []
+    out: list[Header] = []
     for chunk in chunks:
         for name, value in chunk.items():
             if type(value) is list:

@@ -180,7 +180,7 @@ class KafkaPublisher:
                 "reason": self._replace_reason, "unconfirmed_released": released,
                 "replacements": self.replacements, "topic": self.topic})
 
-    def _on_delivery(self, number: int) -> object:
+    def _on_delivery(self, number: int) -> Callable[[KafkaError | None, Message], None]:
         def callback(err: KafkaError | None, _msg: Message) -> None:
             token = self._outstanding.pop(number, None)
             if token is None:

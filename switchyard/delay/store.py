@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import Any, cast
 
 import psycopg
 from psycopg import sql
@@ -86,7 +87,7 @@ class PostgresDelayStore:
             self._close_orphans()
             conn = psycopg.connect(
                 self.dsn, autocommit=True, connect_timeout=5, application_name=self.application_name,
-                **tls_options(self.dsn),
+                **cast("dict[str, Any]", tls_options(self.dsn)),  # libpq keywords, as strings
             )
             self._local.conn = conn
             with self._owners_lock:
@@ -121,7 +122,8 @@ class PostgresDelayStore:
             yield conn
         except psycopg.Error as exc:
             lost = conn is None or conn.broken or conn.closed or isinstance(exc, psycopg.InterfaceError)
-            if lost or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            if lost or (conn is not None
+                        and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE):
                 self._discard()
             detail = str(exc).strip()
             if lost:

@@ -9,6 +9,7 @@ import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 from switchyard.core.latency import LatencySummary
 from switchyard.demo.printer import Printer
@@ -69,7 +70,8 @@ def delay_scheduler_part(out: Printer, messages: int = 300) -> None:
                 continue
             received = time.time()
             for m in [msg, *reader.consume(500, 0)]:  # what came with it, stamped at the same moment
-                message_id = f"{name}-{int(m.value().decode().rsplit('#', 1)[1])}"
+                value = cast(bytes, m.value())  # the demo's messages all have a value
+                message_id = f"{name}-{int(value.decode().rsplit('#', 1)[1])}"
                 deadline = deadlines[message_id].timestamp()
                 fired.append((message_id, m.timestamp()[1] / 1000 - deadline, received - deadline))
         until = time.monotonic() + 3  # a fired row is deleted once the broker confirmed it

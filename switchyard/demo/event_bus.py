@@ -7,8 +7,12 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, cast
 
 from switchyard.demo.printer import Printer
+
+if TYPE_CHECKING:
+    from switchyard.bus.ports import Subscriber
 
 
 def _subscriber(out: Printer, name: str, failures_left: dict[str, int],
@@ -75,7 +79,7 @@ def event_bus_part(out: Printer) -> None:
         while time.monotonic() < deadline and any(store.queued(t)[0] for t in tokens.values()):
             time.sleep(0.05)
         for name in ("warehouse", "billing"):
-            sub = store.subscriber(tokens[name])
+            sub = cast("Subscriber", store.subscriber(tokens[name]))  # subscribed above
             out.line(f"{name}: {store.queued(tokens[name])[0]} events left, health points "
                      f"{sub.health_points} (-2 per failure, +1 per success); batches in acceptance order")
     finally:

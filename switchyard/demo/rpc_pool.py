@@ -14,6 +14,7 @@ import uuid
 from collections import Counter, defaultdict
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from switchyard.core.latency import LatencySummary
@@ -113,7 +114,7 @@ def pipelined(client: RpcClient, keys: list[str], seconds: float, concurrency: i
         key = keys[n % len(keys)]
         sent = time.perf_counter()
         future = client.submit(key, f"call {n}", timeout=10)
-        future.add_done_callback(lambda f, key=key, sent=sent: finish(f, key, sent))
+        future.add_done_callback(partial(finish, key=key, sent=sent))
 
     def finish(future: Future, key: str, sent: float) -> None:
         elapsed = time.perf_counter() - sent

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from functools import partial
 from types import ModuleType
 
 from switchyard.core.config import Connections
@@ -65,7 +66,7 @@ class LocalRuntime:
         svc = configure(self.settings, self.connections)
         svc.store.migrate()
         for role in self.roles:
-            target = self._bridge if role == "enqueue" else lambda r=role: self._ticks(r)
+            target = self._bridge if role == "enqueue" else partial(self._ticks, role)
             thread = threading.Thread(target=target, name=f"delay-{role}", daemon=True)
             thread.start()
             self._threads.append(thread)

@@ -52,6 +52,10 @@ class MalformedEMFError(ValueError):
     """A blob that is not the Embedded Metric Format Powertools writes."""
 
 
+# What makes two datums one metric: (namespace, name, dimensions, unit, resolution, second).
+DatumKey = tuple[str, str, tuple[tuple[str, str], ...], str, int, int]
+
+
 @dataclass(frozen=True)
 class Datum:
     """One metric of one dimension set in one second; ``values`` are (value, count) pairs."""
@@ -65,7 +69,7 @@ class Datum:
     values: tuple[tuple[float, int], ...]
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> DatumKey:
         return self.namespace, self.name, self.dimensions, self.unit, self.resolution, self.second
 
     def to_api(self) -> dict[str, Any]:
@@ -132,8 +136,8 @@ def emf_to_datums(blob: Mapping[str, Any]) -> list[Datum]:
 def merge(datums: Iterable[Datum]) -> list[Datum]:
     """Equal metrics (name, dimensions, unit, resolution, second) as one datum with Values/Counts,
     split where a metric has more distinct values than one datum may carry."""
-    merged: dict[tuple, Counter[float]] = {}
-    first: dict[tuple, Datum] = {}
+    merged: dict[DatumKey, Counter[float]] = {}
+    first: dict[DatumKey, Datum] = {}
     for d in datums:
         counts = merged.setdefault(d.key, Counter())
         first.setdefault(d.key, d)

@@ -18,7 +18,7 @@ from array import array
 from binascii import b2a_base64
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -49,9 +49,17 @@ def msk_record(msg: Message) -> dict[str, Any]:
         record["key"] = _b64(key)
     if value is not None:
         record["value"] = _b64(value)
+    # A fetched record's headers are a list of (name, bytes or None); the stub also allows a dict.
+    headers = cast("list[tuple[str, bytes | None]]", msg.headers() or [])
     record["headers"] = [{name: None if v is None else array("b", v).tolist()}  # Java's signed bytes
-                         for name, v in msg.headers() or ()]
+                         for name, v in headers]
     return record
+
+
+def _position(msg: Message) -> tuple[tuple[str, int], int]:
+    """((topic, partition), offset) of a fetched record: confluent-kafka types each Optional (unset
+    only on an error event, which never reaches a batch)."""
+    return (cast(str, msg.topic()), cast(int, msg.partition())), cast(int, msg.offset())
 
 
 def build_msk_event(messages: Iterable[Message], bootstrap: str, cluster_arn: str) -> dict[str, Any]:
@@ -129,7 +137,7 @@ class MskBridge:
         first: dict[tuple[str, int], int] = {}
         last: dict[tuple[str, int], int] = {}
         for msg in batch:
-            tp, offset = (msg.topic(), msg.partition()), msg.offset()
+            tp, offset = _position(msg)
             first[tp] = min(first.get(tp, offset), offset)
             last[tp] = max(last.get(tp, offset), offset)
         return first, last
@@ -152,7 +160,7 @@ class MskBridge:
                 self._consumer.seek(TopicPartition(topic, partition, offset))
             except Exception as exc:
                 logger.warning("cannot rewind for a redelivery", extra={"error": str(exc)})
-        return sum(1 for m in batch if m.offset() < ends[(m.topic(), m.partition())])
+        return sum(1 for m in batch if _position(m)[1] < ends[_position(m)[0]])
 
     def _retry_points(self, batch: list[Message], response: Any) -> dict[tuple[str, int], int] | None:
         """Per partition, the lowest offset a partial batch response names; None if it is malformed.
@@ -164,7 +172,8 @@ class MskBridge:
         failures = response.get("batchItemFailures") if isinstance(response, dict) else None
         if not failures or not self.config.report_batch_item_failures:
             return {}
-        in_batch = {(f"{m.topic()}-{m.partition()}", m.offset()): (m.topic(), m.partition()) for m in batch}
+        in_batch = {(f"{topic}-{partition}", offset): (topic, partition)
+                    for (topic, partition), offset in map(_position, batch)}
         retry: dict[tuple[str, int], int] = {}
         for failure in failures:
             ident = failure.get("itemIdentifier") if isinstance(failure, dict) else None

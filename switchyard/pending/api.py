@@ -181,7 +181,7 @@ class TurnTakingResolver(APIGatewayRestResolver):
         super().__init__()
         self._turn = threading.Lock()
 
-    def resolve(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+    def resolve(self, event: Mapping[str, Any], context: Any) -> dict[str, Any]:
         with self._turn:
             return super().resolve(event, context)
 

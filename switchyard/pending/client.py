@@ -132,6 +132,8 @@ class PollingService:
         session = self._session()
         backoff = 0.0
         wait = self.settings.http_poll_wait_s
+        reply: requests.Response | None
+        error: requests.RequestException | None
         while not self._stop.is_set():
             try:
                 reply = session.get(self._path("next"), params={"wait": wait}, headers=self._auth,
@@ -177,7 +179,7 @@ class PollingService:
             try:
                 reply = session.post(url, json=message, headers=self._auth, timeout=30)
             except requests.RequestException as exc:
-                reply, problem = None, str(exc)
+                problem = str(exc)
             else:
                 problem = f"HTTP {reply.status_code} {reply.text[:200]}"
                 if reply.status_code == 413:

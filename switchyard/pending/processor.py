@@ -94,9 +94,10 @@ class Processor:
         for item in due:
             item.next_beat = now + self.settings.heartbeat_interval_s
             request = item.request
+            retryable: tuple[type[Exception], ...] = (QueueUnavailableError, *self._node.store.refused)
             try:
                 beat = self.processor_heartbeat(request.endpoint, request.id, request.take_id)
-            except (QueueUnavailableError, *self._node.store.refused) as exc:  # the next beat tries again
+            except retryable as exc:  # the next beat tries again
                 logger.warning("heartbeat for %s failed: %s", request.id, exc)
                 continue
             if beat.cancelled:
@@ -195,9 +196,10 @@ class Processor:
         except (ValueError, MessageTooLargeError) as exc:
             logger.error("response to %s on %s replaced by an error: %s", request.id, request.endpoint, exc)
             raw = encode_message({"ok": False, "error": str(exc)}, "response", limit)
+        undelivered: tuple[type[Exception], ...] = (*self._node.store.refused, PendingError)
         try:
             self._send_response(request.endpoint, request.id, request.take_id, raw)
-        except (*self._node.store.refused, PendingError) as exc:
+        except undelivered as exc:
             metrics.count(metrics.PENDING_RESPONSES_UNDELIVERED, request.endpoint)
             logger.error("could not store the response to %s on %s: %s", request.id, request.endpoint, exc)
 

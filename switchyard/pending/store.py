@@ -22,7 +22,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.backoff import ConstantBackoff
@@ -331,7 +331,8 @@ class RedisStore:
                 continue
             item = entry(endpoint)
             item[{"q": "queued", "t": "taken", "a": "answered"}[_text(state)]] += 1
-            item["oldest_age_s"] = max(item["oldest_age_s"], (now_ms - int(at)) / 1000)
+            # "at" is written with "s" (in one HSET), so it is there when the state is.
+            item["oldest_age_s"] = max(item["oldest_age_s"], (now_ms - int(cast("bytes", at))) / 1000)
         for key in _available(lambda: list(self.client.scan_iter(match=f"{prefix}*}}:pending", count=1000))):
             text = _text(key)
             entry(text[len(prefix):text.rindex("}:pending")])["waiting"] = self.client.llen(key)

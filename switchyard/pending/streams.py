@@ -108,7 +108,7 @@ class LocalDirectoryStore(StreamStore):
         ref_id = uuid.uuid4().hex
         reader = _Hashing(_as_file(data))
         with tempfile.NamedTemporaryFile(dir=self.root, prefix=".tmp-", delete=False) as tmp:
-            shutil.copyfileobj(reader, tmp, CHUNK)  # type: ignore[misc]
+            shutil.copyfileobj(reader, tmp, CHUNK)
         os.replace(tmp.name, self._path(ref_id))
         return StreamRef(ref_id, name, reader.size, reader.sha256, f"file://{self._path(ref_id)}")
 

@@ -7,7 +7,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import pika
 import pika.exceptions
@@ -43,7 +43,7 @@ def connect(amqp_url: str, name: str, heartbeat: int | None = None) -> pika.Bloc
     return connection
 
 
-def is_alive(connection: pika.BlockingConnection | None) -> bool:
+def is_alive(connection: pika.BlockingConnection | None) -> TypeGuard[pika.BlockingConnection]:
     """Whether a connection kept between uses (e.g. across Lambda invocations) still works.
 
     Processing pending I/O surfaces a close the broker sent meanwhile (heartbeat timeout, restart).
@@ -91,7 +91,7 @@ def _coalesce_writes(connection: pika.BlockingConnection) -> None:
     chunk: a worker's reply and ack cost four system calls, a client's publish three. Joining the
     chunks first does the same I/O in one call. Skipped if pika's transport is not the one known.
     """
-    transport = getattr(connection._impl, "_transport", None)
+    transport: Any = getattr(connection._impl, "_transport", None)
     produce = getattr(transport, "_produce", None)
     if produce is None or not hasattr(transport, "_tx_buffers"):
         return

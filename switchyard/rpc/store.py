@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from importlib import resources
+from typing import cast
 
 import redis
 
@@ -184,14 +185,14 @@ class PoolState:
 
     def groups(self, include_stopped: bool = False) -> dict[str, GroupState]:
         """The pool's groups (Stopped tombstones only if asked)."""
-        raw = self.redis.hgetall(self._groups)
+        raw = cast("dict[bytes, bytes]", self.redis.hgetall(self._groups))  # the client returns bytes
         groups = {k.decode(): GroupState.parse(k.decode(), v.decode()) for k, v in raw.items()}
         if include_stopped:
             return groups
         return {k: g for k, g in groups.items() if g.status is not GroupStatus.STOPPED}
 
     def get(self, key: str) -> GroupState | None:
-        raw = self.redis.hget(self._groups, key)
+        raw = cast("bytes | None", self.redis.hget(self._groups, key))
         return GroupState.parse(key, raw.decode()) if raw is not None else None
 
     def set_status(self, group: GroupState, status: GroupStatus, at_ms: int | None = None) -> bool:

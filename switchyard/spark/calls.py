@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, cast
 
 from switchyard.core.errors import BrokerError, RpcError, SwitchyardError
 from switchyard.rpc import protocol as p
@@ -26,8 +27,9 @@ from switchyard.spark.ports import ConnectPool, PoolCaller
 from switchyard.spark.rows import Request, Status, result_row
 
 _BACKOFF_S = (0.1, 0.5, 1.0, 2.0)
-_RETRIED_ANSWERS = {p.Status.EXPIRED: Status.EXPIRED, p.Status.MAXLEN: Status.MAXLEN}
-_FINAL_ANSWERS = {p.Status.OK: Status.OK, p.Status.ERROR: Status.ERROR,
+# Looked up by a response's status, a str (p.Status is a StrEnum: its members hash as their values).
+_RETRIED_ANSWERS: dict[str, Status] = {p.Status.EXPIRED: Status.EXPIRED, p.Status.MAXLEN: Status.MAXLEN}
+_FINAL_ANSWERS: dict[str, Status] = {p.Status.OK: Status.OK, p.Status.ERROR: Status.ERROR,
                   p.Status.DELIVERY_LIMIT: Status.DELIVERY_LIMIT, p.Status.REJECTED: Status.REJECTED}
 
 
@@ -79,7 +81,8 @@ def call_partition(
     attempt (a hook: an exception there fails the task, as a lost executor would).
     """
     clients: dict[str, PoolCaller] = {}
-    done: queue.SimpleQueue[tuple[_Attempt, Future[Response]]] = queue.SimpleQueue()
+    # A call's future holds a Response (submit) or None (send, without a reply).
+    done: queue.SimpleQueue[tuple[_Attempt, Future[Any]]] = queue.SimpleQueue()
     source = iter(requests)
     waiting: list[tuple[float, int, _Attempt]] = []  # retries: a heap by when they may go
     order = itertools.count()
@@ -97,6 +100,7 @@ def call_partition(
         attempt.attempts += 1
         attempt.started = time.monotonic()
         request = attempt.request
+        future: Future[Any]
         try:
             client = client_for(request.pool)
             if options.reply:
@@ -106,7 +110,8 @@ def call_partition(
         except SwitchyardError as exc:  # no connection for a client yet, or the client closed
             return settle(attempt, Status.FAILED, None, f"{type(exc).__name__}: {exc}", True)
         in_flight += 1
-        future.add_done_callback(lambda f, a=attempt: done.put((a, f)))
+        # mypy cannot type a lambda whose default binds the attempt
+        future.add_done_callback(lambda f, a=attempt: done.put((a, f)))  # type: ignore[misc]
         return None
 
     def settle(attempt: _Attempt, status: Status, body: bytes | None, error: str | None,
@@ -153,7 +158,7 @@ def call_partition(
                 time.sleep(wait)
                 continue
             in_flight -= 1
-            row = settle(attempt, *_outcome(future))
+            row = settle(attempt, *_outcome(cast("Future[Response | None]", future)))  # got with attempt
             if row is not None:
                 yield row
     finally:

@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from switchyard.core.aws_secrets import SECRET_URLS, source_variables
 from switchyard.spark.errors import EmrJobError, InvalidJobInputError
@@ -364,7 +364,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
         if not _ID.match(value or ""):
             raise InvalidJobInputError(f"{flag} must be an EMR Serverless id (lowercase letters and digits), "
                                        f"got {value!r}")
-    return _wait(emr_client(), application_id, args.job_run_id, args)
+    return _wait(emr_client(), cast(str, application_id), args.job_run_id, args)  # matched _ID above
 
 
 def _wait(client: Any, application_id: str, job_run_id: str, args: argparse.Namespace) -> int:

@@ -24,11 +24,14 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+if TYPE_CHECKING:
+    from pyspark import RDD
 
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.settings import RpcSettings
@@ -142,7 +145,7 @@ def input_format(path: str, given: str | None) -> str:
     if len(found) != 1:
         raise PublishOptionsError(f"cannot tell the format of {path!r} from its file names; "
                                   "give --input-format")
-    return found.pop()
+    return cast(str, found.pop())  # None was taken out of the set
 
 
 def read_input(spark: SparkSession, path: str, fmt: str) -> DataFrame:
@@ -244,7 +247,7 @@ def run(spark: SparkSession, options: PublishOptions, *, report: Callable[[str],
     """
     report = report or (lambda line: print(line, file=sys.stderr, flush=True))
     staged = (store.is_s3(options.input), store.is_s3(options.output))
-    if not any(staged) or not spark.sparkContext.master.startswith("local"):
+    if not any(staged) or not cast(str, spark.sparkContext.master).startswith("local"):  # a context has one
         return _run(spark, options, report, before_send)
     with store.workdir() as tmp:
         local_input, local_output = options.input, options.output
@@ -273,9 +276,10 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
 
     frame = read_input(spark, options.input, input_format(options.input, options.input_format))
     prepared = frame.rdd.map(lambda row: r.prepare(row.asDict(), default_pool)).persist()
-    valid = prepared.filter(lambda x: isinstance(x, r.Request))
+    # RDD.filter does not narrow the element type: these casts say what the predicates keep.
+    valid = cast("RDD[r.Request]", prepared.filter(lambda x: isinstance(x, r.Request)))
     unknown = _unknown_pools(valid.map(lambda x: x.pool).distinct().collect(), settings.rpc)
-    rejected = prepared.filter(lambda x: isinstance(x, r.Rejected)).union(
+    rejected = cast("RDD[r.Rejected]", prepared.filter(lambda x: isinstance(x, r.Rejected))).union(
         valid.filter(lambda x: x.pool in unknown).map(
             lambda x: r.Rejected(x.id, x.pool, x.key, r.Reason.UNKNOWN_POOL,
                                  f"pool {x.pool!r} does not exist on the broker; "

@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import switchyard
 from switchyard.spark.emr import (
@@ -204,7 +204,8 @@ def cmd_package(args: argparse.Namespace) -> int:
         return 0
     import boto3
 
-    manifest = upload(boto3.client("s3"), bucket, archive, Path(args.entry_point))
+    # Uploading without a bucket was refused above.
+    manifest = upload(boto3.client("s3"), cast(str, bucket), archive, Path(args.entry_point))
     print(f"uploaded; submit with these (or just --bucket {bucket}, which reads them from {MANIFEST_NAME}):")
     print(f"  --entry-point {manifest['entryPoint']}")
     print(f"  --archive {manifest['archive']}")

@@ -103,7 +103,7 @@ def prepare(row: dict[str, Any], default_pool: str | None) -> Request | Rejected
     def reject(reason: Reason, detail: str) -> Rejected:
         return Rejected(given_id, pool, key_text, reason, detail)
 
-    if key is None:
+    if key_text is None:  # None exactly when key is
         return reject(Reason.MISSING_KEY, "the row has no key")
     try:
         p.validate_key(key_text)

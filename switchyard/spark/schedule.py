@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import cast
 
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.settings import validate_topic
@@ -23,7 +24,8 @@ from switchyard.spark.rows import ID_HEADER, POOL_HEADER, Request, Status, resul
 
 def chronos_headers(request: Request) -> list[tuple[str, bytes]]:
     """The headers a scheduled row carries (``request.deadline`` must be set)."""
-    return [(MESSAGE_ID_HEADER, request.id.encode()), (DEADLINE_HEADER, request.deadline.encode()),
+    deadline = cast(str, request.deadline)
+    return [(MESSAGE_ID_HEADER, request.id.encode()), (DEADLINE_HEADER, deadline.encode()),
             (POOL_HEADER, request.pool.encode()), (p.KEY_HEADER, request.key.encode()),
             (ID_HEADER, request.id.encode())]
 
@@ -62,7 +64,8 @@ def schedule_partition(
             try:
                 producer.produce(topic, key=request.key.encode(), value=request.body,
                                  headers=chronos_headers(request),
-                                 on_delivery=lambda err, _msg, n=seq, t=started: delivered(n, t, err))
+                                 # mypy cannot type a lambda whose defaults bind the loop's values
+                                 on_delivery=lambda err, _msg, n=seq, t=started: delivered(n, t, err))  # type: ignore[misc]
                 break
             except BufferError:  # the local queue is full: serve confirmations, then try again
                 producer.poll(0.1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from confluent_kafka import Producer
 
@@ -38,9 +39,12 @@ def delay_producer(settings: SparkSettings, timeout_s: float) -> ConnectProducer
     """An idempotent producer (``acks=all``) whose messages time out with the job's ``--timeout``."""
 
     def connect() -> DelayProducer:
-        return Producer({"bootstrap.servers": settings.kafka_bootstrap, "enable.idempotence": True,
-                         "acks": "all", "linger.ms": 5, "message.timeout.ms": int(timeout_s * 1000),
-                         "client.id": CLIENT_NAME, **kafka_security_config()})
+        producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "enable.idempotence": True,
+                             "acks": "all", "linger.ms": 5, "message.timeout.ms": int(timeout_s * 1000),
+                             "client.id": CLIENT_NAME, **kafka_security_config()})
+        # confluent-kafka's stub wants headers as a list of (str, str | bytes | None) (invariant); the
+        # publisher passes a list of (str, bytes) (chronos_headers), which it takes at run time.
+        return cast(DelayProducer, producer)
 
     return connect
 

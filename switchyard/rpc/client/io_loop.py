@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 import pika
 import pika.exceptions
@@ -199,7 +199,8 @@ class _ClientCore:
         self._channel = channel
 
     def _loop(self) -> None:
-        connection = self._connection
+        # _run calls the loop only after _open succeeded.
+        connection = cast("pika.BlockingConnection", self._connection)
         while not self._closing:
             if self._outbox:
                 self._flush_outbox()
@@ -216,7 +217,7 @@ class _ClientCore:
                 raise pika.exceptions.ChannelClosedByBroker(0, f"channel closed: {reason!r}")
 
     def _flush_outbox(self) -> None:
-        channel = self._channel
+        channel = cast(BlockingChannel, self._channel)  # set by _open before the loop runs
         outbox = self._outbox
         now = time.monotonic()
         while outbox:

@@ -12,7 +12,7 @@ import contextlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pika
 import pika.exceptions
@@ -84,7 +84,8 @@ class ConfirmingPublisher:
                 self.close()
                 raise BrokerError(f"{len(self._unconfirmed)} publishes unconfirmed after {timeout:.0f}s")
             # Confirms are handled inside the I/O, which does not end the wait: poll in short steps.
-            self._connection.process_data_events(time_limit=0.002)
+            # _ensure_channel connected it; close() (which clears it) is always followed by a raise.
+            cast("pika.BlockingConnection", self._connection).process_data_events(time_limit=0.002)
             if not channel.is_open:
                 self.close()
                 raise BrokerError("the channel closed before every publish was confirmed")

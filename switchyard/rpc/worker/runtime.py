@@ -44,6 +44,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import pika
 import pika.exceptions
@@ -281,7 +282,8 @@ class Worker:
                     continue
                 self._outcomes_wake_pending = True
             try:
-                self._connection.add_callback_threadsafe(self._finish_outcomes)
+                connection = cast("pika.BlockingConnection", self._connection)  # run() set it first
+                connection.add_callback_threadsafe(self._finish_outcomes)
             except pika.exceptions.ConnectionWrongStateError:
                 return  # the connection is gone: the broker redelivers the request
 

@@ -1,0 +1,143 @@
+"""The package as an application gets it: the built wheel, installed with its declared dependencies
+into a fresh venv, runs the CLI and the README's client and worker ("Keyed RPC", "In Python").
+
+Nothing from this checkout is importable there: the child processes run from tmp_path without the
+repository's PYTHONPATH, so a dependency missing from pyproject.toml fails here, not in someone's app.
+Resolution goes to the index pip is configured with, capped by constraints.txt (the pinned versions).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import venv
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, unique
+
+pytestmark = pytest.mark.slow
+
+# The README's example, made runnable: overloaded() and compute() are the application's own.
+WORKER_MODULE = '''
+from switchyard.rpc import Request, Requeue
+
+
+def overloaded() -> bool:
+    return False
+
+
+def compute(key: str, body: bytes) -> bytes:
+    return key.encode() + b":" + body
+
+
+def handler(request: Request) -> bytes:                      # switchyard worker --handler mod:handler
+    if overloaded():
+        raise Requeue()                                      # republished: not a delivery-limit strike
+    return compute(request.key, request.body)                # an exception -> status "error"
+'''
+
+CLIENT_SCRIPT = '''
+import sys
+
+from switchyard.rpc import RpcClient
+
+pool, key = sys.argv[1], sys.argv[2]
+with RpcClient(pool, concurrency=64, timeout=10) as client:
+    response = client.call(key, b"payload")                   # blocks; raises on timeout
+    response.raise_for_status()
+    assert response.body == key.encode() + b":payload", response.body
+    futures = [client.submit(key, b"x") for n in range(100)]  # many in flight
+    statuses = {future.result().status for future in futures}
+    assert statuses == {"ok"}, statuses
+print("readme example ok")
+'''
+
+
+def build_wheel(dist: Path, work: Path) -> Path:
+    """Build from a copy of what the wheel is made of, so no build/ or egg-info lands in the checkout."""
+    src = work / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(ROOT / "switchyard", src / "switchyard", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-input", "-q",
+                    "--no-deps", "-w", str(dist), str(src)], check=True, timeout=300)
+    (wheel,) = dist.glob("switchyard-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A fresh venv with the wheel and its dependencies; the environment its processes run with."""
+    work = tmp_path_factory.mktemp("install")
+    wheel = build_wheel(work / "dist", work)
+    env_dir = work / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q",
+                    str(wheel), "-c", str(ROOT / "constraints.txt")], check=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join([str(env_dir / "bin"), env.get("PATH", "")])
+    env.setdefault("SWITCHYARD_LOG_LEVEL", "WARNING")
+    return env_dir, env
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=120, **kw)
+
+
+def test_the_cli_and_the_public_modules_work_from_the_wheel(installed, tmp_path: Path) -> None:
+    env_dir, env = installed
+    result = run([str(env_dir / "bin" / "switchyard"), "--help"], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "pool" in result.stdout
+    probe = ("import pathlib, switchyard, switchyard.rpc.client, switchyard.rpc.worker; "
+             "print(switchyard.__file__); "
+             "print((pathlib.Path(switchyard.__file__).parent / 'py.typed').is_file())")
+    result = run([str(env_dir / "bin" / "python"), "-c", probe], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    location, typed = result.stdout.split()
+    assert Path(location).is_relative_to(env_dir), f"imported from {location}, not the venv"
+    assert typed == "True", "py.typed is not in the wheel"
+
+
+def test_the_readme_client_and_worker_run_from_the_wheel(installed, tmp_path: Path) -> None:
+    env_dir, env = installed
+    switchyard = str(env_dir / "bin" / "switchyard")
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "readme_worker.py").write_text(textwrap.dedent(WORKER_MODULE))
+    (app / "readme_client.py").write_text(textwrap.dedent(CLIENT_SCRIPT))
+    pool, key = unique("install"), "infra=42"
+    result = run([switchyard, "pool", "init", "--pool", pool], env, app)
+    assert result.returncode == 0, result.stderr
+    worker = None
+    try:
+        result = run([switchyard, "pool", "bind", "--pool", pool, "--key", key], env, app)
+        assert result.returncode == 0, result.stderr
+        worker_env = dict(env, PYTHONPATH=str(app), WORKER_POOL=pool, WORKER_KEY=key)
+        worker = subprocess.Popen([switchyard, "worker", "--handler", "readme_worker:handler"],
+                                  env=worker_env, cwd=app, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+        started = time.monotonic()
+        result = run([str(env_dir / "bin" / "python"), "readme_client.py", pool, key], env, app)
+        assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+        assert "readme example ok" in result.stdout
+        assert time.monotonic() - started < 60
+    finally:
+        if worker is not None:
+            worker.terminate()
+            try:
+                out, _ = worker.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                out, _ = worker.communicate()
+            assert worker.returncode == 0, out
+        result = run([switchyard, "pool", "delete", "--pool", pool, "--force"], env, app)
+        assert result.returncode == 0, result.stderr
