@@ -29,9 +29,11 @@ __all__ = ["KEYS", "Printer", "delay_scheduler_part", "event_bus_part", "pending
 def run_demo(args: argparse.Namespace) -> int:
     # Powertools reads its switch from the environment only: nothing reads the EMF blobs here.
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+    from switchyard.cli.preflight import require
     from switchyard.core.observability import logger
     from switchyard.rpc.settings import RpcSettings
 
+    require("amqp", "management", "redis", "postgres", "kafka")  # one line, in a second, if one is down
     if not args.verbose:
         logger.setLevel("ERROR")
     out = Printer()
