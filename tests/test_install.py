@@ -1,5 +1,5 @@
 """The package as an application gets it: the built wheel, installed with its declared dependencies
-into a fresh venv, runs the CLI and the README's client and worker ("Keyed RPC", "In Python").
+into a fresh venv, runs the CLI and the README's client and worker ("A client and a worker in your own code").
 
 Nothing from this checkout is importable there: the child processes run from tmp_path without the
 repository's PYTHONPATH, so a dependency missing from pyproject.toml fails here, not in someone's app.
@@ -9,10 +9,10 @@ Resolution goes to the index pip is configured with, capped by constraints.txt (
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 import venv
 from pathlib import Path
@@ -23,40 +23,16 @@ from tests.conftest import ROOT, unique
 
 pytestmark = pytest.mark.slow
 
-# The README's example, made runnable: overloaded() and compute() are the application's own.
-WORKER_MODULE = '''
-from switchyard.rpc import Request, Requeue
 
-
-def overloaded() -> bool:
-    return False
-
-
-def compute(key: str, body: bytes) -> bytes:
-    return key.encode() + b":" + body
-
-
-def handler(request: Request) -> bytes:                      # switchyard worker --handler mod:handler
-    if overloaded():
-        raise Requeue()                                      # republished: not a delivery-limit strike
-    return compute(request.key, request.body)                # an exception -> status "error"
-'''
-
-CLIENT_SCRIPT = '''
-import sys
-
-from switchyard.rpc import RpcClient
-
-pool, key = sys.argv[1], sys.argv[2]
-with RpcClient(pool, concurrency=64, timeout=10) as client:
-    response = client.call(key, b"payload")                   # blocks; raises on timeout
-    response.raise_for_status()
-    assert response.body == key.encode() + b":payload", response.body
-    futures = [client.submit(key, b"x") for n in range(100)]  # many in flight
-    statuses = {future.result().status for future in futures}
-    assert statuses == {"ok"}, statuses
-print("readme example ok")
-'''
+def readme_example() -> dict[str, str]:
+    """The README's worker and client ("A client and a worker in your own code"), as written there:
+    the Python blocks that start with ``# worker.py`` and ``# client.py``."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## A client and a worker in your own code", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    files = {block.split(None, 2)[1].rstrip(":"): block for block in blocks if block.startswith("# ")}
+    assert set(files) == {"worker.py", "client.py"}, f"the README's example blocks: {sorted(files)}"
+    return files
 
 
 def build_wheel(dist: Path, work: Path) -> Path:
@@ -112,9 +88,12 @@ def test_the_readme_client_and_worker_run_from_the_wheel(installed, tmp_path: Pa
     switchyard = str(env_dir / "bin" / "switchyard")
     app = tmp_path / "app"
     app.mkdir()
-    (app / "readme_worker.py").write_text(textwrap.dedent(WORKER_MODULE))
-    (app / "readme_client.py").write_text(textwrap.dedent(CLIENT_SCRIPT))
     pool, key = unique("install"), "infra=42"
+    example = readme_example()
+    client = example["client.py"]
+    assert client.count('RpcClient("core"') == 1, "the client names its pool once, as 'core'"
+    (app / "worker.py").write_text(example["worker.py"])
+    (app / "client.py").write_text(client.replace('RpcClient("core"', f"RpcClient({pool!r}"))
     result = run([switchyard, "pool", "init", "--pool", pool], env, app)
     assert result.returncode == 0, result.stderr
     worker = None
@@ -122,13 +101,13 @@ def test_the_readme_client_and_worker_run_from_the_wheel(installed, tmp_path: Pa
         result = run([switchyard, "pool", "bind", "--pool", pool, "--key", key], env, app)
         assert result.returncode == 0, result.stderr
         worker_env = dict(env, PYTHONPATH=str(app), WORKER_POOL=pool, WORKER_KEY=key)
-        worker = subprocess.Popen([switchyard, "worker", "--handler", "readme_worker:handler"],
+        worker = subprocess.Popen([switchyard, "worker", "--handler", "worker:handler"],
                                   env=worker_env, cwd=app, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True)
         started = time.monotonic()
-        result = run([str(env_dir / "bin" / "python"), "readme_client.py", pool, key], env, app)
+        result = run([str(env_dir / "bin" / "python"), "client.py"], env, app)
         assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-        assert "readme example ok" in result.stdout
+        assert result.stdout.splitlines() == ["ok b'infra=42:payload'", "['ok']"], result.stdout
         assert time.monotonic() - started < 60
     finally:
         if worker is not None:
