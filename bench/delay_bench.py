@@ -387,7 +387,8 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "delay_results.json"),
                         help="the results JSON; per-rate logs and samples go to a directory beside it "
                              "(dir/x.json -> dir/results/x/)")
-    parser.add_argument("--plot", default=None, help="the jitter plot (default: delay_jitter.png beside --out)")
+    parser.add_argument("--plot", default=None,
+                        help="the jitter plot (default: delay_jitter.png beside --out)")
     args = parser.parse_args()
     args.plot = args.plot or str(Path(args.out).parent / "delay_jitter.png")
     conn = Connections.from_env()

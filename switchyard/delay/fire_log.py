@@ -44,7 +44,8 @@ class FireLog:
         if level == logging.WARNING:
             reason = ("; worst lateness above the SLA" if outcome.max_late_ms > self.lateness_sla_ms
                       else "; the overdue backlog grew (is the fire loop running and keeping up?)")
-        logger.log(level, f"delay fire: fired {outcome.fired}, overdue at the end {overdue}, worst lateness "
+        write = {logging.DEBUG: logger.debug, logging.INFO: logger.info}.get(level, logger.warning)
+        write(f"delay fire: fired {outcome.fired}, overdue at the end {overdue}, worst lateness "
                           f"{outcome.max_late_ms:.0f} ms{reason}",
                    extra={"fired": outcome.fired, "overdue": outcome.overdue,
                           "max_late_ms": outcome.max_late_ms, "lateness_sla_ms": self.lateness_sla_ms})

@@ -10,10 +10,10 @@ import hashlib
 import json
 import posixpath
 from dataclasses import dataclass, field, replace
-from urllib.parse import unquote, urlparse
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from switchyard.core.errors import InvalidNameError
 from switchyard.delay.model import MAX_MESSAGE_ID_LENGTH

@@ -401,17 +401,20 @@ def test_flushed_state_is_rebuilt_and_nothing_is_lost(stranded, redis_client: re
         assert client.call("new", "after").ok
 
 
-def test_a_new_pool_is_initialized_without_a_warning(make_pool, planes, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_new_pool_is_initialized_without_a_warning(make_pool, planes,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
     """A first start on a pool with no prior state and nothing to rebuild: info, not a warning."""
     pool, settings = make_pool()
     caplog.set_level(logging.INFO, logger=logger.name)
     planes.start(pool, settings, interval_s=3600)  # its first pass finds no state and nothing to rebuild
 
     def mine() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if getattr(r, "pool", None) == pool and "pool state" in r.getMessage()]
+        return [r for r in caplog.records
+                if getattr(r, "pool", None) == pool and "pool state" in r.getMessage()]
 
     wait_for(mine, timeout=10, what="the first pass")
     mine = mine()
     assert [(r.levelno, r.getMessage()) for r in mine] == [
         (logging.INFO, "pool state initialized (no groups to rebuild)")], mine
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and getattr(r, "pool", None) == pool]
+    assert not [r for r in caplog.records
+                if r.levelno >= logging.WARNING and getattr(r, "pool", None) == pool]

@@ -146,7 +146,8 @@ class SubprocessDriver(WorkerGroupDriver):
                 live.append(proc)
             elif code == INTENDED_CRASH_EXIT:  # examples.crash: a poison request doing its job
                 logger.info("worker exited: the handler's intended crash (examples.crash, a poison request)",
-                            extra={"group_id": group.group_id, "worker_id": proc.worker_id, "returncode": code})
+                            extra={"group_id": group.group_id, "worker_id": proc.worker_id,
+                                   "returncode": code})
             else:
                 logger.warning("worker exited", extra={"group_id": group.group_id,
                                                        "worker_id": proc.worker_id, "returncode": code})
