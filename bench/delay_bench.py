@@ -180,6 +180,13 @@ def offer(producer: Producer, topic: str, rate: int, duration: float, delays: tu
     return sent, start
 
 
+def work_dir(out: Path) -> Path:
+    """Where a run's per-rate logs and samples go (a few MB per rate): beside ``--out``, named after
+    it (``dir/x.json`` -> ``dir/results/x/``; the default is git-ignored), so a run writes only where
+    it was told."""
+    return out.parent / "results" / out.stem
+
+
 def run_rate(rate: int, args: argparse.Namespace, conn: Connections, workdir: Path) -> dict:
     load_before = load_average()
     name = f"bench_{rate}_{uuid.uuid4().hex[:6]}"
@@ -377,11 +384,15 @@ def main() -> int:
     parser.add_argument("--peers", nargs="*", default=[], choices=["arq", "procrastinate"])
     parser.add_argument("--peer-poll-s", type=float, default=0.01, help="the peers' worker poll interval")
     parser.add_argument("--profile", action="store_true", help="py-spy the scheduler at the top rate")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "delay_results.json"))
-    parser.add_argument("--plot", default=str(ROOT / "bench" / "delay_jitter.png"))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "delay_results.json"),
+                        help="the results JSON; per-rate logs and samples go to a directory beside it "
+                             "(dir/x.json -> dir/results/x/)")
+    parser.add_argument("--plot", default=None,
+                        help="the jitter plot (default: delay_jitter.png beside --out)")
     args = parser.parse_args()
+    args.plot = args.plot or str(Path(args.out).parent / "delay_jitter.png")
     conn = Connections.from_env()
-    workdir = ROOT / "bench" / "results"
+    workdir = work_dir(Path(args.out))
     workdir.mkdir(parents=True, exist_ok=True)
     results = []
     spinner = busy_load(args.busy)

@@ -2,9 +2,12 @@
 
 Deployed (``python -m scripts.localstack_deploy``): the configuration parameters and the broker secret a
 process reads at start, an IAM role that may read them, the alarms over Switchyard's own metrics
-with their SNS topic and the dashboard, and the pipeline's bucket. Left out, because LocalStack
-cannot host them (no VPC-bound Amazon MQ, MSK, RDS, ElastiCache, ECS or EMR Serverless; Lambda
-functions cannot run without Docker, and so neither can the schedules that invoke them): the local
+with their SNS topic, and the pipeline's bucket. The alarms on EMF metrics use 10 s periods; the two
+on Metrics Insights queries (queue depth, dead-lettering stranded) 60 s, since Metrics Insights
+aggregates by the minute. Left out, because LocalStack cannot host them (no VPC-bound Amazon MQ,
+MSK, RDS, ElastiCache, ECS or EMR Serverless; Lambda functions cannot run without Docker, and so
+neither can the schedules that invoke them; its CloudFormation has no provider for
+``AWS::CloudWatch::Dashboard``, so a dashboard would report CREATE_COMPLETE and not exist): the local
 services stand in (RabbitMQ, tansu, Postgres, Redis; ``scripts/services.sh``), and their addresses
 are written into the same parameters and secret the functions read on AWS. The local runtime
 (``switchyard local --stack``) plays the event sources and the schedules.
@@ -25,7 +28,7 @@ from stacks import constants as c
 from stacks.analytics import pipeline_bucket
 from stacks.config import DeploymentConfig
 from stacks.monitoring import MonitoringConstruct
-from stacks.names import alarm_name, dashboard_name
+from stacks.names import alarm_name
 from stacks.parameters import ConfigParametersConstruct, ServiceEndpoints
 from switchyard.core.config import Connections
 
@@ -81,14 +84,13 @@ class LocalStackTargetStack(Stack):
             secret.grant_read(self.runtime_role)
         self.monitoring = MonitoringConstruct(self, c.MONITORING_CONSTRUCT_ID, config=self.config,
                                               period=Duration.seconds(c.LOCALSTACK_ALARM_PERIOD_S),
-                                              encrypt_topic=False)
+                                              encrypt_topic=False, dashboard=False)
         self.bucket = pipeline_bucket(self, "Pipeline")
         outputs = {
             "ConfigPath": self.parameters.path,
             "BrokerSecretArn": self.broker_secret.secret_arn,
             "RuntimeRoleArn": self.runtime_role.role_arn,
             "AlarmTopicArn": self.monitoring.topic.topic_arn,
-            "DashboardName": dashboard_name(self),
             "PipelineBucket": self.bucket.bucket_name,
             "AlarmNames": ",".join(sorted(alarm_name(self, n) for n in self.monitoring.alarms)),
         }

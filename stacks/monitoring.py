@@ -37,6 +37,10 @@ from switchyard.delay import metrics as delay_metrics
 from switchyard.rpc import metrics as rpc_metrics
 
 PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
+# Metrics Insights (SELECT ... FROM SCHEMA) aggregates at one-minute granularity and does not read
+# high-resolution data: a shorter period is not finer, so its alarms use at least this, on both
+# targets (the LocalStack target's 10 s periods are for the alarms on plain EMF metrics).
+INSIGHTS_PERIOD = Duration.minutes(1)
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ def errors_or_throttles(name: str, fn: lambda_.IFunction) -> AlarmSpec:
 
 class MonitoringConstruct(Construct):
     """``topic`` (SNS), ``alarms`` (spec name -> alarm; CloudWatch name ``alarm_name(stack, spec name)``) and
-    ``dashboard``. ``aws``: the AWS target's resources (None on LocalStack)."""
+    ``dashboard`` (None when not built). ``aws``: the AWS target's resources (None on LocalStack)."""
 
     def __init__(
         self,
@@ -91,16 +95,21 @@ class MonitoringConstruct(Construct):
         aws: AwsResources | None = None,
         period: Duration = PERIOD,
         encrypt_topic: bool = True,
+        dashboard: bool = True,
     ) -> None:
         """``encrypt_topic``: with a customer managed KMS key (LocalStack 4.13 cannot create symmetric
-        keys on Python 3.11: its KMS passes bytes to ``uuid.uuid5``, which takes them only from 3.12)."""
+        keys on Python 3.11: its KMS passes bytes to ``uuid.uuid5``, which takes them only from 3.12).
+        ``dashboard``: build the dashboard (LocalStack's CloudFormation has no provider for
+        ``AWS::CloudWatch::Dashboard``: it reports CREATE_COMPLETE and creates nothing)."""
         super().__init__(scope, construct_id)
         self.config, self.aws, self.period = config, aws, period
+        shorter = period.to_seconds() < INSIGHTS_PERIOD.to_seconds()
+        self.insights_period = INSIGHTS_PERIOD if shorter else period
         self.topic = self._build_topic(encrypt_topic)
         self.alarms: dict[str, cw.Alarm] = {}
         for spec in self.switchyard_alarm_specs() + (self._aws_specs(aws) if aws else []):
             self.add_alarm(spec)
-        self.dashboard = self._build_dashboard()
+        self.dashboard = self._build_dashboard() if dashboard else None
 
     # -- SNS -------------------------------------------------------------------------------------
     def _build_topic(self, encrypt: bool) -> sns.Topic:
@@ -160,7 +169,7 @@ class MonitoringConstruct(Construct):
                 f"WHERE service = '{pool_service(pool.name)}'"
             ),
             label=f"{pool.name}: deepest worker group queue",
-            period=Duration.minutes(1),
+            period=INSIGHTS_PERIOD,  # one evaluation per minute: queue_depth_alarm_minutes of them
         )
 
     def switchyard_alarm_specs(self) -> list[AlarmSpec]:
@@ -220,7 +229,7 @@ class MonitoringConstruct(Construct):
                     expression=(f"SELECT MAX({rpc_metrics.RECONCILE_DEAD_LETTERING_STRANDED}) "
                                 f'FROM SCHEMA("{metrics_namespace(self)}", service)'),
                     label="broker probes that found at-least-once dead-lettering stranded",
-                    period=PERIOD,
+                    period=self.insights_period,
                 ),
                 1,
                 "The broker's at-least-once dead-letter supervisor has stopped (rabbitmq-server#16652): "

@@ -14,6 +14,7 @@ from switchyard.core.config import Connections
 from switchyard.core.observability import logger
 from switchyard.delay.enqueue import enqueue_records
 from switchyard.delay.fire import FireLoop
+from switchyard.delay.fire_log import FireLog
 from switchyard.delay.model import Drop, EnqueueOutcome, FireOutcome, InputRecord, SweepOutcome
 from switchyard.delay.publisher import KafkaPublisher
 from switchyard.delay.settings import DelaySettings
@@ -31,6 +32,7 @@ class DelayService:
         self.store = PostgresDelayStore(connections.postgres_dsn, settings.schema, settings.application_name,
                                         settings.store_timeout_ms / 1000)
         self._local = threading.local()
+        self.fire_log = FireLog(settings.lateness_sla_ms)
         logger.info(f"delay node {self.node_id} started", extra={"node_id": self.node_id})
 
     def publisher(self) -> KafkaPublisher:
@@ -47,7 +49,9 @@ class DelayService:
         return enqueue_records(records, self.store, self.publisher(), self.settings)
 
     def fire(self, remaining_ms: Callable[[], int]) -> FireOutcome:
-        return FireLoop(self.store, self.publisher(), self.settings, self.node_id).run(remaining_ms)
+        outcome = FireLoop(self.store, self.publisher(), self.settings, self.node_id).run(remaining_ms)
+        self.fire_log(outcome)
+        return outcome
 
     def sweep(self, remaining_ms: Callable[[], int]) -> SweepOutcome:
         return run_sweeps(self.store, self.settings, remaining_ms)

@@ -83,6 +83,9 @@ class DelaySettings:
     batch_size: int = 1000
     batch_window_ms: int = 100
     application_name: str = "switchyard-delay"
+    # A fire run whose worst timer lateness exceeds this is logged as a warning (the stack's alarm on
+    # p99.9 lateness uses its own latenessSlaMs, 500 ms by default too).
+    lateness_sla_ms: int = 500
 
     def __post_init__(self) -> None:
         validate_topic(self.input_topic)
@@ -92,7 +95,7 @@ class DelaySettings:
             raise ConfigError("the delay input and output topics must differ (messages would loop)")
         for name in ("hold_time_ms", "poll_interval_ms", "idle_poll_ms", "failure_detection_interval_ms",
                      "ready_batch_size", "publish_timeout_ms", "batch_size", "batch_window_ms",
-                     "store_timeout_ms"):
+                     "store_timeout_ms", "lateness_sla_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"delay setting {name} must be positive, got {getattr(self, name)}")
         if not 1000 <= self.max_message_bytes <= 1_000_000_000:

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.api_gateway import BaseRouter
@@ -42,8 +42,10 @@ from aws_lambda_powertools.event_handler.exceptions import (
     ServiceError,
     UnauthorizedError,
 )
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 
 from switchyard.core.errors import ConfigError
+from switchyard.pending import openapi as doc
 from switchyard.pending.errors import MessageTooLargeError, PendingError, StreamError
 from switchyard.pending.model import ID_LENGTH, Delivery
 from switchyard.pending.service import PendingQueue
@@ -63,6 +65,9 @@ NOT_HELD = "this take does not hold the request"
 _NOT_HELD_REASONS = frozenset({"this take no longer holds the request",
                                "the request is gone from Redis (expired)"})
 _NO_DIGEST = hashlib.sha256(b"").digest()
+# The default of a route's documented body parameter: without validation Powertools never fills it
+# in, and the route reads its body itself (switchyard.pending.openapi says why).
+_READ_BY_ROUTE: Any = None
 
 
 class TokenStore:
@@ -133,6 +138,13 @@ def _json_body(app: APIGatewayRestResolver, limit: int) -> dict[str, Any]:
     if not isinstance(take, str) or not take.isalnum():
         raise BadRequestError('"take" (the take id the request came with) is required')
     return body
+
+
+def _json_answer(payload: dict[str, Any]) -> Response[str]:
+    """A 200 JSON answer (what Powertools makes of a returned dict, as a Response: a route's return
+    annotation is read for the OpenAPI document, and a dict-or-Response union cannot be)."""
+    return Response(status_code=200, content_type="application/json",
+                    body=json.dumps(payload, separators=(",", ":")))
 
 
 class TooManyPollsError(ServiceError):
@@ -218,12 +230,20 @@ def build_app(queue: PendingQueue, tokens: TokenStore) -> TurnTakingResolver:
         if request_id is not None and not (len(request_id) == ID_LENGTH and request_id.isalnum()):
             raise NotFoundError(f"no request {request_id!r}")
 
-    @app.get("/health")
+    @app.get("/health", summary="liveness, without a token", responses=doc.responses(doc.HEALTH))
     def health() -> dict[str, Any]:
         return {"ok": True, "node": queue.node_id}
 
-    @app.get("/endpoints/<endpoint>/next")
-    def next_request(endpoint: str) -> Response | dict[str, Any]:
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi() -> Response[str]:
+        return Response(status_code=200, content_type="application/json",
+                        body=json.dumps(json.loads(doc.openapi_document(app))))
+
+    @app.get("/endpoints/<endpoint>/next", summary="the next request, or 204 after up to wait seconds",
+             responses=doc.responses(doc.NEXT))
+    def next_request(endpoint: str, wait: Annotated[float | None, Query(
+            description="seconds to wait at most (capped by SWITCHYARD_PENDING_HTTP_POLL_WAIT)")] = None,
+                     ) -> Response[str]:
         authorize(endpoint)
         raw_wait = app.current_event.get_query_string_value("wait", str(settings.http_poll_wait_s))
         try:
@@ -247,18 +267,23 @@ def build_app(queue: PendingQueue, tokens: TokenStore) -> TurnTakingResolver:
             slots.give_back(endpoint, slot)
         if request is None:
             return Response(status_code=204, body="")
-        return request.to_json()
+        return _json_answer(request.to_json())
 
-    @app.post("/endpoints/<endpoint>/requests/<request_id>/heartbeat")
-    def heartbeat(endpoint: str, request_id: str) -> dict[str, Any]:
+    @app.post("/endpoints/<endpoint>/requests/<request_id>/heartbeat",
+              summary="the service is alive; the answer says whether to stop",
+              responses=doc.responses(doc.HEARTBEAT))
+    def heartbeat(endpoint: str, request_id: str,
+                  documented: Annotated[doc.HeartbeatIn, Body()] = _READ_BY_ROUTE) -> dict[str, Any]:
         authorize(endpoint, request_id)
         body = _json_body(app, ENVELOPE_BYTES)
         beat = queue.processor_heartbeat(endpoint, request_id, body["take"])
         reason = NOT_HELD if beat.reason in _NOT_HELD_REASONS else beat.reason
         return {"cancelled": beat.cancelled, "reason": reason}
 
-    @app.post("/endpoints/<endpoint>/requests/<request_id>/response")
-    def response(endpoint: str, request_id: str) -> Response | dict[str, Any]:
+    @app.post("/endpoints/<endpoint>/requests/<request_id>/response", summary="the answer",
+              responses=doc.responses(doc.RESPONSE))
+    def response(endpoint: str, request_id: str,
+                 documented: Annotated[doc.ResponseIn, Body()] = _READ_BY_ROUTE) -> Response[str]:
         authorize(endpoint, request_id)
         body = _json_body(app, body_limit)
         if not isinstance(body.get("ok"), bool):
@@ -279,7 +304,7 @@ def build_app(queue: PendingQueue, tokens: TokenStore) -> TurnTakingResolver:
             return Response(status_code=409, content_type="application/json",
                             body=json.dumps({"statusCode": 409, "delivery": Delivery.NOT_TAKER.value,
                                              "message": NOT_HELD}))
-        return {"delivery": delivery.value}
+        return _json_answer({"delivery": delivery.value})
 
     @app.exception_handler(PendingError)  # QueueUnavailableError, or Redis refusing (WRONGTYPE, OOM)
     def unavailable(exc: PendingError) -> Response:

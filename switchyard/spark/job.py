@@ -3,8 +3,14 @@
 The only module that imports pyspark. Layout of ``--output PATH``:
 
 * ``PATH/results``: one row per sent id: ``id, pool, key, status, attempts, latency_ms, response,
-  error, deadline, run_id`` (``rows.RESULT_FIELDS`` and the run's id);
-* ``PATH/errors``: one row per bad input row: ``id, pool, key, reason, detail, run_id``.
+  error, deadline, run_id`` (``rows.RESULT_FIELDS`` and the run's id). ``response`` is bytes:
+  binary in Parquet, a base64 string in ``--format json`` (JSON has no bytes);
+* ``PATH/errors``: one row per bad input row: ``id, pool, key, reason, detail, input_file,
+  input_row, run_id``: ``id`` when the row has one, and always where it came from (its file, and
+  its data row there from 1: a JSON Lines file's line).
+
+``rows.RESULT_COLUMNS`` and ``rows.ERROR_COLUMNS`` say what each column holds; the Parquet schema
+carries the same text as each column's ``comment``.
 
 Delivery is at-least-once, like the rest of Switchyard: a Spark task that fails and is retried
 sends its rows again (the worker may see an id twice); Spark's output commit keeps one results row
@@ -52,19 +58,26 @@ OUTPUT_FORMATS = ("parquet", "json")
 ROWS_PER_PARTITION = 5000
 PARTITIONS_PER_CORE = 4
 
+
+def _column(name: str, data_type: T.DataType, nullable: bool, docs: dict[str, str]) -> T.StructField:
+    return T.StructField(name, data_type, nullable, {"comment": docs[name]})
+
+
 RESULT_SCHEMA = T.StructType([
-    T.StructField("id", T.StringType(), False),
-    T.StructField("pool", T.StringType(), False),
-    T.StructField("key", T.StringType(), False),
-    T.StructField("status", T.StringType(), False),
-    T.StructField("attempts", T.IntegerType(), False),
-    T.StructField("latency_ms", T.DoubleType(), True),
-    T.StructField("response", T.BinaryType(), True),
-    T.StructField("error", T.StringType(), True),
-    T.StructField("deadline", T.StringType(), True),
+    _column("id", T.StringType(), False, r.RESULT_COLUMNS),
+    _column("pool", T.StringType(), False, r.RESULT_COLUMNS),
+    _column("key", T.StringType(), False, r.RESULT_COLUMNS),
+    _column("status", T.StringType(), False, r.RESULT_COLUMNS),
+    _column("attempts", T.IntegerType(), False, r.RESULT_COLUMNS),
+    _column("latency_ms", T.DoubleType(), True, r.RESULT_COLUMNS),
+    _column("response", T.BinaryType(), True, r.RESULT_COLUMNS),
+    _column("error", T.StringType(), True, r.RESULT_COLUMNS),
+    _column("deadline", T.StringType(), True, r.RESULT_COLUMNS),
 ])
-ERROR_SCHEMA = T.StructType([T.StructField(name, T.StringType(), name != "reason")
-                             for name in r.ERROR_FIELDS])
+ERROR_SCHEMA = T.StructType([
+    _column(name, T.LongType() if name == "input_row" else T.StringType(), name != "reason", r.ERROR_COLUMNS)
+    for name in r.ERROR_FIELDS])
+INPUT_FILE_COLUMN = "_switchyard_input_file"  # added to the input to say where each row came from
 assert tuple(RESULT_SCHEMA.names) == r.RESULT_FIELDS
 
 
@@ -257,15 +270,49 @@ def run(spark: SparkSession, options: PublishOptions, *, report: Callable[[str],
             local_output = str(Path(tmp) / "output")
             if options.resume:
                 store.download(options.output, Path(tmp) / "output", "--output", prefix_only=True)
-        summary = _run(spark, replace(options, input=local_input, output=local_output), report, before_send)
+        summary = _run(spark, replace(options, input=local_input, output=local_output), report, before_send,
+                       (local_input, options.input) if staged[0] else None)
         if staged[1]:
             overwritten = () if options.resume else ("results", "errors")
             store.upload(Path(local_output), options.output, overwritten)
     return summary
 
 
+def numbered_rows(rdd: RDD[Any]) -> RDD[tuple[dict[str, Any], str, int]]:
+    """Each input row as ``(columns, its file, its data row there from 1)``.
+
+    Spark reads a file's rows in order, a split at a time, and lays the splits out in file order
+    across partitions: counting each file's rows per partition (one small job, like zipWithIndex's)
+    gives every partition where its rows of each file start.
+    """
+
+    def counts(index: int, rows: Any) -> list[tuple[tuple[int, str], int]]:
+        per_file: dict[str, int] = {}
+        for row in rows:
+            per_file[row[INPUT_FILE_COLUMN]] = per_file.get(row[INPUT_FILE_COLUMN], 0) + 1
+        return [((index, file), n) for file, n in per_file.items()]
+
+    starts: dict[tuple[int, str], int] = {}
+    seen: dict[str, int] = {}
+    for (index, file), n in sorted(rdd.mapPartitionsWithIndex(counts).collect()):
+        starts[(index, file)] = seen.get(file, 0)
+        seen[file] = seen.get(file, 0) + n
+
+    def number(index: int, rows: Any) -> Any:
+        taken: dict[str, int] = {}
+        for row in rows:
+            columns = row.asDict()
+            file = columns.pop(INPUT_FILE_COLUMN)
+            taken[file] = taken.get(file, 0) + 1
+            yield columns, file, starts[(index, file)] + taken[file]
+
+    return rdd.mapPartitionsWithIndex(number)
+
+
 def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], None],
-         before_send: Callable[[r.Request], None] | None) -> PublishSummary:
+         before_send: Callable[[r.Request], None] | None,
+         shown_input: tuple[str, str] | None = None) -> PublishSummary:
+    """``shown_input``: (local copy, the s3:// input it copies), to name input files as given."""
     if options.output_format not in OUTPUT_FORMATS:
         raise PublishOptionsError(f"--format must be one of {', '.join(OUTPUT_FORMATS)}, "
                                   f"got {options.output_format!r}")
@@ -275,15 +322,23 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
     default_pool = options.pool
 
     frame = read_input(spark, options.input, input_format(options.input, options.input_format))
-    prepared = frame.rdd.map(lambda row: r.prepare(row.asDict(), default_pool)).persist()
+    located = numbered_rows(frame.withColumn(INPUT_FILE_COLUMN, F.input_file_name()).rdd)
+    local_input, given_input = shown_input or (None, None)
+
+    def prepare(item: tuple[dict[str, Any], str, int]) -> r.Request | r.Rejected:
+        row, file, number = item
+        return r.located(r.prepare(row, default_pool), r.shown_input_file(file, local_input, given_input),
+                         number)
+
+    prepared = located.map(prepare).persist()
     # RDD.filter does not narrow the element type: these casts say what the predicates keep.
     valid = cast("RDD[r.Request]", prepared.filter(lambda x: isinstance(x, r.Request)))
     unknown = _unknown_pools(valid.map(lambda x: x.pool).distinct().collect(), settings.rpc)
     rejected = cast("RDD[r.Rejected]", prepared.filter(lambda x: isinstance(x, r.Rejected))).union(
         valid.filter(lambda x: x.pool in unknown).map(
-            lambda x: r.Rejected(x.id, x.pool, x.key, r.Reason.UNKNOWN_POOL,
-                                 f"pool {x.pool!r} does not exist on the broker; "
-                                 f"run: switchyard pool init --pool {x.pool}")))
+            lambda x: r.rejected_later(x, r.Reason.UNKNOWN_POOL,
+                                       f"pool {x.pool!r} does not exist on the broker; "
+                                       f"run: switchyard pool init --pool {x.pool}")))
     valid = valid.filter(lambda x: x.pool not in unknown)
 
     skipped = 0

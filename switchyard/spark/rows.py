@@ -8,10 +8,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from dataclasses import dataclass
+import posixpath
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from switchyard.core.errors import InvalidNameError
 from switchyard.delay.model import MAX_MESSAGE_ID_LENGTH
@@ -73,6 +75,8 @@ class Request:
     key: str
     body: bytes
     deadline: str | None  # canonical UTC form (format_deadline)
+    # (input file, data row from 1): where it came from, for an errors row if it is rejected later
+    origin: tuple[str | None, int | None] = field(default=(None, None), compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +88,8 @@ class Rejected:
     key: str | None
     reason: Reason
     detail: str
+    input_file: str | None = None  # the input file the row came from (as given: s3:// stays s3://)
+    input_row: int | None = None  # its data row in that file, from 1 (JSON Lines: the line)
 
 
 def stable_id(pool: str, key: str, body: bytes, deadline: str | None) -> str:
@@ -143,9 +149,66 @@ def result_row(request: Request, status: Status | str, attempts: int, latency_ms
 
 
 RESULT_FIELDS = ("id", "pool", "key", "status", "attempts", "latency_ms", "response", "error", "deadline")
-ERROR_FIELDS = ("id", "pool", "key", "reason", "detail")
+ERROR_FIELDS = ("id", "pool", "key", "reason", "detail", "input_file", "input_row")
+
+# What each output column holds: the job's module docstring, its --help and the columns' comments
+# (Parquet keeps them in its schema) say the same, from here.
+RESULT_COLUMNS: dict[str, str] = {
+    "id": "the row's id (its id column, else a hash of pool, key, body and deadline)",
+    "pool": "the pool it was sent to",
+    "key": "its key",
+    "status": "ok, error, delivery_limit, rejected, scheduled, sent (final); timeout, expired, maxlen, "
+              "failed (not final: --resume sends them again)",
+    "attempts": "calls made (1 + retries)",
+    "latency_ms": "to the answer (or, --no-reply, to the broker's confirm)",
+    "response": "the worker's answer as bytes: binary in Parquet, a base64 string in --format json "
+                "(decode it: base64.b64decode(row['response']))",
+    "error": "why it did not end ok",
+    "deadline": "a scheduled row's deadline (ISO-8601 UTC), else null",
+    "run_id": "the run that wrote it",
+}
+ERROR_COLUMNS: dict[str, str] = {
+    "id": "the row's id column, null when it has none (unknown_pool: the id it would have been sent with)",
+    "pool": "its pool (or --pool)",
+    "key": "its key",
+    "reason": "why it was not sent: " + ", ".join(reason.value for reason in Reason),
+    "detail": "the reason in words",
+    "input_file": "the input file it came from",
+    "input_row": "its data row in that file, from 1 (JSON Lines: the line number; CSV: the line after "
+                 "the header; Parquet: the row's position)",
+    "run_id": "the run that wrote it",
+}
+FORMAT_HELP = ("output format: parquet (default) or json (JSON Lines; the results' response column, "
+               "bytes, is then a base64 string)")
 
 
 def error_row(rejected: Rejected) -> tuple:
     """One errors row, in ``ERROR_FIELDS`` order."""
-    return (rejected.id, rejected.pool, rejected.key, str(rejected.reason), rejected.detail)
+    return (rejected.id, rejected.pool, rejected.key, str(rejected.reason), rejected.detail,
+            rejected.input_file, rejected.input_row)
+
+
+def located(outcome: Request | Rejected, input_file: str | None, input_row: int | None) -> Request | Rejected:
+    """The row with where it came from (an errors row must say which input row failed)."""
+    if isinstance(outcome, Rejected):
+        return replace(outcome, input_file=input_file, input_row=input_row)
+    return replace(outcome, origin=(input_file, input_row))
+
+
+def rejected_later(request: Request, reason: Reason, detail: str) -> Rejected:
+    """A valid row rejected after preparing (its pool is not on the broker), keeping its origin."""
+    return Rejected(request.id, request.pool, request.key, reason, detail, *request.origin)
+
+
+def shown_input_file(uri: str, local_input: str | None = None, given_input: str | None = None) -> str:
+    """An input file as a person named it: Spark's ``file:///x`` as ``/x``; a file of an ``s3://``
+    input the job copied to ``local_input`` first as its ``s3://`` name under ``given_input``."""
+    path = unquote(urlparse(uri).path) if uri.startswith("file:") else uri
+    if local_input is None or given_input is None:
+        return path
+    local = local_input.rstrip("/")
+    if path == local:
+        return given_input
+    if path.startswith(local + "/"):
+        return posixpath.join(given_input.rstrip("/"), path[len(local) + 1:])
+    return path

@@ -6,6 +6,7 @@ Lambda handlers of ``functions/`` behind RabbitMQ event-source bridges, plus the
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import warnings
@@ -17,6 +18,7 @@ import pika
 import pytest
 import redis
 
+from switchyard.core.observability import logger
 from switchyard.local.functions import load_function
 from switchyard.local.rmq_bridge import RabbitMQEventSource
 from switchyard.rpc import protocol as p
@@ -379,11 +381,15 @@ def test_a_queue_holding_a_request_is_bound_again_not_deleted(stranded) -> None:
     assert queue_status(settings, p.request_queue(pool, "s")) is not None
 
 
-def test_flushed_state_is_rebuilt_and_nothing_is_lost(stranded, redis_client: redis.Redis) -> None:
+def test_flushed_state_is_rebuilt_and_nothing_is_lost(stranded, redis_client: redis.Redis,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
     pool, settings, plane, channel, reply_queue = stranded
     assert flush_pool_state(redis_client, pool) > 0
     outcome = plane.plane.reconcile()
     assert outcome.rebuilt_groups == 1, outcome
+    # State really lost while a group existed: a warning, a person should find out why.
+    assert [r.levelno for r in caplog.records
+            if r.getMessage() == "pool state rebuilt from the broker and the driver"] == [logging.WARNING]
     assert outcome.queues_deleted == 0 and outcome.groups_started == 1
     group = plane.plane.state.get("s")
     assert group is not None and group.status is GroupStatus.ACTIVE
@@ -393,3 +399,22 @@ def test_flushed_state_is_rebuilt_and_nothing_is_lost(stranded, redis_client: re
     with RpcClient(pool, settings, timeout=30) as client:  # and the pool serves on
         assert client.call("s", "after").ok
         assert client.call("new", "after").ok
+
+
+def test_a_new_pool_is_initialized_without_a_warning(make_pool, planes,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A first start on a pool with no prior state and nothing to rebuild: info, not a warning."""
+    pool, settings = make_pool()
+    caplog.set_level(logging.INFO, logger=logger.name)
+    planes.start(pool, settings, interval_s=3600)  # its first pass finds no state and nothing to rebuild
+
+    def mine() -> list[logging.LogRecord]:
+        return [r for r in caplog.records
+                if getattr(r, "pool", None) == pool and "pool state" in r.getMessage()]
+
+    wait_for(mine, timeout=10, what="the first pass")
+    mine = mine()
+    assert [(r.levelno, r.getMessage()) for r in mine] == [
+        (logging.INFO, "pool state initialized (no groups to rebuild)")], mine
+    assert not [r for r in caplog.records
+                if r.levelno >= logging.WARNING and getattr(r, "pool", None) == pool]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -12,6 +13,7 @@ import pika
 import pytest
 
 from switchyard.core.errors import ConfigError, InvalidNameError
+from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.control.topology import PoolTopology
@@ -26,6 +28,7 @@ from switchyard.rpc.drivers import (
 )
 from switchyard.rpc.ports import GROUP_ID_RE
 from switchyard.rpc.settings import RpcSettings
+from switchyard.rpc.worker.examples import INTENDED_CRASH_EXIT
 from tests.conftest import subprocess_env, wait_for
 from tests.rpc.test_protocol import ODD_KEYS
 
@@ -189,3 +192,18 @@ def test_scale_up_with_backlog_and_back_down_to_min(pool, driver: SubprocessDriv
     wait_for(lambda: consumers(settings, group.requests_queue) == 1, timeout=10, what="back to 1 consumer")
     assert driver.scale(group, backlog=11) == 2
     assert driver.worker_count(group) == 2
+
+
+@pytest.mark.parametrize(("code", "level"), [(INTENDED_CRASH_EXIT, logging.INFO), (70, logging.WARNING)])
+def test_an_intended_crash_is_logged_at_info_any_other_exit_warns(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, code: int, level: int) -> None:
+    """``examples.crash`` (the demo's and the alarm scenario's poison) exits as intended: no warning."""
+    caplog.set_level(logging.INFO, logger=logger.name)
+    driver = SubprocessDriver([sys.executable, "-c", f"import os; os._exit({code})"], log_dir=tmp_path)
+    group = WorkerGroup("core", "k")
+    driver.start(group)
+    wait_for(lambda: driver.list_running("core") == set(), timeout=10, what="the worker to exit")
+    [record] = [r for r in caplog.records if r.getMessage().startswith("worker exited")]
+    assert (record.levelno, record.returncode) == (level, code)  # type: ignore[attr-defined]
+    if level == logging.INFO:
+        assert "intended crash" in record.getMessage()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -139,6 +140,10 @@ def test_bad_rows_go_to_errors_with_their_reasons_and_scheduled_rows_fire_at_the
         "bad-1": "missing_key", "bad-2": "invalid_key", "bad-3": "invalid_key", "bad-4": "invalid_deadline",
         "bad-5": "invalid_pool", "bad-6": "unknown_pool", "x" * 200: "invalid_id"}
     assert "4096" in errors["bad-3"].detail and "nosuchpool_1" in errors["bad-6"].detail
+    # Each errors row says which input row failed: its file and line (JSON Lines), id or not.
+    lines = {row.get("id"): number for number, row in enumerate(rows, 1)}
+    assert {i: (row.input_file, row.input_row) for i, row in errors.items()} == {
+        i: (str(tmp_path / "rows.jsonl"), lines[i]) for i in errors}
     assert summary.bad == {"missing_key": 1, "invalid_key": 2, "invalid_deadline": 1, "invalid_pool": 1,
                            "unknown_pool": 1, "invalid_id": 1}
     deadlines = {"sched-1": soon, "sched-2": soon + timedelta(seconds=1)}
@@ -223,8 +228,11 @@ def test_the_command_line_reads_csv_from_s3_and_writes_json_lines_back(
     written = read_json_lines(s3, bucket, "out/results/")
     assert {row["id"]: (row["status"], row["key"]) for row in written} == {
         f"c{i}": ("ok", f"k{i % 2}") for i in range(20)}
-    assert [(row["id"], row["reason"]) for row in read_json_lines(s3, bucket, "out/errors/")] == [
-        ("c-bad", "missing_key")]
+    assert [(row["id"], row["reason"], row["input_file"], row["input_row"])
+            for row in read_json_lines(s3, bucket, "out/errors/")] == [
+        ("c-bad", "missing_key", f"s3://{bucket}/in/rows.csv", 21)]  # the 21st data row, after the header
+    # JSON has no bytes: the response column is base64, as --help and the job's docs say.
+    assert {base64.b64decode(row["response"]) for row in written} == {f"csv-{i}".encode() for i in range(20)}
     assert not spark.sparkContext._jsc.sc().isStopped()  # the CLI left the active session running
 
 

@@ -79,3 +79,29 @@ def test_outcomes_final_or_retried(value: object, status: r.Status, retry: bool)
     got = _outcome(finished(value))
     assert (got[0], got[3]) == (status, retry)
     assert (got[0] in r.FINAL_STATUSES) is (not retry)
+
+
+def test_a_rejected_row_says_where_it_came_from_and_a_request_keeps_its_origin() -> None:
+    bad = r.located(r.prepare({"body": "x"}, "p"), "/in/rows.jsonl", 7)
+    assert isinstance(bad, r.Rejected)
+    assert r.error_row(bad)[-2:] == ("/in/rows.jsonl", 7) and len(r.error_row(bad)) == len(r.ERROR_FIELDS)
+    good = r.located(r.prepare({"key": "k", "id": "i"}, "p"), "/in/rows.jsonl", 8)
+    assert isinstance(good, r.Request) and good == r.Request("i", "p", "k", b"", None)
+    later = r.rejected_later(good, r.Reason.UNKNOWN_POOL, "no pool p")
+    assert r.error_row(later) == ("i", "p", "k", "unknown_pool", "no pool p", "/in/rows.jsonl", 8)
+
+
+@pytest.mark.parametrize(("uri", "local", "given", "shown"), [
+    ("file:///tmp/in/rows%20a.jsonl", None, None, "/tmp/in/rows a.jsonl"),
+    ("file:///tmp/x/input/sub/rows.csv", "/tmp/x/input", "s3://b/in/", "s3://b/in/sub/rows.csv"),
+    ("file:///tmp/x/input/rows.csv", "/tmp/x/input/rows.csv", "s3://b/in/rows.csv", "s3://b/in/rows.csv"),
+    ("hdfs://n/rows.csv", None, None, "hdfs://n/rows.csv"),
+])
+def test_input_files_are_named_as_given(uri: str, local: str | None, given: str | None, shown: str) -> None:
+    assert r.shown_input_file(uri, local, given) == shown
+
+
+def test_every_output_column_is_documented_and_the_json_response_is_said_to_be_base64() -> None:
+    assert set(r.RESULT_COLUMNS) == {*r.RESULT_FIELDS, "run_id"}
+    assert set(r.ERROR_COLUMNS) == {*r.ERROR_FIELDS, "run_id"}
+    assert "base64" in r.RESULT_COLUMNS["response"] and "base64" in r.FORMAT_HELP

@@ -284,5 +284,8 @@ class Reconciler:
                 self.topology.ensure_request_queues(keys)
         self.state.mark_initialized()
         outcome.rebuilt_groups = len(keys)
-        logger.warning("pool state rebuilt from the broker and the driver",
-                       extra={"pool": self.pool, "groups": len(keys)})
+        if keys:  # state was lost while groups existed: worth a look (why did Redis lose it?)
+            logger.warning("pool state rebuilt from the broker and the driver",
+                           extra={"pool": self.pool, "groups": len(keys)})
+        else:  # a new pool (or one with nothing left): nothing was lost, nothing to act on
+            logger.info("pool state initialized (no groups to rebuild)", extra={"pool": self.pool})

@@ -31,6 +31,7 @@ from switchyard.rpc.ports import (
     desired_workers,
 )
 from switchyard.rpc.settings import DEFAULT_WORKER_LOG_DIR
+from switchyard.rpc.worker.examples import INTENDED_CRASH_EXIT
 
 DEFAULT_LOG_DIR = Path(DEFAULT_WORKER_LOG_DIR)
 
@@ -143,6 +144,10 @@ class SubprocessDriver(WorkerGroupDriver):
             code = proc.process.poll()
             if code is None:
                 live.append(proc)
+            elif code == INTENDED_CRASH_EXIT:  # examples.crash: a poison request doing its job
+                logger.info("worker exited: the handler's intended crash (examples.crash, a poison request)",
+                            extra={"group_id": group.group_id, "worker_id": proc.worker_id,
+                                   "returncode": code})
             else:
                 logger.warning("worker exited", extra={"group_id": group.group_id,
                                                        "worker_id": proc.worker_id, "returncode": code})

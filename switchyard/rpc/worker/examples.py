@@ -7,6 +7,10 @@ import time
 
 from switchyard.rpc.worker.request import Request
 
+# The exit code of ``crash``: the driver logs a worker exiting with it at info, as intended (a demo's
+# or a scenario's poison), not as a warning a person should act on. EX_SOFTWARE (70) stays a warning.
+INTENDED_CRASH_EXIT = 86
+
 
 def echo(request: Request) -> bytes:
     """Answer with the request body."""
@@ -34,9 +38,10 @@ def crash(request: Request) -> bytes:
     """A poison request: the worker process dies on it (as a segfault would), every time.
 
     The broker redelivers it to the next worker until the delivery limit dead-letters it to the
-    poison inventory; the other requests of the key are served meanwhile.
+    poison inventory; the other requests of the key are served meanwhile. It exits with
+    ``INTENDED_CRASH_EXIT``, so the driver logs the exit as intended rather than warning.
     """
-    os._exit(70)
+    os._exit(INTENDED_CRASH_EXIT)
 
 
 def demo(request: Request) -> bytes | str:
