@@ -346,7 +346,9 @@ class FunctionsConstruct(Construct):
     # -- delay scheduler ---------------------------------------------------------------------------
     def _build_delay(self) -> dict[str, lambda_.Function]:
         d = self.config.delay
-        env = {**self._kafka_env(), **self._postgres_env()}
+        # the fire loop warns past the same lateness SLA the alarm is set on
+        env = {**self._kafka_env(), **self._postgres_env(),
+               "SWITCHYARD_DELAY_LATENESS_SLA_MS": str(d.lateness_sla_ms)}
         # role -> (timeout, reserved concurrency): enqueue runs per batch, fire and sweep loop.
         reserved = self.config.concurrency
         roles = {"enqueue": (c.ESM_TIMEOUT_S, None), "fire": (c.LOOP_TIMEOUT_S, reserved.fire),

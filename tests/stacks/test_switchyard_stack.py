@@ -12,6 +12,7 @@ from aws_cdk.assertions import Match, Template
 
 from stacks import constants as c
 from stacks.broker import BrokerSettings
+from stacks.config import DelayConfig
 from tests.stacks.conftest import ROOT, synth
 
 pytestmark = pytest.mark.slow
@@ -259,6 +260,15 @@ def test_every_handler_is_deployed_with_layer_tracing_vpc_and_powertools(resourc
             assert env["POWERTOOLS_METRICS_NAMESPACE"] == f"Switchyard/{c.STACK_ID}", module  # its own
             assert env["POWERTOOLS_SERVICE_NAME"].startswith("switchyard-"), module
             assert env["POWERTOOLS_LOG_LEVEL"] == "INFO", module
+
+
+def test_the_fire_loop_warns_past_the_alarms_lateness_sla(resources: Resources) -> None:
+    """The delay functions log a warning past the same SLA the lateness alarm is set on."""
+    functions = switchyard_functions(resources)
+    for module in ("delay_enqueue", "delay_fire", "delay_sweep"):
+        (fn,) = functions[module].values()
+        env = fn["Properties"]["Environment"]["Variables"]
+        assert env["SWITCHYARD_DELAY_LATENESS_SLA_MS"] == str(DelayConfig().lateness_sla_ms), module
 
 
 def test_reserved_concurrency_where_a_handler_must_not_pile_up(resources: Resources) -> None:
