@@ -7,7 +7,7 @@ enqueue handler, and the fire + sweep loops), reads the output topic, and report
 * offered rate achieved, fired throughput in the steady window, lost / duplicated messages;
 * fire jitter = output record CreateTime (stamped when the scheduler produced it) - deadline;
 * arrival jitter = time this benchmark's reader received it - deadline: adds the producer's linger
-  (5 ms), the broker and the reader's fetch. The reader uses the consumer settings the README
+  (5 ms), the broker and the reader's fetch. The reader uses the consumer settings docs/delay.md
   recommends to applications (switchyard.delay.settings.OUTPUT_CONSUMER_SETTINGS) and stamps a
   record when ``poll`` returns it (no batch wait);
 * CPU per second and per message of each scheduler process, of the broker (tansu) and of the

@@ -71,7 +71,7 @@ REDIS_PORT = 6379
 POSTGRES_PORT = 5432
 MSK_IAM_PORT = 9098  # SASL/IAM over TLS, inside the VPC
 
-# Configuration (context keys, JSON values; see stacks/config.py and the README)
+# Configuration (context keys, JSON values; see stacks/config.py and docs/deployment.md)
 CTX_POOLS = "switchyard:pools"
 CTX_DELAY = "switchyard:delay"
 CTX_MSK = "switchyard:msk"
@@ -98,7 +98,7 @@ POSTGRES_VERSIONS = {"15": "VER_15", "16": "VER_16", "17": "VER_17"}
 # Platform (stacks/platform.py): the Lambda runtime python{PYTHON_VERSION} on CPU_ARCHITECTURE, the
 # layer's wheels (layers/build.sh reads both lines), the worker image's python:{PYTHON_VERSION}-slim
 # and the Fargate tasks' CPU. 3.13: the newest Lambda Python that this project's machines can build
-# and import-test a layer for (README, "Runtime and platform").
+# and import-test a layer for (docs/deployment.md, "Runtime and platform").
 PYTHON_VERSION = "3.13"
 CPU_ARCHITECTURE = "x86_64"
 
@@ -133,12 +133,13 @@ POSTGRES_BUDGET_SHARE = 50  # percent of max_connections the functions may use; 
 SCHEDULE_RATE_MINUTES = 1
 # The delay input's MSK mapping runs in provisioned mode: partial batch response is one of its error
 # handling controls, and provisioned pollers invoke the function without a NAT route or interface
-# endpoints in the cluster's isolated subnets (README, "The delay input's event source"). A Kafka poller
-# drives up to 5 concurrent invocations; one invocation per partition is all the mapping ever runs.
+# endpoints in the cluster's isolated subnets (docs/deployment.md, "The delay input's event source").
+# A Kafka poller drives up to 5 concurrent invocations; one invocation per partition is all the
+# mapping ever runs.
 DELAY_MIN_POLLERS = 1
 KAFKA_INVOCATIONS_PER_POLLER = 5
 
-# A new key's first call on AWS (README, "A new key's first call"): its request waits, under its
+# A new key's first call on AWS (docs/deployment.md, "A new key's first call"): its request waits, under its
 # expiration (the call's timeout), for the orphan event source (its batch window, then its poll), the
 # orphan handler (a cold start in the VPC: configuration, secrets, the broker), RunTask and the
 # Fargate task's start, then the worker's own start. Estimates, in seconds:

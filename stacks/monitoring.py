@@ -234,7 +234,7 @@ class MonitoringConstruct(Construct):
                 1,
                 "The broker's at-least-once dead-letter supervisor has stopped (rabbitmq-server#16652): "
                 "orphans wait in the staging queues and new pools cannot be declared. Reboot the broker "
-                "(aws mq reboot-broker); nothing waiting is lost. See the README, 'Operations'.",
+                "(aws mq reboot-broker); nothing waiting is lost. See docs/operations.md.",
             ))
         sla = self.config.delay.lateness_sla_ms
         specs += [

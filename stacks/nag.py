@@ -43,7 +43,7 @@ REASONS = {
     "L1": (
         "Python 3.13 (stacks/platform.py), not 3.14: the layer's handlers are import-tested from the layer "
         "in the runtime's interpreter before every deploy, and no 3.14 interpreter installs on this "
-        "project's machines (none in Debian 12 or from PyPI); README, 'Runtime and platform'."
+        "project's machines (none in Debian 12 or from PyPI); docs/deployment.md, 'Runtime and platform'."
     ),
 }
 

@@ -6,7 +6,7 @@ template, the asset manifest, the Dockerfile and the built layer against it).
 x86_64, not Graviton: the layer's import check runs the handlers from the layer on the build machine,
 which is x86_64 here and in CI, and the worker image builds there without emulation. Graviton is about
 20% cheaper per second of Lambda and Fargate compute, a few dollars a month in the minimal deployment
-(README, "Runtime and platform"); switching is CPU_ARCHITECTURE = "arm64" once builds run on ARM.
+(docs/deployment.md, "Runtime and platform"); switching is CPU_ARCHITECTURE = "arm64" once builds run on ARM.
 """
 
 from __future__ import annotations

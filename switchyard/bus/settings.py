@@ -1,7 +1,7 @@
 """Settings of the event bus (seed 004): Routemaster's knobs under ``SWITCHYARD_BUS_*`` names.
 
 Every value is read and checked here once, so a bad setting fails at start-up, not in a delivery.
-The README's configuration table lists each variable; keep the two in step.
+docs/configuration.md lists each variable; keep the two in step.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Threads (none of which can stop the others, unlike Routemaster's thread group):
   queued (job uniqueness keeps one of each across every worker), heartbeats every worker id and
   flushes the process's delivery metrics.
 
-On AWS the same process runs as an ECS service (see the README): delivery wants long-lived
+On AWS the same process runs as an ECS service (docs/bus.md): delivery wants long-lived
 keep-alive connections to subscribers and blocking pops (a batch leaves within milliseconds of
 being due), which a Lambda function re-created every minute would not keep.
 """

@@ -1,6 +1,6 @@
 """Settings read from the environment, with defaults that work against the local stack.
 
-Every variable is documented in the README's "Configuration" table; keep the two in step.
+Every variable is documented in docs/configuration.md; keep the two in step.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Settings of the delay scheduler: the seed's parameters with its defaults, plus topics and schema.
 
-Every value comes from a ``SWITCHYARD_DELAY_*`` variable (see the README) and is validated here,
+Every value comes from a ``SWITCHYARD_DELAY_*`` variable (docs/configuration.md) and is validated here,
 once, so that a bad topic or schema name fails at start-up rather than in a query.
 """
 
@@ -19,7 +19,7 @@ _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 # What an application reading the output topic should set on its consumer for low arrival latency,
-# on tansu and on MSK alike (the README quotes this; the benchmark's reader and the demo use it):
+# on tansu and on MSK alike (docs/delay.md quotes this; the benchmark's reader and the demo use it):
 # a fetch returns as soon as one byte is there (fetch.min.bytes 1), an empty fetch waits at most
 # 100 ms on the broker instead of 500, and librdkafka prefetches while the application works.
 OUTPUT_CONSUMER_SETTINGS: dict[str, object] = {

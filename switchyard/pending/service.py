@@ -6,8 +6,8 @@ node wires its sides from settings: the Redis store (``store.py``, behind ``port
 caller's side (``caller.py``), the processing side (``processor.py``) and the housekeeping
 (``watcher.py``: data-loss watch, heartbeats of tracked requests, reaper), and routes what its one
 pub/sub connection brings (responses and cancellations on the node channel, cancellations of
-unclaimed requests on each polled endpoint's channel). See the README's "Pending request queue"
-section and the Lua scripts in ``lua/`` for the key layout and each step.
+unclaimed requests on each polled endpoint's channel). See docs/pending.md and the Lua scripts in
+``lua/`` for the key layout and each step.
 """
 
 from __future__ import annotations

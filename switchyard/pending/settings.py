@@ -1,6 +1,6 @@
 """Pending request queue settings: seed 002's timeouts and rates by default, each one configurable.
 
-Every ``SWITCHYARD_PENDING_*`` variable is in the README's configuration table.
+Every ``SWITCHYARD_PENDING_*`` variable is in docs/configuration.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The rpc part's settings from the environment (documented in the README's configuration table).
+"""The rpc part's settings from the environment (documented in docs/configuration.md).
 
 The client's and worker's (``RpcSettings``, ``PoolPolicy``), the control plane's (``ControlSettings``)
 and the worker group driver's (``DriverSettings``, and the ECS driver's ``ecs_settings_from_env``).
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # A call's default timeout, and with it its request's expiration. 30 s locally (a subprocess worker
 # starts in about a second); a deployment writes its own into the stack's configuration, long
-# enough for a new key's first call to wait for a Fargate task (README, "A new key's first call").
+# enough for a new key's first call to wait for a Fargate task (docs/deployment.md, "A new key's first call").
 CALL_TIMEOUT_ENV = "SWITCHYARD_CALL_TIMEOUT"
 # Every AMQP connection of the part (client, worker, control plane) heartbeats this often.
 HEARTBEAT_ENV = "SWITCHYARD_AMQP_HEARTBEAT"

@@ -6,7 +6,7 @@ pyspark, which EMR provides), installed by pip for EMR's Linux rather than this 
 (``--platform`` manylinux tags up to glibc 2.34, Amazon Linux 2023's; ``--python-version 3.11``;
 ``--only-binary=:all:``), and ``bin/python``, a launcher that runs the image's ``python3.11``
 with those packages first on its path. EMR 7.x images ship Python 3.9 only, so the application
-runs a custom image that adds ``python3.11`` (``scripts/emr-image.Dockerfile``; README). Building
+runs a custom image that adds ``python3.11`` (``scripts/emr-image.Dockerfile``; docs/deployment.md). Building
 the interpreter into the archive instead would need an Amazon Linux build host (Docker); this way
 nothing here depends on one, and the archive is the same bytes for the same inputs.
 
@@ -62,7 +62,7 @@ env_dir=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
 py=${{{PYTHON_ENV}:-python{PYTHON_VERSION}}}
 if ! command -v "$py" >/dev/null 2>&1; then
     echo "switchyard environment: $py not found; run the application on the image built from" \\
-         "scripts/emr-image.Dockerfile (README: Submit to EMR Serverless)" >&2
+         "scripts/emr-image.Dockerfile (docs/deployment.md: Submit the pipeline to EMR Serverless)" >&2
     exit 127
 fi
 PYTHONPATH="$env_dir/lib/python{PYTHON_VERSION}/site-packages${{PYTHONPATH:+:$PYTHONPATH}}" exec "$py" "$@"

@@ -3,7 +3,7 @@
 On AWS the Amazon MQ admin user is the pools custom resource's alone: it declares the topology, puts
 the policies and makes these users (``ensure_users``, through the management API), each with the
 password of its own secret and permissions limited to what the role does (configure / write / read;
-the README's deploy section has the same as a table):
+docs/deployment.md has the same as a table):
 
 - orphans: declare request queues / bind them, publish to the request exchange and ``amq.default``
   (poison copies, negative answers) / the request exchange (a bind's source);
