@@ -323,7 +323,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     defaults = argparse.ArgumentDefaultsHelpFormatter
     alarms = subparsers.add_parser(
         "alarms", help="the deployed alarms: their states, and a scenario that trips them (with --stack)")
-    sub = alarms.add_subparsers(dest="alarms_command", metavar="COMMAND", required=True)
+    sub = alarms.add_subparsers(dest="alarms_command", metavar="COMMAND", required=True, help="the command to run (each has its own --help)")
     show = sub.add_parser("show", help="print every Switchyard alarm and its state")
     add_stack_option(show)
     show.set_defaults(func=cmd_show)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -97,20 +98,33 @@ def cmd_call(args: argparse.Namespace) -> int:
     return 0 if response.ok else 3
 
 
+# ``switchyard worker`` flags and the WORKER_* variables they stand for (a flag wins; the worker
+# group drivers keep setting the variables).
+WORKER_FLAGS = {"pool": "WORKER_POOL", "key": "WORKER_KEY", "id": "WORKER_ID",
+                "requests_queue": "WORKER_REQUESTS_QUEUE", "activity_exchange": "WORKER_ACTIVITY_EXCHANGE"}
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
+    for flag, variable in WORKER_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            os.environ[variable] = value  # this process's own configuration, read by WorkerConfig.from_env
     stats = run_worker(args.handler)
     print(f"worker stopped: {stats.handled} handled, {stats.errors} errors, {stats.requeued} requeued",
           file=sys.stderr)
     return 0
 
 
+POOL_RULE = f"1-{p.MAX_POOL_NAME_CHARS} of A-Z a-z 0-9 _"
+
+
 def _pool_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pool", required=True, help="pool name: 1-64 of A-Z a-z 0-9 _")
+    parser.add_argument("--pool", required=True, help=f"pool name: {POOL_RULE}")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     pool = subparsers.add_parser("pool", help="declare and inspect a pool's exchanges and queues")
-    pool_sub = pool.add_subparsers(dest="pool_command", metavar="SUBCOMMAND", required=True)
+    pool_sub = pool.add_subparsers(dest="pool_command", metavar="COMMAND", required=True, help="the command to run (each has its own --help)")
 
     init = pool_sub.add_parser("init", help="declare a pool (idempotent; safe from several processes)")
     _pool_arg(init)
@@ -149,10 +163,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     call.set_defaults(func=cmd_call)
 
     worker = subparsers.add_parser(
-        "worker",
-        help="run a worker (reads WORKER_POOL, WORKER_KEY, WORKER_ID, WORKER_REQUESTS_QUEUE, "
-             "WORKER_ACTIVITY_EXCHANGE)",
-    )
+        "worker", help="run a worker: serve one key's requests with a handler until SIGTERM",
+        description="Run a worker. Each flag may instead come from its WORKER_* variable (the worker "
+                    "group drivers set them); a flag wins over its variable.")
     worker.add_argument("--handler", required=True,
                         help="module:function taking a Request, e.g. switchyard.rpc.examples:echo")
+    worker.add_argument("--pool", help=f"pool name (WORKER_POOL): {POOL_RULE}")
+    worker.add_argument("--key", help="the key this worker serves (WORKER_KEY)")
+    worker.add_argument("--id", help="this worker's id in replies and activity events "
+                                     "(WORKER_ID; default host-pid-random)")
+    worker.add_argument("--requests-queue", metavar="QUEUE",
+                        help="queue to consume (WORKER_REQUESTS_QUEUE; default the key's request queue)")
+    worker.add_argument("--activity-exchange", metavar="EXCHANGE",
+                        help="where activity events go (WORKER_ACTIVITY_EXCHANGE; default the pool's)")
     worker.set_defaults(func=cmd_worker)
