@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from switchyard.cli.options import add_stack_option
+from switchyard.cli.options import add_commands, add_stack_option
 from switchyard.core.deployed_config import ALARM_PREFIX_ENV
 from switchyard.core.errors import ConfigError, SwitchyardError
 
@@ -323,7 +323,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     defaults = argparse.ArgumentDefaultsHelpFormatter
     alarms = subparsers.add_parser(
         "alarms", help="the deployed alarms: their states, and a scenario that trips them (with --stack)")
-    sub = alarms.add_subparsers(dest="alarms_command", metavar="COMMAND", required=True, help="the command to run (each has its own --help)")
+    sub = add_commands(alarms, "alarms_command", required=True)
     show = sub.add_parser("show", help="print every Switchyard alarm and its state")
     add_stack_option(show)
     show.set_defaults(func=cmd_show)

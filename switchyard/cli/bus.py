@@ -9,7 +9,7 @@ import threading
 from dataclasses import asdict
 
 from switchyard.cli.local import quiet_metrics
-from switchyard.cli.options import AT_LEAST_ONE, PORT, add_json_option
+from switchyard.cli.options import AT_LEAST_ONE, PORT, add_commands, add_json_option
 from switchyard.cli.preflight import require
 
 
@@ -93,7 +93,7 @@ def cmd_openapi(_args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     bus = subparsers.add_parser("bus", help="the event bus (Routemaster's API): serve, worker, token, status")
-    sub = bus.add_subparsers(dest="bus_command", metavar="COMMAND", help="the command to run (each has its own --help)")
+    sub = add_commands(bus, "bus_command")
     bus.set_defaults(func=lambda _args: bus.print_help() or 2)
 
     serve = sub.add_parser("serve", help="serve the HTTP API locally (the Lambda function's resolver)")

@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from switchyard.cli.local import invoke_handler, read_event
-from switchyard.cli.options import AT_LEAST_ONE, COUNT, add_json_option, iso_time
+from switchyard.cli.options import AT_LEAST_ONE, COUNT, add_commands, add_json_option, iso_time
 from switchyard.cli.preflight import require
 from switchyard.core.config import Connections
 from switchyard.core.errors import ConfigError
@@ -137,6 +137,11 @@ def _parked(args: argparse.Namespace) -> int:
         rows = svc.store.parked(args.limit)
     finally:
         svc.close()
+    if args.json:
+        print(json.dumps([{"id": message_id, "deadline": deadline.isoformat(),
+                           "parked_at": parked_at.isoformat(), "bytes": size or 0, "reason": reason}
+                          for message_id, deadline, parked_at, reason, size in rows]))
+        return 0
     if not rows:
         print(f"no parked messages in schema {svc.settings.schema}")
         return 0
@@ -155,7 +160,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Persistent delay scheduler. Configuration: SWITCHYARD_DELAY_* variables (see README).",
     )
     delay.set_defaults(func=lambda _args: delay.print_help() or 2)
-    sub = delay.add_subparsers(dest="delay_command", metavar="COMMAND", help="the command to run (each has its own --help)")
+    sub = add_commands(delay, "delay_command")
 
     run = sub.add_parser("run", help="local runtime: MSK bridge + ready/fire loop + failure sweep",
                          description="Run the scheduler continuously until Ctrl-C / SIGTERM.")
@@ -165,6 +170,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     migrate = sub.add_parser("migrate", help="create or upgrade the schema (idempotent)",
                              description="Apply the delay store's migrations to SWITCHYARD_DELAY_SCHEMA.")
+    add_json_option(migrate, always=True)
     migrate.set_defaults(func=_migrate)
 
     invoke = sub.add_parser("invoke", help="invoke one Lambda handler with an event file",
@@ -174,6 +180,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     invoke.add_argument("--event", help="JSON event file (default: an EventBridge scheduled event)")
     invoke.add_argument("--timeout-ms", type=COUNT, default=5000,
                         help="the fake context's remaining time; fire/sweep loop until it runs short")
+    add_json_option(invoke, always=True)
     invoke.set_defaults(func=_invoke)
 
     send = sub.add_parser("send", help="publish a test message with Chronos headers",
@@ -186,6 +193,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     send.add_argument("--value", default="{}", help="the message value (default {})")
     send.add_argument("--header", action="append", default=[], metavar="NAME=VALUE", help="extra header")
     send.add_argument("--topic", help="default: SWITCHYARD_DELAY_INPUT_TOPIC")
+    add_json_option(send, always=True)
     send.set_defaults(func=_send)
 
     status = sub.add_parser("status", help="count waiting and ready rows",
@@ -196,4 +204,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parked = sub.add_parser("parked", help="list messages the output broker refused for good",
                             description="Messages moved to parked_messages instead of being retried forever.")
     parked.add_argument("--limit", type=AT_LEAST_ONE, default=100, help="at most this many, newest first")
+    add_json_option(parked)
     parked.set_defaults(func=_parked)

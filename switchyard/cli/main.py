@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 from switchyard import __version__
 from switchyard.cli.config import redact_url
-from switchyard.cli.options import CliParser, add_stack_option, print_error, use_stack
+from switchyard.cli.options import CliParser, add_commands, add_stack_option, print_error, use_stack
 from switchyard.cli.preflight import unavailable
 from switchyard.core.errors import SwitchyardError
 
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"switchyard {__version__}")
     add_stack_option(parser)
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", help="the command to run (each has its own --help)")
+    subparsers = add_commands(parser, "command")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     for command in commands(parser):  # every command reads settings a deployed stack may hold

@@ -67,10 +67,20 @@ def add_stack_option(parser: argparse.ArgumentParser) -> None:
              "AWS_ENDPOINT_URL), as its Lambda functions do; e.g. SwitchyardLocal on LocalStack")
 
 
-def add_json_option(parser: argparse.ArgumentParser) -> None:
-    """``--json``: the command's result as JSON on stdout (for scripts) instead of lines to read."""
+def add_commands(parser: argparse.ArgumentParser, dest: str, *,
+                 required: bool = False) -> argparse._SubParsersAction:
+    """A group of subcommands, labelled ``COMMAND`` in every usage line."""
+    return parser.add_subparsers(dest=dest, metavar="COMMAND", required=required,
+                                 help="the command to run (each has its own --help)")
+
+
+def add_json_option(parser: argparse.ArgumentParser, *, always: bool = False) -> None:
+    """``--json``: the command's result as JSON on stdout (for scripts) instead of lines to read.
+    ``always``: the result is JSON anyway (a handler's outcome, a message's ids); the flag is taken
+    so that every command with output takes it."""
     parser.add_argument("--json", action="store_true",
-                        help="print the result as JSON (for scripts) instead of lines to read")
+                        help="print the result as JSON (it always is: the flag is accepted for scripts)"
+                        if always else "print the result as JSON (for scripts) instead of lines to read")
 
 
 def iso_time(epoch_s: float) -> str:

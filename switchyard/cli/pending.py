@@ -10,7 +10,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_json_option
+from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_commands, add_json_option
 from switchyard.cli.preflight import reach, require
 from switchyard.core.errors import ConfigError
 
@@ -119,7 +119,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "pending", help="pending request queue: RPC to polling services through Redis (seed 002)",
         description="Pending request queue. Configuration: SWITCHYARD_PENDING_* variables (see README).")
     pending.set_defaults(func=lambda _args: pending.print_help() or 2)
-    sub = pending.add_subparsers(dest="pending_command", metavar="COMMAND", help="the command to run (each has its own --help)")
+    sub = add_commands(pending, "pending_command")
 
     serve = sub.add_parser("serve", help="a node: the HTTP long-poll API for polling services",
                            description="Serve the node API (the Lambda's resolver) on HOST:PORT. Tokens: "
@@ -135,6 +135,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     call.add_argument("--body", default="null", help="JSON (plain text is sent as a string)")
     call.add_argument("--pickup-timeout", type=POSITIVE, help="seconds (SWITCHYARD_PENDING_PICKUP_TIMEOUT)")
     call.add_argument("--timeout", type=POSITIVE, help="cancel the call after this many seconds")
+    add_json_option(call, always=True)
     call.set_defaults(func=_call)
 
     status = sub.add_parser("status", help="queue depth, in-flight requests and oldest age per endpoint")

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from switchyard.cli.options import AT_LEAST_ONE, POSITIVE
+from switchyard.cli.options import AT_LEAST_ONE, POSITIVE, add_commands, add_json_option
 from switchyard.cli.preflight import require
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
@@ -60,8 +60,13 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     with PoolTopology(args.pool, settings) as topology:
         topology.require()
         queues = topology.management.list_queues(f"^{args.pool}-")
+    queues = sorted(queues, key=lambda q: q["name"])
+    if args.json:
+        print(json.dumps([{"name": q["name"], "type": q.get("type"), "messages": q.get("messages", 0),
+                           "consumers": q.get("consumers", 0)} for q in queues]))
+        return 0
     print(f"{'queue':60} {'type':8} {'messages':>8} {'consumers':>9}")
-    for q in sorted(queues, key=lambda q: q["name"]):
+    for q in queues:
         print(f"{q['name'][:60]:60} {q.get('type', '?'):8} "
               f"{q.get('messages', 0):>8} {q.get('consumers', 0):>9}")
     return 0
@@ -124,7 +129,7 @@ def _pool_arg(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     pool = subparsers.add_parser("pool", help="declare and inspect a pool's exchanges and queues")
-    pool_sub = pool.add_subparsers(dest="pool_command", metavar="COMMAND", required=True, help="the command to run (each has its own --help)")
+    pool_sub = add_commands(pool, "pool_command", required=True)
 
     init = pool_sub.add_parser("init", help="declare a pool (idempotent; safe from several processes)")
     _pool_arg(init)
@@ -148,6 +153,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     status = pool_sub.add_parser("status", help="list the pool's queues with their depth and consumers")
     _pool_arg(status)
+    add_json_option(status)
     status.set_defaults(func=cmd_pool_status)
 
     call = subparsers.add_parser("call", help="send one request and print the response")
@@ -159,7 +165,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     call.add_argument("--expiration-ms", type=AT_LEAST_ONE, default=None,
                       help="request TTL (default: the timeout)")
     call.add_argument("--confirm", action="store_true", help="use publisher confirms")
-    call.add_argument("--json", action="store_true", help="print the response as JSON")
+    add_json_option(call)
     call.set_defaults(func=cmd_call)
 
     worker = subparsers.add_parser(

@@ -97,7 +97,8 @@ class TextFormatter(LambdaPowertoolsFormatter):
     def serialize(self, log: Any) -> str:
         extra = " ".join(f"{key}={_text_value(value)}" for key, value in log.items()
                          if key not in _STANDARD_KEYS)
-        line = f"{log.get('level')} {log.get('service')}: {log.get('message')}" + (f" {extra}" if extra else "")
+        line = f"{log.get('level')} {log.get('service')}: {log.get('message')}"
+        line += f" {extra}" if extra else ""
         exception = log.get("exception")
         return f"{line}\n{exception}" if exception else line
 

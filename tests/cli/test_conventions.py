@@ -51,9 +51,9 @@ def _no_metric_blob(text: str) -> None:
 def test_a_failed_pending_call_prints_no_metrics() -> None:
     env = subprocess_env()
     env.pop("SWITCHYARD_SHIP_METRICS", None)
-    done = subprocess.run([sys.executable, "-m", "switchyard", "pending", "call", "--endpoint", unique("nobody"),
-                           "--pickup-timeout", "0.5"], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=60)
+    done = subprocess.run([sys.executable, "-m", "switchyard", "pending", "call",
+                           "--endpoint", unique("nobody"), "--pickup-timeout", "0.5"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert done.returncode == 1, done.stderr
     assert done.stdout == ""
     _no_metric_blob(done.stderr)

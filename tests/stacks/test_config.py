@@ -36,7 +36,7 @@ def test_context_from_the_command_line_is_json() -> None:
     ("context", "message"),
     [
         ({c.CTX_POOLS: [{"name": "bad-name"}]}, "invalid pool name 'bad-name'"),
-        ({c.CTX_POOLS: [{"name": "x" * (MAX_POOL_NAME_CHARS + 1)}]}, f"at most {MAX_POOL_NAME_CHARS} characters"),
+        ({c.CTX_POOLS: [{"name": "x" * (MAX_POOL_NAME_CHARS + 1)}]}, f"at most {MAX_POOL_NAME_CHARS} char"),
         ({c.CTX_POOLS: [{"name": "a"}, {"name": "a"}]}, r"repeated: \['a'\]"),
         ({c.CTX_POOLS: []}, "at least one pool"),
         ({c.CTX_POOLS: [{"handler": "x:y"}]}, 'objects with a "name"'),
