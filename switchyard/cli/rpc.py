@@ -32,16 +32,24 @@ def _settings(args: argparse.Namespace) -> RpcSettings:
     return settings
 
 
+def _result(args: argparse.Namespace, data: dict[str, object], line: str) -> int:
+    """Print a command's result: ``data`` as JSON with ``--json``, else ``line``."""
+    print(json.dumps(data) if args.json else line)
+    return 0
+
+
 def cmd_pool_init(args: argparse.Namespace) -> int:
     settings = _settings(args)
     require("amqp", "management", connections=settings.connections)
     with PoolTopology(args.pool, settings) as topology:
         topology.declare()
     policy = settings.policy
-    print(f"pool {args.pool!r} ready: exchange {p.req_exchange(args.pool)}, request queues "
-          f"{policy.queue_type.value}, ttl {policy.message_ttl_ms} ms, "
-          f"delivery limit {policy.delivery_limit}")
-    return 0
+    return _result(args, {"pool": args.pool, "exchange": p.req_exchange(args.pool),
+                          "queue_type": policy.queue_type.value, "ttl_ms": policy.message_ttl_ms,
+                          "delivery_limit": policy.delivery_limit},
+                   f"pool {args.pool!r} ready: exchange {p.req_exchange(args.pool)}, request queues "
+                   f"{policy.queue_type.value}, ttl {policy.message_ttl_ms} ms, "
+                   f"delivery limit {policy.delivery_limit}")
 
 
 def cmd_pool_bind(args: argparse.Namespace) -> int:
@@ -50,8 +58,8 @@ def cmd_pool_bind(args: argparse.Namespace) -> int:
     with PoolTopology(args.pool, settings) as topology:
         topology.require()
         queue = topology.ensure_request_queue(args.key)
-    print(f"queue {queue} bound to {p.req_exchange(args.pool)} by key {args.key!r}")
-    return 0
+    return _result(args, {"queue": queue, "exchange": p.req_exchange(args.pool), "key": args.key},
+                   f"queue {queue} bound to {p.req_exchange(args.pool)} by key {args.key!r}")
 
 
 def cmd_pool_status(args: argparse.Namespace) -> int:
@@ -82,8 +90,8 @@ def cmd_pool_delete(args: argparse.Namespace) -> int:
         queues = topology.own_queues()
         dropped = topology.delete(force=args.force)  # PoolNotEmptyError: one line from main, exit 1
     PoolState(connect_redis(settings.connections), args.pool).clear()
-    print(f"pool {args.pool!r} deleted ({len(queues)} queues, {dropped} messages dropped)")
-    return 0
+    return _result(args, {"pool": args.pool, "queues": len(queues), "dropped": dropped},
+                   f"pool {args.pool!r} deleted ({len(queues)} queues, {dropped} messages dropped)")
 
 
 def cmd_call(args: argparse.Namespace) -> int:
@@ -139,16 +147,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="request TTL in ms (default SWITCHYARD_REQUEST_TTL_MS)")
     init.add_argument("--delivery-limit", type=AT_LEAST_ONE,
                       help="deliveries before a request is dead-lettered (default SWITCHYARD_DELIVERY_LIMIT)")
+    add_json_option(init)
     init.set_defaults(func=cmd_pool_init)
 
     bind = pool_sub.add_parser("bind", help="create a key's request queue and bind it (no worker needed)")
     _pool_arg(bind)
     bind.add_argument("--key", required=True, help="the worker key (any UTF-8 string)")
+    add_json_option(bind)
     bind.set_defaults(func=cmd_pool_bind)
 
     delete = pool_sub.add_parser("delete", help="delete a pool's queues, exchanges, policies and state")
     _pool_arg(delete)
     delete.add_argument("--force", action="store_true", help="delete even if queues still hold messages")
+    add_json_option(delete)
     delete.set_defaults(func=cmd_pool_delete)
 
     status = pool_sub.add_parser("status", help="list the pool's queues with their depth and consumers")

@@ -139,3 +139,11 @@ def test_metrics_are_off_for_a_command_and_the_setting_is_restored(monkeypatch) 
     with metrics_routed():
         assert os.environ[METRICS_DISABLED_ENV] == "true"
     assert METRICS_DISABLED_ENV not in os.environ
+
+
+def test_commands_with_a_result_take_json() -> None:
+    takes = {c.prog.removeprefix("switchyard ") for c in commands(build_parser())
+             if any("--json" in a.option_strings for a in c._actions)}
+    assert {"pool init", "pool bind", "pool delete", "pool status", "call", "delay migrate", "delay invoke",
+            "delay send", "delay status", "delay parked", "pending call", "pending status", "bus status",
+            "config", "alarms show"} <= takes
