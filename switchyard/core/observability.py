@@ -83,11 +83,13 @@ class RedactingStreamHandler(logging.StreamHandler):
 
 LOG_FORMAT_ENV = "SWITCHYARD_LOG_FORMAT"
 LOG_FORMATS = ("text", "json")
-# Keys every Powertools record carries; the text line shows level, service and message in front
-# and drops the rest (the time is the terminal's, the location a developer's).
+# Keys every Powertools record carries, and the Lambda context's (the local runtime's fake one);
+# the text line shows level, service and message in front and drops the rest (the time is the
+# terminal's, the location a developer's, the context the same for every line of a handler).
 _STANDARD_KEYS = frozenset({"level", "location", "message", "timestamp", "service", "exception",
                             "exception_name", "exception_notes", "stack_trace", "xray_trace_id",
-                            "sampling_rate"})
+                            "sampling_rate", "cold_start", "function_name", "function_memory_size",
+                            "function_arn", "function_request_id"})
 
 
 class TextFormatter(LambdaPowertoolsFormatter):
