@@ -10,6 +10,7 @@ import time
 
 from switchyard.cli.options import AT_LEAST_ONE, POSITIVE, add_commands, add_json_option
 from switchyard.cli.preflight import require
+from switchyard.core.errors import ConfigError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.control.topology import PoolTopology
@@ -122,6 +123,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         value = getattr(args, flag, None)
         if value is not None:
             os.environ[variable] = value  # this process's own configuration, read by WorkerConfig.from_env
+    if not (os.environ.get("WORKER_POOL") and os.environ.get("WORKER_KEY")):
+        raise ConfigError("a worker needs a pool and a key: give --pool and --key (or WORKER_POOL and "
+                          "WORKER_KEY, which the worker group drivers set)")
     stats = run_worker(args.handler)
     print(f"worker stopped: {stats.handled} handled, {stats.errors} errors, {stats.requeued} requeued",
           file=sys.stderr)
