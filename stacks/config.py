@@ -19,7 +19,7 @@ from switchyard.core import errors
 from switchyard.core.errors import InvalidNameError
 from switchyard.delay.settings import DelaySettings, validate_schema, validate_topic
 from switchyard.rpc.drivers.ecs import CAPACITY_PROVIDERS, DEFAULT_CAPACITY_PROVIDER
-from switchyard.rpc.protocol import validate_pool
+from switchyard.rpc.protocol import MAX_POOL_NAME_CHARS, validate_pool
 from switchyard.rpc.settings import PoolPolicy
 
 # EMR Serverless takes a custom image from ECR only (in the application's account and Region).
@@ -125,13 +125,9 @@ class PoolConfig:
 
     def __post_init__(self) -> None:
         where = f"{c.CTX_POOLS}[{self.name!r}]"
+        _check(len(self.name) <= MAX_POOL_NAME_CHARS, where,
+               f"pool names are at most {MAX_POOL_NAME_CHARS} characters (switchyard.rpc.protocol)")
         validate_pool(self.name)
-        _check(
-            len(self.name) <= c.MAX_POOL_NAME_CHARS,
-            where,
-            f"pool names are at most {c.MAX_POOL_NAME_CHARS} characters in a deployment "
-            "(they become part of function and task definition names)",
-        )
         _check(
             ":" in self.handler and all(self.handler.split(":")),
             where,

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import sys
 import tempfile
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from switchyard.cli.options import add_stack_option
+from switchyard.cli.options import add_commands, add_json_option, add_stack_option
 from switchyard.core.deployed_config import ALARM_PREFIX_ENV
 from switchyard.core.errors import ConfigError, SwitchyardError
 
@@ -305,9 +306,13 @@ def run_scenario(pool: str, *, poison_calls: int = 1, backlog: int = 20, timeout
     return table
 
 
-def cmd_show(_args: argparse.Namespace) -> int:
+def cmd_show(args: argparse.Namespace) -> int:
+    states = alarm_states(cloudwatch())
+    if args.json:
+        print(json.dumps(dict(sorted(states.items()))))  # alarm name -> OK | ALARM | INSUFFICIENT_DATA
+        return 0
     table = Table()
-    table.add("state", alarm_states(cloudwatch()))
+    table.add("state", states)
     print(table.render())
     return 0
 
@@ -323,9 +328,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     defaults = argparse.ArgumentDefaultsHelpFormatter
     alarms = subparsers.add_parser(
         "alarms", help="the deployed alarms: their states, and a scenario that trips them (with --stack)")
-    sub = alarms.add_subparsers(dest="alarms_command", metavar="COMMAND", required=True)
+    sub = add_commands(alarms, "alarms_command", required=True)
     show = sub.add_parser("show", help="print every Switchyard alarm and its state")
     add_stack_option(show)
+    add_json_option(show)
     show.set_defaults(func=cmd_show)
     scenario = sub.add_parser(
         "scenario", formatter_class=defaults,

@@ -9,7 +9,7 @@ import threading
 from dataclasses import asdict
 
 from switchyard.cli.local import quiet_metrics
-from switchyard.cli.options import AT_LEAST_ONE, PORT
+from switchyard.cli.options import AT_LEAST_ONE, PORT, add_commands, add_json_option
 from switchyard.cli.preflight import require
 
 
@@ -63,11 +63,24 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(_args: argparse.Namespace) -> int:
+def cmd_status(args: argparse.Namespace) -> int:
     quiet_metrics()
     from switchyard.bus.housekeeping import telemetry
 
-    print(json.dumps(asdict(telemetry(_bus().store)), indent=2))
+    state = telemetry(_bus().store)
+    if args.json:
+        print(json.dumps(asdict(state), indent=2))
+        return 0
+    if state.subscribers:
+        print(f"{'subscriber':30} {'events':>8} {'batches':>8} {'oldest':>10} {'health':>7}")
+        for s in state.subscribers:
+            print(f"{s.name[:30]:30} {s.events:>8} {s.batches:>8} {s.oldest_age_ms / 1000:>9.1f}s "
+                  f"{s.health_points:>7}")
+    else:
+        print("no subscribers")
+    for queue, lengths in state.jobs.items():
+        print(f"jobs {queue}: " + ", ".join(f"{n} {kind}" for kind, n in lengths.items()))
+    print(f"redis memory {state.used_memory / 2**20:.1f} MiB; events autodropped {state.autodropped}")
     return 0
 
 
@@ -80,12 +93,12 @@ def cmd_openapi(_args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     bus = subparsers.add_parser("bus", help="the event bus (Routemaster's API): serve, worker, token, status")
-    sub = bus.add_subparsers(dest="bus_command", metavar="BUS_COMMAND")
+    sub = add_commands(bus, "bus_command")
     bus.set_defaults(func=lambda _args: bus.print_help() or 2)
 
     serve = sub.add_parser("serve", help="serve the HTTP API locally (the Lambda function's resolver)")
     serve.add_argument("--port", type=PORT, default=8090, help="0: any free port")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--threads", type=AT_LEAST_ONE, default=32, help="requests in progress at once")
     serve.set_defaults(func=cmd_serve)
 
@@ -100,6 +113,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     token.set_defaults(func=cmd_token)
 
     status = sub.add_parser("status", help="print the telemetry: queued events, health points, jobs, memory")
+    add_json_option(status)
     status.set_defaults(func=cmd_status)
 
     openapi = sub.add_parser("openapi", help="print the API's OpenAPI document")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 from dataclasses import fields
 
+from switchyard.cli.options import add_json_option
 from switchyard.core.config import Connections
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 
@@ -18,19 +20,23 @@ def redact_url(value: str) -> str:
     return _CREDENTIALS.sub(r"\1:***@", value)
 
 
-def cmd_config(_args: argparse.Namespace) -> int:
+def cmd_config(args: argparse.Namespace) -> int:
     connections = Connections.from_env()  # the deployed stack's parameters; each URL reads its secret below
     source = os.environ.get(CONFIG_PATH_ENV)
+    # Fields without repr say where secrets come from: not settings.
+    shown = {f.name: getattr(connections, f.name) for f in fields(connections) if f.repr}
+    if args.json:
+        print(json.dumps({"source": source, **{name: redact_url(v) if isinstance(v, str) else v
+                                               for name, v in shown.items()}}))
+        return 0
     print(f"configuration from {'SSM ' + source + ' and the environment' if source else 'the environment'}"
           " (defaults: the local stack)")
-    for field in fields(connections):
-        if not field.repr:
-            continue  # where secrets come from, not a setting
-        value = getattr(connections, field.name)
-        print(f"  {field.name:<18} {redact_url(str(value)) if value is not None else '-'}")
+    for name, value in shown.items():
+        print(f"  {name:<18} {redact_url(str(value)) if value is not None else '-'}")
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     config = subparsers.add_parser("config", help="print the connection settings in effect (no passwords)")
+    add_json_option(config)
     config.set_defaults(func=cmd_config)

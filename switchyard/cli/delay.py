@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from switchyard.cli.local import invoke_handler, read_event
-from switchyard.cli.options import AT_LEAST_ONE, COUNT
+from switchyard.cli.options import AT_LEAST_ONE, COUNT, add_commands, add_json_option, iso_time
 from switchyard.cli.preflight import require
 from switchyard.core.config import Connections
 from switchyard.core.errors import ConfigError
@@ -121,8 +121,12 @@ def _send(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     svc = _store()
     waiting, ready = svc.store.counts()
-    print(json.dumps({"schema": svc.settings.schema, "waiting": waiting, "ready": ready, "at": time.time()}))
     svc.close()
+    at = time.time()
+    if args.json:
+        print(json.dumps({"schema": svc.settings.schema, "waiting": waiting, "ready": ready, "at": at}))
+    else:
+        print(f"schema {svc.settings.schema}: {waiting} waiting, {ready} ready (at {iso_time(at)})")
     return 0
 
 
@@ -133,6 +137,11 @@ def _parked(args: argparse.Namespace) -> int:
         rows = svc.store.parked(args.limit)
     finally:
         svc.close()
+    if args.json:
+        print(json.dumps([{"id": message_id, "deadline": deadline.isoformat(),
+                           "parked_at": parked_at.isoformat(), "bytes": size or 0, "reason": reason}
+                          for message_id, deadline, parked_at, reason, size in rows]))
+        return 0
     if not rows:
         print(f"no parked messages in schema {svc.settings.schema}")
         return 0
@@ -151,7 +160,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Persistent delay scheduler. Configuration: SWITCHYARD_DELAY_* variables (see README).",
     )
     delay.set_defaults(func=lambda _args: delay.print_help() or 2)
-    sub = delay.add_subparsers(dest="delay_command", metavar="SUBCOMMAND")
+    sub = add_commands(delay, "delay_command")
 
     run = sub.add_parser("run", help="local runtime: MSK bridge + ready/fire loop + failure sweep",
                          description="Run the scheduler continuously until Ctrl-C / SIGTERM.")
@@ -161,14 +170,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     migrate = sub.add_parser("migrate", help="create or upgrade the schema (idempotent)",
                              description="Apply the delay store's migrations to SWITCHYARD_DELAY_SCHEMA.")
+    add_json_option(migrate, always=True)
     migrate.set_defaults(func=_migrate)
 
     invoke = sub.add_parser("invoke", help="invoke one Lambda handler with an event file",
                             description="Call functions/delay_HANDLER.py's lambda_handler once, locally.")
-    invoke.add_argument("handler", choices=list(runtime.FUNCTIONS))
+    invoke.add_argument("handler", choices=list(runtime.FUNCTIONS),
+                        help="which handler: functions/delay_HANDLER.py")
     invoke.add_argument("--event", help="JSON event file (default: an EventBridge scheduled event)")
     invoke.add_argument("--timeout-ms", type=COUNT, default=5000,
                         help="the fake context's remaining time; fire/sweep loop until it runs short")
+    add_json_option(invoke, always=True)
     invoke.set_defaults(func=_invoke)
 
     send = sub.add_parser("send", help="publish a test message with Chronos headers",
@@ -177,17 +189,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     when = send.add_mutually_exclusive_group()
     when.add_argument("--deadline", help="chronosDeadline, ISO-8601 (naive means UTC)")
     when.add_argument("--delay-ms", type=int, default=5000, help="deadline = now + this (default 5000)")
-    send.add_argument("--key")
-    send.add_argument("--value", default="{}")
+    send.add_argument("--key", help="the Kafka message key (default: none)")
+    send.add_argument("--value", default="{}", help="the message value (default {})")
     send.add_argument("--header", action="append", default=[], metavar="NAME=VALUE", help="extra header")
     send.add_argument("--topic", help="default: SWITCHYARD_DELAY_INPUT_TOPIC")
+    add_json_option(send, always=True)
     send.set_defaults(func=_send)
 
     status = sub.add_parser("status", help="count waiting and ready rows",
-                            description="Print waiting/ready row counts of the schema as JSON.")
+                            description="Print the waiting and ready row counts of the schema.")
+    add_json_option(status)
     status.set_defaults(func=_status)
 
     parked = sub.add_parser("parked", help="list messages the output broker refused for good",
                             description="Messages moved to parked_messages instead of being retried forever.")
     parked.add_argument("--limit", type=AT_LEAST_ONE, default=100, help="at most this many, newest first")
+    add_json_option(parked)
     parked.set_defaults(func=_parked)

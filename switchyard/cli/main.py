@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from switchyard import __version__
 from switchyard.cli.config import redact_url
-from switchyard.cli.options import CliParser, add_stack_option, print_error, use_stack
+from switchyard.cli.options import CliParser, add_commands, add_stack_option, print_error, use_stack
 from switchyard.cli.preflight import unavailable
 from switchyard.core.errors import SwitchyardError
 
@@ -29,6 +30,8 @@ COMMAND_MODULES = (
 )
 # Set to see the traceback of an unexpected error (a bug to report) instead of its one line.
 TRACEBACK_ENV = "SWITCHYARD_TRACEBACK"
+METRICS_DISABLED_ENV = "POWERTOOLS_METRICS_DISABLED"
+SHIP_ENV = "SWITCHYARD_SHIP_METRICS"  # the metrics shipper's switch (switchyard.local.metrics_shipper)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,10 +44,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"switchyard {__version__}")
     add_stack_option(parser)
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = add_commands(parser, "command")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    for command in commands(parser):  # every command reads settings a deployed stack may hold
+        if not any("--stack" in action.option_strings for action in command._actions):
+            add_stack_option(command)
     return parser
+
+
+def commands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser under ``parser`` that runs something (the leaves of the subcommand tree)."""
+    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not groups:
+        return [parser]
+    return [leaf for child in dict.fromkeys(groups[0].choices.values()) for leaf in commands(child)]
+
+
+@contextlib.contextmanager
+def metrics_routed() -> Iterator[None]:
+    """Stdout is for the command's result: metrics go to CloudWatch with ``SWITCHYARD_SHIP_METRICS=1``
+    (the metrics shipper; a command that runs handlers re-installs it with their ``service``),
+    otherwise nowhere (Powertools' ``POWERTOOLS_METRICS_DISABLED``, restored afterwards)."""
+    if os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
+        yield
+        return
+    if os.environ.get(SHIP_ENV):  # Powertools is imported only where it may be used
+        from switchyard.local.metrics_shipper import install_metrics_shipper, ship_metrics_enabled
+
+        if ship_metrics_enabled():
+            install_metrics_shipper()
+            yield
+            return
+    before = os.environ.get(METRICS_DISABLED_ENV)
+    os.environ[METRICS_DISABLED_ENV] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(METRICS_DISABLED_ENV, None)
+        else:
+            os.environ[METRICS_DISABLED_ENV] = before
 
 
 def innermost(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
@@ -71,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if getattr(args, "stack", None):
             use_stack(args.stack)
-        return int(func(args) or 0)
+        with metrics_routed():
+            return int(func(args) or 0)
     except SwitchyardError as exc:
         return print_error(redact_url(str(exc)))
     except KeyboardInterrupt:

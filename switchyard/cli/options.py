@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import NoReturn
 
 from switchyard.core.deployed_config import CONFIG_PATH_ENV, config_path, load_deployed_config
@@ -64,6 +65,27 @@ def add_stack_option(parser: argparse.ArgumentParser) -> None:
         "--stack", metavar="NAME", default=argparse.SUPPRESS,  # SUPPRESS: a subcommand's copy keeps the top's
         help="read the configuration of this deployed stack (SSM parameters and secrets at "
              "AWS_ENDPOINT_URL), as its Lambda functions do; e.g. SwitchyardLocal on LocalStack")
+
+
+def add_commands(parser: argparse.ArgumentParser, dest: str, *,
+                 required: bool = False) -> argparse._SubParsersAction:
+    """A group of subcommands, labelled ``COMMAND`` in every usage line."""
+    return parser.add_subparsers(dest=dest, metavar="COMMAND", required=required,
+                                 help="the command to run (each has its own --help)")
+
+
+def add_json_option(parser: argparse.ArgumentParser, *, always: bool = False) -> None:
+    """``--json``: the command's result as JSON on stdout (for scripts) instead of lines to read.
+    ``always``: the result is JSON anyway (a handler's outcome, a message's ids); the flag is taken
+    so that every command with output takes it."""
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as JSON (it always is: the flag is accepted for scripts)"
+                        if always else "print the result as JSON (for scripts) instead of lines to read")
+
+
+def iso_time(epoch_s: float) -> str:
+    """An epoch in seconds as ISO-8601 UTC to the second, as a person reads it."""
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def use_stack(stack: str) -> int:

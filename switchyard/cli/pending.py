@@ -10,7 +10,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE
+from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_commands, add_json_option
 from switchyard.cli.preflight import reach, require
 from switchyard.core.errors import ConfigError
 
@@ -119,32 +119,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "pending", help="pending request queue: RPC to polling services through Redis (seed 002)",
         description="Pending request queue. Configuration: SWITCHYARD_PENDING_* variables (see README).")
     pending.set_defaults(func=lambda _args: pending.print_help() or 2)
-    sub = pending.add_subparsers(dest="pending_command", metavar="SUBCOMMAND")
+    sub = add_commands(pending, "pending_command")
 
     serve = sub.add_parser("serve", help="a node: the HTTP long-poll API for polling services",
                            description="Serve the node API (the Lambda's resolver) on HOST:PORT. Tokens: "
                                        'SWITCHYARD_PENDING_TOKENS=\'{"endpoint": "token"}\'.')
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=PORT, default=8765, help="0: any free port")
     serve.add_argument("--threads", type=AT_LEAST_ONE, default=512, help="long polls that can wait at once")
     serve.set_defaults(func=_serve)
 
     call = sub.add_parser("call", help="send one request to an endpoint and print the response",
                           description="QueueAndWait from this process (a caller node).")
-    call.add_argument("--endpoint", required=True)
+    call.add_argument("--endpoint", required=True, help="the endpoint a polling service answers for")
     call.add_argument("--body", default="null", help="JSON (plain text is sent as a string)")
     call.add_argument("--pickup-timeout", type=POSITIVE, help="seconds (SWITCHYARD_PENDING_PICKUP_TIMEOUT)")
     call.add_argument("--timeout", type=POSITIVE, help="cancel the call after this many seconds")
+    add_json_option(call, always=True)
     call.set_defaults(func=_call)
 
     status = sub.add_parser("status", help="queue depth, in-flight requests and oldest age per endpoint")
-    status.add_argument("--json", action="store_true")
+    add_json_option(status)
     status.set_defaults(func=_status)
 
     echo = sub.add_parser("echo", help="a polling service that answers {'echo': body} (for trying it out)")
-    echo.add_argument("--url", default="http://127.0.0.1:8765")
-    echo.add_argument("--endpoint", required=True)
-    echo.add_argument("--token", required=True)
+    echo.add_argument("--url", default="http://127.0.0.1:8765", help="the pending node to poll")
+    echo.add_argument("--endpoint", required=True, help="the endpoint to answer for")
+    echo.add_argument("--token", required=True, help="the endpoint's token (SWITCHYARD_PENDING_TOKENS)")
     echo.add_argument("--concurrency", type=AT_LEAST_ONE, default=4, help="requests answered at once")
     echo.set_defaults(func=_echo)
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
-from switchyard.cli.options import AT_LEAST_ONE, POSITIVE
+from switchyard.cli.options import AT_LEAST_ONE, POSITIVE, add_commands, add_json_option
 from switchyard.cli.preflight import require
+from switchyard.core.errors import ConfigError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.control.topology import PoolTopology
@@ -31,16 +33,24 @@ def _settings(args: argparse.Namespace) -> RpcSettings:
     return settings
 
 
+def _result(args: argparse.Namespace, data: dict[str, object], line: str) -> int:
+    """Print a command's result: ``data`` as JSON with ``--json``, else ``line``."""
+    print(json.dumps(data) if args.json else line)
+    return 0
+
+
 def cmd_pool_init(args: argparse.Namespace) -> int:
     settings = _settings(args)
     require("amqp", "management", connections=settings.connections)
     with PoolTopology(args.pool, settings) as topology:
         topology.declare()
     policy = settings.policy
-    print(f"pool {args.pool!r} ready: exchange {p.req_exchange(args.pool)}, request queues "
-          f"{policy.queue_type.value}, ttl {policy.message_ttl_ms} ms, "
-          f"delivery limit {policy.delivery_limit}")
-    return 0
+    return _result(args, {"pool": args.pool, "exchange": p.req_exchange(args.pool),
+                          "queue_type": policy.queue_type.value, "ttl_ms": policy.message_ttl_ms,
+                          "delivery_limit": policy.delivery_limit},
+                   f"pool {args.pool!r} ready: exchange {p.req_exchange(args.pool)}, request queues "
+                   f"{policy.queue_type.value}, ttl {policy.message_ttl_ms} ms, "
+                   f"delivery limit {policy.delivery_limit}")
 
 
 def cmd_pool_bind(args: argparse.Namespace) -> int:
@@ -49,8 +59,8 @@ def cmd_pool_bind(args: argparse.Namespace) -> int:
     with PoolTopology(args.pool, settings) as topology:
         topology.require()
         queue = topology.ensure_request_queue(args.key)
-    print(f"queue {queue} bound to {p.req_exchange(args.pool)} by key {args.key!r}")
-    return 0
+    return _result(args, {"queue": queue, "exchange": p.req_exchange(args.pool), "key": args.key},
+                   f"queue {queue} bound to {p.req_exchange(args.pool)} by key {args.key!r}")
 
 
 def cmd_pool_status(args: argparse.Namespace) -> int:
@@ -59,8 +69,13 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     with PoolTopology(args.pool, settings) as topology:
         topology.require()
         queues = topology.management.list_queues(f"^{args.pool}-")
+    queues = sorted(queues, key=lambda q: q["name"])
+    if args.json:
+        print(json.dumps([{"name": q["name"], "type": q.get("type"), "messages": q.get("messages", 0),
+                           "consumers": q.get("consumers", 0)} for q in queues]))
+        return 0
     print(f"{'queue':60} {'type':8} {'messages':>8} {'consumers':>9}")
-    for q in sorted(queues, key=lambda q: q["name"]):
+    for q in queues:
         print(f"{q['name'][:60]:60} {q.get('type', '?'):8} "
               f"{q.get('messages', 0):>8} {q.get('consumers', 0):>9}")
     return 0
@@ -76,8 +91,8 @@ def cmd_pool_delete(args: argparse.Namespace) -> int:
         queues = topology.own_queues()
         dropped = topology.delete(force=args.force)  # PoolNotEmptyError: one line from main, exit 1
     PoolState(connect_redis(settings.connections), args.pool).clear()
-    print(f"pool {args.pool!r} deleted ({len(queues)} queues, {dropped} messages dropped)")
-    return 0
+    return _result(args, {"pool": args.pool, "queues": len(queues), "dropped": dropped},
+                   f"pool {args.pool!r} deleted ({len(queues)} queues, {dropped} messages dropped)")
 
 
 def cmd_call(args: argparse.Namespace) -> int:
@@ -97,20 +112,36 @@ def cmd_call(args: argparse.Namespace) -> int:
     return 0 if response.ok else 3
 
 
+# ``switchyard worker`` flags and the WORKER_* variables they stand for (a flag wins; the worker
+# group drivers keep setting the variables).
+WORKER_FLAGS = {"pool": "WORKER_POOL", "key": "WORKER_KEY", "id": "WORKER_ID",
+                "requests_queue": "WORKER_REQUESTS_QUEUE", "activity_exchange": "WORKER_ACTIVITY_EXCHANGE"}
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
+    for flag, variable in WORKER_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            os.environ[variable] = value  # this process's own configuration, read by WorkerConfig.from_env
+    if not (os.environ.get("WORKER_POOL") and os.environ.get("WORKER_KEY")):
+        raise ConfigError("a worker needs a pool and a key: give --pool and --key (or WORKER_POOL and "
+                          "WORKER_KEY, which the worker group drivers set)")
     stats = run_worker(args.handler)
     print(f"worker stopped: {stats.handled} handled, {stats.errors} errors, {stats.requeued} requeued",
           file=sys.stderr)
     return 0
 
 
+POOL_RULE = f"1-{p.MAX_POOL_NAME_CHARS} of A-Z a-z 0-9 _"
+
+
 def _pool_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pool", required=True, help="pool name: 1-64 of A-Z a-z 0-9 _")
+    parser.add_argument("--pool", required=True, help=f"pool name: {POOL_RULE}")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     pool = subparsers.add_parser("pool", help="declare and inspect a pool's exchanges and queues")
-    pool_sub = pool.add_subparsers(dest="pool_command", metavar="SUBCOMMAND", required=True)
+    pool_sub = add_commands(pool, "pool_command", required=True)
 
     init = pool_sub.add_parser("init", help="declare a pool (idempotent; safe from several processes)")
     _pool_arg(init)
@@ -120,20 +151,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="request TTL in ms (default SWITCHYARD_REQUEST_TTL_MS)")
     init.add_argument("--delivery-limit", type=AT_LEAST_ONE,
                       help="deliveries before a request is dead-lettered (default SWITCHYARD_DELIVERY_LIMIT)")
+    add_json_option(init)
     init.set_defaults(func=cmd_pool_init)
 
     bind = pool_sub.add_parser("bind", help="create a key's request queue and bind it (no worker needed)")
     _pool_arg(bind)
     bind.add_argument("--key", required=True, help="the worker key (any UTF-8 string)")
+    add_json_option(bind)
     bind.set_defaults(func=cmd_pool_bind)
 
     delete = pool_sub.add_parser("delete", help="delete a pool's queues, exchanges, policies and state")
     _pool_arg(delete)
     delete.add_argument("--force", action="store_true", help="delete even if queues still hold messages")
+    add_json_option(delete)
     delete.set_defaults(func=cmd_pool_delete)
 
     status = pool_sub.add_parser("status", help="list the pool's queues with their depth and consumers")
     _pool_arg(status)
+    add_json_option(status)
     status.set_defaults(func=cmd_pool_status)
 
     call = subparsers.add_parser("call", help="send one request and print the response")
@@ -145,14 +180,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     call.add_argument("--expiration-ms", type=AT_LEAST_ONE, default=None,
                       help="request TTL (default: the timeout)")
     call.add_argument("--confirm", action="store_true", help="use publisher confirms")
-    call.add_argument("--json", action="store_true", help="print the response as JSON")
+    add_json_option(call)
     call.set_defaults(func=cmd_call)
 
     worker = subparsers.add_parser(
-        "worker",
-        help="run a worker (reads WORKER_POOL, WORKER_KEY, WORKER_ID, WORKER_REQUESTS_QUEUE, "
-             "WORKER_ACTIVITY_EXCHANGE)",
-    )
+        "worker", help="run a worker: serve one key's requests with a handler until SIGTERM",
+        description="Run a worker. Each flag may instead come from its WORKER_* variable (the worker "
+                    "group drivers set them); a flag wins over its variable.")
     worker.add_argument("--handler", required=True,
                         help="module:function taking a Request, e.g. switchyard.rpc.examples:echo")
+    worker.add_argument("--pool", help=f"pool name (WORKER_POOL): {POOL_RULE}")
+    worker.add_argument("--key", help="the key this worker serves (WORKER_KEY)")
+    worker.add_argument("--id", help="this worker's id in replies and activity events "
+                                     "(WORKER_ID; default host-pid-random)")
+    worker.add_argument("--requests-queue", metavar="QUEUE",
+                        help="queue to consume (WORKER_REQUESTS_QUEUE; default the key's request queue)")
+    worker.add_argument("--activity-exchange", metavar="EXCHANGE",
+                        help="where activity events go (WORKER_ACTIVITY_EXCHANGE; default the pool's)")
     worker.set_defaults(func=cmd_worker)

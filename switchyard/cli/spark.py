@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from switchyard.cli.options import AT_LEAST_ONE, COUNT, POSITIVE
+from switchyard.cli.options import AT_LEAST_ONE, COUNT, POSITIVE, add_commands
 from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
 from switchyard.spark import emr, package
@@ -106,7 +106,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     spark = subparsers.add_parser("spark", help="the PySpark pipeline: publish requests in bulk",
                                   description="The PySpark pipeline (pyspark: requirements-spark.txt).")
     spark.set_defaults(func=lambda _args: spark.print_help() or 2)
-    sub = spark.add_subparsers(dest="spark_command", metavar="SUBCOMMAND")
+    sub = add_commands(spark, "spark_command")
     publish = sub.add_parser("publish", help="run the publish job with a local (or given) Spark master",
                              description=PUBLISH_DESCRIPTION)
     add_publish_arguments(publish)

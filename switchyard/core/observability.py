@@ -1,13 +1,16 @@
 """One structured logger and one metrics sink for the whole package (Powertools).
 
-Locally the logger writes JSON lines to stderr (level WARNING unless set) and metrics are EMF
-blobs flushed by the handler decorators, exactly as in Lambda. ``SWITCHYARD_LOG_LEVEL`` (or
-``POWERTOOLS_LOG_LEVEL``) sets the level.
+Locally the logger writes one readable line per record to stderr (``WARNING switchyard: message
+key=value``; level WARNING unless set); on AWS (in Lambda or an ECS task) or with
+``SWITCHYARD_LOG_FORMAT=json`` it writes Powertools' JSON lines. ``SWITCHYARD_LOG_LEVEL`` (or
+``POWERTOOLS_LOG_LEVEL``) sets the level. Metrics are EMF blobs flushed by the handler decorators,
+exactly as in Lambda; the command line ships them or turns them off (stdout is for results).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import re
@@ -17,6 +20,7 @@ from dataclasses import asdict
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 from aws_lambda_powertools.utilities.data_classes import event_source
 
@@ -77,6 +81,45 @@ class RedactingStreamHandler(logging.StreamHandler):
         return redact(super().format(record))
 
 
+LOG_FORMAT_ENV = "SWITCHYARD_LOG_FORMAT"
+LOG_FORMATS = ("text", "json")
+# Keys every Powertools record carries, and the Lambda context's (the local runtime's fake one);
+# the text line shows level, service and message in front and drops the rest (the time is the
+# terminal's, the location a developer's, the context the same for every line of a handler).
+_STANDARD_KEYS = frozenset({"level", "location", "message", "timestamp", "service", "exception",
+                            "exception_name", "exception_notes", "stack_trace", "xray_trace_id",
+                            "sampling_rate", "cold_start", "function_name", "function_memory_size",
+                            "function_arn", "function_request_id"})
+
+
+class TextFormatter(LambdaPowertoolsFormatter):
+    """Powertools' formatter with a line a person reads instead of JSON:
+    ``WARNING switchyard: worker exited pool=core code=1`` (a traceback, if any, below it)."""
+
+    def serialize(self, log: Any) -> str:
+        extra = " ".join(f"{key}={_text_value(value)}" for key, value in log.items()
+                         if key not in _STANDARD_KEYS)
+        line = f"{log.get('level')} {log.get('service')}: {log.get('message')}"
+        line += f" {extra}" if extra else ""
+        exception = log.get("exception")
+        return f"{line}\n{exception}" if exception else line
+
+
+def _text_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
+    return json.dumps(text) if not text or any(c.isspace() for c in text) else text
+
+
+def log_format() -> str:
+    """``json`` on AWS (Lambda, an ECS task: their logs are queried as JSON) or when
+    ``SWITCHYARD_LOG_FORMAT=json`` asks; ``text`` otherwise."""
+    asked = os.environ.get(LOG_FORMAT_ENV, "").strip().lower()
+    if asked in LOG_FORMATS:
+        return asked
+    on_aws = os.environ.get("AWS_LAMBDA_FUNCTION_NAME") or os.environ.get("ECS_CONTAINER_METADATA_URI_V4")
+    return "json" if on_aws else "text"
+
+
 def _build_logger() -> Logger:
     in_lambda = bool(os.environ.get("AWS_LAMBDA_FUNCTION_NAME"))
     # Outside Lambda keep stdout for the program's own output (summaries, JSON results), and
@@ -85,7 +128,8 @@ def _build_logger() -> Logger:
     handler = RedactingStreamHandler(sys.stdout if in_lambda else sys.stderr)
     level = os.environ.get("SWITCHYARD_LOG_LEVEL") or os.environ.get("POWERTOOLS_LOG_LEVEL")
     level = level or ("INFO" if in_lambda else "WARNING")
-    return Logger(service=SERVICE, level=level, logger_handler=handler)
+    formatter = TextFormatter() if log_format() == "text" else None
+    return Logger(service=SERVICE, level=level, logger_handler=handler, logger_formatter=formatter)
 
 
 class NoTracer:

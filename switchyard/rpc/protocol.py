@@ -50,7 +50,11 @@ MAX_NAME_BYTES = 255
 NOT_FOUND = 404  # a passive declare or consume of a queue or exchange that does not exist
 PRECONDITION_FAILED = 406  # a queue redeclared with other arguments
 INTERNAL_ERROR = 541  # what a broker whose dead-letter supervisor stopped answers a declare
-POOL_NAME_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+# The one limit of a pool name, locally and in a deployment (stacks/config.py checks it too): the
+# broker's names take it (255 bytes with the longest suffix and a key) and the AWS names built from
+# it are cut to fit their own limits (stacks/names.py: physical_name; CDK-generated function names).
+MAX_POOL_NAME_CHARS = 64
+POOL_NAME_RE = re.compile(rf"^[A-Za-z0-9_]{{1,{MAX_POOL_NAME_CHARS}}}$")
 
 # Headers
 STATUS_HEADER = "x-status"
@@ -123,7 +127,7 @@ class QueueType(StrEnum):
 def validate_pool(pool: str) -> str:
     if not isinstance(pool, str) or not POOL_NAME_RE.match(pool):
         raise InvalidNameError(
-            f"invalid pool name {pool!r}: use 1 to 64 characters from A-Z, a-z, 0-9 and _"
+            f"invalid pool name {pool!r}: use 1 to {MAX_POOL_NAME_CHARS} characters from A-Z, a-z, 0-9 and _"
         )
     return pool
 

@@ -418,6 +418,6 @@ def add_submit_parsers(spark_subparsers: argparse._SubParsersAction) -> None:
 
     wait = spark_subparsers.add_parser("wait", help="follow an EMR Serverless job run until it ends")
     _add_common(wait)
-    wait.add_argument("--job-run-id", required=True)
+    wait.add_argument("--job-run-id", required=True, help="the job run to wait for (spark submit prints it)")
     wait.set_defaults(func=cmd_wait)
 

@@ -10,6 +10,7 @@ from aws_cdk import App, Stack
 
 from stacks import constants as c
 from stacks.config import ConfigError, DeploymentConfig, PoolConfig
+from switchyard.rpc.protocol import MAX_POOL_NAME_CHARS, validate_pool
 
 
 def config(**context: Any) -> DeploymentConfig:
@@ -35,7 +36,7 @@ def test_context_from_the_command_line_is_json() -> None:
     ("context", "message"),
     [
         ({c.CTX_POOLS: [{"name": "bad-name"}]}, "invalid pool name 'bad-name'"),
-        ({c.CTX_POOLS: [{"name": "x" * 40}]}, "at most 32 characters"),
+        ({c.CTX_POOLS: [{"name": "x" * (MAX_POOL_NAME_CHARS + 1)}]}, f"at most {MAX_POOL_NAME_CHARS} char"),
         ({c.CTX_POOLS: [{"name": "a"}, {"name": "a"}]}, r"repeated: \['a'\]"),
         ({c.CTX_POOLS: []}, "at least one pool"),
         ({c.CTX_POOLS: [{"handler": "x:y"}]}, 'objects with a "name"'),
@@ -69,3 +70,14 @@ def test_bad_values_fail_synth_with_a_message_naming_the_key(context: dict[str, 
 
 def test_queue_depth_threshold_is_what_max_workers_are_sized_for() -> None:
     assert PoolConfig(name="p", max_workers=5, target_backlog=20).queue_depth_threshold == 100
+
+
+def test_one_pool_name_limit_for_the_cli_and_a_deployment() -> None:
+    """A pool name the CLI takes is one a deployment takes, and one character more neither does."""
+    longest = "p" * MAX_POOL_NAME_CHARS
+    assert validate_pool(longest) == longest
+    assert PoolConfig(name=longest).name == longest
+    with pytest.raises(ConfigError, match=f"at most {MAX_POOL_NAME_CHARS} characters"):
+        PoolConfig(name=longest + "p")
+    with pytest.raises(ValueError, match=f"1 to {MAX_POOL_NAME_CHARS} characters"):
+        validate_pool(longest + "p")
