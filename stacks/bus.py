@@ -1,4 +1,4 @@
-"""The event bus on AWS (seed 004): API Gateway (REST) + the ``bus_api`` function, the root key in
+"""The event bus on AWS (Routemaster): API Gateway (REST) + the ``bus_api`` function, the root key in
 Secrets Manager, delivery workers as an ECS service, the housekeeping function on a schedule, and
 the bus's alarms.
 

@@ -92,7 +92,6 @@ TARGET_AWS = "aws"
 TARGET_LOCALSTACK = "localstack"
 TARGETS = (TARGET_AWS, TARGET_LOCALSTACK)
 EXAMPLE_POOL = "core"
-MAX_POOL_NAME_CHARS = 32
 POSTGRES_VERSIONS = {"15": "VER_15", "16": "VER_16", "17": "VER_17"}
 
 # Platform (stacks/platform.py): the Lambda runtime python{PYTHON_VERSION} on CPU_ARCHITECTURE, the

@@ -265,9 +265,16 @@ def run_scenario(pool: str, *, poison_calls: int = 1, backlog: int = 20, timeout
     catch_up_ms = DelaySettings.from_env().stop_margin_ms + 1500  # time to step, beyond the stop margin
     shipper = install_metrics_shipper()
 
+    printed = [""]
+
+    def when_changed(line: str) -> None:  # a tick that fired what the last one did says nothing new
+        if line != printed[0]:
+            printed[0] = line
+            out(line)
+
     def fire(backlog_rows: int, budget_ms: int) -> Callable[[], None]:
         def tick() -> None:
-            delay_fire(backlog_rows, budget_ms, out)
+            delay_fire(backlog_rows, budget_ms, when_changed)
             shipper.flush()
         return tick
 

@@ -157,7 +157,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``delay`` and its subcommands to the ``switchyard`` command line."""
     delay = subparsers.add_parser(
         "delay", help="persistent delay scheduler (Chronos): Kafka in, Postgres underneath, Kafka out",
-        description="Persistent delay scheduler. Configuration: SWITCHYARD_DELAY_* variables (see README).",
+        description="Persistent delay scheduler. Configuration: SWITCHYARD_DELAY_* variables "
+                    "(docs/configuration.md).",
     )
     delay.set_defaults(func=lambda _args: delay.print_help() or 2)
     sub = add_commands(delay, "delay_command")

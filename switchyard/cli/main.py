@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(
         prog="switchyard",
         description="Route work to the right worker, at the right time, without losing it.",
-        epilog="Configuration comes from SWITCHYARD_* environment variables; see the README. "
+        epilog="Configuration comes from SWITCHYARD_* environment variables; see docs/configuration.md. "
                f"An error is one line on stderr; exit 2 for usage, 1 for failures ({TRACEBACK_ENV}=1 "
                "shows an unexpected error's traceback).",
     )

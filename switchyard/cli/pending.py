@@ -116,8 +116,9 @@ def _require_node(url: str) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``pending`` and its subcommands to the ``switchyard`` command line."""
     pending = subparsers.add_parser(
-        "pending", help="pending request queue: RPC to polling services through Redis (seed 002)",
-        description="Pending request queue. Configuration: SWITCHYARD_PENDING_* variables (see README).")
+        "pending", help="pending request queue: RPC to polling services through Redis",
+        description="Pending request queue. Configuration: SWITCHYARD_PENDING_* variables "
+                    "(docs/configuration.md).")
     pending.set_defaults(func=lambda _args: pending.print_help() or 2)
     sub = add_commands(pending, "pending_command")
 

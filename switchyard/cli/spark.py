@@ -13,6 +13,7 @@ from switchyard.cli.options import AT_LEAST_ONE, COUNT, POSITIVE, add_commands
 from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
 from switchyard.spark import emr, package
+from switchyard.spark.rows import FORMAT_HELP
 
 
 def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +25,7 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where PATH/results (one row per id) and PATH/errors (bad rows) are written")
     parser.add_argument("--pool", help="pool of rows without a pool column value")
     parser.add_argument("--format", dest="output_format", choices=("parquet", "json"), default="parquet",
-                        help="output format (json: JSON Lines; default parquet)")
+                        help=FORMAT_HELP)
     parser.add_argument("--input-format", choices=("parquet", "json", "csv"),
                         help="default: from the input's file names (.parquet, .jsonl/.json, .csv)")
     parser.add_argument("--resume", action="store_true",

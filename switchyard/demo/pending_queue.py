@@ -25,7 +25,7 @@ def pending_queue_part(out: Printer, calls: int = 50) -> None:
     gateway = HttpGateway(build_app(node_b, tokens), threads=16).start()
     service = PollingService(gateway.url, "tentacle-1", "demo-token", settings=settings, concurrency=2,
                              handler=lambda request: {"ran": request.body, "on": "tentacle-1"}).start()
-    out.section("Pending request queue (seed 002): caller on node A, polling service connected to node B")
+    out.section("Pending request queue: caller on node A, polling service connected to node B")
     try:
         out.line(f"node A {node_a.node_id[:8]} (caller); node B {node_b.node_id[:8]} serves the long poll on "
                  f"{gateway.url}; the service polls node B only")

@@ -1,4 +1,4 @@
-"""The pending request queue (seed 002): RPC from any node to polling services, through Redis."""
+"""The pending request queue (Halibut's design): RPC from any node to polling services, through Redis."""
 
 from switchyard.pending.errors import (
     CancelledError,

@@ -1,4 +1,4 @@
-"""Pending request queue settings: seed 002's timeouts and rates by default, each one configurable.
+"""Pending request queue settings: Halibut's design's timeouts and rates by default, each one configurable.
 
 Every ``SWITCHYARD_PENDING_*`` variable is in docs/configuration.md.
 """
@@ -36,11 +36,11 @@ def token_sources() -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class PendingSettings:
-    """Timeouts in seconds. Defaults are seed 002's (Halibut's) values."""
+    """Timeouts in seconds. Defaults are Halibut's design's (Halibut's) values."""
 
     prefix: str = "swpq"
     pickup_timeout_s: float = 120.0  # a request nobody took by then is taken back
-    request_ttl_extra_s: float = 120.0  # a queued request's TTL = its pickup timeout + this (seed 002)
+    request_ttl_extra_s: float = 120.0  # a queued request's TTL = its pickup timeout + this (Halibut)
     response_ttl_s: float = 1200.0
     pending_list_ttl_s: float = 86400.0
     heartbeat_interval_s: float = 15.0

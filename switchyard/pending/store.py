@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 
 def connect_pending_redis(settings: PendingSettings, url: str | None = None) -> redis.Redis:
-    """A Redis client whose commands are retried by redis-py for the retry window (seed 002: 30 s,
+    """A Redis client whose commands are retried by redis-py for the retry window (Halibut's design: 30 s,
     1 s apart), each attempt bounded by ``SWITCHYARD_REDIS_TIMEOUT``. Commands are short (no
     blocking reads: pollers pop on connections of their own), so thousands of waiting callers
     share a bounded pool: a thread that finds every connection busy waits for one (up to the retry

@@ -1,4 +1,4 @@
-"""Keyed RPC over RabbitMQ (seeds 000 and 001).
+"""Keyed RPC over RabbitMQ (the keyed RPC and slotted client designs).
 
 Rooms: ``client/`` (the slotted client), ``worker/`` (the worker runtime and the demo handlers),
 ``control/`` (the control plane's handlers, the reconciler, the pool's topology and broker access),

@@ -1,6 +1,6 @@
 """What the rpc part needs from outside: a worker group driver and the pool-state store.
 
-The worker group driver contract (seed 000, "Worker group" and "Worker groups control loop").
+The worker group driver contract (the keyed RPC design, "Worker group" and "Worker groups control loop").
 
 A worker group is every worker of one (pool, key): they consume the same request queue. The
 worker groups control loop decides which groups should run and asks a driver to make it so;
@@ -38,7 +38,7 @@ GROUP_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 # The pool store's vocabulary: what a group's state is, and what a touch did to it.
 class GroupStatus(StrEnum):
     ACTIVE = "active"  # queue bound, workers expected
-    UNBOUND = "unbound"  # queue unbound (seed 000's first shutdown stage); workers drain it
+    UNBOUND = "unbound"  # queue unbound (the keyed RPC design's first shutdown stage); workers drain it
     STOPPED = "stopped"  # workers stopped, queue deleted: a tombstone until purged
 
 
@@ -115,7 +115,7 @@ class WorkerGroup:
         return p.request_queue(self.pool, self.key)
 
     def environment(self, worker_id: str) -> dict[str, str]:
-        """The worker protocol's variables (seed 000, "Worker protocol") for one worker."""
+        """The worker protocol's variables (the keyed RPC design, "Worker protocol") for one worker."""
         return {
             "WORKER_ID": worker_id,
             "WORKER_KEY": self.key,

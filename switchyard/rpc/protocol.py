@@ -1,4 +1,4 @@
-"""The keyed-RPC wire protocol (seed 000): names, headers, statuses, events. Defined once here.
+"""The keyed-RPC wire protocol (the keyed RPC design): names, headers, statuses, events. Defined once here.
 
 Names
 -----
@@ -16,7 +16,7 @@ A key is any UTF-8 string (empty included). It is carried two ways:
   ``~sha256:``; otherwise ``~sha256:`` + the hex SHA-256 of the key. Both branches are
   injective and cannot meet.
 * header ``x-switchyard-key``: the raw key, set by Switchyard's client and worker. Optional:
-  seed 000's clients and workers send the key as routing key only.
+  the keyed RPC design's clients and workers send the key as routing key only.
 * ``x-death`` routing keys: Lambda's Amazon MQ events carry no routing key, so the orphan and
   activity exchanges feed *staging* queues (``{pool}-orphan-staging``, ``{pool}-activity-staging``)
   whose messages expire at once (TTL 0) and are dead-lettered, through the default exchange, into
@@ -105,7 +105,7 @@ class Status(StrEnum):
     """Values of the ``x-status`` response header."""
 
     OK = "ok"  # the worker answered
-    ERROR = "error"  # the worker's handler failed: a negative response (seed 001)
+    ERROR = "error"  # the worker's handler failed: a negative response (the slotted client design)
     EXPIRED = "expired"  # dead-lettered: the request's TTL ran out before a worker answered
     DELIVERY_LIMIT = "delivery_limit"  # dead-lettered: delivered too many times (poison)
     REJECTED = "rejected"  # dead-lettered: rejected without requeue

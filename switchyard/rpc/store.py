@@ -1,4 +1,4 @@
-"""The rpc part's store: pool state (seed 000's pool state tracker) and its locks, in Redis.
+"""The rpc part's store: pool state (the keyed RPC design's pool state tracker) and its locks, in Redis.
 
 Kept in Redis so stateless handlers can share it.
 

@@ -1,4 +1,4 @@
-"""The slotted RPC client (seed 001): ``RpcClient`` calls one pool's workers by key.
+"""The slotted RPC client (the slotted client design): ``RpcClient`` calls one pool's workers by key.
 
 ``rpc_client`` is the caller's side, ``io_loop`` the I/O thread, ``requests`` a request's checks and
 encoding, ``response`` what a call resolves to, ``slots`` the table of calls in flight.

@@ -1,9 +1,9 @@
-"""The slotted RPC client (seed 001) for keyed pools (seed 000).
+"""The slotted RPC client (the slotted client design) for keyed pools (the keyed RPC design).
 
 One connection, one channel and one reply queue per client, driven by a background I/O thread.
 Every public method is thread-safe. ``submit`` returns a ``concurrent.futures.Future`` (wrap it
 with ``asyncio.wrap_future`` in async code); ``call`` blocks for the response; ``send`` publishes a
-request that expects no response (seed 000: no reply-to) and its future resolves once the broker
+request that expects no response (the keyed RPC design: no reply-to) and its future resolves once the broker
 has it. Futures complete in the I/O thread: their done-callbacks must not block, but they may call
 ``submit``, ``send`` and ``close``.
 
@@ -98,7 +98,7 @@ class RpcClient:
         expiration_ms: int = 0,
         headers: Mapping[str, Any] | None = None,
     ) -> Future[None]:
-        """Send a request that expects no response: published without reply-to (seed 000).
+        """Send a request that expects no response: published without reply-to (the keyed RPC design).
 
         The future resolves to None once the broker has the request: when it confirms it on a
         ``confirm=True`` client, else once it is written. It fails like ``submit``'s on a nack, a

@@ -1,4 +1,4 @@
-"""The slot table of seed 001's slotted client.
+"""The slot table of the slotted client design's slotted client.
 
 A fixed array sized by the client's concurrency. A call takes a free slot and a fresh sequence
 number; its correlation id carries both. A response completes a call only if the slot still

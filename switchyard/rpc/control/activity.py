@@ -1,7 +1,7 @@
 """The activity tracker's logic: worker activity keeps a group Active.
 
-A batch is reduced to one update per key, stamped with the tracker's own clock (seed 000 warns
-against trusting worker clocks). The key is the report's routing key (seed 000's worker protocol),
+A batch is reduced to one update per key, stamped with the tracker's own clock (the keyed RPC design warns
+against trusting worker clocks). The key is the report's routing key (the keyed RPC design's worker protocol),
 which the staging hop recorded in ``x-death``, or ``x-switchyard-key``. Any activity, however
 rare, moves ``seen`` forward, so a group with occasional traffic stays up (the public osrdyne's
 debounce did the opposite). A group found Unbound, or unknown (workers started by hand), becomes

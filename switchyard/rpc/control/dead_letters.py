@@ -1,4 +1,4 @@
-"""The dead-letter responder's logic (seed 000, "osrdyne responds to dead lettered messages").
+"""The dead-letter responder's logic (the keyed RPC design, "osrdyne responds to dead lettered messages").
 
 Every dead-lettered request with a reply-to gets a response through the default exchange with
 its correlation id and ``x-status`` = the request's ``x-first-death-reason`` (RabbitMQ's header

@@ -1,4 +1,4 @@
-"""The orphan handler's logic: requests that found no bound queue (seed 000, "Worker group startup").
+"""The orphan handler's logic: requests that found no bound queue (keyed RPC, "Worker group startup").
 
 For a batch: group the orphans by key (``x-switchyard-key``, else the routing key that the staging
 hop wrote into ``x-death``: the Lambda event has no routing key), and under the keys' locks mark

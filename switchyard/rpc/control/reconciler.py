@@ -1,4 +1,4 @@
-"""The pool reconciler: seed 000's two control loops, one pass per scheduled tick.
+"""The pool reconciler: the keyed RPC design's two control loops, one pass per scheduled tick.
 
 Request queues (two-stage shutdown):
 - Active, nothing seen for ``unbind_delay``: unbind the queue (new requests become orphans).
@@ -180,7 +180,7 @@ class Reconciler:
         """Start missing groups, stop extra ones; returns the keys running afterwards."""
         try:
             running = self.driver.list_running(self.pool)
-        except Exception:  # seed 000: log and continue to the next iteration
+        except Exception:  # the keyed RPC design: log and continue to the next iteration
             outcome.driver_errors += 1
             logger.exception("listing running worker groups failed", extra={"pool": self.pool})
             return set()

@@ -63,7 +63,7 @@ class AmqpMessage:
     @property
     def key(self) -> str | None:
         """The worker key: ``x-switchyard-key`` if set, else the routing key that dead-lettering
-        recorded in ``x-death`` (seed 000's clients and workers send no header). None if neither
+        recorded in ``x-death`` (the keyed RPC design's clients and workers send no header). None if neither
         carries a usable key."""
         header = self.header_str(p.KEY_HEADER)
         if header is not None:

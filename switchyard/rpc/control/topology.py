@@ -1,4 +1,4 @@
-"""Declares a pool's exchanges, queues, bindings and policies (seed 000, "Exchanges and queues").
+"""Declares a pool's exchanges, queues, bindings and policies (the keyed RPC design, "Exchanges and queues").
 
 Every operation is idempotent and safe to run from several processes at once: declares of the
 same entity with the same arguments are no-ops in RabbitMQ, and policies are PUT whole.

@@ -1,4 +1,4 @@
-"""Worker groups as ECS tasks (seed 000's ECS driver): ``SWITCHYARD_DRIVER=ecs`` on AWS.
+"""Worker groups as ECS tasks (the keyed RPC design's ECS driver): ``SWITCHYARD_DRIVER=ecs`` on AWS.
 
 Each worker is one Fargate task of the pool's task definition, started with ``RunTask``:
 

@@ -1,4 +1,4 @@
-"""The noop driver (seed 000): workers are started by hand, the control loop only watches.
+"""The noop driver (the keyed RPC design): workers are started by hand, the control loop only watches.
 
 With this driver the control loop cannot know which groups run: ``list_running`` returns only
 the groups it was told about at construction, and ``start``/``stop`` do nothing, so the loop

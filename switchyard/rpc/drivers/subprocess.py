@@ -1,4 +1,4 @@
-"""Worker groups as local subprocesses (seed 000's subprocess driver), for the local runtime and tests.
+"""Worker groups as local subprocesses (keyed RPC's subprocess driver), for the local runtime and tests.
 
 The driver lives inside the local runtime process and keeps its children in memory: a restart of
 the runtime forgets them (``close()`` stops them first). Each worker runs the configured command

@@ -1,4 +1,4 @@
-"""The worker runtime (seed 000's worker protocol around a handler) and its demo handlers.
+"""The worker runtime (the keyed RPC design's worker protocol around a handler) and its demo handlers.
 
 A worker author imports from here: ``Request``, ``Requeue``, and ``Worker`` / ``run_worker`` to run one.
 ``request`` holds what a handler sees, ``runtime`` the consume-reply-ack loop, ``examples`` the demo

@@ -1,5 +1,5 @@
 """What a handler author works with: ``Request`` in, ``Requeue`` to hand it back, and the worker's
-configuration from the worker protocol's environment (seed 000, "Worker protocol")."""
+configuration from the worker protocol's environment (the keyed RPC design, "Worker protocol")."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ Handler = Callable[[Request], "bytes | str | None"]
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """The worker protocol's environment (seed 000, "Worker protocol")."""
+    """The worker protocol's environment (the keyed RPC design, "Worker protocol")."""
 
     worker_id: str
     key: str

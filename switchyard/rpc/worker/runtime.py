@@ -1,4 +1,4 @@
-"""The worker runtime: seed 000's worker protocol around a user handler.
+"""The worker runtime: the keyed RPC design's worker protocol around a user handler.
 
 A handler is ``handler(request: Request) -> bytes | str | None``. It may raise ``Requeue`` to
 hand the request back; any other exception becomes a negative response (status ``error``, a JSON
