@@ -1,4 +1,4 @@
-"""The event bus (Routemaster): Routemaster's API and delivery, with per-subscriber order.
+"""The event bus: Routemaster's API and delivery, with per-subscriber order.
 
 An application composes it with ``BusService`` (``from_env()`` or ``connect(settings)``), whose
 ``app()`` is the HTTP API (``switchyard.bus.api``) and ``worker()`` the delivery process

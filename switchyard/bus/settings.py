@@ -1,4 +1,4 @@
-"""Settings of the event bus (Routemaster): Routemaster's knobs under ``SWITCHYARD_BUS_*`` names.
+"""Settings of the event bus: Routemaster's knobs under ``SWITCHYARD_BUS_*`` names.
 
 Every value is read and checked here once, so a bad setting fails at start-up, not in a delivery.
 docs/configuration.md lists each variable; keep the two in step.

@@ -1,4 +1,4 @@
-"""The delay scheduler (Chronos, Chronos): Kafka in, Postgres underneath, Kafka out at the deadline.
+"""The delay scheduler (after Chronos): Kafka in, Postgres underneath, Kafka out at the deadline.
 
 The face holds what an application uses without a connection: the settings, the protocol's data and
 the errors. The service (``switchyard.delay.service``) and its adapters (``store``: Postgres,

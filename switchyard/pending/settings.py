@@ -1,4 +1,4 @@
-"""Pending request queue settings: Halibut's design's timeouts and rates by default, each one configurable.
+"""Pending request queue settings: Halibut's timeouts and rates by default, each one configurable.
 
 Every ``SWITCHYARD_PENDING_*`` variable is in docs/configuration.md.
 """
@@ -36,7 +36,7 @@ def token_sources() -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class PendingSettings:
-    """Timeouts in seconds. Defaults are Halibut's design's (Halibut's) values."""
+    """Timeouts in seconds. Defaults are Halibut's values."""
 
     prefix: str = "swpq"
     pickup_timeout_s: float = 120.0  # a request nobody took by then is taken back
