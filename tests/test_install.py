@@ -56,10 +56,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     env_dir = work / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q",
-                    str(wheel), "-c", str(ROOT / "constraints.txt")], check=True, timeout=600)
+    # Nothing of the checkout may be importable: with PYTHONPATH on it (a test before this one may
+    # have set it), pip finds `switchyard` "already satisfied" and installs no wheel at all.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     env["PATH"] = os.pathsep.join([str(env_dir / "bin"), env.get("PATH", "")])
+    subprocess.run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q",
+                    str(wheel), "-c", str(ROOT / "constraints.txt")], check=True, timeout=600, env=env)
+    assert (env_dir / "bin" / "switchyard").exists(), "the wheel's console script was not installed"
     env.setdefault("SWITCHYARD_LOG_LEVEL", "WARNING")
     return env_dir, env
 

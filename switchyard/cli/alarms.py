@@ -348,4 +348,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     scenario.add_argument("--backlog", type=int, default=20, help="delayed messages left overdue")
     scenario.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each change")
     add_stack_option(scenario)
-    scenario.set_defaults(func=cmd_scenario)
+    scenario.set_defaults(func=cmd_scenario, ships_metrics=True)

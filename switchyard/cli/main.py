@@ -62,11 +62,13 @@ def commands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
 
 
 @contextlib.contextmanager
-def metrics_routed() -> Iterator[None]:
+def metrics_routed(ships_its_own: bool = False) -> Iterator[None]:
     """Stdout is for the command's result: metrics go to CloudWatch with ``SWITCHYARD_SHIP_METRICS=1``
     (the metrics shipper; a command that runs handlers re-installs it with their ``service``),
-    otherwise nowhere (Powertools' ``POWERTOOLS_METRICS_DISABLED``, restored afterwards)."""
-    if os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
+    otherwise nowhere (Powertools' ``POWERTOOLS_METRICS_DISABLED``, restored afterwards).
+    ``ships_its_own``: the command installs the shipper itself (``alarms scenario``: its metrics
+    are the point), so they are left on."""
+    if os.environ.get("AWS_LAMBDA_FUNCTION_NAME") or ships_its_own:
         yield
         return
     if os.environ.get(SHIP_ENV):  # Powertools is imported only where it may be used
@@ -111,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if getattr(args, "stack", None):
             use_stack(args.stack)
-        with metrics_routed():
+        with metrics_routed(getattr(args, "ships_metrics", False)):
             return int(func(args) or 0)
     except SwitchyardError as exc:
         return print_error(redact_url(str(exc)))

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 
 from switchyard.cli.options import AT_LEAST_ONE, POSITIVE, add_commands, add_json_option
 from switchyard.cli.preflight import require
@@ -118,15 +119,20 @@ WORKER_FLAGS = {"pool": "WORKER_POOL", "key": "WORKER_KEY", "id": "WORKER_ID",
                 "requests_queue": "WORKER_REQUESTS_QUEUE", "activity_exchange": "WORKER_ACTIVITY_EXCHANGE"}
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
-    for flag, variable in WORKER_FLAGS.items():
-        value = getattr(args, flag, None)
-        if value is not None:
-            os.environ[variable] = value  # this process's own configuration, read by WorkerConfig.from_env
-    if not (os.environ.get("WORKER_POOL") and os.environ.get("WORKER_KEY")):
+def worker_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
+    """The worker protocol's variables with the flags given on top (passed on, never written back)."""
+    env = {variable: environ[variable] for variable in WORKER_FLAGS.values() if variable in environ}
+    env.update({variable: value for flag, variable in WORKER_FLAGS.items()
+                if (value := getattr(args, flag, None)) is not None})
+    # "" is a key like any other (the protocol allows the empty key): only absence is missing
+    if "WORKER_POOL" not in env or "WORKER_KEY" not in env:
         raise ConfigError("a worker needs a pool and a key: give --pool and --key (or WORKER_POOL and "
                           "WORKER_KEY, which the worker group drivers set)")
-    stats = run_worker(args.handler)
+    return env
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    stats = run_worker(args.handler, env=worker_env(args, os.environ))
     print(f"worker stopped: {stats.handled} handled, {stats.errors} errors, {stats.requeued} requeued",
           file=sys.stderr)
     return 0

@@ -114,21 +114,46 @@ def test_worker_flags_win_over_their_variables(monkeypatch) -> None:
 
     seen = {}
 
-    def fake_run_worker(handler: str):
-        seen["config"] = WorkerConfig.from_env()
+    def fake_run_worker(handler: str, env: dict[str, str]):
+        seen["config"] = WorkerConfig.from_env(env=env)
         return type("Stats", (), {"handled": 0, "errors": 0, "requeued": 0})()
 
     monkeypatch.setattr(rpc_cli, "run_worker", fake_run_worker)
     variables = {"WORKER_POOL": "from_env", "WORKER_KEY": "env-key", "WORKER_ID": "env-id",
                  "WORKER_REQUESTS_QUEUE": "", "WORKER_ACTIVITY_EXCHANGE": "env-activity"}
     for variable, value in variables.items():
-        monkeypatch.setenv(variable, value)  # restored afterwards, flags' values included
+        monkeypatch.setenv(variable, value)
     assert main(["worker", "--handler", "switchyard.rpc.examples:echo", "--pool", "from_flag",
                  "--activity-exchange", "x-activity"]) == 0
     config = seen["config"]
     assert (config.pool, config.key, config.worker_id) == ("from_flag", "env-key", "env-id")
     assert config.activity_exchange == "x-activity"
     assert config.requests_queue.startswith("from_flag-req-")
+    # the flags are passed on as values: the process environment is left as it was
+    assert {v: os.environ[v] for v in variables} == variables
+
+
+def test_the_empty_key_is_a_key(monkeypatch) -> None:
+    """The protocol allows the empty key: a worker for it starts (only an absent key is missing)."""
+    from switchyard.cli import main
+    from switchyard.cli import rpc as rpc_cli
+    from switchyard.rpc.worker import WorkerConfig
+
+    seen = {}
+
+    def fake_run_worker(handler: str, env: dict[str, str]):
+        seen["config"] = WorkerConfig.from_env(env=env)
+        return type("Stats", (), {"handled": 0, "errors": 0, "requeued": 0})()
+
+    monkeypatch.setattr(rpc_cli, "run_worker", fake_run_worker)
+    monkeypatch.setenv("WORKER_POOL", "p")
+    monkeypatch.setenv("WORKER_KEY", "")
+    assert main(["worker", "--handler", "switchyard.rpc.examples:echo"]) == 0
+    assert seen["config"].key == ""
+    seen.clear()
+    monkeypatch.delenv("WORKER_KEY")
+    assert main(["worker", "--handler", "switchyard.rpc.examples:echo"]) != 0
+    assert not seen, "no worker starts without a key"
 
 
 def test_metrics_are_off_for_a_command_and_the_setting_is_restored(monkeypatch) -> None:
@@ -139,6 +164,19 @@ def test_metrics_are_off_for_a_command_and_the_setting_is_restored(monkeypatch) 
     with metrics_routed():
         assert os.environ[METRICS_DISABLED_ENV] == "true"
     assert METRICS_DISABLED_ENV not in os.environ
+
+
+def test_a_command_that_ships_its_own_metrics_keeps_them_on(monkeypatch) -> None:
+    """``alarms scenario`` installs the shipper itself: its metrics are what trips the alarms."""
+    from switchyard.cli.main import METRICS_DISABLED_ENV, metrics_routed
+
+    monkeypatch.delenv("SWITCHYARD_SHIP_METRICS", raising=False)
+    monkeypatch.delenv(METRICS_DISABLED_ENV, raising=False)
+    with metrics_routed(ships_its_own=True):
+        assert METRICS_DISABLED_ENV not in os.environ
+    args = build_parser().parse_args(["alarms", "scenario"])
+    assert args.ships_metrics is True
+    assert not getattr(build_parser().parse_args(["config"]), "ships_metrics", False)
 
 
 def test_commands_with_a_result_take_json() -> None:

@@ -43,6 +43,7 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
 
@@ -314,10 +315,12 @@ class Worker:
         return p.Status.OK, reply_body
 
 
-def run_worker(handler_spec: str, settings: RpcSettings | None = None) -> WorkerStats:
-    """Entry point of ``switchyard worker``: configure from the environment and serve until SIGTERM."""
+def run_worker(handler_spec: str, settings: RpcSettings | None = None,
+               env: Mapping[str, str] | None = None) -> WorkerStats:
+    """Entry point of ``switchyard worker``: configure from the worker protocol's variables (``env``,
+    default the process environment) and serve until SIGTERM."""
     settings = settings or RpcSettings.from_env()
-    worker = Worker(load_handler(handler_spec), WorkerConfig.from_env(settings), settings)
+    worker = Worker(load_handler(handler_spec), WorkerConfig.from_env(settings, env), settings)
     worker.install_signal_handlers()
     worker.run()
     return worker.stats
