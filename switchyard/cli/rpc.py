@@ -120,8 +120,9 @@ WORKER_FLAGS = {"pool": "WORKER_POOL", "key": "WORKER_KEY", "id": "WORKER_ID",
 
 
 def worker_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
-    """The worker protocol's variables with the flags given on top (passed on, never written back)."""
-    env = {variable: environ[variable] for variable in WORKER_FLAGS.values() if variable in environ}
+    """The worker protocol's variables (every ``WORKER_*``: prefetch, queue wait, ...) with the flags
+    given on top (passed on as values, never written back)."""
+    env = {variable: value for variable, value in environ.items() if variable.startswith("WORKER_")}
     env.update({variable: value for flag, variable in WORKER_FLAGS.items()
                 if (value := getattr(args, flag, None)) is not None})
     # "" is a key like any other (the protocol allows the empty key): only absence is missing
