@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from switchyard.cli.options import AT_LEAST_ONE, POSITIVE, add_commands, add_json_option
 from switchyard.cli.preflight import require
@@ -34,6 +35,15 @@ def _settings(args: argparse.Namespace) -> RpcSettings:
     return settings
 
 
+@contextlib.contextmanager
+def _pool_topology(args: argparse.Namespace, *services: str) -> Iterator[tuple[RpcSettings, PoolTopology]]:
+    """The pool's topology, once the broker (and ``services``) answer: what every ``pool`` command opens."""
+    settings = _settings(args)
+    require("amqp", "management", *services, connections=settings.connections)
+    with PoolTopology(args.pool, settings) as topology:
+        yield settings, topology
+
+
 def _result(args: argparse.Namespace, data: dict[str, object], line: str) -> int:
     """Print a command's result: ``data`` as JSON with ``--json``, else ``line``."""
     print(json.dumps(data) if args.json else line)
@@ -41,9 +51,7 @@ def _result(args: argparse.Namespace, data: dict[str, object], line: str) -> int
 
 
 def cmd_pool_init(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    require("amqp", "management", connections=settings.connections)
-    with PoolTopology(args.pool, settings) as topology:
+    with _pool_topology(args) as (settings, topology):
         topology.declare()
     policy = settings.policy
     return _result(args, {"pool": args.pool, "exchange": p.req_exchange(args.pool),
@@ -55,9 +63,7 @@ def cmd_pool_init(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_bind(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    require("amqp", "management", connections=settings.connections)
-    with PoolTopology(args.pool, settings) as topology:
+    with _pool_topology(args) as (_, topology):
         topology.require()
         queue = topology.ensure_request_queue(args.key)
     return _result(args, {"queue": queue, "exchange": p.req_exchange(args.pool), "key": args.key},
@@ -65,9 +71,7 @@ def cmd_pool_bind(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_status(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    require("amqp", "management", connections=settings.connections)
-    with PoolTopology(args.pool, settings) as topology:
+    with _pool_topology(args) as (_, topology):
         topology.require()
         queues = topology.management.list_queues(f"^{args.pool}-")
     queues = sorted(queues, key=lambda q: q["name"])
@@ -86,9 +90,7 @@ def cmd_pool_delete(args: argparse.Namespace) -> int:
     from switchyard.core.redis_client import connect_redis
     from switchyard.rpc.store import PoolState
 
-    settings = _settings(args)
-    require("amqp", "management", "redis", connections=settings.connections)
-    with PoolTopology(args.pool, settings) as topology:
+    with _pool_topology(args, "redis") as (settings, topology):
         queues = topology.own_queues()
         dropped = topology.delete(force=args.force)  # PoolNotEmptyError: one line from main, exit 1
     PoolState(connect_redis(settings.connections), args.pool).clear()
