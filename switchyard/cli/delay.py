@@ -38,8 +38,9 @@ def ship_metrics(family: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     ship_metrics("delay")
     settings, connections = DelaySettings.from_env(), Connections.from_env()
-    kafka = ("kafka",) if {"enqueue", "fire"} & set(args.roles) else ()  # the sweep needs Postgres only
-    require("postgres", *kafka, connections=connections)
+    kafka = ("kafka",) if {"enqueue", "fire", "scheduled"} & set(args.roles) else ()  # sweep: Postgres only
+    broker = ("amqp",) if "scheduled" in args.roles else ()  # the relay publishes into the pools
+    require("postgres", *kafka, *broker, connections=connections)
     local = runtime.LocalRuntime(settings, connections, roles=args.roles)
     stopped = threading.Event()
 
@@ -163,10 +164,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     delay.set_defaults(func=lambda _args: delay.print_help() or 2)
     sub = add_commands(delay, "delay_command")
 
-    run = sub.add_parser("run", help="local runtime: MSK bridge + ready/fire loop + failure sweep",
+    run = sub.add_parser("run", help="local runtime: MSK bridge + ready/fire loop + failure sweep + "
+                                     "the scheduled-call relay",
                          description="Run the scheduler continuously until Ctrl-C / SIGTERM.")
     run.add_argument("--roles", nargs="+", choices=list(runtime.FUNCTIONS), default=list(runtime.FUNCTIONS),
-                     help="which loops this process runs (default: all three)")
+                     help="which loops this process runs (default: all four; scheduled relays fired "
+                          "calls into their pools)")
     run.set_defaults(func=_run)
 
     migrate = sub.add_parser("migrate", help="create or upgrade the schema (idempotent)",

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 import redis
 
 from switchyard.core.redis_client import connect_redis
+from switchyard.delay.model import Drop, InputRecord
+from switchyard.delay.service import service as delay_service
 from switchyard.rpc.control.activity import ActivityOutcome, track_activity
 from switchyard.rpc.control.dead_letters import DeadLetterOutcome, respond_dead_letters
 from switchyard.rpc.control.leaderless import LeaderlessWatch
@@ -23,10 +25,11 @@ from switchyard.rpc.control.orphans import OrphanOutcome, forward_orphans
 from switchyard.rpc.control.publisher import ConfirmingPublisher
 from switchyard.rpc.control.reconciler import ReconcileOutcome, Reconciler
 from switchyard.rpc.control.rmq_event import AmqpMessage
+from switchyard.rpc.control.scheduled import ScheduledOutcome, relay_scheduled
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
 from switchyard.rpc.settings import ControlSettings, RpcSettings
-from switchyard.rpc.store import PoolState
+from switchyard.rpc.store import PoolState, now_ms
 
 
 class ControlPlane:
@@ -111,3 +114,32 @@ def control_plane() -> ControlPlane:
         if _installed is None:
             _installed = ControlPlane(ControlSettings.from_env())
         return _installed
+
+
+class ScheduledRelay:
+    """The scheduled-call relay of a process: one confirming publisher (every pool's request exchange)
+    and the delay store's ``parked_messages`` for records no pool takes. Not thread-safe: one event
+    source calls it."""
+
+    def __init__(self, settings: RpcSettings | None = None) -> None:
+        self.settings = settings or RpcSettings.from_env()
+        self.publisher = ConfirmingPublisher(self.settings.connections.amqp_url, "switchyard-scheduled")
+
+    def relay(self, records: Iterable[InputRecord | Drop]) -> ScheduledOutcome:
+        return relay_scheduled(records, publisher=self.publisher, parked=delay_service().store,
+                               now_ms=now_ms())
+
+    def close(self) -> None:
+        self.publisher.close()
+
+
+_relay: ScheduledRelay | None = None
+
+
+def scheduled_relay() -> ScheduledRelay:
+    """The process's scheduled-call relay, built from the environment on first use."""
+    global _relay
+    with _lock:
+        if _relay is None:
+            _relay = ScheduledRelay()
+        return _relay

@@ -149,7 +149,7 @@ def test_bad_rows_go_to_errors_with_their_reasons_and_scheduled_rows_fire_at_the
     deadlines = {"sched-1": soon, "sched-2": soon + timedelta(seconds=1)}
     for row_id, message in fired.items():
         headers = dict(message.headers())
-        assert headers[r.POOL_HEADER] == pool.encode() and message.key() == headers[p.KEY_HEADER]
+        assert headers[p.POOL_HEADER] == pool.encode() and message.key() == headers[p.KEY_HEADER]
         assert message.value() in (b"scheduled", b"naive")
         assert not CHRONOS_HEADERS & set(headers)  # the scheduler consumed its own headers
         fired_ms = message.timestamp()[1]
@@ -162,7 +162,7 @@ def wait_for_headers(reader, ids: set[str], timeout: float) -> dict:
     found: dict = {}
     while time.monotonic() < end and not ids <= set(found):
         for message in reader.poll(0.2):
-            found[dict(message.headers() or []).get(r.ID_HEADER, b"").decode()] = message
+            found[dict(message.headers() or []).get(p.ID_HEADER, b"").decode()] = message
     assert ids <= set(found), f"not on the delay output topic: {ids - set(found)}"
     return found
 
