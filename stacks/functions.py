@@ -33,11 +33,16 @@ from stacks.data import DataConstruct
 from stacks.grants import ecs_pool_access, event_source_network_access, kafka_access, read_secrets
 from stacks.names import metrics_namespace
 from stacks.network import NetworkConstruct
-from stacks.parameters import DELAY_CONSUMER_GROUP, ConfigParametersConstruct, ServiceEndpoints
+from stacks.parameters import (
+    DELAY_CONSUMER_GROUP,
+    SCHEDULED_CONSUMER_GROUP,
+    ConfigParametersConstruct,
+    ServiceEndpoints,
+)
 from stacks.platform import lambda_architecture, lambda_runtime
 from stacks.workers import WorkersConstruct, worker_family
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
-from switchyard.core.observability import DELAY_SERVICE, DEPLOY_SERVICE, pool_service
+from switchyard.core.observability import DELAY_SERVICE, DEPLOY_SERVICE, SCHEDULED_SERVICE, pool_service
 from switchyard.rpc.control.access import BrokerRole
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +79,8 @@ class PoolFunctions:
 
 
 class FunctionsConstruct(Construct):
-    """``layer``, ``pools[name]`` (four functions each), ``delay`` (enqueue, fire, sweep), ``deploy``."""
+    """``layer``, ``pools[name]`` (four functions each), ``delay`` (enqueue, fire, sweep), ``scheduled``
+    (the scheduled-call relay), ``deploy``."""
 
     def __init__(
         self,
@@ -111,6 +117,7 @@ class FunctionsConstruct(Construct):
         self.deploy = self._build_deploy_resources()
         self.pools = {pool.name: self._build_pool(pool) for pool in config.pools}
         self.delay = self._build_delay()
+        self.scheduled = self._build_scheduled()
         self.schedules = self._build_schedules()
 
     # -- building blocks ------------------------------------------------------------------------
@@ -374,10 +381,7 @@ class FunctionsConstruct(Construct):
             batch_size=d.batch_size,
             maximum_batching_window_in_seconds=d.batch_window_seconds,
             function_response_types=["ReportBatchItemFailures"],
-            provisioned_poller_config=lambda_.CfnEventSourceMapping.ProvisionedPollerConfigProperty(
-                minimum_pollers=c.DELAY_MIN_POLLERS,
-                maximum_pollers=max(c.DELAY_MIN_POLLERS, -(-d.partitions // c.KAFKA_INVOCATIONS_PER_POLLER)),
-            ),
+            provisioned_poller_config=self._provisioned_pollers(),
             amazon_managed_kafka_event_source_config=(
                 lambda_.CfnEventSourceMapping.AmazonManagedKafkaEventSourceConfigProperty(
                     consumer_group_id=DELAY_CONSUMER_GROUP
@@ -389,6 +393,51 @@ class FunctionsConstruct(Construct):
         mapping.node.add_dependency(self.deploy["topics"])
         mapping.node.add_dependency(self.deploy["schema"])
         return {"enqueue": enqueue, "fire": fire, "sweep": sweep}
+
+    def _provisioned_pollers(self) -> lambda_.CfnEventSourceMapping.ProvisionedPollerConfigProperty:
+        """Provisioned mode (partial batch response needs it): one invocation per partition at most."""
+        return lambda_.CfnEventSourceMapping.ProvisionedPollerConfigProperty(
+            minimum_pollers=c.DELAY_MIN_POLLERS,
+            maximum_pollers=max(c.DELAY_MIN_POLLERS,
+                                -(-self.config.delay.partitions // c.KAFKA_INVOCATIONS_PER_POLLER)),
+        )
+
+    # -- scheduled calls ---------------------------------------------------------------------------
+    def _build_scheduled(self) -> lambda_.Function:
+        """The scheduled-call relay: an MSK mapping on the delay output topic (its own consumer group),
+        publishing fired calls into every pool's request exchange as the ``scheduled`` broker user, and
+        parking calls for no pool in the delay store."""
+        d = self.config.delay
+        user = self.broker.user_secret(BrokerRole.SCHEDULED)
+        fn = self.add_function(
+            "scheduled-relay", "rpc_scheduled", service=SCHEDULED_SERVICE, timeout_s=c.ESM_TIMEOUT_S,
+            environment={**self._kafka_env(), **self._postgres_env(), **self._amqp_env(user)},
+        )
+        read_secrets(fn, user, self.data.postgres_secret)
+        kafka_access(fn, self.data.kafka.attr_arn, read=(d.output_topic,), group=SCHEDULED_CONSUMER_GROUP)
+        event_source_network_access(fn)
+        mapping = lambda_.CfnEventSourceMapping(
+            self,
+            "scheduled-source",
+            function_name=fn.function_name,
+            event_source_arn=self.data.kafka.attr_arn,
+            topics=[d.output_topic],
+            starting_position=d.starting_position,
+            batch_size=d.batch_size,
+            maximum_batching_window_in_seconds=0,  # a fired call waits for no batch
+            function_response_types=["ReportBatchItemFailures"],
+            provisioned_poller_config=self._provisioned_pollers(),
+            amazon_managed_kafka_event_source_config=(
+                lambda_.CfnEventSourceMapping.AmazonManagedKafkaEventSourceConfigProperty(
+                    consumer_group_id=SCHEDULED_CONSUMER_GROUP
+                )
+            ),
+            enabled=True,
+        )
+        mapping.node.add_dependency(fn.role)
+        for resource in ("topics", "schema", "pools"):
+            mapping.node.add_dependency(self.deploy[resource])
+        return fn
 
     # -- schedules -----------------------------------------------------------------------------------
     def _build_schedules(self) -> dict[str, scheduler.Schedule]:

@@ -32,7 +32,7 @@ from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.names import alarm_name, dashboard_name, metrics_namespace
 from stacks.workers import WorkersConstruct
-from switchyard.core.observability import DELAY_SERVICE, pool_service
+from switchyard.core.observability import DELAY_SERVICE, SCHEDULED_SERVICE, pool_service
 from switchyard.delay import metrics as delay_metrics
 from switchyard.rpc import metrics as rpc_metrics
 
@@ -285,6 +285,26 @@ class MonitoringConstruct(Construct):
                 "MSK did not confirm, or Postgres failed, for 10 minutes: retried messages fire late.",
                 periods=2,
             ),
+            AlarmSpec(
+                "scheduled-calls-refused",
+                self._emf_sum("scheduled calls refused (parked)", SCHEDULED_SERVICE,
+                              unknown=rpc_metrics.SCHEDULED_UNKNOWN_POOL,
+                              malformed=rpc_metrics.SCHEDULED_MALFORMED,
+                              expired=rpc_metrics.SCHEDULED_EXPIRED,
+                              unroutable=rpc_metrics.SCHEDULED_UNROUTABLE),
+                1,
+                "A scheduled call fired but was not made: its pool does not exist, it could not be read, "
+                "it expired before it fired, or nothing routed it. It is parked with the reason (the "
+                "pool's poison queue, else `switchyard delay parked`) for a person to act on.",
+            ),
+            AlarmSpec(
+                "scheduled-calls-publish-failures",
+                self._emf(rpc_metrics.SCHEDULED_PUBLISH_FAILURES, SCHEDULED_SERVICE),
+                1,
+                "The relay could not hand fired calls to RabbitMQ for 10 minutes: they are retried from "
+                "the output topic (at least once), so they run late, never lost.",
+                periods=2,
+            ),
         ]
         return specs
 
@@ -304,6 +324,7 @@ class MonitoringConstruct(Construct):
                 specs.append(errors_or_throttles(f"{pool.name}-{role}", fn))
         for role, fn in aws.functions.delay.items():
             specs.append(errors_or_throttles(f"delay-{role}", fn))
+        specs.append(errors_or_throttles("scheduled-relay", aws.functions.scheduled))
         delay = self.config.delay
         specs += [
             AlarmSpec(
@@ -432,6 +453,15 @@ class MonitoringConstruct(Construct):
                     delay_metrics.DELAY_MESSAGES_OVERDUE,
                 ),
             ),
+            self._counts_widget(
+                "Scheduled calls: relayed into the pools",
+                SCHEDULED_SERVICE,
+                (
+                    rpc_metrics.SCHEDULED_PUBLISHED,
+                    rpc_metrics.SCHEDULED_PARKED,
+                    rpc_metrics.SCHEDULED_PUBLISH_FAILURES,
+                ),
+            ),
         ]
         if self.aws:
             widgets += self._aws_widgets(self.aws)
@@ -447,6 +477,7 @@ class MonitoringConstruct(Construct):
         every = {
             **{f"{p}-{r}": fn for p, fns in aws.functions.pools.items() for r, fn in fns.all().items()},
             **{f"delay-{r}": fn for r, fn in aws.functions.delay.items()},
+            "scheduled-relay": aws.functions.scheduled,
         }
         return [
             cw.GraphWidget(

@@ -20,7 +20,7 @@ def config(**context: Any) -> DeploymentConfig:
 def test_defaults_give_one_example_pool_and_a_connection_budget_within_the_limit() -> None:
     cfg = config()
     assert [p.name for p in cfg.pools] == [c.EXAMPLE_POOL]
-    assert cfg.postgres_connection_budget == 3 * 1 + 2 * 2 + 2 * 1 + 1
+    assert cfg.postgres_connection_budget == 3 * 1 + 2 * 2 + 2 * 1 + 3 * 1 + 1
     assert cfg.postgres_connection_budget <= cfg.postgres.max_connections // 2
 
 
