@@ -21,12 +21,12 @@ from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from stacks import constants as c
+from stacks.alarm_specs import PERIOD, AlarmSpec, errors_or_throttles
 from stacks.config import DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
@@ -36,7 +36,6 @@ from switchyard.core.observability import DELAY_SERVICE, SCHEDULED_SERVICE, pool
 from switchyard.delay import metrics as delay_metrics
 from switchyard.rpc import metrics as rpc_metrics
 
-PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
 # Metrics Insights (SELECT ... FROM SCHEMA) aggregates at one-minute granularity and does not read
 # high-resolution data: a shorter period is not finer, so its alarms use at least this, on both
 # targets (the LocalStack target's 10 s periods are for the alarms on plain EMF metrics).
@@ -50,36 +49,6 @@ class AwsResources:
     functions: FunctionsConstruct
     data: DataConstruct
     workers: WorkersConstruct
-
-
-@dataclass(frozen=True)
-class AlarmSpec:
-    """An alarm's metric, threshold and the sentence that justifies the threshold."""
-
-    name: str
-    metric: cw.IMetric
-    threshold: float
-    why: str
-    periods: int = 1
-    comparison: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
-
-
-def errors_or_throttles(name: str, fn: lambda_.IFunction) -> AlarmSpec:
-    """The alarm on ``fn``'s failed or throttled invocations, named ``{name}-errors-or-throttles``."""
-    errors = fn.metric_errors(period=PERIOD)
-    throttles = fn.metric_throttles(period=PERIOD)
-    return AlarmSpec(
-        f"{name}-errors-or-throttles",
-        cw.MathExpression(
-            expression="errors + throttles",
-            using_metrics={"errors": errors, "throttles": throttles},
-            label=f"{name}: errors + throttles",
-            period=PERIOD,
-        ),
-        1,
-        "Any failed or throttled invocation: every handler is at-least-once and retried, so one error "
-        "delays work and a throttle means reserved concurrency or the account limit was hit.",
-    )
 
 
 class MonitoringConstruct(Construct):

@@ -205,7 +205,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_json_option(status)
     status.set_defaults(func=_status)
 
-    parked = sub.add_parser("parked", help="list messages the output broker refused for good",
+    parked = sub.add_parser("parked", help="list messages refused for good (output broker, relay)",
                             description="Messages moved to parked_messages instead of being retried forever.")
     parked.add_argument("--limit", type=AT_LEAST_ONE, default=100, help="at most this many, newest first")
     add_json_option(parked)

@@ -56,7 +56,7 @@ class LocalRuntime:
         config = MskBridgeConfig(
             bootstrap=self.connections.kafka_bootstrap, topic=topic, group_id=group,
             function_name=FUNCTIONS[role], batch_size=s.batch_size, batching_window_ms=window_ms,
-            session_timeout_ms=2000,
+            session_timeout_ms=2000, fetch_min_bytes=65536 if role == "enqueue" else 1,
         )
         MskBridge(config, handler).run(self.stop)
 

@@ -10,6 +10,7 @@ thread-safe); Redis and the driver are shared.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -22,7 +23,7 @@ from switchyard.rpc.control.activity import ActivityOutcome, track_activity
 from switchyard.rpc.control.dead_letters import DeadLetterOutcome, respond_dead_letters
 from switchyard.rpc.control.leaderless import LeaderlessWatch
 from switchyard.rpc.control.orphans import OrphanOutcome, forward_orphans
-from switchyard.rpc.control.publisher import ConfirmingPublisher
+from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
 from switchyard.rpc.control.reconciler import ReconcileOutcome, Reconciler
 from switchyard.rpc.control.rmq_event import AmqpMessage
 from switchyard.rpc.control.scheduled import ScheduledOutcome, relay_scheduled
@@ -121,13 +122,28 @@ class ScheduledRelay:
     and the delay store's ``parked_messages`` for records no pool takes. Not thread-safe: one event
     source calls it."""
 
+    KNOWN_FOR_S = 30.0  # a pool seen is not checked again for this long (a deleted one: refused later)
+
     def __init__(self, settings: RpcSettings | None = None) -> None:
         self.settings = settings or RpcSettings.from_env()
         self.publisher = ConfirmingPublisher(self.settings.connections.amqp_url, "switchyard-scheduled")
+        self._known: dict[str, float] = {}  # request exchange -> when it was last seen
 
     def relay(self, records: Iterable[InputRecord | Drop]) -> ScheduledOutcome:
-        return relay_scheduled(records, publisher=self.publisher, parked=delay_service().store,
-                               now_ms=now_ms())
+        return relay_scheduled(records, publisher=self, parked=delay_service().store, now_ms=now_ms())
+
+    def publish_settled(self, messages: list[Outgoing], timeout: float = 30.0) -> list[str | None]:
+        return self.publisher.publish_settled(messages, timeout)
+
+    def exchange_exists(self, exchange: str) -> bool:
+        """The publisher's check, remembered for ``KNOWN_FOR_S`` when the exchange exists."""
+        seen = self._known.get(exchange)
+        if seen is not None and time.monotonic() - seen < self.KNOWN_FOR_S:
+            return True
+        exists = self.publisher.exchange_exists(exchange)
+        if exists:
+            self._known[exchange] = time.monotonic()
+        return exists
 
     def close(self) -> None:
         self.publisher.close()

@@ -50,7 +50,7 @@ def test_context_from_the_command_line_is_json() -> None:
         ({c.CTX_DELAY: {"inputTopic": "t", "outputTopic": "t"}}, "must differ"),
         ({c.CTX_DELAY: {"schema": "Bad-Schema"}}, "invalid Postgres schema name"),
         ({c.CTX_DELAY: {"startingPosition": "AT_TIMESTAMP"}}, "LATEST or TRIM_HORIZON"),
-        ({c.CTX_DELAY: {"partitions": 200}}, "may open 207 connections"),
+        ({c.CTX_DELAY: {"partitions": 200}}, "may open 407 connections"),
         ({c.CTX_MSK: {"brokerNodes": 3}}, "multiple of the 2 availability zones"),
         ({c.CTX_POSTGRES: {"engineVersion": "12"}}, "engineVersion must be one of"),
         ({c.CTX_REDIS: {"engine": "memcached"}}, "redis or valkey"),

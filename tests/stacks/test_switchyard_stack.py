@@ -516,9 +516,16 @@ def test_alarm_metrics_and_thresholds(resources: Resources) -> None:
     stranded = alarm(resources, "rabbitmq-dead-lettering-stranded")  # the reconciler's broker probe
     assert "MAX(ReconcileDeadLetteringStranded)" in json.dumps(stranded["Metrics"])
     assert stranded["Threshold"] == 1 and "reboot" in stranded["AlarmDescription"]
-    for module in RUNTIME_HANDLERS:
+    for module in RUNTIME_HANDLERS - {"rpc_scheduled"}:
         role = module.replace("rpc_", f"{pool}-").replace("delay_", "delay-")
         assert "Throttles" in json.dumps(alarm(resources, f"{role}-errors-or-throttles")["Metrics"])
+    assert "Throttles" in json.dumps(alarm(resources, "scheduled-relay-errors-or-throttles")["Metrics"])
+    refused = json.dumps(alarm(resources, "scheduled-calls-refused")["Metrics"])
+    assert all(name in refused for name in ("ScheduledUnknownPool", "ScheduledMalformed",
+                                            "ScheduledExpired", "ScheduledUnroutable"))
+    assert "switchyard-scheduled" in refused
+    failures = alarm(resources, "scheduled-calls-publish-failures")
+    assert (failures["MetricName"], failures["EvaluationPeriods"]) == ("ScheduledPublishFailures", 2)
 
 
 # -- EMR Serverless ------------------------------------------------------------------------------------
