@@ -35,9 +35,11 @@ def schedule_partition(
     topic: str,
     timeout_s: float = 30.0,
     on_result: Callable[[tuple], None] | None = None,
+    reply_queue: str | None = None,
 ) -> Iterator[tuple]:
     """Produce every request to ``topic`` with ``connect()``'s producer (made for the first row);
-    yield one results row each once the broker confirmed (or refused) it."""
+    yield one results row each once the broker confirmed (or refused) it. ``reply_queue``: the
+    durable reply queue their answers go to (``--reply-queue``), None: no answer kept."""
     topic = validate_topic(topic)
     requests = iter(requests)
     first = next(requests, None)
@@ -62,7 +64,7 @@ def schedule_partition(
         while True:
             try:
                 producer.produce(topic, key=request.key.encode(), value=request.body,
-                                 headers=chronos_headers(request),
+                                 headers=chronos_headers(request, reply_queue),
                                  # mypy cannot type a lambda whose defaults bind the loop's values
                                  on_delivery=lambda err, _msg, n=seq, t=started: delivered(n, t, err))  # type: ignore[misc]
                 break
