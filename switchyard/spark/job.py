@@ -435,6 +435,7 @@ def _summarize(spark: SparkSession, options: PublishOptions, run_id: str, total:
     latency = {
         row.pool: tuple(row.q) for row in written.where(F.col("status").isin(_TIMED)).groupBy("pool")
         .agg(F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], 10000).alias("q")).collect()
+        if row.q is not None  # --collect's rows have no latency
     }
     return PublishSummary(run_id, total, skipped, bad, counts, latency, elapsed)
 
