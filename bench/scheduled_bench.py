@@ -122,6 +122,7 @@ def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Pope
 def run_rate(client: RpcClient, reply: str, keys: list[str], rate: int, duration: float,
              delays: tuple[float, float], answers: Answers, fired: Fired, drain_s: float) -> dict:
     ids: list[str] = []
+    futures = []
     interval, t0 = 1.0 / rate, time.monotonic()
     for n in range(int(rate * duration)):
         pause = t0 + n * interval - time.monotonic()
@@ -129,8 +130,12 @@ def run_rate(client: RpcClient, reply: str, keys: list[str], rate: int, duration
             time.sleep(pause)
         delay = random.uniform(*delays)
         due_ms = (time.time() + delay) * 1000
-        future = client.schedule(keys[n % len(keys)], f"{due_ms:.3f}", at=delay, reply=reply)
-        ids.append(future.result(30))
+        ids.append(uuid.uuid4().hex)
+        futures.append(client.schedule(keys[n % len(keys)], f"{due_ms:.3f}", at=delay, reply=reply,
+                                       call_id=ids[-1]))
+    offered = len(ids) / (time.monotonic() - t0)
+    for future in futures:
+        future.result(30)
     end = time.monotonic() + delays[1] + drain_s
     while time.monotonic() < end and not all(i in answers.found for i in ids):
         time.sleep(0.2)
@@ -141,7 +146,8 @@ def run_rate(client: RpcClient, reply: str, keys: list[str], rate: int, duration
     rounded = {name: {k: round(v, 1) for k, v in percentiles(values).items()}
                for name, values in (("worker_lateness_ms", worker), ("fire_lateness_ms", fire),
                                     ("hop_ms", hop))}
-    return {"rate": rate, "scheduled": len(ids), "answered": len(worker), "lost": len(ids) - len(worker),
+    return {"rate": rate, "offered_per_s": round(offered), "scheduled": len(ids), "answered": len(worker),
+            "lost": len(ids) - len(worker),
             "duplicates": answers.duplicates, **rounded}
 
 
@@ -237,7 +243,8 @@ def main() -> int:
     else:
         print(f"load average before {report['load_before']}, after {report['load_after']}")
         for r in results:
-            print(f"{r['rate']:>5}/s: {r['answered']}/{r['scheduled']} answered, lost {r['lost']}, "
+            print(f"{r['rate']:>5}/s (offered {r['offered_per_s']}/s): {r['answered']}/{r['scheduled']} "
+                  f"answered, lost {r['lost']}, "
                   f"duplicates {r['duplicates']}")
             for name in ("worker_lateness_ms", "fire_lateness_ms", "hop_ms"):
                 print(f"    {name:<20} {r[name]}")
