@@ -2,8 +2,9 @@
 lateness in the same run.
 
 Runs the whole loop locally as it is deployed: ``switchyard delay run`` (enqueue bridge, fire and
-sweep loops, and the scheduled-call relay on the output topic) and ``switchyard local`` (the pool's
-control plane, whose subprocess driver starts the workers) as processes of their own, on a fresh
+sweep loops), the scheduled-call relay on the output topic (``switchyard delay run --roles
+scheduled``) and ``switchyard local`` (the pool's control plane, whose subprocess driver starts the
+workers) as processes of their own, on a fresh
 pool, topics and schema. For each offered rate, schedules calls with ``RpcClient.schedule`` for
 --duration seconds, deadlines uniform in [--min-delay, --max-delay] s ahead, over --keys keys whose
 groups were started before (a cold start is not lateness); answers go to a durable reply queue.
@@ -167,7 +168,10 @@ def environment(tag: str, workers: int) -> dict[str, str]:
 def measure(args: argparse.Namespace, pool: str, reply: str, env: dict[str, str], logs: Path) -> list[dict]:
     """Start the scheduler and the control plane, start the groups, then each rate in turn."""
     settings = RpcSettings.from_env()
-    procs = [start(["delay", "run"], env, logs / "delay.log"),
+    # The relay in a process of its own, as it is a function of its own on AWS (one process would
+    # share one interpreter lock between it, the enqueue bridge and the fire loop).
+    procs = [start(["delay", "run", "--roles", "enqueue", "fire", "sweep"], env, logs / "delay.log"),
+             start(["delay", "run", "--roles", "scheduled"], env, logs / "relay.log"),
              start(["local", "--pool", pool], env, logs / "local.log")]
     answers = Answers(settings, p.reply_queue(reply))
     fired = Fired(Connections.from_env().kafka_bootstrap, env["SWITCHYARD_DELAY_OUTPUT_TOPIC"])

@@ -73,7 +73,8 @@ class CallScheduler:
         self.topic = validate_topic(topic or DelaySettings.from_env().input_topic)
         self._producer = Producer({"bootstrap.servers": settings.connections.kafka_bootstrap,
                                    "enable.idempotence": True, "acks": "all", "linger.ms": 2,
-                                   "client.id": "switchyard-scheduler", **kafka_security_config()})
+                                   "client.id": "switchyard-scheduler", "log_level": 4,  # warnings up
+                                   **kafka_security_config()})
         self._declared: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="switchyard-scheduler", daemon=True)
