@@ -194,3 +194,91 @@ def test_scheduled_calls_run_at_their_time_and_answer_into_a_durable_queue(
     finally:
         runtime.join()
         delete_queue(settings, p.reply_queue(reply))
+
+
+def test_a_crash_after_publishing_before_the_commit_gives_a_duplicate_never_a_loss(
+        pool, delay_settings, monkeypatch) -> None:
+    """The relay's invocation dies after its publish was confirmed, before the mapping committed the
+    offset: the record comes again and is published again, with the same message id."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    from switchyard.local.msk_bridge import MskBridge, MskBridgeConfig
+    from switchyard.rpc import service as rpc_service
+
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    name, settings = pool
+    relay = rpc_service.ScheduledRelay(settings)
+    monkeypatch.setattr(rpc_service, "_relay", relay)
+    bootstrap = Connections.from_env().kafka_bootstrap
+    producer = Producer({"bootstrap.servers": bootstrap})
+    record = fired(0, ScheduledCall("id-crash", name, "crash-key", b"once"))
+    producer.produce(delay_settings.output_topic, key=record.key, value=record.value,
+                     headers=list(record.headers))
+    producer.flush(10)
+    handler = load_function("rpc_scheduled").lambda_handler
+    crashes = []
+
+    def crash_once(event: dict, context: object) -> object:
+        response = handler(event, context)  # published and confirmed
+        if not crashes:
+            crashes.append(response)
+            raise RuntimeError("the invocation died before the mapping committed (test)")
+        return response
+
+    bridge = MskBridge(MskBridgeConfig(bootstrap, delay_settings.output_topic, unique("g"), "rpc_scheduled",
+                                       batching_window_ms=5, retry_backoff_ms=10, fetch_min_bytes=1),
+                       crash_once)
+    stop = threading.Event()
+    thread = threading.Thread(target=bridge.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while bridge.invocations < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join(30)
+        relay.close()
+    assert crashes and bridge.failures == 1 and bridge.invocations == 2
+    copies = []
+    while (got := get_message(settings, p.orphan_queue(name), timeout=2)) is not None:
+        copies.append((got[1].message_id, got[2]))
+    assert copies == [("id-crash", b"once"), ("id-crash", b"once")]
+
+
+def test_call_at_and_collect_on_the_command_line(make_pool, planes, delay_settings) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    name, settings = make_pool()
+    planes.start(name, settings, handler=WHOAMI)
+    runtime = LocalRuntime(delay_settings, Connections.from_env(), roles=("enqueue", "fire", "scheduled"))
+    runtime.start()
+    reply = unique("r")
+
+    def switchyard(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "switchyard", *args], capture_output=True, text=True,
+                              env=subprocess_env(SWITCHYARD_DELAY_INPUT_TOPIC=delay_settings.input_topic),
+                              timeout=120)
+
+    try:
+        scheduled = switchyard("call", "--pool", name, "--key", "cli", "--body", "later", "--at", "+1s",
+                               "--reply-queue", reply, "--json")
+        assert scheduled.returncode == 0, scheduled.stderr
+        call = json.loads(scheduled.stdout)
+        assert call["status"] == "scheduled" and call["reply_queue"] == reply
+        collected = switchyard("collect", "--reply-queue", reply, "--id", call["id"], "--timeout", "60",
+                               "--json")
+        assert collected.returncode == 0, collected.stderr
+        (answer,) = json.loads(collected.stdout)
+        assert (answer["id"], answer["status"]) == (call["id"], "ok")
+        assert answer["body"].endswith("|cli|later")
+        bad = switchyard("call", "--pool", name, "--key", "k", "--at", "tomorrow")
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "+5s" in bad.stderr
+    finally:
+        runtime.join()
+        delete_queue(settings, p.reply_queue(reply))
