@@ -370,37 +370,39 @@ class FunctionsConstruct(Construct):
         # enqueue publishes messages already due; fire publishes the rest; sweep only touches Postgres.
         kafka_access(enqueue, self.data.kafka.attr_arn, read=(d.input_topic,), write=(d.output_topic,))
         kafka_access(fire, self.data.kafka.attr_arn, write=(d.output_topic,))
-        event_source_network_access(enqueue)
+        self._msk_source(enqueue, "delay-input-source", d.input_topic, DELAY_CONSUMER_GROUP,
+                         d.batch_window_seconds, ("topics", "schema"))
+        return {"enqueue": enqueue, "fire": fire, "sweep": sweep}
+
+    def _msk_source(self, fn: lambda_.Function, construct_id: str, topic: str, group: str,
+                    window_s: int, after: tuple[str, ...]) -> None:
+        """An MSK event source on ``topic`` in consumer group ``group``, reporting batch item failures,
+        in provisioned mode (partial batch response needs it): one invocation per partition at most.
+        It starts after ``fn``'s role and the deploy resources named in ``after``."""
+        event_source_network_access(fn)
+        d = self.config.delay
         mapping = lambda_.CfnEventSourceMapping(
             self,
-            "delay-input-source",
-            function_name=enqueue.function_name,
+            construct_id,
+            function_name=fn.function_name,
             event_source_arn=self.data.kafka.attr_arn,
-            topics=[d.input_topic],
+            topics=[topic],
             starting_position=d.starting_position,
             batch_size=d.batch_size,
-            maximum_batching_window_in_seconds=d.batch_window_seconds,
+            maximum_batching_window_in_seconds=window_s,
             function_response_types=["ReportBatchItemFailures"],
-            provisioned_poller_config=self._provisioned_pollers(),
+            provisioned_poller_config=lambda_.CfnEventSourceMapping.ProvisionedPollerConfigProperty(
+                minimum_pollers=c.DELAY_MIN_POLLERS,
+                maximum_pollers=max(c.DELAY_MIN_POLLERS, -(-d.partitions // c.KAFKA_INVOCATIONS_PER_POLLER)),
+            ),
             amazon_managed_kafka_event_source_config=(
-                lambda_.CfnEventSourceMapping.AmazonManagedKafkaEventSourceConfigProperty(
-                    consumer_group_id=DELAY_CONSUMER_GROUP
-                )
+                lambda_.CfnEventSourceMapping.AmazonManagedKafkaEventSourceConfigProperty(consumer_group_id=group)
             ),
             enabled=True,
         )
-        mapping.node.add_dependency(enqueue.role)
-        mapping.node.add_dependency(self.deploy["topics"])
-        mapping.node.add_dependency(self.deploy["schema"])
-        return {"enqueue": enqueue, "fire": fire, "sweep": sweep}
-
-    def _provisioned_pollers(self) -> lambda_.CfnEventSourceMapping.ProvisionedPollerConfigProperty:
-        """Provisioned mode (partial batch response needs it): one invocation per partition at most."""
-        return lambda_.CfnEventSourceMapping.ProvisionedPollerConfigProperty(
-            minimum_pollers=c.DELAY_MIN_POLLERS,
-            maximum_pollers=max(c.DELAY_MIN_POLLERS,
-                                -(-self.config.delay.partitions // c.KAFKA_INVOCATIONS_PER_POLLER)),
-        )
+        mapping.node.add_dependency(fn.role)
+        for resource in after:
+            mapping.node.add_dependency(self.deploy[resource])
 
     # -- scheduled calls ---------------------------------------------------------------------------
     def _build_scheduled(self) -> lambda_.Function:
@@ -415,28 +417,9 @@ class FunctionsConstruct(Construct):
         )
         read_secrets(fn, user, self.data.postgres_secret)
         kafka_access(fn, self.data.kafka.attr_arn, read=(d.output_topic,), group=SCHEDULED_CONSUMER_GROUP)
-        event_source_network_access(fn)
-        mapping = lambda_.CfnEventSourceMapping(
-            self,
-            "scheduled-source",
-            function_name=fn.function_name,
-            event_source_arn=self.data.kafka.attr_arn,
-            topics=[d.output_topic],
-            starting_position=d.starting_position,
-            batch_size=d.batch_size,
-            maximum_batching_window_in_seconds=0,  # a fired call waits for no batch
-            function_response_types=["ReportBatchItemFailures"],
-            provisioned_poller_config=self._provisioned_pollers(),
-            amazon_managed_kafka_event_source_config=(
-                lambda_.CfnEventSourceMapping.AmazonManagedKafkaEventSourceConfigProperty(
-                    consumer_group_id=SCHEDULED_CONSUMER_GROUP
-                )
-            ),
-            enabled=True,
-        )
-        mapping.node.add_dependency(fn.role)
-        for resource in ("topics", "schema", "pools"):
-            mapping.node.add_dependency(self.deploy[resource])
+        # a fired call waits for no batch (window 0)
+        self._msk_source(fn, "scheduled-source", d.output_topic, SCHEDULED_CONSUMER_GROUP, 0,
+                         ("topics", "schema", "pools"))
         return fn
 
     # -- schedules -----------------------------------------------------------------------------------

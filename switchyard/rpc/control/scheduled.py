@@ -82,13 +82,19 @@ def _position(record: InputRecord | Drop) -> RecordPosition:
     return RecordPosition(record.topic, record.partition, record.offset)
 
 
-def _amqp_headers(call: ScheduledCall) -> dict[str, Any]:
-    headers: dict[str, Any] = {}
-    for name, value in call.headers:
+def _as_amqp(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, Any]:
+    """Kafka headers as AMQP headers: UTF-8 values as strings (a trace context), others as bytes."""
+    table: dict[str, Any] = {}
+    for name, value in headers:
         try:
-            headers[name] = value.decode("utf-8") if value is not None else None
+            table[name] = value.decode("utf-8") if value is not None else None
         except UnicodeDecodeError:
-            headers[name] = value
+            table[name] = value
+    return table
+
+
+def _amqp_headers(call: ScheduledCall) -> dict[str, Any]:
+    headers = _as_amqp(call.headers)
     headers[p.KEY_HEADER] = call.key
     if call.expires_ms is not None:
         headers[p.DEADLINE_HEADER] = call.expires_ms
@@ -105,12 +111,7 @@ def request_of(call: ScheduledCall, now_ms: int) -> Outgoing:
 
 
 def _poison(pool: str, record: InputRecord, reason: str, call_id: str | None) -> Outgoing:
-    headers: dict[str, Any] = {}
-    for name, value in record.headers:
-        try:
-            headers[name] = value.decode("utf-8") if value is not None else None
-        except UnicodeDecodeError:
-            headers[name] = value
+    headers = _as_amqp(record.headers)
     headers[p.POISON_REASON_HEADER] = reason
     props = pika.BasicProperties(message_id=_parked_id(record, call_id), headers=headers,
                                  delivery_mode=pika.DeliveryMode.Persistent)
