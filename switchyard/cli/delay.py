@@ -78,7 +78,8 @@ def _invoke(args: argparse.Namespace) -> int:
     ship_metrics("delay")
     event = read_event(args.event) if args.event else \
         runtime.scheduled_event(f"switchyard-delay-{args.handler}")
-    require("postgres", *(("kafka",) if args.handler == "fire" else ()))
+    require("postgres", *(("kafka",) if args.handler == "fire" else ()),
+            *(("amqp",) if args.handler == "scheduled" else ()))
     name = runtime.FUNCTIONS[args.handler]
     result = invoke_handler(runtime.load_function(args.handler), name, event, args.event or "-",
                             FakeLambdaContext(name, args.timeout_ms))
@@ -180,7 +181,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     invoke = sub.add_parser("invoke", help="invoke one Lambda handler with an event file",
                             description="Call functions/delay_HANDLER.py's lambda_handler once, locally.")
     invoke.add_argument("handler", choices=list(runtime.FUNCTIONS),
-                        help="which handler: functions/delay_HANDLER.py")
+                        help="which handler: functions/delay_HANDLER.py (scheduled: the relay, "
+                             "functions/rpc_scheduled.py)")
     invoke.add_argument("--event", help="JSON event file (default: an EventBridge scheduled event)")
     invoke.add_argument("--timeout-ms", type=COUNT, default=5000,
                         help="the fake context's remaining time; fire/sweep loop until it runs short")

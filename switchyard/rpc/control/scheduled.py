@@ -74,7 +74,7 @@ class ScheduledOutcome:
     expired: int = 0
     unroutable: int = 0
     parked: int = 0
-    publish_failures: int = 0
+    publish_failures: int = 0  # records to deliver again: not handed to RabbitMQ, or not parked
     failed: tuple[RecordPosition, ...] = field(default=())
 
 
@@ -231,6 +231,7 @@ def _park_all(poison: list[tuple[InputRecord, Outgoing, bool]], to_park: list[tu
                 reason = out.properties.headers[p.POISON_REASON_HEADER]
                 to_park.append((record, str(out.properties.message_id), reason))
             elif result is not None:
+                outcome.publish_failures += 1
                 failed.append(_position(record))
             elif copy:
                 outcome.parked += 1
@@ -240,4 +241,5 @@ def _park_all(poison: list[tuple[InputRecord, Outgoing, bool]], to_park: list[tu
             outcome.parked += len(to_park)
         except SwitchyardError as exc:
             logger.error("parking fired records failed", extra={"error": str(exc)})
+            outcome.publish_failures += len(to_park)
             failed.extend(_position(record) for record, _, _ in to_park)
