@@ -27,6 +27,7 @@ FUNCTIONS = {"enqueue": "delay_enqueue", "fire": "delay_fire", "sweep": "delay_s
 BRIDGED = frozenset({"enqueue", "scheduled"})  # roles fed by an MSK bridge (the others tick)
 SCHEDULED_GROUP_SUFFIX = "-scheduled"  # the relay's consumer group: the scheduler's own, suffixed
 RELAY_WINDOW_MS = 5
+RELAY_FETCH_WAIT_MS = 10  # tansu answers a fetch when this runs out, not at the first record
 
 
 def load_function(role: str) -> ModuleType:
@@ -57,6 +58,7 @@ class LocalRuntime:
             bootstrap=self.connections.kafka_bootstrap, topic=topic, group_id=group,
             function_name=FUNCTIONS[role], batch_size=s.batch_size, batching_window_ms=window_ms,
             session_timeout_ms=2000, fetch_min_bytes=65536 if role == "enqueue" else 1,
+            fetch_wait_max_ms=100 if role == "enqueue" else RELAY_FETCH_WAIT_MS,
         )
         MskBridge(config, handler).run(self.stop)
 

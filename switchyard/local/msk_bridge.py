@@ -89,6 +89,7 @@ class MskBridgeConfig:
     # The broker answers a fetch at this many bytes or after 100 ms (see below); 1: at the first
     # record, for a mapping whose records are each waited for (the scheduled-call relay).
     fetch_min_bytes: int = 65536
+    fetch_wait_max_ms: int = 100  # how long the broker holds a fetch with less than fetch_min_bytes
     cluster_arn: str = "arn:aws:kafka:local:000000000000:cluster/local/00000000-0000-0000-0000-000000000000-1"
 
 
@@ -112,7 +113,7 @@ class MskBridge:
             # that is a fetch per ~600 records instead of one per handful (broker CPU), and an idle
             # topic costs 10 empty fetches a second, not 100 (the 10 ms it was: 3.7% of a core idle).
             # The batching window waits as long anyway.
-            "fetch.wait.max.ms": 100,
+            "fetch.wait.max.ms": config.fetch_wait_max_ms,
             "fetch.min.bytes": config.fetch_min_bytes,
             "client.id": f"msk-bridge-{config.function_name}",
         })
