@@ -54,8 +54,9 @@ def scheduled_calls_part(out: Printer) -> None:
         time.sleep(max(0.0, started + 3.0 - time.monotonic()))  # the bridges join their consumer groups
         calls = CallScheduler(name, settings, topic=delay.input_topic)
         start, due = time.time(), {}
-        for n, seconds in enumerate(DELAYS_S):
-            call_id = calls.schedule(KEYS[n % 2], f"report #{n}", at=seconds, reply=name).result(30)
+        for n, seconds in enumerate(DELAYS_S):  # deadlines from one instant (the first confirm is slow)
+            at = datetime.fromtimestamp(start + seconds, UTC)
+            call_id = calls.schedule(KEYS[n % 2], f"report #{n}", at=at, reply=name).result(30)
             due[call_id] = start + seconds
         calls.close()
         out.line(f"scheduled at {datetime.now(UTC).strftime('%H:%M:%S')} UTC, due "
@@ -66,7 +67,7 @@ def scheduled_calls_part(out: Printer) -> None:
                 out.line(f"call {call_id} not answered in time")
                 continue
             late = time.time() - deadline
-            out.line(f"+{time.time() - start:4.1f} s  {answer[call_id].status} ({late * 1000:+.0f} ms after "
+            out.line(f"+{time.time() - start:4.1f} s  {answer[call_id].status} ({late * 1000:+.0f} ms from "
                      f"its deadline): {answer[call_id].text()}")
     finally:
         scheduler.join()
