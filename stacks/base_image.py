@@ -14,6 +14,7 @@ synthesized anything.
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 
 from stacks import constants as c
@@ -21,6 +22,8 @@ from stacks import constants as c
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOCAL_REPOSITORY = "switchyard-worker"
 BUILD_ARG = "SWITCHYARD_IMAGE"  # what a pool's Dockerfile declares: ARG SWITCHYARD_IMAGE, FROM ${...}
+# Docker's name of each CPU_ARCHITECTURE (stacks/platform.py builds the assets for the same one).
+DOCKER_PLATFORMS = {"x86_64": "linux/amd64", "arm64": "linux/arm64"}
 
 
 def base_inputs(root: Path = REPO_ROOT) -> list[Path]:
@@ -46,5 +49,12 @@ def local_tag(root: Path = REPO_ROOT) -> str:
     return f"{LOCAL_REPOSITORY}:{digest.hexdigest()[:12]}"
 
 
+def build_command(root: Path = REPO_ROOT) -> list[str]:
+    """The ``docker build`` of the base, as the CDK builds the default pools' asset (platform, Python)."""
+    return ["docker", "build", "--platform", DOCKER_PLATFORMS[c.CPU_ARCHITECTURE],
+            "--build-arg", f"PYTHON_VERSION={c.PYTHON_VERSION}", "--tag", local_tag(root), str(root)]
+
+
 if __name__ == "__main__":
-    print(local_tag())
+    # ./dev deploy: the tag, or with --build-command the command that builds it, one argument a line.
+    print("\n".join(build_command() if sys.argv[1:] == ["--build-command"] else [local_tag()]))
