@@ -15,7 +15,7 @@ from aws_cdk import App, Stack
 from aws_cdk.assertions import Template
 
 from stacks import constants as c
-from stacks.base_image import BUILD_ARG, base_inputs, local_tag
+from stacks.base_image import BUILD_ARG, base_inputs, build_command, local_tag
 from stacks.config import ConfigError, DeploymentConfig, ImageDirectory
 from tests.stacks.conftest import ROOT, synth
 from tests.stacks.test_switchyard_stack import of_type
@@ -70,6 +70,11 @@ def test_the_default_pool_still_builds_from_the_root_dockerfile(example_synth) -
     staged = outdir / asset["source"]["directory"]
     assert (staged / "Dockerfile").read_bytes() == (ROOT / "Dockerfile").read_bytes()
     assert (staged / "switchyard" / "rpc" / "worker" / "runtime.py").is_file()
+    # ./dev deploy builds the same Dockerfile as the base, for the same platform and Python.
+    command = build_command()
+    assert command[command.index("--platform") + 1] == asset["source"]["platform"]
+    assert command[command.index("--build-arg") + 1] == f"PYTHON_VERSION={c.PYTHON_VERSION}"
+    assert command[-1] == str(ROOT)
 
 
 def test_the_base_tag_is_named_by_what_the_root_dockerfile_builds_from(tmp_path: Path) -> None:
