@@ -18,19 +18,20 @@ from tests.conftest import ROOT, subprocess_env, unique
 EXAMPLE = ROOT / "examples" / "pricing"
 
 
-def switchyard(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "switchyard", *args], env=subprocess_env(**env),
-                          capture_output=True, text=True, timeout=60)
+def switchyard(*args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "switchyard", *args], env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"switchyard {' '.join(args)}: {done.stderr}"
 
 
 @pytest.fixture
 def pricing_worker():
     """A pool of this test's own with one key bound, and the example's worker serving it."""
     pool, key = unique("examples"), "tenant=acme"
-    assert switchyard("pool", "init", "--pool", pool).returncode == 0
+    switchyard("pool", "init", "--pool", pool)
     worker = None
     try:
-        assert switchyard("pool", "bind", "--pool", pool, "--key", key).returncode == 0
+        switchyard("pool", "bind", "--pool", pool, "--key", key)
         # The example's directory and this checkout's package, as the image has them.
         worker = subprocess.Popen(
             [sys.executable, "-m", "switchyard", "worker", "--handler", "pricing:quote"],
@@ -43,7 +44,7 @@ def pricing_worker():
             worker.terminate()
             out, _ = worker.communicate(timeout=30)
             assert worker.returncode == 0, out
-        assert switchyard("pool", "delete", "--pool", pool, "--force").returncode == 0
+        switchyard("pool", "delete", "--pool", pool, "--force")
 
 
 def test_the_pricing_example_answers_orders_and_rejects_bad_ones(pricing_worker) -> None:
