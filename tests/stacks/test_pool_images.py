@@ -6,6 +6,7 @@ synth with a line naming the pool and what to write."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,9 @@ def pool_with_image(image: Any) -> dict[str, Any]:
 def test_a_wrong_image_fails_synth_naming_the_pool(image: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=rf"switchyard:pools\['p'\]: {message}"):
         config(**pool_with_image(image))
+
+
+def test_the_walk_through_shows_the_context_file_as_it_is() -> None:
+    """The README's snippet is the tested file's content, so the two cannot drift apart."""
+    (snippet,) = re.findall(r"```json\n(.*?)```", (EXAMPLE / "README.md").read_text(), re.S)
+    assert json.loads("{" + snippet + "}") == EXAMPLE_CONTEXT
