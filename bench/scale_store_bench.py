@@ -51,12 +51,12 @@ def admin(dsn: str, statement: str) -> None:
 
 
 def fill(dsn: str, start: int, stop: int) -> float:
-    """Waiting rows ``start..stop-1`` (deadlines one to two days away); returns seconds taken."""
+    """Waiting rows ``start..stop-1``, deadlines a day away and 10 ms apart; returns seconds taken."""
     started = time.perf_counter()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             f"INSERT INTO {SCHEMA}.delayed_messages (id, deadline, message_key, message_value) "
-            "SELECT 'fill-' || n, now() + interval '1 day' + (n % 86400) * interval '1 second', "
+            "SELECT 'fill-' || n, now() + interval '1 day' + n * interval '10 milliseconds', "
             "convert_to('k' || n, 'UTF8'), decode(repeat('ab', 100), 'hex') "
             "FROM generate_series(%s::bigint, %s::bigint - 1) AS n", (start, stop))
     return time.perf_counter() - started
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy", action="store_true", help="a spinning process pinned to core 1")
     args = parser.parse_args(argv)
     base = Connections.from_env().postgres_dsn
-    admin(base, f"DROP DATABASE IF EXISTS {DATABASE}")
+    admin(base, f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")  # a killed run may have left it
     admin(base, f"CREATE DATABASE {DATABASE}")
     dsn = with_database(base, DATABASE)
     store = PostgresDelayStore(dsn, SCHEMA, "scale-bench")

@@ -19,10 +19,16 @@ the broker can still start an at-least-once dead-lettering queue (switchyard/rpc
 ``dead_lettering_stranded`` is the alarm's metric.
 A request queue a broker crash left without a leader (switchyard/rpc/control/leaderless.py) is found by its
 missing statistics and a probe, then deleted and declared again: ``leaderless_redeclared``.
+Queue depths (scaling, the ``QueueDepth`` metric, the leaderless watch) come from one listing of
+the management API, which costs the broker about a millisecond per queue of the vhost: with
+thousands of queues it is read only every so often (``DepthCadence``), so that it takes at most a
+tenth of the time; the other passes step the groups without it (``depths_skipped``).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from switchyard.core.observability import logger
@@ -54,13 +60,35 @@ class ReconcileOutcome:
     dead_lettering_probes: int = 0
     dead_lettering_stranded: int = 0  # the probe found the broker's dead-letter supervisor gone
     leaderless_redeclared: int = 0  # request queues a broker crash left without a leader
+    depths_skipped: int = 0  # the queue listing was not due this pass (DepthCadence)
     depths: dict[str, int] = field(default_factory=dict)  # worker group id -> messages in its queue
+
+
+@dataclass
+class DepthCadence:
+    """When the next queue listing is due: ``share`` of the time at most goes to it.
+
+    A listing that took 2 s is next due 2 / ``share`` s after it started; one of 10 ms (a pool of
+    a hundred queues) is due again at once, so small pools read their depths on every pass. Kept
+    across passes, like the leaderless watch.
+    """
+
+    share: float = 0.1
+    clock: Callable[[], float] = time.monotonic
+    _next: float = float("-inf")
+
+    def due(self) -> bool:
+        return self.clock() >= self._next
+
+    def listed(self, started: float) -> None:
+        """A listing that began at ``started`` (this clock) has just ended."""
+        self._next = started + (self.clock() - started) / self.share
 
 
 class Reconciler:
     def __init__(self, state: PoolStore, topology: PoolTopology, driver: WorkerGroupDriver,
                  delays: Delays, probe_interval_s: float = 0.0,
-                 leaderless: LeaderlessWatch | None = None) -> None:
+                 leaderless: LeaderlessWatch | None = None, cadence: DepthCadence | None = None) -> None:
         self.state = state
         self.topology = topology
         self.driver = driver
@@ -68,6 +96,7 @@ class Reconciler:
         self.probe_interval_s = probe_interval_s  # 0: no probe
         self.pool = topology.pool
         self.leaderless = leaderless  # None: not watched (its memory must outlive the pass)
+        self.cadence = cadence  # None: depths on every pass
 
     def run_pass(self, at_ms: int | None = None) -> ReconcileOutcome:
         outcome = ReconcileOutcome()
@@ -85,8 +114,14 @@ class Reconciler:
                     outcome.queue_errors += 1
                     logger.exception("request queue step failed", extra={"pool": self.pool, "key": group.key})
             running = self._converge_groups(outcome, now)
-            queues = self._observe_depths(outcome, running)
-            self._redeclare_leaderless(queues, outcome)
+            if self.cadence is None or self.cadence.due():
+                started = self.cadence.clock() if self.cadence else 0.0
+                queues = self._observe_depths(outcome, running)
+                if self.cadence is not None:
+                    self.cadence.listed(started)
+                self._redeclare_leaderless(queues, outcome)
+            else:
+                outcome.depths_skipped = 1
             self._probe_dead_lettering(outcome)
         return outcome
 
