@@ -1,15 +1,17 @@
 """How the keyed RPC control plane's cost grows with the number of keys on one pool.
 
-At each size N (``--sizes 100 1000 10000``), in a vhost of its own (``scale-bench``, made and
-deleted by the run, so nothing is left on the shared broker), with a driver that spawns no process
-per group (``AnsweringDriver``: it remembers what it was told to start and, for the keys it serves,
-runs one in-process worker thread):
+At each size N (``--sizes 100 1000 10000``), in a vhost of its own (``--vhost``, default
+``scale-bench``, made and deleted by the run, so nothing is left on the shared broker), with a
+driver that spawns no process per group (``AnsweringDriver``: it remembers what it was told to
+start and, for the keys it serves, runs one in-process worker thread):
 
 - orphan path: N orphans over N distinct new keys through the orphan handler (the Lambda function,
   the exact ``aws:rmq`` event), in batches of the local bridge's size: new keys per second;
 - activity path: N reports over the N active groups through the activity handler: reports/s;
 - reconciler pass with N groups and N queues: wall p50 / p99, CPU, the management API's bytes and
   time per pass, Redis round trips and commands per pass, the pool state's Redis memory per group;
+  once with the queue listing on every pass, once as deployed (``DepthCadence``: the listing takes
+  at most a tenth of the time, passes 0.2 s apart);
 - the broker: queues in the vhost, their memory (the queues' own ``memory`` column, summed), and
   the client call p50 to one key while the N queues exist;
 - cold start: first response for a new key while N groups exist (local control plane: bridges and
@@ -51,6 +53,7 @@ from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event  # noqa: E4
 from switchyard.local.rpc_runtime import LocalControlPlane  # noqa: E402
 from switchyard.rpc import protocol as p  # noqa: E402
 from switchyard.rpc.client import RpcClient  # noqa: E402
+from switchyard.rpc.control.reconciler import DepthCadence  # noqa: E402
 from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
 from switchyard.rpc.ports import WorkerGroup, WorkerGroupDriver  # noqa: E402
 from switchyard.rpc.service import ControlPlane, install  # noqa: E402
@@ -58,7 +61,7 @@ from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings  # noqa
 from switchyard.rpc.worker import Worker  # noqa: E402
 from switchyard.rpc.worker.request import WorkerConfig  # noqa: E402
 
-VHOST = "scale-bench"
+DEFAULT_VHOST = "scale-bench"
 BATCH = 1000  # the local bridge's orphan and activity batch (BridgeSettings)
 BUSY_CORE = "1"
 LONG = Delays(unbind_s=3600, stop_s=7200)  # nothing is unbound or stopped during a run
@@ -162,15 +165,15 @@ def with_vhost(settings: RpcSettings, vhost: str, queue_type: p.QueueType) -> Rp
                                policy=dataclasses.replace(settings.policy, queue_type=queue_type))
 
 
-def make_vhost(settings: RpcSettings) -> None:
-    mgmt(settings, "PUT", f"/vhosts/{VHOST}", json={})
+def make_vhost(settings: RpcSettings, vhost: str) -> None:
+    mgmt(settings, "PUT", f"/vhosts/{vhost}", json={})
     everything = {"configure": ".*", "write": ".*", "read": ".*"}
-    mgmt(settings, "PUT", f"/permissions/{VHOST}/guest", json=everything)
+    mgmt(settings, "PUT", f"/permissions/{vhost}/guest", json=everything)
 
 
-def drop_vhost(settings: RpcSettings) -> None:
+def drop_vhost(settings: RpcSettings, vhost: str) -> None:
     """Delete the vhost and wait until it is gone (deleting 10,000 queues takes the broker a while)."""
-    url = f"http://{settings.connections.management_url.split('@')[-1]}/api/vhosts/{VHOST}"
+    url = f"http://{settings.connections.management_url.split('@')[-1]}/api/vhosts/{vhost}"
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         try:
@@ -181,11 +184,11 @@ def drop_vhost(settings: RpcSettings) -> None:
             time.sleep(5)
 
 
-def broker_memory(settings: RpcSettings) -> dict[str, float]:
+def broker_memory(settings: RpcSettings, vhost: str) -> dict[str, float]:
     """The node's memory and the vhost's queues' own (read once every queue reported statistics)."""
     deadline = time.monotonic() + 60
     while True:
-        queues = mgmt(settings, "GET", f"/queues/{VHOST}", params={"columns": "name,memory"}).json()
+        queues = mgmt(settings, "GET", f"/queues/{vhost}", params={"columns": "name,memory"}).json()
         if all("memory" in q for q in queues) or time.monotonic() > deadline:
             break
         time.sleep(2)
@@ -195,17 +198,17 @@ def broker_memory(settings: RpcSettings) -> dict[str, float]:
 
 
 # -- the phases ------------------------------------------------------------------------------------
-def orphan_event(pool: str, keys: list[str], n0: int) -> dict:
+def orphan_event(pool: str, vhost: str, keys: list[str], n0: int) -> dict:
     deliveries = [RmqDelivery(b"x" * 100, pika.BasicProperties(
         correlation_id=f"scale.{n0 + i}", message_id=f"m{n0 + i}", delivery_mode=2,
         headers={p.KEY_HEADER: key})) for i, key in enumerate(keys)]
-    return build_rmq_event(p.orphan_queue(pool), VHOST, deliveries)
+    return build_rmq_event(p.orphan_queue(pool), vhost, deliveries)
 
 
-def activity_event(pool: str, keys: list[str]) -> dict:
+def activity_event(pool: str, vhost: str, keys: list[str]) -> dict:
     deliveries = [RmqDelivery(b"", pika.BasicProperties(headers={
         p.KEY_HEADER: key, p.EVENT_HEADER: p.Event.REQUEST_RECEIVED.value})) for key in keys]
-    return build_rmq_event(p.activity_queue(pool), VHOST, deliveries)
+    return build_rmq_event(p.activity_queue(pool), vhost, deliveries)
 
 
 def through_handler(function: str, events: list[dict], field: str, expected: int) -> float:
@@ -220,13 +223,16 @@ def through_handler(function: str, events: list[dict], field: str, expected: int
     return expected / elapsed
 
 
-def reconciler_passes(plane: ControlPlane, passes: int) -> dict[str, Any]:
+def reconciler_passes(plane: ControlPlane, passes: int, cadence: DepthCadence | None) -> dict[str, Any]:
+    """``passes`` passes with ``cadence`` (None: the queue listing on every pass)."""
     meter = ManagementMeter()
     walls, cpus = [], []
-    errors = 0
+    errors = skipped = 0
+    plane.depth_cadence = cadence  # type: ignore[assignment]
     with plane._lease() as (topology, _):  # the pass's own management session, metered
-        topology.management._session.hooks["response"].append(meter.hook)
+        topology.management._session.hooks["response"] = [meter.hook]
     trips0, commands0 = Counting.trips, Counting.commands
+    groups = 0
     for _ in range(passes):
         wall0, cpu0 = time.perf_counter(), time.process_time()
         outcome = plane.reconcile()
@@ -234,13 +240,18 @@ def reconciler_passes(plane: ControlPlane, passes: int) -> dict[str, Any]:
         cpus.append((time.process_time() - cpu0) * 1000)
         assert not outcome.skipped, outcome
         errors += outcome.queue_errors
+        skipped += outcome.depths_skipped
+        groups = max(groups, len(outcome.depths))
+        if cadence is not None:
+            time.sleep(0.2)  # passes a tick apart (the local ticker waits between passes)
     pct = percentiles(walls)
-    return {"wall_p50_ms": pct["p50"], "wall_p99_ms": pct["p99"], "cpu_ms": statistics.median(cpus),
+    return {"wall_p50_ms": pct["p50"], "wall_p99_ms": pct["p99"], "wall_max_ms": pct["max"],
+            "cpu_ms": statistics.median(cpus),
             "mgmt_kb": meter.bytes / passes / 1000, "mgmt_ms": meter.seconds / passes * 1000,
             "mgmt_requests": meter.requests / passes,
             "redis_trips": (Counting.trips - trips0) / passes,
             "redis_commands": (Counting.commands - commands0) / passes,
-            "groups": len(outcome.depths), "failed_passes": errors}
+            "groups": groups, "failed_passes": errors, "depths_skipped": skipped, "passes": passes}
 
 
 def call_p50(settings: RpcSettings, pool: str, driver: AnsweringDriver, calls: int) -> float:
@@ -279,12 +290,12 @@ def cold_start_p50(settings: RpcSettings, pool: str, cold_keys: int) -> float:
     return percentiles(samples)["p50"]
 
 
-def measure(size: int, base: RpcSettings, queue_type: p.QueueType, passes: int, cold_keys: int,
+def measure(size: int, base: RpcSettings, vhost: str, queue_type: p.QueueType, passes: int, cold_keys: int,
             calls: int) -> dict[str, Any]:
-    settings = with_vhost(base, VHOST, queue_type)
+    settings = with_vhost(base, vhost, queue_type)
     pool = f"scale{uuid.uuid4().hex[:6]}"
-    drop_vhost(base)  # a run that was killed may have left it
-    make_vhost(base)
+    drop_vhost(base, vhost)  # a run that was killed may have left it
+    make_vhost(base, vhost)
     redis_client = redis.Redis(connection_pool=redis.ConnectionPool.from_url(
         settings.connections.redis_url, connection_class=CountingConnection))
     driver = AnsweringDriver(settings, serve_prefix="hot-")
@@ -297,14 +308,15 @@ def measure(size: int, base: RpcSettings, queue_type: p.QueueType, passes: int, 
         plane.state.mark_initialized()
         keys = [f"k{n}" for n in range(size)]
         chunks = [keys[i:i + BATCH] for i in range(0, size, BATCH)]
-        events = [orphan_event(pool, chunk, i * BATCH) for i, chunk in enumerate(chunks)]
+        events = [orphan_event(pool, vhost, chunk, i * BATCH) for i, chunk in enumerate(chunks)]
         row["orphan_new_keys_per_s"] = through_handler("rpc_orphans", events, "new_groups", size)
         row["activity_reports_per_s"] = through_handler(
-            "rpc_activity", [activity_event(pool, c) for c in chunks], "keys", size)
-        row["reconciler"] = reconciler_passes(plane, passes)
+            "rpc_activity", [activity_event(pool, vhost, c) for c in chunks], "keys", size)
+        row["reconciler"] = reconciler_passes(plane, passes, None)
         assert row["reconciler"]["failed_passes"] or row["reconciler"]["groups"] == size, row["reconciler"]
+        row["reconciler_cadenced"] = reconciler_passes(plane, passes * 4, DepthCadence())
         row["redis_bytes_per_group"] = (redis_client.memory_usage(plane.state.prefix + "groups") or 0) / size
-        row["broker"] = broker_memory(settings)
+        row["broker"] = broker_memory(settings, vhost)
         row["call_p50_ms"] = call_p50(settings, pool, driver, calls)
         install(None)
         row["cold_start_p50_ms"] = cold_start_p50(settings, pool, cold_keys)
@@ -313,7 +325,7 @@ def measure(size: int, base: RpcSettings, queue_type: p.QueueType, passes: int, 
         install(None)
         plane.close()
         plane.state.clear()
-        drop_vhost(base)
+        drop_vhost(base, vhost)
     return row
 
 
@@ -338,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold-keys", type=int, default=10, help="new keys timed for the cold start")
     parser.add_argument("--calls", type=int, default=300, help="sequential calls for the call p50")
     parser.add_argument("--busy", action="store_true", help=f"a spinning process pinned to core {BUSY_CORE}")
+    parser.add_argument("--vhost", default=DEFAULT_VHOST, help="the vhost made (and deleted) for the run")
     parser.add_argument("--json", type=Path, help="append the rows to this JSON file")
     args = parser.parse_args(argv)
     base = RpcSettings.from_env()
@@ -346,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for size in args.sizes:
-            row = measure(size, base, p.QueueType(args.queue_type), args.passes, args.cold_keys, args.calls)
+            row = measure(size, base, args.vhost, p.QueueType(args.queue_type), args.passes,
+                          args.cold_keys, args.calls)
             row["mode"] = "busy" if args.busy else "quiet"
             print_row(row)
             rows.append(row)

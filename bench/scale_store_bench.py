@@ -1,7 +1,8 @@
 """How the delay store's cost grows with the rows waiting in it (``--rows 1000000 3000000 10000000``).
 
-In a database of its own (``scale_bench``, created and dropped by the run), the delay store's
-schema is filled with waiting rows (deadlines a day or more away, 100-byte values, filled by one
+In a database of its own (``--database``, default ``scale_bench``, created and dropped by the
+run), the delay store's schema is filled with waiting rows (deadlines a day or more away, 10 ms
+apart, 100-byte values, filled by one
 ``INSERT ... SELECT generate_series`` per step: the fill is not what is measured). At each size:
 
 - enqueue: ``insert`` of batches of 1,000 messages through the store (the COPY path), ms per batch;
@@ -36,7 +37,7 @@ from switchyard.core.config import Connections  # noqa: E402
 from switchyard.delay.model import DelayedMessage  # noqa: E402
 from switchyard.delay.store import PostgresDelayStore  # noqa: E402
 
-DATABASE = "scale_bench"
+DEFAULT_DATABASE = "scale_bench"
 SCHEMA = "scale_delay"
 BATCH = 1000
 
@@ -116,11 +117,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="waiting rows at each measured step (increasing)")
     parser.add_argument("--rounds", type=int, default=5, help="enqueue and fire batches per step")
     parser.add_argument("--busy", action="store_true", help="a spinning process pinned to core 1")
+    parser.add_argument("--database", default=DEFAULT_DATABASE,
+                        help="the database made (and dropped) for the run")
     args = parser.parse_args(argv)
     base = Connections.from_env().postgres_dsn
-    admin(base, f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")  # a killed run may have left it
-    admin(base, f"CREATE DATABASE {DATABASE}")
-    dsn = with_database(base, DATABASE)
+    database = args.database
+    admin(base, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")  # a killed run may have left it
+    admin(base, f"CREATE DATABASE {database}")
+    dsn = with_database(base, database)
     store = PostgresDelayStore(dsn, SCHEMA, "scale-bench")
     spinner = busy_load(args.busy)
     try:
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             spinner.kill()
             spinner.wait()
         store.close()
-        admin(base, f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+        admin(base, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
     return 0
 
 
