@@ -97,6 +97,7 @@ class Reconciler:
         self.pool = topology.pool
         self.leaderless = leaderless  # None: not watched (its memory must outlive the pass)
         self.cadence = cadence  # None: depths on every pass
+        self._revived: set[str] = set()  # groups this pass made Active again (_keep)
 
     def run_pass(self, at_ms: int | None = None) -> ReconcileOutcome:
         outcome = ReconcileOutcome()
@@ -107,13 +108,14 @@ class Reconciler:
             if not self.state.is_initialized():
                 self._rebuild(outcome)
             now = at_ms or now_ms()
-            for group in self.state.groups(include_stopped=True).values():
+            groups = self.state.groups(include_stopped=True)
+            for group in groups.values():
                 try:
                     self._step_queue(group, now, outcome)
                 except Exception:  # one group's failure must not stop the pass
                     outcome.queue_errors += 1
                     logger.exception("request queue step failed", extra={"pool": self.pool, "key": group.key})
-            running = self._converge_groups(outcome, now)
+            running = self._converge_groups(outcome, now, groups)
             if self.cadence is None or self.cadence.due():
                 started = self.cadence.clock() if self.cadence else 0.0
                 queues = self._observe_depths(outcome, running)
@@ -193,13 +195,14 @@ class Reconciler:
     def _keep(self, group: GroupState, queue: str, outcome: ReconcileOutcome) -> None:
         """Work is waiting in an unbound queue: serve it (bind, Active) rather than drop it."""
         self.state.touch([group.key])
+        self._revived.add(group.key)
         self.topology.ensure_request_queue(group.key)
         outcome.kept_nonempty += 1
         logger.warning("unbound queue still holds requests: bound again", extra={"pool": self.pool,
                                                                                   "queue": queue})
 
     # -- worker groups --------------------------------------------------------------------------
-    def _expected_running(self, now: int) -> set[str]:
+    def _expected(self, group: GroupState, now: int) -> bool:
         """Active groups, and Unbound ones still inside STOP_DELAY (their workers drain the queue).
 
         An Unbound group past STOP_DELAY is being stopped: ``_stop_group`` may have stopped its
@@ -207,19 +210,33 @@ class Reconciler:
         Starting it again here would undo that stop on every pass, and the group would stay up,
         Unbound, for ever. If its queue still holds work, ``_keep`` makes it Active again.
         """
-        stop_ms = self.delays.stop_s * 1000
-        return {key for key, group in self.state.groups().items()
-                if group.status is GroupStatus.ACTIVE or now - max(group.seen_ms, group.since_ms) < stop_ms}
+        if group.status is GroupStatus.STOPPED:
+            return False
+        idle_ms = now - max(group.seen_ms, group.since_ms)
+        return group.status is GroupStatus.ACTIVE or idle_ms < self.delays.stop_s * 1000
 
-    def _converge_groups(self, outcome: ReconcileOutcome, now: int) -> set[str]:
-        """Start missing groups, stop extra ones; returns the keys running afterwards."""
+    def _converge_groups(self, outcome: ReconcileOutcome, now: int,
+                         groups: dict[str, GroupState]) -> set[str]:
+        """Start missing groups, stop extra ones; returns the keys running afterwards.
+
+        ``groups`` is the state read at the start of the pass. Only what can make it stale matters:
+        a group that became Active since (an orphan, activity, this pass's ``_keep``) and whose
+        workers the driver already lists. So the groups the listing shows running and that read
+        says should not run, and those ``_keep`` made Active, are read again (one ``HMGET``): the
+        whole hash is read once a pass, not twice (10,000 groups: about 1 MB and 10,000 JSON
+        decodes each time).
+        """
         try:
             running = self.driver.list_running(self.pool)
         except Exception:  # the keyed RPC design: log and continue to the next iteration
             outcome.driver_errors += 1
             logger.exception("listing running worker groups failed", extra={"pool": self.pool})
             return set()
-        expected = self._expected_running(now)
+        expected = {key for key, group in groups.items() if self._expected(group, now)}
+        stale = (running - expected) | self._revived  # may have become Active after the first read
+        if stale:
+            fresh = self.state.get_many(stale)
+            expected |= {key for key, group in fresh.items() if self._expected(group, now)}
         now_running = set(running)
         for key in expected - running:
             try:
