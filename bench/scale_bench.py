@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("SWITCHYARD_LOG_LEVEL", "ERROR")
 
+from bench.control_plane_bench import first_calls  # noqa: E402
 from bench.stats import load_average, percentiles  # noqa: E402
 from switchyard.core.redis_client import connect_redis  # noqa: E402
 from switchyard.local.functions import load_function  # noqa: E402
@@ -58,6 +59,7 @@ from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
 from switchyard.rpc.ports import WorkerGroup, WorkerGroupDriver  # noqa: E402
 from switchyard.rpc.service import ControlPlane, install  # noqa: E402
 from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings  # noqa: E402
+from switchyard.rpc.store import PoolState  # noqa: E402
 from switchyard.rpc.worker import Worker  # noqa: E402
 from switchyard.rpc.worker.request import WorkerConfig  # noqa: E402
 
@@ -273,21 +275,15 @@ def call_p50(settings: RpcSettings, pool: str, driver: AnsweringDriver, calls: i
 def cold_start_p50(settings: RpcSettings, pool: str, cold_keys: int) -> float:
     driver = AnsweringDriver(settings, serve_prefix="cold-")
     state = redis.Redis.from_url(settings.connections.redis_url)
-    groups = state.hkeys(f"switchyard:rpc:{{{pool}}}:groups")
-    driver.running.update(k.decode() for k in groups)
+    driver.running.update(k.decode() for k in state.hkeys(PoolState.key_prefix(pool) + "groups"))
     control = ControlSettings(pool, LONG, reconcile_interval_s=1.0)
     runtime = LocalControlPlane(control, settings, driver).start()
-    samples = []
     try:
-        with RpcClient(pool, settings, timeout=60) as client:
-            for i in range(cold_keys):
-                started = time.perf_counter()
-                client.call(f"cold-{i}", b"hello")
-                samples.append((time.perf_counter() - started) * 1000)
+        samples = first_calls(pool, settings, cold_keys, timeout=60)
     finally:
         runtime.stop()
         install(None)
-    return percentiles(samples)["p50"]
+    return percentiles(samples)["p50"] * 1000
 
 
 def measure(size: int, base: RpcSettings, vhost: str, queue_type: p.QueueType, passes: int, cold_keys: int,
