@@ -82,6 +82,7 @@ class AnsweringDriver(WorkerGroupDriver):
         self.serve_prefix = serve_prefix
         self.running: set[str] = set()
         self.workers: dict[str, Worker] = {}
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
     def start(self, group: WorkerGroup) -> None:
@@ -94,7 +95,9 @@ class AnsweringDriver(WorkerGroupDriver):
                 requests_queue=p.request_queue(group.pool, group.key),
                 activity_exchange=p.activity_exchange(group.pool)), self.settings)
             self.workers[group.key] = worker
-        threading.Thread(target=worker.run, daemon=True).start()
+            thread = threading.Thread(target=worker.run, daemon=True)
+            self._threads.append(thread)
+        thread.start()
 
     def stop(self, group: WorkerGroup) -> None:
         with self._lock:
@@ -111,8 +114,11 @@ class AnsweringDriver(WorkerGroupDriver):
         pass
 
     def close(self) -> None:
+        """Stop every worker and wait for it (before the vhost is deleted under it)."""
         for worker in list(self.workers.values()):
             worker.stop()
+        for thread in self._threads:
+            thread.join(timeout=10)
 
 
 class Counting:
