@@ -22,7 +22,8 @@ missing statistics and a probe, then deleted and declared again: ``leaderless_re
 Queue depths (scaling, the ``QueueDepth`` metric, the leaderless watch) come from one listing of
 the management API, which costs the broker about a millisecond per queue of the vhost: with
 thousands of queues it is read only every so often (``DepthCadence``), so that it takes at most a
-tenth of the time; the other passes step the groups without it (``depths_skipped``).
+tenth of the time; the other passes step the groups without it (``depths_skipped``), scale
+nothing, and report the last listing's depths again.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ class DepthCadence:
     share: float = 0.1
     clock: Callable[[], float] = time.monotonic
     _next: float = float("-inf")
+    # The last listing's depths, reported again by the passes between listings: the QueueDepth
+    # alarm counts missing minutes as not breaching, so gaps would keep it from ever firing.
+    depths: dict[str, int] = field(default_factory=dict)
 
     def due(self) -> bool:
         return self.clock() >= self._next
@@ -121,9 +125,11 @@ class Reconciler:
                 queues = self._observe_depths(outcome, running)
                 if self.cadence is not None:
                     self.cadence.listed(started)
+                    self.cadence.depths = dict(outcome.depths)
                 self._redeclare_leaderless(queues, outcome)
             else:
                 outcome.depths_skipped = 1
+                outcome.depths = dict(self.cadence.depths)  # as last listed (no scaling on them)
             self._probe_dead_lettering(outcome)
         return outcome
 
