@@ -124,8 +124,9 @@ class Reconciler:
                 started = self.cadence.clock() if self.cadence else 0.0
                 queues = self._observe_depths(outcome, running)
                 if self.cadence is not None:
-                    self.cadence.listed(started)
-                    self.cadence.depths = dict(outcome.depths)
+                    self.cadence.listed(started)  # a listing that failed counts too: it backs off
+                    if queues:
+                        self.cadence.depths = dict(outcome.depths)
                 self._redeclare_leaderless(queues, outcome)
             else:
                 outcome.depths_skipped = 1
