@@ -129,7 +129,8 @@ class Overview:
         from switchyard.delay.store import PostgresDelayStore
 
         store = self._client("delay", lambda: PostgresDelayStore(
-            self.connections.postgres_dsn, DelaySettings.from_env().schema, "switchyard-status", READ_TIMEOUT_S))
+            self.connections.postgres_dsn, DelaySettings.from_env().schema, "switchyard-status",
+            READ_TIMEOUT_S))
         return delay_status(store)
 
     def _bus(self) -> Any:

@@ -10,12 +10,18 @@ import signal
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_json_option, iso_time, print_error
 from switchyard.cli.overview import PARTS, Overview, SystemStatus
 from switchyard.core.errors import ConfigError
 from switchyard.rpc import protocol as p
+
+if TYPE_CHECKING:
+    from switchyard.bus.status import Telemetry
+    from switchyard.delay.status import DelayStatus
+    from switchyard.pending.status import PendingStatus
+    from switchyard.rpc.status import PoolFigures
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen: one --watch frame replaces the last
 NOTHING_REACHABLE = "no part of Switchyard could be read (each part's reason is above)"
@@ -48,59 +54,71 @@ def ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} ms"
 
 
-def _unreachable(part: Any) -> list[str]:
-    return [f"  unreachable: {part.unreachable}"] if part.unreachable else []
+def pool_lines(pool: PoolFigures, now: float, max_groups: int) -> list[str]:
+    """One pool: its queues' figures, latency, then a line per group."""
+    lines = [f"{pool.pool}: {len(pool.groups)} group{'' if len(pool.groups) == 1 else 's'}; orphans "
+             f"{pool.orphans}, dead letters {pool.dead_letters}, poison {pool.poison}; "
+             f"latency p99 {ms(pool.latency_p99_ms)}"]
+    if pool.groups:
+        lines.append(f"  {'key':32} {'state':9} {'workers':>7} {'backlog':>8}  last activity")
+    for g in pool.groups[:max_groups]:
+        seen = None if g.last_activity_ms is None else g.last_activity_ms / 1000
+        lines.append(f"  {printable(repr(g.key), 32):32} {g.state:9} {g.workers:>7} {g.backlog:>8}  "
+                     f"{ago(seen, now)}")
+    if len(pool.groups) > max_groups:
+        lines.append(f"  ... and {len(pool.groups) - max_groups} more (--max-groups, or --json)")
+    return lines
+
+
+def delay_lines(d: DelayStatus) -> list[str]:
+    if d.oldest_due_s:
+        due = f"earliest waiting row due {age(d.oldest_due_s)} ago"
+    else:
+        due = f"next deadline in {age(d.next_deadline - d.at)}" if d.next_deadline else "nothing waiting"
+    return [f"schema {d.schema}: {d.waiting} waiting, {d.ready} ready, {d.overdue} overdue, "
+            f"{d.parked} parked; {due}; lateness p99 {ms(d.lateness_p99_ms)}"]
+
+
+def bus_lines(t: Telemetry) -> list[str]:
+    if not t.subscribers:
+        return ["no subscribers"]
+    lines = [f"{'subscriber':30} {'queued':>8} {'batches':>8} {'oldest':>8} {'health':>7}"]
+    for s in t.subscribers:
+        lines.append(f"{printable(s.name, 30):30} {s.events:>8} {s.batches:>8} "
+                     f"{age(s.oldest_age_ms / 1000):>8} {s.health_points:>7}")
+    return lines
+
+
+def pending_lines(status: PendingStatus) -> list[str]:
+    if not status.endpoints:
+        return ["no pending requests"]
+    lines = [f"{'endpoint':30} {'waiting':>8} {'queued':>7} {'taken':>6} {'answered':>9} {'oldest':>8}"]
+    for e in status.endpoints:
+        lines.append(f"{printable(e.endpoint, 30):30} {e.waiting:>8} {e.queued:>7} {e.taken:>6} "
+                     f"{e.answered:>9} {age(e.oldest_age_s):>8}")
+    return lines
 
 
 def render(status: SystemStatus, max_groups: int = 20) -> str:
-    """The human view of ``status``."""
-    now = status.at
+    """The human view of ``status``: each part's lines under its title, or why it is unreachable."""
     where = f"stack configuration {status.source}" if status.source else "local settings"
-    lines = [f"Switchyard at {iso_time(now)} ({where})", ""]
-    rpc = status.part("rpc")
-    lines += ["RPC pools", *_unreachable(rpc)]
-    if rpc.figures is not None:
-        if not rpc.figures.pools:
-            lines.append("  no pools")
-        for pool in rpc.figures.pools:
-            lines.append(f"  {pool.pool}: {len(pool.groups)} group{'' if len(pool.groups) == 1 else 's'}; orphans {pool.orphans}, dead letters "
-                         f"{pool.dead_letters}, poison {pool.poison}; latency p99 {ms(pool.latency_p99_ms)}")
-            if pool.groups:
-                lines.append(f"    {'key':32} {'state':9} {'workers':>7} {'backlog':>8}  last activity")
-            for g in pool.groups[:max_groups]:
-                seen = None if g.last_activity_ms is None else g.last_activity_ms / 1000
-                lines.append(f"    {printable(repr(g.key), 32):32} {g.state:9} {g.workers:>7} {g.backlog:>8}  "
-                             f"{ago(seen, now)}")
-            if len(pool.groups) > max_groups:
-                lines.append(f"    ... and {len(pool.groups) - max_groups} more (--max-groups, or --json)")
-    delay = status.part("delay")
-    lines += ["", "Delay scheduler", *_unreachable(delay)]
-    if delay.figures is not None:
-        d = delay.figures
-        due = f"earliest waiting row due {age(d.oldest_due_s)} ago" if d.oldest_due_s else \
-            ("next deadline in " + age(d.next_deadline - now) if d.next_deadline else "nothing waiting")
-        lines.append(f"  schema {d.schema}: {d.waiting} waiting, {d.ready} ready, {d.overdue} overdue, "
-                     f"{d.parked} parked; {due}; lateness p99 {ms(d.lateness_p99_ms)}")
-    bus = status.part("bus")
-    lines += ["", "Event bus subscribers", *_unreachable(bus)]
-    if bus.figures is not None:
-        if not bus.figures.subscribers:
-            lines.append("  no subscribers")
+    lines = [f"Switchyard at {iso_time(status.at)} ({where})"]
+    for name, title in (("rpc", "RPC pools"), ("delay", "Delay scheduler"), ("bus", "Event bus subscribers"),
+                        ("pending", "Pending endpoints")):
+        part = status.part(name)
+        lines += ["", title]
+        if part.unreachable is not None:
+            body = [f"unreachable: {part.unreachable}"]
+        elif name == "rpc":
+            body = [line for pool in part.figures.pools for line in pool_lines(pool, status.at, max_groups)] \
+                or ["no pools"]
+        elif name == "delay":
+            body = delay_lines(part.figures)
+        elif name == "bus":
+            body = bus_lines(part.figures)
         else:
-            lines.append(f"  {'subscriber':30} {'queued':>8} {'batches':>8} {'oldest':>8} {'health':>7}")
-        for s in bus.figures.subscribers:
-            lines.append(f"  {printable(s.name, 30):30} {s.events:>8} {s.batches:>8} "
-                         f"{age(s.oldest_age_ms / 1000):>8} {s.health_points:>7}")
-    pending = status.part("pending")
-    lines += ["", "Pending endpoints", *_unreachable(pending)]
-    if pending.figures is not None:
-        if not pending.figures.endpoints:
-            lines.append("  no pending requests")
-        else:
-            lines.append(f"  {'endpoint':30} {'waiting':>8} {'taken':>6} {'answered':>9} {'oldest':>8}")
-        for e in pending.figures.endpoints:
-            lines.append(f"  {printable(e.endpoint, 30):30} {e.waiting:>8} {e.taken:>6} {e.answered:>9} "
-                         f"{age(e.oldest_age_s):>8}")
+            body = pending_lines(part.figures)
+        lines += [f"  {line}" for line in body]
     return "\n".join(lines)
 
 
@@ -168,7 +186,8 @@ def _pool_filter(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     status = subparsers.add_parser(
-        "status", help="the whole system: pools and groups, delay scheduler, bus subscribers, pending endpoints",
+        "status", help="the whole system: pools and groups, delay scheduler, bus subscribers, pending "
+                       "endpoints",
         description=f"Read every part ({', '.join(PARTS)}) from its services and print the figures. A part "
                     "whose services do not answer is shown as unreachable; exit 1 only when no part could "
                     "be read. See docs/operations.md.")
@@ -176,7 +195,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status.add_argument("--watch", action="store_true",
                         help="redraw every --interval seconds until Ctrl-C (with --json: one JSON document "
                              "per line per refresh)")
-    status.add_argument("--interval", type=POSITIVE, default=2.0, help="seconds between refreshes (default 2)")
+    status.add_argument("--interval", type=POSITIVE, default=2.0,
+                        help="seconds between refreshes (default 2)")
     status.add_argument("--count", type=AT_LEAST_ONE, default=None,
                         help="with --watch: stop after this many refreshes (default: until Ctrl-C)")
     status.add_argument("--max-groups", type=AT_LEAST_ONE, default=20,
@@ -190,7 +210,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "on 127.0.0.1 unless --host says otherwise: the page has no login.")
     _pool_filter(console)
     console.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    console.add_argument("--port", type=PORT, default=8070, help="port to listen on (default 8070; 0: any free)")
+    console.add_argument("--port", type=PORT, default=8070,
+                         help="port to listen on (default 8070; 0: any free)")
     console.add_argument("--interval", type=POSITIVE, default=2.0,
                          help="seconds between the page's refreshes (default 2)")
     console.set_defaults(func=cmd_console)

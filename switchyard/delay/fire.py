@@ -251,8 +251,8 @@ class FireLoop:
         if not (force or now - self._window_start >= LATENESS_WINDOW_S) or not self._late_fired:
             return None
         late = sorted(self._late_ms)
-        window = LatenessWindow(self._late_fired, round(percentile(late, 50), 3), round(percentile(late, 99), 3),
-                                round(late[-1], 3))
+        window = LatenessWindow(self._late_fired, round(percentile(late, 50), 3),
+                                round(percentile(late, 99), 3), round(late[-1], 3))
         self._late_ms, self._late_fired, self._window_start = [], 0, now
         return window
 

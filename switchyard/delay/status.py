@@ -59,7 +59,8 @@ def delay_status(store: PostgresDelayStore) -> DelayStatus:
     """The figures of ``store``'s schema, read in two queries."""
     now = datetime.now(UTC)
     try:
-        waiting, ready, overdue, parked, earliest = store.status_figures(now - timedelta(seconds=OVERDUE_AFTER_S))
+        overdue_before = now - timedelta(seconds=OVERDUE_AFTER_S)
+        waiting, ready, overdue, parked, earliest = store.status_figures(overdue_before)
         lateness = merge(store.lateness(now - timedelta(seconds=LATENESS_SPAN_S)))
     except StoreError as exc:
         if type(exc.__cause__).__name__ == "UndefinedTable":

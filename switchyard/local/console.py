@@ -1,10 +1,10 @@
 """The status console: one page and its figures, served by the local HTTP gateway.
 
 ``GET /`` is ``console.html`` and ``GET /console.js`` its script (shipped with the package: plain HTML,
-CSS and JavaScript, no CDN, so it works on a machine without internet); the page fetches ``GET /status.json`` every ``interval_s`` and
-draws the figures and two small SVG charts (the delay scheduler's lateness, each pool's latency). It
-puts every value into the page as text (``textContent``, ``setAttribute``), never as markup: keys and
-endpoint names come from users.
+CSS and JavaScript, no CDN, so it works on a machine without internet); the page fetches
+``GET /status.json`` every ``interval_s`` and draws the figures and two small SVG charts (the delay
+scheduler's lateness, each pool's latency). It puts every value into the page as text
+(``textContent``, ``setAttribute``), never as markup: keys and endpoint names come from users.
 
 The figures are read by one sampler thread every ``interval_s``, not per request: any number of open
 pages cost one read of the services per interval.

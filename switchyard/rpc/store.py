@@ -229,7 +229,8 @@ class PoolState:
         for raw in reversed(cast("list[bytes]", self.redis.lrange(self.prefix + "latency", 0, -1))):
             try:
                 at, key, count, p50, p99, top = json.loads(raw)
-                reports.append(LatencyReport(int(at), str(key), int(count), float(p50), float(p99), float(top)))
+                reports.append(LatencyReport(int(at), str(key), int(count), float(p50), float(p99),
+                                             float(top)))
             except (ValueError, TypeError):
                 continue
         return reports

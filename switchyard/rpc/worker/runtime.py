@@ -80,8 +80,8 @@ class _Delivery:
     received_s: float  # monotonic, the start of the latency clock
 
 
-_STOP = None
-LATENCY_SAMPLES = 4096  # answered requests a report summarizes at most (the most recent)  # sentinel on the handler thread's inbox
+_STOP = None  # sentinel on the handler thread's inbox
+LATENCY_SAMPLES = 4096  # answered requests a report summarizes at most (the most recent)
 
 
 def _shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int) -> pika.BasicProperties:
