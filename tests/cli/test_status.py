@@ -243,7 +243,8 @@ def chromium(url: str, *extra: str) -> str:
         done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                                "--no-first-run", "--disable-background-networking",
                                "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
-                               "--virtual-time-budget=3000", *extra, url], capture_output=True, text=True, timeout=90)
+                               "--virtual-time-budget=3000", *extra, url],
+                              capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
