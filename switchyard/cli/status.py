@@ -79,24 +79,23 @@ def delay_lines(d: DelayStatus) -> list[str]:
             f"{d.parked} parked; {due}; lateness p99 {ms(d.lateness_p99_ms)}"]
 
 
+def table(empty: str, header: str, rows: list[str]) -> list[str]:
+    """A header and its rows, or the line that says there are none."""
+    return [header, *rows] if rows else [empty]
+
+
 def bus_lines(t: Telemetry) -> list[str]:
-    if not t.subscribers:
-        return ["no subscribers"]
-    lines = [f"{'subscriber':30} {'queued':>8} {'batches':>8} {'oldest':>8} {'health':>7}"]
-    for s in t.subscribers:
-        lines.append(f"{printable(s.name, 30):30} {s.events:>8} {s.batches:>8} "
-                     f"{age(s.oldest_age_ms / 1000):>8} {s.health_points:>7}")
-    return lines
+    return table("no subscribers",
+                 f"{'subscriber':30} {'queued':>8} {'batches':>8} {'oldest':>8} {'health':>7}",
+                 [f"{printable(s.name, 30):30} {s.events:>8} {s.batches:>8} {age(s.oldest_age_ms / 1000):>8} "
+                  f"{s.health_points:>7}" for s in t.subscribers])
 
 
 def pending_lines(status: PendingStatus) -> list[str]:
-    if not status.endpoints:
-        return ["no pending requests"]
-    lines = [f"{'endpoint':30} {'waiting':>8} {'queued':>7} {'taken':>6} {'answered':>9} {'oldest':>8}"]
-    for e in status.endpoints:
-        lines.append(f"{printable(e.endpoint, 30):30} {e.waiting:>8} {e.queued:>7} {e.taken:>6} "
-                     f"{e.answered:>9} {age(e.oldest_age_s):>8}")
-    return lines
+    return table("no pending requests",
+                 f"{'endpoint':30} {'waiting':>8} {'queued':>7} {'taken':>6} {'answered':>9} {'oldest':>8}",
+                 [f"{printable(e.endpoint, 30):30} {e.waiting:>8} {e.queued:>7} {e.taken:>6} {e.answered:>9} "
+                  f"{age(e.oldest_age_s):>8}" for e in status.endpoints])
 
 
 def render(status: SystemStatus, max_groups: int = 20) -> str:
