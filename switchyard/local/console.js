@@ -74,11 +74,15 @@ function chart(name, caption, points, series, now) {
       svg.append(dot);
     }
   }
-  const label = document.createElementNS(SVG, "text");
-  label.setAttribute("x", pad + 2); label.setAttribute("y", 14);
-  label.setAttribute("font-size", "11"); label.setAttribute("fill", "#6b7385");
-  label.textContent = points.length ? `max ${top.toFixed(1)} ms` : "no data in the last 15 min";
-  svg.append(label);
+  const labels = [[pad + 2, 14, "start", points.length ? `max ${top.toFixed(1)} ms` : "no data in the last 15 min"],
+                  [pad + 2, height - pad - 2, "start", "15 min ago"], [width - pad - 2, height - pad - 2, "end", "now"]];
+  for (const [x, y, anchor, text] of labels) {
+    const label = document.createElementNS(SVG, "text");
+    label.setAttribute("x", x); label.setAttribute("y", y); label.setAttribute("text-anchor", anchor);
+    label.setAttribute("font-size", "11"); label.setAttribute("fill", "#6b7385");
+    label.textContent = text;
+    svg.append(label);
+  }
   const legend = series.map(s => el("span", {class: `legend-${s.field.split("_")[0]}`}, ` ■ ${s.label}`));
   return el("div", {class: "chart"}, el("span", {class: "caption"}, caption, ...legend), svg);
 }
