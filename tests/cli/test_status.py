@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ import requests
 from switchyard.bus.settings import BusSettings
 from switchyard.bus.store import BusStore
 from switchyard.cli.overview import Overview
+from switchyard.cli.status import age, ago, printable
 from switchyard.core.config import Connections
 from switchyard.core.redis_client import connect_redis
 from switchyard.delay.model import DelayedMessage, LatenessWindow
@@ -173,6 +175,25 @@ def test_status_watch_refreshes_count_times(system: System) -> None:
     frames = switchyard(system, "status", "--pool", system.pool, "--watch", "--count", "2",
                         "--interval", "0.2")
     assert frames.returncode == 0 and frames.stdout.count("\x1b[H\x1b[2J") == 2
+
+
+def test_watch_ends_quietly_on_ctrl_c(system: System) -> None:
+    watch = subprocess.Popen([sys.executable, "-m", "switchyard", "status", "--pool", system.pool, "--watch",
+                              "--json", "--interval", "0.2"], env=subprocess_env(**system.env),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert watch.stdout is not None
+    check_figures(json.loads(watch.stdout.readline()), system.pool)  # a first frame, then Ctrl-C
+    watch.send_signal(signal.SIGINT)
+    _, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0 and err == ""
+
+
+def test_names_and_times_read_as_a_person_reads_them() -> None:
+    assert printable("tenant=\x1b[31mred\n") == "tenant=\\x1b[31mred\\n"  # no terminal escapes
+    assert printable("x" * 40, 10) == "x" * 9 + "…"
+    ages = [age(s) for s in (None, 0.4, 59, 61, 7200, 3 * 86400)]
+    assert ages == ["-", "0 s", "59 s", "1 min", "2 h", "3 d"]
+    assert ago(None, 0) == "never" and ago(100, 130) == "30 s ago"
 
 
 def test_a_part_that_is_down_is_named_and_the_others_are_shown(system: System) -> None:
