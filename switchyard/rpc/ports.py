@@ -69,6 +69,19 @@ class GroupState:
 
 
 @dataclass(frozen=True)
+class LatencyReport:
+    """One worker's summary of the requests it answered since its previous activity report
+    (``x-switchyard-latency``), stamped by the tracker's clock."""
+
+    at_ms: int
+    key: str
+    count: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+@dataclass(frozen=True)
 class Touch:
     generation: int
     code: int  # see touch_groups.lua
@@ -195,11 +208,15 @@ class PoolStore(Protocol):
 
     def get(self, key: str) -> GroupState | None: ...
 
+    def get_many(self, keys: Iterable[str]) -> dict[str, GroupState]: ...
+
     def set_status(self, group: GroupState, status: GroupStatus, at_ms: int | None = None) -> bool: ...
 
     def remove(self, group: GroupState) -> bool: ...
 
     def probe_turn(self, broker: str, interval_s: float) -> bool: ...
+
+    def record_latency(self, reports: Iterable[LatencyReport]) -> None: ...
 
     def is_initialized(self) -> bool: ...
 
