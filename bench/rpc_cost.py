@@ -91,12 +91,12 @@ def main() -> int:
     parser.add_argument("--impls", default="plain,switchyard", help="comma-separated: plain,switchyard")
     parser.add_argument("--queue-type", choices=["quorum", "classic"], default="quorum")
     args = parser.parse_args()
+    # Under callgrind a process runs some 50 times slower: give the AMQP handshake time.
+    url = RpcSettings.from_env().connections.amqp_url.split("?")[0] + "?stack_timeout=300&socket_timeout=120"
+    os.environ["SWITCHYARD_AMQP_URL"] = url
     base = RpcSettings.from_env()
     policy = PoolPolicy(**{**vars(base.policy), "queue_type": p.QueueType(args.queue_type)})
     settings = RpcSettings(**{**vars(base), "policy": policy})
-    # Under callgrind a process runs some 50 times slower: give the AMQP handshake time.
-    url = settings.connections.amqp_url.split("?")[0] + "?stack_timeout=300&socket_timeout=120"
-    os.environ["SWITCHYARD_AMQP_URL"] = url
     pool = f"cost_{uuid.uuid4().hex[:6]}"
     plain_queue = f"{pool}-plain"
     with PoolTopology(pool, settings) as topology, tempfile.TemporaryDirectory() as tmp:
