@@ -10,6 +10,7 @@ the difference of the calls is the cost of one call, without start-up and connec
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -102,9 +103,9 @@ def main() -> int:
     with PoolTopology(pool, settings) as topology, tempfile.TemporaryDirectory() as tmp:
         topology.declare()
         topology.ensure_request_queue("k")
-        connection = pika.BlockingConnection(pika.URLParameters(url))
-        connection.channel().queue_declare(plain_queue, durable=True,
-                                           arguments={"x-queue-type": args.queue_type})
+        with contextlib.closing(pika.BlockingConnection(pika.URLParameters(url))) as connection:
+            connection.channel().queue_declare(plain_queue, durable=True,
+                                               arguments={"x-queue-type": args.queue_type})
         try:
             for impl in args.impls.split(","):
                 short = run_once(impl, args.calls, pool, plain_queue, url, Path(tmp))
@@ -113,8 +114,8 @@ def main() -> int:
                 print(f"{impl:10} instructions per call: client {client:,.0f}   worker {worker:,.0f}",
                       flush=True)
         finally:
-            connection.channel().queue_delete(plain_queue)
-            connection.close()
+            with contextlib.closing(pika.BlockingConnection(pika.URLParameters(url))) as connection:
+                connection.channel().queue_delete(plain_queue)
             topology.delete(force=True)
     return 0
 

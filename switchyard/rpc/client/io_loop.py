@@ -74,6 +74,7 @@ class _ClientCore:
         self._driver: int | None = None  # that thread's ident, while it drives
         self._driver_error: Exception | None = None  # a caller's drive failed: the I/O thread handles it
         self._kick = threading.Event()  # wakes the parked I/O thread
+        self._last_turn = 0.0  # when a thread last exchanged frames (monotonic)
         self._deadlines: list[tuple[float, int, int]] = []
         self._unconfirmed: dict[int, Call] = {}
         self._publish_seq = 0
@@ -274,13 +275,22 @@ class _ClientCore:
             finally:
                 self._driver = None
             self._io_lock.release()
-            try:
-                self._kick.wait(_MAX_LOOP_WAIT)
-            finally:
-                self._io_lock.acquire()
+            self._park()
             if self._driver_error is not None:
                 error, self._driver_error = self._driver_error, None
                 raise error
+
+    def _park(self) -> None:
+        """Wait for a kick or ``_MAX_LOOP_WAIT``, then take ``_io_lock``. While a caller drives, do
+        not queue for the lock (its release would hand this thread the next call): the caller does
+        the I/O, and kicks when it leaves work behind."""
+        while True:
+            kicked = self._kick.wait(_MAX_LOOP_WAIT)
+            self._kick.clear()  # before trying: a kick after a failed try is not lost
+            if not kicked and time.monotonic() - self._last_turn < _MAX_LOOP_WAIT:
+                continue  # a caller took a turn lately: heartbeats are going
+            if self._io_lock.acquire(blocking=False):
+                return
 
     def _turn(self, max_wait: float) -> None:
         """One I/O turn: publish the outbox, exchange frames, expire calls past their deadline."""
@@ -292,6 +302,7 @@ class _ClientCore:
         if self._deadlines:
             wait = min(wait, max(0.0, self._deadlines[0][0] - time.monotonic()))
         connection.process_data_events(time_limit=wait)
+        self._last_turn = time.monotonic()
         if self._deadlines and self._deadlines[0][0] <= time.monotonic():
             self._expire()
         if self._channel is None or not self._channel.is_open:
