@@ -100,22 +100,24 @@ def main() -> int:
     settings = RpcSettings(**{**vars(base), "policy": policy})
     pool = f"cost_{uuid.uuid4().hex[:6]}"
     plain_queue = f"{pool}-plain"
-    with PoolTopology(pool, settings) as topology, tempfile.TemporaryDirectory() as tmp:
+    with PoolTopology(pool, settings) as topology:  # closed before the runs: it would idle past its heartbeat
         topology.declare()
         topology.ensure_request_queue("k")
-        with contextlib.closing(pika.BlockingConnection(pika.URLParameters(url))) as connection:
-            connection.channel().queue_declare(plain_queue, durable=True,
-                                               arguments={"x-queue-type": args.queue_type})
-        try:
+    with contextlib.closing(pika.BlockingConnection(pika.URLParameters(url))) as connection:
+        connection.channel().queue_declare(plain_queue, durable=True,
+                                           arguments={"x-queue-type": args.queue_type})
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
             for impl in args.impls.split(","):
                 short = run_once(impl, args.calls, pool, plain_queue, url, Path(tmp))
                 long = run_once(impl, 3 * args.calls, pool, plain_queue, url, Path(tmp))
                 client, worker = ((b - a) / (2 * args.calls) for a, b in zip(short, long, strict=True))
                 print(f"{impl:10} instructions per call: client {client:,.0f}   worker {worker:,.0f}",
                       flush=True)
-        finally:
-            with contextlib.closing(pika.BlockingConnection(pika.URLParameters(url))) as connection:
-                connection.channel().queue_delete(plain_queue)
+    finally:
+        with contextlib.closing(pika.BlockingConnection(pika.URLParameters(url))) as connection:
+            connection.channel().queue_delete(plain_queue)
+        with PoolTopology(pool, settings) as topology:
             topology.delete(force=True)
     return 0
 
