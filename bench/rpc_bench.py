@@ -150,34 +150,34 @@ def main() -> int:
 def run_all(args: argparse.Namespace, settings: RpcSettings, pool: str, url: str, plain_queue: str,
             env: dict[str, str]) -> dict[str, float]:
     """Both workers up, every mode's rounds, everything removed again."""
-    with PoolTopology(pool, settings) as topology:
+    with PoolTopology(pool, settings) as topology:  # closed during the run: idle, it would miss heartbeats
         topology.declare()
         topology.ensure_request_queue("k")
-        connection = pika.BlockingConnection(pika.URLParameters(url))
-        connection.channel().queue_declare(plain_queue, durable=True,
-                                           arguments={"x-queue-type": args.queue_type})
-        connection.close()
-        workers = [
-            subprocess.Popen([sys.executable, str(ROOT / "bench" / "plain_pika.py"), "worker", plain_queue,
-                              str(args.prefetch), url], env=env),
-            subprocess.Popen([sys.executable, "-m", "switchyard", "worker", "--handler",
-                              "switchyard.rpc.examples:echo"],
-                             env={**env, **WorkerGroup(pool, "k").environment("bench-worker")}),
-        ]
-        try:
-            wait_consumers(url, plain_queue)
-            wait_consumers(url, p.request_queue(pool, "k"))
-            summary = {mode: run_mode(mode, args, settings, pool, url, plain_queue)
-                       for mode in args.modes.split(",")}
-        finally:
-            for worker in workers:
-                worker.terminate()
-            for worker in workers:
-                worker.wait(20)
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    connection.channel().queue_declare(plain_queue, durable=True, arguments={"x-queue-type": args.queue_type})
+    connection.close()
+    workers = [
+        subprocess.Popen([sys.executable, str(ROOT / "bench" / "plain_pika.py"), "worker", plain_queue,
+                          str(args.prefetch), url], env=env),
+        subprocess.Popen([sys.executable, "-m", "switchyard", "worker", "--handler",
+                          "switchyard.rpc.examples:echo"],
+                         env={**env, **WorkerGroup(pool, "k").environment("bench-worker")}),
+    ]
+    try:
+        wait_consumers(url, plain_queue)
+        wait_consumers(url, p.request_queue(pool, "k"))
+        summary = {mode: run_mode(mode, args, settings, pool, url, plain_queue)
+                   for mode in args.modes.split(",")}
+    finally:
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.wait(20)
+        with PoolTopology(pool, settings) as topology:
             topology.delete(force=True)
-            connection = pika.BlockingConnection(pika.URLParameters(url))
-            connection.channel().queue_delete(plain_queue)
-            connection.close()
+        connection = pika.BlockingConnection(pika.URLParameters(url))
+        connection.channel().queue_delete(plain_queue)
+        connection.close()
     return summary
 
 
