@@ -1,6 +1,7 @@
 """The slotted RPC client (the slotted client design) for keyed pools (the keyed RPC design).
 
-One connection, one channel and one reply queue per client, driven by a background I/O thread.
+One connection, one channel and one reply queue per client, driven by a background I/O thread, or
+by a thread in ``call`` when no other thread drives it (``io_loop``).
 Every public method is thread-safe. ``submit`` returns a ``concurrent.futures.Future`` (wrap it
 with ``asyncio.wrap_future`` in async code); ``call`` blocks for the response; ``send`` publishes a
 request that expects no response (the keyed RPC design: no reply-to) and its future resolves once the broker
