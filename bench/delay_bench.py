@@ -51,7 +51,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.stats import cpu_seconds, listener_pid, load_average, percentiles  # noqa: E402
+from bench.stats import BUSY_CORE, busy_load, cpu_seconds, listener_pid, load_average, percentiles  # noqa: E402
 from switchyard.core.config import Connections  # noqa: E402
 from switchyard.delay.parsing import format_deadline  # noqa: E402
 from switchyard.delay.settings import OUTPUT_CONSUMER_SETTINGS  # noqa: E402
@@ -59,7 +59,6 @@ from switchyard.delay.store import PostgresDelayStore  # noqa: E402
 
 PAD = b"x" * 64
 PEERS_VENV = Path(os.environ.get("PEERS_VENV", ROOT / ".local" / "peers-venv"))
-BUSY_CORE = "1"
 
 
 def read_output(bootstrap: str, topic: str, partitions: int, expected: int, idle_s: float, out: str) -> None:
@@ -358,13 +357,6 @@ def plot(results: list[dict], path: Path) -> None:
     fig.suptitle("Switchyard delay scheduler, end to end through tansu + Postgres, 2 cores, delays 3-10 s")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
-
-def busy_load(on: bool) -> subprocess.Popen[bytes] | None:
-    """The reproducible "other core busy": one process spinning on core 1 (taskset), from start to end."""
-    if not on:
-        return None
-    return subprocess.Popen(["taskset", "-c", BUSY_CORE, sys.executable, "-c", "while True: pass"])
 
 
 def main() -> int:

@@ -8,6 +8,7 @@ pipelined (N calls in flight) modes; only the calls are timed, not connection se
 
     .venv/bin/python bench/rpc_bench.py                  # quorum queues, 8 rounds of 2 s a side
     .venv/bin/python bench/rpc_bench.py --queue-type classic --rounds 5 --seconds 4
+    .venv/bin/python bench/rpc_bench.py --busy           # a spinning process on core 1 throughout
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.plain_pika import PlainClient  # noqa: E402
+from bench.stats import BUSY_CORE, busy_load  # noqa: E402
 from switchyard.core.latency import LatencySummary  # noqa: E402
 from switchyard.rpc import protocol as p  # noqa: E402
 from switchyard.rpc.client import RpcClient  # noqa: E402
@@ -116,6 +118,7 @@ def main() -> int:
     parser.add_argument("--in-flight", type=int, default=64, help="calls in flight when pipelined")
     parser.add_argument("--prefetch", type=int, default=4, help="worker prefetch, both sides")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: sequential,pipelined")
+    parser.add_argument("--busy", action="store_true", help=f"a spinning process pinned to core {BUSY_CORE}")
     args = parser.parse_args()
 
     os.environ.setdefault("SWITCHYARD_LOG_LEVEL", "ERROR")
@@ -128,40 +131,54 @@ def main() -> int:
     env = {**os.environ, "WORKER_PREFETCH": str(args.prefetch), "PYTHONPATH": str(ROOT)}
 
     print(f"RPC benchmark: {args.queue_type} queues, worker prefetch {args.prefetch}, {args.rounds} rounds "
-          f"of {args.seconds:g} s a side, pipelined = {args.in_flight} in flight; {load()}", flush=True)
-    with PoolTopology(pool, settings) as topology:
-        topology.declare()
-        topology.ensure_request_queue("k")
-        connection = pika.BlockingConnection(pika.URLParameters(url))
-        connection.channel().queue_declare(plain_queue, durable=True,
-                                           arguments={"x-queue-type": args.queue_type})
-        connection.close()
-        workers = [
-            subprocess.Popen([sys.executable, str(ROOT / "bench" / "plain_pika.py"), "worker", plain_queue,
-                              str(args.prefetch), url], env=env),
-            subprocess.Popen([sys.executable, "-m", "switchyard", "worker", "--handler",
-                              "switchyard.rpc.examples:echo"],
-                             env={**env, **WorkerGroup(pool, "k").environment("bench-worker")}),
-        ]
-        try:
-            wait_consumers(url, plain_queue)
-            wait_consumers(url, p.request_queue(pool, "k"))
-            summary = {mode: run_mode(mode, args, settings, pool, url, plain_queue)
-                       for mode in args.modes.split(",")}
-        finally:
-            for worker in workers:
-                worker.terminate()
-            for worker in workers:
-                worker.wait(20)
-            topology.delete(force=True)
-            connection = pika.BlockingConnection(pika.URLParameters(url))
-            connection.channel().queue_delete(plain_queue)
-            connection.close()
-
+          f"of {args.seconds:g} s a side, pipelined = {args.in_flight} in flight, "
+          f"{f'busy (a spinner on core {BUSY_CORE})' if args.busy else 'no spinner'}; {load()}",
+          flush=True)
+    spinner = busy_load(args.busy)
+    try:
+        summary = run_all(args, settings, pool, url, plain_queue, env)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
     print(f"\nmedian ratio switchyard / plain pika (calls/s), {load()}:")
     for mode, ratio in summary.items():
         print(f"  {mode:10} {ratio:.2f}")
     return 0
+
+
+def run_all(args: argparse.Namespace, settings: RpcSettings, pool: str, url: str, plain_queue: str,
+            env: dict[str, str]) -> dict[str, float]:
+    """Both workers up, every mode's rounds, everything removed again."""
+    with PoolTopology(pool, settings) as topology:  # closed during the run: idle, it would miss heartbeats
+        topology.declare()
+        topology.ensure_request_queue("k")
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    connection.channel().queue_declare(plain_queue, durable=True, arguments={"x-queue-type": args.queue_type})
+    connection.close()
+    workers = [
+        subprocess.Popen([sys.executable, str(ROOT / "bench" / "plain_pika.py"), "worker", plain_queue,
+                          str(args.prefetch), url], env=env),
+        subprocess.Popen([sys.executable, "-m", "switchyard", "worker", "--handler",
+                          "switchyard.rpc.examples:echo"],
+                         env={**env, **WorkerGroup(pool, "k").environment("bench-worker")}),
+    ]
+    try:
+        wait_consumers(url, plain_queue)
+        wait_consumers(url, p.request_queue(pool, "k"))
+        summary = {mode: run_mode(mode, args, settings, pool, url, plain_queue)
+                   for mode in args.modes.split(",")}
+    finally:
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.wait(20)
+        with PoolTopology(pool, settings) as topology:
+            topology.delete(force=True)
+        connection = pika.BlockingConnection(pika.URLParameters(url))
+        connection.channel().queue_delete(plain_queue)
+        connection.close()
+    return summary
 
 
 def run_mode(mode: str, args: argparse.Namespace, settings: RpcSettings, pool: str, url: str,
@@ -188,7 +205,8 @@ def run_mode(mode: str, args: argparse.Namespace, settings: RpcSettings, pool: s
         for side in SIDES:
             print(f"  {side:11} {LatencySummary.of(latencies[side])}")
         median = statistics.median(ratios)
-        print(f"  median ratio {median:.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})", flush=True)
+        print(f"  median ratio {median:.2f} (min {min(ratios):.2f}, max {max(ratios):.2f}); {load()}",
+              flush=True)
         return median
     finally:
         ours.close()

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
+
+BUSY_CORE = "1"
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -55,3 +58,10 @@ def lateness_summary(rows: list[tuple[str, float, float]], sent: int, window: tu
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def busy_load(on: bool) -> subprocess.Popen[bytes] | None:
+    """The reproducible "other core busy": one process spinning on core 1 (taskset), from start to end."""
+    if not on:
+        return None
+    return subprocess.Popen(["taskset", "-c", BUSY_CORE, sys.executable, "-c", "while True: pass"])

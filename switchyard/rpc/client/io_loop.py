@@ -1,7 +1,13 @@
-"""The client's I/O thread: one connection, one channel and one reply queue, reconnecting on loss.
+"""The client's connection: one connection, one channel and one reply queue, reconnecting on loss.
 
-It owns every pika object (pika is not thread-safe); callers hand it requests through an outbox
-and wake it with ``add_callback_threadsafe``. See ``rpc_client`` for the threading and reclaim rules.
+pika is not thread-safe, so one lock (``_io_lock``) admits one thread at a time to the connection:
+the driver. A blocking ``call`` drives it itself when nobody else does: it publishes, waits for
+its response and takes it, with no hand-off between threads (each hand-off cost a wake-up, twice
+per call). Otherwise the caller leaves its request in the outbox and wakes the driver, the I/O
+thread or another caller, which publishes it (``add_callback_threadsafe`` ends its wait). The I/O
+thread drives while calls are in flight and nobody else does, and owns setup and reconnection;
+idle, it parks and takes a turn every ``_MAX_LOOP_WAIT`` for heartbeats. See ``rpc_client`` for
+the threading and reclaim rules.
 """
 
 from __future__ import annotations
@@ -64,6 +70,11 @@ class _ClientCore:
         self._submit_lock = threading.Lock()  # orders submit's enqueue against close
         self._wake_pending = False
         self._wake_lock = threading.Lock()
+        self._io_lock = threading.Lock()  # held by the thread using the connection
+        self._driver: int | None = None  # that thread's ident, while it drives
+        self._driver_error: Exception | None = None  # a caller's drive failed: the I/O thread handles it
+        self._kick = threading.Event()  # wakes the parked I/O thread
+        self._last_turn = 0.0  # when a thread last exchanged frames (monotonic)
         self._deadlines: list[tuple[float, int, int]] = []
         self._unconfirmed: dict[int, Call] = {}
         self._publish_seq = 0
@@ -84,13 +95,29 @@ class _ClientCore:
     # -- caller threads ---------------------------------------------------------------------
     def submit(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
                headers: Mapping[str, Any] | None, reply: bool = True) -> Future:
+        call = self._enqueue(key, body, timeout, expiration_ms, headers, reply)
+        if not self._on_io():
+            self._wake()
+        return call.future
+
+    def call(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
+             headers: Mapping[str, Any] | None) -> Response:
+        """``submit`` and wait, driving the connection in this thread if nobody else drives it."""
+        call = self._enqueue(key, body, timeout, expiration_ms, headers, True)
+        if not self._drive_until(call.future):
+            self._wake()
+        # The driver enforces the timeout; the margin only guards against a dead I/O thread.
+        return cast(Response, call.future.result(call.timeout + 5.0))
+
+    def _enqueue(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
+                 headers: Mapping[str, Any] | None, reply: bool) -> Call:
+        """Encode a request (a bad one raises here, for its caller), take a slot, queue it."""
         timeout = self.default_timeout if timeout is None else timeout
         call = encode_request(key, body, timeout, expiration_ms, headers, reply=reply,
                               reply_queue=self._reply_queue, frame_max=self._frame_max)
         if self._closing:
             raise ClientClosedError("the client is closed")
-        on_io_thread = threading.current_thread() is self._thread
-        taken = self.slots.acquire(call, 0 if on_io_thread else timeout)
+        taken = self.slots.acquire(call, 0 if self._on_io() else timeout)
         if taken is None:
             raise ClientBusyError(
                 f"all {self.slots.size} slots stayed busy for {timeout:.3g}s; "
@@ -103,9 +130,38 @@ class _ClientCore:
                 self.slots.complete(call.slot, call.seq)
                 raise ClientClosedError("the client is closed")
             self._outbox.append(call)
-        if not on_io_thread:
-            self._wake()
-        return call.future
+        return call
+
+    def _on_io(self) -> bool:
+        """Whether this thread drives the connection (a done-callback, the I/O thread): it must not
+        wait for a slot or for a response, since it is the thread that would free them."""
+        me = threading.get_ident()
+        return me == self._driver or me == self._thread.ident
+
+    def _drive_until(self, future: Future) -> bool:
+        """Drive the connection until ``future`` is done, if no other thread drives it (False)."""
+        if not self._io_lock.acquire(blocking=False):
+            return False
+        try:
+            channel = self._channel
+            if self._closing or self._driver_error is not None or channel is None or not channel.is_open:
+                return False  # reconnecting or closing: the I/O thread's business
+            self._driver = threading.get_ident()
+            try:
+                while not future.done() and not self._closing:
+                    self._turn(_MAX_LOOP_WAIT)
+            except Exception as exc:  # the I/O thread fails what is in flight and reconnects
+                self._driver_error = exc
+            finally:
+                self._driver = None
+            return True
+        finally:
+            self._io_lock.release()
+            if self._has_work() or self._driver_error is not None:
+                self._kick.set()
+
+    def _has_work(self) -> bool:
+        return bool(self._outbox or self.slots.in_use() or self._unconfirmed or self._closing)
 
     def close(self) -> None:
         with self._submit_lock:
@@ -113,10 +169,11 @@ class _ClientCore:
                 return
             self._closing = True
         self._wake()
-        if threading.current_thread() is not self._thread:  # a done-callback must not join itself
+        if not self._on_io():  # a done-callback must not wait for the thread it runs on
             self._thread.join(10)
 
     def _wake(self) -> None:
+        self._kick.set()
         with self._wake_lock:
             if self._wake_pending or self._connection is None:
                 return
@@ -134,6 +191,10 @@ class _ClientCore:
 
     # -- I/O thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        with self._io_lock:  # released only while parked (in _serve)
+            self._run_locked()
+
+    def _run_locked(self) -> None:
         attempt = 0
         while not self._closing:
             try:
@@ -150,7 +211,7 @@ class _ClientCore:
             attempt = 0
             self._ready.set()
             try:
-                self._loop()
+                self._serve()
             except pika.exceptions.ChannelClosedByBroker as exc:
                 error: Exception = (
                     PoolNotFoundError(f"pool {self.pool!r} is not initialized: {exc.reply_text}")
@@ -198,23 +259,57 @@ class _ClientCore:
             enable_async_confirms(channel, self._on_confirm)
         self._channel = channel
 
-    def _loop(self) -> None:
-        # _run calls the loop only after _open succeeded.
-        connection = cast("pika.BlockingConnection", self._connection)
+    def _serve(self) -> None:
+        """Drive while there is work and no caller drives; park otherwise. Holds ``_io_lock`` but
+        while parked."""
+        me = threading.get_ident()
         while not self._closing:
-            if self._outbox:
-                self._flush_outbox()
-            wait = _MAX_LOOP_WAIT
-            if self._deadlines:
-                wait = min(wait, max(0.0, self._deadlines[0][0] - time.monotonic()))
-            connection.process_data_events(time_limit=wait)
-            if self._deadlines and self._deadlines[0][0] <= time.monotonic():
-                self._expire()
-            if self._channel is None or not self._channel.is_open:
-                reason = close_reason(self._channel) if self._channel is not None else None
-                if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
-                    raise reason
-                raise pika.exceptions.ChannelClosedByBroker(0, f"channel closed: {reason!r}")
+            self._driver = me
+            try:
+                self._turn(0)  # heartbeats, a close from the broker, a stray response
+                while True:
+                    self._kick.clear()  # before the check: a kick after it is not lost
+                    if not self._has_work() or self._closing:
+                        break
+                    self._turn(_MAX_LOOP_WAIT)
+            finally:
+                self._driver = None
+            self._io_lock.release()
+            self._park()
+            if self._driver_error is not None:
+                error, self._driver_error = self._driver_error, None
+                raise error
+
+    def _park(self) -> None:
+        """Wait for a kick or ``_MAX_LOOP_WAIT``, then take ``_io_lock``. While a caller drives, do
+        not queue for the lock (its release would hand this thread the next call): the caller does
+        the I/O, and kicks when it leaves work behind."""
+        while True:
+            kicked = self._kick.wait(_MAX_LOOP_WAIT)
+            self._kick.clear()  # before trying: a kick after a failed try is not lost
+            if not kicked and time.monotonic() - self._last_turn < _MAX_LOOP_WAIT:
+                continue  # a caller took a turn lately: heartbeats are going
+            if self._io_lock.acquire(blocking=False):
+                return
+
+    def _turn(self, max_wait: float) -> None:
+        """One I/O turn: publish the outbox, exchange frames, expire calls past their deadline."""
+        # Called only after _open succeeded.
+        connection = cast("pika.BlockingConnection", self._connection)
+        if self._outbox:
+            self._flush_outbox()
+        wait = max_wait
+        if self._deadlines:
+            wait = min(wait, max(0.0, self._deadlines[0][0] - time.monotonic()))
+        connection.process_data_events(time_limit=wait)
+        self._last_turn = time.monotonic()
+        if self._deadlines and self._deadlines[0][0] <= time.monotonic():
+            self._expire()
+        if self._channel is None or not self._channel.is_open:
+            reason = close_reason(self._channel) if self._channel is not None else None
+            if isinstance(reason, pika.exceptions.ChannelClosedByBroker):
+                raise reason
+            raise pika.exceptions.ChannelClosedByBroker(0, f"channel closed: {reason!r}")
 
     def _flush_outbox(self) -> None:
         channel = cast(BlockingChannel, self._channel)  # set by _open before the loop runs

@@ -1,11 +1,12 @@
 """The slotted RPC client (the slotted client design) for keyed pools (the keyed RPC design).
 
-One connection, one channel and one reply queue per client, driven by a background I/O thread.
+One connection, one channel and one reply queue per client, driven by a background I/O thread, or
+by a thread in ``call`` when no other thread drives it (``io_loop``).
 Every public method is thread-safe. ``submit`` returns a ``concurrent.futures.Future`` (wrap it
 with ``asyncio.wrap_future`` in async code); ``call`` blocks for the response; ``send`` publishes a
 request that expects no response (the keyed RPC design: no reply-to) and its future resolves once the broker
-has it. Futures complete in the I/O thread: their done-callbacks must not block, but they may call
-``submit``, ``send`` and ``close``.
+has it. Futures complete in the thread driving the connection (the I/O thread, or a thread in
+``call``): their done-callbacks must not block, but they may call ``submit``, ``send`` and ``close``.
 
 When all slots are taken, ``submit`` waits for one to free up, at most the call's timeout, then
 raises ``ClientBusyError`` (called from a done-callback, it raises at once instead of waiting).
@@ -113,11 +114,12 @@ class RpcClient:
 
     def call(self, key: str, body: bytes | str = b"", *, timeout: float | None = None,
              expiration_ms: int | None = None, headers: Mapping[str, Any] | None = None) -> Response:
-        """Send a request and wait for its response (raises ``CallTimeoutError`` on timeout)."""
-        timeout = self._core.default_timeout if timeout is None else timeout
-        future = self._core.submit(key, body, timeout, expiration_ms, headers)
-        # The I/O thread enforces the timeout; the margin only guards against a dead I/O thread.
-        return future.result(timeout + 5.0)
+        """Send a request and wait for its response (raises ``CallTimeoutError`` on timeout).
+
+        When no other thread is using the connection, this thread publishes the request and takes
+        the response itself (no hand-off to the I/O thread and back).
+        """
+        return self._core.call(key, body, timeout, expiration_ms, headers)
 
     def schedule(self, key: str, body: bytes | str = b"", *, at: When = 0, reply: str | None = None,
                  call_id: str | None = None, expiration_ms: int | None = None) -> Future[str]:

@@ -4,10 +4,14 @@ A handler is ``handler(request: Request) -> bytes | str | None``. It may raise `
 hand the request back; any other exception becomes a negative response (status ``error``, a JSON
 body naming the error) so the caller's slot frees at once.
 
-Threads. The handler runs on its own thread, never on pika's I/O callback: the main thread keeps
-the connection's I/O (heartbeats included) flowing however long a handler runs, and a handler's
-outcome comes back to it through ``add_callback_threadsafe`` (pika's one thread-safe method). The
-heartbeat is ``SWITCHYARD_AMQP_HEARTBEAT``. Requests are still handled one at a time, in order.
+Threads. The thread that runs ``run()`` takes requests, runs the handler outside pika's callbacks
+and publishes its reply: a request costs no hand-off between threads (each one cost a wake-up on
+both sides and the CPU's attention on a busy machine). A keeper thread watches the handler: once
+one has run for ``_TAKEOVER_S`` it drives the connection's I/O (heartbeats included, and requests
+arriving meanwhile, which wait their turn) until the handler returns, so a handler may run however
+long. One lock orders the two threads' use of the connection (pika is not thread-safe; it never
+sees two threads at once). The heartbeat is ``SWITCHYARD_AMQP_HEARTBEAT``. Requests are handled
+one at a time, in order.
 
 Replies go through the default exchange to ``reply-to`` with the request's correlation id and
 ``x-status``, and the request is acked right after, on the same channel. The broker handles a
@@ -35,20 +39,19 @@ worker key as routing key; ``request-received`` is sent at most once per activit
 (0 sends one per request), which is all the activity tracker needs. It carries the latency of the
 requests answered since the previous report (``x-switchyard-latency``: from a request's delivery to
 this worker to its reply), which the tracker keeps for ``switchyard status``; measuring it costs a
-clock read and a list write per request, on the I/O thread, with no lock and no extra message.
+clock read and a list write per request, under the lock the reply already holds; no extra message.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import queue
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import cast
 
 import pika
 import pika.exceptions
@@ -80,8 +83,9 @@ class _Delivery:
     received_s: float  # monotonic, the start of the latency clock
 
 
-_STOP = None  # sentinel on the handler thread's inbox
 LATENCY_SAMPLES = 4096  # answered requests a report summarizes at most (the most recent)
+_TAKEOVER_S = 0.5  # a handler running this long gets the keeper driving the connection's I/O
+_KEEPER_PUMP_S = 0.1  # the keeper's I/O turn: it releases the connection between turns
 
 
 def _shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int) -> pika.BasicProperties:
@@ -124,12 +128,14 @@ class Worker:
         self._shed_channel: BlockingChannel | None = None
         self._shed_seq = 0
         self._unconfirmed_sheds: dict[int, int] = {}  # shed channel publish seq -> delivery tag
-        self._inbox: queue.SimpleQueue[_Delivery | None] = queue.SimpleQueue()
-        # Handler outcomes wait here for the I/O thread; one wake-up takes all that piled up.
-        self._outcomes: list[tuple[_Delivery, p.Status | None, bytes]] = []
-        self._outcomes_lock = threading.Lock()
-        self._outcomes_wake_pending = False
-        # Latencies (ms) of the requests answered since the last report; the I/O thread's own.
+        self._inbox: deque[_Delivery] = deque()  # delivered, not handled yet (in order)
+        self._io_lock = threading.Lock()  # held by the thread using the connection
+        self._running: tuple[int, float] | None = None  # (handler run number, its start), for the keeper
+        self._runs = 0
+        self._keeper_driving = False
+        self._keeper_error: BaseException | None = None
+        self._done = False
+        # Latencies (ms) of the requests answered since the last report; used under the I/O lock.
         self._latencies: list[float] = []
         self._answered = 0
 
@@ -145,7 +151,8 @@ class Worker:
         cfg = self.config
         connection = connect(self.settings.connections.amqp_url, f"switchyard-worker-{cfg.worker_id}")
         self._connection = connection
-        handler_thread = threading.Thread(target=self._serve, name="switchyard-handler", daemon=True)
+        keeper = threading.Thread(target=self._keep_io, args=(connection,), name="switchyard-io-keeper",
+                                  daemon=True)
         try:
             self._shed_channel = connection.channel()
             enable_async_confirms(self._shed_channel, self._on_shed_confirm)
@@ -153,23 +160,26 @@ class Worker:
             if consuming is None:
                 return  # stopped while waiting for the queue: nothing was taken
             channel, tag = consuming
-            handler_thread.start()
+            keeper.start()
             logger.info("worker started", extra={"worker_id": cfg.worker_id, "pool": cfg.pool,
                                                  "queue": cfg.requests_queue})
             while not self._stopping:
-                connection.process_data_events(time_limit=0.5)
-                if not handler_thread.is_alive():
-                    raise RuntimeError("the handler thread died; exiting so the request is redelivered")
-            # SIGTERM: stop taking requests, shed those prefetched but not started, finish the one
-            # in hand (its reply comes back through add_callback_threadsafe), wait for the confirms.
-            channel.basic_cancel(tag)
-            self._shed_waiting()
-            self._inbox.put(_STOP)
-            while handler_thread.is_alive() or self._unconfirmed_sheds:
-                connection.process_data_events(time_limit=0.2)
-            connection.process_data_events(time_limit=0)  # the last reply's callback
+                self._handle_inbox(connection)
+                with self._io_lock:
+                    connection.process_data_events(time_limit=0 if self._inbox else 0.5)
+            # SIGTERM: the request in hand was finished and answered; stop taking requests, shed
+            # those prefetched but not started, wait for the confirms.
+            with self._io_lock:
+                connection.process_data_events(time_limit=0)  # dispatch what arrived (to the inbox)
+                channel.basic_cancel(tag)
+                self._shed_waiting()
+                while self._unconfirmed_sheds:
+                    connection.process_data_events(time_limit=0.2)
             logger.info("worker stopped", extra={"worker_id": cfg.worker_id, **vars(self.stats)})
         finally:
+            self._done = True
+            if keeper.is_alive():
+                keeper.join(2 * _KEEPER_PUMP_S + 1)
             if connection.is_open:
                 connection.close()
 
@@ -209,16 +219,52 @@ class Worker:
         if now - self._last_activity >= self.config.activity_interval:
             self._report(p.Event.REQUEST_RECEIVED)
             self._last_activity = now
-        self._inbox.put(_Delivery(method.delivery_tag, props, body, method.redelivered,
-                                  int(time.time() * 1000), now))
+        self._inbox.append(_Delivery(method.delivery_tag, props, body, method.redelivered,
+                                     int(time.time() * 1000), now))
 
-    def _finish_outcomes(self) -> None:
-        """Reply to and ack every request the handler thread finished since the last call."""
-        with self._outcomes_lock:
-            outcomes, self._outcomes = self._outcomes, []
-            self._outcomes_wake_pending = False
-        for outcome in outcomes:
-            self._finish(*outcome)
+    def _handle_inbox(self, connection: pika.BlockingConnection) -> None:
+        """Run the handler on each delivered request, then reply and ack (buffered: written by the
+        next I/O turn). Stops at SIGTERM: the rest is shed."""
+        while self._inbox and not self._stopping:
+            delivery = self._inbox.popleft()
+            self._runs += 1
+            self._running = (self._runs, time.monotonic())
+            try:
+                status, reply_body = self._handle(delivery)
+            finally:
+                self._running = None
+            if self._keeper_driving:  # end its I/O turn now rather than at its time limit
+                with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
+                    connection.add_callback_threadsafe(lambda: None)
+            with self._io_lock:
+                if self._keeper_error is not None:
+                    raise self._keeper_error
+                self._finish(delivery, status, reply_body)
+
+    def _keep_io(self, connection: pika.BlockingConnection) -> None:
+        """Keeper thread: while a handler runs longer than ``_TAKEOVER_S``, drive the I/O.
+
+        It polls (a few wake-ups a second, only while the worker runs) instead of being told of
+        each request: telling it would cost the wake-up per request this design saves.
+        """
+        while not self._done:
+            time.sleep(_TAKEOVER_S / 2)
+            running = self._running
+            if running is None or time.monotonic() - running[1] < _TAKEOVER_S:
+                continue
+            try:
+                while self._running == running and not self._done:
+                    with self._io_lock:
+                        if self._running != running:
+                            break
+                        self._keeper_driving = True
+                        try:
+                            connection.process_data_events(time_limit=_KEEPER_PUMP_S)
+                        finally:
+                            self._keeper_driving = False
+            except Exception as exc:  # the connection failed: the worker raises it after the handler
+                self._keeper_error = exc
+                return
 
     def _finish(self, delivery: _Delivery, status: p.Status | None, reply_body: bytes) -> None:
         """Publish the handler's reply and ack, or shed the request (``status`` None)."""
@@ -267,13 +313,8 @@ class Worker:
         publish_buffered(self._shed_channel, "", self.config.requests_queue, delivery.body, props)
 
     def _shed_waiting(self) -> None:
-        while True:
-            try:
-                delivery = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if delivery is not None:
-                self._shed(delivery)
+        while self._inbox:
+            self._shed(self._inbox.popleft())
 
     def _on_shed_confirm(self, frame: pika.frame.Method) -> None:
         method = frame.method
@@ -298,21 +339,7 @@ class Worker:
         publish_buffered(self._channel, self.config.activity_exchange, p.routing_key(self.config.key),
                          b"", props)
 
-    # -- handler thread ---------------------------------------------------------------------
-    def _serve(self) -> None:
-        while (delivery := self._inbox.get()) is not _STOP:
-            outcome = (delivery, *self._handle(delivery))
-            with self._outcomes_lock:
-                self._outcomes.append(outcome)
-                if self._outcomes_wake_pending:  # the I/O thread has yet to take the earlier ones
-                    continue
-                self._outcomes_wake_pending = True
-            try:
-                connection = cast("pika.BlockingConnection", self._connection)  # run() set it first
-                connection.add_callback_threadsafe(self._finish_outcomes)
-            except pika.exceptions.ConnectionWrongStateError:
-                return  # the connection is gone: the broker redelivers the request
-
+    # -- the handler ------------------------------------------------------------------------
     def _handle(self, delivery: _Delivery) -> tuple[p.Status | None, bytes]:
         cfg = self.config
         props = delivery.props
