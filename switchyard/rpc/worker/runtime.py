@@ -52,6 +52,7 @@ import pika.exceptions
 import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
+from switchyard.core import tracing
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import (
@@ -120,7 +121,7 @@ class Worker:
         self._unconfirmed_sheds: dict[int, int] = {}  # shed channel publish seq -> delivery tag
         self._inbox: queue.SimpleQueue[_Delivery | None] = queue.SimpleQueue()
         # Handler outcomes wait here for the I/O thread; one wake-up takes all that piled up.
-        self._outcomes: list[tuple[_Delivery, p.Status | None, bytes]] = []
+        self._outcomes: list[tuple[_Delivery, p.Status | None, bytes, str]] = []
         self._outcomes_lock = threading.Lock()
         self._outcomes_wake_pending = False
 
@@ -211,8 +212,10 @@ class Worker:
         for outcome in outcomes:
             self._finish(*outcome)
 
-    def _finish(self, delivery: _Delivery, status: p.Status | None, reply_body: bytes) -> None:
-        """Publish the handler's reply and ack, or shed the request (``status`` None)."""
+    def _finish(self, delivery: _Delivery, status: p.Status | None, reply_body: bytes,
+                traceparent: str) -> None:
+        """Publish the handler's reply (with the handling's ``traceparent``) and ack, or shed the
+        request (``status`` None)."""
         if status is None:
             self._shed(delivery)
             return
@@ -223,7 +226,8 @@ class Worker:
             return
         reply_props = pika.BasicProperties(
             correlation_id=props.correlation_id,
-            headers={p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: self.config.worker_id},
+            headers={p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: self.config.worker_id,
+                     tracing.TRACEPARENT_HEADER: traceparent},
         )
         # Both frames go out together at the next I/O pass, in this order.
         publish_buffered(self._channel, "", props.reply_to, reply_body, reply_props)
@@ -288,7 +292,19 @@ class Worker:
             except pika.exceptions.ConnectionWrongStateError:
                 return  # the connection is gone: the broker redelivers the request
 
-    def _handle(self, delivery: _Delivery) -> tuple[p.Status | None, bytes]:
+    def _handle(self, delivery: _Delivery) -> tuple[p.Status | None, bytes, str]:
+        """The handler's outcome under the request's trace (its id the logger's correlation id)."""
+        props = delivery.props
+        context = tracing.from_headers(props.headers)
+        started = time.perf_counter()
+        with tracing.scope(context):
+            status, body = self._run_handler(delivery)
+        tracing.hop(context, "rpc", "handled", duration_ms=(time.perf_counter() - started) * 1000,
+                    key=self.config.key, worker_id=self.config.worker_id,
+                    status=status.value if status is not None else "requeued")
+        return status, body, context.traceparent
+
+    def _run_handler(self, delivery: _Delivery) -> tuple[p.Status | None, bytes]:
         cfg = self.config
         props = delivery.props
         request = Request(
@@ -309,7 +325,7 @@ class Worker:
             self.stats.errors += 1
             self.stats.handled += 1
             logger.exception("handler failed", extra={"worker_id": cfg.worker_id,
-                                                      "correlation_id": props.correlation_id})
+                                                      "amqp_correlation_id": props.correlation_id})
             return p.Status.ERROR, json.dumps({"error": type(exc).__name__, "message": str(exc)}).encode()
         self.stats.handled += 1
         return p.Status.OK, reply_body
