@@ -24,7 +24,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -124,6 +124,14 @@ def continue_from(value: object) -> TraceContext:
 def from_headers(headers: Mapping[str, Any] | None) -> TraceContext:
     """``continue_from`` the ``traceparent`` of a message's headers."""
     return continue_from(headers.get(TRACEPARENT_HEADER) if headers else None)
+
+
+def in_pairs(headers: Iterable[tuple[str, Any]]) -> TraceContext | None:
+    """The context a list of ``(name, value)`` headers (Kafka's) names in ``traceparent``, if valid."""
+    for name, value in headers:
+        if name == TRACEPARENT_HEADER:
+            return parse(value)
+    return None
 
 
 def current() -> TraceContext | None:

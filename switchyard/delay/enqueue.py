@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
+from switchyard.core import tracing
 from switchyard.core.observability import logger
 from switchyard.delay.errors import (
     InvalidMessageError,
@@ -176,6 +177,13 @@ def enqueue_records(
     except StoreError as exc:
         logger.warning("batch insert failed; isolating the records that fail", extra={"error": str(exc)})
         inserted, failed = _isolate(to_store, exc, sources, store, drops)
+    if tracing.trace_log_path() is not None:  # the local trace log's hops (``switchyard trace``)
+        stored_now = {m.id for m in to_store}
+        for m in messages:
+            event = "stored" if m.id in inserted else "fired at once" if m.id not in stored_now else ""
+            if event:
+                tracing.hop(tracing.in_pairs(m.headers), "delay", event, id=m.id,
+                            deadline=m.deadline.isoformat())
     unsettled = len(failed) + sum(1 for d in drops if d.reason is DropReason.UNSTORABLE)
     return EnqueueOutcome(
         received=received,

@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
+from switchyard.core import tracing
 from switchyard.core.observability import logger
 from switchyard.delay.errors import MessageRefusedError, PublishError, StoreError
 from switchyard.delay.model import FireOutcome, ReadyMessage
@@ -197,17 +198,22 @@ class FireLoop:
         """Sort confirmations: delivered rows are to be deleted, failed ones released."""
         failed: list[Delivery] = []
         to_delete = self._to_delete
+        hops = tracing.trace_log_path() is not None  # the local trace log's (``switchyard trace``)
         for d in deliveries:
             row = d.token
             assert isinstance(row, ReadyMessage)
             if d.error is None:
                 to_delete.append(row)
+                if hops:
+                    tracing.hop(tracing.in_pairs(row.headers), "delay", "fired", id=row.id,
+                                late_ms=round((time.time() - row.deadline.timestamp()) * 1000, 1))
             elif d.refused:
                 self._refused(row, d.error)
             else:
                 failed.append(d)
                 self._to_release.append(row)
         self._c.fired += len(deliveries) - len(failed)
+
         if failed:  # one line per batch: a broker outage must not flood the log
             self._c.publish_failures += len(failed)
             logger.error(f"{len(failed)} publications not confirmed; releasing their rows",

@@ -31,7 +31,10 @@ def run_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
     from switchyard.cli.preflight import require
     from switchyard.core.observability import logger
+    from switchyard.core.tracing import enable_trace_log
     from switchyard.rpc.settings import RpcSettings
+
+    trace_log = enable_trace_log()  # `switchyard trace ID` follows one request of the demo
 
     require("amqp", "management", "redis", "postgres", "kafka")  # one line, in a second, if one is down
     if not args.verbose:
@@ -43,6 +46,10 @@ def run_demo(args: argparse.Namespace) -> int:
     delay_scheduler_part(out)
     event_bus_part(out)
     pending_queue_part(out)
+    if trace_log is not None:
+        out.section("Following one request")
+        out.line(f"every hop of every request is in {trace_log}: `switchyard trace ID` prints one trace "
+                 "(ID: a response's traceparent, or a log line's correlation_id)")
     return 0
 
 
