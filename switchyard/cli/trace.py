@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Every hop the local runtime, its workers and the clients logged for one trace: "
                     "when, in which process and part, what happened and how long it took.")
     trace.add_argument("trace_id", metavar="ID", type=trace_id,
-                       help="the trace id (32 hex digits: a log line's correlation_id) or a whole traceparent")
+                       help="the trace id (32 hex: a log line's correlation_id) or a whole traceparent")
     trace.add_argument("--log", metavar="PATH",
                        help=f"the trace log to read (default: {TRACE_LOG_ENV}, else {DEFAULT_TRACE_LOG})")
     add_json_option(trace)
