@@ -3,7 +3,8 @@
 The same conventions as ``switchyard delay send``: an idempotent producer (``enable.idempotence``,
 ``acks=all``; ``service.delay_producer`` makes it), the Chronos headers ``chronosMessageId`` (the
 row's id) and ``chronosDeadline`` (canonical UTC), and here the pool, key and id in headers too
-(``x-switchyard-pool``, ``x-switchyard-key``, ``x-switchyard-id``, which the scheduler relays); the
+(``x-switchyard-pool``, ``x-switchyard-key``, ``x-switchyard-id``, and the row's ``traceparent``,
+which the scheduler relays); the
 Kafka key is the row's key, the value its body. A row is ``scheduled`` once the broker confirmed
 it, ``failed`` (retried by ``--resume``) if not.
 """
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import cast
 
+from switchyard.core.tracing import TRACEPARENT_HEADER
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.settings import validate_topic
 from switchyard.rpc import protocol as p
@@ -25,9 +27,12 @@ from switchyard.spark.rows import ID_HEADER, POOL_HEADER, Request, Status, resul
 def chronos_headers(request: Request) -> list[tuple[str, bytes]]:
     """The headers a scheduled row carries (``request.deadline`` must be set)."""
     deadline = cast(str, request.deadline)
-    return [(MESSAGE_ID_HEADER, request.id.encode()), (DEADLINE_HEADER, deadline.encode()),
-            (POOL_HEADER, request.pool.encode()), (p.KEY_HEADER, request.key.encode()),
-            (ID_HEADER, request.id.encode())]
+    headers = [(MESSAGE_ID_HEADER, request.id.encode()), (DEADLINE_HEADER, deadline.encode()),
+               (POOL_HEADER, request.pool.encode()), (p.KEY_HEADER, request.key.encode()),
+               (ID_HEADER, request.id.encode())]
+    if request.traceparent:  # relayed by the scheduler: the fired message stays in the row's trace
+        headers.append((TRACEPARENT_HEADER, request.traceparent.encode()))
+    return headers
 
 
 def schedule_partition(
