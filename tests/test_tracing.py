@@ -78,17 +78,15 @@ def test_a_lambda_invocation_annotates_the_traces_it_worked_on(monkeypatch: pyte
     first, second = tracing.new_trace(), tracing.new_trace()
 
     def work(_event: object, _context: object) -> str:
-        for context in (first, second, second):
-            with tracing.scope(context):
-                pass
+        for context in (first, second, second):  # as the messages of a batch come in
+            tracing.continue_from(context.traceparent)
         return "done"
 
     assert observability.joins_traces(work)({}, None) == "done"
     assert notes == [("trace_id", first.trace_id),
                      ("traces", {first.trace_id: first.xray_root, second.trace_id: second.xray_root})]
     notes.clear()
-    with tracing.scope(first):  # outside an invocation: nothing is collected
-        pass
+    tracing.continue_from(first.traceparent)  # outside an invocation: nothing is collected
     assert observability.joins_traces(lambda e, c: None)({}, None) is None and notes == []
 
 

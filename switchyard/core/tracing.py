@@ -110,15 +110,18 @@ def shown(value: object) -> str:
 
 def continue_from(value: object) -> TraceContext:
     """This hop's context under an incoming ``traceparent`` value: its child, or a new trace when
-    the value is absent or malformed (counted, warned; never an error for the request)."""
-    if value is None:
-        return new_trace()
-    parent = parse(value)
+    the value is absent or malformed (counted, warned; never an error for the request). Noted for
+    the X-Ray segment of a Lambda invocation (``observability.joins_traces``)."""
+    parent = parse(value) if value is not None else None
     if parent is not None:
-        return parent.child()
-    stats.malformed += 1
-    logger.warning("malformed traceparent; starting a new trace", extra={"traceparent": shown(value)})
-    return new_trace()
+        context = parent.child()
+    else:
+        if value is not None:
+            stats.malformed += 1
+            logger.warning("malformed traceparent; starting a new trace", extra={"traceparent": shown(value)})
+        context = new_trace()
+    note_trace(context.trace_id)
+    return context
 
 
 def from_headers(headers: Mapping[str, Any] | None) -> TraceContext:
@@ -151,7 +154,6 @@ def scope(context: TraceContext) -> Iterator[TraceContext]:
     thread only) and the current context for anything the request sends on."""
     token = _current.set(context)
     logger.thread_safe_append_keys(correlation_id=context.trace_id)
-    note_trace(context.trace_id)
     try:
         yield context
     finally:

@@ -255,7 +255,8 @@ def test_concurrent_requests_keep_their_own_token_while_a_long_poll_waits(make_n
 
 
 def test_a_request_carries_its_callers_trace_to_the_polling_service_and_its_handler(
-        make_node: NodeFactory, gateway: HttpGateway, settings: PendingSettings, tmp_path, monkeypatch) -> None:
+        make_node: NodeFactory, gateway: HttpGateway, settings: PendingSettings, tmp_path,
+        monkeypatch) -> None:
     """Queued inside a request's trace, the pending request carries it: through ``next`` to the
     polling service, whose handler runs with its trace id as the logger's correlation id."""
     from switchyard.core import tracing
