@@ -188,7 +188,16 @@ def _max_bytes() -> int:
         return DEFAULT_TRACE_LOG_MAX_BYTES
 
 
-_PROCESS = f"{os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else 'python'}[{os.getpid()}]"
+def _process_name() -> str:
+    """``switchyard[pid]``, ``pytest[pid]``: the program, as a person started it (``-m`` included)."""
+    program = sys.argv[0] if sys.argv and sys.argv[0] and sys.argv[0] != "-c" else "python"
+    name = os.path.basename(program)
+    if name == "__main__.py":  # python -m package
+        name = os.path.basename(os.path.dirname(program))
+    return f"{name}[{os.getpid()}]"
+
+
+_PROCESS = _process_name()
 
 
 def hop(context: TraceContext | None, part: str, event: str, *, duration_ms: float | None = None,
