@@ -148,6 +148,18 @@ def outgoing() -> TraceContext:
     return context.child() if context is not None else new_trace()
 
 
+def outgoing_traceparent() -> str:
+    """``outgoing().traceparent``, at the cost of one ``os.urandom`` when no request is in hand
+    (the RPC client's per-call path)."""
+    context = _current.get()
+    if context is not None:
+        return context.child().traceparent
+    ids = os.urandom(24).hex()
+    if ids.startswith(_ZERO_TRACE) or ids.endswith(_ZERO_SPAN):
+        return new_trace().traceparent
+    return f"00-{ids[:32]}-{ids[32:]}-01"
+
+
 @contextmanager
 def scope(context: TraceContext) -> Iterator[TraceContext]:
     """Process one request under ``context``: its trace id is the logger's correlation id (on this
@@ -164,8 +176,8 @@ def scope(context: TraceContext) -> Iterator[TraceContext]:
 # -- the local trace log ------------------------------------------------------------------------
 def trace_log_path() -> str | None:
     """Where hops are written (``SWITCHYARD_TRACE_LOG``), None when off or inside a Lambda function."""
-    path = os.environ.get(TRACE_LOG_ENV, "")
-    if path.strip().lower() in _OFF or os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
+    path = os.environ.get(TRACE_LOG_ENV)
+    if not path or path.strip().lower() in _OFF or os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
         return None
     return path
 

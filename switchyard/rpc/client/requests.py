@@ -54,7 +54,7 @@ def encode_request(key: str, body: bytes | str, timeout: float, expiration_ms: i
         raise TypeError(f"headers must be a mapping, not {type(headers).__name__}")
     msg_headers = {**headers, p.KEY_HEADER: key} if headers else {p.KEY_HEADER: key}
     if tracing.TRACEPARENT_HEADER not in msg_headers:  # the caller's trace, else the request in hand's
-        msg_headers[tracing.TRACEPARENT_HEADER] = tracing.outgoing().traceparent
+        msg_headers[tracing.TRACEPARENT_HEADER] = tracing.outgoing_traceparent()
     if tracing.trace_log_path() is not None:
         tracing.hop(tracing.parse(msg_headers[tracing.TRACEPARENT_HEADER]), "rpc", "publish", key=key)
     props = pika.BasicProperties(
