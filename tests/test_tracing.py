@@ -130,3 +130,15 @@ def test_enable_trace_log_defaults_and_respects_off(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(tracing.TRACE_LOG_ENV, "/tmp/x.jsonl")
     assert tracing.enable_trace_log() == "/tmp/x.jsonl"
     assert json.dumps(tracing.read_hops("f" * 32, "/nonexistent/trace.jsonl")) == "[]"
+
+
+def test_a_log_another_process_rotated_is_reopened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(tracing.TRACE_LOG_ENV, str(path))
+    context = tracing.new_trace()
+    tracing.hop(context, "rpc", "publish")
+    path.rename(tmp_path / "trace.jsonl.1")  # what another process's rotation does
+    monkeypatch.setattr(tracing._trace_log, "_checked", 0.0)  # its once-a-second check is due
+    tracing.hop(context.child(), "rpc", "handled")
+    assert path.exists() and [h["event"] for h in tracing.read_hops(context.trace_id, str(path))] == [
+        "publish", "handled"]

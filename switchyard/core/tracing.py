@@ -23,6 +23,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -229,16 +230,55 @@ def hop(context: TraceContext | None, part: str, event: str, *, duration_ms: flo
     record.update(fields)
     line = json.dumps(record, default=str, separators=(",", ":")) + "\n"
     try:
+        _trace_log.write(path, line)
+    except OSError as exc:  # a full disk or a read-only directory never fails the request
+        logger.debug("trace log not written", extra={"path": path, "error": str(exc)})
+
+
+class _TraceLog:
+    """This process's append handle on the trace log: one line per write, whole (O_APPEND), from
+    any thread. Another process may have rotated the file: the handle is checked against the path
+    at most once a second and reopened (lines written meanwhile are in ``<path>.1``, read too)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._path: str | None = None
+        self._file: Any = None
+        self._checked = 0.0
+
+    def write(self, path: str, line: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if self._file is None or path != self._path or now - self._checked > 1.0:
+                self._open(path)
+                self._checked = now
+            self._file.write(line)
+            self._file.flush()
+            if self._file.tell() > _max_bytes():
+                os.replace(path, path + ".1")
+                self._close()
+
+    def _open(self, path: str) -> None:
+        if self._file is not None and path == self._path:
+            try:
+                if os.stat(path).st_ino == os.fstat(self._file.fileno()).st_ino:
+                    return
+            except FileNotFoundError:
+                pass
+        self._close()
         directory = os.path.dirname(path)
         if directory:
             os.makedirs(directory, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as log:
-            log.write(line)
-            size = log.tell()
-        if size > _max_bytes():
-            os.replace(path, path + ".1")
-    except OSError as exc:  # a full disk or a read-only directory never fails the request
-        logger.debug("trace log not written", extra={"path": path, "error": str(exc)})
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open: one per process)
+        self._path = path
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file = None
+
+
+_trace_log = _TraceLog()
 
 
 def read_hops(trace_id: str, path: str) -> list[dict[str, Any]]:
