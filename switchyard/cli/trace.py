@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 from datetime import UTC, datetime
+from typing import Any
 
 from switchyard.cli.options import add_json_option
 from switchyard.core.errors import SwitchyardError
@@ -36,16 +38,39 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"trace_id": args.trace_id, "log": path, "hops": hops}))
         return 0
-    first = float(hops[0].get("time") or 0)
     print(f"trace {args.trace_id}: {len(hops)} hops from {path}")
+    for line in hop_lines(hops):
+        print(f"  {line}")
+    return 0
+
+
+def hop_lines(hops: list[dict[str, Any]]) -> list[str]:
+    """One line per hop: its UTC time, the time since the first hop, the process, part and event,
+    how long it took and what names the request."""
+    first = float(hops[0].get("time") or 0) if hops else 0.0
+    lines = []
     for hop in hops:
         at = float(hop.get("time") or 0)
         clock = datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S.%f")[:-3]
         took = f" took {hop['duration_ms']:g} ms" if isinstance(hop.get("duration_ms"), int | float) else ""
         extra = " ".join(f"{name}={hop[name]}" for name in _SHOWN_FIELDS if hop.get(name) is not None)
-        print(f"  {clock} +{(at - first) * 1000:9.1f} ms  {hop.get('process', '?'):<28} "
-              f"{hop.get('part', '?')}: {hop.get('event', '?')}{took}  {extra}".rstrip())
-    return 0
+        lines.append(f"{clock} +{(at - first) * 1000:9.1f} ms  {hop.get('process', '?'):<28} "
+                     f"{hop.get('part', '?')}: {hop.get('event', '?')}{took}  {extra}".rstrip())
+    return lines
+
+
+def first_cold_start(path: str) -> str | None:
+    """The trace id of the first request in the trace log that started its worker group."""
+    for name in (path + ".1", path):
+        try:
+            with open(name, encoding="utf-8", errors="replace") as log:
+                for line in log:
+                    if '"cold_start":true' in line:
+                        with contextlib.suppress(ValueError):
+                            return str(json.loads(line)["trace_id"])
+        except FileNotFoundError:
+            continue
+    return None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

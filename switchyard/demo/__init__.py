@@ -22,8 +22,8 @@ from switchyard.demo.rpc_pool import KEYS, PoolOptions, rpc_pool_part
 from switchyard.demo.spark_job import spark_part
 from switchyard.demo.summary import print_summary
 
-__all__ = ["KEYS", "Printer", "delay_scheduler_part", "event_bus_part", "pending_queue_part", "register",
-           "run_demo", "spark_part"]
+__all__ = ["KEYS", "Printer", "delay_scheduler_part", "event_bus_part", "follow_one_request",
+           "pending_queue_part", "register", "run_demo", "spark_part"]
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -47,10 +47,23 @@ def run_demo(args: argparse.Namespace) -> int:
     event_bus_part(out)
     pending_queue_part(out)
     if trace_log is not None:
-        out.section("Following one request")
-        out.line(f"every hop of every request is in {trace_log}: `switchyard trace ID` prints one trace "
-                 "(ID: a response's traceparent, or a log line's correlation_id)")
+        follow_one_request(out, trace_log)
     return 0
+
+
+def follow_one_request(out: Printer, trace_log: str) -> None:
+    """The hops of the first request that started a worker group, from the local trace log."""
+    from switchyard.cli.trace import first_cold_start, hop_lines
+    from switchyard.core.tracing import read_hops
+
+    out.section("Following one request")
+    trace_id = first_cold_start(trace_log)
+    if trace_id is not None:
+        out.line(f"switchyard trace {trace_id}")
+        for line in hop_lines(read_hops(trace_id, trace_log)):
+            out.line(f"  {line}")
+    out.line(f"every hop of every request is in {trace_log} (`switchyard trace ID`; ID: a response's "
+             "traceparent, or a log line's correlation_id)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
