@@ -142,3 +142,17 @@ def test_a_log_another_process_rotated_is_reopened(tmp_path: Path, monkeypatch: 
     tracing.hop(context.child(), "rpc", "handled")
     assert path.exists() and [h["event"] for h in tracing.read_hops(context.trace_id, str(path))] == [
         "publish", "handled"]
+
+
+def test_a_flood_of_malformed_values_logs_a_few_lines(caplog: pytest.LogCaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracing, "stats", tracing.TraceStats())
+    observability.logger.addHandler(caplog.handler)
+    try:
+        for _ in range(1000):
+            tracing.continue_from("bad")
+    finally:
+        observability.logger.removeHandler(caplog.handler)
+    assert tracing.stats.malformed == 1000
+    warned = {id(r) for r in caplog.records if "malformed traceparent" in r.getMessage()}
+    assert len(warned) == 10  # the 1st, 2nd, 4th, ... 512th

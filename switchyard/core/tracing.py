@@ -7,7 +7,8 @@ queue), a column (Spark rows). ``tracestate`` rides along untouched where the ca
 
 Parsing is strict: version ``00``, a 32-hex trace id and a 16-hex parent id (lower case, neither
 all zeros), 2 hex flags. A malformed value is never an error for the request: a new trace starts,
-``stats.malformed`` counts it and one warning shows the value cut and escaped.
+``stats.malformed`` counts it and a warning shows the value cut and escaped (for the 1st, 2nd,
+4th, 8th, ... of the process: a flood of them writes a few lines).
 
 While a request is processed, ``scope(context)`` makes its trace id the Powertools Logger's
 correlation id (thread-local, so only the lines written about that request carry it), and the
@@ -119,7 +120,9 @@ def continue_from(value: object) -> TraceContext:
     else:
         if value is not None:
             stats.malformed += 1
-            logger.warning("malformed traceparent; starting a new trace", extra={"traceparent": shown(value)})
+            if stats.malformed & (stats.malformed - 1) == 0:  # the 1st, 2nd, 4th, ...: a flood stays short
+                logger.warning("malformed traceparent; starting a new trace",
+                               extra={"traceparent": shown(value), "malformed_so_far": stats.malformed})
         context = new_trace()
     note_trace(context.trace_id)
     return context
