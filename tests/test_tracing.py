@@ -156,3 +156,11 @@ def test_a_flood_of_malformed_values_logs_a_few_lines(caplog: pytest.LogCaptureF
     assert tracing.stats.malformed == 1000
     warned = {id(r) for r in caplog.records if "malformed traceparent" in r.getMessage()}
     assert len(warned) == 10  # the 1st, 2nd, 4th, ... 512th
+
+
+def test_scope_if_is_a_scope_or_nothing() -> None:
+    context = tracing.new_trace()
+    with tracing.scope_if(context) as entered:
+        assert entered is context and tracing.current() is context
+    with tracing.scope_if(None) as entered:
+        assert entered is None and tracing.current() is None

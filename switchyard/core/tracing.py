@@ -177,6 +177,16 @@ def scope(context: TraceContext) -> Iterator[TraceContext]:
         logger.thread_safe_remove_keys(["correlation_id"])
 
 
+@contextmanager
+def scope_if(context: TraceContext | None) -> Iterator[TraceContext | None]:
+    """``scope(context)``, or nothing when there is no context (a message without a valid one)."""
+    if context is None:
+        yield None
+        return
+    with scope(context):
+        yield context
+
+
 # -- the local trace log ------------------------------------------------------------------------
 def trace_log_path() -> str | None:
     """Where hops are written (``SWITCHYARD_TRACE_LOG``), None when off or inside a Lambda function."""

@@ -9,7 +9,6 @@ to its first failed record, so the guarantee holds record by record. A bad recor
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -40,8 +39,7 @@ def _drop(drop: Drop, drops: list[Drop], exc_info: bool = False,
           headers: Sequence[tuple[str, Any]] = ()) -> None:
     """Log (ERROR, naming topic/partition/offset, in the record's trace if its ``headers`` name a
     valid one) and keep one dropped record; it is counted by the caller."""
-    trace = tracing.in_pairs(headers)
-    with tracing.scope(trace) if trace is not None else contextlib.nullcontext():
+    with tracing.scope_if(tracing.in_pairs(headers)):
         logger.error(
             f"dropped record {drop.topic}/{drop.partition}/{drop.offset}: {drop.reason}: {drop.detail}",
             extra={"topic": drop.topic, "partition": drop.partition, "offset": drop.offset,

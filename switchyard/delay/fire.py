@@ -191,7 +191,8 @@ class FireLoop:
             except PublishError as exc:
                 self._c.publish_failures += 1
                 self._to_release.append(row)
-                logger.error("publish refused", extra={"message_id": row.id, "error": str(exc)})
+                with tracing.scope_if(tracing.in_pairs(row.headers)):
+                    logger.error("publish refused", extra={"message_id": row.id, "error": str(exc)})
         return sent
 
     def collect(self, deliveries: list[Delivery]) -> None:
@@ -224,8 +225,9 @@ class FireLoop:
         """The broker will never take this message: park it (phase 2), do not release it to retry."""
         self._c.publish_failures += 1
         self._to_park.append((row, reason))
-        logger.error("message refused by the output broker for good; parking it",
-                     extra={"message_id": row.id, "error": reason, "node_id": self.node_id})
+        with tracing.scope_if(tracing.in_pairs(row.headers)):
+            logger.error("message refused by the output broker for good; parking it",
+                         extra={"message_id": row.id, "error": reason, "node_id": self.node_id})
 
     # -- phase 2 -----------------------------------------------------------------------------
 
