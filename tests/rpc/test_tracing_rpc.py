@@ -27,7 +27,8 @@ def test_a_call_carries_its_trace_to_the_worker_and_back(make_pool, workers, tmp
     workers.wait_consuming(settings, p.request_queue(name, "k"))
     with RpcClient(name, settings, timeout=15) as client:
         generated = client.call("k", "x")
-        given = client.call("k", "x", headers={tracing.TRACEPARENT_HEADER: GIVEN})
+        given = client.call("k", "x", headers={tracing.TRACEPARENT_HEADER: GIVEN,
+                                               tracing.TRACESTATE_HEADER: "vendor=opaque"})
         malformed = client.call("k", "x", headers={tracing.TRACEPARENT_HEADER: "00-nonsense\x1b"})
         with tracing.scope(tracing.parse(GIVEN)):  # a call made while handling a request continues it
             nested = client.call("k", "x")
@@ -39,6 +40,7 @@ def test_a_call_carries_its_trace_to_the_worker_and_back(make_pool, workers, tmp
     assert answered.span_id != sent.span_id  # the worker's own span
 
     assert json.loads(given.body)["traceparent"] == GIVEN
+    assert given.headers[tracing.TRACESTATE_HEADER] == "vendor=opaque"  # passed through untouched
     assert tracing.parse(given.headers[tracing.TRACEPARENT_HEADER]).trace_id == GIVEN.split("-")[1]
     assert malformed.ok and json.loads(malformed.body)["traceparent"] == "00-nonsense\x1b"
     restarted = tracing.parse(malformed.headers[tracing.TRACEPARENT_HEADER])  # a new trace, not an error

@@ -224,11 +224,11 @@ class Worker:
             self.stats.no_reply_to += 1
             ack_buffered(self._channel, delivery.tag)
             return
-        reply_props = pika.BasicProperties(
-            correlation_id=props.correlation_id,
-            headers={p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: self.config.worker_id,
-                     tracing.TRACEPARENT_HEADER: traceparent},
-        )
+        headers = {p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: self.config.worker_id,
+                   tracing.TRACEPARENT_HEADER: traceparent}
+        if props.headers and tracing.TRACESTATE_HEADER in props.headers:  # vendors' state, passed through
+            headers[tracing.TRACESTATE_HEADER] = props.headers[tracing.TRACESTATE_HEADER]
+        reply_props = pika.BasicProperties(correlation_id=props.correlation_id, headers=headers)
         # Both frames go out together at the next I/O pass, in this order.
         publish_buffered(self._channel, "", props.reply_to, reply_body, reply_props)
         ack_buffered(self._channel, delivery.tag)
