@@ -1,6 +1,7 @@
 # Switchyard worker image: the project and its pinned runtime dependencies, running `switchyard worker`.
 # Built by `cdk deploy` (stacks/workers.py) for every pool that names no image of its own; a pool
-# whose handler lives in your own code uses an image built FROM this one (see docs/deployment.md).
+# whose handler lives in your own code uses an image built FROM this one (examples/pricing;
+# docs/deployment.md, "Deploying your own handler"), and `./dev deploy` builds it as that base.
 # PYTHON_VERSION: stacks/constants.py's, passed by the CDK asset (the default is the same value).
 ARG PYTHON_VERSION=3.13
 FROM python:${PYTHON_VERSION}-slim

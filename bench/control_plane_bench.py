@@ -51,17 +51,23 @@ def cleanup(settings: RpcSettings, pool: str, plane: ControlPlane | None = None)
         plane.state.clear()
 
 
+def first_calls(pool: str, settings: RpcSettings, keys: int, timeout: float) -> list[float]:
+    """Seconds to the first response of each new key ``cold-0`` .. ``cold-{keys-1}``, one after another."""
+    samples = []
+    with RpcClient(pool, settings, timeout=timeout) as client:
+        for i in range(keys):
+            started = time.perf_counter()
+            client.call(f"cold-{i}", b"hello")
+            samples.append(time.perf_counter() - started)
+    return samples
+
+
 def bench_cold_start(settings: RpcSettings, keys: int) -> LatencySummary:
     pool = new_pool("bcold")
     control = ControlSettings(pool, Delays(unbind_s=600, stop_s=600), reconcile_interval_s=1.0)
     runtime = LocalControlPlane(control, settings).start()
-    samples = []
     try:
-        with RpcClient(pool, settings, timeout=30) as client:
-            for i in range(keys):
-                started = time.perf_counter()
-                client.call(f"cold-{i}", b"hello")
-                samples.append(time.perf_counter() - started)
+        samples = first_calls(pool, settings, keys, timeout=30)
     finally:
         runtime.stop()
         cleanup(settings, pool, runtime.plane)

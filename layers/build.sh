@@ -2,16 +2,23 @@
 # Build the Lambda layer directory for Switchyard's functions:
 #   layers/build/switchyard/python/   <- requirements.txt (manylinux wheels for the platform of
 #                                        stacks/constants.py: PYTHON_VERSION, CPU_ARCHITECTURE) + switchyard/
-# Usage: layers/build.sh [OUTPUT_DIR]   (default: layers/build/switchyard; LAYER_FORCE=1 rebuilds)
+# Usage: layers/build.sh [--plan] [OUTPUT_DIR]   (default: layers/build/switchyard; LAYER_FORCE=1 rebuilds)
+#   --plan: print what a build would do (up to date, or build with which interpreter), build nothing
 # Runs on any Linux machine with pip and an interpreter of the Lambda runtime's Python (it compiles
 # the bytecode Lambda loads, and bench/layer_imports.py imports the handlers with it: its path is kept
-# in OUTPUT_DIR/.python). LAYER_PYTHON names one; else python3.X on PATH, pyenv's, or /usr/bin's.
+# in OUTPUT_DIR/.python). LAYER_PYTHON names one; else python3.X on PATH, pyenv's, /usr/bin's, or one
+# uv manages; with none of these but uv installed (on PATH or in .venv), `uv python install` gets one.
 # Downloads wheels only (pip's own cache, outside the repository, keeps them), compiles no C. Skips
 # the build when its inputs (pins, the switchyard package, this script, the interpreters) are unchanged.
 # Fails if the layer passes Lambda's 250 MB unzipped limit (layer + function code).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PLAN=0
+if [ "${1:-}" = --plan ]; then
+    PLAN=1
+    shift
+fi
 OUT="${1:-$ROOT/layers/build/switchyard}"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || PY="$(command -v python3.11 || command -v python3)"
@@ -24,12 +31,15 @@ ARCH="$(constant CPU_ARCHITECTURE)"
 case "$ARCH" in x86_64) WHEEL_ARCH=x86_64 ;; arm64) WHEEL_ARCH=aarch64 ;; *) echo "layers: error: CPU_ARCHITECTURE $ARCH" >&2; exit 1 ;; esac
 ABI="cp${VERSION/./}"
 
+UV="$(command -v uv || true)"
+[ -n "$UV" ] || { [ -x "$ROOT/.venv/bin/uv" ] && UV="$ROOT/.venv/bin/uv"; } || true
 runs_version() { [ -n "$1" ] && "$1" -c "import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$VERSION'.split('.'))))" 2>/dev/null; }
 find_layer_python() {
     local cand
     for cand in "${LAYER_PYTHON:-}" "$(command -v "python$VERSION" || true)" \
         "$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$VERSION".*/bin/python"$VERSION" 2>/dev/null | sort -V | tail -1)" \
-        "/usr/bin/python$VERSION" "/usr/local/bin/python$VERSION"; do
+        "/usr/bin/python$VERSION" "/usr/local/bin/python$VERSION" \
+        "$([ -z "$UV" ] || "$UV" python find --no-project "$VERSION" 2>/dev/null || true)"; do
         if runs_version "$cand"; then
             echo "$cand"
             return 0
@@ -37,11 +47,17 @@ find_layer_python() {
     done
     return 1
 }
-LAYER_PY="$(find_layer_python)" || {
-    echo "layers: error: no Python $VERSION interpreter found (the Lambda runtime is python$VERSION)." >&2
-    echo "  Install one (pyenv install $VERSION, or Debian 13's python$VERSION) or set LAYER_PYTHON." >&2
-    exit 1
-}
+NO_PYTHON="layers: error: no Python $VERSION (the Lambda runtime's) found: install one (pyenv install $VERSION, Debian 13's python$VERSION, or 'pip install uv' and rerun: this script then gets one with 'uv python install $VERSION'), or set LAYER_PYTHON"
+if ! LAYER_PY="$(find_layer_python)"; then
+    [ -n "$UV" ] || { echo "$NO_PYTHON" >&2; exit 1; }
+    if [ "$PLAN" = 1 ]; then
+        echo "layers: build $OUT, with a Python $VERSION that '$UV python install $VERSION' downloads first"
+        exit 0
+    fi
+    echo "layers: no Python $VERSION found: installing one with uv ($UV python install $VERSION)" >&2
+    "$UV" python install "$VERSION" >&2 || { echo "layers: error: '$UV python install $VERSION' failed (see above); install Python $VERSION yourself or set LAYER_PYTHON" >&2; exit 1; }
+    LAYER_PY="$(find_layer_python)" || { echo "$NO_PYTHON" >&2; exit 1; }
+fi
 # Lambda's runtime is a Linux build of CPython on this architecture: the import check needs the same.
 [ "$(uname -m)" = "$WHEEL_ARCH" ] || echo "layers: warning: building $WHEEL_ARCH wheels on $(uname -m): bench/layer_imports.py cannot import them here" >&2
 
@@ -71,7 +87,19 @@ check_size() {
 }
 
 WANT="$(inputs_hash)"
+UP_TO_DATE=0
 if [ "${LAYER_FORCE:-0}" != 1 ] && [ -f "$OUT/.inputs.sha256" ] && [ "$(cat "$OUT/.inputs.sha256")" = "$WANT" ]; then
+    UP_TO_DATE=1
+fi
+if [ "$PLAN" = 1 ]; then
+    if [ "$UP_TO_DATE" = 1 ]; then
+        echo "layers: $OUT is up to date (skipped)"
+    else
+        echo "layers: build $OUT with $LAYER_PY (bytecode) and pip's manylinux $WHEEL_ARCH wheels"
+    fi
+    exit 0
+fi
+if [ "$UP_TO_DATE" = 1 ]; then
     echo "layers: $OUT is up to date (inputs unchanged; LAYER_FORCE=1 rebuilds)"
     echo "$LAYER_PY" >"$OUT/.python"
     check_size

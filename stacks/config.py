@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 from constructs import Construct
 
 from stacks import constants as c
+from stacks.base_image import BUILD_ARG, REPO_ROOT, local_tag
 from switchyard.core import errors
 from switchyard.core.errors import InvalidNameError
 from switchyard.delay.settings import DelaySettings, validate_schema, validate_topic
@@ -25,6 +27,9 @@ from switchyard.rpc.settings import PoolPolicy
 # EMR Serverless takes a custom image from ECR only (in the application's account and Region).
 _ECR_IMAGE = re.compile(r"\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a-z0-9._/-]+"
                         r"(:[\w.-]+|@sha256:[0-9a-f]{64})")
+
+# A pool's own Dockerfile starts from Switchyard's image, whichever the deploy passes as the build arg.
+_FROM_BASE = re.compile(rf"^\s*ARG\s+{BUILD_ARG}\b.*^\s*FROM\s+\$\{{?{BUILD_ARG}\}}?\b", re.M | re.S | re.I)
 
 T = TypeVar("T")
 
@@ -105,12 +110,46 @@ def _count(raw: Any, where: str, default: int) -> int:
 
 
 @dataclass(frozen=True)
+class ImageDirectory:
+    """A pool's own image, built by ``cdk deploy`` from a directory of this project whose Dockerfile
+    starts from Switchyard's worker image (``ARG SWITCHYARD_IMAGE``, ``FROM ${SWITCHYARD_IMAGE}``):
+    the handler's module on top of the runtime (examples/pricing is one)."""
+
+    directory: str  # relative to the project root, as written in the context
+
+    @property
+    def path(self) -> Path:
+        return REPO_ROOT / self.directory
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], where: str) -> ImageDirectory:
+        """Checked at synth, so a wrong path fails ``cdk synth`` and not a Docker build mid-deploy."""
+        form = 'image must be "" (built from Dockerfile), an image URI or {"directory": "examples/pricing"}'
+        _check(set(raw) == {"directory"} and isinstance(raw["directory"], str) and raw["directory"] != "",
+               where, f"{form}, got {raw!r}")
+        directory = raw["directory"]
+        path = (REPO_ROOT / directory).resolve()
+        _check(not Path(directory).is_absolute() and path.is_relative_to(REPO_ROOT), where,
+               f"image directory {directory!r} is outside the project: give a path relative to {REPO_ROOT} "
+               "(the deploy builds only what the checkout holds)")
+        _check(path.is_dir(), where, f"image directory {directory!r} does not exist under {REPO_ROOT}")
+        dockerfile = path / "Dockerfile"
+        _check(dockerfile.is_file(), where, f"image directory {directory!r} has no Dockerfile")
+        shown = (Path(directory) / "Dockerfile").as_posix()
+        _check(_FROM_BASE.search(dockerfile.read_text()) is not None, where,
+               f"{shown} must start from Switchyard's worker image: 'ARG {BUILD_ARG}', then "
+               f"'FROM ${{{BUILD_ARG}}}' (see examples/pricing/Dockerfile)")
+        return cls(path.relative_to(REPO_ROOT).as_posix())
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     """One pool: its workers (ECS) and its control plane (the four Lambda functions)."""
 
     name: str
     handler: str = "switchyard.rpc.examples:describe"
-    image: str = ""  # empty: the image built from the repository's Dockerfile
+    # "": built from the repository's Dockerfile; an image URI; {"directory": ...}: ImageDirectory
+    image: str | ImageDirectory = ""
     cpu: int = 256
     memory_mib: int = 512
     min_workers: int = 1
@@ -128,6 +167,10 @@ class PoolConfig:
         _check(len(self.name) <= MAX_POOL_NAME_CHARS, where,
                f"pool names are at most {MAX_POOL_NAME_CHARS} characters (switchyard.rpc.protocol)")
         validate_pool(self.name)
+        if isinstance(self.image, dict):  # from the context's JSON: made typed once, here
+            object.__setattr__(self, "image", ImageDirectory.parse(self.image, where))
+        _check(isinstance(self.image, str | ImageDirectory), where,
+               f'image must be "", an image URI or {{"directory": ...}}, got {self.image!r}')
         _check(
             ":" in self.handler and all(self.handler.split(":")),
             where,
@@ -306,6 +349,7 @@ class DeploymentConfig:
     redis: RedisConfig = field(default_factory=RedisConfig)
     alarm_email: str = ""
     emr_image: str = ""  # the EMR Serverless application's custom image (python3.11), if any
+    base_image: str = ""  # what pools' own images start FROM; empty: ./dev deploy's local build
     concurrency: ConcurrencyConfig = field(default_factory=ConcurrencyConfig)
     call_timeout_seconds: int = c.DEFAULT_AWS_CALL_TIMEOUT_S  # the callers' default (SWITCHYARD_CALL_TIMEOUT)
     # Production keeps the data: RDS deletion protection, snapshots of RDS and ElastiCache on delete.
@@ -362,6 +406,11 @@ class DeploymentConfig:
                "would expire a request its caller still waits for")
 
     @property
+    def base_image_ref(self) -> str:
+        """The ``SWITCHYARD_IMAGE`` build arg of every pool's own image (stacks/base_image.py)."""
+        return self.base_image or local_tag()
+
+    @property
     def postgres_connection_budget(self) -> int:
         """Connections the delay functions can hold at once (each warm environment keeps its own)."""
         return (
@@ -395,6 +444,7 @@ class DeploymentConfig:
             redis=_build(RedisConfig, ctx(c.CTX_REDIS), c.CTX_REDIS),
             alarm_email=str(ctx(c.CTX_ALARM_EMAIL) or ""),
             emr_image=str(ctx(c.CTX_EMR_IMAGE) or ""),
+            base_image=str(ctx(c.CTX_BASE_IMAGE) or ""),
             concurrency=_build(ConcurrencyConfig, ctx(c.CTX_CONCURRENCY), c.CTX_CONCURRENCY),
             call_timeout_seconds=_count(ctx(c.CTX_CALL_TIMEOUT), c.CTX_CALL_TIMEOUT,
                                         c.DEFAULT_AWS_CALL_TIMEOUT_S),

@@ -79,6 +79,7 @@ CTX_POSTGRES = "switchyard:postgres"
 CTX_REDIS = "switchyard:redis"
 CTX_ALARM_EMAIL = "switchyard:alarmEmail"
 CTX_EMR_IMAGE = "switchyard:emrImage"
+CTX_BASE_IMAGE = "switchyard:baseImage"  # what pools' own images are built FROM (stacks/base_image.py)
 CTX_LAYER_DIR = "switchyard:layerDir"
 CTX_CONCURRENCY = "switchyard:concurrency"  # reserved concurrency and the account limit it must fit
 CTX_CALL_TIMEOUT = "switchyard:callTimeoutSeconds"  # the deployment's default call timeout (SSM)

@@ -119,8 +119,8 @@ class FunctionsConstruct(Construct):
         path = path if path.is_absolute() else REPO_ROOT / path
         if not (path / "python").is_dir():
             raise ConfigError(
-                f"the Lambda layer is not built at {path}: run layers/build.sh first "
-                f"(or point -c {c.CTX_LAYER_DIR}=DIR at a built layer)"
+                f"the Lambda layer is not built at {path}: run ./dev deploy (it builds the layer, then "
+                f"deploys), or layers/build.sh first, or point -c {c.CTX_LAYER_DIR}=DIR at a built layer"
             )
         return lambda_.LayerVersion(
             self,

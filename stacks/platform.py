@@ -18,6 +18,7 @@ from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_lambda as lambda_
 
 from stacks import constants as c
+from stacks.base_image import BUILD_ARG
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _ARCHITECTURES = {
@@ -49,4 +50,14 @@ def worker_image() -> ecs.ContainerImage:
         file="Dockerfile",
         platform=_ARCHITECTURES[c.CPU_ARCHITECTURE][2],
         build_args={"PYTHON_VERSION": c.PYTHON_VERSION},
+    )
+
+
+def pool_image(directory: Path, base_image: str) -> ecs.ContainerImage:
+    """A pool's own image: ``directory``'s Dockerfile built FROM ``base_image`` (its SWITCHYARD_IMAGE
+    build arg, part of the asset hash: a new base rebuilds it) for the tasks' CPU."""
+    return ecs.ContainerImage.from_asset(
+        str(directory),
+        platform=_ARCHITECTURES[c.CPU_ARCHITECTURE][2],
+        build_args={BUILD_ARG: base_image},
     )

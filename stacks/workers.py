@@ -18,10 +18,10 @@ from constructs import Construct
 
 from stacks import constants as c
 from stacks.broker import BrokerConstruct
-from stacks.config import DeploymentConfig, PoolConfig
+from stacks.config import DeploymentConfig, ImageDirectory, PoolConfig
 from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct
-from stacks.platform import fargate_platform, worker_image
+from stacks.platform import fargate_platform, pool_image, worker_image
 from switchyard.core.aws_secrets import INJECTED_FIELDS
 from switchyard.rpc.control.access import BrokerRole
 from switchyard.rpc.settings import CALL_TIMEOUT_ENV
@@ -61,10 +61,16 @@ class WorkersConstruct(Construct):
         # The callers' default call timeout on AWS (the stack's configuration has it too): long enough
         # for a new key's first call to wait for its Fargate task (stacks/config.py checks it).
         self.rpc_env = {CALL_TIMEOUT_ENV: str(config.call_timeout_seconds)}
+        self.base_image = config.base_image_ref
         self._built_image: ecs.ContainerImage | None = None
+        self._own_images: dict[str, ecs.ContainerImage] = {}
         self.task_definitions = {pool.name: self._task_definition(pool) for pool in config.pools}
 
     def _image(self, pool: PoolConfig) -> ecs.ContainerImage:
+        if isinstance(pool.image, ImageDirectory):  # one asset per directory, however many pools use it
+            if pool.image.directory not in self._own_images:
+                self._own_images[pool.image.directory] = pool_image(pool.image.path, self.base_image)
+            return self._own_images[pool.image.directory]
         if pool.image:
             return ecs.ContainerImage.from_registry(pool.image)
         if self._built_image is None:  # one asset (one build, one push) for every pool using it

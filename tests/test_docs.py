@@ -18,7 +18,8 @@ FENCE = re.compile(r"^(```|~~~)")
 
 
 def pages() -> list[Path]:
-    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+    """The front page, docs/ and the examples' walk-throughs."""
+    return [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "examples").glob("*/README.md"))]
 
 
 def prose(text: str) -> list[str]:

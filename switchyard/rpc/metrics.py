@@ -68,6 +68,7 @@ RECONCILE_FOREIGN_QUEUES = "ReconcileForeignQueues"
 RECONCILE_DEAD_LETTERING_PROBES = "ReconcileDeadLetteringProbes"
 RECONCILE_DEAD_LETTERING_STRANDED = "ReconcileDeadLetteringStranded"
 RECONCILE_LEADERLESS_REDECLARED = "ReconcileLeaderlessRedeclared"
+RECONCILE_DEPTHS_SKIPPED = "ReconcileDepthsSkipped"
 
 EMITTED: frozenset[str] = frozenset({
     QUEUE_DEPTH,
@@ -113,4 +114,5 @@ EMITTED: frozenset[str] = frozenset({
     RECONCILE_DEAD_LETTERING_PROBES,
     RECONCILE_DEAD_LETTERING_STRANDED,
     RECONCILE_LEADERLESS_REDECLARED,
+    RECONCILE_DEPTHS_SKIPPED,
 })

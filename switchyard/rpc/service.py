@@ -21,7 +21,7 @@ from switchyard.rpc.control.dead_letters import DeadLetterOutcome, respond_dead_
 from switchyard.rpc.control.leaderless import LeaderlessWatch
 from switchyard.rpc.control.orphans import OrphanOutcome, forward_orphans
 from switchyard.rpc.control.publisher import ConfirmingPublisher
-from switchyard.rpc.control.reconciler import ReconcileOutcome, Reconciler
+from switchyard.rpc.control.reconciler import DepthCadence, ReconcileOutcome, Reconciler
 from switchyard.rpc.control.rmq_event import AmqpMessage
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
@@ -44,6 +44,7 @@ class ControlPlane:
         self._all: list[tuple[PoolTopology, ConfirmingPublisher]] = []
         self._lease_lock = threading.Lock()
         self.leaderless = LeaderlessWatch()  # outlives each pass (and a warm Lambda invocation)
+        self.depth_cadence = DepthCadence()  # likewise
 
     @contextmanager
     def _lease(self) -> Iterator[tuple[PoolTopology, ConfirmingPublisher]]:
@@ -78,7 +79,8 @@ class ControlPlane:
     def reconcile(self) -> ReconcileOutcome:
         with self._lease() as (topology, _):
             return Reconciler(self.state, topology, self.driver, self.control.delays,
-                              self.control.dead_letter_probe_interval_s, self.leaderless).run_pass()
+                              self.control.dead_letter_probe_interval_s, self.leaderless,
+                              self.depth_cadence).run_pass()
 
     def close(self) -> None:
         """Close every connection this plane opened and the driver (which stops local workers).

@@ -195,6 +195,15 @@ class PoolState:
         raw = cast("bytes | None", self.redis.hget(self._groups, key))
         return GroupState.parse(key, raw.decode()) if raw is not None else None
 
+    def get_many(self, keys: Iterable[str]) -> dict[str, GroupState]:
+        """The groups of ``keys`` that exist, read in one round trip."""
+        keys = list(keys)
+        if not keys:
+            return {}
+        raws = cast("list[bytes | None]", self.redis.hmget(self._groups, keys))
+        return {key: GroupState.parse(key, raw.decode()) for key, raw in zip(keys, raws, strict=True)
+                if raw is not None}
+
     def set_status(self, group: GroupState, status: GroupStatus, at_ms: int | None = None) -> bool:
         """Compare-and-set: move ``group`` to ``status`` only if it is still exactly as read."""
         new = group.encode(status, at_ms or now_ms())

@@ -158,6 +158,28 @@ def test_scale_follows_the_backlog_between_min_and_max(cluster: str, pool: str,
     assert {t["taskArn"] for t in running_tasks(cluster, group)} == first
 
 
+def test_scale_answers_from_the_pass_listing_and_calls_ecs_only_to_change_a_size(
+        cluster: str, pool: str, redis_client: redis.Redis, network: tuple[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = make_driver(cluster, redis_client, network, min_workers=1, max_workers=4, target_backlog=10)
+    groups = [WorkerGroup(pool, key) for key in ("a", "b", "c")]
+    for group in groups:
+        driver.start(group)
+    assert driver.list_running(pool) == {"a", "b", "c"}
+    calls: list[str] = []
+    real_call = driver._call
+
+    def counted(operation: str, **kwargs: Any) -> Any:
+        calls.append(operation)
+        return real_call(operation, **kwargs)
+
+    monkeypatch.setattr(driver, "_call", counted)
+    assert [driver.scale(group, 0) for group in groups] == [1, 1, 1]
+    assert calls == []  # every group already has the one worker it wants: no ECS call at all
+    assert driver.scale(groups[0], 25) == 3
+    assert "run_task" in calls and driver.worker_count(groups[0]) == 3
+
+
 def test_concurrent_starts_never_start_a_group_twice(cluster: str, pool: str,
                                                      redis_client: redis.Redis,
         network: tuple[str, str]) -> None:

@@ -31,6 +31,25 @@ def test_declare_twice_is_a_no_op(make_pool, api: ManagementApi) -> None:
     assert len(p.pool_queue_names(pool)) == 6
 
 
+def test_listing_beyond_one_page_reads_the_vhost_once_and_filters_it(make_pool, api: ManagementApi) -> None:
+    pool, settings = make_pool()
+    with PoolTopology(pool, settings) as topology:
+        topology.declare()
+        topology.ensure_request_queues(["a", "b", "c"], likely_new=["a", "b", "c"])
+    requests_made = []
+    api._session.hooks["response"].append(lambda response, *_, **__: requests_made.append(response.url))
+    one_page = api.list_queues(f"^{pool}-", columns="name")
+    assert {q["name"] for q in one_page} == {*p.pool_queue_names(pool),
+                                             *(p.request_queue(pool, k) for k in "abc")}
+    assert len(requests_made) == 1
+    requests_made.clear()
+    listed = api.list_queues(f"^{p.request_queue_prefix(pool)}", columns="messages", page_size=2)
+    assert sorted(q["name"] for q in listed) == sorted(p.request_queue(pool, k) for k in "abc")
+    assert all("messages" in q for q in listed) or all("messages" not in q for q in listed)
+    assert len(requests_made) == 2  # the first page, then the whole vhost once (not page after page)
+    assert "page" not in requests_made[1]
+
+
 def test_declare_from_two_processes_at_once() -> None:
     pool = unique("t")
     settings = RpcSettings.from_env()

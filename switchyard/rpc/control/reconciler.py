@@ -19,10 +19,17 @@ the broker can still start an at-least-once dead-lettering queue (switchyard/rpc
 ``dead_lettering_stranded`` is the alarm's metric.
 A request queue a broker crash left without a leader (switchyard/rpc/control/leaderless.py) is found by its
 missing statistics and a probe, then deleted and declared again: ``leaderless_redeclared``.
+Queue depths (scaling, the ``QueueDepth`` metric, the leaderless watch) come from one listing of
+the management API, which costs the broker about a millisecond per queue of the vhost: with
+thousands of queues it is read only every so often (``DepthCadence``), so that it takes at most a
+tenth of the time; the other passes step the groups without it (``depths_skipped``), scale
+nothing, and report the last listing's depths again.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from switchyard.core.observability import logger
@@ -54,13 +61,38 @@ class ReconcileOutcome:
     dead_lettering_probes: int = 0
     dead_lettering_stranded: int = 0  # the probe found the broker's dead-letter supervisor gone
     leaderless_redeclared: int = 0  # request queues a broker crash left without a leader
+    depths_skipped: int = 0  # the queue listing was not due this pass (DepthCadence)
     depths: dict[str, int] = field(default_factory=dict)  # worker group id -> messages in its queue
+
+
+@dataclass
+class DepthCadence:
+    """When the next queue listing is due: ``share`` of the time at most goes to it.
+
+    A listing that took 2 s is next due 2 / ``share`` s after it started; one of 10 ms (a pool of
+    a hundred queues) is due again at once, so small pools read their depths on every pass. Kept
+    across passes, like the leaderless watch.
+    """
+
+    share: float = 0.1
+    clock: Callable[[], float] = time.monotonic
+    _next: float = float("-inf")
+    # The last listing's depths, reported again by the passes between listings: the QueueDepth
+    # alarm counts missing minutes as not breaching, so gaps would keep it from ever firing.
+    depths: dict[str, int] = field(default_factory=dict)
+
+    def due(self) -> bool:
+        return self.clock() >= self._next
+
+    def listed(self, started: float) -> None:
+        """A listing that began at ``started`` (this clock) has just ended."""
+        self._next = started + (self.clock() - started) / self.share
 
 
 class Reconciler:
     def __init__(self, state: PoolStore, topology: PoolTopology, driver: WorkerGroupDriver,
                  delays: Delays, probe_interval_s: float = 0.0,
-                 leaderless: LeaderlessWatch | None = None) -> None:
+                 leaderless: LeaderlessWatch | None = None, cadence: DepthCadence | None = None) -> None:
         self.state = state
         self.topology = topology
         self.driver = driver
@@ -68,6 +100,8 @@ class Reconciler:
         self.probe_interval_s = probe_interval_s  # 0: no probe
         self.pool = topology.pool
         self.leaderless = leaderless  # None: not watched (its memory must outlive the pass)
+        self.cadence = cadence  # None: depths on every pass
+        self._revived: set[str] = set()  # groups this pass made Active again (_keep)
 
     def run_pass(self, at_ms: int | None = None) -> ReconcileOutcome:
         outcome = ReconcileOutcome()
@@ -78,15 +112,25 @@ class Reconciler:
             if not self.state.is_initialized():
                 self._rebuild(outcome)
             now = at_ms or now_ms()
-            for group in self.state.groups(include_stopped=True).values():
+            groups = self.state.groups(include_stopped=True)
+            for group in groups.values():
                 try:
                     self._step_queue(group, now, outcome)
                 except Exception:  # one group's failure must not stop the pass
                     outcome.queue_errors += 1
                     logger.exception("request queue step failed", extra={"pool": self.pool, "key": group.key})
-            running = self._converge_groups(outcome, now)
-            queues = self._observe_depths(outcome, running)
-            self._redeclare_leaderless(queues, outcome)
+            running = self._converge_groups(outcome, now, groups)
+            if self.cadence is None or self.cadence.due():
+                started = self.cadence.clock() if self.cadence else 0.0
+                queues = self._observe_depths(outcome, running)
+                if self.cadence is not None:
+                    self.cadence.listed(started)  # a listing that failed counts too: it backs off
+                    if queues:
+                        self.cadence.depths = dict(outcome.depths)
+                self._redeclare_leaderless(queues, outcome)
+            else:
+                outcome.depths_skipped = 1
+                outcome.depths = dict(self.cadence.depths)  # as last listed (no scaling on them)
             self._probe_dead_lettering(outcome)
         return outcome
 
@@ -158,13 +202,14 @@ class Reconciler:
     def _keep(self, group: GroupState, queue: str, outcome: ReconcileOutcome) -> None:
         """Work is waiting in an unbound queue: serve it (bind, Active) rather than drop it."""
         self.state.touch([group.key])
+        self._revived.add(group.key)
         self.topology.ensure_request_queue(group.key)
         outcome.kept_nonempty += 1
         logger.warning("unbound queue still holds requests: bound again", extra={"pool": self.pool,
                                                                                   "queue": queue})
 
     # -- worker groups --------------------------------------------------------------------------
-    def _expected_running(self, now: int) -> set[str]:
+    def _expected(self, group: GroupState, now: int) -> bool:
         """Active groups, and Unbound ones still inside STOP_DELAY (their workers drain the queue).
 
         An Unbound group past STOP_DELAY is being stopped: ``_stop_group`` may have stopped its
@@ -172,19 +217,33 @@ class Reconciler:
         Starting it again here would undo that stop on every pass, and the group would stay up,
         Unbound, for ever. If its queue still holds work, ``_keep`` makes it Active again.
         """
-        stop_ms = self.delays.stop_s * 1000
-        return {key for key, group in self.state.groups().items()
-                if group.status is GroupStatus.ACTIVE or now - max(group.seen_ms, group.since_ms) < stop_ms}
+        if group.status is GroupStatus.STOPPED:
+            return False
+        idle_ms = now - max(group.seen_ms, group.since_ms)
+        return group.status is GroupStatus.ACTIVE or idle_ms < self.delays.stop_s * 1000
 
-    def _converge_groups(self, outcome: ReconcileOutcome, now: int) -> set[str]:
-        """Start missing groups, stop extra ones; returns the keys running afterwards."""
+    def _converge_groups(self, outcome: ReconcileOutcome, now: int,
+                         groups: dict[str, GroupState]) -> set[str]:
+        """Start missing groups, stop extra ones; returns the keys running afterwards.
+
+        ``groups`` is the state read at the start of the pass. Only what can make it stale matters:
+        a group that became Active since (an orphan, activity, this pass's ``_keep``) and whose
+        workers the driver already lists. So the groups the listing shows running and that read
+        says should not run, and those ``_keep`` made Active, are read again (one ``HMGET``): the
+        whole hash is read once a pass, not twice (10,000 groups: about 1 MB and 10,000 JSON
+        decodes each time).
+        """
         try:
             running = self.driver.list_running(self.pool)
         except Exception:  # the keyed RPC design: log and continue to the next iteration
             outcome.driver_errors += 1
             logger.exception("listing running worker groups failed", extra={"pool": self.pool})
             return set()
-        expected = self._expected_running(now)
+        expected = {key for key, group in groups.items() if self._expected(group, now)}
+        stale = (running - expected) | self._revived  # may have become Active after the first read
+        if stale:
+            fresh = self.state.get_many(stale)
+            expected |= {key for key, group in fresh.items() if self._expected(group, now)}
         now_running = set(running)
         for key in expected - running:
             try:

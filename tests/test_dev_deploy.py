@@ -1,0 +1,61 @@
+"""``./dev deploy``, the one command from a checkout to a deployed stack: its plan (``--dry-run``) and
+its checks, which need neither AWS credentials nor Docker. The deploy itself is not run here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from stacks import constants as c
+from stacks.base_image import local_tag
+from tests.conftest import ROOT
+
+
+def dev_deploy(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(ROOT / "dev"), "deploy", *args], cwd=ROOT, env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_dry_run_prints_the_five_steps_in_order_and_runs_nothing() -> None:
+    done = dev_deploy("--dry-run", "SwitchyardStaging", "--require-approval", "never")
+    assert done.returncode == 0, done.stderr
+    steps = re.findall(r"^  (\d)\. (.+?): ", done.stdout, re.M)
+    assert steps == [("1", ".venv"), ("2", "CDK CLI"), ("3", "Lambda layer"),
+                     ("4", f"base image {local_tag()}"), ("5", "deploy")], done.stdout
+    deploy = "node_modules/.bin/cdk deploy SwitchyardStaging --require-approval never"
+    assert done.stdout.rstrip().endswith(deploy), done.stdout
+
+
+def test_the_default_stack_comes_first_when_only_options_are_given() -> None:
+    done = dev_deploy("--dry-run", "-c", "switchyard:alarmEmail=ops@example.com")
+    assert done.returncode == 0, done.stderr
+    assert "cdk deploy SwitchyardStack -c switchyard:alarmEmail=ops@example.com" in done.stdout
+
+
+def test_without_docker_the_deploy_stops_first_with_one_line() -> None:
+    docker_host = "unix:///nonexistent/docker.sock"
+    done = dev_deploy(DOCKER_HOST=docker_host)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("dev: error: "), line
+    assert "Docker" in line or "docker" in line, line
+    dry = dev_deploy("--dry-run", DOCKER_HOST=docker_host)
+    assert dry.returncode == 0 and "would stop before step 1" in dry.stdout, dry.stdout
+
+
+@pytest.mark.slow
+def test_cdk_without_the_layer_says_so_in_one_line(tmp_path) -> None:
+    """What `npx cdk deploy` shows when the layer was never built: app.py's one line, not a traceback."""
+    done = subprocess.run([sys.executable, "app.py"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CDK_OUTDIR": str(tmp_path),
+                               "CDK_CONTEXT_JSON": json.dumps({c.CTX_LAYER_DIR: str(tmp_path / "no-layer")})})
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1:] == [done.stderr.strip()], done.stderr
+    assert done.stderr.startswith("switchyard: error: the Lambda layer is not built at"), done.stderr
+    assert "./dev deploy" in done.stderr
