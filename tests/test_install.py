@@ -8,6 +8,7 @@ Resolution goes to the index pip is configured with, capped by constraints.txt (
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -78,12 +79,15 @@ def test_the_cli_and_the_public_modules_work_from_the_wheel(installed, tmp_path:
     assert "pool" in result.stdout
     probe = ("import pathlib, switchyard, switchyard.rpc.client, switchyard.rpc.worker; "
              "print(switchyard.__file__); "
-             "print((pathlib.Path(switchyard.__file__).parent / 'py.typed').is_file())")
+             "print((pathlib.Path(switchyard.__file__).parent / 'py.typed').is_file()); "
+             "print(all((pathlib.Path(switchyard.__file__).parent / 'local' / f).is_file() "
+             "for f in ('console.html', 'console.js')))")
     result = run([str(env_dir / "bin" / "python"), "-c", probe], env, tmp_path)
     assert result.returncode == 0, result.stderr
-    location, typed = result.stdout.split()
+    location, typed, console = result.stdout.split()
     assert Path(location).is_relative_to(env_dir), f"imported from {location}, not the venv"
     assert typed == "True", "py.typed is not in the wheel"
+    assert console == "True", "the status console's page is not in the wheel"
 
 
 def test_the_readme_client_and_worker_run_from_the_wheel(installed, tmp_path: Path) -> None:
@@ -112,6 +116,10 @@ def test_the_readme_client_and_worker_run_from_the_wheel(installed, tmp_path: Pa
         assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
         assert result.stdout.splitlines() == ["ok b'infra=42:payload'", "['ok']"], result.stdout
         assert time.monotonic() - started < 60
+        result = run([switchyard, "status", "--pool", pool, "--json"], env, app)
+        assert result.returncode == 0, result.stderr
+        (figures,) = json.loads(result.stdout)["rpc"]["pools"]
+        assert [g["key"] for g in figures["groups"]] == [key]
     finally:
         if worker is not None:
             worker.terminate()

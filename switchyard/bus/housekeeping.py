@@ -8,13 +8,13 @@ and autodrop go on while no worker is up.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from switchyard.bus import metrics as m
 from switchyard.bus.errors import UnknownJobError
 from switchyard.bus.jobs import JobQueue, scrub
 from switchyard.bus.ports import BusStorePort
+from switchyard.bus.status import Telemetry, read_telemetry
 from switchyard.bus.store import QUEUES
 from switchyard.core.observability import emit_gauge, logger
 
@@ -58,41 +58,9 @@ def autodrop(store: BusStorePort) -> AutodropOutcome:
     return outcome
 
 
-@dataclass(frozen=True)
-class SubscriberGauge:
-    name: str  # the token's client name (a token is a credential: never a metric dimension)
-    events: int
-    batches: int
-    oldest_age_ms: int
-    health_points: int
-
-
-@dataclass
-class Telemetry:
-    subscribers: list[SubscriberGauge] = field(default_factory=list)
-    jobs: dict[str, dict[str, int]] = field(default_factory=dict)
-    used_memory: int = 0
-    autodropped: int = 0
-
-
 def telemetry(store: BusStorePort) -> Telemetry:
-    """Routemaster's Monitor: batches and events queued per subscriber (with the oldest event's age
-    and health points), jobs per queue and state, Redis memory; emitted as Powertools metrics."""
-    now = store.now_ms()
-    names = store.tokens()
-    out = Telemetry(used_memory=store.used_memory())
-    for token in store.subscriber_tokens():
-        sub = store.subscriber(token)
-        if sub is None:
-            continue
-        events, oldest = store.queued(token)
-        out.subscribers.append(SubscriberGauge(
-            name=names.get(token, "revoked"), events=events, batches=math.ceil(events / sub.max_events),
-            oldest_age_ms=0 if oldest is None else max(0, now - oldest), health_points=sub.health_points))
-    for q in QUEUES:
-        lengths = JobQueue(store, q).lengths()
-        out.jobs[q] = {"instant": lengths.instant, "scheduled": lengths.scheduled, "pending": lengths.pending}
-    out.autodropped = sum(v for k, v in store.counters().items() if k.startswith("autodropped:"))
+    """Routemaster's Monitor: the bus's figures (``status.read_telemetry``), emitted as Powertools metrics."""
+    out = read_telemetry(store)
     _emit(out)
     return out
 

@@ -6,7 +6,6 @@ import argparse
 import json
 import signal
 import threading
-from dataclasses import asdict
 
 from switchyard.cli.local import quiet_metrics
 from switchyard.cli.options import AT_LEAST_ONE, PORT, add_commands, add_json_option
@@ -67,20 +66,14 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    quiet_metrics()
-    from switchyard.bus.housekeeping import telemetry
+    from switchyard.bus.status import read_telemetry
+    from switchyard.cli.status import bus_lines
 
-    state = telemetry(_bus().store)
+    state = read_telemetry(_bus().store)
     if args.json:
-        print(json.dumps(asdict(state), indent=2))
+        print(json.dumps(state.to_dict(), indent=2))
         return 0
-    if state.subscribers:
-        print(f"{'subscriber':30} {'events':>8} {'batches':>8} {'oldest':>10} {'health':>7}")
-        for s in state.subscribers:
-            print(f"{s.name[:30]:30} {s.events:>8} {s.batches:>8} {s.oldest_age_ms / 1000:>9.1f}s "
-                  f"{s.health_points:>7}")
-    else:
-        print("no subscribers")
+    print("\n".join(bus_lines(state)))
     for queue, lengths in state.jobs.items():
         print(f"jobs {queue}: " + ", ".join(f"{n} {kind}" for kind, n in lengths.items()))
     print(f"redis memory {state.used_memory / 2**20:.1f} MiB; events autodropped {state.autodropped}")

@@ -7,7 +7,6 @@ import json
 import signal
 import sys
 import threading
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from switchyard.cli.local import invoke_handler, read_event
-from switchyard.cli.options import AT_LEAST_ONE, COUNT, add_commands, add_json_option, iso_time
+from switchyard.cli.options import AT_LEAST_ONE, COUNT, add_commands, add_json_option
 from switchyard.cli.preflight import require
 from switchyard.core.config import Connections
 from switchyard.core.errors import ConfigError
@@ -121,14 +120,15 @@ def _send(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from switchyard.cli.status import delay_lines
+    from switchyard.delay.status import delay_status
+
     svc = _store()
-    waiting, ready = svc.store.counts()
-    svc.close()
-    at = time.time()
-    if args.json:
-        print(json.dumps({"schema": svc.settings.schema, "waiting": waiting, "ready": ready, "at": at}))
-    else:
-        print(f"schema {svc.settings.schema}: {waiting} waiting, {ready} ready (at {iso_time(at)})")
+    try:
+        status = delay_status(svc.store)
+    finally:
+        svc.close()
+    print(json.dumps(status.to_dict()) if args.json else "\n".join(delay_lines(status)))
     return 0
 
 
@@ -199,8 +199,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_json_option(send, always=True)
     send.set_defaults(func=_send)
 
-    status = sub.add_parser("status", help="count waiting and ready rows",
-                            description="Print the waiting and ready row counts of the schema.")
+    status = sub.add_parser("status", help="waiting, ready, overdue and parked rows; the fire lateness",
+                            description="Print the schema's figures: rows waiting and ready, the overdue "
+                                        "backlog, parked messages, the earliest waiting deadline and the "
+                                        "fire loops' lateness (p99 of the last 5 minutes).")
     add_json_option(status)
     status.set_defaults(func=_status)
 

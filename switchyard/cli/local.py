@@ -48,6 +48,9 @@ def control_settings(pool: str, unbind_delay: float | None = None,
     return replace(control, delays=delays)
 
 
+WORKERS = {True: "workers running", False: "no workers"}  # the --status-every line: key: state, workers
+
+
 def cmd_local(args: argparse.Namespace) -> int:
     from switchyard.core.observability import pool_service
 
@@ -68,7 +71,7 @@ def cmd_local(args: argparse.Namespace) -> int:
         while not stop.wait(args.status_every):
             groups = runtime.plane.state.groups()
             running = runtime.driver.list_running(control.pool)
-            summary = ", ".join(f"{k!r}:{g.status.value}{'+' if k in running else ''}"
+            summary = "; ".join(f"{k!r}: {g.status.value}, {WORKERS[k in running]}"
                                 for k, g in sorted(groups.items())) or "no groups"
             print(f"{time.strftime('%H:%M:%S')} {summary}", flush=True)
     print("stopped: workers terminated, batches settled")
@@ -134,7 +137,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="seconds idle before unbinding (SWITCHYARD_UNBIND_DELAY)")
     local.add_argument("--stop-delay", type=NON_NEGATIVE,
                        help="seconds unbound before stopping (SWITCHYARD_STOP_DELAY)")
-    local.add_argument("--status-every", type=POSITIVE, default=5.0, help="print the groups every N seconds")
+    local.add_argument("--status-every", type=POSITIVE, default=5.0,
+                       help="print the groups every N seconds (key: state, whether its workers run; "
+                            "switchyard status shows more)")
     add_stack_option(local)
     local.set_defaults(func=cmd_local)
 

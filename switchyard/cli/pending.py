@@ -70,22 +70,17 @@ def _call(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from switchyard.cli.status import pending_lines
     from switchyard.pending import PendingQueue
+    from switchyard.pending.status import pending_status
 
     require("redis")
-    queue = PendingQueue()  # no background threads: status only reads
-    endpoints = queue.status()
+    status = pending_status(PendingQueue())  # no background threads: status only reads
     if args.json:
-        json.dump(endpoints, sys.stdout, indent=2)
+        json.dump(status.to_dict(), sys.stdout, indent=2)
         print()
         return 0
-    if not endpoints:
-        print("no pending requests")
-        return 0
-    print(f"{'endpoint':30} {'waiting':>8} {'queued':>7} {'taken':>6} {'answered':>9} {'oldest':>9}")
-    for name, e in endpoints.items():
-        print(f"{name:30} {e['waiting']:>8} {e['queued']:>7} {e['taken']:>6} {e['answered']:>9} "
-              f"{e['oldest_age_s']:>8.1f}s")
+    print("\n".join(pending_lines(status)))
     return 0
 
 

@@ -72,18 +72,17 @@ def cmd_pool_bind(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_status(args: argparse.Namespace) -> int:
-    with _pool_topology(args) as (_, topology):
+    from switchyard.cli.status import pool_lines
+    from switchyard.core.redis_client import connect_redis
+    from switchyard.rpc.status import pool_figures
+
+    with _pool_topology(args, "redis") as (settings, topology):
         topology.require()
-        queues = topology.management.list_queues(f"^{args.pool}-")
-    queues = sorted(queues, key=lambda q: q["name"])
+        figures = pool_figures(args.pool, connect_redis(settings.connections), topology.management)
     if args.json:
-        print(json.dumps([{"name": q["name"], "type": q.get("type"), "messages": q.get("messages", 0),
-                           "consumers": q.get("consumers", 0)} for q in queues]))
+        print(json.dumps(figures.to_dict()))
         return 0
-    print(f"{'queue':60} {'type':8} {'messages':>8} {'consumers':>9}")
-    for q in queues:
-        print(f"{q['name'][:60]:60} {q.get('type', '?'):8} "
-              f"{q.get('messages', 0):>8} {q.get('consumers', 0):>9}")
+    print("\n".join(pool_lines(figures, time.time(), args.max_groups)))
     return 0
 
 
@@ -179,8 +178,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_json_option(delete)
     delete.set_defaults(func=cmd_pool_delete)
 
-    status = pool_sub.add_parser("status", help="list the pool's queues with their depth and consumers")
+    status = pool_sub.add_parser("status", help="the pool's worker groups (state, workers, backlog, last "
+                                                "activity), its orphan, dead-letter and poison queues")
     _pool_arg(status)
+    status.add_argument("--max-groups", type=AT_LEAST_ONE, default=20,
+                        help="groups listed (default 20; --json lists all)")
     add_json_option(status)
     status.set_defaults(func=cmd_pool_status)
 

@@ -29,9 +29,10 @@ from functools import partial
 from typing import Any
 
 from switchyard.core import tracing
+from switchyard.core.latency import percentile
 from switchyard.core.observability import logger
 from switchyard.delay.errors import MessageRefusedError, PublishError, StoreError
-from switchyard.delay.model import FireOutcome, ReadyMessage
+from switchyard.delay.model import FireOutcome, LatenessWindow, ReadyMessage
 from switchyard.delay.ports import DelayStore, Delivery, Publisher
 from switchyard.delay.settings import DelaySettings
 
@@ -46,6 +47,10 @@ FIRE_COALESCE_S = 0.005
 # A waiting row due longer ago than this is overdue: the fire loop is behind, or not running.
 OVERDUE_AFTER_S = 60.0
 LISTEN_WAIT_S = 0.5  # the listener's longest wait for a notification (it checks for stop between)
+# Lateness is kept per window of this length (one row per node in fire_lateness, written by phase 2)
+# from at most LATENESS_SAMPLES rows of it (the most recent: the figures of a busy window).
+LATENESS_WINDOW_S = 10.0
+LATENESS_SAMPLES = 4096
 
 Claim = tuple[list[ReadyMessage], float | None]  # rows claimed; if none, the next waiting deadline (epoch s)
 
@@ -58,12 +63,13 @@ class Phase2:
     to_delete: list[ReadyMessage]
     to_release: list[ReadyMessage]
     to_park: list[tuple[ReadyMessage, str]]
+    lateness: LatenessWindow | None = None  # a window to record (its failure is only logged)
     deleted: set[str] | StoreError | None = None
     released: set[str] | StoreError | None = None
     parked: set[str] | StoreError | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.to_delete or self.to_release or self.to_park)
+        return bool(self.to_delete or self.to_release or self.to_park or self.lateness)
 
 
 class FireLoop:
@@ -98,6 +104,9 @@ class FireLoop:
         self._notified_lock = threading.Lock()
         self._last_delete = 0.0
         self._c = FireOutcome()
+        self._late_ms: list[float] = []  # lateness of this window's rows (LATENESS_SAMPLES, overwritten)
+        self._late_fired = 0
+        self._window_start = time.time()
         self._worker: ThreadPoolExecutor | None = None
         self._claiming: Future[Claim] | None = None
         self._phase2: Future[Phase2] | None = None
@@ -183,6 +192,11 @@ class FireLoop:
             late_ms = (now - fire_at) * 1000
             if late_ms > self._c.max_late_ms:
                 self._c.max_late_ms = late_ms
+            if self._late_fired < LATENESS_SAMPLES:
+                self._late_ms.append(late_ms)
+            else:
+                self._late_ms[self._late_fired % LATENESS_SAMPLES] = late_ms
+            self._late_fired += 1
             try:
                 self.publisher.send(row.key, row.value, row.headers, row)
                 sent += 1
@@ -234,9 +248,21 @@ class FireLoop:
     def _phase2_due(self, now: float, force: bool) -> Phase2:
         """The batches to settle now (releases and parks are taken off their lists; deletes stay queued)."""
         due = force or len(self._to_delete) >= DELETE_BATCH or now - self._last_delete >= DELETE_INTERVAL_S
-        batch = Phase2(self._to_delete[:DELETE_BATCH] if due else [], self._to_release, self._to_park)
+        batch = Phase2(self._to_delete[:DELETE_BATCH] if due else [], self._to_release, self._to_park,
+                       self._lateness_window(now, force))
         self._to_release, self._to_park = [], []
         return batch
+
+    def _lateness_window(self, now: float, force: bool) -> LatenessWindow | None:
+        """The window's lateness once it is over (or the loop ends), then a new window; None if
+        nothing was fired in it."""
+        if not (force or now - self._window_start >= LATENESS_WINDOW_S) or not self._late_fired:
+            return None
+        late = sorted(self._late_ms)
+        window = LatenessWindow(self._late_fired, round(percentile(late, 50), 3),
+                                round(percentile(late, 99), 3), round(late[-1], 3))
+        self._late_ms, self._late_fired, self._window_start = [], 0, now
+        return window
 
     def _run_phase2(self, batch: Phase2) -> Phase2:
         """Store calls of phase 2; errors are kept in ``batch`` for the caller's thread, not raised."""
@@ -250,6 +276,11 @@ class FireLoop:
                     setattr(batch, result, call(rows))
                 except StoreError as exc:
                     setattr(batch, result, exc)
+        if batch.lateness is not None:
+            try:
+                self.store.record_lateness(self.node_id, batch.lateness)
+            except StoreError as exc:  # a figure for people: the firing goes on without it
+                logger.warning("recording the fire lateness failed", extra={"error": str(exc)})
         return batch
 
     def _phase2_done(self, now: float, batch: Phase2) -> None:

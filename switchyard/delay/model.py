@@ -139,6 +139,17 @@ class FireOutcome:
 
 
 @dataclass(frozen=True)
+class LatenessWindow:
+    """How late one fire loop published the rows it fired in a window (about ten seconds): nearest-rank
+    percentiles, in milliseconds past each row's firing time."""
+
+    fired: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+@dataclass(frozen=True)
 class SweepOutcome:
     """What failure detection found and reset."""
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from switchyard.delay.model import DelayedMessage, Header, ReadyMessage, StuckMessage
+from switchyard.delay.model import DelayedMessage, Header, LatenessWindow, ReadyMessage, StuckMessage
 
 
 class DelayStore(Protocol):
@@ -46,6 +46,10 @@ class DelayStore(Protocol):
 
     def park(self, node_id: str, refused: Sequence[tuple[ReadyMessage, str]]) -> set[str]:
         """Set aside rows the broker refused for good (with the reason); returns the ids moved."""
+        ...
+
+    def record_lateness(self, node_id: str, window: LatenessWindow) -> None:
+        """Keep how late a fire loop published in one window (for the status view)."""
         ...
 
     def find_stuck(self, hold: timedelta, limit: int) -> list[StuckMessage]: ...

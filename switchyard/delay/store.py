@@ -37,7 +37,7 @@ from switchyard.delay.errors import (
     TransientStoreError,
     UnstorableMessageError,
 )
-from switchyard.delay.model import DelayedMessage, ReadyMessage, StuckMessage
+from switchyard.delay.model import DelayedMessage, LatenessWindow, ReadyMessage, StuckMessage
 from switchyard.delay.parsing import headers_from_json, headers_to_json
 from switchyard.delay.queries import bind_schema, migrations, schema_queries
 from switchyard.delay.settings import libpq_root_cert, validate_schema
@@ -329,6 +329,26 @@ class PostgresDelayStore:
         by_id = {s.id: s for s in stuck}
         with self._session() as conn:
             return [by_id[row[0]] for row in conn.execute(self._q["reset_stuck"], params)]
+
+    def record_lateness(self, node_id: str, window: LatenessWindow) -> None:
+        """Keep one fire loop's lateness window (an hour of them is kept) for the status view."""
+        params = {"node": uuid.UUID(node_id), "fired": window.fired, "p50_ms": window.p50_ms,
+                  "p99_ms": window.p99_ms, "max_ms": window.max_ms}
+        with self._session() as conn:
+            conn.execute(self._q["record_lateness"], params)
+
+    def lateness(self, since: datetime) -> list[tuple[float, LatenessWindow]]:
+        """``(epoch s, window)`` of every node's windows recorded since ``since``, oldest first."""
+        with self._session() as conn:
+            rows = conn.execute(self._q["lateness"], {"since": since}).fetchall()
+        return [(r[0], LatenessWindow(r[1], r[2], r[3], r[4])) for r in rows]
+
+    def status_figures(self, before: datetime) -> tuple[int, int, int, int, datetime | None]:
+        """``(waiting, ready, overdue before `before`, parked, earliest waiting deadline)``."""
+        with self._session() as conn:
+            row = conn.execute(self._q["status_figures"], {"before": before}).fetchone()
+        assert row is not None  # one row of scalar subqueries, always
+        return row[0], row[1], row[2], row[3], row[4]
 
     def counts(self) -> tuple[int, int]:
         """(waiting, ready) row counts."""

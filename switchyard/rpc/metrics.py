@@ -50,6 +50,8 @@ ACTIVITY_LATE_FOR_STOPPED = "ActivityLateForStopped"
 ACTIVITY_WITHOUT_KEY = "ActivityWithoutKey"
 ACTIVITY_UNKNOWN_EVENTS = "ActivityUnknownEvents"
 ACTIVITY_MALFORMED_FIELDS = "ActivityMalformedFields"
+ACTIVITY_LATENCY_REPORTS = "ActivityLatencyReports"
+ACTIVITY_MALFORMED_LATENCY = "ActivityMalformedLatency"
 
 # control.reconciler.ReconcileOutcome
 RECONCILE_SKIPPED = "ReconcileSkipped"
@@ -98,6 +100,8 @@ EMITTED: frozenset[str] = frozenset({
     ACTIVITY_WITHOUT_KEY,
     ACTIVITY_UNKNOWN_EVENTS,
     ACTIVITY_MALFORMED_FIELDS,
+    ACTIVITY_LATENCY_REPORTS,
+    ACTIVITY_MALFORMED_LATENCY,
     RECONCILE_SKIPPED,
     RECONCILE_REBUILT_GROUPS,
     RECONCILE_UNBOUND,

@@ -69,6 +69,19 @@ class GroupState:
 
 
 @dataclass(frozen=True)
+class LatencyReport:
+    """One worker's summary of the requests it answered since its previous activity report
+    (``x-switchyard-latency``), stamped by the tracker's clock."""
+
+    at_ms: int
+    key: str
+    count: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+@dataclass(frozen=True)
 class Touch:
     generation: int
     code: int  # see touch_groups.lua
@@ -202,6 +215,8 @@ class PoolStore(Protocol):
     def remove(self, group: GroupState) -> bool: ...
 
     def probe_turn(self, broker: str, interval_s: float) -> bool: ...
+
+    def record_latency(self, reports: Iterable[LatencyReport]) -> None: ...
 
     def is_initialized(self) -> bool: ...
 

@@ -65,6 +65,10 @@ KEY_QUEUE_ARGUMENT = "x-switchyard-key"
 FIRST_DEATH_REASON_HEADER = "x-first-death-reason"
 FIRST_DEATH_QUEUE_HEADER = "x-first-death-queue"
 POISON_REASON_HEADER = "x-switchyard-poison-reason"  # why a message is in {pool}-poison
+# On a ``request-received`` activity report: the requests the worker answered since its previous
+# report, as "count p50 p99 max" (milliseconds from delivery to the worker to its reply, nearest-rank
+# over at most the last 4,096). Optional: the keyed RPC design's workers send no such header.
+LATENCY_HEADER = "x-switchyard-latency"
 QUEUE_TYPE_ARGUMENT = "x-queue-type"
 DELIVERY_COUNT_HEADER = "x-delivery-count"
 DEATH_HEADER = "x-death"

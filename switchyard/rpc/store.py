@@ -19,6 +19,8 @@ every key one script or pipeline touches lives in the same slot):
 - ``initialized``  present once the state was built; absent after a flush -> rebuild
 - ``lock:{sha256(key)[:32]}``  per-key lock (token, with expiry)
 - ``reconciler``   lock held by the running reconciler pass
+- ``latency``      list of the workers' latency reports (JSON), newest first, the last
+  ``LATENCY_REPORTS`` only (for ``switchyard status``)
 
 and, outside any pool: ``switchyard:ecs-driver:lock:<group id>``, the ECS driver's group lock
 (``WorkerGroupLock``), and one key per broker: ``switchyard:rpc:probe:<broker id>``, the turn of the
@@ -27,6 +29,7 @@ dead-lettering probe (whichever pool's pass takes it first probes; it expires af
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -39,7 +42,7 @@ import redis
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.errors import DriverError, LockTimeoutError
-from switchyard.rpc.ports import GroupState, GroupStatus, Touch, TouchMode, WorkerGroup
+from switchyard.rpc.ports import GroupState, GroupStatus, LatencyReport, Touch, TouchMode, WorkerGroup
 
 # A holder that dies (a SIGKILLed control plane, a Lambda timeout) blocks its keys until the lock
 # expires: 120 s here once timed out a third of a fault run's calls. Every step under a lock is a
@@ -47,6 +50,7 @@ from switchyard.rpc.ports import GroupState, GroupStatus, Touch, TouchMode, Work
 # and then the compare-and-set on the group's state still guards the reconciler's delete. Waiters
 # wait longer than this, so one redelivered batch always outlasts a dead holder's lock.
 LOCK_TTL_MS = 15_000
+LATENCY_REPORTS = 2000  # reports kept per pool: 15 minutes of ~2 workers reporting every second
 
 
 def now_ms() -> int:
@@ -217,6 +221,38 @@ class PoolState:
         """True for one caller per broker per ``interval_s``: the broker probe runs once, not per pool."""
         return bool(self.redis.set(f"switchyard:rpc:probe:{broker}", self.pool, nx=True,
                                    px=max(1, int(interval_s * 1000))))
+
+    def record_latency(self, reports: Iterable[LatencyReport]) -> None:
+        """Keep the workers' latency reports (one round trip; the oldest beyond the last
+        ``LATENCY_REPORTS`` are dropped)."""
+        encoded = [json.dumps([r.at_ms, r.key, r.count, r.p50_ms, r.p99_ms, r.max_ms]) for r in reports]
+        if encoded:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.lpush(self.prefix + "latency", *encoded)
+            pipe.ltrim(self.prefix + "latency", 0, LATENCY_REPORTS - 1)
+            pipe.execute()
+
+    def latency(self) -> list[LatencyReport]:
+        """The latency reports kept, oldest first (a malformed entry is skipped)."""
+        reports = []
+        for raw in reversed(cast("list[bytes]", self.redis.lrange(self.prefix + "latency", 0, -1))):
+            try:
+                at, key, count, p50, p99, top = json.loads(raw)
+                reports.append(LatencyReport(int(at), str(key), int(count), float(p50), float(p99),
+                                             float(top)))
+            except (ValueError, TypeError):
+                continue
+        return reports
+
+    @staticmethod
+    def known_pools(client: redis.Redis) -> set[str]:
+        """The pools that have a state in this Redis (SCAN: an admin view, not a hot path)."""
+        pools = set()
+        for raw in client.scan_iter(match="switchyard:rpc:{*}:groups", count=1000):
+            name = (raw.decode() if isinstance(raw, bytes) else raw)[len("switchyard:rpc:{"):-len("}:groups")]
+            if p.POOL_NAME_RE.match(name):
+                pools.add(name)
+        return pools
 
     def is_initialized(self) -> bool:
         return bool(self.redis.exists(self._initialized))

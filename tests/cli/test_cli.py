@@ -106,7 +106,7 @@ def test_local_control_plane_serves_calls_from_the_command_line(tmp_path) -> Non
         local.send_signal(signal.SIGTERM)
         out, err = local.communicate(timeout=60)
         assert local.returncode == 0, err
-        assert "'a key':active+" in out  # the status line showed the group active with workers
+        assert "'a key': active, workers running" in out  # the status line showed the group and its workers
         assert "stopped: workers terminated" in out
     finally:
         if local.poll() is None:

@@ -186,6 +186,30 @@ def test_dead_node_rows_are_fired_by_another_after_the_hold_time(
                                          for m in suspected)
 
 
+def test_a_fire_loop_records_its_lateness_for_the_status(
+    make_service: ServiceFactory, store: PostgresDelayStore, output: OutputReader,
+) -> None:
+    """Phase 2 writes each window's lateness (fired rows, p50/p99/max); ``delay_status`` reads it."""
+    from datetime import UTC, datetime, timedelta
+
+    from switchyard.delay.status import delay_status
+
+    ids = [f"late{i}" for i in range(20)]
+    store.insert([message(i, in_ms(50)) for i in ids])
+    svc = make_service()
+    loop = fire_loop(svc)
+    assert loop.ready_once(time.time()) == 20
+    loop.fire_due(time.time() + 10)  # ten seconds late
+    loop.collect(svc.publisher().flush(10))
+    loop.delete_confirmed(time.time(), force=True)  # the loop's end: the window is written with the deletes
+    output.wait_for_ids(set(ids), timeout=10)
+    ((_, window),) = store.lateness(datetime.now(UTC) - timedelta(minutes=1))
+    assert window.fired == 20 and 9_000 < window.p50_ms <= window.p99_ms <= window.max_ms < 11_000
+    status = delay_status(store)
+    assert status.lateness_p99_ms == window.p99_ms and (status.waiting, status.ready) == (0, 0)
+    assert [point.fired for point in status.lateness] == [20]
+
+
 def test_crash_after_publish_before_delete_duplicates_but_loses_nothing(
     make_service: ServiceFactory, store: PostgresDelayStore, output: OutputReader, background: Background,
 ) -> None:

@@ -110,6 +110,33 @@ def test_cold_path_end_to_end(make_pool, planes) -> None:
     assert plane.driver.spawns == {"infra=42": 1}
 
 
+def test_workers_report_their_latency_and_the_tracker_keeps_it(make_pool, planes) -> None:
+    """Each request-received report carries the requests answered since the previous one
+    (``x-switchyard-latency``); the activity handler keeps them for ``switchyard status``."""
+    from switchyard.rpc.control.management import ManagementApi
+    from switchyard.rpc.status import pool_figures
+
+    pool, settings = make_pool()
+    plane = planes.start(pool, settings, handler=WHOAMI, worker_env={"WORKER_ACTIVITY_INTERVAL": "0"})
+    with RpcClient(pool, settings, timeout=30) as client:
+        for i in range(6):  # one by one: each reports the one before it
+            assert client.call("timed", str(i)).ok
+    state = plane.plane.state
+    wait_for(lambda: sum(r.count for r in state.latency()) == 5, what="five answered requests reported")
+    reports = state.latency()
+    assert {r.key for r in reports} == {"timed"} and all(0 <= r.p50_ms <= r.p99_ms <= r.max_ms < 30_000
+                                                        for r in reports)
+    management = ManagementApi(settings.connections.management_url,
+                               vhost_from_amqp_url(settings.connections.amqp_url))
+    # the broker's statistics (consumers) are sampled every few seconds
+    figures = wait_for(lambda: (f := pool_figures(pool, state.redis, management)).groups[0].workers == 1
+                       and f, timeout=20, what="the worker counted as the group's consumer")
+    assert figures.latency_p99_ms == max(r.p99_ms for r in reports)
+    assert sum(pt.count for pt in figures.latency) == 5
+    (group,) = figures.groups
+    assert (group.key, group.state, group.workers, group.backlog) == ("timed", "active", 1, 0)
+
+
 def test_thousand_requests_across_fifty_new_keys(make_pool, planes) -> None:
     pool, settings = make_pool()
     plane = planes.start(pool, settings, handler=WHOAMI)

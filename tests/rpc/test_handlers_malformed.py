@@ -277,8 +277,10 @@ def test_the_orphan_path_and_the_dead_letter_responder_keep_the_trace(env: Env) 
 
 
 # -- activity ---------------------------------------------------------------------------------------
-def activity(key: str | None, event: Any = "request-received") -> RmqDelivery:
+def activity(key: str | None, event: Any = "request-received", latency: Any = None) -> RmqDelivery:
     headers: dict[str, Any] = {p.WORKER_ID_HEADER: "w1"}
+    if latency is not None:
+        headers[p.LATENCY_HEADER] = latency
     if event is not None:
         headers[p.EVENT_HEADER] = event
     if key is not None:
@@ -309,6 +311,18 @@ def test_activity_handler_survives_garbage_and_tracks_the_good(env: Env) -> None
     env.channel.confirm_delivery()
     env.channel.basic_publish(p.req_exchange(env.pool), p.routing_key("b1"), b"to b1", mandatory=True)
     assert [b for _, b in env.drain(p.request_queue(env.pool, "b1"))] == [b"to b1"]
+
+
+def test_activity_keeps_latency_reports_and_counts_malformed_ones(env: Env) -> None:
+    good = [activity("a", latency="3 1.5 4.25 5"), activity("b", latency="1 2 2 2")]
+    bad = [activity("a", latency=value) for value in ("", "x 1 2 3", "3 1 2", "0 1 2 3", "3 -1 2 3",
+                                                       "3 1 2 inf", "3 1 2 3 4", 7, b"\xff\xfe")]
+    outcome = env.call("rpc_activity", event_of(p.activity_queue(env.pool),
+                                                [rmq_message(d) for d in (*good, *bad)]))
+    assert (outcome["latency_reports"], outcome["malformed_latency"]) == (2, len(bad))
+    reports = {(r.key, r.count, r.p50_ms, r.p99_ms, r.max_ms) for r in env.state.latency()}
+    assert reports == {("a", 3, 1.5, 4.25, 5.0), ("b", 1, 2.0, 2.0, 2.0)}
+    assert set(env.state.groups()) == {"a", "b"}  # a bad latency does not cost the report its key
 
 
 def test_empty_and_missing_batches(env: Env) -> None:

@@ -147,3 +147,28 @@ RETURNING m.id, s.readied_by::text;
 SELECT count(*) FILTER (WHERE readied_at IS NULL) AS waiting,
        count(*) FILTER (WHERE readied_at IS NOT NULL) AS ready
 FROM {schema}.delayed_messages;
+
+-- record_lateness --
+-- One fire loop's window of lateness; windows older than an hour go in the same statement.
+WITH expired AS (
+    DELETE FROM {schema}.fire_lateness WHERE at < now() - interval '1 hour'
+)
+INSERT INTO {schema}.fire_lateness (node, fired, p50_ms, p99_ms, max_ms)
+VALUES (%(node)s, %(fired)s, %(p50_ms)s, %(p99_ms)s, %(max_ms)s)
+ON CONFLICT (at, node) DO NOTHING;
+
+-- lateness --
+-- The windows recorded since %(since)s, oldest first (every node's), for the status view.
+SELECT extract(epoch FROM at)::float8, fired, p50_ms, p99_ms, max_ms FROM {schema}.fire_lateness
+WHERE at >= %(since)s
+ORDER BY at;
+
+-- status_figures --
+-- The figures of `switchyard status` in one round trip: waiting and ready rows, the overdue backlog
+-- (capped as count_overdue), parked messages and the earliest waiting deadline.
+SELECT (SELECT count(*) FROM {schema}.delayed_messages WHERE readied_at IS NULL),
+       (SELECT count(*) FROM {schema}.delayed_messages WHERE readied_at IS NOT NULL),
+       (SELECT count(*) FROM (SELECT 1 FROM {schema}.delayed_messages
+                              WHERE readied_at IS NULL AND deadline < %(before)s LIMIT 100000) AS o),
+       (SELECT count(*) FROM {schema}.parked_messages),
+       (SELECT min(deadline) FROM {schema}.delayed_messages WHERE readied_at IS NULL);

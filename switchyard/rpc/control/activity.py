@@ -9,18 +9,22 @@ Active under a new generation and its queue is declared and bound again, under t
 which the reconciler's stop also holds. A Stopped group stays stopped: a report that lands after
 the stop is late, and starting workers again (ECS tasks cost money) is an orphan's call, not a
 report's.
+
+A ``request-received`` report may carry the latency of the requests its worker answered
+(``x-switchyard-latency``): the batch's summaries are kept in the pool's store, one write per
+batch, for ``switchyard status`` and the console. A malformed one is counted and ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.rmq_event import AmqpMessage
 from switchyard.rpc.control.topology import PoolTopology
-from switchyard.rpc.ports import PoolStore
+from switchyard.rpc.ports import LatencyReport, PoolStore
 from switchyard.rpc.store import TouchMode, now_ms
 
 _EVENTS = {e.value for e in p.Event}
@@ -35,6 +39,22 @@ class ActivityOutcome:
     without_key: int = 0
     unknown_events: int = 0
     malformed_fields: int = 0  # reports with a field the event could not carry (still used if keyed)
+    latency_reports: int = 0  # latency summaries kept
+    malformed_latency: int = 0  # an x-switchyard-latency that is not "count p50 p99 max": ignored
+
+
+def parse_latency(raw: object) -> LatencyReport | None:
+    """``count p50 p99 max`` (milliseconds) as a report, or None if it is not one."""
+    if not isinstance(raw, str):
+        return None
+    parts = raw.split()
+    try:
+        count, figures = int(parts[0]), [float(x) for x in parts[1:]]
+    except (ValueError, IndexError):
+        return None
+    if len(figures) != 3 or count < 1 or not all(0 <= x < 1e9 for x in figures):
+        return None
+    return LatencyReport(0, "", count, *figures)
 
 
 def track_activity(
@@ -42,6 +62,8 @@ def track_activity(
 ) -> ActivityOutcome:
     outcome = ActivityOutcome()
     keys: set[str] = set()
+    at = at_ms or now_ms()
+    latencies: list[LatencyReport] = []
     for message in messages:
         outcome.events += 1
         outcome.malformed_fields += bool(message.problems)
@@ -58,8 +80,13 @@ def track_activity(
                            extra={"pool": topology.pool, "event": repr(message.headers.get(p.EVENT_HEADER))})
             continue
         keys.add(key)
+        if p.LATENCY_HEADER in message.headers:
+            report = parse_latency(message.headers[p.LATENCY_HEADER])
+            if report is None:
+                outcome.malformed_latency += 1
+            else:
+                latencies.append(replace(report, at_ms=at, key=key))
     outcome.keys = len(keys)
-    at = at_ms or now_ms()
     touched = state.touch(keys, at, TouchMode.SEEN)  # the common case: Active groups, no locks
     others = [key for key, touch in touched.items() if touch.needs_lock]
     outcome.late_for_stopped = sum(touch.stopped for touch in touched.values())
@@ -71,6 +98,9 @@ def track_activity(
             if reactivated:
                 topology.ensure_request_queues(reactivated, likely_new=reactivated)
         outcome.reactivated = len(reactivated)
+    if latencies:
+        state.record_latency(latencies)
+        outcome.latency_reports = len(latencies)
     if outcome.late_for_stopped:
         logger.info("late activity for stopped groups ignored",
                     extra={"pool": topology.pool, "reports": outcome.late_for_stopped})

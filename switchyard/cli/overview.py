@@ -1,0 +1,152 @@
+"""The whole system's figures in one read, for ``switchyard status`` and ``switchyard console``.
+
+Each part gives its own figures (``switchyard.<part>.status``); this module only gathers them, in
+parallel, from the services the settings point at (the local ones, or a deployed stack's after
+``--stack``). A part whose services do not answer is reported as unreachable, with the one-line
+reason (the 1 s TCP check of ``preflight`` first, so a service that is down costs a second, not a
+client's retries), and the other parts are read all the same.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from switchyard.cli.config import redact_url
+from switchyard.cli.preflight import require, unavailable
+from switchyard.core.config import Connections
+from switchyard.core.deployed_config import CONFIG_PATH_ENV
+from switchyard.core.errors import SwitchyardError
+
+PARTS = ("rpc", "delay", "bus", "pending")
+SERVICES = {"rpc": ("redis", "management"), "delay": ("postgres",), "bus": ("redis",), "pending": ("redis",)}
+READ_TIMEOUT_S = 5.0  # the longest one part's read may take (each client's own timeout)
+
+
+@dataclass(frozen=True)
+class PartStatus:
+    part: str
+    figures: Any  # the part's status object (with to_dict), or None when unreachable
+    unreachable: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.unreachable is not None:
+            return {"unreachable": self.unreachable}
+        return self.figures.to_dict()
+
+
+@dataclass(frozen=True)
+class PoolsStatus:
+    """The rpc part: every pool the control plane knows, or those asked for."""
+
+    pools: tuple[Any, ...]  # switchyard.rpc.status.PoolFigures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pools": [pool.to_dict() for pool in self.pools]}
+
+
+@dataclass(frozen=True)
+class SystemStatus:
+    at: float  # epoch s
+    source: str | None  # the deployed configuration's path (--stack), None for the local settings
+    parts: tuple[PartStatus, ...]
+
+    @property
+    def reachable(self) -> bool:
+        """Whether any part could be read (``switchyard status`` fails only when none could)."""
+        return any(part.unreachable is None for part in self.parts)
+
+    def part(self, name: str) -> PartStatus:
+        return next(p for p in self.parts if p.part == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "source": self.source, **{p.part: p.to_dict() for p in self.parts}}
+
+
+def reason(exc: BaseException) -> str:
+    """One line saying why a part could not be read (credentials never shown)."""
+    if isinstance(exc, SwitchyardError):
+        text = str(exc)
+    else:
+        text = unavailable(exc) or f"{type(exc).__name__}: {exc}"
+    return redact_url(" ".join(text.split()))
+
+
+class Overview:
+    """Reads every part's figures; keeps its clients between reads (``--watch``, the console)."""
+
+    def __init__(self, pools: Sequence[str] = (), connections: Connections | None = None) -> None:
+        self.pools = tuple(pools)
+        self.connections = connections or Connections.from_env()
+        self._clients: dict[str, Any] = {}
+        self._executor = ThreadPoolExecutor(max_workers=len(PARTS), thread_name_prefix="status")
+
+    def read(self) -> SystemStatus:
+        readers: dict[str, Callable[[], Any]] = {"rpc": self._rpc, "delay": self._delay, "bus": self._bus,
+                                                 "pending": self._pending}
+        futures = {name: self._executor.submit(self._read_part, name, readers[name]) for name in PARTS}
+        parts = tuple(futures[name].result() for name in PARTS)
+        return SystemStatus(time.time(), os.environ.get(CONFIG_PATH_ENV), parts)
+
+    def _read_part(self, name: str, read: Callable[[], Any]) -> PartStatus:
+        try:
+            require(*SERVICES[name], connections=self.connections)
+            return PartStatus(name, read())
+        except Exception as exc:  # one part down must not hide the others
+            self._clients.pop(name, None)  # a new client on the next read
+            return PartStatus(name, None, reason(exc))
+
+    def _client(self, name: str, make: Callable[[], Any]) -> Any:
+        if name not in self._clients:
+            self._clients[name] = make()
+        return self._clients[name]
+
+    def _redis(self) -> Any:
+        from dataclasses import replace
+
+        from switchyard.core.redis_client import connect_redis
+
+        return connect_redis(replace(self.connections, redis_timeout_s=READ_TIMEOUT_S))
+
+    def _rpc(self) -> PoolsStatus:
+        from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
+        from switchyard.rpc.status import known_pools, pool_figures
+
+        client = self._client("rpc", lambda: (self._redis(), ManagementApi(
+            self.connections.management_url, vhost_from_amqp_url(self.connections.amqp_url),
+            timeout=READ_TIMEOUT_S)))
+        redis, management = client
+        pools = self.pools or known_pools(redis, management)
+        return PoolsStatus(tuple(pool_figures(pool, redis, management) for pool in pools))
+
+    def _delay(self) -> Any:
+        from switchyard.delay.settings import DelaySettings
+        from switchyard.delay.status import delay_status
+        from switchyard.delay.store import PostgresDelayStore
+
+        store = self._client("delay", lambda: PostgresDelayStore(
+            self.connections.postgres_dsn, DelaySettings.from_env().schema, "switchyard-status",
+            READ_TIMEOUT_S))
+        return delay_status(store)
+
+    def _bus(self) -> Any:
+        from switchyard.bus.service import BusService
+        from switchyard.bus.status import read_telemetry
+
+        return read_telemetry(self._client("bus", lambda: BusService.connect(client=self._redis())).store)
+
+    def _pending(self) -> Any:
+        from switchyard.pending import PendingQueue
+        from switchyard.pending.status import pending_status
+
+        return pending_status(self._client("pending", lambda: PendingQueue(client=self._redis())))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        store = self._clients.pop("delay", None)
+        if store is not None:
+            store.close()
