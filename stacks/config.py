@@ -381,7 +381,8 @@ class DeploymentConfig:
         _check(
             budget <= limit,
             c.CTX_POSTGRES,
-            f"the delay functions may open {budget} connections (enqueue: one per partition, "
+            f"the delay functions may open {budget} connections (enqueue and the scheduled-call relay: "
+            f"one per partition each, "
             f"fire and sweep: reserved concurrency x connections each, migration: 1), more than "
             f"{c.POSTGRES_BUDGET_SHARE}% of maxConnections {self.postgres.max_connections}: "
             "use fewer partitions or a larger instance",
@@ -417,6 +418,7 @@ class DeploymentConfig:
             self.delay.partitions * c.CONNECTIONS_PER_ENQUEUE
             + self.concurrency.fire * c.CONNECTIONS_PER_FIRE
             + self.concurrency.sweep * c.CONNECTIONS_PER_SWEEP
+            + self.delay.partitions * c.CONNECTIONS_PER_RELAY
             + 1
         )
 

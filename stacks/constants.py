@@ -129,6 +129,7 @@ DEPLOY_TIMEOUT_S = 300
 CONNECTIONS_PER_ENQUEUE = 1
 CONNECTIONS_PER_FIRE = 2  # the firing thread's claims and the store worker thread
 CONNECTIONS_PER_SWEEP = 1
+CONNECTIONS_PER_RELAY = 1  # the scheduled-call relay parks calls for no pool in the delay store
 POSTGRES_BUDGET_SHARE = 50  # percent of max_connections the functions may use; the rest: admin, EMR
 SCHEDULE_RATE_MINUTES = 1
 # The delay input's MSK mapping runs in provisioned mode: partial batch response is one of its error

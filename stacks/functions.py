@@ -33,11 +33,16 @@ from stacks.data import DataConstruct
 from stacks.grants import ecs_pool_access, event_source_network_access, kafka_access, read_secrets
 from stacks.names import metrics_namespace
 from stacks.network import NetworkConstruct
-from stacks.parameters import DELAY_CONSUMER_GROUP, ConfigParametersConstruct, ServiceEndpoints
+from stacks.parameters import (
+    DELAY_CONSUMER_GROUP,
+    SCHEDULED_CONSUMER_GROUP,
+    ConfigParametersConstruct,
+    ServiceEndpoints,
+)
 from stacks.platform import lambda_architecture, lambda_runtime
 from stacks.workers import WorkersConstruct, worker_family
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
-from switchyard.core.observability import DELAY_SERVICE, DEPLOY_SERVICE, pool_service
+from switchyard.core.observability import DELAY_SERVICE, DEPLOY_SERVICE, SCHEDULED_SERVICE, pool_service
 from switchyard.rpc.control.access import BrokerRole
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +79,8 @@ class PoolFunctions:
 
 
 class FunctionsConstruct(Construct):
-    """``layer``, ``pools[name]`` (four functions each), ``delay`` (enqueue, fire, sweep), ``deploy``."""
+    """``layer``, ``pools[name]`` (four functions each), ``delay`` (enqueue, fire, sweep), ``scheduled``
+    (the scheduled-call relay), ``deploy``."""
 
     def __init__(
         self,
@@ -111,6 +117,7 @@ class FunctionsConstruct(Construct):
         self.deploy = self._build_deploy_resources()
         self.pools = {pool.name: self._build_pool(pool) for pool in config.pools}
         self.delay = self._build_delay()
+        self.scheduled = self._build_scheduled()
         self.schedules = self._build_schedules()
 
     # -- building blocks ------------------------------------------------------------------------
@@ -363,32 +370,57 @@ class FunctionsConstruct(Construct):
         # enqueue publishes messages already due; fire publishes the rest; sweep only touches Postgres.
         kafka_access(enqueue, self.data.kafka.attr_arn, read=(d.input_topic,), write=(d.output_topic,))
         kafka_access(fire, self.data.kafka.attr_arn, write=(d.output_topic,))
-        event_source_network_access(enqueue)
+        self._msk_source(enqueue, "delay-input-source", d.input_topic, DELAY_CONSUMER_GROUP,
+                         d.batch_window_seconds, ("topics", "schema"))
+        return {"enqueue": enqueue, "fire": fire, "sweep": sweep}
+
+    def _msk_source(self, fn: lambda_.Function, construct_id: str, topic: str, group: str,
+                    window_s: int, after: tuple[str, ...]) -> None:
+        """An MSK event source on ``topic`` in consumer group ``group``, reporting batch item failures,
+        in provisioned mode (partial batch response needs it): one invocation per partition at most.
+        It starts after ``fn``'s role and the deploy resources named in ``after``."""
+        event_source_network_access(fn)
+        d = self.config.delay
         mapping = lambda_.CfnEventSourceMapping(
             self,
-            "delay-input-source",
-            function_name=enqueue.function_name,
+            construct_id,
+            function_name=fn.function_name,
             event_source_arn=self.data.kafka.attr_arn,
-            topics=[d.input_topic],
+            topics=[topic],
             starting_position=d.starting_position,
             batch_size=d.batch_size,
-            maximum_batching_window_in_seconds=d.batch_window_seconds,
+            maximum_batching_window_in_seconds=window_s,
             function_response_types=["ReportBatchItemFailures"],
             provisioned_poller_config=lambda_.CfnEventSourceMapping.ProvisionedPollerConfigProperty(
                 minimum_pollers=c.DELAY_MIN_POLLERS,
                 maximum_pollers=max(c.DELAY_MIN_POLLERS, -(-d.partitions // c.KAFKA_INVOCATIONS_PER_POLLER)),
             ),
             amazon_managed_kafka_event_source_config=(
-                lambda_.CfnEventSourceMapping.AmazonManagedKafkaEventSourceConfigProperty(
-                    consumer_group_id=DELAY_CONSUMER_GROUP
-                )
+                lambda_.CfnEventSourceMapping.AmazonManagedKafkaEventSourceConfigProperty(consumer_group_id=group)
             ),
             enabled=True,
         )
-        mapping.node.add_dependency(enqueue.role)
-        mapping.node.add_dependency(self.deploy["topics"])
-        mapping.node.add_dependency(self.deploy["schema"])
-        return {"enqueue": enqueue, "fire": fire, "sweep": sweep}
+        mapping.node.add_dependency(fn.role)
+        for resource in after:
+            mapping.node.add_dependency(self.deploy[resource])
+
+    # -- scheduled calls ---------------------------------------------------------------------------
+    def _build_scheduled(self) -> lambda_.Function:
+        """The scheduled-call relay: an MSK mapping on the delay output topic (its own consumer group),
+        publishing fired calls into every pool's request exchange as the ``scheduled`` broker user, and
+        parking calls for no pool in the delay store."""
+        d = self.config.delay
+        user = self.broker.user_secret(BrokerRole.SCHEDULED)
+        fn = self.add_function(
+            "scheduled-relay", "rpc_scheduled", service=SCHEDULED_SERVICE, timeout_s=c.ESM_TIMEOUT_S,
+            environment={**self._kafka_env(), **self._postgres_env(), **self._amqp_env(user)},
+        )
+        read_secrets(fn, user, self.data.postgres_secret)
+        kafka_access(fn, self.data.kafka.attr_arn, read=(d.output_topic,), group=SCHEDULED_CONSUMER_GROUP)
+        # a fired call waits for no batch (window 0)
+        self._msk_source(fn, "scheduled-source", d.output_topic, SCHEDULED_CONSUMER_GROUP, 0,
+                         ("topics", "schema", "pools"))
+        return fn
 
     # -- schedules -----------------------------------------------------------------------------------
     def _build_schedules(self) -> dict[str, scheduler.Schedule]:

@@ -36,8 +36,9 @@ def kafka_access(
     write: tuple[str, ...] = (),
     read: tuple[str, ...] = (),
     create: tuple[str, ...] = (),
+    group: str = DELAY_CONSUMER_GROUP,
 ) -> None:
-    """IAM for MSK (IAM auth): write (idempotently), read as the delay consumer group, create topics."""
+    """IAM for MSK (IAM auth): write (idempotently), read as ``group``, create topics."""
 
     def allow(actions: list[str], resources: list[str]) -> None:
         statement = iam.PolicyStatement(actions=actions, resources=resources)
@@ -54,7 +55,7 @@ def kafka_access(
     if read:
         allow(["kafka-cluster:DescribeTopic", "kafka-cluster:ReadData"], topics(read))
         allow(["kafka-cluster:DescribeGroup", "kafka-cluster:AlterGroup"],
-              [kafka_arn(cluster_arn, "group", DELAY_CONSUMER_GROUP)])
+              [kafka_arn(cluster_arn, "group", group)])
         allow(["kafka:DescribeClusterV2", "kafka:GetBootstrapBrokers",
                "kafka-cluster:DescribeClusterDynamicConfiguration"], [cluster_arn])
     if create:

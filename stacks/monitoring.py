@@ -21,22 +21,21 @@ from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from stacks import constants as c
+from stacks.alarm_specs import PERIOD, AlarmSpec, errors_or_throttles
 from stacks.config import DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.names import alarm_name, dashboard_name, metrics_namespace
 from stacks.workers import WorkersConstruct
-from switchyard.core.observability import DELAY_SERVICE, pool_service
+from switchyard.core.observability import DELAY_SERVICE, SCHEDULED_SERVICE, pool_service
 from switchyard.delay import metrics as delay_metrics
 from switchyard.rpc import metrics as rpc_metrics
 
-PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
 # Metrics Insights (SELECT ... FROM SCHEMA) aggregates at one-minute granularity and does not read
 # high-resolution data: a shorter period is not finer, so its alarms use at least this, on both
 # targets (the LocalStack target's 10 s periods are for the alarms on plain EMF metrics).
@@ -50,36 +49,6 @@ class AwsResources:
     functions: FunctionsConstruct
     data: DataConstruct
     workers: WorkersConstruct
-
-
-@dataclass(frozen=True)
-class AlarmSpec:
-    """An alarm's metric, threshold and the sentence that justifies the threshold."""
-
-    name: str
-    metric: cw.IMetric
-    threshold: float
-    why: str
-    periods: int = 1
-    comparison: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
-
-
-def errors_or_throttles(name: str, fn: lambda_.IFunction) -> AlarmSpec:
-    """The alarm on ``fn``'s failed or throttled invocations, named ``{name}-errors-or-throttles``."""
-    errors = fn.metric_errors(period=PERIOD)
-    throttles = fn.metric_throttles(period=PERIOD)
-    return AlarmSpec(
-        f"{name}-errors-or-throttles",
-        cw.MathExpression(
-            expression="errors + throttles",
-            using_metrics={"errors": errors, "throttles": throttles},
-            label=f"{name}: errors + throttles",
-            period=PERIOD,
-        ),
-        1,
-        "Any failed or throttled invocation: every handler is at-least-once and retried, so one error "
-        "delays work and a throttle means reserved concurrency or the account limit was hit.",
-    )
 
 
 class MonitoringConstruct(Construct):
@@ -285,6 +254,26 @@ class MonitoringConstruct(Construct):
                 "MSK did not confirm, or Postgres failed, for 10 minutes: retried messages fire late.",
                 periods=2,
             ),
+            AlarmSpec(
+                "scheduled-calls-refused",
+                self._emf_sum("scheduled calls refused (parked)", SCHEDULED_SERVICE,
+                              unknown=rpc_metrics.SCHEDULED_UNKNOWN_POOL,
+                              malformed=rpc_metrics.SCHEDULED_MALFORMED,
+                              expired=rpc_metrics.SCHEDULED_EXPIRED,
+                              unroutable=rpc_metrics.SCHEDULED_UNROUTABLE),
+                1,
+                "A scheduled call fired but was not made: its pool does not exist, it could not be read, "
+                "it expired before it fired, or nothing routed it. It is parked with the reason (the "
+                "pool's poison queue, else `switchyard delay parked`) for a person to act on.",
+            ),
+            AlarmSpec(
+                "scheduled-calls-publish-failures",
+                self._emf(rpc_metrics.SCHEDULED_PUBLISH_FAILURES, SCHEDULED_SERVICE),
+                1,
+                "The relay could not hand fired calls to RabbitMQ for 10 minutes: they are retried from "
+                "the output topic (at least once), so they run late, never lost.",
+                periods=2,
+            ),
         ]
         return specs
 
@@ -304,6 +293,7 @@ class MonitoringConstruct(Construct):
                 specs.append(errors_or_throttles(f"{pool.name}-{role}", fn))
         for role, fn in aws.functions.delay.items():
             specs.append(errors_or_throttles(f"delay-{role}", fn))
+        specs.append(errors_or_throttles("scheduled-relay", aws.functions.scheduled))
         delay = self.config.delay
         specs += [
             AlarmSpec(
@@ -432,6 +422,15 @@ class MonitoringConstruct(Construct):
                     delay_metrics.DELAY_MESSAGES_OVERDUE,
                 ),
             ),
+            self._counts_widget(
+                "Scheduled calls: relayed into the pools",
+                SCHEDULED_SERVICE,
+                (
+                    rpc_metrics.SCHEDULED_PUBLISHED,
+                    rpc_metrics.SCHEDULED_PARKED,
+                    rpc_metrics.SCHEDULED_PUBLISH_FAILURES,
+                ),
+            ),
         ]
         if self.aws:
             widgets += self._aws_widgets(self.aws)
@@ -447,6 +446,7 @@ class MonitoringConstruct(Construct):
         every = {
             **{f"{p}-{r}": fn for p, fns in aws.functions.pools.items() for r, fn in fns.all().items()},
             **{f"delay-{r}": fn for r, fn in aws.functions.delay.items()},
+            "scheduled-relay": aws.functions.scheduled,
         }
         return [
             cw.GraphWidget(

@@ -28,6 +28,7 @@ from stacks.names import runtime_names
 from switchyard.core.deployed_config import CONFIG_PATH_ENV, VARIABLE_RE, config_path
 
 DELAY_CONSUMER_GROUP = "switchyard-delay"
+SCHEDULED_CONSUMER_GROUP = "switchyard-delay-scheduled"  # the relay's, on the output topic
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,9 @@ def _run(args: argparse.Namespace) -> int:
     ship_metrics("delay")
     enable_trace_log()
     settings, connections = DelaySettings.from_env(), Connections.from_env()
-    kafka = ("kafka",) if {"enqueue", "fire"} & set(args.roles) else ()  # the sweep needs Postgres only
-    require("postgres", *kafka, connections=connections)
+    kafka = ("kafka",) if {"enqueue", "fire", "scheduled"} & set(args.roles) else ()  # sweep: Postgres only
+    broker = ("amqp",) if "scheduled" in args.roles else ()  # the relay publishes into the pools
+    require("postgres", *kafka, *broker, connections=connections)
     local = runtime.LocalRuntime(settings, connections, roles=args.roles)
     stopped = threading.Event()
 
@@ -78,7 +79,8 @@ def _invoke(args: argparse.Namespace) -> int:
     ship_metrics("delay")
     event = read_event(args.event) if args.event else \
         runtime.scheduled_event(f"switchyard-delay-{args.handler}")
-    require("postgres", *(("kafka",) if args.handler == "fire" else ()))
+    require("postgres", *(("kafka",) if args.handler == "fire" else ()),
+            *(("amqp",) if args.handler == "scheduled" else ()))
     name = runtime.FUNCTIONS[args.handler]
     result = invoke_handler(runtime.load_function(args.handler), name, event, args.event or "-",
                             FakeLambdaContext(name, args.timeout_ms))
@@ -165,10 +167,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     delay.set_defaults(func=lambda _args: delay.print_help() or 2)
     sub = add_commands(delay, "delay_command")
 
-    run = sub.add_parser("run", help="local runtime: MSK bridge + ready/fire loop + failure sweep",
+    run = sub.add_parser("run", help="local runtime: MSK bridge + ready/fire loop + failure sweep + "
+                                     "the scheduled-call relay",
                          description="Run the scheduler continuously until Ctrl-C / SIGTERM.")
     run.add_argument("--roles", nargs="+", choices=list(runtime.FUNCTIONS), default=list(runtime.FUNCTIONS),
-                     help="which loops this process runs (default: all three)")
+                     help="which loops this process runs (default: all four; scheduled relays fired "
+                          "calls into their pools)")
     run.set_defaults(func=_run)
 
     migrate = sub.add_parser("migrate", help="create or upgrade the schema (idempotent)",
@@ -179,7 +183,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     invoke = sub.add_parser("invoke", help="invoke one Lambda handler with an event file",
                             description="Call functions/delay_HANDLER.py's lambda_handler once, locally.")
     invoke.add_argument("handler", choices=list(runtime.FUNCTIONS),
-                        help="which handler: functions/delay_HANDLER.py")
+                        help="which handler: functions/delay_HANDLER.py (scheduled: the relay, "
+                             "functions/rpc_scheduled.py)")
     invoke.add_argument("--event", help="JSON event file (default: an EventBridge scheduled event)")
     invoke.add_argument("--timeout-ms", type=COUNT, default=5000,
                         help="the fake context's remaining time; fire/sweep loop until it runs short")
@@ -206,7 +211,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_json_option(status)
     status.set_defaults(func=_status)
 
-    parked = sub.add_parser("parked", help="list messages the output broker refused for good",
+    parked = sub.add_parser("parked", help="list messages refused for good (output broker, relay)",
                             description="Messages moved to parked_messages instead of being retried forever.")
     parked.add_argument("--limit", type=AT_LEAST_ONE, default=100, help="at most this many, newest first")
     add_json_option(parked)

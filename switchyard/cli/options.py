@@ -6,10 +6,11 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import NoReturn
 
 from switchyard.core.deployed_config import CONFIG_PATH_ENV, config_path, load_deployed_config
+from switchyard.delay.parsing import parse_deadline
 
 
 def fail(message: str) -> str:
@@ -57,6 +58,31 @@ NON_NEGATIVE = Number(float, 0)  # delays that may be zero
 COUNT = Number(int, 0)  # how many of something, none allowed
 AT_LEAST_ONE = Number(int, 1)  # threads, concurrency, limits, milliseconds of a TTL
 PORT = Number(int, 0, maximum=65535)  # 0: any free port
+
+
+_UNITS_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def at_time(text: str) -> datetime:
+    """An argparse type: when a scheduled call runs. ``now``, ``+5s`` / ``+500ms`` / ``+2m`` / ``+1h`` /
+    ``+1d`` from now, or an ISO-8601 date-time (no offset: UTC); a past one runs at once."""
+    now = datetime.now(UTC)
+    if text == "now":
+        return now
+    if text.startswith("+"):
+        number = text[1:].rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = text[1 + len(number):] or "s"
+        try:
+            seconds = float(number) * _UNITS_S[unit]
+        except (KeyError, ValueError):
+            raise argparse.ArgumentTypeError(
+                f"must be now, +N with a unit of ms, s, m, h or d, or an ISO-8601 date-time, got {text!r}"
+            ) from None
+        return now + timedelta(seconds=seconds)
+    try:
+        return parse_deadline(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or give now, or +N with a unit: +5s)") from None
 
 
 def add_stack_option(parser: argparse.ArgumentParser) -> None:

@@ -10,12 +10,20 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 
-from switchyard.cli.options import AT_LEAST_ONE, POSITIVE, add_commands, add_json_option
+from switchyard.cli.options import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    add_commands,
+    add_json_option,
+    at_time,
+)
 from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
 from switchyard.core.tracing import TRACEPARENT_HEADER, parse
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
+from switchyard.rpc.client.schedule import collect
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.settings import PoolPolicy, RpcSettings
 from switchyard.rpc.worker import run_worker
@@ -98,10 +106,46 @@ def cmd_pool_delete(args: argparse.Namespace) -> int:
                    f"pool {args.pool!r} deleted ({len(queues)} queues, {dropped} messages dropped)")
 
 
-def cmd_call(args: argparse.Namespace) -> int:
+def cmd_schedule(args: argparse.Namespace, body: bytes) -> int:
+    """``call --at``: schedule through the delay scheduler; print the call's id."""
+    settings = RpcSettings.from_env()
+    require("kafka", *(("amqp",) if args.reply_queue else ()), connections=settings.connections)
+    with RpcClient(args.pool, settings, timeout=args.timeout) as client:
+        call_id = client.schedule(args.key, body, at=args.at, reply=args.reply_queue,
+                                  expiration_ms=args.expiration_ms).result(client.default_timeout)
+    at = args.at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if args.json:
+        print(json.dumps({"status": "scheduled", "id": call_id, "at": at, "reply_queue": args.reply_queue}))
+    else:
+        where = f"; answer in reply queue {args.reply_queue}" if args.reply_queue else "; no answer kept"
+        print(f"scheduled {call_id} at {at}{where}")
+    return 0
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    """The answers waiting in a durable reply queue (of ``--id``s, waiting up to ``--timeout``)."""
     settings = RpcSettings.from_env()
     require("amqp", connections=settings.connections)
+    answers = collect(settings, args.reply_queue, args.id, args.timeout)
+    if args.json:
+        print(json.dumps([{"id": cid, "status": r.status, "body": r.text()} for cid, r in answers.items()]))
+    else:
+        for cid, response in answers.items():
+            print(f"{cid}  {response.status}  {response.text()}")
+    missing = [cid for cid in args.id or () if cid not in answers]
+    if missing:
+        print(f"switchyard: {len(missing)} answer(s) not there yet: {', '.join(missing)}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+def cmd_call(args: argparse.Namespace) -> int:
     body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode()
+    if args.at is not None:
+        return cmd_schedule(args, body)
+    if args.reply_queue is not None:
+        raise ConfigError("--reply-queue goes with --at (a call now answers to this command)")
+    settings = RpcSettings.from_env()
+    require("amqp", connections=settings.connections)
     with RpcClient(args.pool, settings, timeout=args.timeout, confirm=args.confirm) as client:
         started = time.perf_counter()
         response = client.call(args.key, body, expiration_ms=args.expiration_ms)
@@ -195,8 +239,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     call.add_argument("--expiration-ms", type=AT_LEAST_ONE, default=None,
                       help="request TTL (default: the timeout)")
     call.add_argument("--confirm", action="store_true", help="use publisher confirms")
+    call.add_argument("--at", type=at_time, metavar="TIME",
+                      help="schedule the call instead (through the delay scheduler): an ISO-8601 date-time "
+                           "(UTC unless it has an offset), now, or +5s / +500ms / +2m / +1h from now; a "
+                           "past time runs at once. Prints the call's id; no answer unless --reply-queue")
+    call.add_argument("--reply-queue", metavar="NAME",
+                      help="with --at: keep the answer in the durable reply queue switchyard-reply-NAME "
+                           "(read it with switchyard collect)")
     add_json_option(call)
     call.set_defaults(func=cmd_call)
+
+    collect_cmd = subparsers.add_parser(
+        "collect", help="read the answers of scheduled calls from a durable reply queue",
+        description="Take the answers waiting in switchyard-reply-NAME (by call id with --id); they leave "
+                    "the queue. Exit 1 if an --id has no answer within --timeout.")
+    collect_cmd.add_argument("--reply-queue", metavar="NAME", required=True,
+                             help="the reply queue's name, as given to call --at --reply-queue")
+    collect_cmd.add_argument("--id", action="append", metavar="ID",
+                             help="a call id to wait for (repeat it); default every answer there now")
+    collect_cmd.add_argument("--timeout", type=NON_NEGATIVE, default=0.0,
+                             help="seconds to wait for the --id answers (default 0: what is there)")
+    add_json_option(collect_cmd)
+    collect_cmd.set_defaults(func=cmd_collect)
 
     worker = subparsers.add_parser(
         "worker", help="run a worker: serve one key's requests with a handler until SIGTERM",

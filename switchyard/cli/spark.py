@@ -45,6 +45,13 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="S", help="seconds between progress lines (default 5)")
     parser.add_argument("--delay-topic", help="where rows with a deadline go (default "
                                               "SWITCHYARD_DELAY_INPUT_TOPIC)")
+    parser.add_argument("--reply-queue", metavar="NAME",
+                        help="scheduled rows answer into the durable reply queue switchyard-reply-NAME "
+                             "(default: their answers are not kept); read them with --collect")
+    parser.add_argument("--collect", action="store_true",
+                        help="send nothing (--input is not read): append the answers of the scheduled "
+                             "rows of PATH/results that have none yet, from --reply-queue, waiting up to "
+                             "--timeout; rows not answered yet stay scheduled")
     parser.add_argument("--master", help="Spark master, e.g. local[2] "
                                          "(default: spark-submit's, else local[*])")
 
@@ -62,12 +69,14 @@ def options_from_args(args: argparse.Namespace):  # -> job.PublishOptions (pyspa
 
     if args.concurrency < 1 or (args.partitions is not None and args.partitions < 1):
         raise ConfigError("--concurrency and --partitions must be at least 1")
-    check_input(args.input)
+    if not args.collect:
+        check_input(args.input)
     return PublishOptions(
         input=args.input, output=args.output, pool=args.pool, input_format=args.input_format,
         output_format=args.output_format, resume=args.resume, timeout_s=args.timeout_s,
         retries=args.retries, concurrency=args.concurrency, reply=args.reply, partitions=args.partitions,
-        progress_interval_s=args.progress_interval_s, delay_topic=args.delay_topic)
+        progress_interval_s=args.progress_interval_s, delay_topic=args.delay_topic,
+        reply_queue=args.reply_queue, collect=args.collect)
 
 
 def run_publish(args: argparse.Namespace) -> int:
@@ -81,7 +90,8 @@ def run_publish(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     """``switchyard spark publish``: the broker checked (and the input found) before Spark starts."""
-    check_input(args.input)
+    if not args.collect:
+        check_input(args.input)
     require("amqp")
     return run_publish(args)
 

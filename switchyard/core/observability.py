@@ -37,6 +37,7 @@ SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "switchyard"
 DELAY_SERVICE = "switchyard-delay"
 BUS_SERVICE = "switchyard-bus"
 DEPLOY_SERVICE = "switchyard-deploy"
+SCHEDULED_SERVICE = "switchyard-scheduled"  # the scheduled-call relay: one for every pool
 
 
 def pool_service(pool: str) -> str:

@@ -37,7 +37,7 @@ from switchyard.delay.errors import (
     TransientStoreError,
     UnstorableMessageError,
 )
-from switchyard.delay.model import DelayedMessage, LatenessWindow, ReadyMessage, StuckMessage
+from switchyard.delay.model import DelayedMessage, InputRecord, LatenessWindow, ReadyMessage, StuckMessage
 from switchyard.delay.parsing import headers_from_json, headers_to_json
 from switchyard.delay.queries import bind_schema, migrations, schema_queries
 from switchyard.delay.settings import libpq_root_cert, validate_schema
@@ -307,6 +307,22 @@ class PostgresDelayStore:
         }
         with self._session() as conn:
             return {row[0] for row in conn.execute(self._q["park_refused"], params)}
+
+    def park_records(self, records: Sequence[tuple[InputRecord, str, str]]) -> None:
+        """Set aside ``(record, id, reason)`` triples in ``parked_messages`` (``seq``: the record's
+        offset), as they came: for a person to read (``switchyard delay parked``) and replay."""
+        if not records:
+            return
+        params = {
+            "ids": [message_id for _, message_id, _ in records],
+            "seqs": [record.offset for record, _, _ in records],
+            "headers": [headers_to_json(record.headers) for record, _, _ in records],
+            "keys": [record.key for record, _, _ in records],
+            "values": [record.value for record, _, _ in records],
+            "reasons": [reason for _, _, reason in records],
+        }
+        with self._session() as conn:
+            conn.execute(self._q["park_records"], params)
 
     def parked(self, limit: int = 100) -> list[tuple[str, datetime, datetime, str, int | None]]:
         """``(id, deadline, parked_at, reason, value bytes)`` of the parked messages, newest first."""

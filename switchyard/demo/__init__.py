@@ -3,7 +3,8 @@
 A fresh pool with its control plane running locally (the Lambda handlers behind RabbitMQ
 event-source bridges, the reconciler ticking, workers as subprocesses) is called from cold to idle
 (``rpc_pool``, with the Spark job of ``spark_job`` while it runs) and summed up (``summary``); then
-the delay scheduler, the event bus and the pending request queue each show their own job. Everything
+the delay scheduler, scheduled calls (through it into a pool), the event bus and the pending request
+queue each show their own job. Everything
 it created is deleted at the end (unless ``--keep``). The ``switchyard`` command registers it from
 here; nothing heavier than the standard library is imported until it runs.
 """
@@ -19,11 +20,12 @@ from switchyard.demo.event_bus import event_bus_part
 from switchyard.demo.pending_queue import pending_queue_part
 from switchyard.demo.printer import Printer
 from switchyard.demo.rpc_pool import KEYS, PoolOptions, rpc_pool_part
+from switchyard.demo.scheduled_calls import scheduled_calls_part
 from switchyard.demo.spark_job import spark_part
 from switchyard.demo.summary import print_summary
 
 __all__ = ["KEYS", "Printer", "delay_scheduler_part", "event_bus_part", "follow_one_request",
-           "pending_queue_part", "register", "run_demo", "spark_part"]
+           "pending_queue_part", "register", "run_demo", "scheduled_calls_part", "spark_part"]
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -44,6 +46,7 @@ def run_demo(args: argparse.Namespace) -> int:
                           unbind_delay=args.unbind_delay, stop_delay=args.stop_delay, keep=args.keep)
     print_summary(out, rpc_pool_part(out, options, RpcSettings.from_env()))
     delay_scheduler_part(out)
+    scheduled_calls_part(out)
     event_bus_part(out)
     pending_queue_part(out)
     if trace_log is not None:

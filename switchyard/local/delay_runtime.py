@@ -2,6 +2,8 @@
 
 The MSK bridge feeds the enqueue handler; the fire and sweep handlers run as back-to-back
 scheduled invocations, whose fake context reports no time left once Ctrl-C / SIGTERM is received.
+A second bridge, on the output topic, feeds the scheduled-call relay (``functions/rpc_scheduled.py``)
+as its AWS mapping does: fired records that name a pool go into that pool.
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ from switchyard.local.functions import scheduled_event
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.msk_bridge import MskBridge, MskBridgeConfig
 
-FUNCTIONS = {"enqueue": "delay_enqueue", "fire": "delay_fire", "sweep": "delay_sweep"}
+FUNCTIONS = {"enqueue": "delay_enqueue", "fire": "delay_fire", "sweep": "delay_sweep",
+             "scheduled": "rpc_scheduled"}
+BRIDGED = frozenset({"enqueue", "scheduled"})  # roles fed by an MSK bridge (the others tick)
+SCHEDULED_GROUP_SUFFIX = "-scheduled"  # the relay's consumer group: the scheduler's own, suffixed
+RELAY_WINDOW_MS = 5
+RELAY_FETCH_WAIT_MS = 10  # tansu answers a fetch when this runs out, not at the first record
 
 
 def load_function(role: str) -> ModuleType:
@@ -40,13 +47,18 @@ class LocalRuntime:
         self.stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
-    def _bridge(self) -> None:
-        handler = load_function("enqueue").lambda_handler
+    def _bridge(self, role: str) -> None:
+        handler = load_function(role).lambda_handler
+        s = self.settings
+        # The relay's window is as short as its AWS mapping's (0 s): a fired call waits for no batch.
+        topic, group, window_ms = ((s.input_topic, s.consumer_group, s.batch_window_ms) if role == "enqueue"
+                                   else (s.output_topic, s.consumer_group + SCHEDULED_GROUP_SUFFIX,
+                                         RELAY_WINDOW_MS))
         config = MskBridgeConfig(
-            bootstrap=self.connections.kafka_bootstrap, topic=self.settings.input_topic,
-            group_id=self.settings.consumer_group, function_name="delay_enqueue",
-            batch_size=self.settings.batch_size, batching_window_ms=self.settings.batch_window_ms,
-            session_timeout_ms=2000,
+            bootstrap=self.connections.kafka_bootstrap, topic=topic, group_id=group,
+            function_name=FUNCTIONS[role], batch_size=s.batch_size, batching_window_ms=window_ms,
+            session_timeout_ms=2000, fetch_min_bytes=65536 if role == "enqueue" else 1,
+            fetch_wait_max_ms=100 if role == "enqueue" else RELAY_FETCH_WAIT_MS,
         )
         MskBridge(config, handler).run(self.stop)
 
@@ -66,7 +78,7 @@ class LocalRuntime:
         svc = configure(self.settings, self.connections)
         svc.store.migrate()
         for role in self.roles:
-            target = self._bridge if role == "enqueue" else partial(self._ticks, role)
+            target = partial(self._bridge if role in BRIDGED else self._ticks, role)
             thread = threading.Thread(target=target, name=f"delay-{role}", daemon=True)
             thread.start()
             self._threads.append(thread)

@@ -409,6 +409,8 @@ def service_for_function(function: str) -> str | None:
     ``SWITCHYARD_POOL``); None where unknown or ``POWERTOOLS_SERVICE_NAME`` already says it."""
     if os.environ.get("POWERTOOLS_SERVICE_NAME"):
         return None
+    if function == "rpc_scheduled":  # the relay serves every pool
+        return observability.SCHEDULED_SERVICE
     family = function.split("_", 1)[0]
     if family == "rpc":
         pool = os.environ.get("SWITCHYARD_POOL")

@@ -86,6 +86,10 @@ class MskBridgeConfig:
     retry_backoff_ms: int = 500
     invocation_timeout_ms: int = 60_000
     report_batch_item_failures: bool = True  # FunctionResponseTypes: ["ReportBatchItemFailures"]
+    # The broker answers a fetch at this many bytes or after 100 ms (see below); 1: at the first
+    # record, for a mapping whose records are each waited for (the scheduled-call relay).
+    fetch_min_bytes: int = 65536
+    fetch_wait_max_ms: int = 100  # how long the broker holds a fetch with less than fetch_min_bytes
     cluster_arn: str = "arn:aws:kafka:local:000000000000:cluster/local/00000000-0000-0000-0000-000000000000-1"
 
 
@@ -109,8 +113,8 @@ class MskBridge:
             # that is a fetch per ~600 records instead of one per handful (broker CPU), and an idle
             # topic costs 10 empty fetches a second, not 100 (the 10 ms it was: 3.7% of a core idle).
             # The batching window waits as long anyway.
-            "fetch.wait.max.ms": 100,
-            "fetch.min.bytes": 65536,
+            "fetch.wait.max.ms": config.fetch_wait_max_ms,
+            "fetch.min.bytes": config.fetch_min_bytes,
             "client.id": f"msk-bridge-{config.function_name}",
         })
 
@@ -118,8 +122,13 @@ class MskBridge:
         batch: list[Message] = []
         window_end: float | None = None
         while not stop.is_set() and len(batch) < self.config.batch_size:
-            timeout = 0.1 if window_end is None else max(0.0, window_end - time.monotonic())
-            for msg in self._consumer.consume(self.config.batch_size - len(batch), timeout):
+            if window_end is None:  # the first record: poll returns with it (consume would wait 0.1 s
+                first = self._consumer.poll(0.1)  # for a full batch), so the window starts at it
+                fetched = [first] if first is not None else []
+            else:
+                fetched = self._consumer.consume(self.config.batch_size - len(batch),
+                                                 max(0.0, window_end - time.monotonic()))
+            for msg in fetched:
                 err = msg.error()
                 if err is None:
                     batch.append(msg)

@@ -81,3 +81,12 @@ __all__ = [
     "TopologyError",
     "UnroutableError",
 ]
+
+
+class ScheduledCallError(SwitchyardError):
+    """A fired record that names a pool but cannot be made into its call (``reason`` says how)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail

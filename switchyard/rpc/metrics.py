@@ -13,6 +13,7 @@ ORPHAN_PREFIX = "Orphan"
 DEAD_LETTER_PREFIX = "DeadLetter"
 ACTIVITY_PREFIX = "Activity"
 RECONCILE_PREFIX = "Reconcile"
+SCHEDULED_PREFIX = "Scheduled"  # the scheduled-call relay (functions/rpc_scheduled.py)
 
 # A gauge per worker group (``WorkerGroup`` dimension: the group id), from the reconciler's pass.
 QUEUE_DEPTH = "QueueDepth"
@@ -72,6 +73,17 @@ RECONCILE_DEAD_LETTERING_STRANDED = "ReconcileDeadLetteringStranded"
 RECONCILE_LEADERLESS_REDECLARED = "ReconcileLeaderlessRedeclared"
 RECONCILE_DEPTHS_SKIPPED = "ReconcileDepthsSkipped"
 
+# control.scheduled.ScheduledOutcome
+SCHEDULED_RECORDS = "ScheduledRecords"
+SCHEDULED_PUBLISHED = "ScheduledPublished"
+SCHEDULED_WITHOUT_POOL = "ScheduledWithoutPool"
+SCHEDULED_UNKNOWN_POOL = "ScheduledUnknownPool"
+SCHEDULED_MALFORMED = "ScheduledMalformed"
+SCHEDULED_EXPIRED = "ScheduledExpired"
+SCHEDULED_UNROUTABLE = "ScheduledUnroutable"
+SCHEDULED_PARKED = "ScheduledParked"
+SCHEDULED_PUBLISH_FAILURES = "ScheduledPublishFailures"
+
 EMITTED: frozenset[str] = frozenset({
     QUEUE_DEPTH,
     ORPHAN_ORPHANS,
@@ -119,4 +131,13 @@ EMITTED: frozenset[str] = frozenset({
     RECONCILE_DEAD_LETTERING_STRANDED,
     RECONCILE_LEADERLESS_REDECLARED,
     RECONCILE_DEPTHS_SKIPPED,
+    SCHEDULED_RECORDS,
+    SCHEDULED_PUBLISHED,
+    SCHEDULED_WITHOUT_POOL,
+    SCHEDULED_UNKNOWN_POOL,
+    SCHEDULED_MALFORMED,
+    SCHEDULED_EXPIRED,
+    SCHEDULED_UNROUTABLE,
+    SCHEDULED_PARKED,
+    SCHEDULED_PUBLISH_FAILURES,
 })

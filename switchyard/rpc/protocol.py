@@ -84,6 +84,17 @@ BROKER_BOOKKEEPING_PREFIXES = ("x-death", "x-first-death-", "x-last-death-", DEL
 # against the publishing connection's user, so a republished ``user_id`` of another user is refused.
 ORIGINAL_USER_ID_HEADER = "x-switchyard-user-id"
 STAGING_SUFFIX = "-staging"
+# A scheduled call (switchyard/rpc/scheduling.py builds and reads them): the Kafka headers its record
+# carries through the delay scheduler beside ``x-switchyard-key``: the pool, the call's id (the
+# scheduler strips its own chronosMessageId; the id becomes the AMQP message and correlation id, so
+# workers can deduplicate and answers are found by it) and, when the caller named one, the durable
+# reply queue its answer goes to. An expiration travels as ``DEADLINE_HEADER`` (epoch ms).
+POOL_HEADER = "x-switchyard-pool"
+ID_HEADER = "x-switchyard-id"
+REPLY_QUEUE_HEADER = "x-switchyard-reply-queue"
+# Durable reply queues: ``switchyard-reply-{name}``, named by the caller, kept across restarts.
+REPLY_QUEUE_PREFIX = "switchyard-reply-"
+REPLY_NAME_RE = re.compile(r"^[A-Za-z0-9_.]{1,128}$")
 
 # Dead-letter strategies of quorum queues (policy key ``dead-letter-strategy``). At-least-once keeps
 # a dead letter until its target confirms it, through a per-queue worker under one node-wide
@@ -143,6 +154,20 @@ def _key_bytes(key: str) -> bytes:
         return key.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidNameError(f"key {key!r} is not valid UTF-8") from exc
+
+
+def reply_queue(name: str) -> str:
+    """The durable reply queue ``name`` stands for: ``switchyard-reply-{name}``; ``name`` is
+    ``[A-Za-z0-9_.]{1,128}`` (no pattern or path characters: it goes into permissions and URLs)."""
+    if not isinstance(name, str) or not REPLY_NAME_RE.match(name):
+        raise InvalidNameError(f"invalid reply queue name {name!r}: use 1 to 128 characters from "
+                               "A-Z, a-z, 0-9, _ and .")
+    return REPLY_QUEUE_PREFIX + name
+
+
+def reply_queues_pattern() -> str:
+    """Every durable reply queue (the clients' permissions)."""
+    return f"^{re.escape(REPLY_QUEUE_PREFIX)}"
 
 
 def validate_key(key: str) -> str:

@@ -10,23 +10,27 @@ thread-safe); Redis and the driver are shared.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import redis
 
 from switchyard.core.redis_client import connect_redis
+from switchyard.delay.model import Drop, InputRecord
+from switchyard.delay.service import service as delay_service
 from switchyard.rpc.control.activity import ActivityOutcome, track_activity
 from switchyard.rpc.control.dead_letters import DeadLetterOutcome, respond_dead_letters
 from switchyard.rpc.control.leaderless import LeaderlessWatch
 from switchyard.rpc.control.orphans import OrphanOutcome, forward_orphans
-from switchyard.rpc.control.publisher import ConfirmingPublisher
+from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
 from switchyard.rpc.control.reconciler import DepthCadence, ReconcileOutcome, Reconciler
 from switchyard.rpc.control.rmq_event import AmqpMessage
+from switchyard.rpc.control.scheduled import ScheduledOutcome, relay_scheduled
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
 from switchyard.rpc.settings import ControlSettings, RpcSettings
-from switchyard.rpc.store import PoolState
+from switchyard.rpc.store import PoolState, now_ms
 
 
 class ControlPlane:
@@ -113,3 +117,47 @@ def control_plane() -> ControlPlane:
         if _installed is None:
             _installed = ControlPlane(ControlSettings.from_env())
         return _installed
+
+
+class ScheduledRelay:
+    """The scheduled-call relay of a process: one confirming publisher (every pool's request exchange)
+    and the delay store's ``parked_messages`` for records no pool takes. Not thread-safe: one event
+    source calls it."""
+
+    KNOWN_FOR_S = 30.0  # a pool seen is not checked again for this long (a deleted one: refused later)
+
+    def __init__(self, settings: RpcSettings | None = None) -> None:
+        self.settings = settings or RpcSettings.from_env()
+        self.publisher = ConfirmingPublisher(self.settings.connections.amqp_url, "switchyard-scheduled")
+        self._known: dict[str, float] = {}  # request exchange -> when it was last seen
+
+    def relay(self, records: Iterable[InputRecord | Drop]) -> ScheduledOutcome:
+        return relay_scheduled(records, publisher=self, parked=delay_service().store, now_ms=now_ms())
+
+    def publish_settled(self, messages: list[Outgoing], timeout: float = 30.0) -> list[str | None]:
+        return self.publisher.publish_settled(messages, timeout)
+
+    def exchange_exists(self, exchange: str) -> bool:
+        """The publisher's check, remembered for ``KNOWN_FOR_S`` when the exchange exists."""
+        seen = self._known.get(exchange)
+        if seen is not None and time.monotonic() - seen < self.KNOWN_FOR_S:
+            return True
+        exists = self.publisher.exchange_exists(exchange)
+        if exists:
+            self._known[exchange] = time.monotonic()
+        return exists
+
+    def close(self) -> None:
+        self.publisher.close()
+
+
+_relay: ScheduledRelay | None = None
+
+
+def scheduled_relay() -> ScheduledRelay:
+    """The process's scheduled-call relay, built from the environment on first use."""
+    global _relay
+    with _lock:
+        if _relay is None:
+            _relay = ScheduledRelay()
+        return _relay

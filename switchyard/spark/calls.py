@@ -42,6 +42,7 @@ class CallOptions:
     retries: int = 2
     concurrency: int = 64
     reply: bool = True  # False: send without reply-to; done when the broker confirms
+    reply_queue: str | None = None  # scheduled rows: the durable reply queue (full name) of their answers
 
 
 @dataclass

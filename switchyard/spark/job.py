@@ -39,6 +39,7 @@ from pyspark.sql import types as T
 if TYPE_CHECKING:
     from pyspark import RDD
 
+from switchyard.rpc.client.schedule import collect, declare_reply_queue
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.settings import RpcSettings
 from switchyard.spark import rows as r
@@ -98,6 +99,8 @@ class PublishOptions:
     partitions: int | None = None  # call partitions; default: see ROWS_PER_PARTITION
     progress_interval_s: float = 5.0
     delay_topic: str | None = None  # default: SWITCHYARD_DELAY_INPUT_TOPIC
+    reply_queue: str | None = None  # scheduled rows answer into this durable reply queue (its name)
+    collect: bool = False  # read the answers of scheduled rows from reply_queue instead of sending
 
 
 @dataclass
@@ -320,6 +323,11 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
     settings = SparkSettings.from_env(options.delay_topic)
     default_pool = options.pool
+    reply_queue = None
+    if options.reply_queue is not None:  # declared before any row names it
+        reply_queue = declare_reply_queue(settings.rpc, options.reply_queue)
+    if options.collect:
+        return _collect(spark, options, settings, run_id, report, started)
 
     frame = read_input(spark, options.input, input_format(options.input, options.input_format))
     located = numbered_rows(frame.withColumn(INPUT_FILE_COLUMN, F.input_file_name()).rdd)
@@ -357,7 +365,8 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
     partitions = options.partitions or max(PARTITIONS_PER_CORE * spark.sparkContext.defaultParallelism,
                                            math.ceil(total / ROWS_PER_PARTITION))
     publisher = PartitionPublisher(
-        settings, CallOptions(options.timeout_s, options.retries, options.concurrency, options.reply))
+        settings, CallOptions(options.timeout_s, options.retries, options.concurrency, options.reply,
+                              reply_queue))
 
     progress = Progress(spark, total, sum(bad.values()), options.progress_interval_s, report)
     done_acc, unfinished_acc = progress.done, progress.unfinished
@@ -388,6 +397,31 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
     return summary
 
 
+def _collect(spark: SparkSession, options: PublishOptions, settings: SparkSettings, run_id: str,
+             report: Callable[[str], None], started: float) -> PublishSummary:
+    """``--collect``: the answers of the ``scheduled`` rows of ``PATH/results`` that have none yet,
+    read from the reply queue (waiting up to ``--timeout``) and appended as this run's rows: an id's
+    latest row is then its answer. Rows still unanswered stay ``scheduled`` for a later run."""
+    if options.reply_queue is None:
+        raise PublishOptionsError("--collect reads the answers from a reply queue: give --reply-queue NAME")
+    results = spark.read.format(options.output_format).load(_path(options.output, "results"))
+    rows = results.where(F.col("deadline").isNotNull()).select("id", "pool", "key", "status", "deadline")
+    answered = {row.id for row in rows.where(F.col("status") != r.Status.SCHEDULED.value).collect()}
+    waiting = {row.id: row for row in rows.where(F.col("status") == r.Status.SCHEDULED.value).collect()
+               if row.id not in answered}
+    answers = collect(settings.rpc, options.reply_queue, waiting, options.timeout_s)
+    written = [r.result_row(r.Request(cid, waiting[cid].pool, waiting[cid].key, b"", waiting[cid].deadline),
+                            response.status, 1, None, response.body,
+                            None if response.ok else response.text()[:1000])
+               for cid, response in answers.items()]
+    frame = spark.createDataFrame(written, RESULT_SCHEMA).withColumn("run_id", F.lit(run_id))
+    frame.write.mode("append").format(options.output_format).save(_path(options.output, "results"))
+    summary = _summarize(spark, options, run_id, len(written), 0, {}, time.monotonic() - started)
+    summary.extra["still_scheduled"] = len(waiting) - len(written)
+    report(f"{summary!s}\n  {len(waiting) - len(written):,} scheduled rows not answered yet")
+    return summary
+
+
 _TIMED = [r.Status.OK.value, r.Status.SENT.value]  # latency: to the answer, or (--no-reply) to the confirm
 
 
@@ -401,6 +435,7 @@ def _summarize(spark: SparkSession, options: PublishOptions, run_id: str, total:
     latency = {
         row.pool: tuple(row.q) for row in written.where(F.col("status").isin(_TIMED)).groupBy("pool")
         .agg(F.percentile_approx("latency_ms", [0.5, 0.95, 0.99], 10000).alias("q")).collect()
+        if row.q is not None  # --collect's rows have no latency
     }
     return PublishSummary(run_id, total, skipped, bad, counts, latency, elapsed)
 

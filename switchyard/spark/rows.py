@@ -27,12 +27,6 @@ KEY, BODY, POOL, ID, DEADLINE = "key", "body", "pool", "id", "deadline"
 TRACEPARENT = tracing.TRACEPARENT_HEADER
 INPUT_COLUMNS = (KEY, BODY, POOL, ID, DEADLINE, TRACEPARENT)
 
-# Kafka headers of a scheduled row beside the key (``p.KEY_HEADER``): its pool, so whoever consumes
-# the delay scheduler's output knows where to call, and its id, which the scheduler relays (it strips
-# its own chronosMessageId), so duplicates stay recognisable there too.
-POOL_HEADER = "x-switchyard-pool"
-ID_HEADER = "x-switchyard-id"
-
 ID_HEX_CHARS = 32  # 128 bits of SHA-256: a stable id per distinct row
 
 

@@ -17,22 +17,19 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import cast
 
 from switchyard.core.tracing import TRACEPARENT_HEADER
-from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
+from switchyard.delay.parsing import parse_deadline
 from switchyard.delay.settings import validate_topic
-from switchyard.rpc import protocol as p
+from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
 from switchyard.spark.ports import ConnectProducer
-from switchyard.spark.rows import ID_HEADER, POOL_HEADER, Request, Status, result_row
+from switchyard.spark.rows import Request, Status, result_row
 
 
-def chronos_headers(request: Request) -> list[tuple[str, bytes]]:
-    """The headers a scheduled row carries (``request.deadline`` must be set)."""
-    deadline = cast(str, request.deadline)
-    headers = [(MESSAGE_ID_HEADER, request.id.encode()), (DEADLINE_HEADER, deadline.encode()),
-               (POOL_HEADER, request.pool.encode()), (p.KEY_HEADER, request.key.encode()),
-               (ID_HEADER, request.id.encode())]
-    if request.traceparent:  # relayed by the scheduler: the fired message stays in the row's trace
-        headers.append((TRACEPARENT_HEADER, request.traceparent.encode()))
-    return headers
+def chronos_headers(request: Request, reply_queue: str | None = None) -> list[tuple[str, bytes]]:
+    """The headers a scheduled row carries (``request.deadline`` must be set): a scheduled call's
+    (switchyard/rpc/scheduling.py), answered into ``reply_queue`` if one is named."""
+    trace = ((TRACEPARENT_HEADER, request.traceparent.encode()),) if request.traceparent else ()
+    call = ScheduledCall(request.id, request.pool, request.key, request.body, reply_queue, headers=trace)
+    return scheduled_headers(call, parse_deadline(cast(str, request.deadline)))
 
 
 def schedule_partition(
@@ -41,9 +38,11 @@ def schedule_partition(
     topic: str,
     timeout_s: float = 30.0,
     on_result: Callable[[tuple], None] | None = None,
+    reply_queue: str | None = None,
 ) -> Iterator[tuple]:
     """Produce every request to ``topic`` with ``connect()``'s producer (made for the first row);
-    yield one results row each once the broker confirmed (or refused) it."""
+    yield one results row each once the broker confirmed (or refused) it. ``reply_queue``: the
+    durable reply queue their answers go to (``--reply-queue``), None: no answer kept."""
     topic = validate_topic(topic)
     requests = iter(requests)
     first = next(requests, None)
@@ -68,7 +67,7 @@ def schedule_partition(
         while True:
             try:
                 producer.produce(topic, key=request.key.encode(), value=request.body,
-                                 headers=chronos_headers(request),
+                                 headers=chronos_headers(request, reply_queue),
                                  # mypy cannot type a lambda whose defaults bind the loop's values
                                  on_delivery=lambda err, _msg, n=seq, t=started: delivered(n, t, err))  # type: ignore[misc]
                 break

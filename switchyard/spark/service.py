@@ -66,4 +66,5 @@ class PartitionPublisher:
                  on_result: Callable[[tuple], None] | None = None) -> Iterator[tuple]:
         """Produce each request to the delay input topic; one results row each (``schedule``)."""
         return schedule_partition(requests, delay_producer(self.settings, self.options.timeout_s),
-                                  self.settings.delay_topic, self.options.timeout_s, on_result)
+                                  self.settings.delay_topic, self.options.timeout_s, on_result,
+                                  self.options.reply_queue)

@@ -79,7 +79,7 @@ def test_delay_run_says_it_started_and_prints_no_metrics() -> None:
         out, err = proc.communicate(timeout=30)
         guard.cancel()
         PostgresDelayStore(Connections.from_env().postgres_dsn, schema).drop_schema()
-    assert first.startswith("switchyard delay: running enqueue, fire, sweep: "), first + err
+    assert first.startswith("switchyard delay: running enqueue, fire, sweep, scheduled: "), first + err
     assert proc.returncode == 0, err
     _no_metric_blob(out)
     _no_metric_blob(first + err)

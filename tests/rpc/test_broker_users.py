@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import TypeVar
 from urllib.parse import urlsplit
 
@@ -26,14 +27,19 @@ import requests
 
 from switchyard.aws import deploy
 from switchyard.core.config import Connections
+from switchyard.delay.model import InputRecord
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import consume_answered
 from switchyard.rpc.client import RpcClient
-from switchyard.rpc.control.access import BrokerRole, BrokerUser, deployment_users
+from switchyard.rpc.client.schedule import collect, declare_reply_queue
+from switchyard.rpc.control.access import DEPLOYMENT_WIDE, BrokerRole, BrokerUser, deployment_users
 from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
+from switchyard.rpc.control.publisher import ConfirmingPublisher
 from switchyard.rpc.control.rmq_event import AmqpMessage
+from switchyard.rpc.control.scheduled import relay_scheduled
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers.noop import NoopDriver
+from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
 from switchyard.rpc.service import ControlPlane
 from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings
 from tests.conftest import unique
@@ -59,7 +65,7 @@ class Deployed:
 
     def settings(self, role: BrokerRole, pool: str | None = None) -> RpcSettings:
         """What a Lambda function of ``role`` builds: URLs with placeholders, filled from its secret."""
-        user = BrokerUser(role, None if role is BrokerRole.CLIENTS else (pool or self.pool))
+        user = BrokerUser(role, None if role in DEPLOYMENT_WIDE else (pool or self.pool))
         admin = self.admin.connections
         connections = Connections(amqp_url=self.template(admin.amqp_url),
                                   management_url=self.template(admin.management_url),
@@ -82,7 +88,8 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployed]:
     sm = boto3.client("secretsmanager")
     secrets, passwords = {}, {}
     for user in deployment_users(pools):
-        # The clients' user is one per deployment: made unique here, as the shared broker holds other runs'.
+        # Deployment-wide users are one per deployment: made unique here, as the shared broker holds other
+        # runs'.
         name = user.username if user.pool else f"{user.username}-{pools[0]}"
         passwords[user] = (name, unique("pw"))
         secrets[user] = sm.create_secret(Name=unique("broker-user"), SecretString=json.dumps(
@@ -185,6 +192,37 @@ def test_every_role_does_its_job_as_its_own_user(deployed: Deployed, workers: Wo
     assert method is not None and props.headers[p.STATUS_HEADER] == p.Status.DELIVERY_LIMIT
 
 
+def test_scheduled_calls_go_through_the_relay_and_clients_users(deployed: Deployed) -> None:
+    """The client declares and reads its durable reply queue; the relay publishes into the pool and
+    parks a refused call in the pool's poison queue, each as its own user."""
+    reply = unique("r")
+    queue = declare_reply_queue(deployed.settings(BrokerRole.CLIENTS), reply)
+    publisher = ConfirmingPublisher(deployed.settings(BrokerRole.SCHEDULED).connections.amqp_url, "relay")
+    try:
+        now = int(time.time() * 1000)
+        calls = [ScheduledCall("c-ok", deployed.pool, "k9", b"x", queue),
+                 ScheduledCall("c-late", deployed.pool, "k9", b"y", queue, expires_ms=now - 1)]
+        records = [InputRecord("out", 0, n, b"k9", c.body, tuple(
+            (name, v) for name, v in scheduled_headers(c, datetime.now(UTC))
+            if not name.startswith("chronos"))) for n, c in enumerate(calls)]
+        outcome = relay_scheduled(records, publisher=publisher, parked=_NoParking(), now_ms=now)
+        assert (outcome.published, outcome.expired, outcome.parked, outcome.failed) == (1, 1, 1, ())
+        answers = collect(deployed.settings(BrokerRole.CLIENTS), reply, ["c-late"], timeout=10)
+        assert answers["c-late"].status == p.Status.EXPIRED
+    finally:
+        publisher.close()
+        connection = pika.BlockingConnection(pika.URLParameters(deployed.admin.connections.amqp_url))
+        connection.channel().queue_delete(queue)
+        connection.close()
+
+
+class _NoParking:
+    """Every call here has a pool: nothing may reach the store."""
+
+    def park_records(self, records: list) -> None:
+        raise AssertionError(f"parked in the store: {records}")
+
+
 def _dead_letter(deployed: Deployed, reply_to: str) -> None:
     """A request dead-lettered at its delivery limit, as the broker routes it (admin: the broker's part)."""
     connection = pika.BlockingConnection(pika.URLParameters(deployed.admin.connections.amqp_url))
@@ -244,6 +282,11 @@ REFUSED: list[tuple[BrokerRole, str, Operation]] = [
     (BrokerRole.CLIENTS, "publish to an activity exchange",
      _publish(lambda d: p.activity_exchange(d.pool), lambda d: "k1")),
     (BrokerRole.CLIENTS, "declare a named queue", _declare(lambda d: p.request_queue(d.pool, "k2"))),
+    (BrokerRole.CLIENTS, "read another durable queue", _consume(lambda d: p.poison_queue(d.pool))),
+    (BrokerRole.SCHEDULED, "read a request queue", _consume(_own_request_queue)),
+    (BrokerRole.SCHEDULED, "declare a queue", _declare(lambda d: p.reply_queue("mine"))),
+    (BrokerRole.SCHEDULED, "publish to an activity exchange",
+     _publish(lambda d: p.activity_exchange(d.pool), lambda d: "k1")),
     (BrokerRole.MAPPINGS, "read a request queue", _consume(_own_request_queue)),
     (BrokerRole.MAPPINGS, "read another pool's orphans", _consume(lambda d: p.orphan_queue(d.other))),
     (BrokerRole.MAPPINGS, "publish", _publish(lambda d: "", lambda d: p.orphan_queue(d.pool))),
@@ -294,7 +337,7 @@ def test_only_the_reconciler_uses_the_management_api(deployed: Deployed) -> None
     base = urlsplit(deployed.admin.connections.management_url)
     answers = {}
     for role in BrokerRole:
-        user = BrokerUser(role, None if role is BrokerRole.CLIENTS else deployed.pool)
+        user = BrokerUser(role, None if role in DEPLOYMENT_WIDE else deployed.pool)
         name, password = deployed.passwords[user]
         url = f"{base.scheme}://{base.hostname}:{base.port}/api/queues/%2F?name=^{deployed.pool}-&use_regex=true"
         answers[role] = requests.get(url, auth=(name, password), timeout=10).status_code

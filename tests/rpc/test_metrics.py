@@ -12,12 +12,14 @@ from switchyard.rpc.control.activity import ActivityOutcome
 from switchyard.rpc.control.dead_letters import DeadLetterOutcome
 from switchyard.rpc.control.orphans import OrphanOutcome
 from switchyard.rpc.control.reconciler import ReconcileOutcome
+from switchyard.rpc.control.scheduled import ScheduledOutcome
 
 OUTCOMES = [
     (OrphanOutcome, metrics.ORPHAN_PREFIX),
     (DeadLetterOutcome, metrics.DEAD_LETTER_PREFIX),
     (ActivityOutcome, metrics.ACTIVITY_PREFIX),
     (ReconcileOutcome, metrics.RECONCILE_PREFIX),
+    (ScheduledOutcome, metrics.SCHEDULED_PREFIX),
 ]
 
 # What the alarms and the dashboard in stacks/ select on.

@@ -149,7 +149,7 @@ def test_bad_rows_go_to_errors_with_their_reasons_and_scheduled_rows_fire_at_the
     deadlines = {"sched-1": soon, "sched-2": soon + timedelta(seconds=1)}
     for row_id, message in fired.items():
         headers = dict(message.headers())
-        assert headers[r.POOL_HEADER] == pool.encode() and message.key() == headers[p.KEY_HEADER]
+        assert headers[p.POOL_HEADER] == pool.encode() and message.key() == headers[p.KEY_HEADER]
         assert message.value() in (b"scheduled", b"naive")
         assert not CHRONOS_HEADERS & set(headers)  # the scheduler consumed its own headers
         fired_ms = message.timestamp()[1]
@@ -162,7 +162,7 @@ def wait_for_headers(reader, ids: set[str], timeout: float) -> dict:
     found: dict = {}
     while time.monotonic() < end and not ids <= set(found):
         for message in reader.poll(0.2):
-            found[dict(message.headers() or []).get(r.ID_HEADER, b"").decode()] = message
+            found[dict(message.headers() or []).get(p.ID_HEADER, b"").decode()] = message
     assert ids <= set(found), f"not on the delay output topic: {ids - set(found)}"
     return found
 
@@ -287,3 +287,41 @@ def test_the_demo_step_calls_its_rows_and_reports_the_bad_ones(
     for reason in ("missing_key", "invalid_key", "invalid_deadline"):
         assert f"errors: {reason}" in printed
     assert spark.sparkContext._jsc is not None  # the shared session was left running
+
+
+def test_scheduled_rows_answer_into_a_reply_queue_that_a_collect_run_reads(
+        spark, make_pool, planes, settings, connections, store, tmp_path: Path) -> None:
+    pool, rpc_settings = make_pool()
+    planes.start(pool, rpc_settings, handler=ECHO)
+    soon, reply = datetime.now(UTC) + timedelta(seconds=2), unique("r")
+    later = soon + timedelta(seconds=1)
+    rows = [{"key": "a", "body": "one", "id": "s-1", "deadline": format_deadline(soon)},
+            {"key": "b", "body": "two", "id": "s-2", "deadline": format_deadline(later)}]
+    source, out = write_jsonl(tmp_path / "rows.jsonl", rows), str(tmp_path / "out")
+    local = LocalRuntime(settings, connections)  # the scheduler and the relay into the pool
+    local.start()
+    try:
+        run(spark, PublishOptions(source, out, pool=pool, output_format="json", reply_queue=reply,
+                                  delay_topic=settings.input_topic), report=lambda _line: None)
+        summary = run(spark, PublishOptions(source, out, output_format="json", reply_queue=reply,
+                                            collect=True, timeout_s=60), report=lambda _line: None)
+    finally:
+        local.join()
+        with RpcClient(pool, rpc_settings) as client:  # the queue is the caller's: it deletes it
+            client.collect(reply)
+        delete_reply_queue(rpc_settings, reply)
+    written = spark.read.json(str(tmp_path / "out" / "results")).collect()
+    by_id: dict[str, list] = {}
+    for row in sorted(written, key=lambda row: row.run_id):
+        by_id.setdefault(row.id, []).append((row.status, row.response))
+    assert by_id == {"s-1": [("scheduled", None), ("ok", base64.b64encode(b"one").decode())],
+                     "s-2": [("scheduled", None), ("ok", base64.b64encode(b"two").decode())]}
+    assert summary.counts == {(pool, "ok"): 2}
+
+
+def delete_reply_queue(settings, name: str) -> None:
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    connection.channel().queue_delete(p.reply_queue(name))
+    connection.close()

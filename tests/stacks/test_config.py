@@ -20,7 +20,7 @@ def config(**context: Any) -> DeploymentConfig:
 def test_defaults_give_one_example_pool_and_a_connection_budget_within_the_limit() -> None:
     cfg = config()
     assert [p.name for p in cfg.pools] == [c.EXAMPLE_POOL]
-    assert cfg.postgres_connection_budget == 3 * 1 + 2 * 2 + 2 * 1 + 1
+    assert cfg.postgres_connection_budget == 3 * 1 + 2 * 2 + 2 * 1 + 3 * 1 + 1
     assert cfg.postgres_connection_budget <= cfg.postgres.max_connections // 2
 
 
@@ -50,7 +50,7 @@ def test_context_from_the_command_line_is_json() -> None:
         ({c.CTX_DELAY: {"inputTopic": "t", "outputTopic": "t"}}, "must differ"),
         ({c.CTX_DELAY: {"schema": "Bad-Schema"}}, "invalid Postgres schema name"),
         ({c.CTX_DELAY: {"startingPosition": "AT_TIMESTAMP"}}, "LATEST or TRIM_HORIZON"),
-        ({c.CTX_DELAY: {"partitions": 200}}, "may open 207 connections"),
+        ({c.CTX_DELAY: {"partitions": 200}}, "may open 407 connections"),
         ({c.CTX_MSK: {"brokerNodes": 3}}, "multiple of the 2 availability zones"),
         ({c.CTX_POSTGRES: {"engineVersion": "12"}}, "engineVersion must be one of"),
         ({c.CTX_REDIS: {"engine": "memcached"}}, "redis or valkey"),

@@ -132,6 +132,8 @@ def test_the_delay_mapping_polls_in_provisioned_mode_within_one_invocation_per_p
 ) -> None:
     """One poller at least (always on: the mode's cost), and no more than the topic's partitions can
     keep busy (a Kafka poller drives up to 5 invocations; the Postgres budget counts one per partition)."""
-    (props,) = [m["Properties"] for m in of_type(resources, "AWS::Lambda::EventSourceMapping").values()
-                if "Topics" in m["Properties"]]
-    assert props["ProvisionedPollerConfig"] == {"MinimumPollers": 1, "MaximumPollers": 1}  # 3 partitions
+    kafka = [m["Properties"] for m in of_type(resources, "AWS::Lambda::EventSourceMapping").values()
+             if "Topics" in m["Properties"]]
+    assert len(kafka) == 2  # the delay input's and the scheduled-call relay's (the output topic)
+    for props in kafka:
+        assert props["ProvisionedPollerConfig"] == {"MinimumPollers": 1, "MaximumPollers": 1}  # 3 partitions

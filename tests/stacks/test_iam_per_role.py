@@ -321,6 +321,26 @@ def _orphan_event(pool: str, broker: str) -> dict[str, Any]:
     return build_rmq_event(p.orphan_queue(pool), "/", [request], broker_arn=broker)
 
 
+def _fired_event(pool: str, topic: str, kafka: object) -> dict[str, Any]:
+    """Two fired scheduled calls: one into the probe's pool (published as the relay's broker user),
+    one for a pool that does not exist (parked in the delay store)."""
+    import base64
+    from datetime import UTC, datetime
+
+    from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
+
+    records = []
+    for offset, target in enumerate((pool, "iam_probe_no_such_pool")):
+        call = ScheduledCall(f"iam-probe-{offset}", target, "iam-probe-key", b"{}")
+        headers = [{name: list(value)} for name, value in scheduled_headers(call, datetime.now(UTC))
+                   if not name.startswith("chronos")]
+        records.append({"topic": topic, "partition": 0, "offset": offset, "timestamp": 0,
+                        "timestampType": "CREATE_TIME", "value": base64.b64encode(call.body).decode(),
+                        "headers": headers})
+    return {"eventSource": "aws:kafka", "eventSourceArn": kafka, "bootstrapServers": "127.0.0.1:9092",
+            "records": {f"{topic}-0": records}}
+
+
 def _events(dep: Deployment) -> dict[str, Any]:
     """A representative invocation per handler module: a custom resource's Create on the probe's own
     names, an empty batch, a scheduled tick, one authenticated API request (refused: wrong token)."""
@@ -339,6 +359,7 @@ def _events(dep: Deployment) -> dict[str, Any]:
         "rpc_dead_letters": rmq, "rpc_activity": rmq,
         "rpc_reconcile": SCHEDULED, "delay_fire": SCHEDULED, "delay_sweep": SCHEDULED,
         "bus_housekeeping": SCHEDULED,
+        "rpc_scheduled": _fired_event(o["SWITCHYARD_POOL"], o["SWITCHYARD_DELAY_OUTPUT_TOPIC"], kafka),
         "delay_enqueue": {"eventSource": "aws:kafka", "eventSourceArn": kafka,
                           "bootstrapServers": "127.0.0.1:9092", "records": {}},
         "bus_api": api_event("GET", "/api_tokens", {"Authorization": "Basic aWFtOnByb2Jl"}),

@@ -13,6 +13,8 @@ from aws_cdk.assertions import Match, Template
 from stacks import constants as c
 from stacks.broker import BrokerSettings
 from stacks.config import DelayConfig
+from stacks.parameters import DELAY_CONSUMER_GROUP, SCHEDULED_CONSUMER_GROUP
+from switchyard.core.observability import SCHEDULED_SERVICE
 from tests.stacks.conftest import ROOT, synth
 
 pytestmark = pytest.mark.slow
@@ -26,6 +28,7 @@ RUNTIME_HANDLERS = {
     "delay_enqueue",
     "delay_fire",
     "delay_sweep",
+    "rpc_scheduled",
 }
 DEPLOY_HANDLERS = {"deploy_pools", "deploy_delay_schema", "deploy_topics"}
 # Handlers of parts whose deployment (API Gateway, their schedules) comes with their own issues
@@ -368,18 +371,47 @@ def test_amazon_mq_mappings_for_the_three_queues_of_every_pool(resources: Resour
         assert props["FunctionName"] == {"Ref": one_function(resources, handler_of[queue])[0]}
 
 
+def msk_mappings(resources: Resources) -> dict[str, dict[str, Any]]:
+    """Topic -> its MSK mapping's properties."""
+    found = [m["Properties"] for m in of_type(resources, "AWS::Lambda::EventSourceMapping").values()
+             if "Topics" in m["Properties"]]
+    return {props["Topics"][0]: props for props in found}
+
+
 def test_msk_mapping_reports_batch_item_failures(resources: Resources) -> None:
-    (props,) = [
-        m["Properties"]
-        for m in of_type(resources, "AWS::Lambda::EventSourceMapping").values()
-        if "Topics" in m["Properties"]
-    ]
+    props = msk_mappings(resources)["switchyard-delay-input"]
     kafka, _ = only(resources, "AWS::MSK::Cluster")
     assert props["EventSourceArn"] == {"Fn::GetAtt": [kafka, "Arn"]}
     assert props["Topics"] == ["switchyard-delay-input"]
     assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
     assert props["StartingPosition"] == "TRIM_HORIZON" and props["BatchSize"] == 1000
     assert props["FunctionName"] == {"Ref": one_function(resources, "delay_enqueue")[0]}
+
+
+def test_the_scheduled_call_relay_reads_the_output_topic_in_its_own_group_as_its_own_user(
+        resources: Resources) -> None:
+    props = msk_mappings(resources)["switchyard-delay-output"]
+    logical, relay = one_function(resources, "rpc_scheduled")
+    assert props["FunctionName"] == {"Ref": logical}
+    assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert props["MaximumBatchingWindowInSeconds"] == 0 and "ProvisionedPollerConfig" in props
+    group = props["AmazonManagedKafkaEventSourceConfig"]["ConsumerGroupId"]
+    assert group == SCHEDULED_CONSUMER_GROUP != DELAY_CONSUMER_GROUP
+    statements = policy_statements(resources, relay)
+    actions = actions_of(statements)
+    assert {"kafka-cluster:ReadData", "kafka-cluster:AlterGroup"} <= actions
+    assert "kafka-cluster:WriteData" not in actions and "ecs:RunTask" not in actions
+    groups = [s["Resource"] for s in statements if "kafka-cluster:AlterGroup" in actions_of([s])]
+    assert f"/{SCHEDULED_CONSUMER_GROUP}" in json.dumps(groups)
+    assert f"/{DELAY_CONSUMER_GROUP}\"" not in json.dumps(groups)
+    # it publishes as the deployment-wide scheduled user, and may read the delay store's secret to park
+    user = next(k for k in of_type(resources, "AWS::SecretsManager::Secret") if "scheduled" in k)
+    secrets = json.dumps([s["Resource"] for s in statements
+                          if "secretsmanager:GetSecretValue" in actions_of([s])])
+    assert user in secrets
+    env = relay["Properties"]["Environment"]["Variables"]
+    assert env["POWERTOOLS_SERVICE_NAME"] == SCHEDULED_SERVICE
+    assert env["SWITCHYARD_AMQP_SECRET_ARN"] == {"Ref": user}
 
 
 def test_schedules_invoke_reconcile_fire_and_sweep_every_minute(resources: Resources) -> None:
@@ -486,9 +518,16 @@ def test_alarm_metrics_and_thresholds(resources: Resources) -> None:
     stranded = alarm(resources, "rabbitmq-dead-lettering-stranded")  # the reconciler's broker probe
     assert "MAX(ReconcileDeadLetteringStranded)" in json.dumps(stranded["Metrics"])
     assert stranded["Threshold"] == 1 and "reboot" in stranded["AlarmDescription"]
-    for module in RUNTIME_HANDLERS:
+    for module in RUNTIME_HANDLERS - {"rpc_scheduled"}:
         role = module.replace("rpc_", f"{pool}-").replace("delay_", "delay-")
         assert "Throttles" in json.dumps(alarm(resources, f"{role}-errors-or-throttles")["Metrics"])
+    assert "Throttles" in json.dumps(alarm(resources, "scheduled-relay-errors-or-throttles")["Metrics"])
+    refused = json.dumps(alarm(resources, "scheduled-calls-refused")["Metrics"])
+    assert all(name in refused for name in ("ScheduledUnknownPool", "ScheduledMalformed",
+                                            "ScheduledExpired", "ScheduledUnroutable"))
+    assert "switchyard-scheduled" in refused
+    failures = alarm(resources, "scheduled-calls-publish-failures")
+    assert (failures["MetricName"], failures["EvaluationPeriods"]) == ("ScheduledPublishFailures", 2)
 
 
 # -- EMR Serverless ------------------------------------------------------------------------------------

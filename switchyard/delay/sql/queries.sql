@@ -120,6 +120,17 @@ SELECT * FROM moved
 ON CONFLICT (id, seq) DO NOTHING
 RETURNING id;
 
+-- park_records --
+-- Records set aside with the reason, never scheduled (a fired scheduled call for a pool that does not
+-- exist, or one that cannot be read): kept for a person to look at and replay. Keyed by (id, seq),
+-- seq the record's offset: a record delivered again is parked once.
+INSERT INTO {schema}.parked_messages
+    (id, seq, deadline, message_headers, message_key, message_value, enqueued_at, reason)
+SELECT r.id, r.seq, now(), r.headers, r.key, r.value, now(), r.reason
+FROM unnest(%(ids)s::text[], %(seqs)s::bigint[], %(headers)s::jsonb[], %(keys)s::bytea[],
+            %(values)s::bytea[], %(reasons)s::text[]) AS r(id, seq, headers, key, value, reason)
+ON CONFLICT (id, seq) DO NOTHING;
+
 -- parked --
 -- The parked messages, newest first, for `switchyard delay parked`.
 SELECT id, deadline, parked_at, reason, octet_length(message_value) FROM {schema}.parked_messages

@@ -23,14 +23,16 @@ client alive through their futures' callbacks only.
 
 from __future__ import annotations
 
+import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any
 
 from switchyard.rpc.client.io_loop import _ClientCore
 from switchyard.rpc.client.response import ClientStats, Response
+from switchyard.rpc.client.schedule import CallScheduler, When, collect
 from switchyard.rpc.settings import RpcSettings
 
 
@@ -51,6 +53,8 @@ class RpcClient:
         self._core = _ClientCore(pool, settings, concurrency, timeout, confirm, name)
         # Runs once: at close(), when the client is garbage collected, or at interpreter exit.
         self._finalizer = weakref.finalize(self, self._core.close)
+        self._scheduler: CallScheduler | None = None  # made by the first schedule()
+        self._scheduler_lock = threading.Lock()
 
     @property
     def pool(self) -> str:
@@ -115,12 +119,34 @@ class RpcClient:
         # The I/O thread enforces the timeout; the margin only guards against a dead I/O thread.
         return future.result(timeout + 5.0)
 
+    def schedule(self, key: str, body: bytes | str = b"", *, at: When = 0, reply: str | None = None,
+                 call_id: str | None = None, expiration_ms: int | None = None) -> Future[str]:
+        """Call ``key`` at ``at`` (a datetime, an ISO-8601 string or seconds from now; a past one runs
+        at once), through the delay scheduler. The future resolves to the call's id once Kafka has
+        it. ``reply``: the durable reply queue its answer goes to (``collect`` reads it), None: no
+        answer, as ``send``. See ``switchyard.rpc.client.schedule``."""
+        with self._scheduler_lock:
+            if self._scheduler is None:
+                self._scheduler = CallScheduler(self.pool, self.settings)
+                self._finalizer_scheduler = weakref.finalize(self, self._scheduler.close)
+        return self._scheduler.schedule(key, body, at=at, reply=reply, call_id=call_id,
+                                        expiration_ms=expiration_ms)
+
+    def collect(self, reply: str, ids: Iterable[str] | None = None,
+                timeout: float = 0.0) -> dict[str, Response]:
+        """The answers in the durable reply queue ``reply``, by call id: those of ``ids`` (waiting up to
+        ``timeout`` s for them), or all there now. Taken answers leave the queue."""
+        return collect(self.settings, reply, ids, timeout)
+
     def close(self) -> None:
         """Fail calls still in flight with ``ClientClosedError`` and close the connection.
 
         Safe from any thread, a done-callback included (it then does not wait for the I/O thread).
         """
         self._finalizer()
+        with self._scheduler_lock:
+            if self._scheduler is not None:
+                self._finalizer_scheduler()
 
     def __enter__(self) -> RpcClient:
         return self

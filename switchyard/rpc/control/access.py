@@ -14,10 +14,14 @@ docs/deployment.md has the same as a table):
 - mappings (the event source mappings' pollers): nothing / nothing / the orphan, dl, activity queues;
 - workers (users' code): nothing / ``amq.default`` (replies, sheds) and the activity exchange /
   the request queues;
-- clients: the exclusive ``amq.gen-*`` reply queues / every pool's request exchange / ``amq.gen-*``.
+- clients: the exclusive ``amq.gen-*`` reply queues and the durable ``switchyard-reply-*`` ones /
+  every pool's request exchange / those reply queues;
+- scheduled (the scheduled-call relay, functions/rpc_scheduled.py): nothing / every pool's request
+  exchange and ``amq.default`` (poison copies, expired answers) / nothing (it checks a pool by a
+  passive declare, which needs no permission).
 
-Every role but ``clients`` is per pool. Only ``reconcile`` uses the management API (queue lists,
-the dead-lettering probe's policies): tag ``policymaker``. RabbitMQ checks what it checks (its
+Every role but ``clients`` and ``scheduled`` is per pool. Only ``reconcile`` uses the management API
+(queue lists, the dead-lettering probe's policies): tag ``policymaker``. RabbitMQ checks what it checks (its
 access-control guide): a passive declare needs nothing, ``queue.bind`` needs write on the queue and
 read on the exchange, a publish needs write on the exchange (``amq.default`` for the default one,
 whatever the routing key: a role that answers through it can address any queue by name).
@@ -46,6 +50,10 @@ class BrokerRole(StrEnum):
     MAPPINGS = "mappings"  # the Amazon MQ event source mappings' pollers
     WORKERS = "workers"  # the ECS workers: users' handler code
     CLIENTS = "clients"  # callers of every pool (the EMR job)
+    SCHEDULED = "scheduled"  # the scheduled-call relay (Lambda on the delay scheduler's output topic)
+
+
+DEPLOYMENT_WIDE = frozenset({BrokerRole.CLIENTS, BrokerRole.SCHEDULED})  # one user, every pool
 
 
 @dataclass(frozen=True)
@@ -60,13 +68,13 @@ class Permissions:
 
 @dataclass(frozen=True)
 class BrokerUser:
-    """One role's user: per pool, except ``clients``."""
+    """One role's user: per pool, except the ``DEPLOYMENT_WIDE`` roles'."""
 
     role: BrokerRole
     pool: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.role is BrokerRole.CLIENTS) != (self.pool is None):
+        if (self.role in DEPLOYMENT_WIDE) != (self.pool is None):
             raise ConfigError(f"broker role {self.role} is {'not ' if self.pool is None else ''}per pool")
         if self.pool is not None:
             p.validate_pool(self.pool)
@@ -78,10 +86,12 @@ class BrokerUser:
 
     def permissions(self, pools: Sequence[str]) -> Permissions:
         """What this user may do when the deployment has ``pools``."""
+        exchanges = map(p.req_exchange, pools)
+        if self.role is BrokerRole.SCHEDULED:
+            return Permissions(write=p.names_pattern(*exchanges, p.DEFAULT_EXCHANGE_RESOURCE))
         if self.pool is None:
-            return Permissions(configure=p.server_named_queues_pattern(),
-                               write=p.names_pattern(*map(p.req_exchange, pools)),
-                               read=p.server_named_queues_pattern())
+            replies = p.any_of(p.server_named_queues_pattern(), p.reply_queues_pattern())
+            return Permissions(configure=replies, write=p.names_pattern(*exchanges), read=replies)
         return _pool_permissions(self.role, self.pool)
 
 
@@ -104,9 +114,11 @@ def _pool_permissions(role: BrokerRole, pool: str) -> Permissions:
 
 
 def deployment_users(pools: Iterable[str]) -> list[BrokerUser]:
-    """Every user a deployment with ``pools`` has: the per-pool roles of each pool, and the clients."""
-    per_pool = [role for role in BrokerRole if role is not BrokerRole.CLIENTS]
-    return [*(BrokerUser(role, pool) for pool in pools for role in per_pool), BrokerUser(BrokerRole.CLIENTS)]
+    """Every user a deployment with ``pools`` has: the per-pool roles of each pool, and the
+    deployment-wide ones (clients, the scheduled-call relay)."""
+    per_pool = [role for role in BrokerRole if role not in DEPLOYMENT_WIDE]
+    return [*(BrokerUser(role, pool) for pool in pools for role in per_pool),
+            *(BrokerUser(role) for role in BrokerRole if role in DEPLOYMENT_WIDE)]
 
 
 @dataclass(frozen=True)

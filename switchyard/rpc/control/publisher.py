@@ -21,6 +21,7 @@ import pika.spec
 from switchyard.core.errors import BrokerError
 from switchyard.rpc.amqp import connect, enable_async_confirms, is_alive, publish_buffered
 from switchyard.rpc.errors import PublishRejectedError, UnroutableError
+from switchyard.rpc.protocol import NOT_FOUND
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class ConfirmingPublisher:
         self._nacked = 0
         self._returned: list[str] = []
         self._next_tag = 0
+        self._nacked_tags: set[int] = set()
+        self._returned_ids: set[str] = set()
 
     def _ensure_channel(self) -> Any:
         if not is_alive(self._connection):
@@ -78,23 +81,72 @@ class ConfirmingPublisher:
             publish_buffered(channel, msg.exchange, msg.routing_key, msg.body, msg.properties,
                              mandatory=msg.mandatory)
             count += 1
-        deadline = time.monotonic() + timeout
-        while self._unconfirmed:
-            if time.monotonic() > deadline:
-                self.close()
-                raise BrokerError(f"{len(self._unconfirmed)} publishes unconfirmed after {timeout:.0f}s")
-            # Confirms are handled inside the I/O, which does not end the wait: poll in short steps.
-            # _ensure_channel connected it; close() (which clears it) is always followed by a raise.
-            cast("pika.BlockingConnection", self._connection).process_data_events(time_limit=0.002)
-            if not channel.is_open:
-                self.close()
-                raise BrokerError("the channel closed before every publish was confirmed")
+        self._wait_confirms(channel, timeout)
         if self._nacked:
             raise PublishRejectedError(f"the broker nacked {self._nacked} of {count} messages")
         if self._returned:
             raise UnroutableError(
                 f"{len(self._returned)} mandatory messages were returned: {self._returned[0]}")
         return count
+
+    def publish_settled(self, messages: list[Outgoing], timeout: float = 30.0) -> list[str | None]:
+        """Publish every message and wait for all confirms; one outcome each, in order: None
+        (confirmed), ``"returned"`` (a mandatory message nothing routed) or ``"nacked"``. A lost
+        connection or a timeout still raises ``BrokerError`` (none of them is known to be there).
+        Returns are matched by ``message_id``: give each mandatory message its own."""
+        try:
+            return self._publish_settled(messages, timeout)
+        except pika.exceptions.AMQPError as exc:
+            self.close()
+            raise BrokerError(f"publishing failed, nothing acknowledged: {exc!r}") from exc
+
+    def _publish_settled(self, messages: list[Outgoing], timeout: float) -> list[str | None]:
+        channel = self._ensure_channel()
+        self._nacked_tags, self._returned_ids = set(), set()
+        tags = []
+        for msg in messages:
+            self._next_tag += 1
+            self._unconfirmed.add(self._next_tag)
+            tags.append(self._next_tag)
+            publish_buffered(channel, msg.exchange, msg.routing_key, msg.body, msg.properties,
+                             mandatory=msg.mandatory)
+        self._wait_confirms(channel, timeout)
+        nacked, returned = self._nacked_tags, self._returned_ids
+        self._nacked_tags, self._returned_ids = set(), set()
+        return ["nacked" if tag in nacked else
+                "returned" if msg.mandatory and msg.properties.message_id in returned else None
+                for tag, msg in zip(tags, messages, strict=True)]
+
+    def exchange_exists(self, exchange: str) -> bool:
+        """Whether ``exchange`` exists (a passive declare, on a channel of its own: a 404 closes it)."""
+        self._ensure_channel()
+        try:
+            channel = cast("pika.BlockingConnection", self._connection).channel()
+            try:
+                channel.exchange_declare(exchange, passive=True)
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code == NOT_FOUND:
+                    return False
+                raise
+            channel.close()
+            return True
+        except pika.exceptions.AMQPError as exc:
+            self.close()
+            raise BrokerError(f"checking exchange {exchange!r}: {exc!r}") from exc
+
+    def _wait_confirms(self, channel: Any, timeout: float) -> None:
+        """Until the broker confirmed every publish. Confirms are handled inside the I/O, which does
+        not end the wait: poll in short steps. _ensure_channel connected it; close() (which clears
+        it) is always followed by a raise."""
+        deadline = time.monotonic() + timeout
+        while self._unconfirmed:
+            if time.monotonic() > deadline:
+                self.close()
+                raise BrokerError(f"{len(self._unconfirmed)} publishes unconfirmed after {timeout:.0f}s")
+            cast("pika.BlockingConnection", self._connection).process_data_events(time_limit=0.002)
+            if not channel.is_open:
+                self.close()
+                raise BrokerError("the channel closed before every publish was confirmed")
 
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method
@@ -104,8 +156,11 @@ class ConfirmingPublisher:
             self._unconfirmed.discard(tag)
         if isinstance(method, pika.spec.Basic.Nack):
             self._nacked += len(tags)
+            self._nacked_tags.update(tags)
 
-    def _on_return(self, _channel: Any, method: pika.spec.Basic.Return, _props: Any, _body: bytes) -> None:
+    def _on_return(self, _channel: Any, method: pika.spec.Basic.Return, props: Any, _body: bytes) -> None:
+        if props.message_id is not None:
+            self._returned_ids.add(props.message_id)
         self._returned.append(
             f"{method.reply_code} {method.reply_text} ({method.exchange}/{method.routing_key})")
 

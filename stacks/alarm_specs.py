@@ -1,0 +1,45 @@
+"""What an alarm is made of (``AlarmSpec``: metric, threshold and the sentence that justifies it), the
+alarm period, and the alarm every function gets (``errors_or_throttles``). ``stacks/monitoring.py``
+builds the alarms; the bus and the pending queue add theirs with these too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_lambda as lambda_
+
+from stacks import constants as c
+
+PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
+
+
+@dataclass(frozen=True)
+class AlarmSpec:
+    """An alarm's metric, threshold and the sentence that justifies the threshold."""
+
+    name: str
+    metric: cw.IMetric
+    threshold: float
+    why: str
+    periods: int = 1
+    comparison: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+
+
+def errors_or_throttles(name: str, fn: lambda_.IFunction) -> AlarmSpec:
+    """The alarm on ``fn``'s failed or throttled invocations, named ``{name}-errors-or-throttles``."""
+    errors = fn.metric_errors(period=PERIOD)
+    throttles = fn.metric_throttles(period=PERIOD)
+    return AlarmSpec(
+        f"{name}-errors-or-throttles",
+        cw.MathExpression(
+            expression="errors + throttles",
+            using_metrics={"errors": errors, "throttles": throttles},
+            label=f"{name}: errors + throttles",
+            period=PERIOD,
+        ),
+        1,
+        "Any failed or throttled invocation: every handler is at-least-once and retried, so one error "
+        "delays work and a throttle means reserved concurrency or the account limit was hit.",
+    )

@@ -1,0 +1,133 @@
+"""A scheduled call on the wire: the Kafka record that waits in the delay scheduler, and what the
+relay reads back from its output topic. One place builds and reads these headers.
+
+A scheduled call is a record of the delay scheduler's input topic with the Chronos headers
+(``chronosMessageId`` = the call's id, ``chronosDeadline``), the call's pool, key and id
+(``x-switchyard-pool``, ``x-switchyard-key``, ``x-switchyard-id``), and optionally the durable reply
+queue its answer goes to (``x-switchyard-reply-queue``) and the epoch ms at which it expires
+(``x-switchyard-deadline-ms``); the record's key is the call's key, its value the body. The
+scheduler relays every header but its own two, so the fired record names where the call goes.
+Other headers travel on into the AMQP request: the call's own (``ScheduledCall.headers``) and its
+W3C ``traceparent`` (the call's, else the request in hand's, else a new trace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from switchyard.core import tracing
+from switchyard.core.errors import InvalidNameError
+from switchyard.delay.model import (
+    DEADLINE_HEADER,
+    MAX_MESSAGE_ID_LENGTH,
+    MESSAGE_ID_HEADER,
+    Header,
+    InputRecord,
+)
+from switchyard.delay.parsing import format_deadline
+from switchyard.rpc import protocol as p
+from switchyard.rpc.errors import ScheduledCallError
+
+# The headers the relay reads itself; every other header goes on into the request's AMQP headers.
+_CALL_HEADERS = frozenset({p.POOL_HEADER, p.KEY_HEADER, p.ID_HEADER, p.REPLY_QUEUE_HEADER,
+                           p.DEADLINE_HEADER})
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledCall:
+    """A call to make at ``deadline``: what a caller schedules and what the relay publishes.
+
+    ``reply_queue``: the durable reply queue's full name (``protocol.reply_queue``), None: no answer.
+    ``expires_ms``: epoch ms after which the call is not made (None: it never expires).
+    ``headers``: further headers to carry into the request (strings or bytes).
+    """
+
+    id: str
+    pool: str
+    key: str
+    body: bytes
+    reply_queue: str | None = None
+    expires_ms: int | None = None
+    headers: tuple[Header, ...] = ()
+
+
+def validate_call_id(call_id: str) -> str:
+    """A call id the delay scheduler accepts as ``chronosMessageId`` (1-128 characters, no NUL)."""
+    if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_MESSAGE_ID_LENGTH \
+            or "\x00" in call_id:
+        raise InvalidNameError(f"a call id must be 1-{MAX_MESSAGE_ID_LENGTH} characters without NUL, "
+                               f"got {str(call_id)[:40]!r}")
+    return call_id
+
+
+def scheduled_headers(call: ScheduledCall, deadline: datetime) -> list[tuple[str, bytes]]:
+    """The Kafka headers of ``call``'s record on the delay scheduler's input topic."""
+    headers = [(MESSAGE_ID_HEADER, call.id.encode()), (DEADLINE_HEADER, format_deadline(deadline).encode()),
+               (p.POOL_HEADER, call.pool.encode()), (p.KEY_HEADER, call.key.encode()),
+               (p.ID_HEADER, call.id.encode())]
+    if call.reply_queue is not None:
+        headers.append((p.REPLY_QUEUE_HEADER, call.reply_queue.encode()))
+    if call.expires_ms is not None:
+        headers.append((p.DEADLINE_HEADER, str(call.expires_ms).encode()))
+    headers.extend((name, value) for name, value in call.headers if value is not None)
+    if not any(name == tracing.TRACEPARENT_HEADER for name, _ in call.headers):
+        # the request in hand's trace, else a new one: relayed with the record into the request
+        headers.append((tracing.TRACEPARENT_HEADER, tracing.outgoing_traceparent().encode()))
+    return headers
+
+
+def _text(name: str, value: bytes | None) -> str:
+    if value is None:
+        raise ScheduledCallError("malformed", f"{name} is null")
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScheduledCallError("malformed", f"{name} is not UTF-8") from exc
+
+
+def fired_pool(record: InputRecord) -> str | None:
+    """The pool a fired record names, as sent (None: not a scheduled call; it stays on the topic)."""
+    for name, value in record.headers:
+        if name == p.POOL_HEADER:
+            return None if value is None else value.decode("utf-8", "replace")
+    return None
+
+
+def read_fired(record: InputRecord) -> ScheduledCall:
+    """The call a fired record carries; ``ScheduledCallError`` (reason ``malformed``) says what is
+    wrong with it. Call it on records ``fired_pool`` names a pool for."""
+    found: dict[str, bytes | None] = {}
+    others: list[Header] = []
+    for name, value in record.headers:
+        if name in _CALL_HEADERS:
+            if name in found:
+                raise ScheduledCallError("malformed", f"{name} appears more than once")
+            found[name] = value
+        else:
+            others.append((name, value))
+    try:
+        pool = p.validate_pool(_text(p.POOL_HEADER, found.get(p.POOL_HEADER)))
+        if p.KEY_HEADER not in found:
+            raise ScheduledCallError("malformed", f"no {p.KEY_HEADER} header")
+        key = p.validate_key(_text(p.KEY_HEADER, found[p.KEY_HEADER]))
+        if p.ID_HEADER not in found:
+            raise ScheduledCallError("malformed", f"no {p.ID_HEADER} header")
+        call_id = validate_call_id(_text(p.ID_HEADER, found[p.ID_HEADER]))
+        reply = found.get(p.REPLY_QUEUE_HEADER)
+        reply_queue = None
+        if reply is not None:
+            reply_queue = _text(p.REPLY_QUEUE_HEADER, reply)
+            p.reply_queue(reply_queue.removeprefix(p.REPLY_QUEUE_PREFIX))  # only a durable reply queue
+            if not reply_queue.startswith(p.REPLY_QUEUE_PREFIX):
+                raise InvalidNameError(f"reply queue {reply_queue[:80]!r} is not a durable reply queue")
+        expires = found.get(p.DEADLINE_HEADER)
+        expires_ms = None
+        if expires is not None:
+            text = _text(p.DEADLINE_HEADER, expires)
+            if not (text.isascii() and text.isdigit()):
+                raise ScheduledCallError("malformed", f"{p.DEADLINE_HEADER} is not epoch milliseconds")
+            expires_ms = int(text)
+    except InvalidNameError as exc:
+        raise ScheduledCallError("malformed", str(exc)) from exc
+    return ScheduledCall(call_id, pool, key, record.value or b"", reply_queue, expires_ms, tuple(others))

@@ -1,0 +1,284 @@
+"""Scheduled calls: the relay from the delay scheduler's output into the pools, on the real RabbitMQ,
+Postgres and Kafka, and the whole loop (schedule, fire, relay, worker, durable reply queue)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pika
+import pytest
+
+from switchyard.core.config import Connections
+from switchyard.delay.model import Drop, DropReason, InputRecord
+from switchyard.delay.settings import DelaySettings
+from switchyard.delay.store import PostgresDelayStore
+from switchyard.local.delay_runtime import LocalRuntime
+from switchyard.local.functions import load_function
+from switchyard.local.lambda_context import FakeLambdaContext
+from switchyard.rpc import RpcClient
+from switchyard.rpc import protocol as p
+from switchyard.rpc.client.schedule import collect, deadline_of, declare_reply_queue
+from switchyard.rpc.control.publisher import ConfirmingPublisher
+from switchyard.rpc.control.scheduled import relay_scheduled
+from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
+from switchyard.rpc.settings import RpcSettings
+from tests.conftest import unique
+from tests.delay.conftest import create_topics, delete_topics, msk_event
+from tests.rpc.conftest import get_message
+
+WHOAMI = "tests.rpc.handlers:whoami"
+
+
+@pytest.fixture
+def delay_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[DelaySettings]:
+    """Unique topics and schema (the client reads the input topic from the environment, as deployed)."""
+    name = unique("sched")
+    s = DelaySettings(input_topic=f"{name}-in", output_topic=f"{name}-out", schema=name,
+                      consumer_group=f"{name}-g", application_name=name, batch_window_ms=20)
+    bootstrap = Connections.from_env().kafka_bootstrap
+    create_topics(bootstrap, s.input_topic, s.output_topic)
+    monkeypatch.setenv("SWITCHYARD_DELAY_INPUT_TOPIC", s.input_topic)
+    yield s
+    PostgresDelayStore(Connections.from_env().postgres_dsn, s.schema).drop_schema()
+    delete_topics(bootstrap, s.input_topic, s.output_topic)
+
+
+@pytest.fixture
+def store(delay_settings: DelaySettings) -> Iterator[PostgresDelayStore]:
+    st = PostgresDelayStore(Connections.from_env().postgres_dsn, delay_settings.schema, "sched-tests")
+    st.migrate()
+    yield st
+    st.close()
+
+
+@pytest.fixture
+def publisher(pool: tuple[str, RpcSettings]) -> Iterator[ConfirmingPublisher]:
+    pub = ConfirmingPublisher(pool[1].connections.amqp_url, "switchyard-scheduled-test")
+    yield pub
+    pub.close()
+
+
+def fired(offset: int, call: ScheduledCall, *, drop: tuple[str, ...] = (),
+          extra: tuple[tuple[str, bytes | None], ...] = ()) -> InputRecord:
+    """A record as the scheduler relays it: the call's headers without the Chronos two."""
+    headers = [(n, v) for n, v in scheduled_headers(call, datetime.now(UTC))
+               if not n.startswith("chronos") and n not in drop]
+    return InputRecord("out", 0, offset, call.key.encode(), call.body, (*headers, *extra))
+
+
+def delete_queue(settings: RpcSettings, queue: str) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    connection.channel().queue_delete(queue)
+    connection.close()
+
+
+def test_calls_go_into_their_pool_and_refusals_are_parked_with_their_reason(
+        pool, publisher, store) -> None:
+    name, settings = pool
+    reply = unique("r")
+    queue = declare_reply_queue(settings, reply)
+    try:
+        now = int(time.time() * 1000)
+        good = ScheduledCall("id-good", name, "fresh-key", b"hello", queue, now + 60_000)
+        expired = ScheduledCall("id-late", name, "k2", b"late", queue, now - 1000)
+        unknown = ScheduledCall("id-nopool", unique("nopool"), "k3", b"lost?")
+        not_a_call = InputRecord("out", 0, 5, b"k", b"v", (("other", b"x"),))
+        records = [
+            fired(1, good, extra=(("traceparent", b"00-abc-def-01"),)),
+            fired(2, expired),
+            fired(3, unknown),
+            fired(4, ScheduledCall("id-nokey", name, "k4", b"b"), drop=(p.KEY_HEADER,)),
+            not_a_call,
+            Drop("out", 0, 6, DropReason.MALFORMED_RECORD, "bad base64"),
+        ]
+        outcome = relay_scheduled(records, publisher=publisher, parked=store, now_ms=now)
+        assert (outcome.records, outcome.published, outcome.without_pool) == (6, 1, 1)
+        assert (outcome.expired, outcome.unknown_pool, outcome.malformed, outcome.parked) == (1, 1, 2, 4)
+        assert outcome.failed == ()
+
+        # A new key: the request exchange's alternate exchange takes it to the orphan path (cold start).
+        got = get_message(settings, p.orphan_queue(name))
+        assert got is not None
+        _, props, body = got
+        assert body == b"hello" and props.message_id == props.correlation_id == "id-good"
+        assert props.reply_to == queue and props.headers[p.KEY_HEADER] == "fresh-key"
+        assert props.headers["traceparent"] == "00-abc-def-01"
+
+        poisoned = {}
+        while (got := get_message(settings, p.poison_queue(name), timeout=1)) is not None:
+            poisoned[got[1].message_id] = got[1].headers[p.POISON_REASON_HEADER]
+        assert poisoned["id-late"].startswith("expired:")
+        assert poisoned["out/0/4"].startswith("malformed:") and p.KEY_HEADER in poisoned["out/0/4"]
+        answers = collect(settings, reply)
+        assert answers["id-late"].status == p.Status.EXPIRED
+
+        parked = {row[0]: row[3] for row in store.parked()}
+        assert parked[unknown.id].startswith("unknown_pool:")
+        assert parked["out/0/6"].startswith("malformed:")
+    finally:
+        delete_queue(settings, queue)
+
+
+def test_a_broker_that_is_not_there_fails_the_records_for_redelivery(pool, store) -> None:
+    name, _ = pool
+    down = ConfirmingPublisher("amqp://guest:guest@127.0.0.1:1/%2F", "down")
+    outcome = relay_scheduled([fired(7, ScheduledCall("id-x", name, "k", b""))], publisher=down,
+                              parked=store, now_ms=int(time.time() * 1000))
+    assert outcome.publish_failures == 1 and [f.offset for f in outcome.failed] == [7]
+    assert outcome.published == outcome.parked == 0
+
+
+def test_handler_answers_a_partial_batch_response(pool, delay_settings, store, monkeypatch) -> None:
+    """The Lambda handler itself: a failed record is named, the others settle."""
+    from switchyard.delay import service as delay_service
+    from switchyard.rpc import service as rpc_service
+
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    name, settings = pool
+    svc = delay_service.configure(delay_settings, Connections.from_env())
+    relay = rpc_service.ScheduledRelay(settings)
+    monkeypatch.setattr(rpc_service, "_relay", relay)
+    try:
+        call = ScheduledCall("id-h", name, "hk", b"body")
+        records = [{"key": b"hk", "value": b"body", "headers": fired(0, call).headers}, {"value": b"x"}]
+        event = msk_event(records,
+                          topic=delay_settings.output_topic)
+        next(iter(event["records"].values()))[1]["headers"] = [{"x": "not bytes"}]  # unreadable: parked
+        handler = load_function("rpc_scheduled").lambda_handler
+        response = handler(event, FakeLambdaContext("rpc_scheduled", 60_000))
+        assert response == {"batchItemFailures": []}
+        got = get_message(settings, p.orphan_queue(name))
+        assert got is not None and got[1].message_id == "id-h"
+    finally:
+        relay.close()
+        svc.close()
+
+
+def test_deadline_forms() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert deadline_of(5, now) == now + timedelta(seconds=5)
+    assert deadline_of("2026-01-01T00:00:10Z", now) == now + timedelta(seconds=10)
+    assert deadline_of(datetime(2026, 1, 1, 0, 0, 3), now) == now + timedelta(seconds=3)
+    with pytest.raises(TypeError):
+        deadline_of(True, now)
+    with pytest.raises(p.InvalidNameError):
+        p.reply_queue("a/b")
+
+
+def test_scheduled_calls_run_at_their_time_and_answer_into_a_durable_queue(
+        make_pool, planes, delay_settings) -> None:
+    """Client -> delay input -> scheduler -> output -> relay -> pool (cold start) -> worker -> reply
+    queue, read back by a new client (as after a restart)."""
+    name, settings = make_pool()
+    planes.start(name, settings, handler=WHOAMI)
+    runtime = LocalRuntime(delay_settings, Connections.from_env(), roles=("enqueue", "fire", "scheduled"))
+    runtime.start()
+    reply = unique("r")
+    try:
+        with RpcClient(name, settings) as client:
+            started = time.time()
+            ids = {client.schedule("later", f"in {s}", at=s, reply=reply).result(30): s for s in (2, 3)}
+            ids[client.schedule("now", "past", at=-60, reply=reply).result(30)] = 0
+            client.schedule("later", "no answer wanted", at=1).result(30)
+        with RpcClient(name, settings) as fresh:
+            answers = fresh.collect(reply, ids, timeout=60)
+        assert set(answers) == set(ids)
+        assert all(answer.ok for answer in answers.values())
+        assert answers[min(ids, key=ids.get)].text().endswith("|now|past")
+        assert time.time() - started >= 3
+        assert json.dumps(sorted(a.text().split("|", 1)[1] for a in answers.values())) == json.dumps(
+            ["later|in 2", "later|in 3", "now|past"])
+    finally:
+        runtime.join()
+        delete_queue(settings, p.reply_queue(reply))
+
+
+def test_a_crash_after_publishing_before_the_commit_gives_a_duplicate_never_a_loss(
+        pool, delay_settings, monkeypatch) -> None:
+    """The relay's invocation dies after its publish was confirmed, before the mapping committed the
+    offset: the record comes again and is published again, with the same message id."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    from switchyard.local.msk_bridge import MskBridge, MskBridgeConfig
+    from switchyard.rpc import service as rpc_service
+
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    name, settings = pool
+    relay = rpc_service.ScheduledRelay(settings)
+    monkeypatch.setattr(rpc_service, "_relay", relay)
+    bootstrap = Connections.from_env().kafka_bootstrap
+    producer = Producer({"bootstrap.servers": bootstrap})
+    record = fired(0, ScheduledCall("id-crash", name, "crash-key", b"once"))
+    producer.produce(delay_settings.output_topic, key=record.key, value=record.value,
+                     headers=list(record.headers))
+    producer.flush(10)
+    handler = load_function("rpc_scheduled").lambda_handler
+    crashes = []
+
+    def crash_once(event: dict, context: object) -> object:
+        response = handler(event, context)  # published and confirmed
+        if not crashes:
+            crashes.append(response)
+            raise RuntimeError("the invocation died before the mapping committed (test)")
+        return response
+
+    bridge = MskBridge(MskBridgeConfig(bootstrap, delay_settings.output_topic, unique("g"), "rpc_scheduled",
+                                       batching_window_ms=5, retry_backoff_ms=10, fetch_min_bytes=1),
+                       crash_once)
+    stop = threading.Event()
+    thread = threading.Thread(target=bridge.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while bridge.invocations < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join(30)
+        relay.close()
+    assert crashes and bridge.failures == 1 and bridge.invocations == 2
+    copies = []
+    while (got := get_message(settings, p.orphan_queue(name), timeout=2)) is not None:
+        copies.append((got[1].message_id, got[2]))
+    assert copies == [("id-crash", b"once"), ("id-crash", b"once")]
+
+
+def test_call_at_and_collect_on_the_command_line(make_pool, planes, delay_settings) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    name, settings = make_pool()
+    planes.start(name, settings, handler=WHOAMI)
+    runtime = LocalRuntime(delay_settings, Connections.from_env(), roles=("enqueue", "fire", "scheduled"))
+    runtime.start()
+    reply = unique("r")
+
+    def switchyard(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "switchyard", *args], capture_output=True, text=True,
+                              env=subprocess_env(SWITCHYARD_DELAY_INPUT_TOPIC=delay_settings.input_topic),
+                              timeout=120)
+
+    try:
+        scheduled = switchyard("call", "--pool", name, "--key", "cli", "--body", "later", "--at", "+1s",
+                               "--reply-queue", reply, "--json")
+        assert scheduled.returncode == 0, scheduled.stderr
+        call = json.loads(scheduled.stdout)
+        assert call["status"] == "scheduled" and call["reply_queue"] == reply
+        collected = switchyard("collect", "--reply-queue", reply, "--id", call["id"], "--timeout", "60",
+                               "--json")
+        assert collected.returncode == 0, collected.stderr
+        (answer,) = json.loads(collected.stdout)
+        assert (answer["id"], answer["status"]) == (call["id"], "ok")
+        assert answer["body"].endswith("|cli|later")
+        bad = switchyard("call", "--pool", name, "--key", "k", "--at", "tomorrow")
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "+5s" in bad.stderr
+    finally:
+        runtime.join()
+        delete_queue(settings, p.reply_queue(reply))
