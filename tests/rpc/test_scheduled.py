@@ -282,3 +282,25 @@ def test_call_at_and_collect_on_the_command_line(make_pool, planes, delay_settin
     finally:
         runtime.join()
         delete_queue(settings, p.reply_queue(reply))
+
+
+def test_a_scheduled_call_carries_its_trace_into_the_record() -> None:
+    """The call's own traceparent, else the request in hand's (a child), else a new trace."""
+    from datetime import UTC, datetime
+
+    from switchyard.core import tracing
+    from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
+
+    given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+    def traceparents(call: ScheduledCall) -> list[bytes]:
+        return [v for n, v in scheduled_headers(call, datetime.now(UTC)) if n == tracing.TRACEPARENT_HEADER]
+
+    own = ScheduledCall("c1", "p", "k", b"", headers=((tracing.TRACEPARENT_HEADER, given.encode()),))
+    assert traceparents(own) == [given.encode()]
+    context = tracing.new_trace()
+    with tracing.scope(context):
+        (inherited,) = traceparents(ScheduledCall("c2", "p", "k", b""))
+    assert tracing.parse(inherited).trace_id == context.trace_id
+    (fresh,) = traceparents(ScheduledCall("c3", "p", "k", b""))
+    assert tracing.parse(fresh).trace_id not in (context.trace_id, given.split("-")[1])
