@@ -8,7 +8,7 @@ from typing import Any
 
 from switchyard.bus.api import BusApp
 from switchyard.bus.service import BusService
-from switchyard.core.observability import logger, metrics, tracer
+from switchyard.core.observability import joins_traces, logger, metrics, tracer
 
 
 @functools.cache
@@ -19,6 +19,7 @@ def bus_app() -> BusApp:
 
 @metrics.log_metrics  # BusEventsPublished, flushed once per invocation
 @tracer.capture_lambda_handler
+@joins_traces  # the W3C traces of its requests, annotated on the X-Ray segment
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return bus_app().resolve(event, context)

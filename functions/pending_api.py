@@ -9,7 +9,7 @@ wait on Redis). Tokens per endpoint come from the Secrets Manager secret
 
 from typing import Any
 
-from switchyard.core.observability import logger, metrics, tracer
+from switchyard.core.observability import joins_traces, logger, metrics, tracer
 from switchyard.pending import PendingQueue
 from switchyard.pending.api import TokenStore, build_app
 
@@ -19,6 +19,7 @@ app = build_app(queue, TokenStore.from_env())
 
 @metrics.log_metrics
 @tracer.capture_lambda_handler
+@joins_traces  # the W3C traces of its requests, annotated on the X-Ray segment
 @logger.inject_lambda_context(correlation_id_path="requestContext.requestId")
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     queue.start()  # once per environment; later calls return at once

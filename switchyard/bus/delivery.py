@@ -17,6 +17,7 @@ batch.
 from __future__ import annotations
 
 import http.client
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -29,8 +30,10 @@ from switchyard.bus.errors import CallbackError
 from switchyard.bus.ports import BusStorePort
 from switchyard.bus.settings import BusSettings
 from switchyard.bus.store import DELIVER
+from switchyard.core import tracing
 from switchyard.core.observability import logger
 
+_TRACEPARENT_FIELD = re.compile(rb'"traceparent":"([0-9a-f-]{55})"')  # as event_json writes it
 HOST_BUSY_RETRY_MS = 200  # a delivery whose host is at its limit tries again this much later
 OUTCOMES = ("ok", "fail", "wait", "gone", "empty", "busy")  # a DeliveryResult's, each a worker counter
 
@@ -105,6 +108,11 @@ class Deliverer:
                                                          "events": len(entries), "error": error, "hp": hp})
             return DeliveryResult("fail", len(entries), hp, elapsed_ms, error)
         hp = finish(pending_key, job, "ok", entries[-1][0])
+        if tracing.trace_log_path() is not None:  # the local trace log's hops (``switchyard trace``)
+            for _, event in entries:
+                if (found := _TRACEPARENT_FIELD.search(event)) is not None:
+                    tracing.hop(tracing.parse(found[1]), "bus", "delivered", duration_ms=elapsed_ms,
+                                subscriber=self.store.token_name(token))
         return DeliveryResult("ok", len(entries), hp, elapsed_ms)
 
 

@@ -21,6 +21,7 @@ from switchyard.bus.metrics import BUS_EVENTS_PUBLISHED
 from switchyard.bus.models import TOPIC_PATTERN, EventIn
 from switchyard.bus.ports import BusStorePort
 from switchyard.bus.store import event_json
+from switchyard.core import tracing
 from switchyard.core.observability import metrics
 
 # Fast publishes run side by side, and Powertools' metric set is one per process: so is its lock.
@@ -36,21 +37,32 @@ def proxy_text(status: int, body: str = "") -> dict[str, Any]:
             "multiValueHeaders": {"Content-Type": ["text/plain"]}}
 
 
+def header_traceparent(headers: dict[str, str] | None) -> str | None:
+    """The ``traceparent`` header of a proxy event's headers (either spelling), if any."""
+    headers = headers or {}
+    return headers.get(tracing.TRACEPARENT_HEADER) or headers.get("Traceparent")
+
+
 class Publisher:
     """Publishing to one bus."""
 
     def __init__(self, store: BusStorePort, credentials: Credentials) -> None:
         self.store, self.credentials = store, credentials
 
-    def accept(self, topic: str, token: str, body: EventIn) -> None:
+    def accept(self, topic: str, token: str, body: EventIn, traceparent: str | None = None) -> None:
         """Queue one validated event: its data size, then the ingest script, which checks the token
-        and the topic's owner (UnknownTokenError, TopicClaimedError: nothing was written)."""
+        and the topic's owner (UnknownTokenError, TopicClaimedError: nothing was written). With the
+        publish's ``traceparent`` header, the event carries the bus's span of that trace to its
+        subscribers (a malformed one: a new trace)."""
         if body.data is not None:
             size = len(json.dumps(body.data, separators=(",", ":"), ensure_ascii=False).encode())
             if size > self.store.settings.max_event_data:
                 raise BadInputError("bad event")
         timestamp = body.timestamp if body.timestamp is not None else int(time.time() * 1000)
-        self.store.publish(topic, token, event_json(topic, body.type, body.url, timestamp, body.data))
+        trace = tracing.continue_from(traceparent) if traceparent is not None else None
+        self.store.publish(topic, token, event_json(topic, body.type, body.url, timestamp, body.data,
+                                                    trace.traceparent if trace is not None else None))
+        tracing.hop(trace, "bus", "published", topic=topic)
         if not is_metrics_disabled():  # Powertools prints every 100 values, disabled or not
             with _metrics_lock:
                 metrics.add_metric(name=BUS_EVENTS_PUBLISHED, unit=MetricUnit.Count, value=1)
@@ -72,7 +84,7 @@ class Publisher:
             raw = json.loads(event.get("body") or "")
             if not isinstance(raw, dict):
                 return None
-            self.accept(topic, token, EventIn.model_validate(raw))
+            self.accept(topic, token, EventIn.model_validate(raw), header_traceparent(event.get("headers")))
         except (ValueError, RecursionError, BadInputError, UnknownTokenError, TopicClaimedError,
                 StorageError):
             return None  # ValueError: bad JSON or a ValidationError; RecursionError: JSON nested too deeply

@@ -26,7 +26,7 @@ from switchyard.bus.errors import (
 )
 from switchyard.bus.models import TOPIC_PATTERN, EventIn, SubscriptionBody, TokenIn, subscription_model
 from switchyard.bus.ports import BusStorePort
-from switchyard.bus.publish import Publisher
+from switchyard.bus.publish import Publisher, header_traceparent
 from switchyard.core.observability import logger, redact
 
 _UNSUBSCRIBE_ERRORS = {-1: "subscriber not found", -2: "topic not found", -3: "not subscribed"}
@@ -193,7 +193,7 @@ def build_resolver(store: BusStorePort, credentials: Credentials,
             raise UnauthorizedError(("client",))
         object_body("bad event")
         try:
-            publisher.accept(name, token, body)
+            publisher.accept(name, token, body, header_traceparent(app.current_event.headers))
         except UnknownTokenError:
             raise UnauthorizedError(("client",)) from None
         except TopicClaimedError:

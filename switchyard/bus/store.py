@@ -370,9 +370,13 @@ class BusStore:
         return int(jobs), int(forgotten)
 
 
-def event_json(topic: str, type_: str, url: str, timestamp: int, data: dict[str, Any] | None) -> str:
-    """An event exactly as a subscriber receives it (``timestamp`` is ``t``; no ``data`` if null)."""
+def event_json(topic: str, type_: str, url: str, timestamp: int, data: dict[str, Any] | None,
+               traceparent: str | None = None) -> str:
+    """An event exactly as a subscriber receives it (``timestamp`` is ``t``; no ``data`` if null;
+    ``traceparent`` only when its publish carried one)."""
     event: dict[str, Any] = {"topic": topic, "type": type_, "url": url, "t": timestamp}
     if data is not None:
         event["data"] = data
+    if traceparent is not None:
+        event["traceparent"] = traceparent
     return json.dumps(event, separators=(",", ":"), ensure_ascii=False)

@@ -10,6 +10,7 @@ import threading
 from switchyard.cli.local import quiet_metrics
 from switchyard.cli.options import AT_LEAST_ONE, PORT, add_commands, add_json_option
 from switchyard.cli.preflight import require
+from switchyard.core.tracing import enable_trace_log
 
 
 def _bus():
@@ -30,6 +31,7 @@ def _stop_event() -> threading.Event:
 def cmd_serve(args: argparse.Namespace) -> int:
     """The API over real HTTP, as API Gateway REST would hand it to the Lambda function."""
     quiet_metrics()
+    enable_trace_log()
     from switchyard.local.http_gateway import HttpGateway
 
     bus = _bus()
@@ -47,6 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """Delivery threads and housekeeping until SIGTERM/SIGINT; in-flight deliveries finish first."""
     quiet_metrics()
+    enable_trace_log()
     bus = _bus()
     store = bus.store
     worker = bus.worker(threads=args.threads)

@@ -18,6 +18,7 @@ from switchyard.cli.options import AT_LEAST_ONE, COUNT, add_commands, add_json_o
 from switchyard.cli.preflight import require
 from switchyard.core.config import Connections
 from switchyard.core.errors import ConfigError
+from switchyard.core.tracing import enable_trace_log
 from switchyard.delay.errors import PublishError
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.parsing import format_deadline, parse_deadline
@@ -36,6 +37,7 @@ def ship_metrics(family: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     ship_metrics("delay")
+    enable_trace_log()
     settings, connections = DelaySettings.from_env(), Connections.from_env()
     kafka = ("kafka",) if {"enqueue", "fire", "scheduled"} & set(args.roles) else ()  # sweep: Postgres only
     broker = ("amqp",) if "scheduled" in args.roles else ()  # the relay publishes into the pools

@@ -55,7 +55,10 @@ def cmd_local(args: argparse.Namespace) -> int:
     from switchyard.core.observability import pool_service
 
     quiet_metrics(pool_service(args.pool))
+    from switchyard.core.tracing import enable_trace_log
     from switchyard.local.rpc_runtime import LocalControlPlane
+
+    enable_trace_log()  # before the driver copies the environment its workers get
 
     control = control_settings(args.pool, args.unbind_delay, args.stop_delay)
     require("amqp", "management", "redis")

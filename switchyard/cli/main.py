@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "switchyard.cli.alarms",
     "switchyard.cli.spark",
     "switchyard.cli.status",
+    "switchyard.cli.trace",
 )
 # Set to see the traceback of an unexpected error (a bug to report) instead of its one line.
 TRACEBACK_ENV = "SWITCHYARD_TRACEBACK"

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_commands, add_json_option
 from switchyard.cli.preflight import reach, require
 from switchyard.core.errors import ConfigError
+from switchyard.core.tracing import enable_trace_log
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -22,6 +23,7 @@ def _serve(args: argparse.Namespace) -> int:
     from switchyard.pending.api import TokenStore, build_app
 
     quiet_metrics()
+    enable_trace_log()
     require("redis")
     tokens = TokenStore.from_env()
     stop = threading.Event()

@@ -20,6 +20,7 @@ from switchyard.cli.options import (
 )
 from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
+from switchyard.core.tracing import TRACEPARENT_HEADER, parse
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.client.schedule import collect
@@ -149,11 +150,14 @@ def cmd_call(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         response = client.call(args.key, body, expiration_ms=args.expiration_ms)
         elapsed = time.perf_counter() - started
+    trace = parse(response.headers.get(TRACEPARENT_HEADER))  # the worker's span: `switchyard trace ID`
+    trace_id = trace.trace_id if trace is not None else None
     if args.json:
         print(json.dumps({"status": response.status, "body": response.text(),
-                          "latency_ms": round(elapsed * 1000, 3)}))
+                          "latency_ms": round(elapsed * 1000, 3), "trace_id": trace_id}))
     else:
-        print(f"status: {response.status} ({elapsed * 1000:.1f} ms)")
+        traced = f" trace {trace_id}" if trace_id else ""
+        print(f"status: {response.status} ({elapsed * 1000:.1f} ms){traced}")
         sys.stdout.write(response.text() + "\n")
     return 0 if response.ok else 3
 

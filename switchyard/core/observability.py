@@ -16,6 +16,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import asdict
 from typing import Any
 
@@ -145,6 +146,12 @@ class NoTracer:
 
     capture_method = capture_lambda_handler
 
+    @staticmethod
+    def put_annotation(key: str, value: Any) -> None:
+        """Nothing to annotate: no segment is recorded."""
+
+    put_metadata = put_annotation
+
 
 def _build_tracer() -> Tracer | NoTracer:
     disabled = os.environ.get("POWERTOOLS_TRACE_DISABLED", "").lower() in ("1", "true", "yes", "on")
@@ -220,6 +227,43 @@ def emit_counts(outcome: object, prefix: str = "") -> None:
             metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
 
 
+MAX_TRACES_NOTED = 100  # trace ids one invocation annotates (a batch may hold thousands)
+_traces_seen: ContextVar[list[str] | None] = ContextVar("switchyard_traces_seen", default=None)
+
+
+def note_trace(trace_id: str) -> None:
+    """Remember a W3C trace id this invocation worked on (``switchyard.core.tracing.scope`` calls it)."""
+    seen = _traces_seen.get()
+    if seen is not None and len(seen) < MAX_TRACES_NOTED and trace_id not in seen[-1:]:
+        seen.append(trace_id)
+
+
+def xray_root(trace_id: str) -> str:
+    """A W3C trace id in X-Ray's form, ``1-<first 8 hex>-<last 24 hex>`` (X-Ray reads the first
+    part as the epoch seconds the trace began; a W3C id carries none, so it is taken as it is)."""
+    return f"1-{trace_id[:8]}-{trace_id[8:]}"
+
+
+def joins_traces(handler: Callable) -> Callable:
+    """Annotate the invocation's X-Ray subsegment with the W3C traces its work noted: ``trace_id``
+    (the first, searchable: ``annotation.trace_id = "<32 hex>"``) and, as metadata, all of them
+    with their X-Ray roots. Inside ``tracer.capture_lambda_handler``, whose subsegment it annotates."""
+
+    @functools.wraps(handler)
+    def joined(event: Any, context: Any) -> Any:
+        seen: list[str] = []
+        token = _traces_seen.set(seen)
+        try:
+            return handler(event, context)
+        finally:
+            _traces_seen.reset(token)
+            if seen:
+                tracer.put_annotation("trace_id", seen[0])
+                tracer.put_metadata("traces", {trace: xray_root(trace) for trace in seen})
+
+    return joined
+
+
 def lambda_handler_for(
     work: Callable[[Any, Any], Any],
     *,
@@ -230,7 +274,8 @@ def lambda_handler_for(
 ) -> Callable:
     """A Lambda entry point around one core call, in the Powertools way.
 
-    Logger context, tracing and metrics decorators; the event parsed into ``data_class`` and
+    Logger context, tracing (the W3C traces of its messages annotated: ``joins_traces``) and
+    metrics decorators; the event parsed into ``data_class`` and
     handed to ``work(event, context)``; the outcome dataclass it returns is reported as metrics
     (``report(outcome)``, or every count field under ``metric_prefix``) and returned as JSON, or
     as ``respond(outcome)`` where the event source reads a response (a partial batch response).
@@ -238,6 +283,7 @@ def lambda_handler_for(
 
     @_log_metrics
     @tracer.capture_lambda_handler
+    @joins_traces
     @logger.inject_lambda_context
     @event_source(data_class=data_class)
     def lambda_handler(event: Any, context: Any) -> dict[str, Any]:

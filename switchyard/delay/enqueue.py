@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
+from switchyard.core import tracing
 from switchyard.core.observability import logger
 from switchyard.delay.errors import (
     InvalidMessageError,
@@ -33,15 +35,26 @@ from switchyard.delay.ports import DelayStore, Publisher
 from switchyard.delay.settings import DelaySettings
 
 
-def _drop(drop: Drop, drops: list[Drop], exc_info: bool = False) -> None:
-    """Log (ERROR, naming topic/partition/offset) and keep one dropped record; it is counted by the caller."""
-    logger.error(
-        f"dropped record {drop.topic}/{drop.partition}/{drop.offset}: {drop.reason}: {drop.detail}",
-        extra={"topic": drop.topic, "partition": drop.partition, "offset": drop.offset,
-               "reason": drop.reason},
-        exc_info=exc_info,
-    )
+def _drop(drop: Drop, drops: list[Drop], exc_info: bool = False,
+          headers: Sequence[tuple[str, Any]] = ()) -> None:
+    """Log (ERROR, naming topic/partition/offset, in the record's trace if its ``headers`` name a
+    valid one) and keep one dropped record; it is counted by the caller."""
+    with tracing.scope_if(tracing.in_pairs(headers)):
+        logger.error(
+            f"dropped record {drop.topic}/{drop.partition}/{drop.offset}: {drop.reason}: {drop.detail}",
+            extra={"topic": drop.topic, "partition": drop.partition, "offset": drop.offset,
+                   "reason": drop.reason},
+            exc_info=exc_info,
+        )
     drops.append(drop)
+
+
+def _safe_headers(record: InputRecord) -> Sequence[tuple[str, Any]]:
+    """The record's headers if they are a list of pairs (a record that failed to parse may not be)."""
+    headers = record.headers
+    if isinstance(headers, tuple | list) and all(isinstance(h, tuple) and len(h) == 2 for h in headers):
+        return headers
+    return ()
 
 
 def _validate(records: Iterable[InputRecord | Drop],
@@ -63,11 +76,13 @@ def _validate(records: Iterable[InputRecord | Drop],
             message = parse_record(record)
         except InvalidMessageError as exc:
             reason = DropReason(exc.reason)
-            _drop(Drop(record.topic, record.partition, record.offset, reason, exc.detail), drops)
+            _drop(Drop(record.topic, record.partition, record.offset, reason, exc.detail), drops,
+                  headers=_safe_headers(record))
             continue
         except Exception as exc:  # a parser bug must not hold the partition back: drop, with the trace
             _drop(Drop(record.topic, record.partition, record.offset, DropReason.MALFORMED_RECORD,
-                       f"{type(exc).__name__}: {exc}"[:300]), drops, exc_info=True)
+                       f"{type(exc).__name__}: {exc}"[:300]), drops, exc_info=True,
+                  headers=_safe_headers(record))
             continue
         if message.id in valid:
             repeats += 1
@@ -119,7 +134,8 @@ def _isolate(messages: Sequence[DelayedMessage], error: StoreError, sources: dic
             src = sources[part[0].id]
             if isinstance(exc, UnstorableMessageError):
                 detail = str(exc)[:300]
-                _drop(Drop(src.topic, src.partition, src.offset, DropReason.UNSTORABLE, detail), drops)
+                _drop(Drop(src.topic, src.partition, src.offset, DropReason.UNSTORABLE, detail), drops,
+                      headers=part[0].headers)
                 settled += 1
             else:
                 failed.append(RecordPosition(src.topic, src.partition, src.offset))
@@ -176,6 +192,13 @@ def enqueue_records(
     except StoreError as exc:
         logger.warning("batch insert failed; isolating the records that fail", extra={"error": str(exc)})
         inserted, failed = _isolate(to_store, exc, sources, store, drops)
+    if tracing.trace_log_path() is not None:  # the local trace log's hops (``switchyard trace``)
+        stored_now = {m.id for m in to_store}
+        for m in messages:
+            event = "stored" if m.id in inserted else "fired at once" if m.id not in stored_now else ""
+            if event:
+                tracing.hop(tracing.in_pairs(m.headers), "delay", event, id=m.id,
+                            deadline=m.deadline.isoformat())
     unsettled = len(failed) + sum(1 for d in drops if d.reason is DropReason.UNSTORABLE)
     return EnqueueOutcome(
         received=received,

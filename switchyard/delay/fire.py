@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
+from switchyard.core import tracing
 from switchyard.core.latency import percentile
 from switchyard.core.observability import logger
 from switchyard.delay.errors import MessageRefusedError, PublishError, StoreError
@@ -204,24 +205,30 @@ class FireLoop:
             except PublishError as exc:
                 self._c.publish_failures += 1
                 self._to_release.append(row)
-                logger.error("publish refused", extra={"message_id": row.id, "error": str(exc)})
+                with tracing.scope_if(tracing.in_pairs(row.headers)):
+                    logger.error("publish refused", extra={"message_id": row.id, "error": str(exc)})
         return sent
 
     def collect(self, deliveries: list[Delivery]) -> None:
         """Sort confirmations: delivered rows are to be deleted, failed ones released."""
         failed: list[Delivery] = []
         to_delete = self._to_delete
+        hops = tracing.trace_log_path() is not None  # the local trace log's (``switchyard trace``)
         for d in deliveries:
             row = d.token
             assert isinstance(row, ReadyMessage)
             if d.error is None:
                 to_delete.append(row)
+                if hops:
+                    tracing.hop(tracing.in_pairs(row.headers), "delay", "fired", id=row.id,
+                                late_ms=round((time.time() - row.deadline.timestamp()) * 1000, 1))
             elif d.refused:
                 self._refused(row, d.error)
             else:
                 failed.append(d)
                 self._to_release.append(row)
         self._c.fired += len(deliveries) - len(failed)
+
         if failed:  # one line per batch: a broker outage must not flood the log
             self._c.publish_failures += len(failed)
             logger.error(f"{len(failed)} publications not confirmed; releasing their rows",
@@ -232,8 +239,9 @@ class FireLoop:
         """The broker will never take this message: park it (phase 2), do not release it to retry."""
         self._c.publish_failures += 1
         self._to_park.append((row, reason))
-        logger.error("message refused by the output broker for good; parking it",
-                     extra={"message_id": row.id, "error": reason, "node_id": self.node_id})
+        with tracing.scope_if(tracing.in_pairs(row.headers)):
+            logger.error("message refused by the output broker for good; parking it",
+                         extra={"message_id": row.id, "error": reason, "node_id": self.node_id})
 
     # -- phase 2 -----------------------------------------------------------------------------
 

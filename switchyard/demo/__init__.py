@@ -24,8 +24,8 @@ from switchyard.demo.scheduled_calls import scheduled_calls_part
 from switchyard.demo.spark_job import spark_part
 from switchyard.demo.summary import print_summary
 
-__all__ = ["KEYS", "Printer", "delay_scheduler_part", "event_bus_part", "pending_queue_part", "register",
-           "run_demo", "scheduled_calls_part", "spark_part"]
+__all__ = ["KEYS", "Printer", "delay_scheduler_part", "event_bus_part", "follow_one_request",
+           "pending_queue_part", "register", "run_demo", "scheduled_calls_part", "spark_part"]
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -33,7 +33,10 @@ def run_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
     from switchyard.cli.preflight import require
     from switchyard.core.observability import logger
+    from switchyard.core.tracing import enable_trace_log
     from switchyard.rpc.settings import RpcSettings
+
+    trace_log = enable_trace_log()  # `switchyard trace ID` follows one request of the demo
 
     require("amqp", "management", "redis", "postgres", "kafka")  # one line, in a second, if one is down
     if not args.verbose:
@@ -46,7 +49,24 @@ def run_demo(args: argparse.Namespace) -> int:
     scheduled_calls_part(out)
     event_bus_part(out)
     pending_queue_part(out)
+    if trace_log is not None:
+        follow_one_request(out, trace_log)
     return 0
+
+
+def follow_one_request(out: Printer, trace_log: str) -> None:
+    """The hops of the first request that started a worker group, from the local trace log."""
+    from switchyard.cli.trace import first_cold_start, hop_lines
+    from switchyard.core.tracing import read_hops
+
+    out.section("Following one request")
+    trace_id = first_cold_start(trace_log)
+    if trace_id is not None:
+        out.line(f"switchyard trace {trace_id}")
+        for line in hop_lines(read_hops(trace_id, trace_log)):
+            out.line(f"  {line}")
+    out.line(f"every hop of every request is in {trace_log} (`switchyard trace ID`; ID: a response's "
+             "traceparent, or a log line's correlation_id)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

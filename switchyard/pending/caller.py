@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from switchyard.core import tracing
 from switchyard.pending import metrics
 from switchyard.pending.errors import (
     CancelledError,
@@ -104,8 +105,10 @@ class Caller:
         s = self.settings
         refs = store_streams(self.streams, streams)
         try:
-            message = encode_message({"body": body, "streams": [r.to_json() for r in refs]}, "request",
-                                     s.max_message_bytes)
+            trace = tracing.outgoing()  # the request in hand's trace, else a new one
+            message = encode_message({"body": body, "streams": [r.to_json() for r in refs],
+                                      "traceparent": trace.traceparent}, "request", s.max_message_bytes)
+            tracing.hop(trace, "pending", "queued", endpoint=endpoint)
             return self._call(endpoint, message, pickup_timeout or s.pickup_timeout_s, cancel)
         finally:
             for ref in refs:

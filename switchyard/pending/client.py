@@ -39,6 +39,7 @@ class ServiceRequest:
     body: Any
     streams: list[StreamRef]
     cancel: CancelToken = field(default_factory=CancelToken)
+    traceparent: str | None = None  # the caller's W3C trace context (the handler runs under it)
 
 
 Handler = Callable[[ServiceRequest], Any]
@@ -157,8 +158,10 @@ class PollingService:
                 self._process(session, reply.json())
 
     def _process(self, session: requests.Session, raw: dict[str, Any]) -> None:
+        traceparent = raw.get("traceparent")
         request = ServiceRequest(raw["id"], raw["take"], raw.get("body"),
-                                 [StreamRef.from_json(s) for s in raw.get("streams") or []])
+                                 [StreamRef.from_json(s) for s in raw.get("streams") or []],
+                                 traceparent=traceparent if isinstance(traceparent, str) else None)
         first_beat = time.monotonic() + self.settings.heartbeat_initial_delay_s
         with self._lock:
             self._active[request.id] = (request, first_beat)

@@ -10,12 +10,14 @@ import itertools
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, BinaryIO
 
+from switchyard.core import tracing
 from switchyard.core.errors import RemoteError
 from switchyard.pending.errors import MessageTooLargeError, PendingError
 from switchyard.pending.streams import StreamRef, StreamStore
@@ -95,11 +97,13 @@ class PendingRequest:
     caller: str
     enqueued_at_ms: int
     cancel: CancelToken = field(default_factory=CancelToken, repr=False)
+    traceparent: str | None = None  # the caller's, as it queued the request (None: it sent none)
 
     def to_json(self) -> dict[str, Any]:
         """What the HTTP long poll hands a polling service."""
         return {"id": self.id, "take": self.take_id, "body": self.body,
-                "streams": [s.to_json() for s in self.streams], "enqueued_at_ms": self.enqueued_at_ms}
+                "streams": [s.to_json() for s in self.streams], "enqueued_at_ms": self.enqueued_at_ms,
+                "traceparent": self.traceparent}
 
 
 @dataclass(frozen=True)
@@ -133,17 +137,24 @@ def store_streams(stream_store: StreamStore | None,
 
 def handler_message(handler: Callable[[Any], Any], request: Any,
                     stream_store: StreamStore | None) -> dict[str, Any]:
-    """Run a service's handler; the response message for its answer (streams stored), or for its
-    failure (any exception: it is this request's problem only)."""
-    try:
-        result = handler(request)
-        if not isinstance(result, Reply):
-            result = Reply(result)
-        streams = [ref.to_json() for ref in store_streams(stream_store, result.streams)]
-        return {"ok": True, "body": result.body, "streams": streams}
-    except Exception as exc:
-        logger.exception("handler failed for request %s", request.id)
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    """Run a service's handler under the request's trace (its ``traceparent``: the logger's
+    correlation id); the response message for its answer (streams stored), or for its failure (any
+    exception: it is this request's problem only)."""
+    context = tracing.continue_from(request.traceparent)
+    started = time.perf_counter()
+    with tracing.scope(context):
+        try:
+            result = handler(request)
+            if not isinstance(result, Reply):
+                result = Reply(result)
+            streams = [ref.to_json() for ref in store_streams(stream_store, result.streams)]
+            message = {"ok": True, "body": result.body, "streams": streams}
+        except Exception as exc:
+            logger.exception("handler failed for request %s", request.id)
+            message = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    tracing.hop(context, "pending", "handled", duration_ms=(time.perf_counter() - started) * 1000,
+                id=request.id, status="ok" if message["ok"] else "error")
+    return message
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,8 @@ class NextRequest(BaseModel):
     body: Any = Field(description="the caller's JSON body")
     streams: list[StreamRef] = Field(description="the caller's streams")
     enqueued_at_ms: int = Field(description="when the caller queued it (Unix epoch, milliseconds)")
+    traceparent: str | None = Field(None, description="the caller's W3C trace context (null: none); "
+                                                      "send it on with what the request causes")
 
 
 class HeartbeatIn(BaseModel):

@@ -177,11 +177,13 @@ class Processor:
             message = json.loads(raw)
             streams = [StreamRef.from_json(r) for r in message.get("streams") or []]
             body = message.get("body")
+            traceparent = message.get("traceparent")
         except (ValueError, TypeError, AttributeError, PendingError) as exc:
             logger.error("unreadable request %s on %s, answered with an error: %s", request_id, endpoint, exc)
             self.respond(endpoint, request_id, take_id, {"ok": False, "error": f"unreadable request: {exc}"})
             return None
-        return PendingRequest(request_id, endpoint, take_id, body, streams, caller, enqueued)
+        return PendingRequest(request_id, endpoint, take_id, body, streams, caller, enqueued,
+                              traceparent=traceparent if isinstance(traceparent, str) else None)
 
     # ----------------------------------------------------------- answering
 

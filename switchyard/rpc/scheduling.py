@@ -7,7 +7,8 @@ A scheduled call is a record of the delay scheduler's input topic with the Chron
 queue its answer goes to (``x-switchyard-reply-queue``) and the epoch ms at which it expires
 (``x-switchyard-deadline-ms``); the record's key is the call's key, its value the body. The
 scheduler relays every header but its own two, so the fired record names where the call goes.
-Other headers (a trace context) travel on into the AMQP request.
+Other headers travel on into the AMQP request: the call's own (``ScheduledCall.headers``) and its
+W3C ``traceparent`` (the call's, else the request in hand's, else a new trace).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from switchyard.core import tracing
 from switchyard.core.errors import InvalidNameError
 from switchyard.delay.model import (
     DEADLINE_HEADER,
@@ -68,6 +70,10 @@ def scheduled_headers(call: ScheduledCall, deadline: datetime) -> list[tuple[str
         headers.append((p.REPLY_QUEUE_HEADER, call.reply_queue.encode()))
     if call.expires_ms is not None:
         headers.append((p.DEADLINE_HEADER, str(call.expires_ms).encode()))
+    headers.extend((name, value) for name, value in call.headers if value is not None)
+    if not any(name == tracing.TRACEPARENT_HEADER for name, _ in call.headers):
+        # the request in hand's trace, else a new one: relayed with the record into the request
+        headers.append((tracing.TRACEPARENT_HEADER, tracing.outgoing_traceparent().encode()))
     return headers
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from switchyard.core.errors import BrokerError, RpcError, SwitchyardError
+from switchyard.core.tracing import TRACEPARENT_HEADER
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import Response
 from switchyard.rpc.errors import CallTimeoutError
@@ -104,10 +105,11 @@ def call_partition(
         future: Future[Any]
         try:
             client = client_for(request.pool)
+            headers = {TRACEPARENT_HEADER: request.traceparent} if request.traceparent else None
             if options.reply:
-                future = client.submit(request.key, request.body, timeout=options.timeout_s)
+                future = client.submit(request.key, request.body, timeout=options.timeout_s, headers=headers)
             else:
-                future = client.send(request.key, request.body, timeout=options.timeout_s)
+                future = client.send(request.key, request.body, timeout=options.timeout_s, headers=headers)
         except SwitchyardError as exc:  # no connection for a client yet, or the client closed
             return settle(attempt, Status.FAILED, None, f"{type(exc).__name__}: {exc}", True)
         in_flight += 1

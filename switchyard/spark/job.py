@@ -165,7 +165,7 @@ def input_format(path: str, given: str | None) -> str:
 
 
 def read_input(spark: SparkSession, path: str, fmt: str) -> DataFrame:
-    """The input as the five columns (missing ones null): strings, ``body`` string or binary."""
+    """The input as the input columns (missing ones null): strings, ``body`` string or binary."""
     reader = spark.read
     df = {"parquet": lambda: reader.parquet(path), "json": lambda: reader.json(path),
           "csv": lambda: reader.option("header", True).csv(path)}[fmt]()

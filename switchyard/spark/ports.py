@@ -8,9 +8,9 @@ for them opens no connection.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from switchyard.rpc.client import Response
@@ -19,11 +19,13 @@ if TYPE_CHECKING:
 class PoolCaller(Protocol):
     """Calls to one pool's workers, many in flight; each future fails with an RpcError or BrokerError."""
 
-    def submit(self, key: str, body: bytes, *, timeout: float) -> Future[Response]:
+    def submit(self, key: str, body: bytes, *, timeout: float,
+               headers: Mapping[str, Any] | None = None) -> Future[Response]:
         """A call: the future resolves to the worker's (or the dead-lettering broker's) answer."""
         ...
 
-    def send(self, key: str, body: bytes, *, timeout: float) -> Future[None]:
+    def send(self, key: str, body: bytes, *, timeout: float,
+             headers: Mapping[str, Any] | None = None) -> Future[None]:
         """A request without reply-to: the future resolves once the broker confirmed it."""
         ...
 

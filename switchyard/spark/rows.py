@@ -15,14 +15,17 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from switchyard.core import tracing
 from switchyard.core.errors import InvalidNameError
 from switchyard.delay.model import MAX_MESSAGE_ID_LENGTH
 from switchyard.delay.parsing import format_deadline, parse_deadline
 from switchyard.rpc import protocol as p
 
-# Input columns (every one but ``key`` optional).
+# Input columns (every one but ``key`` optional). ``traceparent``: the row's W3C trace context, the
+# header of its RPC request or its delay record (a new trace when absent or malformed).
 KEY, BODY, POOL, ID, DEADLINE = "key", "body", "pool", "id", "deadline"
-INPUT_COLUMNS = (KEY, BODY, POOL, ID, DEADLINE)
+TRACEPARENT = tracing.TRACEPARENT_HEADER
+INPUT_COLUMNS = (KEY, BODY, POOL, ID, DEADLINE, TRACEPARENT)
 
 ID_HEX_CHARS = 32  # 128 bits of SHA-256: a stable id per distinct row
 
@@ -71,6 +74,7 @@ class Request:
     deadline: str | None  # canonical UTC form (format_deadline)
     # (input file, data row from 1): where it came from, for an errors row if it is rejected later
     origin: tuple[str | None, int | None] = field(default=(None, None), compare=False)
+    traceparent: str = field(default="", compare=False)  # what it is sent with ("": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +136,8 @@ def prepare(row: dict[str, Any], default_pool: str | None) -> Request | Rejected
     if given_id is not None and (not given_id or len(given_id) > MAX_MESSAGE_ID_LENGTH or "\x00" in given_id):
         return reject(Reason.INVALID_ID, f"id must be 1-{MAX_MESSAGE_ID_LENGTH} characters without NUL")
     row_id = given_id if given_id is not None else stable_id(pool, key_text, body, deadline)
-    return Request(row_id, pool, key_text, body, deadline)
+    trace = tracing.continue_from(row.get(TRACEPARENT))  # the publish is a hop of the row's trace
+    return Request(row_id, pool, key_text, body, deadline, traceparent=trace.traceparent)
 
 
 def result_row(request: Request, status: Status | str, attempts: int, latency_ms: float | None,

@@ -3,7 +3,8 @@
 The same conventions as ``switchyard delay send``: an idempotent producer (``enable.idempotence``,
 ``acks=all``; ``service.delay_producer`` makes it), the Chronos headers ``chronosMessageId`` (the
 row's id) and ``chronosDeadline`` (canonical UTC), and here the pool, key and id in headers too
-(``x-switchyard-pool``, ``x-switchyard-key``, ``x-switchyard-id``, which the scheduler relays); the
+(``x-switchyard-pool``, ``x-switchyard-key``, ``x-switchyard-id``, and the row's ``traceparent``,
+which the scheduler relays); the
 Kafka key is the row's key, the value its body. A row is ``scheduled`` once the broker confirmed
 it, ``failed`` (retried by ``--resume``) if not.
 """
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import cast
 
+from switchyard.core.tracing import TRACEPARENT_HEADER
 from switchyard.delay.parsing import parse_deadline
 from switchyard.delay.settings import validate_topic
 from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
@@ -25,7 +27,8 @@ from switchyard.spark.rows import Request, Status, result_row
 def chronos_headers(request: Request, reply_queue: str | None = None) -> list[tuple[str, bytes]]:
     """The headers a scheduled row carries (``request.deadline`` must be set): a scheduled call's
     (switchyard/rpc/scheduling.py), answered into ``reply_queue`` if one is named."""
-    call = ScheduledCall(request.id, request.pool, request.key, request.body, reply_queue)
+    trace = ((TRACEPARENT_HEADER, request.traceparent.encode()),) if request.traceparent else ()
+    call = ScheduledCall(request.id, request.pool, request.key, request.body, reply_queue, headers=trace)
     return scheduled_headers(call, parse_deadline(cast(str, request.deadline)))
 
 

@@ -149,3 +149,36 @@ def test_a_job_that_raises_is_retried_and_the_worker_goes_on(bus, make_subscribe
     bus.store.redis.hset(bus.store.key("sub", broken.token), "max", "100")
     bus.store.redis.zadd(scheduled, {job: 0})
     wait_for(lambda: len(broken_sub.ok_events()) == 3, what="the repaired subscriber's events")
+
+
+def test_a_published_traceparent_reaches_the_subscriber_in_the_event(bus, subscriber, worker, tmp_path,
+                                                                     monkeypatch):
+    """The publish's ``traceparent`` header becomes the event's field (the bus's span of that trace),
+    by the resolver and by the fast path; a malformed one starts a new trace; none adds nothing."""
+    from switchyard.core import tracing
+    from tests.bus.test_api import _proxy_event
+
+    log = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(tracing.TRACE_LOG_ENV, str(log))
+    given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    pub, sub = bus.client("traced-pub"), bus.client("traced-sub")
+    subscribe(sub, subscriber, ["traced"], timeout=0, max=1)
+    for n, traceparent in enumerate([given, None, "00-bad"]):
+        headers = {"traceparent": traceparent} if traceparent else {}
+        assert pub.post("/topics/traced", json={"type": "create", "url": f"https://x.example/{n}"},
+                        headers=headers).status_code == 200
+    fast = _proxy_event("/topics/traced", pub.token, '{"type": "create", "url": "https://x.example/3"}')
+    fast["headers"]["Traceparent"] = given
+    assert bus.app.fast_publish(fast) is not None
+    wait_for(lambda: len(subscriber.ok_events()) == 4, what="four deliveries")
+    events = sorted(subscriber.ok_events(), key=lambda e: e["url"])
+    carried = [tracing.parse(e.get("traceparent")) for e in events]
+    assert carried[0].trace_id == carried[3].trace_id == given.split("-")[1]
+    assert carried[0].span_id != given.split("-")[2]  # the bus's own span
+    assert "traceparent" not in events[1]
+    assert carried[2] is not None and carried[2].trace_id != carried[0].trace_id
+    wait_for(lambda: len([h for h in tracing.read_hops(carried[0].trace_id, str(log))
+                          if h["event"] == "delivered"]) == 2, what="the delivered hops")
+    hops = tracing.read_hops(carried[0].trace_id, str(log))
+    assert [h["event"] for h in hops].count("published") == 2
+    assert {h["subscriber"] for h in hops if h["event"] == "delivered"} == {"traced-sub"}

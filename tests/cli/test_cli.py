@@ -72,16 +72,18 @@ def test_errors_say_what_to_do() -> None:
     assert result.returncode == 1 and "invalid pool name" in result.stderr
 
 
-def test_local_control_plane_serves_calls_from_the_command_line() -> None:
-    """`switchyard local` starts groups on demand; `switchyard call` gets the answer; SIGTERM ends it."""
+def test_local_control_plane_serves_calls_from_the_command_line(tmp_path) -> None:
+    """`switchyard local` starts groups on demand; `switchyard call` gets the answer and its trace,
+    which `switchyard trace` follows through the hops the local runtime logged; SIGTERM ends it."""
     import signal
     import time
 
     pool = unique("cli")
     settings = RpcSettings.from_env()
+    log = {"SWITCHYARD_TRACE_LOG": str(tmp_path / "trace.jsonl")}
     local = subprocess.Popen(
         [sys.executable, "-m", "switchyard", "local", "--pool", pool, "--status-every", "0.5"],
-        env=subprocess_env(SWITCHYARD_WORKER_HANDLER="switchyard.rpc.examples:echo"),
+        env=subprocess_env(SWITCHYARD_WORKER_HANDLER="switchyard.rpc.examples:echo", **log),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -92,10 +94,15 @@ def test_local_control_plane_serves_calls_from_the_command_line() -> None:
             assert time.monotonic() < deadline and local.poll() is None, local.stderr.read()
             time.sleep(0.2)
         result = run("call", "--pool", pool, "--key", "a key", "--body", "hi there", "--json",
-                     "--timeout", "30")
+                     "--timeout", "30", **log)
         assert result.returncode == 0, result.stderr
         answer = json.loads(result.stdout)
         assert answer["status"] == "ok" and answer["body"] == "hi there"
+        traced = run("trace", answer["trace_id"], "--json", **log)
+        assert traced.returncode == 0, traced.stderr
+        hops = [(h["part"], h["event"]) for h in json.loads(traced.stdout)["hops"]]
+        assert hops == [("rpc", "publish"), ("rpc", "orphan forwarded"), ("rpc", "group started"),
+                        ("rpc", "handled")], hops
         local.send_signal(signal.SIGTERM)
         out, err = local.communicate(timeout=60)
         assert local.returncode == 0, err

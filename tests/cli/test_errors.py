@@ -52,7 +52,7 @@ VALID = {
     "pool": "walk_pool", "key": "k", "handler": "switchyard.rpc.examples:echo",
     "function": "rpc_orphans", "event": str(ROOT / "events" / "rmq_orphan.json"), "endpoint": "e",
     "token": "t", "name": "walker", "input": str(SCRATCH / "rows.jsonl"), "output": str(SCRATCH / "out"),
-    "job_run_id": "00abc", "job_args": "--help",
+    "job_run_id": "00abc", "job_args": "--help", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
 }
 # Flags a command needs to stay quick with its services closed (building a Python environment
 # with pip is not a quick failure).

@@ -386,3 +386,27 @@ def test_a_record_postgres_refuses_as_data_is_dropped_and_the_rest_is_stored(
 def fail_offset_4(record: KafkaEventRecord) -> None:
     if record.offset == 4:
         raise RuntimeError("failed")
+
+
+def test_a_dropped_record_is_logged_in_its_trace(handler_service: DelayService) -> None:
+    """The drop's log line carries the record's trace id as its correlation id."""
+    import io
+    import logging
+
+    from switchyard.core.observability import logger
+
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    traceparent = f"00-{trace_id}-00f067aa0ba902b7-01".encode()
+    bad = {"key": b"k", "value": b"bad",
+           "headers": [("chronosMessageId", b"no-deadline"), ("traceparent", traceparent)]}
+    lines = io.StringIO()
+    handler = logging.StreamHandler(lines)
+    handler.setFormatter(logger.registered_formatter)  # the lines as the logger writes them
+    logger.addHandler(handler)
+    try:
+        outcome = invoke([bad, rec("fine", 60_000)])
+    finally:
+        logger.removeHandler(handler)
+    assert outcome["enqueued"] == 1 and len(outcome["dropped"]) == 1
+    [line] = [line for line in lines.getvalue().splitlines() if "dropped record" in line]
+    assert f"correlation_id={trace_id}" in line

@@ -173,3 +173,15 @@ def test_an_insert_notifies_listeners_of_its_earliest_deadline(store: PostgresDe
     other.drop_schema()
     for s in (writer, other):
         s.close()
+
+
+def test_every_header_survives_the_postgres_round_trip_in_order_traceparent_included(
+        store: PostgresDelayStore) -> None:
+    """What the scheduler relays is what it stored: names, order, repeats, binary and null values."""
+    headers = (("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+               ("tracestate", b"vendor=a,other=b"), ("x-switchyard-key", "k\u00e9y".encode()),
+               ("bin", b"\x00\xff\x80"), ("empty", b""), ("null", None), ("bin", b"again"),
+               ("\u00fcnicode name", b"v"))
+    assert store.insert([DelayedMessage("traced", in_ms(60_000), b"k", b"v", headers)]) == {"traced"}
+    (row,) = store.ready(str(uuid.uuid4()), timedelta(days=1), 10)
+    assert row.headers == headers

@@ -252,3 +252,32 @@ def test_concurrent_requests_keep_their_own_token_while_a_long_poll_waits(make_n
     assert statuses == [expected for _, _, expected in calls]
     assert took < 2.0, f"the others waited for the long poll ({took:.1f} s)"
     assert poll["status"] == 204 and 2.5 <= poll["took"] < 6
+
+
+def test_a_request_carries_its_callers_trace_to_the_polling_service_and_its_handler(
+        make_node: NodeFactory, gateway: HttpGateway, settings: PendingSettings, tmp_path,
+        monkeypatch) -> None:
+    """Queued inside a request's trace, the pending request carries it: through ``next`` to the
+    polling service, whose handler runs with its trace id as the logger's correlation id."""
+    from switchyard.core import tracing
+    from switchyard.core.observability import logger
+
+    log = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(tracing.TRACE_LOG_ENV, str(log))
+    seen: list[tuple[str | None, str | None]] = []
+
+    def handler(request: ServiceRequest) -> str:
+        seen.append((request.traceparent, logger.thread_safe_get_current_keys().get("correlation_id")))
+        return "ok"
+
+    node_a = make_node()
+    caller_trace = tracing.new_trace()
+    with service(gateway, settings, handler):
+        with tracing.scope(caller_trace):
+            assert node_a.queue_and_wait("svc", {"n": 1}).body == "ok"
+        assert node_a.queue_and_wait("svc", {"n": 2}).body == "ok"  # no trace in hand: a new one
+    (first, first_id), (second, second_id) = seen
+    assert tracing.parse(first).trace_id == caller_trace.trace_id == first_id
+    assert tracing.parse(first).span_id != caller_trace.span_id  # the caller's own span for the request
+    assert tracing.parse(second).trace_id == second_id != caller_trace.trace_id
+    assert [h["event"] for h in tracing.read_hops(caller_trace.trace_id, str(log))] == ["queued", "handled"]

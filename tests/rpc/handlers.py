@@ -53,3 +53,16 @@ def slow_logged(request: Request) -> bytes:
         log.write(f"{request.worker_id} {request.text()}\n")
     time.sleep(float(os.environ.get("SLOW_SECONDS", "1.0")))
     return request.body
+
+
+def traced(request: Request) -> str:
+    """Sheds until delivered SHED_TIMES times (default 0), then answers the request's traceparent
+    and the logger's correlation id while it runs, as JSON."""
+    import json
+
+    from switchyard.core.observability import logger
+
+    if request.delivery_count < int(os.environ.get("SHED_TIMES", "0")):
+        raise Requeue()
+    return json.dumps({"traceparent": request.headers.get("traceparent"),
+                       "correlation_id": logger.thread_safe_get_current_keys().get("correlation_id")})

@@ -17,6 +17,7 @@ import pika
 import pytest
 import redis
 
+from switchyard.core import tracing
 from switchyard.local.functions import load_function
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event, rmq_message
@@ -243,6 +244,38 @@ def test_dead_letter_handler_survives_garbage_and_answers_the_good(env: Env) -> 
     assert poisoned[0][0].headers["x-first-death-reason"] == "delivery_limit"
 
 
+TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_the_orphan_path_and_the_dead_letter_responder_keep_the_trace(env: Env) -> None:
+    """Forwarded, answered expired, dead-lettered, poisoned: each copy or answer stays in the trace
+    (the control plane's own span under the request's); a malformed traceparent starts a new one."""
+    rq, trace_id = env.reply_queue, TRACE.split("-")[1]
+    traced = {tracing.TRACEPARENT_HEADER: TRACE}
+    orphans = [request("tk", b"fwd", reply_to=rq, correlation_id="f1", headers=traced),
+               request("tk", b"bad", reply_to=rq, correlation_id="f2",
+                       headers={tracing.TRACEPARENT_HEADER: "00-" + "x" * 500}),
+               request(None, b"nokey", reply_to=rq, correlation_id="n1", headers=traced)]
+    outcome = env.call("rpc_orphans", event_of(p.orphan_queue(env.pool), [rmq_message(o) for o in orphans]))
+    assert outcome["forwarded"] == 2 and outcome["without_key"] == 1
+    forwarded = {props.correlation_id: tracing.parse(props.headers[tracing.TRACEPARENT_HEADER])
+                 for props, _ in env.drain(p.request_queue(env.pool, "tk"))}
+    assert forwarded["f1"].trace_id == trace_id and forwarded["f1"].span_id != TRACE.split("-")[2]
+    assert forwarded["f2"].trace_id != trace_id  # a new trace, and still forwarded
+    (reply, _), = env.replies_with({"n1"})
+    assert tracing.parse(reply.headers[tracing.TRACEPARENT_HEADER]).trace_id == trace_id
+
+    dead_letters = [dead("tk", "expired", "e1", rq), dead("tk", "delivery_limit", "d1", rq)]
+    for delivery in dead_letters:
+        delivery.properties.headers[tracing.TRACEPARENT_HEADER] = TRACE
+    env.call("rpc_dead_letters", event_of(p.dl_queue(env.pool), [rmq_message(d) for d in dead_letters]))
+    replies = env.replies_with({"e1", "d1"})
+    assert {tracing.parse(props.headers[tracing.TRACEPARENT_HEADER]).trace_id for props, _ in replies} == {
+        trace_id}
+    poisoned = {props.correlation_id: props.headers for props, _ in env.drain(p.poison_queue(env.pool))}
+    assert poisoned["d1"][tracing.TRACEPARENT_HEADER] == poisoned["n1"][tracing.TRACEPARENT_HEADER] == TRACE
+
+
 # -- activity ---------------------------------------------------------------------------------------
 def activity(key: str | None, event: Any = "request-received", latency: Any = None) -> RmqDelivery:
     headers: dict[str, Any] = {p.WORKER_ID_HEADER: "w1"}
@@ -328,6 +361,7 @@ def test_a_staged_orphan_is_forwarded_clean_with_its_key_and_remaining_expiratio
     assert outcome["forwarded"] == 1 and outcome["without_key"] == 0
     (got, _), = env.drain(p.request_queue(env.pool, "plain key"))
     headers = {k: v for k, v in got.headers.items() if k != p.DELIVERY_COUNT_HEADER}  # this delivery's
+    assert tracing.parse(headers.pop(tracing.TRACEPARENT_HEADER))  # it had none: a new trace starts here
     assert headers == {p.KEY_HEADER: "plain key", "app": "kept"}
     assert 55_000 <= int(got.expiration) <= 60_000
 

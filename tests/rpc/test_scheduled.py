@@ -183,6 +183,7 @@ def test_scheduled_calls_run_at_their_time_and_answer_into_a_durable_queue(
             ids = {client.schedule("later", f"in {s}", at=s, reply=reply).result(30): s for s in (2, 3)}
             ids[client.schedule("now", "past", at=-60, reply=reply).result(30)] = 0
             client.schedule("later", "no answer wanted", at=1).result(30)
+        assert _peek_delivery_mode(settings, p.reply_queue(reply)) == 2  # persistent, as its queue is durable
         with RpcClient(name, settings) as fresh:
             answers = fresh.collect(reply, ids, timeout=60)
         assert set(answers) == set(ids)
@@ -194,6 +195,23 @@ def test_scheduled_calls_run_at_their_time_and_answer_into_a_durable_queue(
     finally:
         runtime.join()
         delete_queue(settings, p.reply_queue(reply))
+
+
+def _peek_delivery_mode(settings: RpcSettings, queue: str, timeout: float = 30.0) -> int | None:
+    """The delivery mode of the first answer in ``queue``, left there (nacked back)."""
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    try:
+        channel = connection.channel()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            method, props, _body = channel.basic_get(queue, auto_ack=False)
+            if method is not None:
+                channel.basic_nack(method.delivery_tag, requeue=True)
+                return props.delivery_mode
+            time.sleep(0.05)
+        return None
+    finally:
+        connection.close()
 
 
 def test_a_crash_after_publishing_before_the_commit_gives_a_duplicate_never_a_loss(
@@ -282,3 +300,25 @@ def test_call_at_and_collect_on_the_command_line(make_pool, planes, delay_settin
     finally:
         runtime.join()
         delete_queue(settings, p.reply_queue(reply))
+
+
+def test_a_scheduled_call_carries_its_trace_into_the_record() -> None:
+    """The call's own traceparent, else the request in hand's (a child), else a new trace."""
+    from datetime import UTC, datetime
+
+    from switchyard.core import tracing
+    from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
+
+    given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+    def traceparents(call: ScheduledCall) -> list[bytes]:
+        return [v for n, v in scheduled_headers(call, datetime.now(UTC)) if n == tracing.TRACEPARENT_HEADER]
+
+    own = ScheduledCall("c1", "p", "k", b"", headers=((tracing.TRACEPARENT_HEADER, given.encode()),))
+    assert traceparents(own) == [given.encode()]
+    context = tracing.new_trace()
+    with tracing.scope(context):
+        (inherited,) = traceparents(ScheduledCall("c2", "p", "k", b""))
+    assert tracing.parse(inherited).trace_id == context.trace_id
+    (fresh,) = traceparents(ScheduledCall("c3", "p", "k", b""))
+    assert tracing.parse(fresh).trace_id not in (context.trace_id, given.split("-")[1])

@@ -105,3 +105,19 @@ def test_every_output_column_is_documented_and_the_json_response_is_said_to_be_b
     assert set(r.RESULT_COLUMNS) == {*r.RESULT_FIELDS, "run_id"}
     assert set(r.ERROR_COLUMNS) == {*r.ERROR_FIELDS, "run_id"}
     assert "base64" in r.RESULT_COLUMNS["response"] and "base64" in r.FORMAT_HELP
+
+
+def test_a_row_is_sent_in_its_trace_or_a_new_one() -> None:
+    from switchyard.core import tracing
+    from switchyard.spark.schedule import chronos_headers
+
+    given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced = r.prepare({"key": "k", "traceparent": given, "deadline": "2030-01-01T00:00:00Z"}, "p")
+    sent = tracing.parse(traced.traceparent)
+    assert sent.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" and sent.span_id != "00f067aa0ba902b7"
+    assert (tracing.TRACEPARENT_HEADER, traced.traceparent.encode()) in chronos_headers(traced)
+    assert traced.id == r.prepare({"key": "k", "deadline": "2030-01-01T00:00:00Z"}, "p").id  # not in the id
+    for value in (None, "", "nonsense", given.upper()):
+        fresh = r.prepare({"key": "k", "traceparent": value}, "p")
+        assert isinstance(fresh, r.Request) and tracing.parse(fresh.traceparent)
+        assert tracing.parse(fresh.traceparent).trace_id != sent.trace_id

@@ -67,7 +67,7 @@ class FakeCaller:
     def __init__(self, pool: str, closed: list[str]) -> None:
         self.pool, self.closed = pool, closed
 
-    def submit(self, key: str, body: bytes, *, timeout: float) -> Future[Response]:
+    def submit(self, key: str, body: bytes, *, timeout: float, headers: object = None) -> Future[Response]:
         future: Future[Response] = Future()
         if key.startswith("slow"):
             future.set_exception(CallTimeoutError("no answer"))
@@ -75,7 +75,7 @@ class FakeCaller:
             future.set_result(Response("ok", body.upper(), "c"))
         return future
 
-    def send(self, key: str, body: bytes, *, timeout: float) -> Future[None]:
+    def send(self, key: str, body: bytes, *, timeout: float, headers: object = None) -> Future[None]:
         future: Future[None] = Future()
         future.set_result(None)
         return future

@@ -257,12 +257,14 @@ def test_every_handler_is_deployed_with_layer_tracing_vpc_and_powertools(resourc
             props = fn["Properties"]
             assert props["Runtime"] == f"python{c.PYTHON_VERSION}", module  # tests/stacks/test_platform.py
             assert props["Layers"] == [{"Ref": layer}], module
-            assert props["TracingConfig"] == {"Mode": "Active"}, module
+            assert props["TracingConfig"] == {"Mode": "Active"}, module  # X-Ray joins the W3C traces
             assert props["VpcConfig"]["SecurityGroupIds"], module
             env = props["Environment"]["Variables"]
             assert env["POWERTOOLS_METRICS_NAMESPACE"] == f"Switchyard/{c.STACK_ID}", module  # its own
             assert env["POWERTOOLS_SERVICE_NAME"].startswith("switchyard-"), module
             assert env["POWERTOOLS_LOG_LEVEL"] == "INFO", module
+            assert "POWERTOOLS_TRACE_DISABLED" not in env, module  # Powertools' Tracer records the segment
+            assert "SWITCHYARD_TRACE_LOG" not in env, module  # a function never writes the local trace log
 
 
 def test_the_fire_loop_warns_past_the_alarms_lateness_sla(resources: Resources) -> None:

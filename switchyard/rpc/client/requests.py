@@ -10,6 +10,7 @@ from typing import Any
 
 import pika
 
+from switchyard.core import tracing
 from switchyard.rpc import protocol as p
 
 _CID_ROOM = 40  # bytes a correlation id may take: tag, slot and sequence number
@@ -52,6 +53,10 @@ def encode_request(key: str, body: bytes | str, timeout: float, expiration_ms: i
     if headers is not None and not isinstance(headers, Mapping):
         raise TypeError(f"headers must be a mapping, not {type(headers).__name__}")
     msg_headers = {**headers, p.KEY_HEADER: key} if headers else {p.KEY_HEADER: key}
+    if tracing.TRACEPARENT_HEADER not in msg_headers:  # the caller's trace, else the request in hand's
+        msg_headers[tracing.TRACEPARENT_HEADER] = tracing.outgoing_traceparent()
+    if tracing.trace_log_path() is not None:
+        tracing.hop(tracing.parse(msg_headers[tracing.TRACEPARENT_HEADER]), "rpc", "publish", key=key)
     props = pika.BasicProperties(
         reply_to=reply_queue if reply else None,
         expiration=str(expiration_ms) if expiration_ms else None,  # 0: never expires
@@ -65,7 +70,7 @@ def encode_request(key: str, body: bytes | str, timeout: float, expiration_ms: i
             raise ValueError(f"request headers cannot be encoded in AMQP: {type(exc).__name__}: {exc}"
                              ) from exc
     else:
-        size = 256 + len(key.encode("utf-8"))  # the fixed properties and the key header
+        size = 320 + len(key.encode("utf-8"))  # the fixed properties, the key and traceparent headers
     if size + _CID_ROOM + _FRAME_OVERHEAD > frame_max:
         raise ValueError(f"request properties and headers take {size} bytes: more than the "
                          f"broker's frame size ({frame_max} bytes) can carry")

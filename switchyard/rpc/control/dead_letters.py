@@ -4,7 +4,9 @@ Every dead-lettered request with a reply-to gets a response through the default 
 its correlation id and ``x-status`` = the request's ``x-first-death-reason`` (RabbitMQ's header
 name; the public osrdyne read ``x-first-death`` and never answered). Requests that died by
 ``delivery_limit`` also go to the poison inventory. All of it is confirmed before the batch is
-acked. A request without reply-to is logged and counted; nothing crashes the batch.
+acked. A request without reply-to is logged and counted; nothing crashes the batch. Each dead
+letter is a hop of its trace: the response carries ``traceparent`` (the responder's span under the
+request's) and the poison copy keeps the request's own.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from switchyard.core import tracing
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.orphans import negative_response, poison_copy
@@ -67,27 +70,36 @@ def respond_dead_letters(
     for message in messages:
         outcome.dead_letters += 1
         outcome.malformed_fields += bool(message.problems)
-        reason = death_reason(message)
-        if reason is None:
-            outcome.without_reason += 1
-            reason = UNKNOWN_REASON
-            logger.warning("dead letter without x-first-death-reason",
-                           extra={"pool": pool, "correlation_id": message.properties.correlation_id})
-        if reason in _PER_REASON:
-            setattr(outcome, reason, getattr(outcome, reason) + 1)
-        if reason == p.Status.DELIVERY_LIMIT:
-            outcome.poisoned += 1
-            outgoing.append(poison_copy(pool, message, reason))
-            logger.warning("poison request moved to the poison inventory",
-                           extra={"pool": pool, "key": message.key,
-                                  "correlation_id": message.properties.correlation_id})
-        reply = negative_response(message, reason, _details(message, reason))
-        if reply is None:
-            outcome.without_reply_to += 1
-            logger.info("dead letter without reply-to: no one to answer",
-                        extra={"pool": pool, "reason": reason, "key": message.key})
-            continue
-        outcome.responses += 1
-        outgoing.append(reply)
+        trace = tracing.from_headers(message.headers)
+        with tracing.scope(trace):
+            _respond(message, pool, trace, outcome, outgoing)
     publisher.publish_all(outgoing)
     return outcome
+
+
+def _respond(message: AmqpMessage, pool: str, trace: tracing.TraceContext, outcome: DeadLetterOutcome,
+             outgoing: list[Outgoing]) -> None:
+    """Count one dead letter by reason; queue its poison copy and its response, if any."""
+    reason = death_reason(message)
+    if reason is None:
+        outcome.without_reason += 1
+        reason = UNKNOWN_REASON
+        logger.warning("dead letter without x-first-death-reason",
+                       extra={"pool": pool, "amqp_correlation_id": message.properties.correlation_id})
+    if reason in _PER_REASON:
+        setattr(outcome, reason, getattr(outcome, reason) + 1)
+    if reason == p.Status.DELIVERY_LIMIT:
+        outcome.poisoned += 1
+        outgoing.append(poison_copy(pool, message, reason))
+        logger.warning("poison request moved to the poison inventory",
+                       extra={"pool": pool, "key": message.key,
+                              "amqp_correlation_id": message.properties.correlation_id})
+    reply = negative_response(message, reason, _details(message, reason), trace)
+    tracing.hop(trace, "rpc", "dead-lettered", pool=pool, key=message.key, reason=reason)
+    if reply is None:
+        outcome.without_reply_to += 1
+        logger.info("dead letter without reply-to: no one to answer",
+                    extra={"pool": pool, "reason": reason, "key": message.key})
+        return
+    outcome.responses += 1
+    outgoing.append(reply)

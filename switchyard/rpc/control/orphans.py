@@ -15,6 +15,10 @@ whose time is already up is answered ``expired`` at once. ``user_id`` moves into
 broker refuses a ``user_id`` that is not the publishing connection's own.
 An orphan without a key cannot be routed: it goes to the poison inventory (and gets a negative
 response if it has a reply-to), confirmed like the rest.
+
+Each orphan is a hop of its trace: the forwarded copy's ``traceparent`` is the orphan handler's
+own span under the request's (a new trace if it had none or a malformed one), and so is a
+negative response's; its log lines carry the trace id.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import pika
 
+from switchyard.core import tracing
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
@@ -81,20 +86,27 @@ def remaining_expiration_ms(message: AmqpMessage, at_ms: int) -> int | None:
     return int(original) - max(0, at_ms - int(died_s * 1000 + 500))
 
 
-def forwarded_properties(message: AmqpMessage, key: str, expiration: str | None) -> pika.BasicProperties:
+def forwarded_properties(message: AmqpMessage, key: str, expiration: str | None,
+                         trace: tracing.TraceContext | None = None) -> pika.BasicProperties:
     headers = {name: value for name, value in message.headers.items()
                if not name.startswith(p.BROKER_BOOKKEEPING_PREFIXES)}
     headers[p.KEY_HEADER] = key
+    if trace is not None:
+        headers[tracing.TRACEPARENT_HEADER] = trace.traceparent
     return republishable(message.properties, headers, expiration)
 
 
-def negative_response(message: AmqpMessage, status: str, detail: dict) -> Outgoing | None:
-    """A protocol response for the caller waiting on ``reply-to``, if there is one."""
+def negative_response(message: AmqpMessage, status: str, detail: dict,
+                      trace: tracing.TraceContext | None = None) -> Outgoing | None:
+    """A protocol response for the caller waiting on ``reply-to``, if there is one, in the
+    request's trace (``trace``: this hop's span, else one under the request's ``traceparent``)."""
     reply_to = message.properties.reply_to
     if not reply_to:
         return None
-    props = pika.BasicProperties(correlation_id=message.properties.correlation_id,
-                                 headers={p.STATUS_HEADER: status}, content_type="application/json")
+    trace = trace or tracing.from_headers(message.headers)
+    headers = {p.STATUS_HEADER: status, tracing.TRACEPARENT_HEADER: trace.traceparent}
+    props = pika.BasicProperties(correlation_id=message.properties.correlation_id, headers=headers,
+                                 content_type="application/json")
     return Outgoing("", reply_to, json.dumps(detail).encode(), props)
 
 
@@ -111,33 +123,17 @@ def forward_orphans(
     outgoing: list[Outgoing] = []
     forwards: dict[str, list[tuple[bytes, pika.BasicProperties]]] = {}
     at_ms = now_ms()
+    traces: dict[str, list[tracing.TraceContext]] = {}
     for message in messages:
         outcome.orphans += 1
         outcome.malformed_fields += bool(message.problems)
-        key = message.key
-        if key is None:
-            outcome.without_key += 1
-            logger.error("orphan without a usable key sent to the poison inventory",
-                         extra={"pool": pool, "correlation_id": message.properties.correlation_id})
-            outgoing.append(poison_copy(pool, message, "no key: no routing key or x-switchyard-key header"))
-            reply = negative_response(message, p.Status.ERROR, {
-                "error": "MissingKey",
-                "message": f"requests must carry their key as routing key (at most {p.MAX_NAME_BYTES} "
-                           f"bytes) or in the {p.KEY_HEADER} header"})
-            if reply is not None:
-                outgoing.append(reply)
-            continue
-        left_ms = remaining_expiration_ms(message, at_ms)
-        if left_ms is not None and left_ms <= 0:
-            outcome.expired += 1
-            reply = negative_response(message, p.Status.EXPIRED, {
-                "reason": p.Status.EXPIRED, "key": key,
-                "detail": "the request expired before a worker group could take it"})
-            if reply is not None:
-                outgoing.append(reply)
-            continue
-        expiration = str(left_ms) if left_ms is not None else None
-        forwards.setdefault(key, []).append((message.body, forwarded_properties(message, key, expiration)))
+        trace = tracing.from_headers(message.headers)
+        with tracing.scope(trace):
+            forward = _sort_orphan(message, pool, at_ms, trace, outcome, outgoing)
+        if forward is not None:
+            key, props = forward
+            forwards.setdefault(key, []).append((message.body, props))
+            traces.setdefault(key, []).append(trace)
     outcome.keys = len(forwards)
 
     with state.locked(forwards):
@@ -152,7 +148,10 @@ def forward_orphans(
         publisher.publish_all(outgoing)
     outcome.forwarded = sum(len(batch) for batch in forwards.values())
 
+    new_groups = set(became_active)
     for key in forwards:
+        for trace in traces[key]:
+            tracing.hop(trace, "rpc", "orphan forwarded", pool=pool, key=key, cold_start=key in new_groups)
         try:
             driver.start(WorkerGroup(pool, key))
             outcome.group_starts += 1
@@ -160,4 +159,39 @@ def forward_orphans(
             outcome.group_start_failures += 1
             logger.exception("worker group start failed; the reconciler will retry",
                              extra={"pool": pool, "key": key})
+            continue
+        if key in new_groups:
+            for trace in traces[key]:
+                tracing.hop(trace, "rpc", "group started", pool=pool, key=key)
     return outcome
+
+
+def _sort_orphan(message: AmqpMessage, pool: str, at_ms: int, trace: tracing.TraceContext,
+                 outcome: OrphanOutcome, outgoing: list[Outgoing]) -> tuple[str, pika.BasicProperties] | None:
+    """The key and properties to forward one orphan with, or None when it was answered or poisoned."""
+    key = message.key
+    if key is None:
+        outcome.without_key += 1
+        logger.error("orphan without a usable key sent to the poison inventory",
+                     extra={"pool": pool, "amqp_correlation_id": message.properties.correlation_id})
+        outgoing.append(poison_copy(pool, message, "no key: no routing key or x-switchyard-key header"))
+        reply = negative_response(message, p.Status.ERROR, {
+            "error": "MissingKey",
+            "message": f"requests must carry their key as routing key (at most {p.MAX_NAME_BYTES} "
+                       f"bytes) or in the {p.KEY_HEADER} header"}, trace)
+        if reply is not None:
+            outgoing.append(reply)
+        tracing.hop(trace, "rpc", "orphan without key", pool=pool)
+        return None
+    left_ms = remaining_expiration_ms(message, at_ms)
+    if left_ms is not None and left_ms <= 0:
+        outcome.expired += 1
+        reply = negative_response(message, p.Status.EXPIRED, {
+            "reason": p.Status.EXPIRED, "key": key,
+            "detail": "the request expired before a worker group could take it"}, trace)
+        if reply is not None:
+            outgoing.append(reply)
+        tracing.hop(trace, "rpc", "orphan expired", pool=pool, key=key)
+        return None
+    expiration = str(left_ms) if left_ms is not None else None
+    return key, forwarded_properties(message, key, expiration, trace)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import pika
 
+from switchyard.core import tracing
 from switchyard.core.errors import BrokerError, SwitchyardError
 from switchyard.core.observability import logger
 from switchyard.delay.model import Drop, InputRecord, RecordPosition
@@ -147,8 +148,9 @@ def relay_scheduled(records: Iterable[InputRecord | Drop], *, publisher: Settled
         return known[pool]
 
     def refuse(record: InputRecord, pool: str | None, reason: str, detail: str, call_id: str | None) -> None:
-        logger.warning("scheduled call refused", extra={"reason": reason, "detail": detail, "pool": pool,
-                                                        "call_id": call_id, "position": record.position})
+        with tracing.scope_if(tracing.in_pairs(record.headers)):
+            logger.warning("scheduled call refused", extra={"reason": reason, "detail": detail, "pool": pool,
+                                                            "call_id": call_id, "position": record.position})
         if pool is not None and exists(pool):
             poison.append((record, _poison(pool, record, f"{reason}: {detail}", call_id), True))
         else:
@@ -204,6 +206,8 @@ def relay_scheduled(records: Iterable[InputRecord | Drop], *, publisher: Settled
         for (record, call, _), result in zip(requests, results, strict=True):
             if result is None:
                 outcome.published += 1
+                tracing.hop(tracing.in_pairs(record.headers), "rpc", "scheduled call published",
+                            pool=call.pool, key=call.key, id=call.id)
             elif result == "returned":
                 outcome.unroutable += 1
                 refuse(record, call.pool, Refusal.UNROUTABLE,

@@ -58,6 +58,7 @@ import pika.exceptions
 import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
+from switchyard.core import tracing
 from switchyard.core.latency import percentile
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
@@ -230,7 +231,7 @@ class Worker:
             self._runs += 1
             self._running = (self._runs, time.monotonic())
             try:
-                status, reply_body = self._handle(delivery)
+                status, reply_body, traceparent = self._handle(delivery)
             finally:
                 self._running = None
             if self._keeper_driving:  # end its I/O turn now rather than at its time limit
@@ -239,7 +240,7 @@ class Worker:
             with self._io_lock:
                 if self._keeper_error is not None:
                     raise self._keeper_error
-                self._finish(delivery, status, reply_body)
+                self._finish(delivery, status, reply_body, traceparent)
 
     def _keep_io(self, connection: pika.BlockingConnection) -> None:
         """Keeper thread: while a handler runs longer than ``_TAKEOVER_S``, drive the I/O.
@@ -266,8 +267,10 @@ class Worker:
                 self._keeper_error = exc
                 return
 
-    def _finish(self, delivery: _Delivery, status: p.Status | None, reply_body: bytes) -> None:
-        """Publish the handler's reply and ack, or shed the request (``status`` None)."""
+    def _finish(self, delivery: _Delivery, status: p.Status | None, reply_body: bytes,
+                traceparent: str) -> None:
+        """Publish the handler's reply (with the handling's ``traceparent``) and ack, or shed the
+        request (``status`` None)."""
         if status is None:
             self._shed(delivery)
             return
@@ -276,10 +279,15 @@ class Worker:
             self.stats.no_reply_to += 1
             ack_buffered(self._channel, delivery.tag)
             return
-        reply_props = pika.BasicProperties(
-            correlation_id=props.correlation_id,
-            headers={p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: self.config.worker_id},
-        )
+        headers = {p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: self.config.worker_id,
+                   tracing.TRACEPARENT_HEADER: traceparent}
+        if props.headers and tracing.TRACESTATE_HEADER in props.headers:  # vendors' state, passed through
+            headers[tracing.TRACESTATE_HEADER] = props.headers[tracing.TRACESTATE_HEADER]
+        # An answer to a durable reply queue (a scheduled call's) is persistent: it outlives a broker
+        # restart as the queue does; a caller's own reply queue dies with the caller anyway.
+        persistent = props.reply_to.startswith(p.REPLY_QUEUE_PREFIX)
+        reply_props = pika.BasicProperties(correlation_id=props.correlation_id, headers=headers,
+                                           delivery_mode=pika.DeliveryMode.Persistent if persistent else None)
         # Both frames go out together at the next I/O pass, in this order.
         publish_buffered(self._channel, "", props.reply_to, reply_body, reply_props)
         ack_buffered(self._channel, delivery.tag)
@@ -340,7 +348,19 @@ class Worker:
                          b"", props)
 
     # -- the handler ------------------------------------------------------------------------
-    def _handle(self, delivery: _Delivery) -> tuple[p.Status | None, bytes]:
+    def _handle(self, delivery: _Delivery) -> tuple[p.Status | None, bytes, str]:
+        """The handler's outcome under the request's trace (its id the logger's correlation id)."""
+        props = delivery.props
+        context = tracing.from_headers(props.headers)
+        started = time.perf_counter()
+        with tracing.scope(context):
+            status, body = self._run_handler(delivery)
+        tracing.hop(context, "rpc", "handled", duration_ms=(time.perf_counter() - started) * 1000,
+                    key=self.config.key, worker_id=self.config.worker_id,
+                    status=status.value if status is not None else "requeued")
+        return status, body, context.traceparent
+
+    def _run_handler(self, delivery: _Delivery) -> tuple[p.Status | None, bytes]:
         cfg = self.config
         props = delivery.props
         request = Request(
@@ -361,7 +381,7 @@ class Worker:
             self.stats.errors += 1
             self.stats.handled += 1
             logger.exception("handler failed", extra={"worker_id": cfg.worker_id,
-                                                      "correlation_id": props.correlation_id})
+                                                      "amqp_correlation_id": props.correlation_id})
             return p.Status.ERROR, json.dumps({"error": type(exc).__name__, "message": str(exc)}).encode()
         self.stats.handled += 1
         return p.Status.OK, reply_body

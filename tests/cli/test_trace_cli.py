@@ -1,0 +1,45 @@
+"""`switchyard trace ID` and the demo's "Following one request", on a trace log written by hops."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from switchyard import cli
+from switchyard.core import tracing
+from switchyard.demo import Printer, follow_one_request
+
+
+def write_trace(path: Path, monkeypatch: pytest.MonkeyPatch) -> tracing.TraceContext:
+    monkeypatch.setenv(tracing.TRACE_LOG_ENV, str(path))
+    warm, cold = tracing.new_trace(), tracing.new_trace()
+    tracing.hop(warm, "rpc", "orphan forwarded", pool="p", key="k", cold_start=False)
+    tracing.hop(cold, "rpc", "publish", key="k")
+    tracing.hop(cold.child(), "rpc", "orphan forwarded", pool="p", key="k", cold_start=True)
+    tracing.hop(cold.child(), "rpc", "handled", duration_ms=0.5, key="k", status="ok")
+    return cold
+
+
+def test_trace_prints_the_hops_in_order_or_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    cold = write_trace(tmp_path / "trace.jsonl", monkeypatch)
+    assert cli.main(["trace", cold.trace_id]) == 0  # the log SWITCHYARD_TRACE_LOG names
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"trace {cold.trace_id}: 3 hops from {tmp_path / 'trace.jsonl'}"
+    assert "rpc: publish" in lines[1] and "cold_start=True" in lines[2] and "took 0.5 ms" in lines[3]
+    assert cli.main(["trace", cold.traceparent, "--json"]) == 0  # a whole traceparent names its trace
+    printed = json.loads(capsys.readouterr().out)
+    assert [h["event"] for h in printed["hops"]] == ["publish", "orphan forwarded", "handled"]
+    assert cli.main(["trace", tracing.new_trace().trace_id]) == 1  # not in the log: one error line
+    assert capsys.readouterr().err.startswith("switchyard: error: no hop of trace ")
+
+
+def test_the_demo_follows_the_first_request_that_started_a_group(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    cold = write_trace(tmp_path / "trace.jsonl", monkeypatch)
+    follow_one_request(Printer(), str(tmp_path / "trace.jsonl"))
+    out = capsys.readouterr().out
+    assert f"switchyard trace {cold.trace_id}" in out and out.count(" rpc: ") == 3
