@@ -117,15 +117,18 @@ def workers() -> Iterator[WorkerProcesses]:
     procs.stop_all()
 
 
-def get_message(settings: RpcSettings, queue: str, timeout: float = 10.0):
-    """Poll ``queue`` with basic.get until a message arrives; returns (method, props, body) or None."""
+def get_message(settings: RpcSettings, queue: str, timeout: float = 10.0, keep: bool = False):
+    """Poll ``queue`` with basic.get until a message arrives; returns (method, props, body) or None.
+    ``keep``: the message is put back (nacked with requeue) instead of taken."""
     connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
     try:
         channel = connection.channel()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            method, props, body = channel.basic_get(queue, auto_ack=True)
+            method, props, body = channel.basic_get(queue, auto_ack=not keep)
             if method is not None:
+                if keep:
+                    channel.basic_nack(method.delivery_tag, requeue=True)
                 return method, props, body
             time.sleep(0.05)
         return None

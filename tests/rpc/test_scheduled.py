@@ -183,7 +183,8 @@ def test_scheduled_calls_run_at_their_time_and_answer_into_a_durable_queue(
             ids = {client.schedule("later", f"in {s}", at=s, reply=reply).result(30): s for s in (2, 3)}
             ids[client.schedule("now", "past", at=-60, reply=reply).result(30)] = 0
             client.schedule("later", "no answer wanted", at=1).result(30)
-        assert _peek_delivery_mode(settings, p.reply_queue(reply)) == 2  # persistent, as its queue is durable
+        first = get_message(settings, p.reply_queue(reply), timeout=30, keep=True)
+        assert first is not None and first[1].delivery_mode == 2  # persistent, as its queue is durable
         with RpcClient(name, settings) as fresh:
             answers = fresh.collect(reply, ids, timeout=60)
         assert set(answers) == set(ids)
@@ -195,23 +196,6 @@ def test_scheduled_calls_run_at_their_time_and_answer_into_a_durable_queue(
     finally:
         runtime.join()
         delete_queue(settings, p.reply_queue(reply))
-
-
-def _peek_delivery_mode(settings: RpcSettings, queue: str, timeout: float = 30.0) -> int | None:
-    """The delivery mode of the first answer in ``queue``, left there (nacked back)."""
-    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
-    try:
-        channel = connection.channel()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            method, props, _body = channel.basic_get(queue, auto_ack=False)
-            if method is not None:
-                channel.basic_nack(method.delivery_tag, requeue=True)
-                return props.delivery_mode
-            time.sleep(0.05)
-        return None
-    finally:
-        connection.close()
 
 
 def test_a_crash_after_publishing_before_the_commit_gives_a_duplicate_never_a_loss(
