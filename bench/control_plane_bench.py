@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import uuid
@@ -23,9 +22,8 @@ import pika
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-os.environ.setdefault("SWITCHYARD_LOG_LEVEL", "ERROR")
 
+from bench.stats import quiet_environment  # noqa: E402
 from switchyard.core.latency import LatencySummary  # noqa: E402
 from switchyard.local.functions import load_function  # noqa: E402
 from switchyard.local.lambda_context import FakeLambdaContext  # noqa: E402
@@ -148,6 +146,7 @@ def bench_dead_letters(settings: RpcSettings, batch: int) -> float:
 
 
 def main() -> int:
+    quiet_environment()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cold-keys", type=int, default=20, help="new keys for the cold-start phase")
     parser.add_argument("--batch", type=int, default=1000, help="messages per handler invocation")

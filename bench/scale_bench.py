@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -42,11 +41,9 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-os.environ.setdefault("SWITCHYARD_LOG_LEVEL", "ERROR")
 
 from bench.control_plane_bench import first_calls  # noqa: E402
-from bench.stats import load_average, percentiles  # noqa: E402
+from bench.stats import load_average, percentiles, quiet_environment  # noqa: E402
 from switchyard.core.redis_client import connect_redis  # noqa: E402
 from switchyard.local.functions import load_function  # noqa: E402
 from switchyard.local.lambda_context import FakeLambdaContext  # noqa: E402
@@ -344,6 +341,7 @@ def print_row(row: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_environment()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000], help="keys on the pool")
     parser.add_argument("--queue-type", choices=[t.value for t in p.QueueType], default="classic",

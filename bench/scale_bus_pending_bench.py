@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.scale_bench import busy_load  # noqa: E402
-from bench.stats import load_average  # noqa: E402
+from bench.stats import load_average, quiet_environment  # noqa: E402
 from switchyard.bus.housekeeping import housekeep  # noqa: E402
 from switchyard.bus.settings import BusSettings  # noqa: E402
 from switchyard.bus.store import BusStore, event_json  # noqa: E402
@@ -117,6 +117,7 @@ def bench_pending(count: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_environment()  # stdout carries the figures only (the housekeeping would print metrics)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subscribers", type=int, nargs="+", default=[10, 100, 1000],
                         help="subscribers of one topic at each step")

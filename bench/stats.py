@@ -56,6 +56,16 @@ def lateness_summary(rows: list[tuple[str, float, float]], sent: int, window: tu
     }
 
 
+QUIET_ENVIRONMENT = {"POWERTOOLS_METRICS_DISABLED": "true", "SWITCHYARD_LOG_LEVEL": "ERROR"}
+
+
+def quiet_environment() -> None:
+    """A benchmark prints its results only. Set when it runs, not when imported: a test that
+    imports a benchmark (its smoke run) must not turn metrics and logs off for the whole session."""
+    for name, value in QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 

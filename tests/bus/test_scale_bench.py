@@ -8,10 +8,13 @@ import json
 import pytest
 
 from bench import scale_bus_pending_bench
+from bench.stats import QUIET_ENVIRONMENT
 from switchyard.core.redis_client import connect_redis
 
 
-def test_a_small_run_measures_and_leaves_no_key(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_small_run_measures_and_leaves_no_key(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    for name, value in QUIET_ENVIRONMENT.items():  # the run's own setting, undone after the test
+        monkeypatch.setenv(name, value)
     assert scale_bus_pending_bench.main(["--subscribers", "3", "--endpoints", "5"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     bus, pending = rows[0]["bus"], rows[1]["pending"]
