@@ -167,7 +167,7 @@ def main() -> int:
     keys = [f"k{n}" for n in range(args.keys)]
     driver = SubprocessDriver((sys.executable, "-m", "switchyard", "worker", "--handler",
                                "switchyard.rpc.examples:echo"), min_workers=1, max_workers=1,
-                              env={**os.environ, "SWITCHYARD_LOG_LEVEL": "ERROR"})
+                              env={"SWITCHYARD_LOG_LEVEL": "ERROR"})
     control = ControlSettings(pool, Delays(unbind_s=600, stop_s=600), reconcile_interval_s=1.0)
     print(f"pool {pool}: {args.keys} keys, one echo worker each; {args.rows:,} rows per run", flush=True)
     runtime = LocalControlPlane(control, settings, driver).start()

@@ -164,6 +164,30 @@ def _build_tracer() -> Tracer | NoTracer:
     return NoTracer()
 
 
+class EMFProvider(AmazonCloudWatchEMFProvider):
+    """Powertools' stdout EMF provider, silent while ``POWERTOOLS_METRICS_DISABLED`` is on.
+
+    Powertools' switch only skips the flush's print, and keeps the set: in a process that lives
+    longer than one invocation (the local runtime, the demo) the set grows with every handler call
+    until a metric's 100th value, which ``add_metric`` prints whatever the switch says. Here a
+    metric added while metrics are off is not kept, and a flush while they are off drops the set.
+    """
+
+    def add_metric(self, name: str, unit: Any, value: float, resolution: Any = 60) -> None:
+        from aws_lambda_powertools.metrics.functions import is_metrics_disabled
+
+        if not is_metrics_disabled():
+            super().add_metric(name=name, unit=unit, value=value, resolution=resolution)
+
+    def flush_metrics(self, raise_on_empty_metrics: bool = False) -> None:
+        from aws_lambda_powertools.metrics.functions import is_metrics_disabled
+
+        if is_metrics_disabled():
+            self.clear_metrics()  # what was added before the switch went on is not printed later
+            return
+        super().flush_metrics(raise_on_empty_metrics=raise_on_empty_metrics)
+
+
 logger = _build_logger()
 metrics = Metrics(namespace=metrics_namespace(), service=SERVICE)
 tracer = _build_tracer()
@@ -172,7 +196,8 @@ _provider_factory: Callable[..., AmazonCloudWatchEMFProvider] | None = None
 
 def use_metrics_provider(factory: Callable[..., AmazonCloudWatchEMFProvider] | None) -> None:
     """Route every metric through providers built by ``factory`` (it takes the keyword arguments of
-    Powertools' ``AmazonCloudWatchEMFProvider``) instead of stdout EMF; ``None`` restores stdout.
+    Powertools' ``AmazonCloudWatchEMFProvider``) instead of stdout EMF; ``None`` restores stdout
+    (``EMFProvider``).
 
     The local runtime ships metrics to CloudWatch this way (nothing reads its stdout); Lambda never
     calls it. The metric, dimension and metadata sets stay the ones ``Metrics`` shares.
@@ -180,10 +205,13 @@ def use_metrics_provider(factory: Callable[..., AmazonCloudWatchEMFProvider] | N
     global _provider_factory
     _provider_factory = factory
     metrics.namespace = metrics_namespace()  # the stack's, if its configuration was loaded since import
-    metrics.provider = (factory or AmazonCloudWatchEMFProvider)(
+    metrics.provider = (factory or EMFProvider)(
         namespace=metrics.namespace, service=metrics.service, metric_set=metrics.metric_set,
         dimension_set=metrics.dimension_set, metadata_set=metrics.metadata_set,
         default_dimensions=metrics.default_dimensions)
+
+
+use_metrics_provider(None)  # Powertools' own provider would keep (and print) metrics while they are off
 
 
 def _log_metrics(handler: Callable) -> Callable:

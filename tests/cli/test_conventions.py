@@ -179,6 +179,33 @@ def test_a_command_that_ships_its_own_metrics_keeps_them_on(monkeypatch) -> None
     assert not getattr(build_parser().parse_args(["config"]), "ships_metrics", False)
 
 
+def test_metrics_that_are_off_stay_off_however_often_a_handler_runs(monkeypatch, capsys) -> None:
+    """The local runtime and the demo run their handlers hundreds of times in one process; Powertools'
+    switch skipped each flush's print but kept the set, and printed it at a metric's 100th value."""
+    from dataclasses import dataclass
+
+    from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
+
+    from switchyard.cli.main import METRICS_DISABLED_ENV
+    from switchyard.core import observability
+    from switchyard.local.lambda_context import FakeLambdaContext
+
+    @dataclass
+    class Outcome:
+        handled: int
+
+    handler = observability.lambda_handler_for(lambda _e, _c: Outcome(handled=1), data_class=EventBridgeEvent,
+                                               metric_prefix="Quiet")
+    monkeypatch.setenv(METRICS_DISABLED_ENV, "true")
+    for _ in range(150):
+        assert handler({"detail": {}}, FakeLambdaContext("quiet", 1000)) == {"handled": 1}
+    _no_metric_blob(capsys.readouterr().out)
+    monkeypatch.setenv(METRICS_DISABLED_ENV, "false")  # on again: printed, nothing kept from before
+    handler({"detail": {}}, FakeLambdaContext("quiet", 1000))
+    [blob] = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert blob["QuietHandled"] == [1.0]
+
+
 def test_commands_with_a_result_take_json() -> None:
     takes = {c.prog.removeprefix("switchyard ") for c in commands(build_parser())
              if any("--json" in a.option_strings for a in c._actions)}

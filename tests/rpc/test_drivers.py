@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from switchyard.core import tracing
 from switchyard.core.errors import ConfigError, InvalidNameError
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
@@ -112,6 +114,21 @@ def test_start_failure_is_a_driver_error(tmp_path: Path) -> None:
     with pytest.raises(DriverError):
         driver.start(WorkerGroup("core", "k"))
     assert driver.list_running("core") == set()
+
+
+def test_env_adds_to_the_runtime_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker gets what the runtime was started with (here the trace log ``switchyard demo`` turns
+    on) as well as the driver's own variables and the worker protocol's; ``env`` used to replace it."""
+    monkeypatch.setenv(tracing.TRACE_LOG_ENV, str(tmp_path / "trace.jsonl"))
+    driver = SubprocessDriver([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+                              log_dir=tmp_path, env={"SLEEPY_SECONDS": "1"})
+    monkeypatch.setenv("SET_AFTERWARDS", "1")  # the environment as it was when the driver was made
+    group = WorkerGroup("core", "k")
+    driver.start(group)
+    wait_for(lambda: driver.list_running("core") == set(), timeout=10, what="the worker to exit")
+    seen = json.loads((tmp_path / f"{group.group_id}.log").read_text())
+    assert seen[tracing.TRACE_LOG_ENV] == str(tmp_path / "trace.jsonl") and seen["PATH"] == os.environ["PATH"]
+    assert seen["SLEEPY_SECONDS"] == "1" and seen["WORKER_KEY"] == "k" and "SET_AFTERWARDS" not in seen
 
 
 # -- subprocess driver, real workers ------------------------------------------------------------

@@ -4,11 +4,14 @@ correlation id) and answers with it, a shed copy keeps it; on the real RabbitMQ,
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from switchyard.core import tracing
+from switchyard.demo import Printer, follow_one_request
+from switchyard.demo.rpc_pool import demo_driver
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from tests.rpc.test_rpc import bind
@@ -51,3 +54,23 @@ def test_a_call_carries_its_trace_to_the_worker_and_back(make_pool, workers, tmp
     assert [h["event"] for h in hops] == ["publish", "handled", "handled", "handled"]
     assert [h["status"] for h in hops[1:]] == ["requeued", "requeued", "ok"]
     assert hops[-1]["key"] == "k" and hops[-1]["duration_ms"] >= 0 and hops[-1]["parent_id"] == sent.span_id
+
+
+def test_the_demo_follows_a_cold_start_into_its_worker(pool, planes, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``switchyard demo``'s "Following one request": the workers its control plane starts write their
+    ``handled`` hop to the trace log the demo turned on, after the publish and the cold start."""
+    log = tmp_path / "trace.jsonl"
+    monkeypatch.delenv(tracing.TRACE_LOG_ENV, raising=False)  # restored afterwards
+    assert tracing.enable_trace_log(str(log)) == str(log)  # as the demo does, before its driver is made
+    name, settings = pool
+    driver = demo_driver()
+    driver.log_dir = tmp_path / "workers"
+    planes.start(name, settings, driver=driver)
+    with RpcClient(name, settings, timeout=30) as client:
+        assert client.call("infra=42", "hello").ok
+    follow_one_request(Printer(), str(log))
+    out = capsys.readouterr().out
+    events = re.findall(r" rpc: ([a-z ]+?)(?: took [0-9.e+-]+ ms)?  ", out)
+    assert events == ["publish", "orphan forwarded", "group started", "handled"], out

@@ -2,7 +2,8 @@
 
 The driver lives inside the local runtime process and keeps its children in memory: a restart of
 the runtime forgets them (``close()`` stops them first). Each worker runs the configured command
-with the worker protocol's environment and a unique ``WORKER_ID``; its stdout and stderr go to
+with the runtime's environment (as it was when the driver was made, plus the driver's ``env``), the
+worker protocol's variables and a unique ``WORKER_ID``; its stdout and stderr go to
 ``{log_dir}/{group_id}.log``, never to a pipe nobody reads (a full pipe would freeze the worker).
 
 Thread-safe: the reconciler and the orphan handler may call it from different threads. The lock
@@ -49,7 +50,12 @@ class WorkerProcess:
 
 
 class SubprocessDriver(WorkerGroupDriver):
-    """Runs ``command`` once per worker, between ``min_workers`` and ``max_workers`` per group."""
+    """Runs ``command`` once per worker, between ``min_workers`` and ``max_workers`` per group.
+
+    ``env``: variables for every worker on top of this process's environment, never instead of it:
+    a worker needs what the runtime was configured with (the broker's URL, ``PYTHONPATH``, the
+    trace log the runtime's hops go to) as much as its own settings.
+    """
 
     def __init__(
         self,
@@ -71,7 +77,7 @@ class SubprocessDriver(WorkerGroupDriver):
         self.target_backlog = target_backlog
         self.log_dir = Path(log_dir)
         self.stop_timeout = stop_timeout
-        self._base_env = dict(os.environ if env is None else env)
+        self._base_env = {**os.environ, **(env or {})}
         self._groups: dict[WorkerGroup, list[WorkerProcess]] = {}
         self._lock = threading.Lock()
 
