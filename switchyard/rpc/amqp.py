@@ -11,6 +11,7 @@ from typing import Any, TypeGuard
 
 import pika
 import pika.exceptions
+import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.adapters.utils.io_services_utils import _TRY_IO_AGAIN_SOCK_ERROR_CODES, _AsyncPlaintextTransport
 
@@ -201,17 +202,20 @@ def ack_buffered(channel: BlockingChannel, delivery_tag: int) -> None:
 
 
 def consume_direct(channel: BlockingChannel, queue: str, on_message: Callable[..., None],
-                   auto_ack: bool = False, timeout: float = 10.0) -> str:
+                   auto_ack: bool = False, on_cancel: Callable[[], None] | None = None,
+                   timeout: float = 10.0) -> str:
     """Consume with the callback on the underlying channel: it runs as the frames arrive, in any
-    pass of the connection's loop (``LoopPasses.run`` or ``process_data_events``), without BlockingChannel
-    queueing each delivery as an event to dispatch later (about a tenth of a small call's cost).
+    pass of the connection's loop (``LoopPasses.run`` or ``process_data_events``), without
+    BlockingChannel queueing each delivery as an event to dispatch later.
 
+    ``on_cancel`` runs (in the loop) if the broker cancels the consumer (its queue was deleted).
     Waits for the consume-ok like ``basic_consume``; a refusal (no such queue) raises
     ``ChannelClosedByBroker`` from here as it would from there. Returns the consumer tag.
     """
     answered: list[bool] = []
     tag: str = channel._impl.basic_consume(queue, on_message, auto_ack=auto_ack,
                                            callback=lambda _frame: answered.append(True))
+    _direct_consumers(channel)[tag] = on_cancel
     deadline = time.monotonic() + timeout
     while not answered:
         if channel.is_closed:
@@ -224,9 +228,38 @@ def consume_direct(channel: BlockingChannel, queue: str, on_message: Callable[..
     return tag
 
 
+def _direct_consumers(channel: BlockingChannel) -> dict[str, Callable[[], None] | None]:
+    """The channel's direct consumers, by tag. BlockingChannel's handler of a broker's cancel knows
+    only its own consumers (for another it raises KeyError, which tears the connection down): it is
+    replaced by one that hands direct consumers' cancels to their ``on_cancel``."""
+    direct: dict[str, Callable[[], None] | None] | None = getattr(channel, "_switchyard_direct", None)
+    if direct is not None:
+        return direct
+    found: dict[str, Callable[[], None] | None] = {}
+    blocking_handler = channel._on_consumer_cancelled_by_broker
+
+    def on_cancel(frame: Any) -> None:
+        tag = frame.method.consumer_tag
+        if tag not in found:
+            blocking_handler(frame)
+            return
+        callback = found.pop(tag)
+        if callback is not None:
+            callback()
+
+    impl = channel._impl
+    impl.callbacks.remove(impl.channel_number, pika.spec.Basic.Cancel, blocking_handler)
+    impl.add_on_cancel_callback(on_cancel)
+    channel._switchyard_direct = found
+    return found
+
+
 def cancel_direct(channel: BlockingChannel, consumer_tag: str, timeout: float = 10.0) -> None:
     """Cancel a ``consume_direct`` consumer (BlockingChannel.basic_cancel does not know it) and wait
     for the cancel-ok: deliveries that were on their way meanwhile have reached the callback."""
+    _direct_consumers(channel).pop(consumer_tag, None)
+    if consumer_tag not in channel._impl.consumer_tags:  # the broker cancelled it already
+        return
     answered: list[bool] = []
     channel._impl.basic_cancel(consumer_tag, callback=lambda _frame: answered.append(True))
     deadline = time.monotonic() + timeout

@@ -260,7 +260,8 @@ class _ClientCore:
             raise
         result = channel.queue_declare("", exclusive=True, auto_delete=True)
         self._reply_queue = result.method.queue
-        consume_direct(channel, self._reply_queue, self._on_response, auto_ack=True)
+        consume_direct(channel, self._reply_queue, self._on_response, auto_ack=True,
+                       on_cancel=lambda: self._on_reply_queue_lost(channel))
         # On the underlying channel, so that returns run as their frames arrive, like confirms: the
         # broker sends a mandatory message's return before its ack, and a send settled by the ack
         # must see it (BlockingChannel would queue the return until process_data_events dispatches).
@@ -402,6 +403,13 @@ class _ClientCore:
         headers = props.headers or {}
         status = _header_str(headers.get(p.STATUS_HEADER, p.Status.OK))
         call.future.set_result(Response(status, body, props.correlation_id, headers))
+
+    def _on_reply_queue_lost(self, channel: BlockingChannel) -> None:
+        """The broker cancelled the reply consumer (someone deleted the queue): no answer can come.
+        Closing the channel makes the turn fail what is in flight and open a new reply queue."""
+        logger.warning("reply queue deleted by someone else; reopening", extra={"pool": self.pool})
+        if channel.is_open:
+            channel._impl.close()
 
     def _on_return(self, _channel: object, method: pika.spec.Basic.Return,
                    props: pika.BasicProperties, _body: bytes) -> None:

@@ -206,7 +206,8 @@ class Worker:
             if not self.stats.waited_for_queue:
                 self._report(p.Event.STARTED)
             try:
-                return channel, consume_direct(channel, cfg.requests_queue, self._on_request)
+                return channel, consume_direct(channel, cfg.requests_queue, self._on_request,
+                                               on_cancel=self._on_queue_deleted)
             except pika.exceptions.ChannelClosedByBroker as exc:
                 if exc.reply_code != p.NOT_FOUND:
                     raise
@@ -232,6 +233,14 @@ class Worker:
             self._last_activity = now
         self._inbox.append(_Delivery(method.delivery_tag, props, body, method.redelivered,
                                      int(time.time() * 1000), now))
+
+    def _on_queue_deleted(self) -> None:
+        """The broker cancelled the consumer: the request queue was deleted (the group's key was
+        retired). Nothing more can come; what was delivered is finished, then the worker stops."""
+        logger.warning("request queue deleted; stopping", extra={"worker_id": self.config.worker_id,
+                                                                 "queue": self.config.requests_queue})
+        self.stats.queue_deleted = True
+        self.stop()
 
     def _handle_inbox(self, connection: pika.BlockingConnection) -> None:
         """Run the handler on each delivered request, then reply and ack (sent at once, together).
