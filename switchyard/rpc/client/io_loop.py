@@ -4,10 +4,15 @@ pika is not thread-safe, so one lock (``_io_lock``) admits one thread at a time 
 the driver. A blocking ``call`` drives it itself when nobody else does: it publishes, waits for
 its response and takes it, with no hand-off between threads (each hand-off cost a wake-up, twice
 per call). Otherwise the caller leaves its request in the outbox and wakes the driver, the I/O
-thread or another caller, which publishes it (``add_callback_threadsafe`` ends its wait). The I/O
+thread or another caller, which publishes it (``wake_threadsafe`` ends its wait). The I/O
 thread drives while calls are in flight and nobody else does, and owns setup and reconnection;
 idle, it parks and takes a turn every ``_MAX_LOOP_WAIT`` for heartbeats. See ``rpc_client`` for
 the threading and reclaim rules.
+
+A turn is one pass of pika's loop (``amqp.LoopPasses``): responses reach ``_on_response`` as their
+frames arrive (a direct consumer), one timer bounds the wait by the earliest deadline, and a
+request is sent when published (``amqp.written_together``), not when the next pass finds the
+socket writable.
 """
 
 from __future__ import annotations
