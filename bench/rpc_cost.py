@@ -81,7 +81,7 @@ def run_once(impl: str, calls: int, pool: str, plain_queue: str, url: str, tmp: 
         subprocess.run(callgrind(client_out) + client, env=env, check=True, timeout=1800)
     finally:
         time.sleep(1)
-        worker.send_signal(signal.SIGINT)
+        worker.send_signal(signal.SIGTERM)  # SIGINT is ignored in a background job
         worker.wait(300)
     return instructions(client_out), instructions(worker_out)
 

@@ -6,12 +6,14 @@ import contextlib
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeGuard
 
 import pika
 import pika.exceptions
+import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
+from pika.adapters.utils.io_services_utils import _TRY_IO_AGAIN_SOCK_ERROR_CODES, _AsyncPlaintextTransport
 
 from switchyard.core.errors import BrokerUnavailableError
 from switchyard.rpc.settings import heartbeat_from_env
@@ -85,7 +87,8 @@ def redact(url: str) -> str:
 
 
 def _coalesce_writes(connection: pika.BlockingConnection) -> None:
-    """Send everything buffered in one ``send`` instead of one per frame.
+    """Send everything buffered in one ``send`` instead of one per frame, and let ``written_together``
+    send without the loop on a plain connection.
 
     pika queues each frame (a publish is three, an ack one) as its own chunk and sends chunk by
     chunk: a worker's reply and ack cost four system calls, a client's publish three. Joining the
@@ -105,6 +108,65 @@ def _coalesce_writes(connection: pika.BlockingConnection) -> None:
         produce()
 
     transport._produce = produce_joined
+    if type(transport) is _AsyncPlaintextTransport:
+        transport._switchyard_cork = _Cork(transport)
+
+
+class _Cork:
+    """While on, a plain transport's writes are only buffered: no writability watch is turned on
+    (two ``epoll_ctl`` calls and a pass of the loop per request); ``flush`` sends them, and leaves
+    the loop to send what the socket would not take yet."""
+
+    def __init__(self, transport: Any) -> None:
+        self.on = False
+        self._transport = transport
+        self._write = transport.write
+        transport.write = self.write
+
+    def write(self, data: bytes) -> None:
+        transport = self._transport
+        if self.on and transport._state == transport._STATE_ACTIVE:
+            transport._buffer_tx_data(data)
+        else:
+            self._write(data)
+
+    def flush(self) -> None:
+        transport = self._transport
+        if not transport._tx_buffers or transport._state != transport._STATE_ACTIVE:
+            return
+        try:
+            transport._produce()
+        except OSError as error:  # as pika's own writable handler does
+            if error.errno not in _TRY_IO_AGAIN_SOCK_ERROR_CODES:
+                transport._initiate_abort(error)
+                return
+        if transport._tx_buffers:
+            transport._nbio.set_writer(transport._sock.fileno(), transport._on_socket_writable)
+
+
+@contextlib.contextmanager
+def written_together(connection: pika.BlockingConnection) -> Iterator[None]:
+    """The frames buffered inside (``publish_buffered``, ``ack_buffered``) are sent when the block
+    ends, in one ``send``, instead of when the loop's next pass finds the socket writable.
+
+    On a plain connection they are only buffered meanwhile (see ``_Cork``); on TLS they are sent by
+    the handler the loop would run. Either way a socket that cannot take them yet leaves them to
+    the loop, as before.
+    """
+    transport: Any = connection._impl._transport
+    cork: _Cork | None = getattr(transport, "_switchyard_cork", None)
+    if cork is None or transport._tx_buffers:  # a watch is on already: the loop sends these too
+        try:
+            yield
+        finally:
+            send_now(connection)
+        return
+    cork.on = True
+    try:
+        yield
+    finally:
+        cork.on = False
+        cork.flush()
 
 
 def enable_async_confirms(channel: BlockingChannel, on_ack_nack: Callable[[Any], None]) -> None:
@@ -137,6 +199,133 @@ def publish_buffered(channel: BlockingChannel, exchange: str, routing_key: str, 
 def ack_buffered(channel: BlockingChannel, delivery_tag: int) -> None:
     """basic_ack without a flush; written with the frames around it."""
     channel._impl.basic_ack(delivery_tag)
+
+
+def consume_direct(channel: BlockingChannel, queue: str, on_message: Callable[..., None],
+                   auto_ack: bool = False, on_cancel: Callable[[], None] | None = None,
+                   timeout: float = 10.0) -> str:
+    """Consume with the callback on the underlying channel: it runs as the frames arrive, in any
+    pass of the connection's loop (``LoopPasses.run`` or ``process_data_events``), without
+    BlockingChannel queueing each delivery as an event to dispatch later.
+
+    ``on_cancel`` runs (in the loop) if the broker cancels the consumer (its queue was deleted).
+    Waits for the consume-ok like ``basic_consume``; a refusal (no such queue) raises
+    ``ChannelClosedByBroker`` from here as it would from there. Returns the consumer tag.
+    """
+    answered: list[bool] = []
+    tag: str = channel._impl.basic_consume(queue, on_message, auto_ack=auto_ack,
+                                           callback=lambda _frame: answered.append(True))
+    _direct_consumers(channel)[tag] = on_cancel
+    deadline = time.monotonic() + timeout
+    while not answered:
+        if channel.is_closed:
+            reason = close_reason(channel)
+            raise reason if isinstance(reason, pika.exceptions.AMQPError) else \
+                pika.exceptions.ChannelClosed(0, f"channel closed: {reason!r}")
+        if time.monotonic() > deadline:
+            raise BrokerUnavailableError(f"the broker did not answer a consume on {queue!r}")
+        channel.connection.process_data_events(time_limit=0.05)
+    return tag
+
+
+def _direct_consumers(channel: BlockingChannel) -> dict[str, Callable[[], None] | None]:
+    """The channel's direct consumers, by tag. BlockingChannel's handler of a broker's cancel knows
+    only its own consumers (for another it raises KeyError, which tears the connection down): it is
+    replaced by one that hands direct consumers' cancels to their ``on_cancel``."""
+    direct: dict[str, Callable[[], None] | None] | None = getattr(channel, "_switchyard_direct", None)
+    if direct is not None:
+        return direct
+    found: dict[str, Callable[[], None] | None] = {}
+    blocking_handler = channel._on_consumer_cancelled_by_broker
+
+    def on_cancel(frame: Any) -> None:
+        tag = frame.method.consumer_tag
+        if tag not in found:
+            blocking_handler(frame)
+            return
+        callback = found.pop(tag)
+        if callback is not None:
+            callback()
+
+    impl = channel._impl
+    impl.callbacks.remove(impl.channel_number, pika.spec.Basic.Cancel, blocking_handler)
+    impl.add_on_cancel_callback(on_cancel)
+    channel._switchyard_direct = found
+    return found
+
+
+def cancel_direct(channel: BlockingChannel, consumer_tag: str, timeout: float = 10.0) -> None:
+    """Cancel a ``consume_direct`` consumer (BlockingChannel.basic_cancel does not know it) and wait
+    for the cancel-ok: deliveries that were on their way meanwhile have reached the callback."""
+    _direct_consumers(channel).pop(consumer_tag, None)
+    if consumer_tag not in channel._impl.consumer_tags:  # the broker cancelled it already
+        return
+    answered: list[bool] = []
+    channel._impl.basic_cancel(consumer_tag, callback=lambda _frame: answered.append(True))
+    deadline = time.monotonic() + timeout
+    while not answered and channel.is_open and time.monotonic() < deadline:
+        channel.connection.process_data_events(time_limit=0.05)
+
+
+class LoopPasses:
+    """Passes of one connection's loop, each waiting for the socket at most until a given time.
+
+    ``process_data_events`` does the same with a timer per call, output flushing and BlockingChannel's
+    event queues around it; callers that consume with ``consume_direct`` need none of that. One timer
+    bounds many passes: it is replaced only when a pass must end earlier than the timer fires.
+    """
+
+    def __init__(self, connection: pika.BlockingConnection) -> None:
+        self.connection = connection
+        self._timer: object | None = None
+        self._at = 0.0  # when the timer fires (time.monotonic, pika's clock)
+
+    def run(self, until: float) -> None:
+        """One pass: wait for the socket, a ``wake_threadsafe`` or ``until``; run what came (frames,
+        timers, callbacks). A lost connection raises its error, as ``process_data_events`` would."""
+        connection = self.connection
+        ioloop = connection._impl.ioloop
+        if self._timer is None or self._at > until:
+            if self._timer is not None:
+                ioloop.remove_timeout(self._timer)
+            self._timer = ioloop.call_later(max(0.0, until - time.monotonic()), self._fired)
+            self._at = until
+        ioloop.poll()
+        ioloop.process_timeouts()
+        if connection._impl.is_closed:
+            result = connection._closed_result
+            error = result.value.error if result.ready else None
+            connection._cleanup()
+            if isinstance(error, pika.exceptions.AMQPError):
+                raise error
+            raise pika.exceptions.AMQPConnectionError(f"connection closed: {error!r}")
+
+    def _fired(self) -> None:
+        self._timer = None
+
+
+def wake_threadsafe(connection: pika.BlockingConnection, callback: Callable[[], None]) -> None:
+    """From any thread: run ``callback`` in the connection's loop, ending a pass's wait.
+
+    Unlike BlockingConnection.add_callback_threadsafe, the callback runs within any pass
+    (``LoopPasses.run`` too), not only in ``process_data_events``. Raises ConnectionWrongStateError once
+    the connection is closed.
+    """
+    with connection._cleanup_mutex:  # as BlockingConnection's: the loop may be closing meanwhile
+        if connection.is_closed:
+            raise pika.exceptions.ConnectionWrongStateError("the connection is closed")
+        connection._impl.ioloop.add_callback_threadsafe(callback)
+
+
+def send_now(connection: pika.BlockingConnection) -> None:
+    """Write the buffered frames now, instead of when the loop's next pass finds the socket writable.
+
+    The same handler the loop would run (a socket that cannot take them yet keeps them buffered, as
+    there); it saves a pass of the loop per request, on a plain or a TLS connection alike.
+    """
+    transport: Any = connection._impl._transport
+    if transport is not None and transport.get_write_buffer_size():
+        transport._on_socket_writable()
 
 
 def close_reason(channel: BlockingChannel) -> Exception | None:

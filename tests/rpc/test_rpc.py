@@ -8,6 +8,8 @@ import threading
 import time
 
 import pika
+import pika.frame
+import pika.spec
 import pytest
 
 from switchyard.rpc import protocol as p
@@ -170,6 +172,38 @@ def test_pool_deleted_under_a_live_client_fails_calls_clearly(pool) -> None:
         connection.close()
         with pytest.raises(PoolNotFoundError):
             client.call("k", "x", timeout=30)
+
+
+def test_a_worker_whose_request_queue_is_deleted_stops_cleanly(pool, workers) -> None:
+    """The broker cancels the consumer of a deleted queue: the worker stops (exit 0) rather than
+    idling without a queue or losing its connection to an unknown consumer's cancel."""
+    name, settings = serve_whoami(pool, workers)
+    with RpcClient(name, settings, timeout=30) as client:
+        assert client.call("k", "before").ok
+    worker = workers.procs[-1]
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    connection.channel().queue_delete(p.request_queue(name, "k"))
+    connection.close()
+    assert worker.wait(20) == 0
+
+
+def test_a_client_whose_reply_consumer_is_cancelled_opens_another(pool, workers) -> None:
+    """An exclusive reply queue cannot be deleted by another connection, not even through the
+    management API (3.10 answers 400 RESOURCE_LOCKED), so the broker's cancel is fed to the real
+    connection as the frame it would send; the client must reopen rather than wait for answers
+    that cannot come."""
+    name, settings = serve_whoami(pool, workers)
+    with RpcClient(name, settings, timeout=30) as client:
+        assert client.call("k", "before").ok
+        core = client._core
+        reply_queue = core._reply_queue
+        with core._io_lock:  # the I/O thread is parked: this thread may use the connection
+            channel = core._channel
+            [tag] = channel._impl.consumer_tags
+            cancel = pika.spec.Basic.Cancel(consumer_tag=tag)
+            core._connection._impl._process_frame(pika.frame.Method(channel.channel_number, cancel))
+        wait_for(lambda: core._reply_queue != reply_queue, timeout=10, what="a new reply queue")
+        assert client.call("k", "after").ok
 
 
 def test_unroutable_request_is_an_error_not_a_timeout(pool) -> None:

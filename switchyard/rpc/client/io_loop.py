@@ -4,10 +4,15 @@ pika is not thread-safe, so one lock (``_io_lock``) admits one thread at a time 
 the driver. A blocking ``call`` drives it itself when nobody else does: it publishes, waits for
 its response and takes it, with no hand-off between threads (each hand-off cost a wake-up, twice
 per call). Otherwise the caller leaves its request in the outbox and wakes the driver, the I/O
-thread or another caller, which publishes it (``add_callback_threadsafe`` ends its wait). The I/O
+thread or another caller, which publishes it (``wake_threadsafe`` ends its wait). The I/O
 thread drives while calls are in flight and nobody else does, and owns setup and reconnection;
 idle, it parks and takes a turn every ``_MAX_LOOP_WAIT`` for heartbeats. See ``rpc_client`` for
 the threading and reclaim rules.
+
+A turn is one pass of pika's loop (``amqp.LoopPasses``): responses reach ``_on_response`` as their
+frames arrive (a direct consumer), one timer bounds the wait by the earliest deadline, and a
+request is sent when published (``amqp.written_together``), not when the next pass finds the
+socket writable.
 """
 
 from __future__ import annotations
@@ -30,7 +35,17 @@ from pika.adapters.blocking_connection import BlockingChannel
 from switchyard.core.errors import BrokerUnavailableError, RpcError
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.amqp import close_reason, connect, enable_async_confirms, frame_max, publish_buffered
+from switchyard.rpc.amqp import (
+    LoopPasses,
+    close_reason,
+    connect,
+    consume_direct,
+    enable_async_confirms,
+    frame_max,
+    publish_buffered,
+    wake_threadsafe,
+    written_together,
+)
 from switchyard.rpc.client.requests import Call, encode_request
 from switchyard.rpc.client.response import ClientStats, Response
 from switchyard.rpc.client.slots import SlotTable
@@ -76,6 +91,7 @@ class _ClientCore:
         self._kick = threading.Event()  # wakes the parked I/O thread
         self._last_turn = 0.0  # when a thread last exchanged frames (monotonic)
         self._deadlines: list[tuple[float, int, int]] = []
+        self._passes: LoopPasses | None = None  # the connection's loop, bounded by a timer
         self._unconfirmed: dict[int, Call] = {}
         self._publish_seq = 0
         self._connection: pika.BlockingConnection | None = None
@@ -180,7 +196,7 @@ class _ClientCore:
             self._wake_pending = True
             connection = self._connection
         try:
-            connection.add_callback_threadsafe(self._on_wake)
+            wake_threadsafe(connection, self._on_wake)
         except pika.exceptions.ConnectionWrongStateError:
             # Closed: the loop notices and reconnects; the next wake must not be swallowed.
             self._on_wake()
@@ -236,6 +252,7 @@ class _ClientCore:
             self._connection = connect(self.settings.connections.amqp_url, self._name)
             self._frame_max = frame_max(self._connection)
             self._on_wake()  # a wake sent to the lost connection will never be dispatched
+            self._passes = LoopPasses(self._connection)
         channel = self._connection.channel()
         try:
             channel.exchange_declare(self._exchange, passive=True)
@@ -248,7 +265,8 @@ class _ClientCore:
             raise
         result = channel.queue_declare("", exclusive=True, auto_delete=True)
         self._reply_queue = result.method.queue
-        channel.basic_consume(self._reply_queue, self._on_response, auto_ack=True)
+        consume_direct(channel, self._reply_queue, self._on_response, auto_ack=True,
+                       on_cancel=lambda: self._on_reply_queue_lost(channel))
         # On the underlying channel, so that returns run as their frames arrive, like confirms: the
         # broker sends a mandatory message's return before its ack, and a send settled by the ack
         # must see it (BlockingChannel would queue the return until process_data_events dispatches).
@@ -293,15 +311,20 @@ class _ClientCore:
                 return
 
     def _turn(self, max_wait: float) -> None:
-        """One I/O turn: publish the outbox, exchange frames, expire calls past their deadline."""
+        """One I/O turn: publish the outbox (written at once), exchange frames, expire calls past
+        their deadline. Waits at most ``max_wait`` or until the earliest deadline."""
         # Called only after _open succeeded.
         connection = cast("pika.BlockingConnection", self._connection)
         if self._outbox:
-            self._flush_outbox()
-        wait = max_wait
-        if self._deadlines:
-            wait = min(wait, max(0.0, self._deadlines[0][0] - time.monotonic()))
-        connection.process_data_events(time_limit=wait)
+            with written_together(connection):
+                self._flush_outbox()
+        if max_wait <= 0:  # a look without waiting; also dispatches connection-level events
+            connection.process_data_events(time_limit=0)
+        else:
+            until = time.monotonic() + max_wait
+            if self._deadlines:
+                until = min(until, self._deadlines[0][0])
+            cast(LoopPasses, self._passes).run(until)
         self._last_turn = time.monotonic()
         if self._deadlines and self._deadlines[0][0] <= time.monotonic():
             self._expire()
@@ -385,6 +408,13 @@ class _ClientCore:
         headers = props.headers or {}
         status = _header_str(headers.get(p.STATUS_HEADER, p.Status.OK))
         call.future.set_result(Response(status, body, props.correlation_id, headers))
+
+    def _on_reply_queue_lost(self, channel: BlockingChannel) -> None:
+        """The broker cancelled the reply consumer (someone deleted the queue): no answer can come.
+        Closing the channel makes the turn fail what is in flight and open a new reply queue."""
+        logger.warning("reply queue deleted by someone else; reopening", extra={"pool": self.pool})
+        if channel.is_open:
+            channel._impl.close()
 
     def _on_return(self, _channel: object, method: pika.spec.Basic.Return,
                    props: pika.BasicProperties, _body: bytes) -> None:

@@ -84,6 +84,7 @@ class WorkerStats:
     requeued: int = 0
     no_reply_to: int = 0
     waited_for_queue: int = 0  # consumes refused (404) before the request queue was declared
+    queue_deleted: bool = False  # the broker cancelled the consumer: the request queue is gone
 
 
 def load_handler(spec: str) -> Handler:

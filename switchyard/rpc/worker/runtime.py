@@ -63,11 +63,16 @@ from switchyard.core.latency import percentile
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import (
+    LoopPasses,
     ack_buffered,
+    cancel_direct,
     connect,
+    consume_direct,
     enable_async_confirms,
     publish_buffered,
     reject_buffered,
+    wake_threadsafe,
+    written_together,
 )
 from switchyard.rpc.errors import TopologyError
 from switchyard.rpc.settings import RpcSettings
@@ -87,6 +92,7 @@ class _Delivery:
 LATENCY_SAMPLES = 4096  # answered requests a report summarizes at most (the most recent)
 _TAKEOVER_S = 0.5  # a handler running this long gets the keeper driving the connection's I/O
 _KEEPER_PUMP_S = 0.1  # the keeper's I/O turn: it releases the connection between turns
+_IDLE_PASS_S = 0.5  # the longest an idle worker waits in one pass (it checks for SIGTERM between)
 
 
 def _shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int) -> pika.BasicProperties:
@@ -164,15 +170,19 @@ class Worker:
             keeper.start()
             logger.info("worker started", extra={"worker_id": cfg.worker_id, "pool": cfg.pool,
                                                  "queue": cfg.requests_queue})
+            passes = LoopPasses(connection)
             while not self._stopping:
                 self._handle_inbox(connection)
                 with self._io_lock:
-                    connection.process_data_events(time_limit=0 if self._inbox else 0.5)
+                    if self._inbox:
+                        connection.process_data_events(time_limit=0)
+                    else:
+                        passes.run(time.monotonic() + _IDLE_PASS_S)
             # SIGTERM: the request in hand was finished and answered; stop taking requests, shed
             # those prefetched but not started, wait for the confirms.
             with self._io_lock:
                 connection.process_data_events(time_limit=0)  # dispatch what arrived (to the inbox)
-                channel.basic_cancel(tag)
+                cancel_direct(channel, tag)
                 self._shed_waiting()
                 while self._unconfirmed_sheds:
                     connection.process_data_events(time_limit=0.2)
@@ -196,7 +206,8 @@ class Worker:
             if not self.stats.waited_for_queue:
                 self._report(p.Event.STARTED)
             try:
-                return channel, channel.basic_consume(cfg.requests_queue, self._on_request)
+                return channel, consume_direct(channel, cfg.requests_queue, self._on_request,
+                                               on_cancel=self._on_queue_deleted)
             except pika.exceptions.ChannelClosedByBroker as exc:
                 if exc.reply_code != p.NOT_FOUND:
                     raise
@@ -223,24 +234,40 @@ class Worker:
         self._inbox.append(_Delivery(method.delivery_tag, props, body, method.redelivered,
                                      int(time.time() * 1000), now))
 
+    def _on_queue_deleted(self) -> None:
+        """The broker cancelled the consumer: the request queue was deleted (the group's key was
+        retired). Nothing more can come; what was delivered is finished, then the worker stops."""
+        logger.warning("request queue deleted; stopping", extra={"worker_id": self.config.worker_id,
+                                                                 "queue": self.config.requests_queue})
+        self.stats.queue_deleted = True
+        self.stop()
+
     def _handle_inbox(self, connection: pika.BlockingConnection) -> None:
-        """Run the handler on each delivered request, then reply and ack (buffered: written by the
-        next I/O turn). Stops at SIGTERM: the rest is shed."""
+        """Run the handler on each delivered request, then reply and ack (sent at once, together).
+        Stops at SIGTERM: the rest is shed."""
         while self._inbox and not self._stopping:
             delivery = self._inbox.popleft()
             self._runs += 1
             self._running = (self._runs, time.monotonic())
             try:
-                status, reply_body, traceparent = self._handle(delivery)
+                context, status, reply_body, took_ms = self._handle(delivery)
             finally:
                 self._running = None
+            # Written before the reply: a caller holding its answer finds the hop in the trace log.
+            tracing.hop(context, "rpc", "handled", duration_ms=took_ms, key=self.config.key,
+                        worker_id=self.config.worker_id,
+                        status=status.value if status is not None else "requeued")
             if self._keeper_driving:  # end its I/O turn now rather than at its time limit
                 with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
-                    connection.add_callback_threadsafe(lambda: None)
+                    wake_threadsafe(connection, lambda: None)
             with self._io_lock:
                 if self._keeper_error is not None:
                     raise self._keeper_error
-                self._finish(delivery, status, reply_body, traceparent)
+                with written_together(connection):  # sent now, not at the loop's next pass
+                    answered = self._finish(delivery, status, reply_body, context.traceparent)
+                # The bookkeeping comes after the send: the caller's wait does not include it.
+                if answered:
+                    self._note_latency((time.monotonic() - delivery.received_s) * 1000)
 
     def _keep_io(self, connection: pika.BlockingConnection) -> None:
         """Keeper thread: while a handler runs longer than ``_TAKEOVER_S``, drive the I/O.
@@ -268,17 +295,17 @@ class Worker:
                 return
 
     def _finish(self, delivery: _Delivery, status: p.Status | None, reply_body: bytes,
-                traceparent: str) -> None:
+                traceparent: str) -> bool:
         """Publish the handler's reply (with the handling's ``traceparent``) and ack, or shed the
-        request (``status`` None)."""
+        request (``status`` None). Whether a reply was sent."""
         if status is None:
             self._shed(delivery)
-            return
+            return False
         props = delivery.props
         if not props.reply_to:
             self.stats.no_reply_to += 1
             ack_buffered(self._channel, delivery.tag)
-            return
+            return False
         headers = {p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: self.config.worker_id,
                    tracing.TRACEPARENT_HEADER: traceparent}
         if props.headers and tracing.TRACESTATE_HEADER in props.headers:  # vendors' state, passed through
@@ -291,7 +318,10 @@ class Worker:
         # Both frames go out together at the next I/O pass, in this order.
         publish_buffered(self._channel, "", props.reply_to, reply_body, reply_props)
         ack_buffered(self._channel, delivery.tag)
-        latency_ms = (time.monotonic() - delivery.received_s) * 1000
+        return True
+
+    def _note_latency(self, latency_ms: float) -> None:
+        """Keep an answered request's latency for the next activity report (under the I/O lock)."""
         if self._answered < LATENCY_SAMPLES:
             self._latencies.append(latency_ms)
         else:
@@ -348,17 +378,14 @@ class Worker:
                          b"", props)
 
     # -- the handler ------------------------------------------------------------------------
-    def _handle(self, delivery: _Delivery) -> tuple[p.Status | None, bytes, str]:
-        """The handler's outcome under the request's trace (its id the logger's correlation id)."""
-        props = delivery.props
-        context = tracing.from_headers(props.headers)
+    def _handle(self, delivery: _Delivery) -> tuple[tracing.TraceContext, p.Status | None, bytes, float]:
+        """The handler's outcome under the request's trace (its id the logger's correlation id),
+        with that trace's context and the handler's time in ms."""
+        context = tracing.from_headers(delivery.props.headers)
         started = time.perf_counter()
         with tracing.scope(context):
             status, body = self._run_handler(delivery)
-        tracing.hop(context, "rpc", "handled", duration_ms=(time.perf_counter() - started) * 1000,
-                    key=self.config.key, worker_id=self.config.worker_id,
-                    status=status.value if status is not None else "requeued")
-        return status, body, context.traceparent
+        return context, status, body, (time.perf_counter() - started) * 1000
 
     def _run_handler(self, delivery: _Delivery) -> tuple[p.Status | None, bytes]:
         cfg = self.config
