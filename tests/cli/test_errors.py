@@ -6,7 +6,9 @@ that does not parse for each typed flag, a value below the minimum for each boun
 (``switchyard.cli.options`` types carry ``invalid_example``), an unknown choice for each flag with
 choices (all usage errors: exit 2), and a plausible invocation with every service on a closed port
 (a failure: exit 1, or 0 for a command that reaches none), and a ``--stack`` that cannot be read.
-Each runs as a subprocess, in parallel.
+Each runs as its own process, ``python -m switchyard`` forked from one interpreter that imported
+switchyard once (tests/cli/forkwalk.py: a subprocess each spent most of its time importing), in
+parallel; a few are also run as real subprocesses to check the walk reports what they would.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ CLOSED = {
     "SWITCHYARD_PIPELINE_BUCKET": "",
 }
 TIMEOUT_S = 25.0  # per command; a command that hangs on a closed port fails here
+PARALLEL = 8
 
 
 # The commands' files, written by the ``results`` fixture (collecting this module writes nothing).
@@ -156,25 +159,49 @@ def cases() -> Iterator[Case]:
 CASES = list(cases())
 
 
-def _run(case: Case) -> subprocess.CompletedProcess:
-    env = subprocess_env(**CLOSED)
+def _env(**extra: str) -> dict[str, str]:
+    env = subprocess_env(**CLOSED, **extra)
     for name in [n for n in env if n.startswith("AWS_ENDPOINT_URL_") or n == "SWITCHYARD_CONFIG_PATH"]:
         del env[name]
+    return env
+
+
+def _run(argv: tuple[str, ...], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """One command as a real subprocess (``python -m switchyard``)."""
     try:
-        return subprocess.run([sys.executable, "-m", "switchyard", *case.argv], capture_output=True,
+        return subprocess.run([sys.executable, "-m", "switchyard", *argv], capture_output=True,
                               text=True, env=env, timeout=TIMEOUT_S, cwd=SCRATCH, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         return subprocess.CompletedProcess(exc.cmd, -1, exc.stdout or "", f"timed out after {TIMEOUT_S} s")
 
 
+def _walk(argvs: list[tuple[str, ...]], env: dict[str, str]) -> list[subprocess.CompletedProcess]:
+    """The commands forked from one interpreter (tests/cli/forkwalk.py), results in their order."""
+    out = Path(tempfile.mkdtemp(prefix="walk-", dir=SCRATCH))
+    (out / "cases.json").write_text(json.dumps(argvs))
+    walker = [sys.executable, "-m", "tests.cli.forkwalk", str(out / "cases.json"), str(out), str(PARALLEL),
+              str(TIMEOUT_S)]
+    done = subprocess.run(walker, capture_output=True, text=True, env=env, cwd=SCRATCH,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [subprocess.CompletedProcess(argv, r["rc"], r["stdout"],
+                                        f"timed out after {TIMEOUT_S} s" if r["timed_out"] else r["stderr"])
+            for argv, r in zip(argvs, json.loads((out / "results.json").read_text()), strict=True)]
+
+
 @pytest.fixture(scope="module")
-def results() -> Iterator[dict[str, subprocess.CompletedProcess]]:
+def scratch() -> Iterator[Path]:
     SCRATCH.mkdir(exist_ok=True)
     (SCRATCH / "rows.jsonl").write_text('{"key": "k"}\n')
     (SCRATCH / "empty_event.json").write_text("{}")
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        yield dict(zip([c.id for c in CASES], pool.map(_run, CASES), strict=True))
+    (SCRATCH / "bad_event.json").write_text('{"rmqMessagesByQueue": 5}')
+    yield SCRATCH
     shutil.rmtree(SCRATCH, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def results(scratch: Path) -> dict[str, subprocess.CompletedProcess]:
+    return dict(zip([c.id for c in CASES], _walk([c.argv for c in CASES], _env()), strict=True))
 
 
 def test_the_walk_covers_every_command() -> None:
@@ -195,3 +222,26 @@ def test_bad_input_gives_one_line(case: Case, results: dict[str, subprocess.Comp
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("switchyard: error: "), report
         assert case.says in lines[0], report
+
+
+# A usage error, a result on stdout (exit 0), a failure in one line, and (SWITCHYARD_TRACEBACK=1 lets
+# an unexpected error through) an uncaught exception: the interpreter's traceback, exit 1.
+FIDELITY = [("--no-such-flag",), ("bus", "openapi"), ("bus", "status"),
+            ("invoke", "rpc_orphans", "--event", str(SCRATCH / "bad_event.json"))]
+
+
+def test_the_walk_reports_what_a_subprocess_would(scratch: Path) -> None:
+    env = _env(SWITCHYARD_TRACEBACK="1")
+    with ThreadPoolExecutor(max_workers=len(FIDELITY)) as pool:
+        alone = list(pool.map(lambda argv: _run(argv, env), FIDELITY))
+    walked = _walk(FIDELITY, env)
+    assert [r.returncode for r in alone] == [2, 0, 1, 1]
+    for one, other in zip(alone, walked, strict=True):
+        report = json.dumps({"subprocess": one.stderr[-1500:], "walk": other.stderr[-1500:]}, indent=1)
+        assert (other.returncode, other.stdout) == (one.returncode, one.stdout), report
+        if "Traceback" in one.stderr:  # the frames above the command differ (runpy, the walk)
+            assert other.stderr.startswith("Traceback (most recent call last):"), report
+            assert other.stderr.splitlines()[-1] == one.stderr.splitlines()[-1], report
+        else:
+            assert other.stderr == one.stderr, report
+    assert "Traceback" in alone[-1].stderr and "openapi" in alone[1].stdout

@@ -1,7 +1,9 @@
-"""One synthesis of the default app per test session (a synth takes tens of seconds on 2 cores)."""
+"""One synthesis per app the stack tests share, per test session (a synth takes seconds on 2 cores):
+the default app, the ``localstack`` target's, and production beside staging."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -10,12 +12,14 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
+from aws_cdk import Stack
 from aws_cdk.assertions import Template
 
 from stacks import constants as c
-from stacks.application import build_app
+from stacks.application import build_app, stacks_of
 
 ROOT = Path(__file__).resolve().parents[2]
+TWO_STACKS = ("SwitchyardProduction", "SwitchyardStaging")
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +53,20 @@ def template(synthesized: tuple[Template, Path, Any]) -> Template:
 @pytest.fixture(scope="session")
 def resources(template: Template) -> dict[str, dict[str, Any]]:
     return template.to_json()["Resources"]
+
+
+@pytest.fixture(scope="session")
+def local(layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Template, Path, Any]:
+    """The ``localstack`` target's app."""
+    return synth(layer_dir, tmp_path_factory.mktemp("cdk.out.local"), **{c.CTX_TARGET: c.TARGET_LOCALSTACK})
+
+
+@pytest.fixture(scope="session")
+def two_stacks(layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> list[Stack]:
+    """Production and staging in one app (``switchyard:stacks``), synthesized with cdk-nag."""
+    app, first = build_app(context={c.CTX_LAYER_DIR: layer_dir, c.CTX_STACKS: json.dumps(TWO_STACKS)},
+                           outdir=str(tmp_path_factory.mktemp("cdk.out")))
+    app.synth()
+    stacks = stacks_of(app)
+    assert [s.stack_name for s in stacks] == list(TWO_STACKS) and stacks[0] is first
+    return stacks

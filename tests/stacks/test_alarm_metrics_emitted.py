@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,6 @@ from switchyard.core.deployed_config import metrics_namespace
 from switchyard.delay import metrics as delay_metrics
 from switchyard.pending import metrics as pending_metrics
 from switchyard.rpc import metrics as rpc_metrics
-from tests.stacks.conftest import synth
 
 pytestmark = pytest.mark.slow
 
@@ -34,10 +34,8 @@ INSIGHTS = re.compile(r'SELECT\s+\w+\((\w+)\)\s+FROM\s+SCHEMA\("([^"]+)"', re.IG
 
 
 @pytest.fixture(scope="module")
-def local_template(layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    template, _, _ = synth(layer_dir, tmp_path_factory.mktemp("cdk.out.local"),
-                           **{c.CTX_TARGET: c.TARGET_LOCALSTACK})
-    return template.to_json()
+def local_template(local: tuple[Template, Path, Any]) -> dict[str, Any]:
+    return local[0].to_json()
 
 
 def _metrics(alarm: dict[str, Any]) -> Iterator[tuple[str, str]]:

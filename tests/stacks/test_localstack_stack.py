@@ -14,7 +14,6 @@ from stacks.application import build_app
 from stacks.config import ConfigError
 from switchyard.core.deployed_config import metrics_namespace
 from switchyard.rpc.settings import CALL_TIMEOUT_ENV
-from tests.stacks.conftest import synth
 from tests.stacks.test_switchyard_stack import actions_of, of_type, policy_statements, switchyard_functions
 
 pytestmark = pytest.mark.slow
@@ -22,11 +21,6 @@ pytestmark = pytest.mark.slow
 NOT_ON_LOCALSTACK = ("AWS::EC2::", "AWS::AmazonMQ::", "AWS::MSK::", "AWS::RDS::", "AWS::ElastiCache::",
                      "AWS::ECS::", "AWS::Lambda::", "AWS::EMRServerless::", "AWS::Scheduler::",
                      "AWS::ApiGateway::", "AWS::KMS::", "Custom::")
-
-
-@pytest.fixture(scope="module")
-def local(layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Template, Path, Any]:
-    return synth(layer_dir, tmp_path_factory.mktemp("cdk.out.local"), **{c.CTX_TARGET: c.TARGET_LOCALSTACK})
 
 
 def _parameters(resources: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from switchyard.core.deployed_config import (
     METRICS_NAMESPACE_ENV,
     metrics_namespace,
 )
-from tests.stacks.test_physical_names import two_stacks  # noqa: F401 - the fixture (one synthesis)
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +49,7 @@ def _of_kind(template: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [r["Properties"] for r in template["Resources"].values() if r["Type"] == kind]
 
 
-def test_each_stack_emits_and_alarms_in_its_own_namespace(two_stacks: list[Stack]) -> None:  # noqa: F811
+def test_each_stack_emits_and_alarms_in_its_own_namespace(two_stacks: list[Stack]) -> None:
     names = [metrics_namespace(s.stack_name) for s in two_stacks]
     assert len(set(names)) == 2
     for stack, own in zip(two_stacks, names, strict=True):

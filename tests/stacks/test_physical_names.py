@@ -18,7 +18,7 @@ from aws_cdk import Stack
 from aws_cdk.assertions import Template
 
 from stacks import constants as c
-from stacks.application import build_app, stack_names, stacks_of
+from stacks.application import stack_names
 from stacks.config import ConfigError
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,6 @@ SCOPED = {
     "PolicyName": "an inline policy (AWS::IAM::Policy), named within its role",
     "DisplayName": "a label shown to people, not an identity (SNS topics are named by CloudFormation)",
 }
-STACKS = ("SwitchyardProduction", "SwitchyardStaging")
 
 
 def stack_specific(value: Any, logical_ids: set[str]) -> bool:
@@ -54,17 +53,6 @@ def physical_names(template: dict[str, Any]) -> dict[str, str]:
             if NAME_LIKE.search(key) and key not in SCOPED and not stack_specific(value, set(resources)):
                 names[json.dumps(value, sort_keys=True)] = f"{resource['Type']} {logical}.{key}"
     return names
-
-
-@pytest.fixture(scope="module")
-def two_stacks(layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> list[Stack]:
-    """Production and staging in one app (``switchyard:stacks``), synthesized with cdk-nag."""
-    app, first = build_app(context={c.CTX_LAYER_DIR: layer_dir, c.CTX_STACKS: json.dumps(STACKS)},
-                           outdir=str(tmp_path_factory.mktemp("cdk.out")))
-    app.synth()
-    stacks = stacks_of(app)
-    assert [s.stack_name for s in stacks] == list(STACKS) and stacks[0] is first
-    return stacks
 
 
 def test_two_stacks_in_one_app_share_no_physical_name(two_stacks: list[Stack]) -> None:
