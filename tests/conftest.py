@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Mapping
@@ -10,6 +11,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+
+# Started as a background job (``cmd &`` without job control), a run inherits SIGINT ignored, and
+# so would every process the tests start and stop with Ctrl-C (a watch, a runtime): they would
+# never stop. The tests' processes get Ctrl-C as in an interactive run.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 

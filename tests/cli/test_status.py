@@ -181,11 +181,15 @@ def test_watch_ends_quietly_on_ctrl_c(system: System) -> None:
     watch = subprocess.Popen([sys.executable, "-m", "switchyard", "status", "--pool", system.pool, "--watch",
                               "--json", "--interval", "0.2"], env=subprocess_env(**system.env),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert watch.stdout is not None
-    check_figures(json.loads(watch.stdout.readline()), system.pool)  # a first frame, then Ctrl-C
-    watch.send_signal(signal.SIGINT)
-    _, err = watch.communicate(timeout=30)
-    assert watch.returncode == 0 and err == ""
+    try:
+        assert watch.stdout is not None
+        check_figures(json.loads(watch.stdout.readline()), system.pool)  # a first frame, then Ctrl-C
+        watch.send_signal(signal.SIGINT)
+        _, err = watch.communicate(timeout=30)
+        assert watch.returncode == 0 and err == ""
+    finally:
+        watch.kill()  # one that ignored Ctrl-C must not outlive the test (polling the services)
+        watch.wait()
 
 
 def test_names_and_times_read_as_a_person_reads_them() -> None:
