@@ -196,9 +196,9 @@ def publish_buffered(channel: BlockingChannel, exchange: str, routing_key: str, 
     channel._impl.basic_publish(exchange, routing_key, body, properties, mandatory)
 
 
-def ack_buffered(channel: BlockingChannel, delivery_tag: int) -> None:
+def ack_buffered(channel: BlockingChannel, delivery_tag: int, multiple: bool = False) -> None:
     """basic_ack without a flush; written with the frames around it."""
-    channel._impl.basic_ack(delivery_tag)
+    channel._impl.basic_ack(delivery_tag, multiple=multiple)
 
 
 def consume_direct(channel: BlockingChannel, queue: str, on_message: Callable[..., None],

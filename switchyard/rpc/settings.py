@@ -76,6 +76,7 @@ class RpcSettings:
     client_concurrency: int = 64
     call_timeout: float = 30.0
     worker_prefetch: int = 4
+    worker_ack_delay_ms: float = 5.0
     activity_interval: float = 1.0
 
     @classmethod
@@ -87,6 +88,7 @@ class RpcSettings:
             client_concurrency=env_int("SWITCHYARD_CLIENT_CONCURRENCY", d.client_concurrency),
             call_timeout=env_float(CALL_TIMEOUT_ENV, d.call_timeout),
             worker_prefetch=env_int("SWITCHYARD_WORKER_PREFETCH", d.worker_prefetch),
+            worker_ack_delay_ms=env_float("SWITCHYARD_WORKER_ACK_DELAY_MS", d.worker_ack_delay_ms),
             activity_interval=env_float("SWITCHYARD_ACTIVITY_INTERVAL", d.activity_interval),
         )
 

@@ -66,3 +66,13 @@ def traced(request: Request) -> str:
         raise Requeue()
     return json.dumps({"traceparent": request.headers.get("traceparent"),
                        "correlation_id": logger.thread_safe_get_current_keys().get("correlation_id")})
+
+
+def logged(request: Request) -> bytes:
+    """Appends ``worker_id body`` to START_LOG, then echoes the body; a body starting ``shed`` is
+    shed (``Requeue``) at its first delivery."""
+    if request.body.startswith(b"shed") and request.delivery_count == 0:
+        raise Requeue()
+    with open(os.environ["START_LOG"], "a") as log:
+        log.write(f"{request.worker_id} {request.text()}\n")
+    return request.body

@@ -4,6 +4,7 @@ configuration from the worker protocol's environment (the keyed RPC design, "Wor
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import socket
 import uuid
@@ -52,6 +53,7 @@ class WorkerConfig:
     requests_queue: str
     activity_exchange: str
     prefetch: int = 4
+    ack_delay_ms: float = 5.0  # the longest an answered request waits for its ack (0: each at once)
     activity_interval: float = 1.0
     queue_wait: float = 30.0  # seconds to wait for a request queue that does not exist yet
 
@@ -65,6 +67,13 @@ class WorkerConfig:
         key = env.get("WORKER_KEY")
         if pool is None or key is None:
             raise ConfigError("WORKER_POOL and WORKER_KEY must be set (the worker group driver sets them)")
+        raw_delay = env.get("WORKER_ACK_DELAY_MS") or settings.worker_ack_delay_ms
+        try:
+            ack_delay_ms = float(raw_delay)
+        except ValueError:
+            ack_delay_ms = math.nan
+        if not 0 <= ack_delay_ms <= 60_000:
+            raise ConfigError(f"WORKER_ACK_DELAY_MS must be ms from 0 to 60000, got {raw_delay!r}")
         return cls(
             worker_id=env.get("WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
             key=key,
@@ -72,6 +81,7 @@ class WorkerConfig:
             requests_queue=env.get("WORKER_REQUESTS_QUEUE") or p.request_queue(pool, key),
             activity_exchange=env.get("WORKER_ACTIVITY_EXCHANGE") or p.activity_exchange(pool),
             prefetch=int(env.get("WORKER_PREFETCH") or settings.worker_prefetch),
+            ack_delay_ms=ack_delay_ms,
             activity_interval=float(env.get("WORKER_ACTIVITY_INTERVAL") or settings.activity_interval),
             queue_wait=float(env.get("WORKER_QUEUE_WAIT") or 30.0),
         )

@@ -14,11 +14,12 @@ sees two threads at once). The heartbeat is ``SWITCHYARD_AMQP_HEARTBEAT``. Reque
 one at a time, in order.
 
 Replies go through the default exchange to ``reply-to`` with the request's correlation id and
-``x-status``, and the request is acked right after, on the same channel. The broker handles a
-channel's frames in order, so the reply is routed before the ack takes effect, and a crash
-anywhere before the ack redelivers the request (at-least-once). Waiting for a publisher confirm
-of the reply would add a round trip per request and protect nothing more: replies go to
-transient reply queues that a broker restart loses anyway.
+``x-status``, and the request is acked after, on the same channel: while no other request waits,
+a few answered requests at a time with one multiple ack, at most 5 ms later (``acks``).
+The broker handles a channel's frames in order, so the reply is routed before the ack takes
+effect, and a crash anywhere before the ack redelivers the request (at-least-once). Waiting for a
+publisher confirm of the reply would add a round trip per request and protect nothing more:
+replies go to transient reply queues that a broker restart loses anyway.
 
 ``Requeue`` is not a ``basic.reject``: quorum queues count a requeue as a delivery (3.10 and 4.x
 alike), so a worker shedding load would turn healthy requests into ``delivery_limit`` poison. The
@@ -76,6 +77,7 @@ from switchyard.rpc.amqp import (
 )
 from switchyard.rpc.errors import TopologyError
 from switchyard.rpc.settings import RpcSettings
+from switchyard.rpc.worker.acks import AckBatch, batch_size
 from switchyard.rpc.worker.request import Handler, Request, Requeue, WorkerConfig, WorkerStats, load_handler
 
 
@@ -133,6 +135,8 @@ class Worker:
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
         self._shed_channel: BlockingChannel | None = None
+        # Answered requests' acks, on ``_channel``.
+        self._acks = AckBatch(batch_size(config.prefetch, config.ack_delay_ms), config.ack_delay_ms / 1000)
         self._shed_seq = 0
         self._unconfirmed_sheds: dict[int, int] = {}  # shed channel publish seq -> delivery tag
         self._inbox: deque[_Delivery] = deque()  # delivered, not handled yet (in order)
@@ -177,10 +181,14 @@ class Worker:
                     if self._inbox:
                         connection.process_data_events(time_limit=0)
                     else:
-                        passes.run(time.monotonic() + _IDLE_PASS_S)
+                        passes.run(min(time.monotonic() + _IDLE_PASS_S, self._acks.due))
+                    if self._acks.due <= time.monotonic():
+                        with written_together(connection):
+                            self._acks.flush(channel)
             # SIGTERM: the request in hand was finished and answered; stop taking requests, shed
             # those prefetched but not started, wait for the confirms.
             with self._io_lock:
+                self._acks.flush(channel)
                 connection.process_data_events(time_limit=0)  # dispatch what arrived (to the inbox)
                 cancel_direct(channel, tag)
                 self._shed_waiting()
@@ -287,6 +295,7 @@ class Worker:
                             break
                         self._keeper_driving = True
                         try:
+                            self._acks.flush(self._channel)  # sent by the turn below
                             connection.process_data_events(time_limit=_KEEPER_PUMP_S)
                         finally:
                             self._keeper_driving = False
@@ -304,7 +313,7 @@ class Worker:
         props = delivery.props
         if not props.reply_to:
             self.stats.no_reply_to += 1
-            ack_buffered(self._channel, delivery.tag)
+            self._ack(delivery.tag)
             return False
         headers = {p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: self.config.worker_id,
                    tracing.TRACEPARENT_HEADER: traceparent}
@@ -315,10 +324,19 @@ class Worker:
         persistent = props.reply_to.startswith(p.REPLY_QUEUE_PREFIX)
         reply_props = pika.BasicProperties(correlation_id=props.correlation_id, headers=headers,
                                            delivery_mode=pika.DeliveryMode.Persistent if persistent else None)
-        # Both frames go out together at the next I/O pass, in this order.
+        # The reply goes out before the ack (with it or in a later batch): a channel's frames are
+        # handled in order, so the reply is routed before the request is settled.
         publish_buffered(self._channel, "", props.reply_to, reply_body, reply_props)
-        ack_buffered(self._channel, delivery.tag)
+        self._ack(delivery.tag)
         return True
+
+    def _ack(self, tag: int) -> None:
+        """Ack an answered request: with its batch, or alone while a shed request is unconfirmed
+        (a multiple ack would settle that request's original too)."""
+        if self._unconfirmed_sheds:
+            ack_buffered(self._channel, tag)
+        else:
+            self._acks.add(self._channel, tag, time.monotonic(), waiting=bool(self._inbox))
 
     def _note_latency(self, latency_ms: float) -> None:
         """Keep an answered request's latency for the next activity report (under the I/O lock)."""
@@ -340,6 +358,7 @@ class Worker:
 
     def _shed(self, delivery: _Delivery) -> None:
         """Republish to the request's own queue; the original is acked when the copy is confirmed."""
+        self._acks.flush(self._channel)  # before this request is settled otherwise (see acks)
         props = _shed_properties(delivery.props, delivery.received_ms, int(time.time() * 1000))
         if props.expiration == "0":
             # Past its deadline: a copy with expiration 0 would go straight back to a ready
