@@ -1,11 +1,12 @@
 """Acks of answered requests, sent a few at a time: one ``basic.ack`` with ``multiple`` per batch.
 
 On a quorum queue every ack is a Raft command the broker writes to its log before it settles the
-message; sent with the reply, it also queues on that log ahead of the caller's next request. One
-ack for every ``size`` answered requests, or after ``delay`` seconds at the latest, takes it off
-that path: 1.19x the sequential calls per second of one ack per request on RabbitMQ 3.10 (a plain
-pika worker either way, prefetch 4; see docs/benchmarks.md). A crash before the batch is sent
-redelivers its requests: work done twice, as at-least-once allows, never lost.
+message; sent with the reply, it also queues on that log ahead of the caller's next request. Fewer
+acks, sent off that path, are worth 1.10-1.13x the sequential calls per second (a plain pika worker
+acking every 2nd or 3rd request against one acking each, RabbitMQ 3.10; docs/benchmarks.md). But a
+held ack holds prefetch room, which starves a worker while requests queue, so ``add`` batches by
+what the worker sees (runs, or calls one at a time) and never past ``delay``. A crash before a
+batch is sent redelivers its requests: work done twice, as at-least-once allows, never lost.
 
 A multiple ack settles every delivery up to its tag, so the worker flushes the batch before it
 settles a request any other way (a shed, a reject), and sends acks one by one while a shed
