@@ -4,15 +4,13 @@ Answers each dead-lettered request with its ``x-first-death-reason``, moves pois
 ``{pool}-poison``, and returns only once every publish is confirmed.
 """
 
-from aws_lambda_powertools.utilities.data_classes.rabbit_mq_event import RabbitMQEvent
-
 from switchyard.core.observability import lambda_handler_for
 from switchyard.rpc import metrics
-from switchyard.rpc.control.rmq_event import messages_from_event
+from switchyard.rpc.control.rmq_event import RmqEvent, messages_from_event
 from switchyard.rpc.service import control_plane
 
 lambda_handler = lambda_handler_for(
     lambda event, _context: control_plane().respond_dead_letters(messages_from_event(event)),
-    data_class=RabbitMQEvent,
+    data_class=RmqEvent,
     metric_prefix=metrics.DEAD_LETTER_PREFIX,
 )

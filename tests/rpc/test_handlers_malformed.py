@@ -23,6 +23,7 @@ from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event, rmq_message
 from switchyard.rpc import protocol as p
 from switchyard.rpc.drivers import NoopDriver
+from switchyard.rpc.errors import MalformedEventError
 from switchyard.rpc.service import ControlPlane, install
 from switchyard.rpc.settings import ControlSettings, Delays
 from switchyard.rpc.store import GroupStatus, PoolState
@@ -331,6 +332,23 @@ def test_empty_and_missing_batches(env: Env) -> None:
         assert all(v == 0 for v in outcome.values() if isinstance(v, int)), (function, outcome)
         outcome = env.call(function, {"eventSource": "aws:rmq", "rmqMessagesByQueue": {"q::/": []}})
         assert all(v == 0 for v in outcome.values() if isinstance(v, int)), (function, outcome)
+
+
+def test_a_malformed_event_is_a_clear_error_and_a_malformed_entry_one_bad_message(env: Env) -> None:
+    """An event whose ``rmqMessagesByQueue`` is not an object cannot come from an event source
+    mapping (a hand-made one, ``switchyard invoke``): refused, saying what the shape must be (it was
+    an AttributeError in Powertools' event class). An entry that is not a list of messages is one
+    malformed message, counted with the keyless ones, and the entries beside it are handled."""
+    for function in ("rpc_orphans", "rpc_dead_letters", "rpc_activity"):
+        for bad in (5, [], "x"):
+            with pytest.raises(MalformedEventError, match="not an aws:rmq event"):
+                env.call(function, {"eventSource": "aws:rmq", "rmqMessagesByQueue": bad})
+    good = request("fine", b"ok", reply_to=env.reply_queue, correlation_id="fine")
+    event = event_of(p.orphan_queue(env.pool), [rmq_message(good)])
+    event["rmqMessagesByQueue"] = {"bad::/": 5, **event["rmqMessagesByQueue"], "worse::/": {"a": 1}}
+    outcome = env.call("rpc_orphans", event)
+    assert (outcome["orphans"], outcome["forwarded"], outcome["without_key"]) == (3, 1, 2)
+    assert [body for _, body in env.drain(p.request_queue(env.pool, "fine"))] == [b"ok"]
 
 
 # -- hardening: inputs that once broke a handler for good ------------------------------------------

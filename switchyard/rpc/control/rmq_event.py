@@ -19,9 +19,10 @@ from typing import Any
 
 import pika
 import pika.data
-from aws_lambda_powertools.utilities.data_classes.rabbit_mq_event import RabbitMQEvent
+from aws_lambda_powertools.utilities.data_classes.common import DictWrapper
 
 from switchyard.rpc import protocol as p
+from switchyard.rpc.errors import MalformedEventError
 
 _TIMESTAMP_FORMAT = "%b %d, %Y, %I:%M:%S %p"
 _SPACES = re.compile(r"\s+")
@@ -210,10 +211,30 @@ def to_amqp_message(queue: str, message: dict[str, Any]) -> AmqpMessage:
                        tuple(problems))
 
 
-def messages_from_event(event: RabbitMQEvent | dict[str, Any]) -> Iterator[AmqpMessage]:
-    """Every message of an ``aws:rmq`` event, in order, queue name without ``::vhost``."""
-    raw = event.raw_event if isinstance(event, RabbitMQEvent) else event
-    for queue_vhost, messages in (raw.get("rmqMessagesByQueue") or {}).items():
-        queue = queue_vhost.rsplit("::", 1)[0]
+class RmqEvent(DictWrapper):
+    """An ``aws:rmq`` event, the data class of the handlers that read one: its messages are read one
+    at a time by ``messages_from_event``. Powertools' ``RabbitMQEvent`` parses every message when it
+    is made, so one malformed entry failed the invocation before a handler saw the event."""
+
+
+def messages_from_event(event: DictWrapper | dict[str, Any]) -> Iterator[AmqpMessage]:
+    """Every message of an ``aws:rmq`` event, in order, queue name without ``::vhost``.
+
+    An event that is not an object of queues raises ``MalformedEventError`` (nothing in it can be
+    read); a queue entry that is not a list of messages reads as one malformed message (the
+    handlers count and drop it), and the other entries go on.
+    """
+    raw = event.raw_event if isinstance(event, DictWrapper) else event
+    by_queue = raw.get("rmqMessagesByQueue") if isinstance(raw, dict) else None
+    if by_queue is None and isinstance(raw, dict):
+        by_queue = {}
+    if not isinstance(by_queue, dict):
+        raise MalformedEventError(
+            "not an aws:rmq event: expected an object whose rmqMessagesByQueue maps '<queue>::<vhost>' "
+            f"to a list of messages, got {type(by_queue if isinstance(raw, dict) else raw).__name__}")
+    for queue_vhost, messages in by_queue.items():
+        queue = str(queue_vhost).rsplit("::", 1)[0]
+        if not isinstance(messages, list | None):
+            messages = [None]  # one malformed message: counted and dropped like any other
         for message in messages or []:
             yield to_amqp_message(queue, message if isinstance(message, dict) else {})
