@@ -7,7 +7,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 import pika
 import pika.exceptions
@@ -21,6 +21,7 @@ from switchyard.rpc.settings import heartbeat_from_env
 # struct tcp_info up to tcpi_last_ack_recv: 8 one-byte fields, 9 u32, then last_data_sent,
 # last_ack_sent, last_data_recv, last_ack_recv (ms ago).
 TCP_INFO_LAYOUT = "8B9I4I"
+_T = TypeVar("_T")
 
 
 def connection_parameters(amqp_url: str, name: str, heartbeat: int | None = None) -> pika.URLParameters:
@@ -176,14 +177,9 @@ def enable_async_confirms(channel: BlockingChannel, on_ack_nack: Callable[[Any],
     serializes a pipeline. The callback runs inside pika's frame processing: it must not call
     blocking methods (defer such work to after the publish loop).
     """
-    selected: list[bool] = []
-    channel._impl.confirm_delivery(ack_nack_callback=on_ack_nack,
-                                   callback=lambda _frame: selected.append(True))
-    deadline = time.monotonic() + 10
-    while not selected:
-        if time.monotonic() > deadline:
-            raise BrokerUnavailableError("the broker did not acknowledge confirm.select")
-        channel.connection.process_data_events(time_limit=0.05)
+    _answered(channel, lambda on_ok: channel._impl.confirm_delivery(ack_nack_callback=on_ack_nack,
+                                                                    callback=on_ok),
+              "confirm.select")
 
 
 def publish_buffered(channel: BlockingChannel, exchange: str, routing_key: str, body: bytes,
@@ -212,20 +208,12 @@ def consume_direct(channel: BlockingChannel, queue: str, on_message: Callable[..
     Waits for the consume-ok like ``basic_consume``; a refusal (no such queue) raises
     ``ChannelClosedByBroker`` from here as it would from there. Returns the consumer tag.
     """
-    answered: list[bool] = []
-    tag: str = channel._impl.basic_consume(queue, on_message, auto_ack=auto_ack,
-                                           callback=lambda _frame: answered.append(True))
-    _direct_consumers(channel)[tag] = on_cancel
-    deadline = time.monotonic() + timeout
-    while not answered:
-        if channel.is_closed:
-            reason = close_reason(channel)
-            raise reason if isinstance(reason, pika.exceptions.AMQPError) else \
-                pika.exceptions.ChannelClosed(0, f"channel closed: {reason!r}")
-        if time.monotonic() > deadline:
-            raise BrokerUnavailableError(f"the broker did not answer a consume on {queue!r}")
-        channel.connection.process_data_events(time_limit=0.05)
-    return tag
+    def consume(on_ok: Callable[[Any], None]) -> str:
+        tag: str = channel._impl.basic_consume(queue, on_message, auto_ack=auto_ack, callback=on_ok)
+        _direct_consumers(channel)[tag] = on_cancel
+        return tag
+
+    return _answered(channel, consume, f"a consume on {queue!r}", timeout)
 
 
 def _direct_consumers(channel: BlockingChannel) -> dict[str, Callable[[], None] | None]:
@@ -260,11 +248,32 @@ def cancel_direct(channel: BlockingChannel, consumer_tag: str, timeout: float = 
     _direct_consumers(channel).pop(consumer_tag, None)
     if consumer_tag not in channel._impl.consumer_tags:  # the broker cancelled it already
         return
+    _answered(channel, lambda on_ok: channel._impl.basic_cancel(consumer_tag, callback=on_ok),
+              "a cancel", timeout, quiet=True)
+
+
+def _answered(channel: BlockingChannel, send: Callable[[Callable[[Any], None]], _T], what: str,
+              timeout: float = 10.0, quiet: bool = False) -> _T:
+    """Send a method on the underlying channel (``send(on_ok)``, which returns what it returns)
+    and pump the connection until the broker's answer runs ``on_ok``. A channel closed meanwhile
+    raises its reason, no answer within ``timeout`` raises ``BrokerUnavailableError``; ``quiet``:
+    either just ends the wait."""
     answered: list[bool] = []
-    channel._impl.basic_cancel(consumer_tag, callback=lambda _frame: answered.append(True))
+    result = send(lambda _frame: answered.append(True))
     deadline = time.monotonic() + timeout
-    while not answered and channel.is_open and time.monotonic() < deadline:
+    while not answered:
+        if channel.is_closed:
+            if quiet:
+                break
+            reason = close_reason(channel)
+            raise reason if isinstance(reason, pika.exceptions.AMQPError) else \
+                pika.exceptions.ChannelClosed(0, f"channel closed: {reason!r}")
+        if time.monotonic() > deadline:
+            if quiet:
+                break
+            raise BrokerUnavailableError(f"the broker did not answer {what}")
         channel.connection.process_data_events(time_limit=0.05)
+    return result
 
 
 class LoopPasses:
