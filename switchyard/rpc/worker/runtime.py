@@ -251,8 +251,8 @@ class Worker:
         self.stop()
 
     def _handle_inbox(self, connection: pika.BlockingConnection) -> None:
-        """Run the handler on each delivered request, then reply and ack (sent at once, together).
-        Stops at SIGTERM: the rest is shed."""
+        """Run the handler on each delivered request, then reply (sent at once, with its batch's
+        ack when due). Stops at SIGTERM: the rest is shed."""
         while self._inbox and not self._stopping:
             delivery = self._inbox.popleft()
             self._runs += 1
