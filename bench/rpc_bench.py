@@ -130,8 +130,8 @@ def main() -> int:
     plain_queue = f"{pool}-plain"
     env = {**os.environ, "WORKER_PREFETCH": str(args.prefetch), "PYTHONPATH": str(ROOT)}
 
-    print(f"RPC benchmark: {args.queue_type} queues, worker prefetch {args.prefetch}, {args.rounds} rounds "
-          f"of {args.seconds:g} s a side, pipelined = {args.in_flight} in flight, "
+    print(f"RPC benchmark (pool {pool}): {args.queue_type} queues, worker prefetch {args.prefetch}, "
+          f"{args.rounds} rounds of {args.seconds:g} s a side, pipelined = {args.in_flight} in flight, "
           f"{f'busy (a spinner on core {BUSY_CORE})' if args.busy else 'no spinner'}; {load()}",
           flush=True)
     spinner = busy_load(args.busy)
