@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from switchyard.core.config import Connections, env_float, env_int
 from switchyard.core.errors import ConfigError
 from switchyard.rpc.settings import PoolPolicy
+from tests.conftest import subprocess_env
 
 
 def test_defaults_point_at_the_local_stack(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,3 +57,17 @@ def test_settings_classes_read_their_variables_alike(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("SWITCHYARD_BUS_WORKER_THREADS", "many")
     with pytest.raises(ConfigError, match="SWITCHYARD_BUS_WORKER_THREADS must be an integer"):
         BusSettings.from_env()
+
+
+@pytest.mark.parametrize(("asked", "level", "warned"), [("bogus", "WARNING", True), ("debug", "DEBUG", False),
+                                                        (" Error ", "ERROR", False)])
+def test_a_log_level_typo_falls_back_with_a_warning_instead_of_stopping_every_process(
+        asked: str, level: str, warned: bool) -> None:
+    """The logger is built at import: an unknown SWITCHYARD_LOG_LEVEL raised there (Powertools'
+    ValueError), so every command, worker and Lambda init failed with a traceback."""
+    run = subprocess.run([sys.executable, "-c", "import logging; from switchyard.core.observability import "
+                          "logger; print(logging.getLevelName(logger.log_level))"],
+                         env=subprocess_env(SWITCHYARD_LOG_LEVEL=asked), capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == level, run.stderr[-2000:]
+    assert ("is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL; using WARNING" in run.stderr) is warned

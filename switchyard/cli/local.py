@@ -109,7 +109,7 @@ def read_event(path: str) -> dict[str, Any]:
     """The JSON object in the event file ``path``; a ConfigError that says why not."""
     try:
         event = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(f"cannot read event file {path}: {exc}") from exc
     if not isinstance(event, dict):
         raise ConfigError(f"event file {path} must hold a JSON object, not {type(event).__name__}")

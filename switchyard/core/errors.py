@@ -19,6 +19,10 @@ class InvalidNameError(SwitchyardError, ValueError):
     """A pool name, key or topic cannot be turned into a safe resource name."""
 
 
+class MalformedEventError(SwitchyardError, ValueError):
+    """A Lambda event without the shape its event source mapping sends (a hand-made one)."""
+
+
 class BrokerError(SwitchyardError):
     """The message broker refused or lost an operation."""
 

@@ -112,6 +112,9 @@ def _text_value(value: Any) -> str:
     return json.dumps(text) if not text or any(c.isspace() for c in text) else text
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def log_format() -> str:
     """``json`` on AWS (Lambda, an ECS task: their logs are queried as JSON) or when
     ``SWITCHYARD_LOG_FORMAT=json`` asks; ``text`` otherwise."""
@@ -128,10 +131,16 @@ def _build_logger() -> Logger:
     # keep a terminal quiet unless asked: ECS task definitions set SWITCHYARD_LOG_LEVEL=INFO.
     # (Lambda reads stdout, as Powertools' own handler writes.)
     handler = RedactingStreamHandler(sys.stdout if in_lambda else sys.stderr)
-    level = os.environ.get("SWITCHYARD_LOG_LEVEL") or os.environ.get("POWERTOOLS_LOG_LEVEL")
-    level = level or ("INFO" if in_lambda else "WARNING")
+    default = "INFO" if in_lambda else "WARNING"
+    asked = os.environ.get("SWITCHYARD_LOG_LEVEL") or os.environ.get("POWERTOOLS_LOG_LEVEL") or default
+    level = asked.strip().upper()
+    known = level in LOG_LEVELS  # a typo must not stop every process (or Lambda init) at import
     formatter = TextFormatter() if log_format() == "text" else None
-    return Logger(service=SERVICE, level=level, logger_handler=handler, logger_formatter=formatter)
+    built = Logger(service=SERVICE, level=level if known else default, logger_handler=handler,
+                   logger_formatter=formatter)
+    if not known:
+        built.warning(f"log level {asked[:32]!r} is not one of {', '.join(LOG_LEVELS)}; using {default}")
+    return built
 
 
 class NoTracer:

@@ -23,6 +23,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEvent
 
+from switchyard.core.errors import MalformedEventError
 from switchyard.delay.model import Drop, DropReason, Header, InputRecord, RecordPosition
 
 # What reading one malformed record can raise (binascii.Error and UnicodeError are ValueErrors).
@@ -83,8 +84,18 @@ def _malformed(record: object, exc: Exception) -> Drop:
 
 
 def records_from_kafka_event(event: KafkaEvent) -> Iterator[InputRecord | Drop]:
-    """Every record of the event, in partition order as delivered; unreadable ones as Drops."""
-    for chunk in event.raw_event["records"].values():
+    """Every record of the event, in partition order as delivered; unreadable ones as Drops.
+
+    An event whose ``records`` is not an object of partitions raises ``MalformedEventError`` (no
+    mapping sends one); a partition's entry that is not a list is one unreadable record."""
+    chunks = event["records"]  # missing: KeyError from the wrapper (the CLI names the field)
+    if not isinstance(chunks, dict):
+        raise MalformedEventError("not an aws:kafka event: expected an object whose records map "
+                                  f"'<topic>-<partition>' to a list of records, got {type(chunks).__name__}")
+    for chunk in chunks.values():
+        if not isinstance(chunk, list):
+            yield _malformed({}, TypeError(f"a partition's records are a {type(chunk).__name__}, not a list"))
+            continue
         for record in chunk:
             try:
                 yield _from_raw(record)

@@ -39,10 +39,6 @@ class ManagementApiError(BrokerError):
     """The RabbitMQ management HTTP API answered with an error."""
 
 
-class MalformedEventError(SwitchyardError, ValueError):
-    """An ``aws:rmq`` event without the shape an event source mapping sends (a hand-made one)."""
-
-
 class CallTimeoutError(RpcError, TimeoutError):
     """No response arrived within the call's timeout; the slot was freed."""
 

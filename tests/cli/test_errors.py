@@ -69,6 +69,8 @@ KNOWN = [
     (("call",), ["--pool", "p", "--key", "k", "--timeout", "0"], 2, "--timeout: must be a number above 0"),
     (("invoke",), ["rpc_orphans", "--event", str(SCRATCH / "empty_event.json")], 1,
      "has no 'rmqMessagesByQueue': it is not the event rpc_orphans takes"),
+    (("invoke",), ["rpc_orphans", "--event", str(SCRATCH / "deep_event.json")], 1,
+     "cannot read event file"),
     (("spark", "publish"), ["--input", "nope.jsonl", "--output", str(SCRATCH / "out")], 1,
      "--input nope.jsonl: no such file or directory"),
     (("pending", "status"), [], 1, "cannot reach Redis at 127.0.0.1:1 (SWITCHYARD_REDIS_URL)"),
@@ -194,7 +196,7 @@ def scratch() -> Iterator[Path]:
     SCRATCH.mkdir(exist_ok=True)
     (SCRATCH / "rows.jsonl").write_text('{"key": "k"}\n')
     (SCRATCH / "empty_event.json").write_text("{}")
-    (SCRATCH / "bad_event.json").write_text('{"rmqMessagesByQueue": 5}')
+    (SCRATCH / "deep_event.json").write_text("[" * 100_000)  # json.loads: RecursionError
     yield SCRATCH
     shutil.rmtree(SCRATCH, ignore_errors=True)
 
@@ -225,13 +227,16 @@ def test_bad_input_gives_one_line(case: Case, results: dict[str, subprocess.Comp
 
 
 # A usage error, a result on stdout (exit 0), a failure in one line, and (SWITCHYARD_TRACEBACK=1 lets
-# an unexpected error through) an uncaught exception: the interpreter's traceback, exit 1.
+# an unexpected error through) an uncaught exception: the interpreter's traceback, exit 1. The last
+# is an AMQP URL pika cannot parse (FIDELITY_AMQP_URL), still an unexpected ValueError: a known gap
+# (the URL is not validated before use); when it is fixed, this needs another uncaught error.
 FIDELITY = [("--no-such-flag",), ("bus", "openapi"), ("bus", "status"),
-            ("invoke", "rpc_orphans", "--event", str(SCRATCH / "bad_event.json"))]
+            ("call", "--pool", "walk_pool", "--key", "k")]
+FIDELITY_AMQP_URL = "amqp://guest:guest@[::1/%2F"
 
 
 def test_the_walk_reports_what_a_subprocess_would(scratch: Path) -> None:
-    env = _env(SWITCHYARD_TRACEBACK="1")
+    env = {**_env(SWITCHYARD_TRACEBACK="1"), "SWITCHYARD_AMQP_URL": FIDELITY_AMQP_URL}
     with ThreadPoolExecutor(max_workers=len(FIDELITY)) as pool:
         alone = list(pool.map(lambda argv: _run(argv, env), FIDELITY))
     walked = _walk(FIDELITY, env)
@@ -244,4 +249,5 @@ def test_the_walk_reports_what_a_subprocess_would(scratch: Path) -> None:
             assert other.stderr.splitlines()[-1] == one.stderr.splitlines()[-1], report
         else:
             assert other.stderr == one.stderr, report
-    assert "Traceback" in alone[-1].stderr and "openapi" in alone[1].stdout
+    assert "Traceback" in alone[-1].stderr and "ValueError" in alone[-1].stderr
+    assert "openapi" in alone[1].stdout

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from aws_lambda_powertools.utilities.data_classes import KafkaEvent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from switchyard.core.errors import MalformedEventError
 from switchyard.delay.enqueue import _validate
+from switchyard.delay.model import Drop
 from switchyard.delay.msk import records_from_kafka_event
 
 JSON = st.recursive(
@@ -72,3 +75,16 @@ def test_no_record_can_raise_and_every_record_is_accounted_for(case: tuple[dict[
     assert len(valid) + repeats + len(drops) == received
     assert set(sources) == set(valid)
     assert all(isinstance(d.offset, int) and isinstance(d.partition, int) for d in drops)
+
+
+def test_a_malformed_envelope_is_a_clear_error_and_a_malformed_partition_one_drop() -> None:
+    """No event source mapping sends ``records`` that is not an object: refused, naming the shape
+    (it was an AttributeError). A partition whose entry is not a list is one unreadable record (a
+    Drop), and the partitions beside it are read."""
+    for bad in (5, [], "x", None):
+        with pytest.raises(MalformedEventError, match="not an aws:kafka event"):
+            list(records_from_kafka_event(KafkaEvent({"eventSource": "aws:kafka", "records": bad})))
+    read = list(records_from_kafka_event(KafkaEvent({"eventSource": "aws:kafka",
+                                                     "records": {"in-0": 5, "in-1": [good(7)]}})))
+    assert len(read) == 2 and isinstance(read[0], Drop) and "not a list" in read[0].detail
+    assert not isinstance(read[1], Drop) and read[1].offset == 7

@@ -18,12 +18,12 @@ import pytest
 import redis
 
 from switchyard.core import tracing
+from switchyard.core.errors import MalformedEventError
 from switchyard.local.functions import load_function
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event, rmq_message
 from switchyard.rpc import protocol as p
 from switchyard.rpc.drivers import NoopDriver
-from switchyard.rpc.errors import MalformedEventError
 from switchyard.rpc.service import ControlPlane, install
 from switchyard.rpc.settings import ControlSettings, Delays
 from switchyard.rpc.store import GroupStatus, PoolState

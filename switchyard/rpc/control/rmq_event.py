@@ -21,8 +21,8 @@ import pika
 import pika.data
 from aws_lambda_powertools.utilities.data_classes.common import DictWrapper
 
+from switchyard.core.errors import MalformedEventError
 from switchyard.rpc import protocol as p
-from switchyard.rpc.errors import MalformedEventError
 
 _TIMESTAMP_FORMAT = "%b %d, %Y, %I:%M:%S %p"
 _SPACES = re.compile(r"\s+")
@@ -216,6 +216,10 @@ class RmqEvent(DictWrapper):
     at a time by ``messages_from_event``. Powertools' ``RabbitMQEvent`` parses every message when it
     is made, so one malformed entry failed the invocation before a handler saw the event."""
 
+    def __init__(self, data: dict[str, Any]) -> None:
+        super().__init__(data)
+        _ = self["rmqMessagesByQueue"]  # missing: KeyError from the wrapper (the CLI names the field)
+
 
 def messages_from_event(event: DictWrapper | dict[str, Any]) -> Iterator[AmqpMessage]:
     """Every message of an ``aws:rmq`` event, in order, queue name without ``::vhost``.
@@ -226,8 +230,6 @@ def messages_from_event(event: DictWrapper | dict[str, Any]) -> Iterator[AmqpMes
     """
     raw = event.raw_event if isinstance(event, DictWrapper) else event
     by_queue = raw.get("rmqMessagesByQueue") if isinstance(raw, dict) else None
-    if by_queue is None and isinstance(raw, dict):
-        by_queue = {}
     if not isinstance(by_queue, dict):
         raise MalformedEventError(
             "not an aws:rmq event: expected an object whose rmqMessagesByQueue maps '<queue>::<vhost>' "
