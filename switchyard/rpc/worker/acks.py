@@ -5,8 +5,10 @@ message; sent with the reply, it also queues on that log ahead of the caller's n
 acks, sent off that path, are worth 1.10-1.13x the sequential calls per second (a plain pika worker
 acking every 2nd or 3rd request against one acking each, RabbitMQ 3.10; docs/benchmarks.md). But a
 held ack holds prefetch room, which starves a worker while requests queue, so ``add`` batches by
-what the worker sees (runs, or calls one at a time) and never past ``delay``. A crash before a
-batch is sent redelivers its requests: work done twice, as at-least-once allows, never lost.
+what the worker sees (runs, or calls one at a time), and an idle worker sends a batch at ``due``
+(a handler running then delays it until it returns, or until the keeper thread takes over the
+connection at 0.5 s). A crash before a batch is sent redelivers its requests: work done twice,
+as at-least-once allows, never lost.
 
 A multiple ack settles every delivery up to its tag, so the worker flushes the batch before it
 settles a request any other way (a shed, a reject), and sends acks one by one while a shed

@@ -14,8 +14,8 @@ sees two threads at once). The heartbeat is ``SWITCHYARD_AMQP_HEARTBEAT``. Reque
 one at a time, in order.
 
 Replies go through the default exchange to ``reply-to`` with the request's correlation id and
-``x-status``, and the request is acked after, on the same channel: while no other request waits,
-a few answered requests at a time with one multiple ack, at most 5 ms later (``acks``).
+``x-status``, and the request is acked after, on the same channel: a few answered requests at a
+time with one multiple ack, an idle worker's within ``WORKER_ACK_DELAY_MS`` (5 ms; ``acks``).
 The broker handles a channel's frames in order, so the reply is routed before the ack takes
 effect, and a crash anywhere before the ack redelivers the request (at-least-once). Waiting for a
 publisher confirm of the reply would add a round trip per request and protect nothing more:
