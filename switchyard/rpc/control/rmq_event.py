@@ -229,11 +229,11 @@ def messages_from_event(event: DictWrapper | dict[str, Any]) -> Iterator[AmqpMes
     handlers count and drop it), and the other entries go on.
     """
     raw = event.raw_event if isinstance(event, DictWrapper) else event
-    by_queue = raw.get("rmqMessagesByQueue") if isinstance(raw, dict) else None
+    by_queue = raw.get("rmqMessagesByQueue") if isinstance(raw, dict) else raw
     if not isinstance(by_queue, dict):
         raise MalformedEventError(
             "not an aws:rmq event: expected an object whose rmqMessagesByQueue maps '<queue>::<vhost>' "
-            f"to a list of messages, got {type(by_queue if isinstance(raw, dict) else raw).__name__}")
+            f"to a list of messages, got {type(by_queue).__name__}")
     for queue_vhost, messages in by_queue.items():
         queue = str(queue_vhost).rsplit("::", 1)[0]
         if not isinstance(messages, list | None):
