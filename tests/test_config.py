@@ -71,3 +71,45 @@ def test_a_log_level_typo_falls_back_with_a_warning_instead_of_stopping_every_pr
                          timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == level, run.stderr[-2000:]
     assert ("is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL; using WARNING" in run.stderr) is warned
+
+
+MALFORMED_URLS = [
+    # (variable, value, command, what the one line says)
+    ("SWITCHYARD_AMQP_URL", "amqp://u:secret-pw@[::1/%2F", ("call", "--pool", "p", "--key", "k"),
+     "SWITCHYARD_AMQP_URL cannot be read as a URL (Invalid IPv6 URL)"),
+    ("SWITCHYARD_AMQP_URL", "amqp://u:secret-pw@127.0.0.1:abc/", ("pool", "status", "--pool", "p"),
+     "SWITCHYARD_AMQP_URL cannot be read as a URL (Port could not be cast to integer value as 'abc')"),
+    ("SWITCHYARD_AMQP_URL", "http://u:secret-pw@127.0.0.1:5672/", ("call", "--pool", "p", "--key", "k"),
+     "SWITCHYARD_AMQP_URL must begin with amqp:// or amqps://, got http://"),
+    ("SWITCHYARD_MANAGEMENT_URL", "http://u:secret-pw@[::1", ("pool", "status", "--pool", "p"),
+     "SWITCHYARD_MANAGEMENT_URL cannot be read as a URL (Invalid IPv6 URL)"),
+    ("SWITCHYARD_REDIS_URL", "redis://u:secret-pw@127.0.0.1:99999/0", ("pending", "status"),
+     "SWITCHYARD_REDIS_URL cannot be read as a URL (Port out of range 0-65535)"),
+    ("SWITCHYARD_REDIS_URL", "127.0.0.1:6379", ("bus", "status"),
+     "SWITCHYARD_REDIS_URL must begin with redis:// or rediss:// or unix://"),
+    ("SWITCHYARD_POSTGRES_DSN", "postgresql://u:secret-pw@[::1/x", ("delay", "status"),
+     "SWITCHYARD_POSTGRES_DSN cannot be read as a URL (Invalid IPv6 URL)"),
+]
+
+
+@pytest.mark.parametrize(("variable", "value", "argv", "says"), MALFORMED_URLS,
+                         ids=[f"{m[0]}={m[1].replace('secret-pw', 'pw')}" for m in MALFORMED_URLS])
+def test_a_malformed_service_url_is_one_line_naming_its_variable(
+        variable: str, value: str, argv: tuple[str, ...], says: str) -> None:
+    """Each client library failed on these in its own way from deep inside (pika, redis-py, urllib:
+    ValueError, IndexError), which the CLI printed as "unexpected ... report it"."""
+    run = subprocess.run([sys.executable, "-m", "switchyard", *argv], env=subprocess_env(**{variable: value}),
+                         capture_output=True, text=True, timeout=60)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 1, run.stderr[-2000:]
+    assert lines[0].startswith(f"switchyard: error: {says}"), lines
+    assert "unexpected" not in lines[0] and "secret-pw" not in run.stderr + run.stdout
+
+
+def test_urls_are_checked_when_read_and_the_conninfo_form_is_left_to_psycopg() -> None:
+    conn = Connections(amqp_url="amqp://u:secret-pw@h:5672:x/%2F",  # type: ignore[arg-type]
+                       postgres_dsn="host=db port=6543 dbname=x password=secret-pw")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="SWITCHYARD_AMQP_URL cannot be read as a URL") as caught:
+        conn.amqp_url  # noqa: B018 (reading is what checks)
+    assert "secret-pw" not in str(caught.value)
+    assert conn.postgres_dsn == "host=db port=6543 dbname=x password=secret-pw"

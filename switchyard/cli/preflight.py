@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from switchyard.core.config import Connections
+from switchyard.core.config import Connections, SecretUrl, check_url
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.errors import ConfigError
 
@@ -112,10 +112,12 @@ def require(*names: str, connections: Connections | None = None) -> None:
     for name in names:
         service = SERVICES[name]
         configured = type(connections).__dict__[service.field]
-        raw = configured.template(connections) if hasattr(configured, "template") else \
-            getattr(connections, service.field)
+        secret_url = isinstance(configured, SecretUrl)
+        raw = configured.template(connections) if secret_url else getattr(connections, service.field)
         if not raw:
             continue  # e.g. no AWS_ENDPOINT_URL: the SDK's own endpoints
+        if secret_url:
+            check_url(service.variable, raw, configured.schemes)  # malformed: its one-line ConfigError
         try:
             targets = addresses(service, raw)
         except ValueError:

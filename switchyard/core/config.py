@@ -5,10 +5,12 @@ Every variable is documented in docs/configuration.md; keep the two in step.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from switchyard.core.errors import ConfigError
 
@@ -58,6 +60,30 @@ def prefixed(prefix: str, *names: str) -> dict[str, str]:
     return {name: prefix + name.upper() for name in names}
 
 
+@functools.lru_cache(maxsize=32)
+def check_url(variable: str, url: str, schemes: tuple[str, ...]) -> str:
+    """``url`` if it reads as a URL of one of ``schemes`` ("conninfo": libpq's key=value form is
+    accepted too), else a ConfigError naming ``variable``.
+
+    Why here: each client library fails on a malformed URL in its own way (pika, redis-py and the
+    standard library raise ValueError or IndexError from deep inside), which reached the user as an
+    "unexpected" error. The message leaves the URL out: it may hold a password.
+    """
+    if "conninfo" in schemes and "://" not in url:
+        return url  # libpq's key=value form (host=... dbname=...): psycopg reads and checks it
+    expected = f"expected {schemes[0]}://host:port/..., with user and password before the host"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (reading it checks it: a port that is not a number in 0-65535 raises)
+    except ValueError as exc:
+        raise ConfigError(f"{variable} cannot be read as a URL ({exc}); {expected}") from None
+    if parts.scheme not in schemes:
+        prefixes = " or ".join(f"{s}://" for s in schemes if s != "conninfo")
+        raise ConfigError(f"{variable} must begin with {prefixes}, "
+                          f"got {parts.scheme + '://' if parts.scheme else 'no scheme'}; {expected}")
+    return url
+
+
 class SecretUrl:
     """A ``Connections`` URL field whose ``{placeholders}`` are filled from its service's secret when
     it is read, not when the settings are built.
@@ -69,8 +95,8 @@ class SecretUrl:
     and printed without a password they never had.
     """
 
-    def __init__(self, variable: str, default: str) -> None:
-        self.variable, self.default = variable, default
+    def __init__(self, variable: str, default: str, schemes: tuple[str, ...]) -> None:
+        self.variable, self.default, self.schemes = variable, default, schemes
         self.name = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -81,7 +107,8 @@ class SecretUrl:
             return self.default  # the dataclass's default for the field
         from switchyard.core.aws_secrets import resolve_url
 
-        return resolve_url(self.variable, obj.__dict__[self.name], obj.secret_sources)
+        url = resolve_url(self.variable, obj.__dict__[self.name], obj.secret_sources)
+        return check_url(self.variable, url, self.schemes)
 
     def __set__(self, obj: Connections, value: str) -> None:
         obj.__dict__[self.name] = value
@@ -101,11 +128,15 @@ class Connections:
     ``dataclasses.replace`` reads (and so fills) every field it copies.
     """
 
-    amqp_url: str = SecretUrl("SWITCHYARD_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")  # type: ignore[assignment]
-    management_url: str = SecretUrl("SWITCHYARD_MANAGEMENT_URL", "http://guest:guest@127.0.0.1:15672")  # type: ignore[assignment]
-    redis_url: str = SecretUrl("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/0")  # type: ignore[assignment]
+    amqp_url: str = SecretUrl("SWITCHYARD_AMQP_URL",  # type: ignore[assignment]
+                              "amqp://guest:guest@127.0.0.1:5672/%2F", ("amqp", "amqps"))
+    management_url: str = SecretUrl("SWITCHYARD_MANAGEMENT_URL",  # type: ignore[assignment]
+                                    "http://guest:guest@127.0.0.1:15672", ("http", "https"))
+    redis_url: str = SecretUrl("SWITCHYARD_REDIS_URL",  # type: ignore[assignment]
+                               "redis://127.0.0.1:6379/0", ("redis", "rediss", "unix"))
     postgres_dsn: str = SecretUrl("SWITCHYARD_POSTGRES_DSN",  # type: ignore[assignment]
-                                  "postgresql://postgres@127.0.0.1:5432/switchyard")
+                                  "postgresql://postgres@127.0.0.1:5432/switchyard",
+                                  ("postgresql", "postgres", "conninfo"))
     kafka_bootstrap: str = "127.0.0.1:9092"
     aws_endpoint_url: str | None = None
     redis_timeout_s: float = 5.0

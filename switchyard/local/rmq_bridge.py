@@ -41,7 +41,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from switchyard.core.errors import BrokerError, ConfigError
 from switchyard.core.observability import logger
 from switchyard.local.lambda_context import FakeLambdaContext
-from switchyard.rpc.amqp import connect
+from switchyard.rpc.amqp import connect, url_parameters
 
 Handler = Callable[[dict[str, Any], Any], Any]
 
@@ -185,7 +185,7 @@ class RabbitMQEventSource:
         self.retry_backoff_s = retry_backoff_s
         self.max_reconnect_backoff_s = max_reconnect_backoff_s
         self.broker_arn = broker_arn
-        self.vhost = pika.URLParameters(amqp_url).virtual_host
+        self.vhost = url_parameters(amqp_url).virtual_host
         self.stats = EventSourceStats()
 
     def run(self, stop: threading.Event) -> None:

@@ -15,7 +15,7 @@ import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.adapters.utils.io_services_utils import _TRY_IO_AGAIN_SOCK_ERROR_CODES, _AsyncPlaintextTransport
 
-from switchyard.core.errors import BrokerUnavailableError
+from switchyard.core.errors import BrokerUnavailableError, ConfigError
 from switchyard.rpc.settings import heartbeat_from_env
 
 # struct tcp_info up to tcpi_last_ack_recv: 8 one-byte fields, 9 u32, then last_data_sent,
@@ -24,8 +24,18 @@ TCP_INFO_LAYOUT = "8B9I4I"
 _T = TypeVar("_T")
 
 
+def url_parameters(amqp_url: str) -> pika.URLParameters:
+    """pika's reading of an AMQP URL, or a ConfigError that names the setting (the URL itself is
+    not repeated: it may hold a password)."""
+    try:
+        return pika.URLParameters(amqp_url)
+    except (ValueError, IndexError, TypeError, KeyError) as exc:
+        raise ConfigError(f"SWITCHYARD_AMQP_URL is not an AMQP URL ({type(exc).__name__}: {exc}); expected "
+                          "amqp[s]://user:password@host:port/vhost (vhost %2F for /)") from exc
+
+
 def connection_parameters(amqp_url: str, name: str, heartbeat: int | None = None) -> pika.URLParameters:
-    params = pika.URLParameters(amqp_url)
+    params = url_parameters(amqp_url)
     params.client_properties = {"connection_name": name, "product": "switchyard"}
     params.heartbeat = heartbeat_from_env() if heartbeat is None else heartbeat
     params.blocked_connection_timeout = 60
@@ -79,7 +89,7 @@ def _heard_from(connection: pika.BlockingConnection) -> bool:
 
 def redact(url: str) -> str:
     """The URL with its password hidden, for messages and logs."""
-    params = pika.URLParameters(url)
+    params = url_parameters(url)
     return f"amqp://{params.credentials.username}:***@{params.host}:{params.port}/"
 
 

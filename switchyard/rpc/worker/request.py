@@ -108,6 +108,9 @@ def load_handler(spec: str) -> Handler:
             target = getattr(target, part)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot load handler {spec!r}: {exc}") from exc
+    except Exception as exc:  # the module's own code failed as it was imported: the user's to fix
+        raise ConfigError(f"cannot load handler {spec!r}: importing {module_name} raised "
+                          f"{type(exc).__name__}: {exc}") from exc
     if not callable(target):
         raise ConfigError(f"handler {spec!r} is not callable")
     return target
