@@ -89,15 +89,20 @@ WATCHDOG = Watchdog()
 
 
 class _Checked:
-    """Connects to an address the policy checked, never to a second resolution of the name."""
+    """Connects to an address the policy checked, never to a second resolution of the name; the
+    lookup and each connect get what is left of ``connect_by`` (monotonic), at most ``timeout``."""
 
     policy: AddressPolicy
+    connect_by: float = float("inf")
+
+    def _budget(self) -> float:
+        return max(0.001, min(self.timeout, self.connect_by - time.monotonic()))  # type: ignore[attr-defined]
 
     def _new_conn(self) -> socket.socket:
         last: OSError | None = None
-        for address in self.policy.addresses(self._dns_host, self.port):  # type: ignore[attr-defined]
+        for address in self.policy.addresses(self._dns_host, self.port, self._budget()):  # type: ignore[attr-defined]
             try:
-                sock = socket.create_connection((address, self.port), self.timeout)  # type: ignore[attr-defined]
+                sock = socket.create_connection((address, self.port), self._budget())  # type: ignore[attr-defined]
             except OSError as exc:
                 last = exc
                 continue
@@ -168,6 +173,7 @@ class CallbackClient:
         try:
             if conn.sock is None:
                 conn.timeout = min(self.connect_timeout_s, self.deadline_s)
+                conn.connect_by = started + self.deadline_s  # type: ignore[attr-defined]
                 conn.connect()
             conn.timeout = max(0.001, self.deadline_s - (time.monotonic() - started))
             auth = base64.b64encode(f"{username}:x".encode()).decode()

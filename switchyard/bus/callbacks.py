@@ -21,7 +21,10 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from urllib3.exceptions import LocationParseError
@@ -204,6 +207,52 @@ def check_subscription(url: str, *, allow_http: bool, allowlist: Allowlist) -> C
     return target
 
 
+class BoundedLookups:
+    """Name lookups the caller waits for at most ``timeout_s``.
+
+    Why a thread: ``getaddrinfo`` cannot be interrupted (no socket to shut, no timeout argument),
+    and a callback's DNS server that answers slowly or not at all held a delivery thread for the
+    resolver's own retries (5 s per attempt and server), outside the delivery's deadline. Each
+    lookup runs on a daemon thread; a lookup still running is shared by every caller asking for the
+    same name, so a slow name costs one thread, not one per delivery. A literal address is looked
+    up in place (no DNS query leaves the machine for it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[tuple[Resolver, str, int], Future[Sequence[str]]] = {}
+
+    def resolve(self, resolver: Resolver, host: str, port: int, timeout_s: float) -> Sequence[str]:
+        if literal_address(host) is not None:
+            return resolver(host, port)
+        key = (resolver, host, port)
+        with self._lock:
+            future = self._running.get(key)
+            if future is None:
+                future = self._running[key] = Future()
+                threading.Thread(target=self._run, args=(key, future), name="bus-dns", daemon=True).start()
+        try:
+            return future.result(max(0.0, timeout_s))
+        except FutureTimeout:
+            raise CallbackError(f"cannot resolve {host} within {timeout_s:g} s") from None
+
+    def _run(self, key: tuple[Resolver, str, int], future: Future[Sequence[str]]) -> None:
+        resolver, host, port = key
+        try:
+            answers = resolver(host, port)
+        except BaseException as exc:  # handed to the waiters (a CallbackError, or what the resolver raised)
+            with self._lock:
+                del self._running[key]
+            future.set_exception(exc)
+            return
+        with self._lock:
+            del self._running[key]
+        future.set_result(answers)
+
+
+LOOKUPS = BoundedLookups()
+LOOKUP_TIMEOUT_S = 5.0  # when the caller gives none
+
+
 def system_resolver(host: str, port: int) -> list[str]:
     """The addresses ``host`` resolves to now, in the resolver's order."""
     try:
@@ -220,11 +269,12 @@ class AddressPolicy:
     allowlist: Allowlist = Allowlist()
     resolver: Resolver = system_resolver
 
-    def addresses(self, host: str, port: int) -> list[str]:
-        """Every address ``host`` resolves to, all checked; CallbackRefusedError if any is internal
-        and not allowed (a name that answers with one internal address is not trusted with any)."""
+    def addresses(self, host: str, port: int, timeout_s: float = LOOKUP_TIMEOUT_S) -> list[str]:
+        """Every address ``host`` resolves to (within ``timeout_s``), all checked;
+        CallbackRefusedError if any is internal and not allowed (a name that answers with one
+        internal address is not trusted with any)."""
         host = normalized_host(host)
-        answers = self.resolver(host, port)
+        answers = LOOKUPS.resolve(self.resolver, host, port, timeout_s)
         if not answers:
             raise CallbackError(f"{host} resolves to no address")
         checked = []

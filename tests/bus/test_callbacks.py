@@ -8,6 +8,8 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import ssl
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -225,3 +227,47 @@ def test_https_to_the_checked_address_keeps_the_name_for_sni_host_and_certificat
 def test_an_unresolvable_name_is_a_failed_delivery_not_a_crash():
     with pytest.raises(CallbackError):
         AddressPolicy(Allowlist(), lambda _h, _p: []).addresses("nothing.test", 443)
+
+
+class SlowDns:
+    """A resolver that hangs (a DNS server that never answers) until released, counting lookups."""
+
+    def __init__(self, answer: str = "127.0.0.1") -> None:
+        self.answer, self.calls, self.release = answer, 0, threading.Event()
+
+    def __call__(self, host: str, _port: int) -> list[str]:
+        self.calls += 1
+        self.release.wait(30)
+        return [self.answer]
+
+
+def test_a_name_that_does_not_resolve_in_time_fails_the_delivery_within_its_deadline():
+    """getaddrinfo cannot be interrupted: a callback's silent DNS server held a delivery thread for
+    the resolver's own retries, outside the delivery's deadline (the watchdog has no socket to shut
+    then). Now the delivery fails at its deadline; concurrent deliveries to that name share the one
+    lookup still running, and once it answers the name works again."""
+    dns = SlowDns()
+    c = CallbackClient(AddressPolicy(Allowlist.parse("127.0.0.1"), dns), connect_timeout_s=2, deadline_s=0.5,
+                       max_response_bytes=4096)
+    server = TestServer("127.0.0.1")
+    try:
+        target = CallbackTarget("http", "slow-dns.test", server.port, "/cb")
+        started = time.monotonic()
+        with pytest.raises(CallbackError, match="within"):
+            c.post(target, b"[]", "u")
+        assert time.monotonic() - started < 1.5
+        with pytest.raises(CallbackError, match=r"cannot resolve slow-dns\.test within 0\.2 s"):
+            AddressPolicy(Allowlist.parse("127.0.0.1"), dns).addresses("slow-dns.test", server.port, 0.2)
+        assert dns.calls == 1, "a lookup still running is shared, not started again"
+        dns.release.set()
+        end = time.monotonic() + 5
+        while time.monotonic() < end:  # the hung lookup ends; the next delivery resolves afresh
+            try:
+                assert c.post(target, b"[]", "u") == 204
+                break
+            except CallbackError:
+                time.sleep(0.05)
+        assert len(server.seen) == 1 and dns.calls <= 2  # (the released lookup, or one after it)
+    finally:
+        dns.release.set()
+        server.close()
