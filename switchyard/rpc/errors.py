@@ -55,6 +55,11 @@ class ClientBusyError(RpcError):
     """Every slot of the client stayed taken until the caller's wait ran out."""
 
 
+class ClientThreadError(RpcError):
+    """A blocking call from the thread that drives the client (a done-callback): it would wait for
+    a response only that thread can take in."""
+
+
 class ClientClosedError(RpcError):
     """The client was closed (or lost its connection) while the call was in flight."""
 

@@ -18,7 +18,7 @@ from switchyard.core.errors import InvalidNameError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.control.management import ManagementApi
-from switchyard.rpc.errors import CallTimeoutError, ClientClosedError
+from switchyard.rpc.errors import CallTimeoutError, ClientClosedError, ClientThreadError
 from tests.conftest import unique, wait_for
 from tests.rpc.test_rpc import SLEEPY, H, bind
 
@@ -214,3 +214,33 @@ def test_close_from_a_done_callback_neither_deadlocks_nor_raises(pool) -> None:
     assert not client._core._thread.is_alive()
     with pytest.raises(ClientClosedError):
         client.submit("nobody", "after close")
+
+
+def test_call_from_a_done_callback_raises_at_once_and_the_client_goes_on(pool) -> None:
+    """A done-callback runs on the thread that drives the connection: a blocking call() there waited
+    for a response only that thread could take in, so it hung the client until the call's timeout."""
+    name, settings = pool
+    bind(name, settings, "nobody")
+    client = RpcClient(name, settings, timeout=5)
+    try:
+        raised: list[BaseException | None] = []
+        took: list[float] = []
+        done = threading.Event()
+
+        def call_inside(_future: Future) -> None:
+            started = time.monotonic()
+            try:
+                client.call("nobody", "inner", timeout=3)
+                raised.append(None)
+            except BaseException as exc:
+                raised.append(exc)
+            took.append(time.monotonic() - started)
+            done.set()
+
+        client.submit("nobody", "x", timeout=0.2).add_done_callback(call_inside)
+        assert done.wait(10)
+        assert isinstance(raised[0], ClientThreadError) and took[0] < 0.5, (raised, took)
+        with pytest.raises(CallTimeoutError):  # the client still serves its other callers
+            client.call("nobody", "after", timeout=0.3)
+    finally:
+        client.close()

@@ -53,6 +53,7 @@ from switchyard.rpc.errors import (
     CallTimeoutError,
     ClientBusyError,
     ClientClosedError,
+    ClientThreadError,
     PoolNotFoundError,
     PublishRejectedError,
     UnroutableError,
@@ -119,6 +120,9 @@ class _ClientCore:
     def call(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
              headers: Mapping[str, Any] | None) -> Response:
         """``submit`` and wait, driving the connection in this thread if nobody else drives it."""
+        if self._on_io():  # waiting here would hold the thread the response needs, until the timeout
+            raise ClientThreadError("call() from a done-callback waits on itself: use submit() and chain "
+                                    "another done-callback, or call from a thread of your own")
         call = self._enqueue(key, body, timeout, expiration_ms, headers, True)
         if not self._drive_until(call.future):
             self._wake()
