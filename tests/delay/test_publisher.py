@@ -15,6 +15,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from switchyard.delay.publisher import KafkaPublisher
 from tests.delay.conftest import OutputReader, Tansu, create_topics
 
@@ -40,6 +42,28 @@ def send_until_confirmed(pub: KafkaPublisher, ids: list[str], timeout_s: float) 
     return confirmed, failed
 
 
+def failures(pub: KafkaPublisher, expected: int, outage_s: float, at_most_s: float = 6.0) -> list[str]:
+    """The tokens reported failed while the broker is away: polled for ``outage_s`` at least, then
+    until ``expected`` have failed (librdkafka scans for timed-out messages once a second, later
+    on a loaded machine), or ``at_most_s`` has passed."""
+    failed: list[str] = []
+    start = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - start
+        if elapsed >= at_most_s or (elapsed >= outage_s and len(failed) >= expected):
+            return failed
+        failed += [str(d.token) for d in pub.poll(0.05) if d.error is not None]
+
+
+def warm_replacements(pub: KafkaPublisher) -> int:
+    """Replacements before the fault: on a loaded machine the first connection to a fresh tansu can
+    take longer than the publish timeout; the first messages time out, librdkafka bumps the epoch
+    locally, and tansu answers "sequence gap" from then on, so the stuck producer is replaced
+    (correctly) before the fault begins. What a test asserts about the fault counts from here."""
+    assert pub.replacements <= 1, f"{pub.replacements} replacements while warming up"
+    return pub.replacements
+
+
 def test_a_producer_the_restarted_broker_keeps_refusing_is_replaced_without_duplicates(
     private_tansu: Tansu,
 ) -> None:
@@ -53,17 +77,15 @@ def test_a_producer_the_restarted_broker_keeps_refusing_is_replaced_without_dupl
     pub = KafkaPublisher(private_tansu.bootstrap, TOPIC, timeout_ms=500, linger_ms=5)
     before = [f"a{i}" for i in range(20)]
     assert send_until_confirmed(pub, before, 10)[0] == set(before)  # (the first may time out connecting)
+    warm = warm_replacements(pub)
 
     private_tansu.kill()
     during = [f"b{i}" for i in range(20)]
     for i in during:
         pub.send(i.encode(), b"v", [("test-id", i.encode())], i)
-    failed: list[str] = []
-    end = time.monotonic() + 2.0
-    while time.monotonic() < end:  # they time out; 2 s of outage
-        failed += [str(d.token) for d in pub.poll(0.05) if d.error is not None]
+    failed = failures(pub, len(during), outage_s=2.0)  # they time out; 2 s of outage at least
     assert sorted(failed) == sorted(during) and pub.in_flight() == 0
-    assert pub.replacements == 0, "an unreachable broker must not get the producer replaced"
+    assert pub.replacements == warm, "an unreachable broker must not get the producer replaced"
 
     private_tansu.start()
     create_topics(private_tansu.bootstrap, TOPIC)
@@ -72,7 +94,7 @@ def test_a_producer_the_restarted_broker_keeps_refusing_is_replaced_without_dupl
     confirmed |= send_until_confirmed(pub, during[1:], 10)[0]
     assert confirmed == set(during), (f"{len(during) - len(confirmed)} never confirmed after the restart "
                                       f"({pub.replacements} replacements)")
-    assert pub.replacements >= 1
+    assert pub.replacements >= warm + 1
 
     reader = OutputReader(private_tansu.bootstrap, TOPIC, partitions=None)
     try:
@@ -88,31 +110,47 @@ def test_a_producer_the_restarted_broker_keeps_refusing_is_replaced_without_dupl
 def test_a_producer_the_broker_fences_after_a_stall_is_replaced(private_tansu: Tansu) -> None:
     """The broker stalls (SIGSTOP) for 1.5 s: the messages in flight time out, librdkafka bumps the
     epoch, and tansu fences every request after that. Deterministic: the old publisher confirmed
-    nothing in 15 s (about 50,000 failed deliveries), this one replaces the producer and goes on."""
+    nothing in 15 s (about 50,000 failed deliveries), this one replaces the producer and goes on.
+
+    On a loaded machine librdkafka now and then keeps the stalled messages without any report
+    (measured: 1 stall in 50-70 with four busy loops on two cores; still unreported 20 s after the
+    broker resumed, while new messages went through). The fence under test never comes then: the
+    stall is tried again on a fresh broker, at most three times."""
+    for _ in range(3):
+        if stall_once(private_tansu):
+            return
+        private_tansu.kill()
+        private_tansu.start()
+    pytest.fail("librdkafka kept the stalled messages without a report in each of 3 stalls")
+
+
+def stall_once(private_tansu: Tansu) -> bool:
+    """One stall and what follows; False if librdkafka reported none of the stalled messages."""
     create_topics(private_tansu.bootstrap, TOPIC)
     pub = KafkaPublisher(private_tansu.bootstrap, TOPIC, timeout_ms=500, linger_ms=5)
     before = [f"a{i}" for i in range(20)]
     assert send_until_confirmed(pub, before, 10)[0] == set(before)
+    warm = warm_replacements(pub)
     assert private_tansu.proc is not None
     os.kill(private_tansu.proc.pid, signal.SIGSTOP)
     try:
         stalled = [f"s{i}" for i in range(20)]
         for i in stalled:
             pub.send(i.encode(), b"v", [("test-id", i.encode())], i)
-        failed = []
-        end = time.monotonic() + 1.5
-        while time.monotonic() < end:
-            failed += [d.token for d in pub.poll(0.05) if d.error is not None]
-        assert sorted(failed) == sorted(stalled)  # type: ignore[type-var]
-        assert pub.replacements == 0, "a broker that does not answer must not get the producer replaced"
+        failed = failures(pub, len(stalled), outage_s=1.5)
+        if not failed:
+            return False
+        assert sorted(failed) == sorted(stalled)
+        assert pub.replacements == warm, "a broker that does not answer must not get the producer replaced"
     finally:
         os.kill(private_tansu.proc.pid, signal.SIGCONT)
     confirmed, _ = send_until_confirmed(pub, stalled, 15)
     assert confirmed == set(stalled), f"{len(stalled) - len(confirmed)} never confirmed after the stall"
-    assert pub.replacements == 1
+    assert pub.replacements == warm + 1
     reader = OutputReader(private_tansu.bootstrap, TOPIC)
     try:
         seen = collections.Counter(reader.wait_for_ids(set(stalled), timeout=10))
     finally:
         reader.close()
     assert all(seen[i] >= 1 for i in stalled)  # (those the stalled broker wrote after all: twice)
+    return True
