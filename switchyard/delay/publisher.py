@@ -4,7 +4,8 @@ Not thread-safe by design: each thread that fires builds its own (delivery callb
 whoever polls, so a shared producer would hand one loop another's confirmations).
 
 The idempotent producer is replaced (its unconfirmed messages reported failed, so their rows are
-released) in two cases: librdkafka raised a fatal error, or it is stuck. When messages time out,
+released) in three cases: librdkafka raised a fatal error, it is stuck, or it kept a message without
+any report long past its timeout (``OVERDUE``). When messages time out,
 librdkafka bumps the producer's epoch locally and restarts the sequence, which Kafka (MSK) accepts.
 tansu does not: restarted with memory storage it answers every ProduceRequest with
 UNKNOWN_PRODUCER_ID, and a batch that starts the fresh sequence is deemed safe to retry, so
@@ -47,6 +48,13 @@ STUCK_REFUSALS = 5
 STUCK_AFTER_S = 1.0
 PID_WAIT_S = 2.0
 STUCK = "stuck: the broker keeps refusing its idempotence state"
+# librdkafka reports every message by its timeout (its timeout scan runs once a second), yet now and
+# then keeps some without any report, past the broker's return (seen on a loaded machine after a
+# stall: 20 s and more). Such a producer is replaced once the oldest message is this far past its
+# timeout (or a timeout, if longer): its rows are released to fire again, not held for the rest of
+# the run.
+OVERDUE_GRACE_S = 5.0
+OVERDUE = "overdue: messages kept without a delivery report past their timeout"
 
 
 def refusal(facility: str, text: str) -> bool:
@@ -81,15 +89,18 @@ class KafkaPublisher:
     """Publishes to one topic and reports which messages the broker confirmed."""
 
     def __init__(self, bootstrap: str, topic: str, timeout_ms: int, linger_ms: int = 1,
-                 max_message_bytes: int = 1_000_000) -> None:
+                 max_message_bytes: int = 1_000_000, overdue_after_s: float | None = None) -> None:
         self.topic = validate_topic(topic)
         self._deliveries: list[Delivery] = []
         self._outstanding: dict[int, object] = {}
+        self._sent_at: dict[int, float] = {}  # in send order: the first is the oldest outstanding
         self._sequence = itertools.count()
         self._fatal = False
         self._replace_reason = ""
         self._timeout_s = timeout_ms / 1000
         self._stuck_after_s = max(STUCK_AFTER_S, self._timeout_s)
+        self._overdue_after_s = (self._timeout_s + max(OVERDUE_GRACE_S, self._timeout_s)
+                                 if overdue_after_s is None else overdue_after_s)
         self._refusals = 0  # epoch bumps a broker answer caused, since the last confirmation
         self._first_refusal = 0.0
         self._has_pid = False
@@ -146,7 +157,7 @@ class KafkaPublisher:
         broker refuses every request of it, so nothing in flight will be written."""
         old = self._producer
         with contextlib.suppress(KafkaException):
-            old.purge(in_queue=True, in_flight=self._replace_reason == STUCK, blocking=False)
+            old.purge(in_queue=True, in_flight=self._replace_reason in (STUCK, OVERDUE), blocking=False)
         end = time.monotonic() + self._timeout_s + 0.5
         while self._outstanding and len(old) and time.monotonic() < end:
             with contextlib.suppress(KafkaException):  # a fatal error may be raised again here
@@ -170,6 +181,7 @@ class KafkaPublisher:
             for token in self._outstanding.values():  # never confirmed: report them failed
                 self._deliveries.append(Delivery(token, f"producer replaced ({self._replace_reason})"))
             self._outstanding.clear()
+            self._sent_at.clear()
             self._has_pid = False
             self._producer = Producer(self._config)
             self._fatal = False
@@ -183,6 +195,7 @@ class KafkaPublisher:
     def _on_delivery(self, number: int) -> Callable[[KafkaError | None, Message], None]:
         def callback(err: KafkaError | None, _msg: Message) -> None:
             token = self._outstanding.pop(number, None)
+            self._sent_at.pop(number, None)
             if token is None:
                 return  # already reported failed when the producer was replaced
             if err is None:
@@ -204,6 +217,7 @@ class KafkaPublisher:
                     on_delivery=self._on_delivery(number),
                 )
                 self._outstanding[number] = token
+                self._sent_at[number] = time.monotonic()
                 return
             except BufferError:
                 self._producer.poll(0.05)  # local queue full: let confirmations drain first
@@ -221,6 +235,10 @@ class KafkaPublisher:
             self._producer.poll(max(0.0, timeout_s))
         except KafkaException as exc:  # a fatal error is raised here too, not only to error_cb
             self._fail("fatal error", str(exc))
+        if self._sent_at:
+            waited = time.monotonic() - next(iter(self._sent_at.values()))
+            if waited > self._overdue_after_s:
+                self._fail(OVERDUE, f"{len(self._outstanding)} unreported, the oldest for {waited:.1f} s")
         self._replace_if_fatal()
         out, self._deliveries = self._deliveries, []
         return out

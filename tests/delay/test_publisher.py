@@ -114,8 +114,9 @@ def test_a_producer_the_broker_fences_after_a_stall_is_replaced(private_tansu: T
 
     On a loaded machine librdkafka now and then keeps the stalled messages without any report
     (measured: 1 stall in 50-70 with four busy loops on two cores; still unreported 20 s after the
-    broker resumed, while new messages went through). The fence under test never comes then: the
-    stall is tried again on a fresh broker, at most three times."""
+    broker resumed, while new messages went through; the publisher's overdue guard, tested below,
+    replaces such a producer). The fence under test never comes then: the stall is tried again on
+    a fresh broker, at most three times."""
     for _ in range(3):
         if stall_once(private_tansu):
             return
@@ -137,7 +138,7 @@ def stall_once(private_tansu: Tansu) -> bool:
         stalled = [f"s{i}" for i in range(20)]
         for i in stalled:
             pub.send(i.encode(), b"v", [("test-id", i.encode())], i)
-        failed = failures(pub, len(stalled), outage_s=1.5)
+        failed = failures(pub, len(stalled), outage_s=1.5, at_most_s=4.0)  # before the overdue guard
         if not failed:
             return False
         assert sorted(failed) == sorted(stalled)
@@ -154,3 +155,39 @@ def stall_once(private_tansu: Tansu) -> bool:
         reader.close()
     assert all(seen[i] >= 1 for i in stalled)  # (those the stalled broker wrote after all: twice)
     return True
+
+
+def test_messages_kept_without_a_report_past_their_timeout_get_the_producer_replaced(
+    private_tansu: Tansu,
+) -> None:
+    """The overdue guard, made to act before librdkafka's own timeout (5 s here, the guard at 1 s):
+    what librdkafka keeps unreported is reported failed by the publisher (its rows released, not
+    held for the rest of the run), the producer replaced; sent again, all are confirmed, none lost."""
+    create_topics(private_tansu.bootstrap, TOPIC)
+    pub = KafkaPublisher(private_tansu.bootstrap, TOPIC, timeout_ms=5000, linger_ms=5, overdue_after_s=1.0)
+    assert send_until_confirmed(pub, ["w0", "w1"], 10)[0] == {"w0", "w1"}
+    warm = warm_replacements(pub)
+    assert private_tansu.proc is not None
+    os.kill(private_tansu.proc.pid, signal.SIGSTOP)
+    try:
+        kept = [f"k{i}" for i in range(10)]
+        for i in kept:
+            pub.send(i.encode(), b"v", [("test-id", i.encode())], i)
+        started = time.monotonic()
+        errors: dict[str, str] = {}
+        while len(errors) < len(kept) and time.monotonic() - started < 4.0:  # librdkafka's own: 5 s
+            errors |= {str(d.token): str(d.error) for d in pub.poll(0.05) if d.error is not None}
+        assert sorted(errors) == sorted(kept) and pub.in_flight() == 0, errors
+        assert pub.replacements == warm + 1 and time.monotonic() - started >= 1.0
+        # the guard's purge (or its release), not librdkafka's "Message timed out"
+        assert all("Purged in flight" in e or "(overdue" in e for e in errors.values()), errors
+    finally:
+        os.kill(private_tansu.proc.pid, signal.SIGCONT)
+    confirmed, _ = send_until_confirmed(pub, kept, 15)
+    assert confirmed == set(kept)
+    reader = OutputReader(private_tansu.bootstrap, TOPIC)
+    try:
+        seen = collections.Counter(reader.wait_for_ids(set(kept), timeout=10))
+    finally:
+        reader.close()
+    assert all(seen[i] >= 1 for i in kept)  # (what the stopped broker had taken in: twice)
