@@ -113,3 +113,20 @@ def test_urls_are_checked_when_read_and_the_conninfo_form_is_left_to_psycopg() -
         conn.amqp_url  # noqa: B018 (reading is what checks)
     assert "secret-pw" not in str(caught.value)
     assert conn.postgres_dsn == "host=db port=6543 dbname=x password=secret-pw"
+
+
+def test_a_deployed_template_passes_the_preflight_and_is_checked_once_filled() -> None:
+    """The stacks' Postgres URL is a template down to its host and port (stacks/data.py); the
+    preflight reads templates (no secret fetched), so it leaves such an address to the client (it
+    tried to connect to "{host}:{port}" before); a URL is checked once its secret filled it."""
+    from switchyard.cli.preflight import require
+
+    template = "postgresql://{username}:{password}@{host}:{port}/{dbname}?sslmode=verify-full"
+    pg = Connections(postgres_dsn=template)  # type: ignore[arg-type]
+    require("postgres", connections=pg)
+    injected = {"SWITCHYARD_AMQP_USERNAME": "u", "SWITCHYARD_AMQP_PASSWORD": "secret-pw"}
+    filled = Connections(amqp_url="amqps://{username}:{password}@[::1/%2F",  # type: ignore[arg-type]
+                         secret_sources=injected)
+    with pytest.raises(ConfigError, match="SWITCHYARD_AMQP_URL cannot be read as a URL") as caught:
+        filled.amqp_url  # noqa: B018 (reading is what fills and checks)
+    assert "secret-pw" not in str(caught.value)

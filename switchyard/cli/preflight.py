@@ -61,6 +61,8 @@ def addresses(service: Service, configured: str) -> list[tuple[str, int]]:
     netloc = parts.netloc.rpartition("@")[2]  # the credentials never take part
     found = []
     for hostport in netloc.split(","):  # libpq accepts host1:port1,host2:port2
+        if "{" in hostport:
+            continue  # a deployed template's {host}/{port}: filled from the secret, which is not read here
         host, _, port = hostport.rpartition(":") if not hostport.endswith("]") else (hostport, "", "")
         if not host or not port.isdigit():
             host, port = hostport, ""
@@ -116,7 +118,7 @@ def require(*names: str, connections: Connections | None = None) -> None:
         raw = configured.template(connections) if secret_url else getattr(connections, service.field)
         if not raw:
             continue  # e.g. no AWS_ENDPOINT_URL: the SDK's own endpoints
-        if secret_url:
+        if secret_url and "{" not in raw:  # a deployed template ({host}, {port}) is checked once filled
             check_url(service.variable, raw, configured.schemes)  # malformed: its one-line ConfigError
         try:
             targets = addresses(service, raw)

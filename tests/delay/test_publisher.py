@@ -23,11 +23,24 @@ from tests.delay.conftest import OutputReader, Tansu, create_topics
 TOPIC = "publisher-restart"
 
 
+def send_ids(pub: KafkaPublisher, ids: list[str]) -> None:
+    for i in ids:
+        pub.send(i.encode(), b"v", [("test-id", i.encode())], i)
+
+
+def written(bootstrap: str, ids: list[str]) -> collections.Counter[str]:
+    """How many times each of ``ids`` is on the topic (waiting for every one to appear)."""
+    reader = OutputReader(bootstrap, TOPIC)
+    try:
+        return collections.Counter(reader.wait_for_ids(set(ids), timeout=10))
+    finally:
+        reader.close()
+
+
 def send_until_confirmed(pub: KafkaPublisher, ids: list[str], timeout_s: float) -> tuple[set[str], int]:
     """Send ``ids`` and send again each one reported failed, as the fire loop does with its rows,
     until all are confirmed or ``timeout_s`` passes. Returns (confirmed, failed deliveries)."""
-    for i in ids:
-        pub.send(i.encode(), b"v", [("test-id", i.encode())], i)
+    send_ids(pub, ids)
     confirmed: set[str] = set()
     failed = 0
     end = time.monotonic() + timeout_s
@@ -81,8 +94,7 @@ def test_a_producer_the_restarted_broker_keeps_refusing_is_replaced_without_dupl
 
     private_tansu.kill()
     during = [f"b{i}" for i in range(20)]
-    for i in during:
-        pub.send(i.encode(), b"v", [("test-id", i.encode())], i)
+    send_ids(pub, during)
     failed = failures(pub, len(during), outage_s=2.0)  # they time out; 2 s of outage at least
     assert sorted(failed) == sorted(during) and pub.in_flight() == 0
     assert pub.replacements == warm, "an unreachable broker must not get the producer replaced"
@@ -136,8 +148,7 @@ def stall_once(private_tansu: Tansu) -> bool:
     os.kill(private_tansu.proc.pid, signal.SIGSTOP)
     try:
         stalled = [f"s{i}" for i in range(20)]
-        for i in stalled:
-            pub.send(i.encode(), b"v", [("test-id", i.encode())], i)
+        send_ids(pub, stalled)
         failed = failures(pub, len(stalled), outage_s=1.5, at_most_s=4.0)  # before the overdue guard
         if not failed:
             return False
@@ -148,11 +159,7 @@ def stall_once(private_tansu: Tansu) -> bool:
     confirmed, _ = send_until_confirmed(pub, stalled, 15)
     assert confirmed == set(stalled), f"{len(stalled) - len(confirmed)} never confirmed after the stall"
     assert pub.replacements == warm + 1
-    reader = OutputReader(private_tansu.bootstrap, TOPIC)
-    try:
-        seen = collections.Counter(reader.wait_for_ids(set(stalled), timeout=10))
-    finally:
-        reader.close()
+    seen = written(private_tansu.bootstrap, stalled)
     assert all(seen[i] >= 1 for i in stalled)  # (those the stalled broker wrote after all: twice)
     return True
 
@@ -171,8 +178,7 @@ def test_messages_kept_without_a_report_past_their_timeout_get_the_producer_repl
     os.kill(private_tansu.proc.pid, signal.SIGSTOP)
     try:
         kept = [f"k{i}" for i in range(10)]
-        for i in kept:
-            pub.send(i.encode(), b"v", [("test-id", i.encode())], i)
+        send_ids(pub, kept)
         started = time.monotonic()
         errors: dict[str, str] = {}
         while len(errors) < len(kept) and time.monotonic() - started < 4.0:  # librdkafka's own: 5 s
@@ -185,9 +191,5 @@ def test_messages_kept_without_a_report_past_their_timeout_get_the_producer_repl
         os.kill(private_tansu.proc.pid, signal.SIGCONT)
     confirmed, _ = send_until_confirmed(pub, kept, 15)
     assert confirmed == set(kept)
-    reader = OutputReader(private_tansu.bootstrap, TOPIC)
-    try:
-        seen = collections.Counter(reader.wait_for_ids(set(kept), timeout=10))
-    finally:
-        reader.close()
+    seen = written(private_tansu.bootstrap, kept)
     assert all(seen[i] >= 1 for i in kept)  # (what the stopped broker had taken in: twice)
