@@ -237,16 +237,18 @@ class BoundedLookups:
 
     def _run(self, key: tuple[Resolver, str, int], future: Future[Sequence[str]]) -> None:
         resolver, host, port = key
+        answers: Sequence[str] = ()
+        error: BaseException | None = None
         try:
             answers = resolver(host, port)
         except BaseException as exc:  # handed to the waiters (a CallbackError, or what the resolver raised)
-            with self._lock:
-                del self._running[key]
-            future.set_exception(exc)
-            return
-        with self._lock:
+            error = exc
+        with self._lock:  # done: the next lookup of this name asks afresh
             del self._running[key]
-        future.set_result(answers)
+        if error is None:
+            future.set_result(answers)
+        else:
+            future.set_exception(error)
 
 
 LOOKUPS = BoundedLookups()

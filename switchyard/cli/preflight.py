@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from switchyard.core.config import Connections, SecretUrl, check_url
+from switchyard.core.config import Connections, SecretUrl
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.errors import ConfigError
 
@@ -119,7 +119,7 @@ def require(*names: str, connections: Connections | None = None) -> None:
         if not raw:
             continue  # e.g. no AWS_ENDPOINT_URL: the SDK's own endpoints
         if secret_url and "{" not in raw:  # a deployed template ({host}, {port}) is checked once filled
-            check_url(service.variable, raw, configured.schemes)  # malformed: its one-line ConfigError
+            configured.check(raw)  # malformed: its one-line ConfigError
         try:
             targets = addresses(service, raw)
         except ValueError:

@@ -61,15 +61,15 @@ def prefixed(prefix: str, *names: str) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=32)
-def check_url(variable: str, url: str, schemes: tuple[str, ...]) -> str:
-    """``url`` if it reads as a URL of one of ``schemes`` ("conninfo": libpq's key=value form is
+def check_service_url(variable: str, url: str, schemes: tuple[str, ...], conninfo: bool = False) -> str:
+    """``url`` if it reads as a URL of one of ``schemes`` (``conninfo``: libpq's key=value form is
     accepted too), else a ConfigError naming ``variable``.
 
     Why here: each client library fails on a malformed URL in its own way (pika, redis-py and the
     standard library raise ValueError or IndexError from deep inside), which reached the user as an
     "unexpected" error. The message leaves the URL out: it may hold a password.
     """
-    if "conninfo" in schemes and "://" not in url:
+    if conninfo and "://" not in url:
         return url  # libpq's key=value form (host=... dbname=...): psycopg reads and checks it
     expected = f"expected {schemes[0]}://host:port/..., with user and password before the host"
     try:
@@ -78,8 +78,7 @@ def check_url(variable: str, url: str, schemes: tuple[str, ...]) -> str:
     except ValueError as exc:
         raise ConfigError(f"{variable} cannot be read as a URL ({exc}); {expected}") from None
     if parts.scheme not in schemes:
-        prefixes = " or ".join(f"{s}://" for s in schemes if s != "conninfo")
-        raise ConfigError(f"{variable} must begin with {prefixes}, "
+        raise ConfigError(f"{variable} must begin with {' or '.join(f'{s}://' for s in schemes)}, "
                           f"got {parts.scheme + '://' if parts.scheme else 'no scheme'}; {expected}")
     return url
 
@@ -95,8 +94,8 @@ class SecretUrl:
     and printed without a password they never had.
     """
 
-    def __init__(self, variable: str, default: str, schemes: tuple[str, ...]) -> None:
-        self.variable, self.default, self.schemes = variable, default, schemes
+    def __init__(self, variable: str, default: str, schemes: tuple[str, ...], conninfo: bool = False) -> None:
+        self.variable, self.default, self.schemes, self.conninfo = variable, default, schemes, conninfo
         self.name = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -108,7 +107,11 @@ class SecretUrl:
         from switchyard.core.aws_secrets import resolve_url
 
         url = resolve_url(self.variable, obj.__dict__[self.name], obj.secret_sources)
-        return check_url(self.variable, url, self.schemes)
+        return self.check(url)
+
+    def check(self, url: str) -> str:
+        """``url`` checked as this field's value (``check_service_url``)."""
+        return check_service_url(self.variable, url, self.schemes, self.conninfo)
 
     def __set__(self, obj: Connections, value: str) -> None:
         obj.__dict__[self.name] = value
@@ -136,7 +139,7 @@ class Connections:
                                "redis://127.0.0.1:6379/0", ("redis", "rediss", "unix"))
     postgres_dsn: str = SecretUrl("SWITCHYARD_POSTGRES_DSN",  # type: ignore[assignment]
                                   "postgresql://postgres@127.0.0.1:5432/switchyard",
-                                  ("postgresql", "postgres", "conninfo"))
+                                  ("postgresql", "postgres"), conninfo=True)
     kafka_bootstrap: str = "127.0.0.1:9092"
     aws_endpoint_url: str | None = None
     redis_timeout_s: float = 5.0

@@ -55,6 +55,7 @@ STUCK = "stuck: the broker keeps refusing its idempotence state"
 # the run.
 OVERDUE_GRACE_S = 5.0
 OVERDUE = "overdue: messages kept without a delivery report past their timeout"
+OVERDUE_CHECK_S = 1.0
 
 
 def refusal(facility: str, text: str) -> bool:
@@ -92,8 +93,9 @@ class KafkaPublisher:
                  max_message_bytes: int = 1_000_000, overdue_after_s: float | None = None) -> None:
         self.topic = validate_topic(topic)
         self._deliveries: list[Delivery] = []
-        self._outstanding: dict[int, object] = {}
-        self._sent_at: dict[int, float] = {}  # in send order: the first is the oldest outstanding
+        # number -> (token, when sent), in send order: the first is the oldest outstanding
+        self._outstanding: dict[int, tuple[object, float]] = {}
+        self._next_overdue_check = 0.0
         self._sequence = itertools.count()
         self._fatal = False
         self._replace_reason = ""
@@ -178,10 +180,9 @@ class KafkaPublisher:
         if self._fatal:
             self._drain_old()
             released = len(self._outstanding)
-            for token in self._outstanding.values():  # never confirmed: report them failed
+            for token, _ in self._outstanding.values():  # never confirmed: report them failed
                 self._deliveries.append(Delivery(token, f"producer replaced ({self._replace_reason})"))
             self._outstanding.clear()
-            self._sent_at.clear()
             self._has_pid = False
             self._producer = Producer(self._config)
             self._fatal = False
@@ -194,10 +195,10 @@ class KafkaPublisher:
 
     def _on_delivery(self, number: int) -> Callable[[KafkaError | None, Message], None]:
         def callback(err: KafkaError | None, _msg: Message) -> None:
-            token = self._outstanding.pop(number, None)
-            self._sent_at.pop(number, None)
-            if token is None:
+            sent = self._outstanding.pop(number, None)
+            if sent is None:
                 return  # already reported failed when the producer was replaced
+            token = sent[0]
             if err is None:
                 self._refusals = 0
             elif err.fatal():
@@ -216,8 +217,7 @@ class KafkaPublisher:
                     self.topic, value=value, key=key, headers=list(headers),
                     on_delivery=self._on_delivery(number),
                 )
-                self._outstanding[number] = token
-                self._sent_at[number] = time.monotonic()
+                self._outstanding[number] = (token, time.monotonic())
                 return
             except BufferError:
                 self._producer.poll(0.05)  # local queue full: let confirmations drain first
@@ -235,8 +235,12 @@ class KafkaPublisher:
             self._producer.poll(max(0.0, timeout_s))
         except KafkaException as exc:  # a fatal error is raised here too, not only to error_cb
             self._fail("fatal error", str(exc))
-        if self._sent_at:
-            waited = time.monotonic() - next(iter(self._sent_at.values()))
+        now = time.monotonic()
+        if self._outstanding and now >= self._next_overdue_check:
+            # Once a second: finding the oldest skips the slots of confirmed messages at the dict's
+            # front, too many to walk at every poll of a busy fire loop.
+            self._next_overdue_check = now + OVERDUE_CHECK_S
+            waited = now - next(iter(self._outstanding.values()))[1]
             if waited > self._overdue_after_s:
                 self._fail(OVERDUE, f"{len(self._outstanding)} unreported, the oldest for {waited:.1f} s")
         self._replace_if_fatal()
