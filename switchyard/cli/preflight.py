@@ -152,9 +152,18 @@ def unavailable(exc: BaseException) -> str | None:
         name = _DRIVER_ERRORS.get(f"{cls.__module__}.{cls.__qualname__}")
         if name:
             service = SERVICES[name]
+            code = getattr(exc, "reply_code", None)
+            if isinstance(code, int):  # the broker answered, and closed the connection: not unavailable
+                hint = (f"check the user, password and vhost in {service.variable}" if code in _REFUSED
+                        else "the broker's log says why")
+                said = getattr(exc, "reply_text", "")
+                return f"{service.label} closed the connection ({service.variable}): {code} {said}; {hint}"
             reason = str(exc).rstrip(".")
             return f"{service.label} is unavailable ({service.variable}): {reason}; {_hint(service)}"
     return None
+
+
+_REFUSED = (403, 530)  # AMQP ACCESS_REFUSED, NOT_ALLOWED (a vhost the user may not open)
 
 
 def _hostport(host: str, port: int) -> str:

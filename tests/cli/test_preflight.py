@@ -76,6 +76,19 @@ def test_a_driver_connection_error_names_its_setting() -> None:
     assert unavailable(ValueError("x")) is None
 
 
+def test_a_connection_the_broker_closed_is_not_called_unavailable() -> None:
+    """A worker's consume racing its queue's creation ended in "RabbitMQ is unavailable ... start it
+    with ./dev services" (CI's red run on 4.0) while the broker was up and had answered."""
+    import pika.exceptions
+
+    closed = pika.exceptions.ConnectionClosedByBroker(541, "INTERNAL_ERROR")
+    closed_by = "RabbitMQ closed the connection (SWITCHYARD_AMQP_URL):"
+    assert unavailable(closed) == f"{closed_by} 541 INTERNAL_ERROR; the broker's log says why"
+    refused = pika.exceptions.ConnectionClosedByBroker(530, "NOT_ALLOWED - vhost v not found")
+    assert unavailable(refused) == (f"{closed_by} 530 NOT_ALLOWED - vhost v not found; "
+                                    "check the user, password and vhost in SWITCHYARD_AMQP_URL")
+
+
 def test_usage_errors_are_one_line_with_exit_2() -> None:
     result, _ = run("pending", "call", "--endpoint", "e", "--timeout", "-3")
     assert result.returncode == 2

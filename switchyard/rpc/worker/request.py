@@ -94,6 +94,7 @@ class WorkerStats:
     requeued: int = 0
     no_reply_to: int = 0
     waited_for_queue: int = 0  # consumes refused (404) before the request queue was declared
+    queue_races: int = 0  # connections the broker closed on a consume racing the queue's creation
     queue_deleted: bool = False  # the broker cancelled the consumer: the request queue is gone
 
 
