@@ -59,15 +59,18 @@ def hop_lines(hops: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def first_cold_start(path: str) -> str | None:
-    """The trace id of the first request in the trace log that started its worker group."""
+def first_cold_start(path: str, pool: str) -> str | None:
+    """The trace id of the first request in the trace log that started a worker group of ``pool``
+    (the log outlives runs: the demo's and the tests' pools are all in it)."""
     for name in (path + ".1", path):
         try:
             with open(name, encoding="utf-8", errors="replace") as log:
                 for line in log:
                     if '"cold_start":true' in line:
-                        with contextlib.suppress(ValueError):
-                            return str(json.loads(line)["trace_id"])
+                        with contextlib.suppress(ValueError, KeyError, TypeError):
+                            hop = json.loads(line)
+                            if hop["pool"] == pool:
+                                return str(hop["trace_id"])
         except FileNotFoundError:
             continue
     return None

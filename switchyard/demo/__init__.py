@@ -44,23 +44,25 @@ def run_demo(args: argparse.Namespace) -> int:
     out = Printer()
     options = PoolOptions(pool=args.pool, keys=args.keys, seconds=args.seconds, concurrency=args.concurrency,
                           unbind_delay=args.unbind_delay, stop_delay=args.stop_delay, keep=args.keep)
-    print_summary(out, rpc_pool_part(out, options, RpcSettings.from_env()))
+    pool_run = rpc_pool_part(out, options, RpcSettings.from_env())
+    print_summary(out, pool_run)
     delay_scheduler_part(out)
     scheduled_calls_part(out)
     event_bus_part(out)
     pending_queue_part(out)
     if trace_log is not None:
-        follow_one_request(out, trace_log)
+        follow_one_request(out, trace_log, pool_run.pool)
     return 0
 
 
-def follow_one_request(out: Printer, trace_log: str) -> None:
-    """The hops of the first request that started a worker group, from the local trace log."""
+def follow_one_request(out: Printer, trace_log: str, pool: str) -> None:
+    """The hops of the first request that started one of ``pool``'s worker groups, from the local
+    trace log."""
     from switchyard.cli.trace import first_cold_start, hop_lines
     from switchyard.core.tracing import read_hops
 
     out.section("Following one request")
-    trace_id = first_cold_start(trace_log)
+    trace_id = first_cold_start(trace_log, pool)
     if trace_id is not None:
         out.line(f"switchyard trace {trace_id}")
         for line in hop_lines(read_hops(trace_id, trace_log)):

@@ -70,7 +70,7 @@ def test_the_demo_follows_a_cold_start_into_its_worker(pool, planes, tmp_path: P
     planes.start(name, settings, driver=driver)
     with RpcClient(name, settings, timeout=30) as client:
         assert client.call("infra=42", "hello").ok
-    follow_one_request(Printer(), str(log))
+    follow_one_request(Printer(), str(log), name)
     out = capsys.readouterr().out
     events = re.findall(r" rpc: ([a-z ]+?)(?: took [0-9.e+-]+ ms)?  ", out)
     assert events == ["publish", "orphan forwarded", "group started", "handled"], out
