@@ -150,10 +150,30 @@ def _parked(args: argparse.Namespace) -> int:
         print(f"no parked messages in schema {svc.settings.schema}")
         return 0
     print(f"{len(rows)} parked message(s) in schema {svc.settings.schema}, newest first "
-          "(refused by the output broker for good; fix the cause, then re-send them):")
+          "(refused for good; fix the cause, then `switchyard delay replay`):")
     for message_id, deadline, parked_at, reason, size in rows:
         print(f"  {message_id}  deadline {deadline.isoformat()}  parked {parked_at.isoformat()}  "
               f"{size or 0} bytes  {reason}")
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    svc = _store()
+    try:
+        svc.store.migrate()
+        moved = svc.store.replay_parked(None if args.all else args.id, args.limit)
+        left = svc.store.parked_count()
+    finally:
+        svc.close()
+    asked = set(args.id or ())
+    not_moved = sorted(asked - set(moved))
+    if args.json:
+        print(json.dumps({"replayed": moved, "not_replayed": not_moved, "parked_left": left}))
+        return 0
+    print(f"replayed {len(moved)} parked message(s) in schema {svc.settings.schema}: waiting again, "
+          f"due now; {left} left parked")
+    if not_moved:
+        print(f"not replayed (not parked, or waiting again under a new message): {', '.join(not_moved)}")
     return 0
 
 
@@ -216,3 +236,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parked.add_argument("--limit", type=AT_LEAST_ONE, default=100, help="at most this many, newest first")
     add_json_option(parked)
     parked.set_defaults(func=_parked)
+
+    replay = sub.add_parser("replay", help="send parked messages again, once their cause is fixed",
+                            description="Move parked messages back to the waiting rows, due now: the fire "
+                                        "loops publish them as they publish any due message (and park them "
+                                        "again if the cause remains). A message whose id is waiting again "
+                                        "under a new message stays parked.")
+    which = replay.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", action="append", metavar="ID",
+                       help="a parked message's id (repeatable; see `switchyard delay parked`)")
+    which.add_argument("--all", action="store_true", help="every parked message, oldest first")
+    replay.add_argument("--limit", type=AT_LEAST_ONE, default=10_000,
+                        help="at most this many in one run, oldest first (default 10000)")
+    add_json_option(replay)
+    replay.set_defaults(func=_replay)

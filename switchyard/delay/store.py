@@ -329,6 +329,22 @@ class PostgresDelayStore:
         with self._session() as conn:
             return [tuple(row) for row in conn.execute(self._q["parked"], {"limit": limit})]
 
+    def parked_count(self) -> int:
+        with self._session() as conn:
+            row = conn.execute(self._q["parked_count"]).fetchone()
+        return int(row[0]) if row else 0
+
+    def replay_parked(self, ids: Sequence[str] | None, limit: int) -> list[str]:
+        """Move parked messages (``ids``, or all when None; the oldest ``limit``) back to waiting,
+        due now, once their cause is fixed; returns the ids moved. An id waiting again under a new
+        message stays parked (replaying it would drop one of the two)."""
+        params = {"all": ids is None, "ids": list(ids or ()), "limit": limit}
+        with self._session() as conn, conn.transaction():
+            moved = sorted(row[0] for row in conn.execute(self._q["replay_parked"], params))
+            if moved:
+                conn.execute(self._q["notify_replayed"], {"channel": self.channel})
+        return moved
+
     def find_stuck(self, hold: timedelta, limit: int) -> list[StuckMessage]:
         with self._session() as conn:
             rows = conn.execute(self._q["find_stuck"], {"hold": hold, "limit": limit}).fetchall()

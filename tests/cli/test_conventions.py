@@ -210,5 +210,6 @@ def test_commands_with_a_result_take_json() -> None:
     takes = {c.prog.removeprefix("switchyard ") for c in commands(build_parser())
              if any("--json" in a.option_strings for a in c._actions)}
     assert {"pool init", "pool bind", "pool delete", "pool status", "call", "delay migrate", "delay invoke",
-            "delay send", "delay status", "delay parked", "pending call", "pending status", "bus status",
+            "delay send", "delay status", "delay parked", "delay replay", "pending call", "pending status",
+            "bus status",
             "config", "alarms show"} <= takes

@@ -113,10 +113,12 @@ def _arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def _required(parser: argparse.ArgumentParser) -> list[str]:
-    """Required positionals and flags with valid values, in the parser's order."""
+    """Required positionals and flags with valid values, in the parser's order (of a required
+    group of alternatives, its first)."""
     argv: list[str] = []
+    chosen = {id(group._group_actions[0]) for group in parser._mutually_exclusive_groups if group.required}
     for action in _arguments(parser):
-        if not action.required or action.nargs == argparse.REMAINDER:
+        if not (action.required or id(action) in chosen) or action.nargs == argparse.REMAINDER:
             continue
         value = next(iter(action.choices)) if action.choices else VALID.get(action.dest, "x")
         argv += [action.option_strings[0], str(value)] if action.option_strings else [str(value)]

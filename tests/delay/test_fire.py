@@ -7,6 +7,9 @@ a private tansu it can kill; the Postgres test kills this test's server connecti
 from __future__ import annotations
 
 import collections
+import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -26,7 +29,7 @@ from switchyard.delay.sweep import run_sweeps
 from switchyard.local.delay_runtime import LocalRuntime, load_function
 from switchyard.local.functions import scheduled_event
 from switchyard.local.lambda_context import FakeLambdaContext
-from tests.conftest import wait_for
+from tests.conftest import subprocess_env, wait_for
 from tests.delay.conftest import (
     OutputReader,
     ServiceFactory,
@@ -301,6 +304,39 @@ def test_a_message_the_broker_refuses_for_good_is_parked_not_retried_forever(
     again = fire_loop(svc).run(countdown(svc.settings.stop_margin_ms + 500))
     assert (again.readied, again.parked, again.publish_failures) == (0, 0, 0)
     assert "huge" not in output.ids()
+
+
+def replay(settings: DelaySettings, *args: str) -> dict[str, Any]:
+    """``switchyard delay replay ARGS --json`` on the test's schema."""
+    run = subprocess.run([sys.executable, "-m", "switchyard", "delay", "replay", *args, "--json"],
+                         env=subprocess_env(SWITCHYARD_DELAY_SCHEMA=settings.schema), capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout)
+
+
+def test_parked_messages_replayed_once_their_cause_is_fixed_fire_and_a_reused_id_stays_parked(
+    make_service: ServiceFactory, store: PostgresDelayStore, output: OutputReader, settings: DelaySettings,
+) -> None:
+    """`switchyard delay replay`: parked messages wait again, due now, and fire once the broker takes
+    them, intact. A parked id waiting again under a new message stays parked (replaying it would
+    drop one of the two); an id not parked is named, and nothing else moves."""
+    small = make_service(max_message_bytes=1000)
+    store.insert([message("huge-1", in_ms(100), value=b"x" * 5000),
+                  message("huge-2", in_ms(150), value=b"y" * 5000)])
+    assert fire_loop(small).run(countdown(small.settings.stop_margin_ms + 1500)).parked == 2
+    store.insert([message("huge-2", in_ms(3_600_000), value=b"new")])  # a new message reuses the id
+    assert replay(settings, "--all") == {"replayed": ["huge-1"], "not_replayed": [], "parked_left": 1}
+    assert [row[0] for row in store.parked()] == ["huge-2"] and store.counts() == (2, 0)
+    fixed = make_service(max_message_bytes=10_000)  # the cause fixed: the topic takes large messages
+    fired = fire_loop(fixed).run(countdown(fixed.settings.stop_margin_ms + 1500))
+    assert (fired.fired, fired.parked) == (1, 0)
+    assert output.wait_for_ids({"huge-1"}, timeout=10).count("huge-1") == 1
+    [record] = [m for m in output.messages if m.value() == b"x" * 5000]
+    assert record.key() == b"k" and record.headers() == [("test-id", b"huge-1")]
+    assert replay(settings, "--id", "huge-2", "--id", "never-parked") == {
+        "replayed": [], "not_replayed": ["huge-2", "never-parked"], "parked_left": 1}
+    assert store.counts() == (1, 0)  # the new huge-2 waits for its own deadline
 
 
 def test_stopping_the_local_runtime_settles_what_it_holds(

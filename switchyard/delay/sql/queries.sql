@@ -137,6 +137,38 @@ SELECT id, deadline, parked_at, reason, octet_length(message_value) FROM {schema
 ORDER BY parked_at DESC
 LIMIT %(limit)s;
 
+-- parked_count --
+-- How many are parked (what a replay left).
+SELECT count(*) FROM {schema}.parked_messages;
+
+-- replay_parked --
+-- `switchyard delay replay`: parked messages back to waiting, due now (their cause was fixed), the
+-- oldest first, in one statement. One row per id at a time (of an id parked twice, the oldest goes
+-- back; the other waits for a later replay); an id that is waiting again under a new message is
+-- skipped by ON CONFLICT and stays parked: only the rows inserted leave parked_messages. Two replays
+-- at once: the second waits on the id's insert, then skips it.
+WITH chosen AS (
+    SELECT DISTINCT ON (id) id, seq, parked_at, message_key, message_value, message_headers
+    FROM {schema}.parked_messages
+    WHERE %(all)s OR id = ANY(%(ids)s::text[])
+    ORDER BY id, parked_at, seq
+), oldest AS (
+    SELECT * FROM chosen ORDER BY parked_at, id LIMIT %(limit)s
+), inserted AS (
+    INSERT INTO {schema}.delayed_messages (id, deadline, message_key, message_value, message_headers)
+    SELECT id, now(), message_key, message_value, message_headers FROM oldest
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+)
+DELETE FROM {schema}.parked_messages AS p
+USING oldest AS o JOIN inserted AS i ON i.id = o.id
+WHERE p.id = o.id AND p.seq = o.seq
+RETURNING p.id;
+
+-- notify_replayed --
+-- Wake the fire loops for the replayed rows (due now), as notify_enqueued does for a batch.
+SELECT pg_notify(%(channel)s, extract(epoch FROM now())::text);
+
 -- find_stuck --
 -- Failure detection, part 1: rows readied longer ago than the hold time.
 SELECT id, readied_at, readied_by::text FROM {schema}.delayed_messages
