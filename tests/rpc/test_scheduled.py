@@ -23,11 +23,12 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.client.schedule import collect, deadline_of, declare_reply_queue
 from switchyard.rpc.control.publisher import ConfirmingPublisher
 from switchyard.rpc.control.scheduled import relay_scheduled
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
 from switchyard.rpc.settings import RpcSettings
 from tests.conftest import unique
 from tests.delay.conftest import create_topics, delete_topics, msk_event
-from tests.rpc.conftest import get_message
+from tests.rpc.conftest import delete_pool, get_message
 
 WHOAMI = "tests.rpc.handlers:whoami"
 
@@ -196,6 +197,33 @@ def test_scheduled_calls_run_at_their_time_and_answer_into_a_durable_queue(
     finally:
         runtime.join()
         delete_queue(settings, p.reply_queue(reply))
+
+
+def test_a_call_parked_for_a_pool_not_there_yet_is_answered_once_replayed(
+        make_pool, planes, delay_settings, store, publisher) -> None:
+    """`switchyard delay replay` after the pool is created: the parked record fires again with its
+    headers, the relay takes it into the pool, and its answer reaches the reply queue."""
+    name, settings = make_pool()
+    delete_pool(settings, name)  # not created yet when the call fires
+    reply = unique("r")
+    queue = declare_reply_queue(settings, reply)
+    runtime = LocalRuntime(delay_settings, Connections.from_env(), roles=("fire", "scheduled"))
+    try:
+        call = ScheduledCall("id-early", name, "k", b"hello", queue)
+        outcome = relay_scheduled([fired(1, call)], publisher=publisher, parked=store,
+                                  now_ms=int(time.time() * 1000))
+        assert (outcome.unknown_pool, outcome.parked, outcome.published) == (1, 1, 0)
+        with PoolTopology(name, settings) as topology:
+            topology.declare()
+        planes.start(name, settings, handler=WHOAMI)
+        assert store.replay_parked(None, 10) == ["id-early"] and store.parked() == []
+        runtime.start()
+        answers = collect(settings, reply, ["id-early"], timeout=60)
+        assert answers["id-early"].ok and answers["id-early"].text().endswith("|k|hello")
+        assert store.parked() == []
+    finally:
+        runtime.join()
+        delete_queue(settings, queue)
 
 
 def test_a_crash_after_publishing_before_the_commit_gives_a_duplicate_never_a_loss(
