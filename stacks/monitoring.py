@@ -236,7 +236,8 @@ class MonitoringConstruct(Construct):
                 self._emf(delay_metrics.DELAY_MESSAGES_PARKED, DELAY_SERVICE),
                 1,
                 "The output broker refused a message for good (too large, an invalid record): it was "
-                "parked, not fired; `switchyard delay parked` lists it for a person to act on.",
+                "parked, not fired; `switchyard delay parked` lists it, `switchyard delay replay` sends it "
+                "again once the cause is fixed.",
             ),
             AlarmSpec(
                 "delay-sweep-takeovers",
