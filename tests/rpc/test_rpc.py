@@ -415,8 +415,8 @@ def test_a_consume_racing_the_queues_creation_connects_again(pool, monkeypatch) 
     """A consume that meets a quorum queue while the broker creates it can end the worker's whole
     connection with INTERNAL_ERROR (3.10 and 4.0 alike: CI's red run on 4.0, the worker exited 1).
     The worker connects again within its queue wait. Workers consuming 2 ms apart race a declare
-    until the broker has closed two of their connections (4 races in 30 on 3.10, 11 on 4.0), each consuming at
-    the end; without the reconnect the first such race fails the test."""
+    until the broker has closed two of their connections (4 races in 30 on 3.10, 11 on 4.0), each
+    consuming at the end; without the reconnect the first such race fails the test."""
     monkeypatch.setattr(runtime, "_QUEUE_POLL_S", 0.002)
     name, settings = pool
     races = 0
