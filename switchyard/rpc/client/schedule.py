@@ -26,10 +26,11 @@ from switchyard.core.errors import BrokerError
 from switchyard.core.msk_auth import kafka_security_config
 from switchyard.delay.parsing import parse_deadline
 from switchyard.delay.settings import DelaySettings, validate_topic
+from switchyard.rpc import frames
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import connect
 from switchyard.rpc.client.response import Response
-from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers, validate_call_id
+from switchyard.rpc.scheduling import ScheduledCall, request_properties, scheduled_headers, validate_call_id
 from switchyard.rpc.settings import RpcSettings
 
 When = datetime | str | float | int
@@ -105,7 +106,13 @@ class CallScheduler:
                 declare_reply_queue(self.settings, reply)
                 self._declared.add(reply)
         expires = None if expiration_ms is None else int(deadline.timestamp() * 1000) + expiration_ms
+        if expires is not None and expires not in frames.LONG_LONG:
+            raise ValueError(f"expiration_ms {expiration_ms} puts the call's expiry past what AMQP carries "
+                             "(epoch milliseconds in a 64-bit signed integer)")
         call = ScheduledCall(call_id, self.pool, key, data, reply_queue, expires)
+        problem = frames.fault(request_properties(call, int(time.time() * 1000)), pika.spec.FRAME_MAX_SIZE)
+        if problem is not None:  # the relay would park it: refused here, for its caller
+            raise ValueError(f"a scheduled call AMQP cannot carry: {problem}")
         future: Future[str] = Future()
 
         def delivered(err: KafkaError | None, _msg: object) -> None:
