@@ -414,3 +414,65 @@ def test_the_handler_fails_no_good_offset_for_records_amqp_cannot_carry(
     finally:
         relay.close()
         svc.close()
+
+
+# -- collect (issue 34, item 10) ------------------------------------------------------------------
+@pytest.fixture
+def reply_queue() -> Iterator[tuple[RpcSettings, str]]:
+    settings = RpcSettings.from_env()
+    reply = unique("r")
+    queue = declare_reply_queue(settings, reply)
+    yield settings, reply
+    delete_queue(settings, queue)
+
+
+def answer(channel, queue: str, call_id: str) -> None:
+    channel.basic_publish("", queue, b"{}", pika.BasicProperties(correlation_id=call_id,
+                                                                 headers={p.STATUS_HEADER: "ok"}))
+
+
+def test_collect_returns_near_its_timeout_with_many_answers_for_other_ids_queued(reply_queue) -> None:
+    settings, reply = reply_queue
+    queue = p.reply_queue(reply)
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    channel = connection.channel()
+    answer(channel, queue, "mine")
+    for n in range(30_000):
+        answer(channel, queue, f"other-{n}")
+    ready = channel.queue_declare(queue, passive=True).method.message_count
+    connection.close()
+    assert ready == 30_001
+    started = time.monotonic()
+    found = collect(settings, reply, ["mine", "absent"], timeout=1)
+    took = time.monotonic() - started
+    assert set(found) == {"mine"}
+    assert took < 2.0, f"collect(timeout=1) took {took:.1f} s"
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    left = connection.channel().queue_declare(queue, passive=True).method.message_count
+    connection.close()
+    assert left == 30_000  # the others stay for their own collectors
+
+
+def test_a_second_collector_of_a_reply_queue_finds_its_answer_while_another_waits(reply_queue) -> None:
+    import threading
+
+    settings, reply = reply_queue
+    queue = p.reply_queue(reply)
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    answer(connection.channel(), queue, "b")
+    connection.close()
+    first: dict[str, object] = {}
+    waiting = threading.Thread(target=lambda: first.update(collect(settings, reply, ["a"], timeout=8)))
+    waiting.start()
+    try:
+        time.sleep(0.5)  # holds a window open: the first collector passed over "b" and waits for "a"
+        started = time.monotonic()
+        second = collect(settings, reply, ["b"], timeout=3)
+        took = time.monotonic() - started
+        assert set(second) == {"b"}, f"the second collector found nothing in {took:.1f} s"
+        connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+        answer(connection.channel(), queue, "a")
+        connection.close()
+    finally:
+        waiting.join(15)
+    assert set(first) == {"a"}
