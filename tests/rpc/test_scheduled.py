@@ -476,3 +476,68 @@ def test_a_second_collector_of_a_reply_queue_finds_its_answer_while_another_wait
     finally:
         waiting.join(15)
     assert set(first) == {"a"}
+
+
+# -- scheduled calls and traces (issue 34, item 11) ----------------------------------------------
+TRACED = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_the_relays_expired_answer_carries_the_calls_trace(pool, publisher, store) -> None:
+    from switchyard.core import tracing
+
+    name, settings = pool
+    reply = unique("r")
+    queue = declare_reply_queue(settings, reply)
+    try:
+        now = int(time.time() * 1000)
+        late = ScheduledCall("id-late-traced", name, "k", b"late", queue, now - 1000,
+                             headers=((tracing.TRACEPARENT_HEADER, TRACED.encode()),))
+        outcome = relay_scheduled([fired(1, late)], publisher=publisher, parked=store, now_ms=now)
+        assert outcome.expired == 1 and outcome.failed == ()
+        got = collect(settings, reply, ["id-late-traced"], timeout=10)["id-late-traced"]
+        assert got.status == p.Status.EXPIRED
+        context = tracing.parse(got.headers.get(tracing.TRACEPARENT_HEADER))
+        assert context is not None, f"no traceparent on the expired answer: {got.headers}"
+        assert context.trace_id == tracing.parse(TRACED).trace_id and context.span_id != "00f067aa0ba902b7"
+    finally:
+        delete_queue(settings, queue)
+
+
+class WarmPoolPublisher(ConfirmingPublisher):
+    """The real publisher; a warm group's worker handles the call before the confirm is back, so its
+    ``handled`` hop is written while the relay still waits: written here at that moment."""
+
+    def publish_settled(self, messages, timeout=30.0):
+        results = super().publish_settled(messages, timeout)
+        from switchyard.core import tracing
+
+        for message in messages:
+            context = tracing.parse(message.properties.headers.get(tracing.TRACEPARENT_HEADER))
+            tracing.hop(context.child() if context else None, "rpc", "handled", key="k")
+        return results
+
+
+def test_switchyard_trace_lists_the_relays_publish_before_a_warm_workers_answer(
+        pool, store, tmp_path, monkeypatch, capsys) -> None:
+    from switchyard import cli
+    from switchyard.core import tracing
+
+    name, settings = pool
+    log = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(tracing.TRACE_LOG_ENV, str(log))
+    publisher = WarmPoolPublisher(settings.connections.amqp_url, "switchyard-scheduled-test")
+    try:
+        traced = ((tracing.TRACEPARENT_HEADER, TRACED.encode()),)
+        call = ScheduledCall("id-warm", name, "k", b"", headers=traced)
+        outcome = relay_scheduled([fired(1, call)], publisher=publisher, parked=store,
+                                  now_ms=int(time.time() * 1000))
+        assert outcome.published == 1
+    finally:
+        publisher.close()
+    trace_id = tracing.parse(TRACED).trace_id
+    events = [hop["event"] for hop in tracing.read_hops(trace_id, str(log))]
+    assert events == ["scheduled call published", "handled"], events
+    capsys.readouterr()
+    assert cli.main(["trace", trace_id, "--log", str(log)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("rpc: ")[1].split()[0] for line in lines[1:]] == ["scheduled", "handled"], lines
