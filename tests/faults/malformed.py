@@ -66,7 +66,7 @@ class StrangerSize:
 
 # The calls' timeout bounds a failing run (the traffic waits three of them for the last answers).
 SIZES = {"full": StrangerSize(RpcSize(1200, 8, 40, timeout=30.0), 300, 480, 240),
-         "short": StrangerSize(RpcSize(240, 4, 20, timeout=20.0), 40, 48, 24)}
+         "short": StrangerSize(RpcSize(240, 4, 20, timeout=30.0), 40, 48, 24)}
 
 
 class Strangers:
@@ -89,16 +89,17 @@ class Strangers:
 
     def send_amqp(self, batch: Iterable[s.Stranger], warm_key: str) -> None:
         pool = self.rpc.pool
-        for n, stranger in enumerate(batch):
+        for stranger in batch:
             exchange, routing_key = {
                 s.WORKER: (p.req_exchange(pool), p.routing_key(warm_key)),
-                s.ORPHAN: (p.req_exchange(pool), f"stranger-{n % 3}"),
+                s.ORPHAN: (p.req_exchange(pool), f"stranger-{stranger.id}"),  # a new key: a cold start
                 s.DEAD_LETTER: (p.dl_exchange(pool), warm_key),
                 s.ACTIVITY: (p.activity_exchange(pool), warm_key),
             }[stranger.target]
             try:
+                user = urlsplit(self.rpc.settings.connections.amqp_url).username or "guest"
                 self._channel().basic_publish(exchange, routing_key, stranger.id.encode(),
-                                              stranger.properties())
+                                              stranger.properties(user))
                 self.sent.append(stranger)
             except (pika.exceptions.AMQPError, ValueError) as exc:  # the broker closed on it: not sent
                 self.refused[f"{stranger.shape}: {type(exc).__name__}"] += 1
@@ -221,7 +222,15 @@ def counters(services: Iterable[str], since: datetime, timeout: float = 15.0) ->
         time.sleep(2.0)
 
 
-COUNTED = re.compile(r"Poison|Parked|Dropped|Malformed|WithoutKey|Unknown|Undecodable|Expired")
+COUNTED = re.compile(r"Poison|Parked|Dropped|Malformed|WithoutKey|Unknown|Undecodable|InvalidKey|Expired")
+# The counters of messages set aside (poisoned, parked, dropped), one family per consumer; the
+# workers are not Lambda functions: each one set aside is a log line of the worker (and its stats).
+SET_ASIDE = re.compile(r"Poisoned|Undecodable|InvalidKey|WithoutKey|Parked|Dropped")
+WORKER_POISONED = "sent to the poison inventory"
+
+
+def worker_poisoned(workers: Path) -> int:
+    return sum(log.read_text(errors="replace").count(WORKER_POISONED) for log in workers.glob("*.log"))
 
 
 def _dropped(log: Path, topic: str) -> set[tuple[int, int]]:
@@ -269,7 +278,8 @@ def _settle(scenario: str, rpc: RpcRig, delay: DelayRig, sender: Strangers, call
             scheduled: list[str], seconds: float, since: datetime) -> Account:
     """The calls' account with the scheduled calls added and the strangers' columns filled."""
     handled = {k.decode(): int(v) for k, v in rpc.redis.hgetall(handled_key(rpc.pool)).items()}
-    forged = rpc.redis.hlen(handled_key(rpc.pool, "forged"))
+    forged_ids = {k.decode() for k in rpc.redis.hkeys(handled_key(rpc.pool, "forged"))}
+    forged = Counter(f"{st.target}/{st.shape}" for st in sender.sent if st.id in forged_ids)
     rpc.redis.delete(handled_key(rpc.pool, "forged"), handled_key(rpc.pool, "shed"))
     sched = Account.settle(scenario, scheduled, handled, seconds)
     poisoned = poison_messages(rpc.settings.connections.management_url, p.poison_queue(rpc.pool))
@@ -291,11 +301,17 @@ def _settle(scenario: str, rpc: RpcRig, delay: DelayRig, sender: Strangers, call
             lost[f"{stranger.target}/{stranger.shape}"] += 1
     over = {name: n for name, n in restarts(rpc.plane.log, delay.node.log).items() if n > 1}
     counted = dict(counters([observability.pool_service(rpc.pool), observability.DELAY_SERVICE], since))
+    counted["worker log lines"] = worker_poisoned(rpc.plane.log.parent / "workers")
+    set_aside = fates["poisoned"] + fates["parked"] + fates["dropped"]
+    uncounted = max(0, set_aside - sum(n for name, n in counted.items() if SET_ASIDE.search(name)) -
+                    counted["worker log lines"])
     notes = [calls.note, f"strangers: {dict(fates)}", f"unaccounted: {dict(lost)}" if lost else "",
-             f"forged user id reached a handler x{forged}" if forged else "",
+             f"a forged x-switchyard-user-id reached a handler: {dict(forged)}" if forged else "",
+             f"set aside {set_aside}, counted {set_aside - uncounted}" if uncounted else "",
              f"restarted more than once: {over}" if over else "", f"counted: {counted}",
              f"refused by the broker: {dict(sender.refused)}" if sender.refused else ""]
     return replace(calls, sent=calls.sent + sched.sent, once=calls.once + sched.once,
                    duplicated=calls.duplicated + sched.duplicated, lost=calls.lost + sched.lost,
-                   bad=len(sender.sent), bad_lost=sum(lost.values()) + forged, restarted=len(over),
+                   bad=len(sender.sent), bad_lost=sum(lost.values()) + sum(forged.values()) + uncounted,
+                   restarted=len(over),
                    note="; ".join(filter(None, notes)))

@@ -32,6 +32,7 @@ WORKER, ORPHAN, DEAD_LETTER, ACTIVITY, RELAY, ENQUEUE = ("worker", "orphan", "de
 AMQP_TARGETS = (WORKER, ORPHAN, DEAD_LETTER, ACTIVITY)
 SHED_HEADER = "x-faults-shed"  # tests/faults/handlers.py sheds (Requeue) such a request once
 FORGED_USER_ID = "forged-by-a-stranger"  # a producer's own x-switchyard-user-id header
+CONNECTION_USER = "{the publishing connection's user}"  # the sender puts its user in ``user_id``
 
 
 # -- AMQP 0-9-1 field values, as RabbitMQ encodes them ------------------------------------------
@@ -120,8 +121,10 @@ class Stranger:
     kafka: list[tuple[str, bytes | None]] = field(default_factory=list)
     value: bytes | None = None  # Kafka: the record's value (None: the id)
 
-    def properties(self) -> RawProperties:
-        return RawProperties(table(self.headers), message_id=self.id, correlation_id=self.id, **self.props)
+    def properties(self, user: str) -> RawProperties:
+        """``user``: the publishing connection's (the broker checks a ``user_id`` against it)."""
+        props = {k: user if v == CONNECTION_USER else v for k, v in self.props.items()}
+        return RawProperties(table(self.headers), message_id=self.id, correlation_id=self.id, **props)
 
 
 def _utf8_mangled(rng: random.Random, text: bytes) -> bytes:
@@ -172,6 +175,9 @@ ODD: dict[str, AmqpShape] = {
                                                                      b"stranger\x00-key"])))], {}),
     "forged x-switchyard-user-id": lambda rng: ([(p.ORIGINAL_USER_ID_HEADER.encode(),
                                                  long_string(FORGED_USER_ID.encode()))], {}),
+    "forged x-switchyard-user-id beside user_id": lambda rng: ([(p.ORIGINAL_USER_ID_HEADER.encode(),
+                                                                long_string(FORGED_USER_ID.encode()))],
+                                                               {"user_id": CONNECTION_USER}),
 }
 
 
