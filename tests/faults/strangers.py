@@ -108,6 +108,74 @@ class RawProperties(pika.BasicProperties):  # type: ignore[misc]  # pika ships n
         return pieces
 
 
+# -- reading them back: pika cannot decode what it cannot encode -----------------------------------
+_SIZES = {b"t": 1, b"b": 1, b"B": 1, b"U": 2, b"u": 2, b"s": 2, b"I": 4, b"i": 4, b"L": 8, b"l": 8, b"f": 4,
+          b"d": 8, b"D": 5, b"T": 8, b"V": 0}
+
+
+def skim_table(raw: bytes) -> dict[str, Any]:
+    """A field table's top level, without recursion: long strings decoded, other values skipped
+    (their type byte kept); it stops at a type it does not know."""
+    found: dict[str, Any] = {}
+    at = 0
+    while at < len(raw):
+        name = raw[at + 1:at + 1 + raw[at]].decode("utf-8", "replace")
+        at += 1 + raw[at]
+        kind = raw[at:at + 1]
+        at += 1
+        if kind in _SIZES:
+            found[name], at = kind, at + _SIZES[kind]
+        elif kind in (b"S", b"x", b"A", b"F"):
+            length = struct.unpack_from(">I", raw, at)[0]
+            value = raw[at + 4:at + 4 + length]
+            found[name] = value.decode("utf-8", "replace") if kind == b"S" else kind
+            at += 4 + length
+        else:
+            break
+    return found
+
+
+class SkimmedProperties(pika.BasicProperties):  # type: ignore[misc]
+    """``BasicProperties`` decoded with ``skim_table`` for the headers (the scenario's own reader)."""
+
+    def decode(self, encoded: bytes, offset: int = 0) -> SkimmedProperties:
+        flags = struct.unpack_from(">H", encoded, offset)[0]  # one flag word: Basic has 14 flags
+        if not flags & self.FLAG_HEADERS:
+            super().decode(encoded, offset)
+            return self
+        at = offset + 2
+        for flag in (self.FLAG_CONTENT_TYPE, self.FLAG_CONTENT_ENCODING):
+            if flags & flag:
+                at += 1 + encoded[at]
+        length = struct.unpack_from(">I", encoded, at)[0]
+        headers = skim_table(bytes(encoded[at + 4:at + 4 + length]))
+        before, after = encoded[offset + 2:at], encoded[at + 4 + length:]
+        super().decode(struct.pack(">H", flags & ~self.FLAG_HEADERS) + before + after, 0)
+        self.headers = headers
+        return self
+
+
+def read_queue(url: str, queue: str) -> list[tuple[bytes, dict[str, Any]]]:
+    """Take every message of ``queue``: (body, skimmed headers). pika builds content headers from
+    ``pika.spec.props``: ours stand in for the read, then pika's come back."""
+    taken = []
+    saved = pika.spec.props[pika.BasicProperties.INDEX]
+    pika.spec.props[pika.BasicProperties.INDEX] = SkimmedProperties
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(url))
+        try:
+            channel = connection.channel()
+            while True:
+                method, props, body = channel.basic_get(queue, auto_ack=True)
+                if method is None:
+                    return taken
+                taken.append((body, props.headers or {}))
+        finally:
+            connection.close()
+    finally:
+        pika.spec.props[pika.BasicProperties.INDEX] = saved
+
+
 # -- the strangers --------------------------------------------------------------------------------
 @dataclass
 class Stranger:
