@@ -158,7 +158,8 @@ def parked_reasons(rig: DelayRig) -> dict[str, str]:
 _FIELD = re.compile(r"(\w+)=(\S+)")
 RESTARTS = {"worker exited": "group_id", "lost its connection; reconnecting": "queue",
             "the whole batch will be delivered again": "function_name",
-            "handler failed; the batch will be delivered again": "function_name"}
+            "handler failed; the batch will be delivered again": "function_name",
+            "publishing scheduled calls failed": "function_name"}  # the relay's partition comes again
 
 
 def restarts(*logs: Path) -> Counter[str]:
@@ -281,7 +282,8 @@ def _settle(scenario: str, rpc: RpcRig, delay: DelayRig, sender: Strangers, call
             fates[fate] += 1
         else:
             lost[f"{stranger.target}/{stranger.shape}"] += 1
-    over = {name: n for name, n in restarts(rpc.plane.log, delay.node.log).items() if n > 1}
+    restarted = restarts(rpc.plane.log, delay.node.log)
+    over = {name: n for name, n in restarted.items() if n > 1}
     counted = dict(counters([observability.pool_service(rpc.pool), observability.DELAY_SERVICE], since))
     counted["worker log lines"] = worker_poisoned(rpc.plane.log.parent / "workers")
     set_aside = fates["poisoned"] + fates["parked"] + fates["dropped"]
@@ -292,7 +294,9 @@ def _settle(scenario: str, rpc: RpcRig, delay: DelayRig, sender: Strangers, call
              f"forged x-switchyard-user-id, no user_id, at a handler (not failed): {dict(unchecked)}"
              if unchecked else "",
              f"set aside {set_aside}, counted {set_aside - uncounted}" if uncounted else "",
-             f"restarted more than once: {over}" if over else "", f"counted: {counted}",
+             f"restarted more than once: {over}" if over else "",
+             f"restarted once: {sorted(set(restarted) - set(over))}" if len(restarted) > len(over) else "",
+             f"counted: {counted}",
              f"refused by the broker: {dict(sender.refused)}" if sender.refused else ""]
     return replace(calls, sent=calls.sent + sched.sent, once=calls.once + sched.once,
                    duplicated=calls.duplicated + sched.duplicated, lost=calls.lost + sched.lost,
