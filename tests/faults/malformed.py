@@ -63,7 +63,7 @@ class StrangerSize:
 
 
 # The calls' timeout bounds a failing run (the traffic waits three of them for the last answers).
-SIZES = {"full": StrangerSize(RpcSize(1200, 8, 40, timeout=30.0), 300, 480, 240),
+SIZES = {"full": StrangerSize(RpcSize(1200, 8, 40, timeout=30.0), 300, 240, 160),
          "short": StrangerSize(RpcSize(240, 4, 20, timeout=30.0), 40, 48, 24)}
 
 
