@@ -57,7 +57,7 @@ _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
 def format_timestamp(value: int | float | datetime) -> str:
     """An AMQP timestamp (seconds since the epoch) as Lambda prints it: ``Jan 1, 1970, 12:33:41 AM`` (UTC).
     Any year, as Java's dates: one in milliseconds (year 58,000 or so) too (``CALENDAR_CYCLE_S``)."""
-    cycles = 0
+    cycles: float = 0
     if isinstance(value, datetime):
         moment = value.astimezone(UTC) if value.tzinfo is not None else value
     else:
