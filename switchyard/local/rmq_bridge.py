@@ -18,6 +18,10 @@ The event, as Lambda builds it (a Java service serializing the RabbitMQ Java cli
   bytes (non-ASCII UTF-8 bytes appear negative); numbers and booleans are plain; nested tables
   are objects and arrays are lists, converted the same way. Powertools does not decode headers:
   use ``switchyard.rpc.control.rmq_event.decode_headers``.
+* not Lambda's, since the Java client reads what pika cannot: a message whose headers Switchyard's
+  decoder could not read (``switchyard.rpc.amqp_decode``), or whose properties cannot be put into
+  the event, carries ``x-switchyard-undecodable`` (the reason) in its headers, and its handler sends
+  it to ``{pool}-poison``: one message never stops the mapping.
 """
 
 from __future__ import annotations
