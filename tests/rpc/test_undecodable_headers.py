@@ -227,14 +227,18 @@ def test_a_shed_request_whose_count_is_not_a_number_is_shed_and_answered(pool, w
 # -- item 9: a producer's user-id header --------------------------------------------------------
 def test_a_producers_user_id_header_never_reads_as_the_broker_checked_user(pool, workers, producer) -> None:
     """``x-switchyard-user-id`` is where the orphan handler keeps the broker-checked ``user_id``: beside
-    a ``user_id`` of its own a producer's header reached the handler unchanged."""
+    a ``user_id`` of its own a producer's header reached the handler unchanged, and a shed copy (which
+    drops ``user_id``: the broker checks it against the worker's user) kept only the header."""
     name, settings = pool
     user = pika.URLParameters(settings.connections.amqp_url).credentials.username
     bind(name, settings, "k")
     workers.start(name, "k", SHOW)
     workers.wait_consuming(settings, p.request_queue(name, "k"))
-    producer.request(name, "k", b"me", "claim", user_id=user, headers={p.ORIGINAL_USER_ID_HEADER: "admin"})
-    assert answer(producer.replies(1)["claim"])[1]["user"] == user
+    claim = {p.ORIGINAL_USER_ID_HEADER: "admin"}
+    producer.request(name, "k", b"me", "claim", user_id=user, headers=claim)
+    producer.request(name, "k", b"shed", "shed", user_id=user, headers=claim)  # its copy has no user_id
+    replies = producer.replies(2)
+    assert [answer(replies[cid])[1]["user"] for cid in ("claim", "shed")] == [user, user]
 
 
 # -- item 1: the bridges ------------------------------------------------------------------------
