@@ -336,3 +336,29 @@ def test_the_orphan_handler_keeps_only_the_broker_checked_user_id(pool, plane, p
     got = {body: props.headers.get(p.ORIGINAL_USER_ID_HEADER)
            for props, body in producer.drain(p.request_queue(name, "u"))}
     assert got == {b"claim": None, b"checked": "guest"}
+
+
+def test_the_handlers_poison_an_aws_event_message_nested_too_deep(pool, plane, producer) -> None:
+    """On AWS the Java client decodes what pika cannot, and the ``aws:rmq`` event carries it: a
+    500-deep array made the orphan and dead-letter handlers raise ``RecursionError`` on the whole
+    batch, redelivered for ever."""
+    name, _settings = pool
+    deep: Any = []
+    for _ in range(500):
+        deep = [deep]
+    good = pika.BasicProperties(headers={p.KEY_HEADER: "fine"}, correlation_id="fine")
+    event = build_rmq_event(p.orphan_queue(name), "/", [RmqDelivery(b"fine", good)])
+    message = {**event["rmqMessagesByQueue"][f"{p.orphan_queue(name)}::/"][0]}
+    message["basicProperties"] = {**message["basicProperties"], "correlationId": "deep",
+                                  "replyTo": producer.reply_queue,
+                                  "headers": {"x-switchyard-key": {"bytes": [107]}, "a": deep}}
+    event["rmqMessagesByQueue"][f"{p.orphan_queue(name)}::/"].insert(0, message)
+    context = FakeLambdaContext("rpc_orphans", 60_000)
+    outcome = load_function("rpc_orphans").lambda_handler(event, context)
+    assert outcome["undecodable"] == 1 and outcome["forwarded"] == 1, outcome
+    assert answer(producer.replies(1)["deep"])[1]["error"] == "UndecodableHeaders"
+    (props, _body), = producer.poisoned(name, 1)
+    assert "nested deeper than" in props.headers[p.POISON_REASON_HEADER]
+    dead = {p.dl_queue(name) + "::/": [message]}
+    outcome = load_function("rpc_dead_letters").lambda_handler({**event, "rmqMessagesByQueue": dead}, context)
+    assert outcome["undecodable"] == 1 and outcome["responses"] == 1, outcome
