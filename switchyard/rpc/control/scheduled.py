@@ -105,7 +105,7 @@ def _expired_answer(call: ScheduledCall, trace: tracing.TraceContext | None) -> 
     """The relay's own answer, in the call's trace as a worker's answer would be (its span: a child)."""
     if call.reply_queue is None:
         return None
-    headers = {p.STATUS_HEADER: p.Status.EXPIRED}
+    headers: dict[str, str] = {p.STATUS_HEADER: p.Status.EXPIRED}
     if trace is not None:
         headers[tracing.TRACEPARENT_HEADER] = trace.child().traceparent
     props = pika.BasicProperties(correlation_id=call.id, headers=headers,
