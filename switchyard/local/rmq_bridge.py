@@ -18,6 +18,10 @@ The event, as Lambda builds it (a Java service serializing the RabbitMQ Java cli
   bytes (non-ASCII UTF-8 bytes appear negative); numbers and booleans are plain; nested tables
   are objects and arrays are lists, converted the same way. Powertools does not decode headers:
   use ``switchyard.rpc.control.rmq_event.decode_headers``.
+* not Lambda's, since the Java client reads what pika cannot: a message whose headers Switchyard's
+  decoder could not read (``switchyard.rpc.amqp_decode``), or whose properties cannot be put into
+  the event, carries ``x-switchyard-undecodable`` (the reason) in its headers, and its handler sends
+  it to ``{pool}-poison``: one message never stops the mapping.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
 def format_timestamp(value: int | float | datetime) -> str:
     """An AMQP timestamp (seconds since the epoch) as Lambda prints it: ``Jan 1, 1970, 12:33:41 AM`` (UTC).
     Any year, as Java's dates: one in milliseconds (year 58,000 or so) too (``CALENDAR_CYCLE_S``)."""
-    cycles = 0
+    cycles: float = 0
     if isinstance(value, datetime):
         moment = value.astimezone(UTC) if value.tzinfo is not None else value
     else:

@@ -12,7 +12,8 @@ called by ``amqp.connect``): the table is decoded here, as pika would, except th
 outside Python's dates stays a number (seconds) and floats stay floats; one that still cannot
 be read (nested deeper than ``MAX_HEADER_DEPTH``, a type RabbitMQ would not send) is skipped by its
 length prefix, the other properties are decoded by pika as usual, and the headers become
-``{UNDECODABLE_HEADER: reason}``: every consumer poisons such a message (``undecodable``).
+``{UNDECODABLE_HEADER: reason}``: every consumer poisons such a message (``undecodable``). A
+short-string property that is not UTF-8 is dropped and marked the same way.
 pika is pinned exactly (constraints.txt); tests/rpc/test_undecodable_headers.py sends the raw shapes
 through the broker, so a change of pika's internals fails there.
 """
@@ -35,6 +36,8 @@ _FLAGS_BEFORE_HEADERS = (pika.spec.BasicProperties.FLAG_CONTENT_TYPE,
 _FIXED = {b"t": ">B", b"b": ">b", b"B": ">B", b"U": ">h", b"u": ">H", b"s": ">h", b"I": ">i", b"i": ">I",
           b"L": ">q", b"l": ">q", b"f": ">f", b"d": ">d", b"T": ">Q"}
 _SIZES = {kind: struct.calcsize(fmt) for kind, fmt in _FIXED.items()}
+_SHORT_STRINGS = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration",
+                  "message_id", "type", "user_id", "app_id", "cluster_id")
 
 
 class HeaderDecodeError(ValueError):
@@ -93,18 +96,18 @@ def _same(value: Any) -> Any:
     return value
 
 
-def decode_table(encoded: bytes, offset: int, depth: int = 0) -> tuple[dict[str, Any], int]:
+def decode_table(encoded: bytes, offset: int, depth: int = 0) -> tuple[dict[str | bytes, Any], int]:
     """An AMQP field table as pika decodes it (see the module docstring for the differences)."""
     size = struct.unpack_from(">I", encoded, offset)[0]
     offset += 4
-    end, table = offset + size, {}
+    end, table = offset + size, dict[str | bytes, Any]()
     if end > len(encoded):
         raise HeaderDecodeError(f"a table of {size} bytes in {len(encoded) - offset}")
     while offset < end:
         length = encoded[offset]
         key = _long_string(bytes(encoded[offset + 1:offset + 1 + length]))
         value, offset = decode_value(encoded, offset + 1 + length, depth)
-        table[key] = value  # type: ignore[index]  # a non-UTF-8 name stays bytes, as in pika
+        table[key] = value  # a non-UTF-8 name stays bytes, as in pika
     return table, offset
 
 
@@ -115,19 +118,28 @@ class TolerantProperties(pika.spec.BasicProperties):
         flags = struct.unpack_from(">H", encoded, offset)[0]
         if not flags & self.FLAG_HEADERS or flags & 1:  # no table, or flag words pika alone knows
             super().decode(encoded, offset)
-            return self
+            return self._checked(self.headers)
         start = offset + 2
         for flag in _FLAGS_BEFORE_HEADERS:
             if flags & flag:
                 start += 1 + encoded[start]
+        headers: dict[str | bytes, Any]
         try:
             headers, end = decode_table(encoded, start)
         except (HeaderDecodeError, struct.error, IndexError, RecursionError) as exc:
-            reason = f"headers not decodable: {exc}"
             end = start + 4 + struct.unpack_from(">I", encoded, start)[0]
-            headers = {p.UNDECODABLE_HEADER: reason}
+            headers = {p.UNDECODABLE_HEADER: f"headers not decodable: {exc}"}
         rest = struct.pack(">H", flags & ~self.FLAG_HEADERS) + encoded[offset + 2:start] + encoded[end:]
         super().decode(rest)
+        return self._checked(headers)
+
+    def _checked(self, headers: dict[str | bytes, Any] | None) -> TolerantProperties:
+        """Set ``headers``; a short-string property that is not UTF-8 (pika leaves it bytes, which
+        the code reading it as text cannot use: ``reply_to.startswith``) is dropped and marked."""
+        for name in _SHORT_STRINGS:
+            if isinstance(getattr(self, name), bytes):
+                setattr(self, name, None)
+                headers = {**(headers or {}), p.UNDECODABLE_HEADER: f"property {name} is not UTF-8"}
         self.headers = headers
         return self
 

@@ -8,7 +8,9 @@ queue its answer goes to (``x-switchyard-reply-queue``) and the epoch ms at whic
 (``x-switchyard-deadline-ms``); the record's key is the call's key, its value the body. The
 scheduler relays every header but its own two, so the fired record names where the call goes.
 Other headers travel on into the AMQP request: the call's own (``ScheduledCall.headers``) and its
-W3C ``traceparent`` (the call's, else the request in hand's, else a new trace).
+W3C ``traceparent`` (the call's, else the request in hand's, else a new trace). The AMQP properties
+of that request are built here too (``request_properties``), so the client can refuse a call the
+relay could not publish.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from switchyard.rpc.control.scheduled import relay_scheduled
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
 from switchyard.rpc.settings import RpcSettings
-from tests.conftest import unique
+from tests.conftest import unique, wait_for
 from tests.delay.conftest import create_topics, delete_topics, msk_event
 from tests.rpc.conftest import delete_pool, get_message
 
@@ -439,9 +439,9 @@ def test_collect_returns_near_its_timeout_with_many_answers_for_other_ids_queued
     answer(channel, queue, "mine")
     for n in range(30_000):
         answer(channel, queue, f"other-{n}")
-    ready = channel.queue_declare(queue, passive=True).method.message_count
+    wait_for(lambda: channel.queue_declare(queue, passive=True).method.message_count == 30_001,
+             timeout=30, what="30,001 answers queued")
     connection.close()
-    assert ready == 30_001
     started = time.monotonic()
     found = collect(settings, reply, ["mine", "absent"], timeout=1)
     took = time.monotonic() - started

@@ -8,19 +8,23 @@ content header's table bytes itself; the broker delivers them as they were sent.
 
 from __future__ import annotations
 
+import decimal
 import json
 import struct
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pika
+import pika.frame
 import pytest
 import redis
 
 from switchyard.local.functions import load_function
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event
+from switchyard.rpc import amqp_decode
 from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.drivers import NoopDriver
@@ -137,6 +141,26 @@ def answer(reply: tuple[pika.BasicProperties, bytes]) -> tuple[str, Any]:
     return props.headers[p.STATUS_HEADER], json.loads(body)
 
 
+# -- the decoder alone --------------------------------------------------------------------------
+def test_the_decoder_reads_what_pika_reads_and_pika_still_calls_it() -> None:
+    """Every type pika encodes decodes the same (pika's int for a float aside); and pika's frame
+    decoding still goes through ``pika.spec.props``, so a change of its internals fails here."""
+    headers = {"s": "v", "b": b"\xff", "n": 7, "big": 2**40, "neg": -3, "t": True, "none": None,
+               "d": decimal.Decimal("1.25"), "when": datetime.fromtimestamp(2021, UTC),
+               "nested": {"x-death": [{"count": 1, "routing-keys": ["k"]}]}, "list": ["a", 1]}
+    encoded = b"".join(pika.BasicProperties(headers=headers, reply_to="r", timestamp=5).encode())
+    ours = amqp_decode.TolerantProperties().decode(encoded)
+    assert vars(ours) == vars(pika.BasicProperties().decode(encoded))
+    amqp_decode.install()
+    raw = b"".join(RawHeaders(table(entry("a", deep_array())), reply_to="r").encode())
+    payload = struct.pack(">HHQ", 60, 0, 0) + raw
+    frame = struct.pack(">BHI", pika.spec.FRAME_HEADER, 1, len(payload)) + payload + b"\xce"
+    _consumed, decoded = pika.frame.decode_frame(frame)
+    assert isinstance(decoded.properties, amqp_decode.TolerantProperties)
+    assert decoded.properties.reply_to == "r"
+    assert "nested deeper than 64" in amqp_decode.undecodable(decoded.properties.headers)
+
+
 # -- item 1: the worker -------------------------------------------------------------------------
 def test_a_worker_poisons_a_request_pika_cannot_decode_and_serves_the_rest(pool, workers, producer) -> None:
     """A 1,200-deep array killed every worker that took the request (a delivery-limit strike for
@@ -171,6 +195,21 @@ def test_a_worker_poisons_a_request_pika_cannot_decode_and_serves_the_rest(pool,
     assert worker.stderr.read().decode().count("undecodable headers sent to the poison inventory") == 1
 
 
+def test_a_worker_poisons_a_request_whose_reply_to_is_not_utf8(pool, workers, producer) -> None:
+    """pika leaves such a ``reply_to`` bytes; the worker's reply path read it as text and died."""
+    name, settings = pool
+    bind(name, settings, "k")
+    worker = workers.start(name, "k", SHOW)
+    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    props = pika.BasicProperties(reply_to=b"\xff\xfe", correlation_id="bytes")
+    producer.publish(p.req_exchange(name), p.routing_key("k"), b"bytes", props)
+    producer.request(name, "k", b"good", "good")
+    assert answer(producer.replies(1)["good"])[0] == p.Status.OK
+    (props, body), = producer.poisoned(name, 1)
+    assert body == b"bytes" and props.headers[p.POISON_REASON_HEADER] == "property reply_to is not UTF-8"
+    assert worker.poll() is None
+
+
 # -- item 5: a shed request's counts ------------------------------------------------------------
 def test_a_shed_request_whose_count_is_not_a_number_is_shed_and_answered(pool, workers, producer) -> None:
     """``x-switchyard-redeliveries: "zz"``: ``int()`` outside the worker's error handling killed the
@@ -188,32 +227,40 @@ def test_a_shed_request_whose_count_is_not_a_number_is_shed_and_answered(pool, w
 # -- item 9: a producer's user-id header --------------------------------------------------------
 def test_a_producers_user_id_header_never_reads_as_the_broker_checked_user(pool, workers, producer) -> None:
     """``x-switchyard-user-id`` is where the orphan handler keeps the broker-checked ``user_id``: beside
-    a ``user_id`` of its own a producer's header reached the handler unchanged."""
+    a ``user_id`` of its own a producer's header reached the handler unchanged, and a shed copy (which
+    drops ``user_id``: the broker checks it against the worker's user) kept only the header."""
     name, settings = pool
     user = pika.URLParameters(settings.connections.amqp_url).credentials.username
     bind(name, settings, "k")
     workers.start(name, "k", SHOW)
     workers.wait_consuming(settings, p.request_queue(name, "k"))
-    producer.request(name, "k", b"me", "claim", user_id=user, headers={p.ORIGINAL_USER_ID_HEADER: "admin"})
-    assert answer(producer.replies(1)["claim"])[1]["user"] == user
+    claim = {p.ORIGINAL_USER_ID_HEADER: "admin"}
+    producer.request(name, "k", b"me", "claim", user_id=user, headers=claim)
+    producer.request(name, "k", b"shed", "shed", user_id=user, headers=claim)  # its copy has no user_id
+    replies = producer.replies(2)
+    assert [answer(replies[cid])[1]["user"] for cid in ("claim", "shed")] == [user, user]
 
 
 # -- item 1: the bridges ------------------------------------------------------------------------
-def test_the_orphan_bridge_goes_on_after_an_undecodable_or_ms_cold_start(pool, planes, producer) -> None:
+@pytest.mark.parametrize("shape", ["deep array header", "timestamp in ms"])
+def test_the_orphan_bridge_goes_on_after_a_cold_start_it_cannot_decode(shape, pool, planes, producer) -> None:
     """A deep array on a cold-start request wedged the orphan bridge (it lost its connection on the
     same message for ever); a ``timestamp`` property in milliseconds killed its thread
     (``format_timestamp``). Either way no new key started again. Now the deep one is poisoned with
-    its reason (its caller answered), the millisecond one is forwarded, and later keys start."""
+    its reason (its caller answered ``error``), the millisecond one is forwarded, and later keys start."""
     name, settings = pool
     planes.start(name, settings, handler=SHOW)
-    producer.request(name, "new-deep", b"deep", "deep", table(entry("a", deep_array())))
-    producer.request(name, "new-ms", b"ms", "ms", timestamp=MS_NOW)
+    if shape == "timestamp in ms":
+        producer.request(name, "new-ms", b"ms", "first", timestamp=MS_NOW)
+    else:
+        producer.request(name, "new-deep", b"deep", "first", table(entry("a", deep_array())))
     with RpcClient(name, settings, timeout=30) as client:
         assert client.call("later", "x").ok
-    replies = producer.replies(2)
-    status, detail = answer(replies["deep"])
+    status, detail = answer(producer.replies(1)["first"])
+    if shape == "timestamp in ms":
+        assert status == p.Status.OK
+        return
     assert status == p.Status.ERROR and detail["error"] == "UndecodableHeaders", detail
-    assert answer(replies["ms"])[0] == p.Status.OK
     (props, body), = producer.poisoned(name, 1)
     assert body == b"deep" and "nested deeper than 64" in props.headers[p.POISON_REASON_HEADER]
 
@@ -289,3 +336,29 @@ def test_the_orphan_handler_keeps_only_the_broker_checked_user_id(pool, plane, p
     got = {body: props.headers.get(p.ORIGINAL_USER_ID_HEADER)
            for props, body in producer.drain(p.request_queue(name, "u"))}
     assert got == {b"claim": None, b"checked": "guest"}
+
+
+def test_the_handlers_poison_an_aws_event_message_nested_too_deep(pool, plane, producer) -> None:
+    """On AWS the Java client decodes what pika cannot, and the ``aws:rmq`` event carries it: a
+    500-deep array made the orphan and dead-letter handlers raise ``RecursionError`` on the whole
+    batch, redelivered for ever."""
+    name, _settings = pool
+    deep: Any = []
+    for _ in range(500):
+        deep = [deep]
+    good = pika.BasicProperties(headers={p.KEY_HEADER: "fine"}, correlation_id="fine")
+    event = build_rmq_event(p.orphan_queue(name), "/", [RmqDelivery(b"fine", good)])
+    message = {**event["rmqMessagesByQueue"][f"{p.orphan_queue(name)}::/"][0]}
+    message["basicProperties"] = {**message["basicProperties"], "correlationId": "deep",
+                                  "replyTo": producer.reply_queue,
+                                  "headers": {"x-switchyard-key": {"bytes": [107]}, "a": deep}}
+    event["rmqMessagesByQueue"][f"{p.orphan_queue(name)}::/"].insert(0, message)
+    context = FakeLambdaContext("rpc_orphans", 60_000)
+    outcome = load_function("rpc_orphans").lambda_handler(event, context)
+    assert outcome["undecodable"] == 1 and outcome["forwarded"] == 1, outcome
+    assert answer(producer.replies(1)["deep"])[1]["error"] == "UndecodableHeaders"
+    (props, _body), = producer.poisoned(name, 1)
+    assert "nested deeper than" in props.headers[p.POISON_REASON_HEADER]
+    dead = {p.dl_queue(name) + "::/": [message]}
+    outcome = load_function("rpc_dead_letters").lambda_handler({**event, "rmqMessagesByQueue": dead}, context)
+    assert outcome["undecodable"] == 1 and outcome["responses"] == 1, outcome

@@ -185,6 +185,18 @@ def parse_timestamp(text: str) -> int | None:
     return calendar.timegm(parsed.timetuple()) + cycles * CALENDAR_CYCLE_S
 
 
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """Whether objects and arrays nest deeper than ``limit`` in ``value`` (read level by level: the
+    Java client decodes any depth, and decoding one 500 deep recursively raised RecursionError)."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [child for item in level if isinstance(item, dict | list)
+                 for child in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return False
+    return True
+
+
 def to_amqp_message(queue: str, message: dict[str, Any]) -> AmqpMessage:
     problems: list[str] = []
     try:
@@ -206,6 +218,9 @@ def to_amqp_message(queue: str, message: dict[str, Any]) -> AmqpMessage:
         else:
             problems.append(f"{aws_name} is not a valid AMQP value: dropped")
     headers = props.get("headers")
+    if isinstance(headers, dict) and _nested_deeper(headers, p.MAX_HEADER_DEPTH + 2):  # + {"bytes": [...]}
+        problems.append(reason := f"headers not decodable: nested deeper than {p.MAX_HEADER_DEPTH}")
+        headers = {p.UNDECODABLE_HEADER: reason}  # poisoned by the handlers, as amqp_decode's mark
     if isinstance(headers, dict):
         kwargs["headers"] = {}
         for name, raw_value in headers.items():

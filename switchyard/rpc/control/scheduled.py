@@ -10,11 +10,13 @@ Records without a pool are not calls: they stay on the output topic for their ow
 Refused calls are counted and parked with the reason, never dropped:
 - ``unknown_pool``: the pool's request exchange does not exist; the record goes to the delay store's
   ``parked_messages`` (``switchyard delay parked``), as does a record that cannot even be read;
-- ``malformed`` (bad headers), ``expired`` (its ``x-switchyard-deadline-ms`` passed before it fired)
-  and ``unroutable`` (returned by the broker): the pool's ``{pool}-poison`` queue, the reason in
-  ``x-switchyard-poison-reason``, the record's headers as AMQP headers (a malformed one's pool must
-  be valid and exist, else it is parked in the store). An expired call with a reply queue also gets
-  an ``expired`` answer there.
+- ``malformed`` (bad headers, or a request AMQP cannot carry: switchyard/rpc/frames.py, checked
+  before publishing, since pika or the broker would fail the whole batch with it), ``expired`` (its
+  ``x-switchyard-deadline-ms`` passed before it fired) and ``unroutable`` (returned by the broker):
+  the pool's ``{pool}-poison`` queue, the reason in ``x-switchyard-poison-reason``, the record's
+  headers as AMQP headers (a malformed one's pool must be valid and exist, and its copy must be one
+  AMQP carries, else it is parked in the store). An expired call with a reply queue also gets an
+  ``expired`` answer there, in the call's trace.
 
 At least once: a record whose publish was nacked or whose connection failed, or whose parking failed,
 is named in the partial batch response, and the mapping delivers its partition again from it (the
@@ -105,7 +107,7 @@ def _expired_answer(call: ScheduledCall, trace: tracing.TraceContext | None) -> 
     """The relay's own answer, in the call's trace as a worker's answer would be (its span: a child)."""
     if call.reply_queue is None:
         return None
-    headers = {p.STATUS_HEADER: p.Status.EXPIRED}
+    headers: dict[str, str] = {p.STATUS_HEADER: p.Status.EXPIRED}
     if trace is not None:
         headers[tracing.TRACEPARENT_HEADER] = trace.child().traceparent
     props = pika.BasicProperties(correlation_id=call.id, headers=headers,

@@ -17,8 +17,9 @@ def shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int) 
     """The properties of a shed request's copy: everything kept, the clocks carried in headers.
 
     The copy's expiration is what remains of the original (measured from the first receipt by a
-    worker, or from an earlier shed's deadline); ``user_id`` is dropped, since the broker checks it
-    against the republishing connection's user.
+    worker, or from an earlier shed's deadline); ``user_id``, which the broker checks against the
+    republishing connection's user, moves into ``x-switchyard-user-id`` as the orphan handler's does
+    (a producer's own header there would otherwise read as checked on the copy's delivery).
     """
     headers = dict(props.headers or {})
     previous = count_header(headers, p.DELIVERY_COUNT_HEADER)
@@ -34,9 +35,10 @@ def shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int) 
         deadline = min(deadlines)
         headers[p.DEADLINE_HEADER] = deadline
         expiration = str(max(0, deadline - now_ms))
-    copy = pika.BasicProperties(**{**vars(props), "headers": headers, "expiration": expiration})
-    copy.user_id = None
-    return copy
+    if props.user_id:
+        headers[p.ORIGINAL_USER_ID_HEADER] = props.user_id
+    fields = {**vars(props), "headers": headers, "expiration": expiration, "user_id": None}
+    return pika.BasicProperties(**fields)
 
 
 def poison_properties(props: pika.BasicProperties, reason: str) -> pika.BasicProperties:
