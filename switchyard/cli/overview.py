@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from switchyard.cli.config import redact_url
 from switchyard.cli.preflight import require, unavailable
 from switchyard.core.config import Connections
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.errors import SwitchyardError
+from switchyard.core.observability import redact_url
 
 PARTS = ("rpc", "delay", "bus", "pending")
 SERVICES = {"rpc": ("redis", "management"), "delay": ("postgres",), "bus": ("redis",), "pending": ("redis",)}
