@@ -204,7 +204,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve the status page and its figures (/status.json) over HTTP until Ctrl-C. It listens "
                     "on 127.0.0.1 unless --host says otherwise: the page has no login.")
     _pool_filter(console)
-    console.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    console.add_argument("--host", default="127.0.0.1",
+                         help="address to listen on (default 127.0.0.1); the page answers to this name, "
+                              "the loopback names and IP addresses only")
     console.add_argument("--port", type=PORT, default=8070,
                          help="port to listen on (default 8070; 0: any free)")
     console.add_argument("--interval", type=POSITIVE, default=2.0,

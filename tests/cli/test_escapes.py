@@ -88,7 +88,7 @@ def test_every_human_output_of_the_commands_goes_through_show() -> None:
     from tests.conftest import ROOT
 
     raw = []
-    for path in sorted([*(ROOT / "switchyard" / "cli").glob("*.py"), *(ROOT / "switchyard" / "demo").glob("*.py")]):
+    for path in sorted(p for part in ("cli", "demo") for p in (ROOT / "switchyard" / part).glob("*.py")):
         if path.name == "options.py":  # show and print_error themselves
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
