@@ -15,8 +15,10 @@ progress holds one worker thread, so ``threads`` bounds how many long polls can 
 instead of ``select()`` so more than 1,024 sockets work. A request head (request line and
 headers) must arrive within ``SWITCHYARD_HTTP_HEAD_TIMEOUT`` seconds (default 10) of the
 connection opening or of its first byte: slowloris clients dripping an incomplete head are
-closed, so they cannot fill the connection limit (1,000 of them did, and new clients timed out).
-Requests in progress and idle keep-alive connections are not cut by it.
+closed. Heads are read by the I/O loop, never by a worker thread, and at the connection limit a new
+client closes the oldest incomplete head (then the longest idle keep-alive connection) instead of
+waiting (``_ShedAtTheLimit``): 1,000 dripping heads had kept new clients out until the head
+timeout (9.2 s). Requests in progress are never cut by either.
 
 Known difference from API Gateway: a header sent several times reaches the handler as one value,
 joined with ", " (WSGI joins repeated headers, as RFC 9110 5.3 allows for list-valued fields).
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import contextlib
 import email.utils
 import functools
 import http
@@ -34,6 +37,7 @@ import importlib
 import json
 import logging
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -256,11 +260,84 @@ def _cut_slow_heads(server: Any, head_timeout_s: float) -> Callable[[float], Non
     return maintenance
 
 
+def _shed_rank(channel: Any) -> tuple[int, float]:
+    """Which connection goes first at the limit: an incomplete head, the oldest first; then an idle
+    keep-alive connection (or one sending a body), the longest silent first."""
+    started = getattr(channel, "head_started", None)
+    return (0, started) if started is not None else (1, channel.last_activity)
+
+
+class _ShedAtTheLimit:
+    """At the connection limit, a new client closes the connection that holds no request (no handler
+    running or queued for it) ranked first by ``_shed_rank``, instead of waiting in the backlog.
+
+    Waitress stops polling its listener at the limit, so 1,000 connections dripping a head kept
+    every new client out until the head timeout cut them. Here the listener stays polled while some
+    connection holds no request; one that holds a request is never closed (if all do, new clients
+    wait in the backlog, as with waitress). The shed connection is shut down at once, so the loop
+    closes it on its next turn whatever its buffers hold; counted in ``server.shed``, logged.
+    """
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.accept = server.handle_accept
+        self.closing: list[Any] = []  # shed, not yet closed by the loop
+        self.logged = 0
+        self.backlogged = False  # full of requests: new clients wait (logged once per episode)
+        server.shed = 0
+        server.readable, server.handle_accept = self.readable, self.handle_accept
+
+    def sheddable(self) -> Iterable[Any]:
+        return (c for c in self.server.active_channels.values() if not c.requests and c not in self.closing)
+
+    def full(self) -> bool:
+        self.closing = [c for c in self.closing if c._fileno is not None]
+        return len(self.server._map) - len(self.closing) >= self.server.adj.connection_limit
+
+    def readable(self) -> bool:
+        """Waitress's listener ``readable`` (maintenance, not at the limit), or at the limit while
+        something can be shed."""
+        server, now = self.server, time.time()
+        if now >= server.next_channel_cleanup:
+            server.next_channel_cleanup = now + server.adj.cleanup_interval
+            server.maintenance(now)
+            self.log()
+        if not server.accepting:
+            return False
+        backlogged = self.full() and not any(True for _ in self.sheddable())
+        if backlogged and not self.backlogged:
+            logger.warning("at the connection limit (%d) with a request on every connection: new clients "
+                           "wait", server.adj.connection_limit)
+        self.backlogged = backlogged
+        return not backlogged
+
+    def handle_accept(self) -> None:
+        if self.full():
+            victim = min(self.sheddable(), key=_shed_rank, default=None)
+            if victim is None:
+                return  # every connection holds a request: the client waits in the backlog
+            victim.will_close = True
+            with contextlib.suppress(OSError):
+                victim.socket.shutdown(socket.SHUT_RDWR)
+            self.closing.append(victim)
+            self.server.shed += 1
+        self.accept()
+
+    def log(self) -> None:
+        shed = self.server.shed
+        if shed > self.logged:
+            logger.info("at the connection limit (%d), closed %d connection(s) holding no request for new "
+                        "ones (%d in all)", self.server.adj.connection_limit, shed - self.logged, shed)
+            self.logged = shed
+
+
 class HttpGateway:
     """Serve one Lambda proxy handler over HTTP; ``start()``/``stop()`` or a ``with`` block.
 
     ``port=0`` takes an ephemeral port (read ``port``/``url`` after ``start()``). ``head_timeout_s``:
     how long a request head may take (default ``SWITCHYARD_HTTP_HEAD_TIMEOUT``, 10 s).
+    ``connection_limit``: open sockets, the listener's two included (default ``max(1000, 2 * threads)``);
+    at the limit new clients shed connections that hold no request (``_ShedAtTheLimit``).
     """
 
     def __init__(
@@ -275,6 +352,7 @@ class HttpGateway:
         stage: str = "local",
         max_body_bytes: int = MAX_PAYLOAD_BYTES,
         head_timeout_s: float | None = None,
+        connection_limit: int | None = None,
     ) -> None:
         self._handler = as_handler(handler)
         if head_timeout_s is None:
@@ -284,6 +362,7 @@ class HttpGateway:
         self._head_timeout_s = head_timeout_s
         self._host, self._requested_port = host, port
         self._threads = threads
+        self._connection_limit = connection_limit or max(1000, threads * 2)
         self._function_name, self._timeout_ms, self._stage = function_name, timeout_ms, stage
         self._max_body_bytes = max_body_bytes
         self._stopping = threading.Event()
@@ -336,7 +415,7 @@ class HttpGateway:
             host=self._host,
             port=self._requested_port,
             threads=self._threads,
-            connection_limit=max(1000, self._threads * 2),
+            connection_limit=self._connection_limit,
             channel_timeout=max(120, self._timeout_ms // 1000 + 30),
             cleanup_interval=max(1, min(30, int(self._head_timeout_s / 2))),
             backlog=2048,
@@ -347,6 +426,7 @@ class HttpGateway:
         )
         self._server.channel_class = _Channel
         self._server.maintenance = _cut_slow_heads(self._server, self._head_timeout_s)
+        _ShedAtTheLimit(self._server)
         self.port = int(self._server.effective_port)
         self._thread = threading.Thread(target=self._server.run, name=f"gateway:{self.port}", daemon=True)
         self._thread.start()
