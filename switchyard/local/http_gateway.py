@@ -60,6 +60,7 @@ Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 INTEGRATION_TIMEOUT_MS = 29_000
 MAX_PAYLOAD_BYTES = 10 * 1024 * 1024
 DEFAULT_HEAD_TIMEOUT_S = 10.0
+ACCEPTS_PER_TURN = 64  # connections the I/O loop accepts at once
 LOCAL_ACCOUNT = "000000000000"
 # Headers WSGI keeps outside HTTP_* (their names as a client sends them).
 _CONTENT_HEADERS = {"CONTENT_TYPE": "Content-Type", "CONTENT_LENGTH": "Content-Length"}
@@ -281,7 +282,7 @@ class _ShedAtTheLimit:
     def __init__(self, server: Any) -> None:
         self.server = server
         self.accept = server.handle_accept
-        self.closing: list[Any] = []  # shed, not yet closed by the loop
+        self.closing: set[Any] = set()  # shed, not yet closed by the loop
         self.logged = 0
         self.backlogged = False  # full of requests: new clients wait (logged once per episode)
         server.shed = 0
@@ -291,7 +292,7 @@ class _ShedAtTheLimit:
         return (c for c in self.server.active_channels.values() if not c.requests and c not in self.closing)
 
     def full(self) -> bool:
-        self.closing = [c for c in self.closing if c._fileno is not None]
+        self.closing = {c for c in self.closing if c._fileno is not None}
         return len(self.server._map) - len(self.closing) >= self.server.adj.connection_limit
 
     def readable(self) -> bool:
@@ -312,16 +313,28 @@ class _ShedAtTheLimit:
         return not backlogged
 
     def handle_accept(self) -> None:
-        if self.full():
-            victim = min(self.sheddable(), key=_shed_rank, default=None)
-            if victim is None:
+        """Accept what waits (up to ``ACCEPTS_PER_TURN``, not waitress's one per loop turn: at the
+        limit each turn costs a pass over every connection), shedding one connection for each."""
+        victims: list[Any] | None = None
+        for _ in range(ACCEPTS_PER_TURN):
+            full = self.full()
+            if full and victims is None:
+                victims = sorted(self.sheddable(), key=_shed_rank, reverse=True)
+            if full and not victims:
                 return  # every connection holds a request: the client waits in the backlog
-            victim.will_close = True
-            with contextlib.suppress(OSError):
-                victim.socket.shutdown(socket.SHUT_RDWR)
-            self.closing.append(victim)
-            self.server.shed += 1
-        self.accept()
+            open_before = len(self.server._map)
+            self.accept()
+            if len(self.server._map) == open_before:
+                return  # no one else waiting
+            if full and victims:
+                self.shed(victims.pop())
+
+    def shed(self, channel: Any) -> None:
+        channel.will_close = True
+        with contextlib.suppress(OSError):
+            channel.socket.shutdown(socket.SHUT_RDWR)
+        self.closing.add(channel)
+        self.server.shed += 1
 
     def log(self) -> None:
         shed = self.server.shed
