@@ -1,7 +1,7 @@
 """One subscriber must not stall or crash the others (issue 23, item 4), measured on a real
 ``switchyard bus worker`` process: a callback dripping its answer, a huge answer, four dripping
-subscribers beside a healthy one, many subscriptions on one slow host, and a worker SIGKILLed
-mid-delivery. Servers on 127.0.0.0/8 only."""
+subscribers beside a healthy one, many subscriptions on one slow host, a dripping port beside a
+healthy port of the same host, and a worker SIGKILLed mid-delivery. Servers on 127.0.0.0/8 only."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from switchyard.bus.callbacks import parse_callback
+from switchyard.bus.delivery import HostSlots
 from switchyard.bus.jobs import scrub
 from switchyard.bus.store import BusStore
 from switchyard.bus.worker import BusWorker
@@ -185,6 +187,15 @@ def test_one_dripping_port_does_not_hold_another_port_of_its_host(bus, make_serv
     print(f"healthy port beside a dripping port of its host: {[round(w * 1000, 1) for w in waits]} ms")
     assert max(waits) < 0.5
     assert dripping.in_flight  # still dripping while the other port was served
+
+
+def test_the_host_cap_takes_the_schemes_port_when_the_url_names_none():
+    slots = HostSlots(1)
+    first, same, other = (parse_callback(url, allow_http=False) for url in (
+        "https://a.example/x", "https://a.example:443/y", "https://a.example:8443/x"))
+    assert slots.take(first.host, first.port)
+    assert not slots.take(same.host, same.port)  # port 443 either way: one server
+    assert slots.take(other.host, other.port)
 
 
 def test_a_worker_killed_mid_delivery_counts_a_failure_against_it(bus, make_server, start_worker):
