@@ -31,6 +31,8 @@ VPC_CIDR = "10.40.0.0/16"  # a literal, so security group rules (and cdk-nag) ca
 VPC_MAX_AZS = 2
 VPC_NAT_GATEWAYS = 1  # the default of the switchyard:natGateways context
 S3_ENDPOINT_ID = "S3Endpoint"
+SQS_ENDPOINT_ID = "SqsEndpoint"
+SQS_ENDPOINT_SG_ID = "SqsEndpointSecurityGroup"
 
 # BrokerConstruct children
 BROKER_ID = "RabbitMqBroker"
@@ -108,6 +110,13 @@ FUNCTIONS_DIR = "functions"
 LAMBDA_MEMORY_MB = 512
 LOG_LEVEL = "INFO"
 ESM_TIMEOUT_S = 60  # one batch: forward / answer / track, all confirmed
+# An MSK mapping retries a failed batch (the records its partial batch response names) this many
+# times, then sends its description (topic, partition, offsets) to the Kafka failures queue and goes
+# on: a record no retry can take never blocks its partition for ever. The handlers park what is wrong
+# with one record themselves, so what fails is an outage (RabbitMQ, Postgres) outlasting the retries.
+KAFKA_RETRY_ATTEMPTS = 1000  # 0-10,000 in provisioned mode (AWS's default: infinite)
+KAFKA_FAILURES_QUEUE_ID = "KafkaFailedBatches"
+KAFKA_FAILURES_RETENTION_DAYS = 14  # SQS's longest
 RECONCILE_TIMEOUT_S = 60
 # fire and sweep loop until their time runs short; a schedule fires each minute, so with a
 # 70 s timeout at most two overlap (the next starts before the last stops: no gap in firing).

@@ -23,6 +23,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_scheduler_targets as targets
 from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_sqs as sqs
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
@@ -116,6 +117,7 @@ class FunctionsConstruct(Construct):
         self.providers: list[cr.Provider] = []
         self.deploy = self._build_deploy_resources()
         self.pools = {pool.name: self._build_pool(pool) for pool in config.pools}
+        self.kafka_failures = self._build_kafka_failures()
         self.delay = self._build_delay()
         self.scheduled = self._build_scheduled()
         self.schedules = self._build_schedules()
@@ -374,12 +376,20 @@ class FunctionsConstruct(Construct):
                          d.batch_window_seconds, ("topics", "schema"))
         return {"enqueue": enqueue, "fire": fire, "sweep": sweep}
 
+    def _build_kafka_failures(self) -> sqs.Queue:
+        """Where the MSK mappings send a batch that exhausted its retries: its topic, partition and
+        offsets (the records stay in the topic for its retention, to read and produce again)."""
+        return sqs.Queue(self, c.KAFKA_FAILURES_QUEUE_ID, encryption=sqs.QueueEncryption.SQS_MANAGED,
+                         enforce_ssl=True, retention_period=Duration.days(c.KAFKA_FAILURES_RETENTION_DAYS))
+
     def _msk_source(self, fn: lambda_.Function, construct_id: str, topic: str, group: str,
                     window_s: int, after: tuple[str, ...]) -> None:
         """An MSK event source on ``topic`` in consumer group ``group``, reporting batch item failures,
         in provisioned mode (partial batch response needs it): one invocation per partition at most.
+        Retries are bounded (``KAFKA_RETRY_ATTEMPTS``), then the batch goes to ``kafka_failures``.
         It starts after ``fn``'s role and the deploy resources named in ``after``."""
         event_source_network_access(fn)
+        self.kafka_failures.grant_send_messages(fn)
         d = self.config.delay
         mapping = lambda_.CfnEventSourceMapping(
             self,
@@ -391,6 +401,10 @@ class FunctionsConstruct(Construct):
             batch_size=d.batch_size,
             maximum_batching_window_in_seconds=window_s,
             function_response_types=["ReportBatchItemFailures"],
+            maximum_retry_attempts=c.KAFKA_RETRY_ATTEMPTS,
+            destination_config=lambda_.CfnEventSourceMapping.DestinationConfigProperty(
+                on_failure=lambda_.CfnEventSourceMapping.OnFailureProperty(
+                    destination=self.kafka_failures.queue_arn)),
             provisioned_poller_config=lambda_.CfnEventSourceMapping.ProvisionedPollerConfigProperty(
                 minimum_pollers=c.DELAY_MIN_POLLERS,
                 maximum_pollers=max(c.DELAY_MIN_POLLERS, -(-d.partitions // c.KAFKA_INVOCATIONS_PER_POLLER)),

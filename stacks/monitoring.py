@@ -295,6 +295,12 @@ class MonitoringConstruct(Construct):
         for role, fn in aws.functions.delay.items():
             specs.append(errors_or_throttles(f"delay-{role}", fn))
         specs.append(errors_or_throttles("scheduled-relay", aws.functions.scheduled))
+        specs.append(AlarmSpec(
+            "kafka-batches-failed",
+            aws.functions.kafka_failures.metric_approximate_number_of_messages_visible(period=PERIOD), 1,
+            f"An MSK mapping gave up a batch after {c.KAFKA_RETRY_ATTEMPTS} retries: the message names its "
+            "topic, partition and offsets; produce those records again once the outage is over.",
+        ))
         delay = self.config.delay
         specs += [
             AlarmSpec(

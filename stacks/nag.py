@@ -159,6 +159,8 @@ def _data(stack: AwsTarget) -> None:
 
 
 def _functions(stack: AwsTarget) -> None:
+    accept(stack.functions.kafka_failures, "SQS3", "It is the dead-letter destination itself: the MSK "
+           "mappings send it the batches that exhausted their retries, and an alarm watches its depth.")
     for fn in stack.functions.functions.values():
         for policy in LAMBDA_MANAGED_POLICIES:
             accept(fn, f"IAM4[{policy}]", REASONS["IAM4"])

@@ -55,6 +55,16 @@ class NetworkConstruct(Construct):
         allow_from(self.postgres_sg, c.POSTGRES_PORT, "Postgres", self.functions_sg)
         # The MSK event source's pollers run in the cluster's subnets with the cluster's group.
         allow_from(self.msk_sg, c.MSK_IAM_PORT, "Kafka SASL/IAM", self.functions_sg, self.emr_sg, self.msk_sg)
+        self.sqs_endpoint = self._build_sqs_endpoint()
+
+    def _build_sqs_endpoint(self) -> ec2.InterfaceVpcEndpoint:
+        """SQS from the cluster's (isolated) subnets: the MSK mappings' on-failure destination is an
+        SQS queue, which AWS asks to be reachable through an endpoint in the cluster's VPC."""
+        group = self._group(c.SQS_ENDPOINT_SG_ID, "SQS endpoint: the MSK mappings on-failure destination")
+        allow_from(group, 443, "SQS over TLS", self.msk_sg)
+        return self.vpc.add_interface_endpoint(
+            c.SQS_ENDPOINT_ID, service=ec2.InterfaceVpcEndpointAwsService.SQS, subnets=self.isolated_subnets,
+            security_groups=[group], private_dns_enabled=True, open=False)  # admits only the cluster's group
 
     def _group(self, construct_id: str, description: str) -> ec2.SecurityGroup:
         return ec2.SecurityGroup(self, construct_id, vpc=self.vpc, description=description,

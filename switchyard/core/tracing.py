@@ -227,15 +227,17 @@ _PROCESS = _process_name()
 
 
 def hop(context: TraceContext | None, part: str, event: str, *, duration_ms: float | None = None,
-        **fields: Any) -> None:
+        at: float | None = None, **fields: Any) -> None:
     """Append one hop of a trace to the trace log, when it is on (otherwise nothing, at the cost of
-    one lookup); ``fields``: what identifies the request (key, pool, id)."""
+    one lookup); ``fields``: what identifies the request (key, pool, id). ``at``: when it happened
+    (epoch seconds; default now), for a hop known only later (a publish once it is confirmed): the
+    log is read in time order."""
     if context is None:
         return
     path = trace_log_path()
     if path is None:
         return
-    record: dict[str, Any] = {"time": time.time(), "trace_id": context.trace_id,
+    record: dict[str, Any] = {"time": time.time() if at is None else at, "trace_id": context.trace_id,
                               "span_id": context.span_id, "parent_id": context.parent_id,
                               "process": _PROCESS, "part": part, "event": event}
     if duration_ms is not None:

@@ -8,13 +8,19 @@ queue its answer goes to (``x-switchyard-reply-queue``) and the epoch ms at whic
 (``x-switchyard-deadline-ms``); the record's key is the call's key, its value the body. The
 scheduler relays every header but its own two, so the fired record names where the call goes.
 Other headers travel on into the AMQP request: the call's own (``ScheduledCall.headers``) and its
-W3C ``traceparent`` (the call's, else the request in hand's, else a new trace).
+W3C ``traceparent`` (the call's, else the request in hand's, else a new trace). The AMQP properties
+of that request are built here too (``request_properties``), so the client can refuse a call the
+relay could not publish.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
+
+import pika
 
 from switchyard.core import tracing
 from switchyard.core.errors import InvalidNameError
@@ -26,6 +32,7 @@ from switchyard.delay.model import (
     InputRecord,
 )
 from switchyard.delay.parsing import format_deadline
+from switchyard.rpc import frames
 from switchyard.rpc import protocol as p
 from switchyard.rpc.errors import ScheduledCallError
 
@@ -53,12 +60,44 @@ class ScheduledCall:
 
 
 def validate_call_id(call_id: str) -> str:
-    """A call id the delay scheduler accepts as ``chronosMessageId`` (1-128 characters, no NUL)."""
+    """A call id the delay scheduler accepts as ``chronosMessageId`` (1-128 characters, no NUL) and
+    AMQP carries as message and correlation id (a short string: 255 bytes of UTF-8)."""
     if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_MESSAGE_ID_LENGTH \
-            or "\x00" in call_id:
-        raise InvalidNameError(f"a call id must be 1-{MAX_MESSAGE_ID_LENGTH} characters without NUL, "
-                               f"got {str(call_id)[:40]!r}")
+            or "\x00" in call_id or len(call_id.encode("utf-8", "surrogatepass")) > frames.SHORTSTR_BYTES:
+        raise InvalidNameError(f"a call id must be 1-{MAX_MESSAGE_ID_LENGTH} characters and at most 255 "
+                               f"bytes of UTF-8, without NUL, got {str(call_id)[:40]!r}")
     return call_id
+
+
+def validate_expiry(expires_ms: int) -> int:
+    """An expiry (epoch ms) the request's ``x-switchyard-deadline-ms`` header can carry (a long-long)."""
+    if expires_ms not in frames.LONG_LONG:
+        raise InvalidNameError(f"{p.DEADLINE_HEADER} {str(expires_ms)[:40]} is past what AMQP carries "
+                               "(a 64-bit signed integer of epoch milliseconds)")
+    return expires_ms
+
+
+def as_amqp(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, Any]:
+    """Kafka headers as AMQP headers: UTF-8 values as strings (a trace context), others as bytes."""
+    table: dict[str, Any] = {}
+    for name, value in headers:
+        try:
+            table[name] = value.decode("utf-8") if value is not None else None
+        except UnicodeDecodeError:
+            table[name] = value
+    return table
+
+
+def request_properties(call: ScheduledCall, now_ms: int) -> pika.BasicProperties:
+    """The AMQP properties of the request ``call`` becomes: its id as message and correlation id."""
+    headers = as_amqp(call.headers)
+    headers[p.KEY_HEADER] = call.key
+    if call.expires_ms is not None:
+        headers[p.DEADLINE_HEADER] = call.expires_ms
+    expiration = None if call.expires_ms is None else str(max(1, call.expires_ms - now_ms))
+    return pika.BasicProperties(message_id=call.id, correlation_id=call.id, reply_to=call.reply_queue,
+                                expiration=expiration, headers=headers,
+                                delivery_mode=pika.DeliveryMode.Persistent)
 
 
 def scheduled_headers(call: ScheduledCall, deadline: datetime) -> list[tuple[str, bytes]]:
@@ -127,7 +166,7 @@ def read_fired(record: InputRecord) -> ScheduledCall:
             text = _text(p.DEADLINE_HEADER, expires)
             if not (text.isascii() and text.isdigit()):
                 raise ScheduledCallError("malformed", f"{p.DEADLINE_HEADER} is not epoch milliseconds")
-            expires_ms = int(text)
+            expires_ms = validate_expiry(int(text))
     except InvalidNameError as exc:
         raise ScheduledCallError("malformed", str(exc)) from exc
     return ScheduledCall(call_id, pool, key, record.value or b"", reply_queue, expires_ms, tuple(others))

@@ -137,6 +137,9 @@ class ScheduledRelay:
     def publish_settled(self, messages: list[Outgoing], timeout: float = 30.0) -> list[str | None]:
         return self.publisher.publish_settled(messages, timeout)
 
+    def frame_max(self) -> int:
+        return self.publisher.frame_max()
+
     def exchange_exists(self, exchange: str) -> bool:
         """The publisher's check, remembered for ``KNOWN_FOR_S`` when the exchange exists."""
         seen = self._known.get(exchange)

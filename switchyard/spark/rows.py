@@ -17,9 +17,9 @@ from urllib.parse import unquote, urlparse
 
 from switchyard.core import tracing
 from switchyard.core.errors import InvalidNameError
-from switchyard.delay.model import MAX_MESSAGE_ID_LENGTH
 from switchyard.delay.parsing import format_deadline, parse_deadline
 from switchyard.rpc import protocol as p
+from switchyard.rpc.scheduling import validate_call_id
 
 # Input columns (every one but ``key`` optional). ``traceparent``: the row's W3C trace context, the
 # header of its RPC request or its delay record (a new trace when absent or malformed).
@@ -133,8 +133,11 @@ def prepare(row: dict[str, Any], default_pool: str | None) -> Request | Rejected
             deadline = format_deadline(parsed)
         except ValueError as exc:
             return reject(Reason.INVALID_DEADLINE, str(exc))
-    if given_id is not None and (not given_id or len(given_id) > MAX_MESSAGE_ID_LENGTH or "\x00" in given_id):
-        return reject(Reason.INVALID_ID, f"id must be 1-{MAX_MESSAGE_ID_LENGTH} characters without NUL")
+    if given_id is not None:
+        try:
+            validate_call_id(given_id)  # the delay's message id, AMQP's message and correlation id
+        except InvalidNameError as exc:
+            return reject(Reason.INVALID_ID, str(exc))
     row_id = given_id if given_id is not None else stable_id(pool, key_text, body, deadline)
     trace = tracing.continue_from(row.get(TRACEPARENT))  # the publish is a hop of the row's trace
     return Request(row_id, pool, key_text, body, deadline, traceparent=trace.traceparent)

@@ -26,7 +26,7 @@ from switchyard.rpc.control.scheduled import relay_scheduled
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
 from switchyard.rpc.settings import RpcSettings
-from tests.conftest import unique
+from tests.conftest import unique, wait_for
 from tests.delay.conftest import create_topics, delete_topics, msk_event
 from tests.rpc.conftest import delete_pool, get_message
 
@@ -334,3 +334,210 @@ def test_a_scheduled_call_carries_its_trace_into_the_record() -> None:
     assert tracing.parse(inherited).trace_id == context.trace_id
     (fresh,) = traceparents(ScheduledCall("c3", "p", "k", b""))
     assert tracing.parse(fresh).trace_id not in (context.trace_id, given.split("-")[1])
+
+
+# -- what AMQP cannot carry (issue 34, item 2) ---------------------------------------------------
+EMOJI = "\U0001f600"
+UNCARRIABLE = {  # a shape a plain Kafka producer can write that no AMQP message can carry
+    "call id of 400 bytes": dict(call_id=EMOJI * 100),
+    "header name of 300 bytes": dict(extra=(("h" * 300, b"v"),)),
+    "header value of 200 KB": dict(extra=(("big", b"x" * 200_000),)),
+    "deadline ms of 2**63": dict(extra=((p.DEADLINE_HEADER, str(2**63).encode()),)),
+}
+
+
+def taken(settings: RpcSettings, queue: str) -> dict[str, str | None]:
+    """Every message of ``queue``, taken: message id -> poison reason."""
+    found = {}
+    while (got := get_message(settings, queue, timeout=0.5)) is not None:
+        found[got[1].message_id] = (got[1].headers or {}).get(p.POISON_REASON_HEADER)
+    return found
+
+
+@pytest.mark.parametrize("shape", UNCARRIABLE)
+def test_a_record_amqp_cannot_carry_is_parked_alone_and_the_calls_behind_it_go_on(
+        pool, publisher, store, shape) -> None:
+    name, settings = pool
+    bad = UNCARRIABLE[shape]
+    odd = ScheduledCall(bad.get("call_id", "bad-11"), name, "k11", b"b")
+    records = [fired(10, ScheduledCall("good-10", name, "k10", b"a")),
+               fired(11, odd, extra=bad.get("extra", ())),
+               fired(12, ScheduledCall("good-12", name, "k12", b"c"))]
+    outcome = relay_scheduled(records, publisher=publisher, parked=store, now_ms=int(time.time() * 1000))
+    assert outcome.failed == (), f"failed offsets {[f.offset for f in outcome.failed]}"
+    assert (outcome.published, outcome.malformed, outcome.parked) == (2, 1, 1)
+    assert set(taken(settings, p.orphan_queue(name))) == {"good-10", "good-12"}
+    reasons = [reason for reason in taken(settings, p.poison_queue(name)).values()]
+    reasons += [row[3] for row in store.parked()]
+    assert len(reasons) == 1 and reasons[0].startswith("malformed:") and "\n" not in reasons[0], reasons
+    # the publisher's connection survived: the next batch goes through on it
+    again = relay_scheduled([fired(13, ScheduledCall("good-13", name, "k13", b"d"))], publisher=publisher,
+                            parked=store, now_ms=int(time.time() * 1000))
+    assert again.published == 1 and again.failed == ()
+
+
+def test_a_scheduled_call_amqp_cannot_carry_is_refused_by_the_client(pool, delay_settings) -> None:
+    name, settings = pool
+    with RpcClient(name, settings) as client:
+        with pytest.raises(p.InvalidNameError, match="255 bytes") as refused:
+            client.schedule("k", call_id=EMOJI * 100)
+        assert "\n" not in str(refused.value)
+        with pytest.raises(ValueError, match="expiration_ms") as refused:
+            client.schedule("k", expiration_ms=2**63)
+        assert "\n" not in str(refused.value)
+        assert client.schedule("k", call_id=EMOJI * 63).result(30) == EMOJI * 63  # 252 bytes: carried
+
+
+def test_the_handler_fails_no_good_offset_for_records_amqp_cannot_carry(
+        pool, delay_settings, store, monkeypatch) -> None:
+    """The Lambda handler on an MSK event: every bad shape between good calls, one batch."""
+    from switchyard.delay import service as delay_service
+    from switchyard.rpc import service as rpc_service
+
+    name, settings = pool
+    svc = delay_service.configure(delay_settings, Connections.from_env())
+    relay = rpc_service.ScheduledRelay(settings)
+    monkeypatch.setattr(rpc_service, "_relay", relay)
+    records = [fired(0, ScheduledCall("good-0", name, "k0", b"a"))]
+    for n, bad in enumerate(UNCARRIABLE.values(), start=1):
+        records.append(fired(2 * n - 1, ScheduledCall(bad.get("call_id", f"bad-{n}"), name, f"b{n}", b"b"),
+                             extra=bad.get("extra", ())))
+        records.append(fired(2 * n, ScheduledCall(f"good-{2 * n}", name, f"k{2 * n}", b"c")))
+    event = msk_event([{"key": r.key, "value": r.value, "headers": r.headers} for r in records],
+                      topic=delay_settings.output_topic)
+    try:
+        handler = load_function("rpc_scheduled").lambda_handler
+        assert handler(event, FakeLambdaContext("rpc_scheduled", 60_000)) == {"batchItemFailures": []}
+        good = {f"good-{2 * n}" for n in range(len(UNCARRIABLE) + 1)}
+        assert set(taken(settings, p.orphan_queue(name))) == good
+        assert len(taken(settings, p.poison_queue(name))) + len(store.parked()) == len(UNCARRIABLE)
+    finally:
+        relay.close()
+        svc.close()
+
+
+# -- collect (issue 34, item 10) ------------------------------------------------------------------
+@pytest.fixture
+def reply_queue() -> Iterator[tuple[RpcSettings, str]]:
+    settings = RpcSettings.from_env()
+    reply = unique("r")
+    queue = declare_reply_queue(settings, reply)
+    yield settings, reply
+    delete_queue(settings, queue)
+
+
+def answer(channel, queue: str, call_id: str) -> None:
+    channel.basic_publish("", queue, b"{}", pika.BasicProperties(correlation_id=call_id,
+                                                                 headers={p.STATUS_HEADER: "ok"}))
+
+
+def test_collect_returns_near_its_timeout_with_many_answers_for_other_ids_queued(reply_queue) -> None:
+    settings, reply = reply_queue
+    queue = p.reply_queue(reply)
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    channel = connection.channel()
+    answer(channel, queue, "mine")
+    for n in range(30_000):
+        answer(channel, queue, f"other-{n}")
+    wait_for(lambda: channel.queue_declare(queue, passive=True).method.message_count == 30_001,
+             timeout=30, what="30,001 answers queued")
+    connection.close()
+    started = time.monotonic()
+    found = collect(settings, reply, ["mine", "absent"], timeout=1)
+    took = time.monotonic() - started
+    assert set(found) == {"mine"}
+    assert took < 2.0, f"collect(timeout=1) took {took:.1f} s"
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    left = connection.channel().queue_declare(queue, passive=True).method.message_count
+    connection.close()
+    assert left == 30_000  # the others stay for their own collectors
+
+
+def test_a_second_collector_of_a_reply_queue_finds_its_answer_while_another_waits(reply_queue) -> None:
+    import threading
+
+    settings, reply = reply_queue
+    queue = p.reply_queue(reply)
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    answer(connection.channel(), queue, "b")
+    connection.close()
+    first: dict[str, object] = {}
+    waiting = threading.Thread(target=lambda: first.update(collect(settings, reply, ["a"], timeout=8)))
+    waiting.start()
+    try:
+        time.sleep(0.5)  # holds a window open: the first collector passed over "b" and waits for "a"
+        started = time.monotonic()
+        second = collect(settings, reply, ["b"], timeout=3)
+        took = time.monotonic() - started
+        assert set(second) == {"b"}, f"the second collector found nothing in {took:.1f} s"
+        connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+        answer(connection.channel(), queue, "a")
+        connection.close()
+    finally:
+        waiting.join(15)
+    assert set(first) == {"a"}
+
+
+# -- scheduled calls and traces (issue 34, item 11) ----------------------------------------------
+TRACED = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_the_relays_expired_answer_carries_the_calls_trace(pool, publisher, store) -> None:
+    from switchyard.core import tracing
+
+    name, settings = pool
+    reply = unique("r")
+    queue = declare_reply_queue(settings, reply)
+    try:
+        now = int(time.time() * 1000)
+        late = ScheduledCall("id-late-traced", name, "k", b"late", queue, now - 1000,
+                             headers=((tracing.TRACEPARENT_HEADER, TRACED.encode()),))
+        outcome = relay_scheduled([fired(1, late)], publisher=publisher, parked=store, now_ms=now)
+        assert outcome.expired == 1 and outcome.failed == ()
+        got = collect(settings, reply, ["id-late-traced"], timeout=10)["id-late-traced"]
+        assert got.status == p.Status.EXPIRED
+        context = tracing.parse(got.headers.get(tracing.TRACEPARENT_HEADER))
+        assert context is not None, f"no traceparent on the expired answer: {got.headers}"
+        assert context.trace_id == tracing.parse(TRACED).trace_id and context.span_id != "00f067aa0ba902b7"
+    finally:
+        delete_queue(settings, queue)
+
+
+class WarmPoolPublisher(ConfirmingPublisher):
+    """The real publisher; a warm group's worker handles the call before the confirm is back, so its
+    ``handled`` hop is written while the relay still waits: written here at that moment."""
+
+    def publish_settled(self, messages, timeout=30.0):
+        results = super().publish_settled(messages, timeout)
+        from switchyard.core import tracing
+
+        for message in messages:
+            context = tracing.parse(message.properties.headers.get(tracing.TRACEPARENT_HEADER))
+            tracing.hop(context.child() if context else None, "rpc", "handled", key="k")
+        return results
+
+
+def test_switchyard_trace_lists_the_relays_publish_before_a_warm_workers_answer(
+        pool, store, tmp_path, monkeypatch, capsys) -> None:
+    from switchyard import cli
+    from switchyard.core import tracing
+
+    name, settings = pool
+    log = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(tracing.TRACE_LOG_ENV, str(log))
+    publisher = WarmPoolPublisher(settings.connections.amqp_url, "switchyard-scheduled-test")
+    try:
+        traced = ((tracing.TRACEPARENT_HEADER, TRACED.encode()),)
+        call = ScheduledCall("id-warm", name, "k", b"", headers=traced)
+        outcome = relay_scheduled([fired(1, call)], publisher=publisher, parked=store,
+                                  now_ms=int(time.time() * 1000))
+        assert outcome.published == 1
+    finally:
+        publisher.close()
+    trace_id = tracing.parse(TRACED).trace_id
+    events = [hop["event"] for hop in tracing.read_hops(trace_id, str(log))]
+    assert events == ["scheduled call published", "handled"], events
+    capsys.readouterr()
+    assert cli.main(["trace", trace_id, "--log", str(log)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("rpc: ")[1].split()[0] for line in lines[1:]] == ["scheduled", "handled"], lines

@@ -46,6 +46,7 @@ def test_naive_datetimes_are_utc() -> None:
     ({"key": "k", "deadline": "2030-01-01"}, "p", r.Reason.INVALID_DEADLINE),
     ({"key": "k", "id": ""}, "p", r.Reason.INVALID_ID),
     ({"key": "k", "id": "i" * 129}, "p", r.Reason.INVALID_ID),
+    ({"key": "k", "id": "\U0001f600" * 100}, "p", r.Reason.INVALID_ID),  # 400 bytes: no AMQP message id
 ])
 def test_bad_rows_are_rejected_with_a_reason(row: dict, default_pool: str | None, reason: r.Reason) -> None:
     rejected = r.prepare(row, default_pool)

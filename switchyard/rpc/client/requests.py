@@ -11,10 +11,10 @@ from typing import Any
 import pika
 
 from switchyard.core import tracing
+from switchyard.rpc import frames
 from switchyard.rpc import protocol as p
 
 _CID_ROOM = 40  # bytes a correlation id may take: tag, slot and sequence number
-_FRAME_OVERHEAD = 8 + 14  # frame header and end, content header's class, weight and body size
 
 
 @dataclass(slots=True)
@@ -64,14 +64,10 @@ def encode_request(key: str, body: bytes | str, timeout: float, expiration_ms: i
         delivery_mode=pika.DeliveryMode.Persistent,
     )
     if headers:  # only the caller's headers can hold what AMQP cannot encode
-        try:
-            size = sum(len(piece) for piece in props.encode())
-        except Exception as exc:
-            raise ValueError(f"request headers cannot be encoded in AMQP: {type(exc).__name__}: {exc}"
-                             ) from exc
+        size = frames.encoded_size(props)  # ValueError: what pika cannot encode
     else:
         size = 320 + len(key.encode("utf-8"))  # the fixed properties, the key and traceparent headers
-    if size + _CID_ROOM + _FRAME_OVERHEAD > frame_max:
+    if size + _CID_ROOM + frames.FRAME_OVERHEAD > frame_max:
         raise ValueError(f"request properties and headers take {size} bytes: more than the "
                          f"broker's frame size ({frame_max} bytes) can carry")
     return Call(key, p.routing_key(key), body, timeout, props, Future(), reply=reply)

@@ -26,13 +26,15 @@ from switchyard.core.errors import BrokerError
 from switchyard.core.msk_auth import kafka_security_config
 from switchyard.delay.parsing import parse_deadline
 from switchyard.delay.settings import DelaySettings, validate_topic
+from switchyard.rpc import frames
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import connect
 from switchyard.rpc.client.response import Response
-from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers, validate_call_id
+from switchyard.rpc.scheduling import ScheduledCall, request_properties, scheduled_headers, validate_call_id
 from switchyard.rpc.settings import RpcSettings
 
 When = datetime | str | float | int
+SCAN_S = 1.0  # the least time collect gives one look over a reply queue (timeout 0 included)
 
 
 def deadline_of(at: When, now: datetime | None = None) -> datetime:
@@ -105,7 +107,13 @@ class CallScheduler:
                 declare_reply_queue(self.settings, reply)
                 self._declared.add(reply)
         expires = None if expiration_ms is None else int(deadline.timestamp() * 1000) + expiration_ms
+        if expires is not None and expires not in frames.LONG_LONG:
+            raise ValueError(f"expiration_ms {expiration_ms} puts the call's expiry past what AMQP carries "
+                             "(epoch milliseconds in a 64-bit signed integer)")
         call = ScheduledCall(call_id, self.pool, key, data, reply_queue, expires)
+        problem = frames.fault(request_properties(call, int(time.time() * 1000)), pika.spec.FRAME_MAX_SIZE)
+        if problem is not None:  # the relay would park it: refused here, for its caller
+            raise ValueError(f"a scheduled call AMQP cannot carry: {problem}")
         future: Future[str] = Future()
 
         def delivered(err: KafkaError | None, _msg: object) -> None:
@@ -134,7 +142,13 @@ def collect(settings: RpcSettings, reply: str, ids: Iterable[str] | None = None,
             timeout: float = 0.0) -> dict[str, Response]:
     """Take the answers in the durable reply queue ``reply``: those of ``ids`` (waiting up to
     ``timeout`` seconds for them all), or every answer there now (``ids`` None). Answers taken are
-    removed from the queue; others stay for their own collectors. Keyed by call id."""
+    removed from the queue; others stay for their own collectors. Keyed by call id.
+
+    With ``ids``, it returns by ``timeout`` (at least ``SCAN_S``: one look at a deep queue) even
+    mid-queue: the queue is read from its head one answer per round trip (some thousands a second),
+    so an answer behind more than that stays for the next collect. The answers it passes over are
+    held (unacked, invisible to others) only while it reads; before each wait they go back, so
+    another collector of the same queue finds its own meanwhile."""
     queue = p.reply_queue(reply)
     wanted = None if ids is None else set(ids)
     found: dict[str, Response] = {}
@@ -144,20 +158,27 @@ def collect(settings: RpcSettings, reply: str, ids: Iterable[str] | None = None,
         raise BrokerError(f"connecting to collect from {queue!r}: {exc!r}") from exc
     try:
         channel = connection.channel()
-        end = time.monotonic() + timeout
+        end = time.monotonic() + max(timeout, SCAN_S)
+        held = False  # answers for other ids taken and not acked
         while True:
             method, props, body = channel.basic_get(queue, auto_ack=False)
+            if method is not None:
+                cid = props.correlation_id
+                if cid is not None and (wanted is None or cid in wanted):
+                    headers = props.headers or {}
+                    found[cid] = Response(str(headers.get(p.STATUS_HEADER, "")), body, cid, headers)
+                    channel.basic_ack(method.delivery_tag)
+                else:
+                    held = True
+            if wanted is not None and (wanted <= found.keys() or time.monotonic() >= end):
+                break
             if method is None:
-                if wanted is None or wanted <= found.keys() or time.monotonic() >= end:
+                if wanted is None:
                     break
+                if held:  # back into the queue, for the other collectors while this one waits
+                    channel.basic_nack(0, multiple=True, requeue=True)
+                    held = False
                 connection.sleep(0.05)
-                continue
-            cid = props.correlation_id
-            if cid is not None and (wanted is None or cid in wanted):
-                headers = props.headers or {}
-                found[cid] = Response(str(headers.get(p.STATUS_HEADER, "")), body, cid, headers)
-                channel.basic_ack(method.delivery_tag)
-            # else: held unacked until the channel closes, then back in the queue for others
         connection.close()
     except pika.exceptions.AMQPError as exc:
         if connection.is_open:

@@ -19,7 +19,7 @@ import pika.exceptions
 import pika.spec
 
 from switchyard.core.errors import BrokerError
-from switchyard.rpc.amqp import connect, enable_async_confirms, is_alive, publish_buffered
+from switchyard.rpc.amqp import connect, enable_async_confirms, frame_max, is_alive, publish_buffered
 from switchyard.rpc.errors import PublishRejectedError, UnroutableError
 from switchyard.rpc.protocol import NOT_FOUND
 
@@ -116,6 +116,16 @@ class ConfirmingPublisher:
         return ["nacked" if tag in nacked else
                 "returned" if msg.mandatory and msg.properties.message_id in returned else None
                 for tag, msg in zip(tags, messages, strict=True)]
+
+    def frame_max(self) -> int:
+        """The frame size negotiated with the broker (connecting if need be): a message's
+        properties must fit in one frame (``switchyard.rpc.frames``)."""
+        try:
+            self._ensure_channel()
+        except pika.exceptions.AMQPError as exc:
+            self.close()
+            raise BrokerError(f"connecting to publish: {exc!r}") from exc
+        return frame_max(cast("pika.BlockingConnection", self._connection))
 
     def exchange_exists(self, exchange: str) -> bool:
         """Whether ``exchange`` exists (a passive declare, on a channel of its own: a 404 closes it)."""

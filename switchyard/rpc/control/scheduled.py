@@ -10,11 +10,13 @@ Records without a pool are not calls: they stay on the output topic for their ow
 Refused calls are counted and parked with the reason, never dropped:
 - ``unknown_pool``: the pool's request exchange does not exist; the record goes to the delay store's
   ``parked_messages`` (``switchyard delay parked``), as does a record that cannot even be read;
-- ``malformed`` (bad headers), ``expired`` (its ``x-switchyard-deadline-ms`` passed before it fired)
-  and ``unroutable`` (returned by the broker): the pool's ``{pool}-poison`` queue, the reason in
-  ``x-switchyard-poison-reason``, the record's headers as AMQP headers (a malformed one's pool must
-  be valid and exist, else it is parked in the store). An expired call with a reply queue also gets
-  an ``expired`` answer there.
+- ``malformed`` (bad headers, or a request AMQP cannot carry: switchyard/rpc/frames.py, checked
+  before publishing, since pika or the broker would fail the whole batch with it), ``expired`` (its
+  ``x-switchyard-deadline-ms`` passed before it fired) and ``unroutable`` (returned by the broker):
+  the pool's ``{pool}-poison`` queue, the reason in ``x-switchyard-poison-reason``, the record's
+  headers as AMQP headers (a malformed one's pool must be valid and exist, and its copy must be one
+  AMQP carries, else it is parked in the store). An expired call with a reply queue also gets an
+  ``expired`` answer there, in the call's trace.
 
 At least once: a record whose publish was nacked or whose connection failed, or whose parking failed,
 is named in the partial batch response, and the mapping delivers its partition again from it (the
@@ -24,9 +26,10 @@ calls after it too: duplicates with the same message id, never losses).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import pika
 
@@ -34,10 +37,11 @@ from switchyard.core import tracing
 from switchyard.core.errors import BrokerError, SwitchyardError
 from switchyard.core.observability import logger
 from switchyard.delay.model import Drop, InputRecord, RecordPosition
+from switchyard.rpc import frames
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.publisher import Outgoing
 from switchyard.rpc.errors import ScheduledCallError
-from switchyard.rpc.scheduling import ScheduledCall, fired_pool, read_fired
+from switchyard.rpc.scheduling import ScheduledCall, as_amqp, fired_pool, read_fired, request_properties
 
 
 class Refusal:
@@ -55,6 +59,8 @@ class SettledPublisher(Protocol):
     def publish_settled(self, messages: list[Outgoing], timeout: float = 30.0) -> list[str | None]: ...
 
     def exchange_exists(self, exchange: str) -> bool: ...
+
+    def frame_max(self) -> int: ...
 
 
 class ParkedStore(Protocol):
@@ -83,46 +89,28 @@ def _position(record: InputRecord | Drop) -> RecordPosition:
     return RecordPosition(record.topic, record.partition, record.offset)
 
 
-def _as_amqp(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, Any]:
-    """Kafka headers as AMQP headers: UTF-8 values as strings (a trace context), others as bytes."""
-    table: dict[str, Any] = {}
-    for name, value in headers:
-        try:
-            table[name] = value.decode("utf-8") if value is not None else None
-        except UnicodeDecodeError:
-            table[name] = value
-    return table
-
-
-def _amqp_headers(call: ScheduledCall) -> dict[str, Any]:
-    headers = _as_amqp(call.headers)
-    headers[p.KEY_HEADER] = call.key
-    if call.expires_ms is not None:
-        headers[p.DEADLINE_HEADER] = call.expires_ms
-    return headers
-
-
 def request_of(call: ScheduledCall, now_ms: int) -> Outgoing:
     """The request ``call`` becomes: mandatory, its id as message and correlation id."""
-    expiration = None if call.expires_ms is None else str(max(1, call.expires_ms - now_ms))
-    props = pika.BasicProperties(message_id=call.id, correlation_id=call.id, reply_to=call.reply_queue,
-                                 expiration=expiration, headers=_amqp_headers(call),
-                                 delivery_mode=pika.DeliveryMode.Persistent)
-    return Outgoing(p.req_exchange(call.pool), p.routing_key(call.key), call.body, props, mandatory=True)
+    return Outgoing(p.req_exchange(call.pool), p.routing_key(call.key), call.body,
+                    request_properties(call, now_ms), mandatory=True)
 
 
 def _poison(pool: str, record: InputRecord, reason: str, call_id: str | None) -> Outgoing:
-    headers = _as_amqp(record.headers)
+    headers = as_amqp(record.headers)
     headers[p.POISON_REASON_HEADER] = reason
     props = pika.BasicProperties(message_id=_parked_id(record, call_id), headers=headers,
                                  delivery_mode=pika.DeliveryMode.Persistent)
     return Outgoing("", p.poison_queue(pool), record.value or b"", props, mandatory=True)
 
 
-def _expired_answer(call: ScheduledCall) -> Outgoing | None:
+def _expired_answer(call: ScheduledCall, trace: tracing.TraceContext | None) -> Outgoing | None:
+    """The relay's own answer, in the call's trace as a worker's answer would be (its span: a child)."""
     if call.reply_queue is None:
         return None
-    props = pika.BasicProperties(correlation_id=call.id, headers={p.STATUS_HEADER: p.Status.EXPIRED},
+    headers: dict[str, str] = {p.STATUS_HEADER: p.Status.EXPIRED}
+    if trace is not None:
+        headers[tracing.TRACEPARENT_HEADER] = trace.child().traceparent
+    props = pika.BasicProperties(correlation_id=call.id, headers=headers,
                                  content_type="application/json", delivery_mode=pika.DeliveryMode.Persistent)
     detail = {"reason": p.Status.EXPIRED, "key": call.key, "detail": "the call expired before it fired"}
     return Outgoing("", call.reply_queue, json.dumps(detail).encode(), props)
@@ -151,9 +139,11 @@ def relay_scheduled(records: Iterable[InputRecord | Drop], *, publisher: Settled
         with tracing.scope_if(tracing.in_pairs(record.headers)):
             logger.warning("scheduled call refused", extra={"reason": reason, "detail": detail, "pool": pool,
                                                             "call_id": call_id, "position": record.position})
-        if pool is not None and exists(pool):
-            poison.append((record, _poison(pool, record, f"{reason}: {detail}", call_id), True))
-        else:
+        copy = _poison(pool, record, f"{reason}: {detail}", call_id) if pool is not None and exists(pool) \
+            else None
+        if copy is not None and frames.fault(copy.properties, publisher.frame_max()) is None:
+            poison.append((record, copy, True))
+        else:  # no pool, or headers no AMQP message can carry: the store keeps the record as it came
             to_park.append((record, _parked_id(record, call_id), f"{reason}: {detail}"))
 
     def take(record: InputRecord) -> None:
@@ -175,11 +165,17 @@ def relay_scheduled(records: Iterable[InputRecord | Drop], *, publisher: Settled
             outcome.expired += 1
             late_ms = now_ms - call.expires_ms
             refuse(record, call.pool, Refusal.EXPIRED, f"expired {late_ms} ms before it fired", call.id)
-            answer = _expired_answer(call)
+            answer = _expired_answer(call, tracing.in_pairs(record.headers))
             if answer is not None:
                 poison.append((record, answer, False))
         else:
-            requests.append((record, call, request_of(call, now_ms)))
+            request = request_of(call, now_ms)
+            problem = frames.fault(request.properties, publisher.frame_max())
+            if problem is None:
+                requests.append((record, call, request))
+            else:  # it would fail the batch's every publish with it: refused alone
+                outcome.malformed += 1
+                refuse(record, call.pool, Refusal.MALFORMED, problem, call.id)
 
     for record in records:
         outcome.records += 1
@@ -197,6 +193,7 @@ def relay_scheduled(records: Iterable[InputRecord | Drop], *, publisher: Settled
             failed.append(_position(record))
 
     if requests:
+        sent_at = time.time()  # the hop's time: a warm worker may handle it before the confirm is in
         try:
             results = publisher.publish_settled([out for _, _, out in requests])
         except BrokerError as exc:
@@ -207,7 +204,7 @@ def relay_scheduled(records: Iterable[InputRecord | Drop], *, publisher: Settled
             if result is None:
                 outcome.published += 1
                 tracing.hop(tracing.in_pairs(record.headers), "rpc", "scheduled call published",
-                            pool=call.pool, key=call.key, id=call.id)
+                            at=sent_at, pool=call.pool, key=call.key, id=call.id)
             elif result == "returned":
                 outcome.unroutable += 1
                 refuse(record, call.pool, Refusal.UNROUTABLE,
