@@ -18,6 +18,10 @@ The event, as Lambda builds it (a Java service serializing the RabbitMQ Java cli
   bytes (non-ASCII UTF-8 bytes appear negative); numbers and booleans are plain; nested tables
   are objects and arrays are lists, converted the same way. Powertools does not decode headers:
   use ``switchyard.rpc.control.rmq_event.decode_headers``.
+* not Lambda's, since the Java client reads what pika cannot: a message whose headers Switchyard's
+  decoder could not read (``switchyard.rpc.amqp_decode``), or whose properties cannot be put into
+  the event, carries ``x-switchyard-undecodable`` (the reason) in its headers, and its handler sends
+  it to ``{pool}-poison``: one message never stops the mapping.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from pika.adapters.blocking_connection import BlockingChannel
 from switchyard.core.errors import BrokerError, ConfigError
 from switchyard.core.observability import logger
 from switchyard.local.lambda_context import FakeLambdaContext
+from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import connect, url_parameters
+from switchyard.rpc.control.rmq_event import CALENDAR_CYCLE_S
 
 Handler = Callable[[dict[str, Any], Any], Any]
 
@@ -53,13 +59,17 @@ _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
 
 # -- the event ----------------------------------------------------------------------------------
 def format_timestamp(value: int | float | datetime) -> str:
-    """An AMQP timestamp (seconds since the epoch) as Lambda prints it: ``Jan 1, 1970, 12:33:41 AM`` (UTC)."""
-    moment = value if isinstance(value, datetime) else datetime.fromtimestamp(value, UTC)
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(UTC)
+    """An AMQP timestamp (seconds since the epoch) as Lambda prints it: ``Jan 1, 1970, 12:33:41 AM`` (UTC).
+    Any year, as Java's dates: one in milliseconds (year 58,000 or so) too (``CALENDAR_CYCLE_S``)."""
+    cycles: float = 0
+    if isinstance(value, datetime):
+        moment = value.astimezone(UTC) if value.tzinfo is not None else value
+    else:
+        cycles, seconds = divmod(value, CALENDAR_CYCLE_S)
+        moment = datetime.fromtimestamp(seconds, UTC)
     hour = moment.hour % 12 or 12
     meridiem = "AM" if moment.hour < 12 else "PM"
-    return (f"{_MONTHS[moment.month - 1]} {moment.day}, {moment.year}, "
+    return (f"{_MONTHS[moment.month - 1]} {moment.day}, {moment.year + 400 * int(cycles)}, "
             f"{hour}:{moment.minute:02d}:{moment.second:02d} {meridiem}")
 
 
@@ -122,8 +132,15 @@ def basic_properties(props: pika.BasicProperties, body_size: int) -> dict[str, A
 
 def rmq_message(delivery: RmqDelivery) -> dict[str, Any]:
     """One delivery as an ``aws:rmq`` message."""
+    try:
+        props = basic_properties(delivery.properties, len(delivery.body))
+    except Exception as exc:  # one message never stops the mapping: its handler poisons it
+        reason = f"properties not representable in an aws:rmq event: {type(exc).__name__}: {exc}"
+        props = basic_properties(pika.BasicProperties(**{**vars(delivery.properties), "timestamp": None,
+                                                          "headers": {p.UNDECODABLE_HEADER: reason}}),
+                                 len(delivery.body))
     return {
-        "basicProperties": basic_properties(delivery.properties, len(delivery.body)),
+        "basicProperties": props,
         "redelivered": delivery.redelivered,
         "data": base64.b64encode(delivery.body).decode("ascii"),
     }

@@ -30,6 +30,8 @@ ORPHAN_EXPIRED = "OrphanExpired"
 ORPHAN_MALFORMED_FIELDS = "OrphanMalformedFields"
 ORPHAN_GROUP_STARTS = "OrphanGroupStarts"
 ORPHAN_GROUP_START_FAILURES = "OrphanGroupStartFailures"
+ORPHAN_UNDECODABLE = "OrphanUndecodable"
+ORPHAN_INVALID_KEY = "OrphanInvalidKey"
 
 # control.dead_letters.DeadLetterOutcome
 DEAD_LETTER_DEAD_LETTERS = "DeadLetterDeadLetters"
@@ -42,6 +44,7 @@ DEAD_LETTER_EXPIRED = "DeadLetterExpired"
 DEAD_LETTER_DELIVERY_LIMIT = "DeadLetterDeliveryLimit"
 DEAD_LETTER_REJECTED = "DeadLetterRejected"
 DEAD_LETTER_MAXLEN = "DeadLetterMaxlen"
+DEAD_LETTER_UNDECODABLE = "DeadLetterUndecodable"
 
 # control.activity.ActivityOutcome
 ACTIVITY_EVENTS = "ActivityEvents"
@@ -95,6 +98,8 @@ EMITTED: frozenset[str] = frozenset({
     ORPHAN_MALFORMED_FIELDS,
     ORPHAN_GROUP_STARTS,
     ORPHAN_GROUP_START_FAILURES,
+    ORPHAN_UNDECODABLE,
+    ORPHAN_INVALID_KEY,
     DEAD_LETTER_DEAD_LETTERS,
     DEAD_LETTER_RESPONSES,
     DEAD_LETTER_POISONED,
@@ -105,6 +110,7 @@ EMITTED: frozenset[str] = frozenset({
     DEAD_LETTER_DELIVERY_LIMIT,
     DEAD_LETTER_REJECTED,
     DEAD_LETTER_MAXLEN,
+    DEAD_LETTER_UNDECODABLE,
     ACTIVITY_EVENTS,
     ACTIVITY_KEYS,
     ACTIVITY_REACTIVATED,

@@ -65,6 +65,11 @@ KEY_QUEUE_ARGUMENT = "x-switchyard-key"
 FIRST_DEATH_REASON_HEADER = "x-first-death-reason"
 FIRST_DEATH_QUEUE_HEADER = "x-first-death-queue"
 POISON_REASON_HEADER = "x-switchyard-poison-reason"  # why a message is in {pool}-poison
+# Set by Switchyard's decoder (rpc/amqp_decode.py) in place of a headers table it could not decode
+# (the reason); every consumer sends such a message to {pool}-poison. The deepest nesting of tables
+# and arrays it decodes (x-death, the deepest the broker writes, is 3).
+UNDECODABLE_HEADER = "x-switchyard-undecodable"
+MAX_HEADER_DEPTH = 64
 # On a ``request-received`` activity report: the requests the worker answered since its previous
 # report, as "count p50 p99 max" (milliseconds from delivery to the worker to its reply, nearest-rank
 # over at most the last 4,096). Optional: the keyed RPC design's workers send no such header.

@@ -24,7 +24,12 @@ from switchyard.local.rmq_bridge import (
     build_rmq_event,
     format_timestamp,
 )
-from switchyard.rpc.control.rmq_event import decode_header_value, decode_headers
+from switchyard.rpc.control.rmq_event import (
+    decode_header_value,
+    decode_headers,
+    parse_timestamp,
+    to_amqp_message,
+)
 from tests.conftest import unique, wait_for
 from tests.local import sample_rmq_events
 
@@ -36,6 +41,20 @@ def test_timestamp_format_matches_the_aws_sample() -> None:
     assert format_timestamp(2021) == "Jan 1, 1970, 12:33:41 AM"  # AWS / Powertools sample event
     assert format_timestamp(1764590941) == "Dec 1, 2025, 12:09:01 PM"
     assert format_timestamp(datetime(2024, 2, 29, 0, 5, 9, tzinfo=UTC)) == "Feb 29, 2024, 12:05:09 AM"
+
+
+def test_any_year_is_formatted_and_read_back_and_nothing_unrepresentable_stops_the_event() -> None:
+    """A ``timestamp`` in milliseconds (a stranger's client) raised ``year 58888 is out of range``
+    in the bridge's thread, which died; Java formats any year, and so does the bridge now."""
+    ms = 1_796_126_941_000
+    assert format_timestamp(ms) == "Dec 30, 58886, 6:16:40 AM"  # numpy agrees: 58886-12-30T06:16:40
+    assert parse_timestamp(format_timestamp(ms)) == ms
+    assert parse_timestamp(format_timestamp(-10**12)) == -10**12
+    props = pika.BasicProperties(timestamp=ms, headers={"odd": object()}, correlation_id="c")
+    message = build_rmq_event("q", "/", [RmqDelivery(b"x", props)])["rmqMessagesByQueue"]["q::/"][0]
+    amqp = to_amqp_message("q", message)
+    assert amqp.properties.correlation_id == "c" and amqp.undecodable is not None
+    assert "cannot put a object header value" in amqp.undecodable
 
 
 def test_headers_take_the_java_client_shape_and_decode_back() -> None:

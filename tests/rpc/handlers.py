@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -76,3 +77,17 @@ def logged(request: Request) -> bytes:
     with open(os.environ["START_LOG"], "a") as log:
         log.write(f"{request.worker_id} {request.text()}\n")
     return request.body
+
+
+_SHED_ONCE: set[str | None] = set()
+
+
+def shed_once_and_show(request: Request) -> str:
+    """A body ``shed`` is shed (``Requeue``) the first time this worker sees its correlation id; then
+    the answer names what the handler was given: the user-id header and the ``when`` header's type."""
+    if request.body == b"shed" and request.correlation_id not in _SHED_ONCE:
+        _SHED_ONCE.add(request.correlation_id)
+        raise Requeue()
+    when = request.headers.get("when")
+    return json.dumps({"user": request.headers.get("x-switchyard-user-id"), "when": type(when).__name__,
+                       "count": request.delivery_count})

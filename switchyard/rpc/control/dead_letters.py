@@ -34,6 +34,7 @@ class DeadLetterOutcome:
     without_reply_to: int = 0
     without_reason: int = 0
     malformed_fields: int = 0
+    undecodable: int = 0  # headers not decodable (amqp_decode): poisoned, and answered if it can be
     # Per reason (metrics DeadLetterExpired, ...: each has its own alarm).
     expired: int = 0
     delivery_limit: int = 0
@@ -88,9 +89,11 @@ def _respond(message: AmqpMessage, pool: str, trace: tracing.TraceContext, outco
                        extra={"pool": pool, "amqp_correlation_id": message.properties.correlation_id})
     if reason in _PER_REASON:
         setattr(outcome, reason, getattr(outcome, reason) + 1)
-    if reason == p.Status.DELIVERY_LIMIT:
+    poison_reason = message.undecodable or (reason if reason == p.Status.DELIVERY_LIMIT else None)
+    if poison_reason is not None:
         outcome.poisoned += 1
-        outgoing.append(poison_copy(pool, message, reason))
+        outcome.undecodable += poison_reason is message.undecodable
+        outgoing.append(poison_copy(pool, message, poison_reason))
         logger.warning("poison request moved to the poison inventory",
                        extra={"pool": pool, "key": message.key,
                               "amqp_correlation_id": message.properties.correlation_id})

@@ -31,6 +31,7 @@ from typing import Any
 import pika
 
 from switchyard.core import tracing
+from switchyard.core.errors import InvalidNameError
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
@@ -51,6 +52,8 @@ class OrphanOutcome:
     malformed_fields: int = 0
     group_starts: int = 0
     group_start_failures: int = 0
+    undecodable: int = 0  # headers not decodable (amqp_decode): poisoned
+    invalid_key: int = 0  # a key no worker can carry (NUL, over MAX_KEY_BYTES): poisoned
 
 
 def republishable(props: pika.BasicProperties, headers: dict[str, Any],
@@ -88,8 +91,9 @@ def remaining_expiration_ms(message: AmqpMessage, at_ms: int) -> int | None:
 
 def forwarded_properties(message: AmqpMessage, key: str, expiration: str | None,
                          trace: tracing.TraceContext | None = None) -> pika.BasicProperties:
+    # A producer's own user-id header goes too: the header is this handler's, for the checked user_id.
     headers = {name: value for name, value in message.headers.items()
-               if not name.startswith(p.BROKER_BOOKKEEPING_PREFIXES)}
+               if not name.startswith(p.BROKER_BOOKKEEPING_PREFIXES) and name != p.ORIGINAL_USER_ID_HEADER}
     headers[p.KEY_HEADER] = key
     if trace is not None:
         headers[tracing.TRACEPARENT_HEADER] = trace.traceparent
@@ -169,19 +173,17 @@ def forward_orphans(
 def _sort_orphan(message: AmqpMessage, pool: str, at_ms: int, trace: tracing.TraceContext,
                  outcome: OrphanOutcome, outgoing: list[Outgoing]) -> tuple[str, pika.BasicProperties] | None:
     """The key and properties to forward one orphan with, or None when it was answered or poisoned."""
-    key = message.key
-    if key is None:
-        outcome.without_key += 1
-        logger.error("orphan without a usable key sent to the poison inventory",
-                     extra={"pool": pool, "amqp_correlation_id": message.properties.correlation_id})
-        outgoing.append(poison_copy(pool, message, "no key: no routing key or x-switchyard-key header"))
-        reply = negative_response(message, p.Status.ERROR, {
-            "error": "MissingKey",
-            "message": f"requests must carry their key as routing key (at most {p.MAX_NAME_BYTES} "
-                       f"bytes) or in the {p.KEY_HEADER} header"}, trace)
+    key = _checked_key(message)
+    if isinstance(key, tuple):
+        counter, reason, error, detail = key
+        setattr(outcome, counter, getattr(outcome, counter) + 1)
+        logger.error("orphan sent to the poison inventory", extra={
+            "pool": pool, "reason": counter, "amqp_correlation_id": message.properties.correlation_id})
+        outgoing.append(poison_copy(pool, message, reason))
+        reply = negative_response(message, p.Status.ERROR, {"error": error, "message": detail}, trace)
         if reply is not None:
             outgoing.append(reply)
-        tracing.hop(trace, "rpc", "orphan without key", pool=pool)
+        tracing.hop(trace, "rpc", f"orphan {counter.replace('_', ' ')}", pool=pool)
         return None
     left_ms = remaining_expiration_ms(message, at_ms)
     if left_ms is not None and left_ms <= 0:
@@ -195,3 +197,20 @@ def _sort_orphan(message: AmqpMessage, pool: str, at_ms: int, trace: tracing.Tra
         return None
     expiration = str(left_ms) if left_ms is not None else None
     return key, forwarded_properties(message, key, expiration, trace)
+
+
+def _checked_key(message: AmqpMessage) -> str | tuple[str, str, str, str]:
+    """The orphan's key, or why it cannot be forwarded: (its outcome counter, the poison reason, the
+    negative response's error and message)."""
+    key = message.key
+    if (undecodable := message.undecodable) is not None:
+        return "undecodable", undecodable, "UndecodableHeaders", undecodable
+    if key is None:
+        return ("without_key", "no key: no routing key or x-switchyard-key header", "MissingKey",
+                f"requests must carry their key as routing key (at most {p.MAX_NAME_BYTES} bytes) or in "
+                f"the {p.KEY_HEADER} header")
+    try:
+        p.validate_key(key)
+    except InvalidNameError as exc:  # its message shows the key escaped (no raw NUL in a log)
+        return "invalid_key", f"invalid key: {exc}", "InvalidKey", str(exc)
+    return key

@@ -23,9 +23,14 @@ from aws_lambda_powertools.utilities.data_classes.common import DictWrapper
 
 from switchyard.core.errors import MalformedEventError
 from switchyard.rpc import protocol as p
+from switchyard.rpc.amqp_decode import undecodable
 
 _TIMESTAMP_FORMAT = "%b %d, %Y, %I:%M:%S %p"
 _SPACES = re.compile(r"\s+")
+_YEAR = re.compile(r"^(.*?, )(-?\d+)(, .*)$")
+# 400 Gregorian years repeat the calendar exactly: a timestamp past Python's year 9999 (one in
+# milliseconds, from a stranger's client) is shifted by whole cycles, read, and shifted back.
+CALENDAR_CYCLE_S = 146_097 * 86_400
 
 _PROPERTY_FIELDS = {
     "contentType": "content_type",
@@ -56,6 +61,11 @@ class AmqpMessage:
     @property
     def headers(self) -> dict[str, Any]:
         return self.properties.headers or {}
+
+    @property
+    def undecodable(self) -> str | None:
+        """Why its headers could not be decoded (``amqp_decode``): it goes to the poison inventory."""
+        return undecodable(self.headers)
 
     def header_str(self, name: str) -> str | None:
         value = self.headers.get(name)
@@ -162,12 +172,29 @@ def decode_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def parse_timestamp(text: str) -> int | None:
-    """The event's timestamp text (UTC) -> POSIX seconds, or None if unreadable."""
-    try:
-        parsed = datetime.strptime(_SPACES.sub(" ", text.strip()), _TIMESTAMP_FORMAT)
-    except (ValueError, AttributeError):
+    """The event's timestamp text (UTC) -> POSIX seconds, or None if unreadable. Any year is read
+    (``CALENDAR_CYCLE_S``)."""
+    match = _YEAR.match(_SPACES.sub(" ", text.strip())) if isinstance(text, str) else None
+    if match is None:
         return None
-    return calendar.timegm(parsed.timetuple())
+    cycles, year = divmod(int(match[2]) - 1970, 400)
+    try:
+        parsed = datetime.strptime(f"{match[1]}{1970 + year}{match[3]}", _TIMESTAMP_FORMAT)
+    except ValueError:
+        return None
+    return calendar.timegm(parsed.timetuple()) + cycles * CALENDAR_CYCLE_S
+
+
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """Whether objects and arrays nest deeper than ``limit`` in ``value`` (read level by level: the
+    Java client decodes any depth, and decoding one 500 deep recursively raised RecursionError)."""
+    level = [value]
+    for _ in range(limit + 1):
+        level = [child for item in level if isinstance(item, dict | list)
+                 for child in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return False
+    return True
 
 
 def to_amqp_message(queue: str, message: dict[str, Any]) -> AmqpMessage:
@@ -191,6 +218,9 @@ def to_amqp_message(queue: str, message: dict[str, Any]) -> AmqpMessage:
         else:
             problems.append(f"{aws_name} is not a valid AMQP value: dropped")
     headers = props.get("headers")
+    if isinstance(headers, dict) and _nested_deeper(headers, p.MAX_HEADER_DEPTH + 2):  # + {"bytes": [...]}
+        problems.append(reason := f"headers not decodable: nested deeper than {p.MAX_HEADER_DEPTH}")
+        headers = {p.UNDECODABLE_HEADER: reason}  # poisoned by the handlers, as amqp_decode's mark
     if isinstance(headers, dict):
         kwargs["headers"] = {}
         for name, raw_value in headers.items():

@@ -34,13 +34,22 @@ class Request:
     @property
     def delivery_count(self) -> int:
         """How many times this request was delivered before (quorum queues), sheds included."""
-        return sum(int(self.headers.get(h, 0) or 0) for h in (p.DELIVERY_COUNT_HEADER, p.REDELIVERIES_HEADER))
+        return sum(count_header(self.headers, h) for h in (p.DELIVERY_COUNT_HEADER, p.REDELIVERIES_HEADER))
 
     def text(self) -> str:
         return self.body.decode("utf-8", "replace")
 
 
 Handler = Callable[[Request], "bytes | str | None"]
+
+
+def count_header(headers: Mapping[str, Any], name: str) -> int:
+    """A count header as a number: anything but a non-negative integer (``"zz"`` from a stranger's
+    client) counts 0, rather than failing the worker where the count is only carried."""
+    value = headers.get(name)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,7 @@ class WorkerStats:
     waited_for_queue: int = 0  # consumes refused (404) before the request queue was declared
     queue_races: int = 0  # connections the broker closed on a consume racing the queue's creation
     queue_deleted: bool = False  # the broker cancelled the consumer: the request queue is gone
+    poisoned: int = 0  # requests whose headers could not be decoded, sent to {pool}-poison
 
 
 def load_handler(spec: str) -> Handler:

@@ -77,10 +77,19 @@ from switchyard.rpc.amqp import (
     wake_threadsafe,
     written_together,
 )
+from switchyard.rpc.amqp_decode import undecodable
 from switchyard.rpc.errors import TopologyError
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.worker.acks import AckBatch, batch_size
-from switchyard.rpc.worker.request import Handler, Request, Requeue, WorkerConfig, WorkerStats, load_handler
+from switchyard.rpc.worker.copies import handler_headers, poison_properties, shed_properties
+from switchyard.rpc.worker.request import (
+    Handler,
+    Request,
+    Requeue,
+    WorkerConfig,
+    WorkerStats,
+    load_handler,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,31 +107,6 @@ _TAKEOVER_S = 0.5  # a handler running this long gets the keeper driving the con
 _KEEPER_PUMP_S = 0.1  # the keeper's I/O turn: it releases the connection between turns
 _IDLE_PASS_S = 0.5  # the longest an idle worker waits in one pass (it checks for SIGTERM between)
 _QUEUE_POLL_S = 0.2  # between consumes of a request queue not declared yet
-
-
-def _shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int) -> pika.BasicProperties:
-    """The properties of a shed request's copy: everything kept, the clocks carried in headers.
-
-    The copy's expiration is what remains of the original (measured from the first receipt by a
-    worker, or from an earlier shed's deadline); ``user_id`` is dropped, since the broker checks it
-    against the republishing connection's user.
-    """
-    headers = dict(props.headers or {})
-    previous = int(headers.pop(p.DELIVERY_COUNT_HEADER, 0) or 0)
-    headers[p.REDELIVERIES_HEADER] = int(headers.get(p.REDELIVERIES_HEADER, 0) or 0) + previous + 1
-    expiration = props.expiration
-    deadlines = []
-    if props.expiration and props.expiration.isdigit():
-        deadlines.append(received_ms + int(props.expiration))
-    with contextlib.suppress(KeyError, TypeError, ValueError):
-        deadlines.append(int(headers[p.DEADLINE_HEADER]))
-    if deadlines:
-        deadline = min(deadlines)
-        headers[p.DEADLINE_HEADER] = deadline
-        expiration = str(max(0, deadline - now_ms))
-    copy = pika.BasicProperties(**{**vars(props), "headers": headers, "expiration": expiration})
-    copy.user_id = None
-    return copy
 
 
 class Worker:
@@ -288,6 +272,10 @@ class Worker:
         ack when due). Stops at SIGTERM: the rest is shed."""
         while self._inbox and not self._stopping:
             delivery = self._inbox.popleft()
+            if (reason := undecodable(delivery.props.headers)) is not None:
+                with self._io_lock, written_together(connection):
+                    self._poison(delivery, reason)
+                continue
             self._runs += 1
             self._running = (self._runs, time.monotonic())
             try:
@@ -343,11 +331,16 @@ class Worker:
         if status is None:
             self._shed(delivery)
             return False
-        props = delivery.props
-        if not props.reply_to:
+        if not delivery.props.reply_to:
             self.stats.no_reply_to += 1
             self._ack(delivery.tag)
             return False
+        self._reply(delivery.props, status, reply_body, traceparent)
+        self._ack(delivery.tag)
+        return True
+
+    def _reply(self, props: pika.BasicProperties, status: p.Status, reply_body: bytes,
+               traceparent: str) -> None:
         headers = {p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: self.config.worker_id,
                    tracing.TRACEPARENT_HEADER: traceparent}
         if props.headers and tracing.TRACESTATE_HEADER in props.headers:  # vendors' state, passed through
@@ -360,8 +353,22 @@ class Worker:
         # The reply goes out before the ack (with it or in a later batch): a channel's frames are
         # handled in order, so the reply is routed before the request is settled.
         publish_buffered(self._channel, "", props.reply_to, reply_body, reply_props)
-        self._ack(delivery.tag)
-        return True
+
+    def _poison(self, delivery: _Delivery, reason: str) -> None:
+        """A request whose headers could not be decoded: answered ``error``, and copied to the pool's
+        poison inventory with its reason, the original settled as a shed's (when the copy is confirmed)."""
+        self.stats.poisoned += 1
+        props = delivery.props
+        logger.error("request with undecodable headers sent to the poison inventory",
+                     extra={"worker_id": self.config.worker_id, "amqp_correlation_id": props.correlation_id,
+                            "reason": reason})
+        self._acks.flush(self._channel)  # before this request is settled otherwise (see acks)
+        if props.reply_to:
+            detail = {"error": "UndecodableHeaders", "message": reason}
+            trace = tracing.from_headers(None)  # the request's own traceparent is in the undecoded table
+            self._reply(props, p.Status.ERROR, json.dumps(detail).encode(), trace.traceparent)
+        self._publish_confirmed(delivery.tag, p.poison_queue(self.config.pool), delivery.body,
+                                poison_properties(props, reason))
 
     def _ack(self, tag: int) -> None:
         """Ack an answered request: with its batch, or alone while a shed request is unconfirmed
@@ -392,15 +399,19 @@ class Worker:
     def _shed(self, delivery: _Delivery) -> None:
         """Republish to the request's own queue; the original is acked when the copy is confirmed."""
         self._acks.flush(self._channel)  # before this request is settled otherwise (see acks)
-        props = _shed_properties(delivery.props, delivery.received_ms, int(time.time() * 1000))
+        props = shed_properties(delivery.props, delivery.received_ms, int(time.time() * 1000))
         if props.expiration == "0":
             # Past its deadline: a copy with expiration 0 would go straight back to a ready
             # consumer. Dead-letter it instead (reason ``rejected``; nobody waits for it anymore).
             reject_buffered(self._channel, delivery.tag, requeue=False)
             return
+        self._publish_confirmed(delivery.tag, self.config.requests_queue, delivery.body, props)
+
+    def _publish_confirmed(self, tag: int, queue: str, body: bytes, props: pika.BasicProperties) -> None:
+        """A copy of delivery ``tag`` into ``queue`` on the confirmed channel, acked on its confirm."""
         self._shed_seq += 1
-        self._unconfirmed_sheds[self._shed_seq] = delivery.tag
-        publish_buffered(self._shed_channel, "", self.config.requests_queue, delivery.body, props)
+        self._unconfirmed_sheds[self._shed_seq] = tag
+        publish_buffered(self._shed_channel, "", queue, body, props)
 
     def _shed_waiting(self) -> None:
         while self._inbox:
@@ -447,7 +458,7 @@ class Worker:
             body=delivery.body,
             correlation_id=props.correlation_id,
             reply_to=props.reply_to,
-            headers=props.headers or {},
+            headers=handler_headers(props),
             redelivered=delivery.redelivered,
             worker_id=cfg.worker_id,
         )

@@ -1,0 +1,156 @@
+"""A content header decoder that one message's headers can never turn into a lost connection.
+
+pika decodes a delivery's properties inside the connection's I/O (``pika.frame.decode_frame`` ->
+``spec.props[60]().decode``): an exception there loses the connection. RabbitMQ delivers header
+tables that pika's ``decode_table`` cannot read: a ``T`` (timestamp) in milliseconds (a year past
+9999: ``ValueError``), an array nested 1,200 deep (``RecursionError``). A worker died on each
+delivery of such a request (a delivery-limit strike for every request it had prefetched), and a
+bridge reconnected for ever on the same dead letter.
+
+``TolerantProperties`` replaces pika's ``BasicProperties`` in ``pika.spec.props`` (``install``,
+called by ``amqp.connect``): the table is decoded here, as pika would, except that a timestamp
+outside Python's dates stays a number (seconds) and floats stay floats; one that still cannot
+be read (nested deeper than ``MAX_HEADER_DEPTH``, a type RabbitMQ would not send) is skipped by its
+length prefix, the other properties are decoded by pika as usual, and the headers become
+``{UNDECODABLE_HEADER: reason}``: every consumer poisons such a message (``undecodable``). A
+short-string property that is not UTF-8 is dropped and marked the same way.
+pika is pinned exactly (constraints.txt); tests/rpc/test_undecodable_headers.py sends the raw shapes
+through the broker, so a change of pika's internals fails there.
+"""
+
+from __future__ import annotations
+
+import decimal
+import struct
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pika.spec
+
+from switchyard.rpc import protocol as p
+
+_FLAGS_BEFORE_HEADERS = (pika.spec.BasicProperties.FLAG_CONTENT_TYPE,
+                         pika.spec.BasicProperties.FLAG_CONTENT_ENCODING)
+# Fixed-size field values: type octet -> struct format (as pika.data.decode_value reads them).
+_FIXED = {b"t": ">B", b"b": ">b", b"B": ">B", b"U": ">h", b"u": ">H", b"s": ">h", b"I": ">i", b"i": ">I",
+          b"L": ">q", b"l": ">q", b"f": ">f", b"d": ">d", b"T": ">Q"}
+_SIZES = {kind: struct.calcsize(fmt) for kind, fmt in _FIXED.items()}
+_SHORT_STRINGS = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration",
+                  "message_id", "type", "user_id", "app_id", "cluster_id")
+
+
+class HeaderDecodeError(ValueError):
+    """A header table Switchyard will not decode (the reason is the message)."""
+
+
+def _timestamp(seconds: int) -> datetime | int:
+    """pika's datetime where Python has one; the number of seconds itself beyond (year > 9999)."""
+    try:
+        return datetime.fromtimestamp(seconds, UTC)
+    except (ValueError, OverflowError, OSError):
+        return seconds
+
+
+def _long_string(raw: bytes) -> str | bytes:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
+_CONVERT: dict[bytes, Callable[[Any], Any]] = {b"t": bool, b"T": _timestamp}
+
+
+def decode_value(encoded: bytes, offset: int, depth: int) -> tuple[Any, int]:
+    kind = encoded[offset:offset + 1]
+    offset += 1
+    if kind in _FIXED:
+        value = struct.unpack_from(_FIXED[kind], encoded, offset)[0]
+        return _CONVERT.get(kind, _same)(value), offset + _SIZES[kind]
+    if kind in (b"S", b"x"):
+        length = struct.unpack_from(">I", encoded, offset)[0]
+        raw = bytes(encoded[offset + 4:offset + 4 + length])
+        return (_long_string(raw) if kind == b"S" else raw), offset + 4 + length
+    if kind == b"D":
+        decimals, raw_int = struct.unpack_from(">Bi", encoded, offset)
+        return decimal.Decimal(raw_int) * (decimal.Decimal(10) ** -decimals), offset + 5
+    if kind == b"V":
+        return None, offset
+    if kind in (b"A", b"F"):
+        if depth >= p.MAX_HEADER_DEPTH:
+            raise HeaderDecodeError(f"tables and arrays nested deeper than {p.MAX_HEADER_DEPTH}")
+        if kind == b"F":
+            return decode_table(encoded, offset, depth + 1)
+        length = struct.unpack_from(">I", encoded, offset)[0]
+        offset += 4
+        end, items = offset + length, []
+        while offset < end:
+            item, offset = decode_value(encoded, offset, depth + 1)
+            items.append(item)
+        return items, offset
+    raise HeaderDecodeError(f"unknown field type {kind!r}")
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def decode_table(encoded: bytes, offset: int, depth: int = 0) -> tuple[dict[str | bytes, Any], int]:
+    """An AMQP field table as pika decodes it (see the module docstring for the differences)."""
+    size = struct.unpack_from(">I", encoded, offset)[0]
+    offset += 4
+    end, table = offset + size, dict[str | bytes, Any]()
+    if end > len(encoded):
+        raise HeaderDecodeError(f"a table of {size} bytes in {len(encoded) - offset}")
+    while offset < end:
+        length = encoded[offset]
+        key = _long_string(bytes(encoded[offset + 1:offset + 1 + length]))
+        value, offset = decode_value(encoded, offset + 1 + length, depth)
+        table[key] = value  # a non-UTF-8 name stays bytes, as in pika
+    return table, offset
+
+
+class TolerantProperties(pika.spec.BasicProperties):
+    """``BasicProperties`` whose ``decode`` never raises for the headers table (module docstring)."""
+
+    def decode(self, encoded: bytes, offset: int = 0) -> TolerantProperties:
+        flags = struct.unpack_from(">H", encoded, offset)[0]
+        if not flags & self.FLAG_HEADERS or flags & 1:  # no table, or flag words pika alone knows
+            super().decode(encoded, offset)
+            return self._checked(self.headers)
+        start = offset + 2
+        for flag in _FLAGS_BEFORE_HEADERS:
+            if flags & flag:
+                start += 1 + encoded[start]
+        headers: dict[str | bytes, Any]
+        try:
+            headers, end = decode_table(encoded, start)
+        except (HeaderDecodeError, struct.error, IndexError, RecursionError) as exc:
+            end = start + 4 + struct.unpack_from(">I", encoded, start)[0]
+            headers = {p.UNDECODABLE_HEADER: f"headers not decodable: {exc}"}
+        rest = struct.pack(">H", flags & ~self.FLAG_HEADERS) + encoded[offset + 2:start] + encoded[end:]
+        super().decode(rest)
+        return self._checked(headers)
+
+    def _checked(self, headers: dict[str | bytes, Any] | None) -> TolerantProperties:
+        """Set ``headers``; a short-string property that is not UTF-8 (pika leaves it bytes, which
+        the code reading it as text cannot use: ``reply_to.startswith``) is dropped and marked."""
+        for name in _SHORT_STRINGS:
+            if isinstance(getattr(self, name), bytes):
+                setattr(self, name, None)
+                headers = {**(headers or {}), p.UNDECODABLE_HEADER: f"property {name} is not UTF-8"}
+        self.headers = headers
+        return self
+
+
+def install() -> None:
+    """Make pika decode every content header with ``TolerantProperties`` (idempotent)."""
+    pika.spec.props[pika.spec.BasicProperties.INDEX] = TolerantProperties
+
+
+def undecodable(headers: Mapping[str, Any] | None) -> str | None:
+    """Why a message's headers could not be decoded (None: they were). A producer setting the header
+    itself only gets its own message poisoned."""
+    reason = (headers or {}).get(p.UNDECODABLE_HEADER)
+    return reason if isinstance(reason, str) and reason else None

@@ -1,0 +1,58 @@
+"""The properties of what a worker makes of a request: its shed copy, its poison copy, and the
+headers its handler is given."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import pika
+
+from switchyard.rpc import protocol as p
+from switchyard.rpc.worker.request import count_header
+
+
+def shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int) -> pika.BasicProperties:
+    """The properties of a shed request's copy: everything kept, the clocks carried in headers.
+
+    The copy's expiration is what remains of the original (measured from the first receipt by a
+    worker, or from an earlier shed's deadline); ``user_id``, which the broker checks against the
+    republishing connection's user, moves into ``x-switchyard-user-id`` as the orphan handler's does
+    (a producer's own header there would otherwise read as checked on the copy's delivery).
+    """
+    headers = dict(props.headers or {})
+    previous = count_header(headers, p.DELIVERY_COUNT_HEADER)
+    headers.pop(p.DELIVERY_COUNT_HEADER, None)
+    headers[p.REDELIVERIES_HEADER] = count_header(headers, p.REDELIVERIES_HEADER) + previous + 1
+    expiration = props.expiration
+    deadlines = []
+    if props.expiration and props.expiration.isdigit():
+        deadlines.append(received_ms + int(props.expiration))
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        deadlines.append(int(headers[p.DEADLINE_HEADER]))
+    if deadlines:
+        deadline = min(deadlines)
+        headers[p.DEADLINE_HEADER] = deadline
+        expiration = str(max(0, deadline - now_ms))
+    if props.user_id:
+        headers[p.ORIGINAL_USER_ID_HEADER] = props.user_id
+    fields = {**vars(props), "headers": headers, "expiration": expiration, "user_id": None}
+    return pika.BasicProperties(**fields)
+
+
+def poison_properties(props: pika.BasicProperties, reason: str) -> pika.BasicProperties:
+    """The request as it came, with why it is in the poison inventory (no ``user_id``: the broker
+    checks it against the worker's user; no expiration: a person reads it later)."""
+    headers = {**(props.headers or {}), p.POISON_REASON_HEADER: reason}
+    return pika.BasicProperties(**{**vars(props), "headers": headers, "user_id": None, "expiration": None})
+
+
+def handler_headers(props: pika.BasicProperties) -> Mapping[str, Any]:
+    """The request's headers for its handler. ``x-switchyard-user-id`` is where the orphan handler
+    keeps a forwarded request's broker-checked ``user_id``: beside a ``user_id`` the broker checked
+    on this request, a producer's own header is replaced by it."""
+    headers = props.headers or {}
+    if props.user_id and p.ORIGINAL_USER_ID_HEADER in headers:
+        return {**headers, p.ORIGINAL_USER_ID_HEADER: props.user_id}
+    return headers
