@@ -362,3 +362,6 @@ def test_the_handlers_poison_an_aws_event_message_nested_too_deep(pool, plane, p
     dead = {p.dl_queue(name) + "::/": [message]}
     outcome = load_function("rpc_dead_letters").lambda_handler({**event, "rmqMessagesByQueue": dead}, context)
     assert outcome["undecodable"] == 1 and outcome["responses"] == 1, outcome
+    activity = {p.activity_queue(name) + "::/": [message]}
+    outcome = load_function("rpc_activity").lambda_handler({**event, "rmqMessagesByQueue": activity}, context)
+    assert (outcome["undecodable"], outcome["without_key"], outcome["keys"]) == (1, 0, 0), outcome
