@@ -344,7 +344,7 @@ class Worker:
             self._shed(delivery)
             return False
         props = delivery.props
-        if not props.reply_to:
+        if not p.replyable(props.reply_to):  # none, or a queue no answer may go to
             self.stats.no_reply_to += 1
             self._ack(delivery.tag)
             return False
