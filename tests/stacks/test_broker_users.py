@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 
+from stacks import constants as c
+from stacks.broker import BrokerSettings
 from switchyard.rpc.control.access import BrokerRole, BrokerUser, deployment_users
 from switchyard.rpc.protocol import DEAD_LETTER_PROBE_VHOST
+from tests.stacks.conftest import synth
 
 Resources = dict[str, dict[str, Any]]
 POOL_FUNCTION_ROLES = {"rpc_orphans": BrokerRole.ORPHANS, "rpc_dead_letters": BrokerRole.DEAD_LETTERS,
@@ -189,3 +192,19 @@ def test_the_emr_job_and_the_deployed_configuration_name_the_clients_secret(
     (parameter,) = [p["Properties"]["Value"] for p in _of_kind(resources, "AWS::SSM::Parameter").values()
                     if "/SWITCHYARD_AMQP_SECRET_ARN" in json.dumps(p["Properties"]["Name"])]
     assert _secrets_in(resources, parameter) == {clients}
+
+
+def test_each_application_named_gets_a_clients_user_of_its_own(
+        layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``switchyard:brokerApplications``: a secret and a user each, limited to its own reply queues."""
+    template, _, _ = synth(layer_dir, tmp_path_factory.mktemp("cdk.out.apps"),
+                           **{c.CTX_BROKER_APPLICATIONS: "billing,etl"})
+    resources = template.to_json()["Resources"]
+    (pools,) = _of_kind(resources, "Custom::SwitchyardPools").values()
+    apps = {u["Application"]: u["SecretArn"]["Ref"] for u in pools["Properties"]["Users"] if u["Application"]}
+    assert set(apps) == {"billing", "etl"}
+    for application, secret in apps.items():
+        template_json = resources[secret]["Properties"]["GenerateSecretString"]["SecretStringTemplate"]
+        assert json.loads(template_json) == {"username": f"switchyard-clients-{application}"}
+    with pytest.raises(ValueError, match="invalid application name"):
+        BrokerSettings(applications=("no-dashes",))
