@@ -16,6 +16,7 @@ from stacks import constants as c
 from stacks.names import physical_name
 from stacks.network import allow_from
 from switchyard.rpc.control.access import BrokerRole, BrokerUser, deployment_users
+from switchyard.rpc.protocol import validate_application
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,12 @@ class BrokerSettings:
     engine_version: str = c.DEFAULT_BROKER_ENGINE_VERSION
     instance_type: str = c.DEFAULT_BROKER_INSTANCE_TYPE
     deployment_mode: str = c.DEFAULT_BROKER_DEPLOYMENT_MODE
+    # Applications with a clients user of their own, limited to their own durable reply queues.
+    applications: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for application in self.applications:
+            validate_application(application)
         if self.deployment_mode not in c.BROKER_DEPLOYMENT_MODES:
             raise ValueError(
                 f"{c.CTX_BROKER_DEPLOYMENT_MODE} must be one of {c.BROKER_DEPLOYMENT_MODES}, "
@@ -48,7 +53,18 @@ class BrokerSettings:
             engine_version=ctx(c.CTX_BROKER_ENGINE_VERSION, c.DEFAULT_BROKER_ENGINE_VERSION),
             instance_type=ctx(c.CTX_BROKER_INSTANCE_TYPE, c.DEFAULT_BROKER_INSTANCE_TYPE),
             deployment_mode=ctx(c.CTX_BROKER_DEPLOYMENT_MODE, c.DEFAULT_BROKER_DEPLOYMENT_MODE),
+            applications=_names(scope.node.try_get_context(c.CTX_BROKER_APPLICATIONS)),
         )
+
+
+def _names(value: object) -> tuple[str, ...]:
+    """A context value given as a list or as a comma-separated string (``-c key=a,b``)."""
+    if value in (None, ""):
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        raise ValueError(f"{c.CTX_BROKER_APPLICATIONS} must be a list of names, got {value!r}")
+    return tuple(str(item).strip() for item in items)
 
 
 class BrokerConstruct(Construct):
@@ -86,7 +102,8 @@ class BrokerConstruct(Construct):
         )
         self.security_group = self._build_security_group()
         self.secret = self._build_secret()
-        self.users = {user: self._build_user_secret(user) for user in deployment_users(pools)}
+        self.users = {user: self._build_user_secret(user)
+                      for user in deployment_users(pools, self.settings.applications)}
         self.broker = self._build_broker()
 
     def _build_security_group(self) -> ec2.SecurityGroup:
@@ -106,7 +123,8 @@ class BrokerConstruct(Construct):
                                  "Amazon MQ for RabbitMQ admin user (username/password JSON)")
 
     def _build_user_secret(self, user: BrokerUser) -> secretsmanager.Secret:
-        return self._credentials(f"User-{user.pool or 'all'}-{user.role}", user.username,
+        owner = user.pool or (f"app-{user.application}" if user.application else "all")
+        return self._credentials(f"User-{owner}-{user.role}", user.username,
                                  f"RabbitMQ user of the {user.role} role (switchyard/rpc/control/access.py)")
 
     def _credentials(self, construct_id: str, username: str, description: str) -> secretsmanager.Secret:

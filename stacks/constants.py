@@ -57,6 +57,7 @@ BROKER_MAINTENANCE_TIME_ZONE = "UTC"
 CTX_BROKER_ENGINE_VERSION = "switchyard:brokerEngineVersion"
 CTX_BROKER_INSTANCE_TYPE = "switchyard:brokerInstanceType"
 CTX_BROKER_DEPLOYMENT_MODE = "switchyard:brokerDeploymentMode"
+CTX_BROKER_APPLICATIONS = "switchyard:brokerApplications"  # a clients user each (comma-separated or a list)
 DEFAULT_BROKER_ENGINE_VERSION = "4.2"  # quorum queues by default; needs an mq.m7g instance type
 DEFAULT_BROKER_INSTANCE_TYPE = "mq.m7g.large"  # supports both 3.13 and 4.2
 DEFAULT_BROKER_DEPLOYMENT_MODE = "SINGLE_INSTANCE"

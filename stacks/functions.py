@@ -45,6 +45,7 @@ from stacks.workers import WorkersConstruct, worker_family
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.observability import DELAY_SERVICE, DEPLOY_SERVICE, SCHEDULED_SERVICE, pool_service
 from switchyard.rpc.control.access import BrokerRole
+from switchyard.rpc.protocol import DEAD_LETTER_PROBE_VHOST
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POOL_QUEUES = {"orphans": "orphan", "dead_letters": "dl", "activity": "activity"}  # handler -> queue suffix
@@ -243,8 +244,8 @@ class FunctionsConstruct(Construct):
     def _build_deploy_resources(self) -> dict[str, CustomResource]:
         d = self.config.delay
         # The admin's one process: it declares the pools and makes every role's user from its secret.
-        users = [{"Role": user.role.value, "Pool": user.pool or "", "SecretArn": secret.secret_arn}
-                 for user, secret in self.broker.users.items()]
+        users = [{"Role": user.role.value, "Pool": user.pool or "", "Application": user.application or "",
+                  "SecretArn": secret.secret_arn} for user, secret in self.broker.users.items()]
         pools_fn, pools = self._custom_resource(
             "Pools", "deploy_pools", {"Pools": [p.name for p in self.config.pools], "Users": users},
             self._amqp_env(self.broker.secret)
@@ -316,6 +317,8 @@ class FunctionsConstruct(Construct):
                 reserved_concurrency=c.RECONCILE_RESERVED_CONCURRENCY if role == "reconcile" else None,
             )
             read_secrets(fn, broker_user, self.data.redis_secret)
+            if role == "reconcile":
+                self._probe_user(fn)
             if starts_groups:
                 ecs_pool_access(fn, cluster=self.workers.cluster, family=worker_family(self, pool.name),
                                 task=self.workers.task_definitions[pool.name])
@@ -323,6 +326,14 @@ class FunctionsConstruct(Construct):
                 self._amazon_mq_source(fn, pool, POOL_QUEUES[role])
             made[role] = fn
         return PoolFunctions(**made)
+
+    def _probe_user(self, fn: lambda_.Function) -> None:
+        """The dead-lettering probe runs as its own user in its own vhost: the one holder of
+        ``policymaker`` (switchyard/rpc/control/access.py), so no pool's user may put policies."""
+        secret = self.broker.user_secret(BrokerRole.PROBE)
+        fn.add_environment("SWITCHYARD_DEAD_LETTER_PROBE_VHOST", DEAD_LETTER_PROBE_VHOST)
+        fn.add_environment("SWITCHYARD_DEAD_LETTER_PROBE_SECRET_ARN", secret.secret_arn)
+        read_secrets(fn, secret)
 
     def _amazon_mq_source(self, fn: lambda_.Function, pool: PoolConfig, suffix: str) -> None:
         """The Amazon MQ event source on ``{pool}-{suffix}`` (CDK has no L2 for it)."""

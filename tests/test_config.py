@@ -130,3 +130,33 @@ def test_a_deployed_template_passes_the_preflight_and_is_checked_once_filled() -
     with pytest.raises(ConfigError, match="SWITCHYARD_AMQP_URL cannot be read as a URL") as caught:
         filled.amqp_url  # noqa: B018 (reading is what fills and checks)
     assert "secret-pw" not in str(caught.value)
+
+
+PASSWORDS_WITH_AT = {  # variable -> (URL with a password holding @, what config prints)
+    "SWITCHYARD_AMQP_URL": ("amqp://svc:p@ss-tail1@mq.internal:5671/%2F", "amqp://svc:***@mq.internal:5671/%2F"),
+    "SWITCHYARD_REDIS_URL": ("redis://:@tail2@cache:6379/0", "redis://:***@cache:6379/0"),
+    "SWITCHYARD_MANAGEMENT_URL": ("http://admin:a@b@tail3@mq:15672", "http://admin:***@mq:15672"),
+    "SWITCHYARD_POSTGRES_DSN": ("postgresql://me@corp:pw@tail4@db:5432/x", "postgresql://me@corp:***@db:5432/x"),
+}
+
+
+def test_config_never_prints_the_tail_of_a_password_that_holds_an_at_sign() -> None:
+    """The userinfo ends at the netloc's last ``@`` (as urllib and the drivers read it): the
+    redaction stopped at the first, and ``switchyard config`` printed ``svc:***@ss-tail1@mq...``."""
+    env = {variable: url for variable, (url, _) in PASSWORDS_WITH_AT.items()}
+    for argv in (["config"], ["config", "--json"]):
+        run = subprocess.run([sys.executable, "-m", "switchyard", *argv], env=subprocess_env(**env),
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr[-2000:]
+        for shown in (shown for _, shown in PASSWORDS_WITH_AT.values()):
+            assert shown in run.stdout, run.stdout
+        assert "tail" not in run.stdout + run.stderr
+
+
+def test_the_log_redacts_the_whole_userinfo_up_to_the_last_at_sign() -> None:
+    from switchyard.core.observability import redact
+
+    for url, _ in PASSWORDS_WITH_AT.values():
+        assert "tail" not in redact(f"cannot connect to {url}: refused"), url
+    assert redact("amqp://svc:p@ss@mq/%2F and http://host/path@x") == \
+        "amqp://<redacted>@mq/%2F and http://host/path@x"

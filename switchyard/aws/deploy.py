@@ -46,23 +46,27 @@ def _on_create_or_update(event: Mapping[str, Any], physical_id: str,
 
 def declare_pools(event: Mapping[str, Any]) -> dict[str, Any]:
     """``switchyard pool init`` (exchanges, queues, bindings, policies) for every pool listed, then the
-    broker users of ``Users`` (optional: ``Role``, ``Pool`` ("" for clients), ``SecretArn`` each),
+    broker users of ``Users`` (optional: ``Role``, ``Pool`` ("" for the deployment-wide roles),
+    ``SecretArn`` each, and ``Application`` for a clients user of one application's reply queues),
     each with its secret's username and password and its role's permissions
-    (switchyard/rpc/control/access.py)."""
+    (switchyard/rpc/control/access.py); the probe's user in the vhost ``ProbeVhost`` (optional),
+    made here."""
     from switchyard.rpc.control.topology import init_pool
-    from switchyard.rpc.protocol import validate_pool
+    from switchyard.rpc.protocol import DEAD_LETTER_PROBE_VHOST, validate_pool
     from switchyard.rpc.settings import RpcSettings
 
     (pools,) = _properties(event, "Pools")
     pools = [validate_pool(pool) for pool in pools]
-    users = _broker_users((event.get("ResourceProperties") or {}).get("Users") or [])
+    props = event.get("ResourceProperties") or {}
+    users = _broker_users(props.get("Users") or [])
+    probe_vhost = str(props.get("ProbeVhost") or DEAD_LETTER_PROBE_VHOST)
 
     def work() -> dict[str, Any]:
         settings = RpcSettings.from_env()
         for pool in pools:
             init_pool(pool, settings)
             logger.info("pool declared", extra={"pool": pool})
-        made = _ensure_users(settings, pools, users)
+        made = _ensure_users(settings, pools, users, probe_vhost)
         return {"Pools": ",".join(pools), "Users": ",".join(made) or "none"}
 
     return _on_create_or_update(event, "switchyard-pools", work)
@@ -80,11 +84,13 @@ def _broker_users(raw: Sequence[Any]) -> list[tuple[Any, str]]:
             role = BrokerRole(entry["Role"])
         except ValueError as exc:
             raise ConfigError(f"unknown broker role {entry['Role']!r}") from exc
-        users.append((BrokerUser(role, entry["Pool"] or None), str(entry["SecretArn"])))
+        users.append((BrokerUser(role, entry["Pool"] or None, entry.get("Application") or None),
+                      str(entry["SecretArn"])))
     return users
 
 
-def _ensure_users(settings: Any, pools: Sequence[str], users: Sequence[tuple[Any, str]]) -> list[str]:
+def _ensure_users(settings: Any, pools: Sequence[str], users: Sequence[tuple[Any, str]],
+                  probe_vhost: str) -> list[str]:
     from urllib.parse import unquote, urlsplit
 
     from switchyard.core.aws_secrets import fetch_secret
@@ -98,7 +104,8 @@ def _ensure_users(settings: Any, pools: Sequence[str], users: Sequence[tuple[Any
                    for user, arn in users]
     management = ManagementApi(conn.management_url, vhost_from_amqp_url(conn.amqp_url))
     admin = unquote(urlsplit(conn.management_url).username or "")
-    made = ensure_users(management, pools, credentials, admin)
+    probe = ManagementApi(conn.management_url, probe_vhost)
+    made = ensure_users(management, pools, credentials, admin, probe)
     logger.info("broker users set", extra={"users": made})
     return made
 

@@ -91,7 +91,7 @@ class Deliverer:
         except CallbackError as exc:
             target, error = None, f"{type(exc).__name__}: {exc}"
         if target is not None:
-            if not self.hosts.take(target.host):
+            if not self.hosts.take(target.host, target.port):
                 return DeliveryResult("busy", len(entries))  # not settled: the worker retries the job
             try:
                 status = self.client.post(target, body, batch.uuid)
@@ -100,7 +100,7 @@ class Deliverer:
             except (CallbackError, HTTPError, OSError, http.client.HTTPException) as exc:
                 error = f"{type(exc).__name__}: {exc}"
             finally:
-                self.hosts.give(target.host)
+                self.hosts.give(target.host, target.port)
         elapsed_ms = (time.perf_counter() - started) * 1000
         if error:
             hp = finish(pending_key, job, "fail")
@@ -117,26 +117,28 @@ class Deliverer:
 
 
 class HostSlots:
-    """Deliveries in flight per callback host, shared by one worker's threads: past ``limit`` a
-    delivery waits (its job retried shortly, not counted as a failure), so subscriptions aimed at
-    one slow host hold at most ``limit`` threads, however many there are."""
+    """Deliveries in flight per callback host and port (the scheme's default port when the URL has
+    none), shared by one worker's threads: past ``limit`` a delivery waits (its job retried shortly,
+    not counted as a failure), so subscriptions aimed at one slow server hold at most ``limit``
+    threads, however many there are, and a server on another port of the same host is not held
+    behind it (counted by host name, one dripping port had kept every other port of its host waiting)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._lock = threading.Lock()
-        self._in_flight: dict[str, int] = {}
+        self._in_flight: dict[tuple[str, int], int] = {}
 
-    def take(self, host: str) -> bool:
+    def take(self, host: str, port: int) -> bool:
         with self._lock:
-            if self._in_flight.get(host, 0) >= self.limit:
+            if self._in_flight.get((host, port), 0) >= self.limit:
                 return False
-            self._in_flight[host] = self._in_flight.get(host, 0) + 1
+            self._in_flight[host, port] = self._in_flight.get((host, port), 0) + 1
             return True
 
-    def give(self, host: str) -> None:
+    def give(self, host: str, port: int) -> None:
         with self._lock:
-            left = self._in_flight.get(host, 1) - 1
+            left = self._in_flight.get((host, port), 1) - 1
             if left:
-                self._in_flight[host] = left
+                self._in_flight[host, port] = left
             else:
-                self._in_flight.pop(host, None)
+                self._in_flight.pop((host, port), None)

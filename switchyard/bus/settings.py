@@ -44,7 +44,7 @@ class BusSettings:
     delivery_timeout_s: float = 20.0  # wall clock for a whole delivery: connect, send, the answer
     max_response_bytes: int = 4096  # of a callback's answer read; the rest is never read
     max_threads: int = 16  # delivery threads of one worker when slow deliveries hold the usual ones
-    host_threads: int = 2  # deliveries to one callback host in flight at once, per worker
+    host_threads: int = 2  # deliveries to one callback host and port in flight at once, per worker
     max_backoff_ms: int = 60_000
     heal_rate: int = 1
     damage_rate: int = 2

@@ -3,8 +3,8 @@
 Threads (none of which can stop the others, unlike Routemaster's thread group):
 - ``worker_threads`` delivery threads, each a worker id with its own pending list on ``main``; when
   every one is busy another is started, up to ``max_threads``, and surplus idle ones end, so slow
-  subscribers (each holds at most one thread, and one host at most ``host_threads``) cannot keep
-  a healthy subscriber's batch waiting;
+  subscribers (each holds at most one thread, and one host and port at most ``host_threads``)
+  cannot keep a healthy subscriber's batch waiting;
 - one aux thread running housekeeping jobs (autodrop, monitor, scrub) from ``aux``;
 - one ticker: promotes due scheduled jobs every ``schedule_interval_ms``, keeps the aux jobs
   queued (job uniqueness keeps one of each across every worker), heartbeats every worker id and

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from switchyard.cli.options import add_commands, add_json_option, add_stack_option
+from switchyard.cli.options import add_commands, add_json_option, add_stack_option, show
 from switchyard.core.deployed_config import ALARM_PREFIX_ENV
 from switchyard.core.errors import ConfigError, SwitchyardError
 
@@ -139,14 +139,14 @@ class Table:
             column = self.states.setdefault(name, ["-"] * (len(self.phases) - 1))
             column.append(states.get(name, "-"))
 
-    def render(self, watched: Sequence[str] = ()) -> str:
+    def render(self, watched: Sequence[str] = ()) -> list[str]:
         width = max([len(n) for n in self.states] + [5]) + 2
         lines = ["  " + "alarm".ljust(width) + "".join(p.ljust(19) for p in self.phases)]
         for name, column in sorted(self.states.items()):
             mark = "*" if name in watched else " "
             lines.append(f"{mark} {name.ljust(width)}" + "".join(s.ljust(19) for s in column))
         lines.append("  (* watched by the scenario)")
-        return "\n".join(lines)
+        return lines
 
 
 # -- traffic ------------------------------------------------------------------------------------
@@ -246,7 +246,7 @@ def delay_fire(backlog: int, budget_ms: int, out: Callable[[str], None]) -> int:
 
 # -- the scenario -------------------------------------------------------------------------------
 def run_scenario(pool: str, *, poison_calls: int = 1, backlog: int = 20, timeout_s: float = 120.0,
-                 out: Callable[[str], None] = print) -> Table:
+                 out: Callable[[str], None] = show) -> Table:
     """Calm, trip, recover; raises ``ScenarioFailed`` when an alarm misbehaves (after the table)."""
     from switchyard.local.metrics_shipper import install_metrics_shipper, uninstall_metrics_shipper
 
@@ -303,7 +303,8 @@ def run_scenario(pool: str, *, poison_calls: int = 1, backlog: int = 20, timeout
         stats = uninstall_metrics_shipper()
         if stats is not None:
             out(stats.line())
-    out(table.render(watched))
+    for line in table.render(watched):
+        out(line)
     problems = [f"{name} was ALARM while calm" for name in watched if calm.get(name) == ALARM]
     problems += [f"{name} did not go to ALARM" for name in watched if tripped.get(name) != ALARM]
     if recovered.get(overdue) != OK:
@@ -320,14 +321,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     table = Table()
     table.add("state", states)
-    print(table.render())
+    show(*table.render())
     return 0
 
 
 def cmd_scenario(args: argparse.Namespace) -> int:
-    with taking_turns(cloudwatch(), print):
+    with taking_turns(cloudwatch(), show):
         run_scenario(args.pool, poison_calls=args.poison, backlog=args.backlog, timeout_s=args.timeout)
-    print("scenario passed: the watched alarms stayed calm, tripped and recovered")
+    show("scenario passed: the watched alarms stayed calm, tripped and recovered")
     return 0
 
 

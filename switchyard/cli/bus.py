@@ -8,7 +8,7 @@ import signal
 import threading
 
 from switchyard.cli.local import quiet_metrics
-from switchyard.cli.options import AT_LEAST_ONE, PORT, add_commands, add_json_option
+from switchyard.cli.options import AT_LEAST_ONE, PORT, add_commands, add_json_option, show
 from switchyard.cli.preflight import require
 from switchyard.core.tracing import enable_trace_log
 
@@ -40,8 +40,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with HttpGateway(bus.app(), host=args.host, port=args.port, threads=args.threads,
                      function_name="bus_api") as gateway:
         root = "set" if store.settings.root_key else "NOT set (SWITCHYARD_BUS_ROOT_KEY): no token management"
-        print(f"event bus {store.settings.name!r} API on {gateway.url} (root key {root}); Ctrl-C to stop",
-              flush=True)
+        show(f"event bus {store.settings.name!r} API on {gateway.url} (root key {root}); Ctrl-C to stop",
+             flush=True)
         stop.wait()
     return 0
 
@@ -53,15 +53,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
     bus = _bus()
     store = bus.store
     worker = bus.worker(threads=args.threads)
-    print(f"event bus {store.settings.name!r} worker {worker.process_id}: "
-          f"{len(worker.worker_ids) - 1} delivery threads; Ctrl-C to stop", flush=True)
+    show(f"event bus {store.settings.name!r} worker {worker.process_id}: "
+         f"{len(worker.worker_ids) - 1} delivery threads; Ctrl-C to stop", flush=True)
     worker.run(_stop_event())
     return 0
 
 
 def cmd_token(args: argparse.Namespace) -> int:
     """Register a client directly in Redis (what ``POST /api_tokens`` does with the root key)."""
-    print(_bus().store.create_token(args.name, args.token))
+    show(_bus().store.create_token(args.name, args.token))
     return 0
 
 
@@ -73,10 +73,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(state.to_dict(), indent=2))
         return 0
-    print("\n".join(bus_lines(state)))
+    show(*bus_lines(state))
     for queue, lengths in state.jobs.items():
-        print(f"jobs {queue}: " + ", ".join(f"{n} {kind}" for kind, n in lengths.items()))
-    print(f"redis memory {state.used_memory / 2**20:.1f} MiB; events autodropped {state.autodropped}")
+        show(f"jobs {queue}: " + ", ".join(f"{n} {kind}" for kind, n in lengths.items()))
+    show(f"redis memory {state.used_memory / 2**20:.1f} MiB; events autodropped {state.autodropped}")
     return 0
 
 

@@ -5,19 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from dataclasses import fields
 
-from switchyard.cli.options import add_json_option
+from switchyard.cli.options import add_json_option, show
 from switchyard.core.config import Connections
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
-
-# user:password@ in any URL; the password is never printed.
-_CREDENTIALS = re.compile(r"(?<=://)([^:/@]*):[^@/]*@")
-
-
-def redact_url(value: str) -> str:
-    return _CREDENTIALS.sub(r"\1:***@", value)
+from switchyard.core.observability import redact_url
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -29,10 +22,10 @@ def cmd_config(args: argparse.Namespace) -> int:
         print(json.dumps({"source": source, **{name: redact_url(v) if isinstance(v, str) else v
                                                for name, v in shown.items()}}))
         return 0
-    print(f"configuration from {'SSM ' + source + ' and the environment' if source else 'the environment'}"
-          " (defaults: the local stack)")
-    for name, value in shown.items():
-        print(f"  {name:<18} {redact_url(str(value)) if value is not None else '-'}")
+    where = f"SSM {source} and the environment" if source else "the environment"
+    show(f"configuration from {where} (defaults: the local stack)",
+         *(f"  {name:<18} {'-' if value is None else redact_url(str(value))}"
+           for name, value in shown.items()))
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from switchyard.cli.local import invoke_handler, read_event
-from switchyard.cli.options import AT_LEAST_ONE, COUNT, add_commands, add_json_option
+from switchyard.cli.options import AT_LEAST_ONE, COUNT, add_commands, add_json_option, show
 from switchyard.cli.preflight import require
 from switchyard.core.config import Connections
 from switchyard.core.errors import ConfigError
@@ -46,14 +46,14 @@ def _run(args: argparse.Namespace) -> int:
     stopped = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
-        print(f"switchyard delay: {signal.Signals(signum).name}, stopping", file=sys.stderr)
+        show(f"switchyard delay: {signal.Signals(signum).name}, stopping", file=sys.stderr)
         stopped.set()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     local.start()
-    print(f"switchyard delay: running {', '.join(local.roles)}: {settings.input_topic} -> "
-          f"{settings.output_topic} (schema {settings.schema}); Ctrl-C to stop", file=sys.stderr)
+    show(f"switchyard delay: running {', '.join(local.roles)}: {settings.input_topic} -> "
+         f"{settings.output_topic} (schema {settings.schema}); Ctrl-C to stop", file=sys.stderr)
     while not stopped.wait(0.5):
         pass
     local.join()
@@ -130,7 +130,10 @@ def _status(args: argparse.Namespace) -> int:
         status = delay_status(svc.store)
     finally:
         svc.close()
-    print(json.dumps(status.to_dict()) if args.json else "\n".join(delay_lines(status)))
+    if args.json:
+        print(json.dumps(status.to_dict()))
+    else:
+        show(*delay_lines(status))
     return 0
 
 
@@ -147,13 +150,12 @@ def _parked(args: argparse.Namespace) -> int:
                           for message_id, deadline, parked_at, reason, size in rows]))
         return 0
     if not rows:
-        print(f"no parked messages in schema {svc.settings.schema}")
+        show(f"no parked messages in schema {svc.settings.schema}")
         return 0
-    print(f"{len(rows)} parked message(s) in schema {svc.settings.schema}, newest first "
-          "(refused for good; fix the cause, then `switchyard delay replay`):")
-    for message_id, deadline, parked_at, reason, size in rows:
-        print(f"  {message_id}  deadline {deadline.isoformat()}  parked {parked_at.isoformat()}  "
-              f"{size or 0} bytes  {reason}")
+    show(f"{len(rows)} parked message(s) in schema {svc.settings.schema}, newest first "
+         "(refused for good; fix the cause, then `switchyard delay replay`):",
+         *(f"  {message_id}  deadline {deadline.isoformat()}  parked {parked_at.isoformat()}  "
+           f"{size or 0} bytes  {reason}" for message_id, deadline, parked_at, reason, size in rows))
     return 0
 
 
@@ -170,10 +172,10 @@ def _replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"replayed": moved, "not_replayed": not_moved, "parked_left": left}))
         return 0
-    print(f"replayed {len(moved)} parked message(s) in schema {svc.settings.schema}: waiting again, "
-          f"due now; {left} left parked")
+    show(f"replayed {len(moved)} parked message(s) in schema {svc.settings.schema}: waiting again, "
+         f"due now; {left} left parked")
     if not_moved:
-        print(f"not replayed (not parked, or waiting again under a new message): {', '.join(not_moved)}")
+        show(f"not replayed (not parked, or waiting again under a new message): {', '.join(not_moved)}")
     return 0
 
 

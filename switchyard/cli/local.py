@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from switchyard.cli.options import COUNT, NON_NEGATIVE, POSITIVE, add_stack_option
+from switchyard.cli.options import COUNT, NON_NEGATIVE, POSITIVE, add_stack_option, show
 from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
 from switchyard.local.functions import FUNCTIONS_DIR, load_function
@@ -66,15 +66,15 @@ def cmd_local(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     with LocalControlPlane(control) as runtime:
-        print(f"control plane of pool {control.pool!r} running (unbind after {control.delays.unbind_s:g} s, "
-              f"stop after {control.delays.stop_s:g} s); Ctrl-C to stop", flush=True)
+        show(f"control plane of pool {control.pool!r} running (unbind after {control.delays.unbind_s:g} s, "
+             f"stop after {control.delays.stop_s:g} s); Ctrl-C to stop", flush=True)
         while not stop.wait(args.status_every):
             groups = runtime.plane.state.groups()
             running = runtime.driver.list_running(control.pool)
             summary = "; ".join(f"{k!r}: {g.status.value}, {WORKERS[k in running]}"
                                 for k, g in sorted(groups.items())) or "no groups"
-            print(f"{time.strftime('%H:%M:%S')} {summary}", flush=True)
-    print("stopped: workers terminated, batches settled")
+            show(f"{time.strftime('%H:%M:%S')} {summary}", flush=True)
+    show("stopped: workers terminated, batches settled")
     return 0
 
 

@@ -11,10 +11,10 @@ import warnings
 from collections.abc import Iterator, Sequence
 
 from switchyard import __version__
-from switchyard.cli.config import redact_url
 from switchyard.cli.options import CliParser, add_commands, add_stack_option, print_error, use_stack
 from switchyard.cli.preflight import unavailable
 from switchyard.core.errors import SwitchyardError
+from switchyard.core.observability import redact_url
 
 # Modules exposing ``register(subparsers)``; each adds its subcommands with a ``func`` default.
 COMMAND_MODULES = (

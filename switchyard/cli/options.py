@@ -7,15 +7,17 @@ import os
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 from switchyard.core.deployed_config import CONFIG_PATH_ENV, config_path, load_deployed_config
+from switchyard.core.observability import printable
 from switchyard.delay.parsing import parse_deadline
 
 
 def fail(message: str) -> str:
-    """The one line a failed command leaves on stderr (whitespace and line breaks folded)."""
-    return f"switchyard: error: {' '.join(message.split())}"
+    """The one line a failed command leaves on stderr (whitespace and line breaks folded, control
+    characters escaped)."""
+    return f"switchyard: error: {printable(' '.join(message.split()))}"
 
 
 class CliParser(argparse.ArgumentParser):
@@ -118,6 +120,16 @@ def use_stack(stack: str) -> int:
     """Point the process at ``stack``'s configuration and load it now, so every setting sees it."""
     os.environ[CONFIG_PATH_ENV] = config_path(stack)
     return load_deployed_config()
+
+
+def show(*lines: str, file: TextIO | None = None, flush: bool = False) -> None:
+    """Print ``lines`` for a person, each one line whatever it holds: control characters escaped
+    (``printable``), so a caller's key, call id or message id can neither clear the screen nor forge
+    a line. Every human output of the commands is printed here; ``--json`` output is safe by its
+    encoding (``print(json.dumps(...))``), and ``tests/cli/test_escapes.py`` holds both to it.
+    No lines, nothing printed."""
+    if lines:
+        print("\n".join(printable(line) for line in lines), file=file or sys.stdout, flush=flush)
 
 
 def print_error(message: str) -> int:

@@ -16,15 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from switchyard.cli.config import redact_url
 from switchyard.cli.preflight import require, unavailable
 from switchyard.core.config import Connections
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.errors import SwitchyardError
+from switchyard.core.observability import redact_url
 
 PARTS = ("rpc", "delay", "bus", "pending")
 SERVICES = {"rpc": ("redis", "management"), "delay": ("postgres",), "bus": ("redis",), "pending": ("redis",)}
 READ_TIMEOUT_S = 5.0  # the longest one part's read may take (each client's own timeout)
+OK, UNREACHABLE = "ok", "unreachable"  # a part's state
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,13 @@ class PartStatus:
     unreachable: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"state": "ok", <the part's figures>}`` or ``{"state": "unreachable", "reason": ...}``.
+        The figures' keys are field names, never a user's: a pool, key, subscriber or endpoint
+        name is a value (``{"endpoints": [{"endpoint": "unreachable", ...}]}``), so no name can
+        read as a state."""
         if self.unreachable is not None:
-            return {"unreachable": self.unreachable}
-        return self.figures.to_dict()
+            return {"state": UNREACHABLE, "reason": self.unreachable}
+        return {"state": OK, **self.figures.to_dict()}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_commands, add_json_option
+from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_commands, add_json_option, show
 from switchyard.cli.preflight import reach, require
 from switchyard.core.errors import ConfigError
 from switchyard.core.tracing import enable_trace_log
@@ -33,11 +33,11 @@ def _serve(args: argparse.Namespace) -> int:
     gateway = HttpGateway(build_app(queue, tokens), host=args.host, port=args.port, threads=args.threads,
                           function_name="pending-api").start()
     try:
-        print(f"pending node {queue.node_id} serving polling services on {gateway.url} "
-              f"(long poll up to {queue.settings.http_poll_wait_s:g} s); Ctrl-C to stop", flush=True)
+        show(f"pending node {queue.node_id} serving polling services on {gateway.url} "
+             f"(long poll up to {queue.settings.http_poll_wait_s:g} s); Ctrl-C to stop", flush=True)
         if not tokens.endpoints():
-            print("warning: no endpoint tokens (SWITCHYARD_PENDING_TOKENS): every endpoint answers 401",
-                  file=sys.stderr, flush=True)
+            show("warning: no endpoint tokens (SWITCHYARD_PENDING_TOKENS): every endpoint answers 401",
+                 file=sys.stderr, flush=True)
         stop.wait()
     finally:
         queue.close()  # first: open long polls end now (204) instead of at their wait
@@ -80,7 +80,7 @@ def _status(args: argparse.Namespace) -> int:
         json.dump(status.to_dict(), sys.stdout, indent=2)
         print()
         return 0
-    print("\n".join(pending_lines(status)))
+    show(*pending_lines(status))
     return 0
 
 
@@ -90,7 +90,7 @@ def _echo(args: argparse.Namespace) -> int:
     _require_node(args.url)
     service = PollingService(args.url, args.endpoint, args.token, lambda request: {"echo": request.body},
                              concurrency=args.concurrency)
-    print(f"echo service polling {args.url} for endpoint {args.endpoint!r}; Ctrl-C to stop", flush=True)
+    show(f"echo service polling {args.url} for endpoint {args.endpoint!r}; Ctrl-C to stop", flush=True)
     service.run_forever()
     return 0
 

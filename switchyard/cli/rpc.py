@@ -17,6 +17,7 @@ from switchyard.cli.options import (
     add_commands,
     add_json_option,
     at_time,
+    show,
 )
 from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
@@ -55,7 +56,10 @@ def _pool_topology(args: argparse.Namespace, *services: str) -> Iterator[tuple[R
 
 def _result(args: argparse.Namespace, data: dict[str, object], line: str) -> int:
     """Print a command's result: ``data`` as JSON with ``--json``, else ``line``."""
-    print(json.dumps(data) if args.json else line)
+    if args.json:
+        print(json.dumps(data))
+    else:
+        show(line)
     return 0
 
 
@@ -90,7 +94,7 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(figures.to_dict()))
         return 0
-    print("\n".join(pool_lines(figures, time.time(), args.max_groups)))
+    show(*pool_lines(figures, time.time(), args.max_groups))
     return 0
 
 
@@ -118,7 +122,7 @@ def cmd_schedule(args: argparse.Namespace, body: bytes) -> int:
         print(json.dumps({"status": "scheduled", "id": call_id, "at": at, "reply_queue": args.reply_queue}))
     else:
         where = f"; answer in reply queue {args.reply_queue}" if args.reply_queue else "; no answer kept"
-        print(f"scheduled {call_id} at {at}{where}")
+        show(f"scheduled {call_id} at {at}{where}")
     return 0
 
 
@@ -130,11 +134,10 @@ def cmd_collect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{"id": cid, "status": r.status, "body": r.text()} for cid, r in answers.items()]))
     else:
-        for cid, response in answers.items():
-            print(f"{cid}  {response.status}  {response.text()}")
+        show(*(f"{cid}  {response.status}  {response.text()}" for cid, response in answers.items()))
     missing = [cid for cid in args.id or () if cid not in answers]
     if missing:
-        print(f"switchyard: {len(missing)} answer(s) not there yet: {', '.join(missing)}", file=sys.stderr)
+        show(f"switchyard: {len(missing)} answer(s) not there yet: {', '.join(missing)}", file=sys.stderr)
     return 1 if missing else 0
 
 
@@ -157,8 +160,8 @@ def cmd_call(args: argparse.Namespace) -> int:
                           "latency_ms": round(elapsed * 1000, 3), "trace_id": trace_id}))
     else:
         traced = f" trace {trace_id}" if trace_id else ""
-        print(f"status: {response.status} ({elapsed * 1000:.1f} ms){traced}")
-        sys.stdout.write(response.text() + "\n")
+        show(f"status: {response.status} ({elapsed * 1000:.1f} ms){traced}")
+        sys.stdout.write(response.text() + "\n")  # the answer itself, as the worker gave it (as curl would)
     return 0 if response.ok else 3
 
 
@@ -183,8 +186,8 @@ def worker_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str
 
 def cmd_worker(args: argparse.Namespace) -> int:
     stats = run_worker(args.handler, env=worker_env(args, os.environ))
-    print(f"worker stopped: {stats.handled} handled, {stats.errors} errors, {stats.requeued} requeued",
-          file=sys.stderr)
+    show(f"worker stopped: {stats.handled} handled, {stats.errors} errors, {stats.requeued} requeued",
+         file=sys.stderr)
     return 0
 
 

@@ -7,14 +7,16 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_json_option, iso_time, print_error
+from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_json_option, iso_time, print_error, show
 from switchyard.cli.overview import PARTS, Overview, SystemStatus
 from switchyard.core.errors import ConfigError
+from switchyard.core.observability import printable
 from switchyard.rpc import protocol as p
 
 if TYPE_CHECKING:
@@ -40,14 +42,6 @@ def age(seconds: float | None) -> str:
 
 def ago(epoch_s: float | None, now: float) -> str:
     return "never" if epoch_s is None else f"{age(now - epoch_s)} ago"
-
-
-def printable(text: str, width: int = 0) -> str:
-    """A user's name (a key, an endpoint) safe for a terminal: control characters escaped."""
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    if width and len(text) > width:
-        text = text[:width - 1] + "…"
-    return text
 
 
 def ms(value: float | None) -> str:
@@ -98,7 +92,7 @@ def pending_lines(status: PendingStatus) -> list[str]:
                   f"{age(e.oldest_age_s):>8}" for e in status.endpoints])
 
 
-def render(status: SystemStatus, max_groups: int = 20) -> str:
+def render(status: SystemStatus, max_groups: int = 20) -> list[str]:
     """The human view of ``status``: each part's lines under its title, or why it is unreachable."""
     where = f"stack configuration {status.source}" if status.source else "local settings"
     lines = [f"Switchyard at {iso_time(status.at)} ({where})"]
@@ -118,7 +112,7 @@ def render(status: SystemStatus, max_groups: int = 20) -> str:
         else:
             body = pending_lines(part.figures)
         lines += [f"  {line}" for line in body]
-    return "\n".join(lines)
+    return lines
 
 
 def _frames(overview: Overview, count: int | None, interval: float) -> Iterable[SystemStatus]:
@@ -143,7 +137,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(status.to_dict()), flush=True)
             else:
-                print((CLEAR if args.watch else "") + render(status, args.max_groups), flush=True)
+                if args.watch:
+                    sys.stdout.write(CLEAR)
+                show(*render(status, args.max_groups), flush=True)
     except KeyboardInterrupt:  # --watch ends with Ctrl-C: quietly
         return 0
     finally:
@@ -169,8 +165,8 @@ def cmd_console(args: argparse.Namespace) -> int:
                       interval_s=args.interval)
     try:
         with console:
-            print(f"Switchyard console on {console.url}/ (figures at {console.url}/status.json, every "
-                  f"{args.interval:g} s); Ctrl-C to stop", flush=True)
+            show(f"Switchyard console on {console.url}/ (figures at {console.url}/status.json, every "
+                 f"{args.interval:g} s); Ctrl-C to stop", flush=True)
             stop.wait()
     finally:
         overview.close()
@@ -208,7 +204,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve the status page and its figures (/status.json) over HTTP until Ctrl-C. It listens "
                     "on 127.0.0.1 unless --host says otherwise: the page has no login.")
     _pool_filter(console)
-    console.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    console.add_argument("--host", default="127.0.0.1",
+                         help="address to listen on (default 127.0.0.1); the page answers to this name, "
+                              "the loopback names and IP addresses only")
     console.add_argument("--port", type=PORT, default=8070,
                          help="port to listen on (default 8070; 0: any free)")
     console.add_argument("--interval", type=POSITIVE, default=2.0,

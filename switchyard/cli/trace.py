@@ -9,7 +9,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from switchyard.cli.options import add_json_option
+from switchyard.cli.options import add_json_option, show
 from switchyard.core.errors import SwitchyardError
 from switchyard.core.tracing import DEFAULT_TRACE_LOG, TRACE_LOG_ENV, parse, read_hops, trace_log_path
 
@@ -38,9 +38,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"trace_id": args.trace_id, "log": path, "hops": hops}))
         return 0
-    print(f"trace {args.trace_id}: {len(hops)} hops from {path}")
-    for line in hop_lines(hops):
-        print(f"  {line}")
+    show(f"trace {args.trace_id}: {len(hops)} hops from {path}", *(f"  {line}" for line in hop_lines(hops)))
     return 0
 
 

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from switchyard.core.errors import ConfigError
 
@@ -153,6 +153,15 @@ class Connections:
     def _raw(self, name: str) -> Any:
         attribute = type(self).__dict__.get(name)
         return attribute.template(self) if isinstance(attribute, SecretUrl) else getattr(self, name)
+
+    def as_amqp_user(self, vhost: str, secret_arn: str) -> Connections:
+        """These connections with the broker's AMQP URL in ``vhost`` and the AMQP URLs filled from
+        another user's secret, ``secret_arn`` (one process, a second broker identity). Nothing is read."""
+        amqp = urlsplit(self._raw("amqp_url"))._replace(path="/" + quote(vhost, safe="")).geturl()
+        sources = {k: v for k, v in self.secret_sources.items() if not k.startswith("SWITCHYARD_AMQP_")}
+        values = {f.name: self._raw(f.name) for f in fields(self)}
+        return Connections(**{**values, "amqp_url": amqp,
+                              "secret_sources": {**sources, "SWITCHYARD_AMQP_SECRET_ARN": secret_arn}})
 
     @classmethod
     def from_env(cls) -> Connections:

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import asdict
@@ -54,13 +55,16 @@ def metrics_namespace() -> str:
 
 
 REDACTED = "<redacted>"
+# A URL's userinfo: its netloc runs to the first / ? # (or the end of the word), and the userinfo to
+# the netloc's LAST @, as urllib and the drivers read it (a password may hold an @).
+URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s\"'<>]*)@")
 # Credentials as they appear in log lines and messages: a token in the path of the bus's token
 # routes, an Authorization value, a URL's userinfo, a generated bus token's secret part, and the
 # values of JSON or key=value fields named after credentials.
 _CREDENTIALS = (
     (re.compile(r"(/api_tokens/)[^/\s\"'?#]+"), rf"\1{REDACTED}"),
     (re.compile(r"(?i)\b(basic|bearer)(\s+)[A-Za-z0-9._~+/=-]+"), rf"\1\2{REDACTED}"),
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s\"'@]*@"), rf"\1{REDACTED}@"),
+    (URL_USERINFO, rf"\1{REDACTED}@"),
     (re.compile(r"\b([a-z0-9:_-]+--)[0-9a-f]{32}\b"), rf"\1{REDACTED}"),
     (re.compile(r"(?i)([\"']?\b(?:api_?token|token|uuid|password|passwd|secret|root_?key|authorization)"
                 r"[\"']?\s*[:=]\s*[\"']?)[^\"'\s,}&]+"), rf"\1{REDACTED}"),
@@ -72,6 +76,29 @@ def redact(text: str) -> str:
     a token read in a log is a token anyone with log access holds)."""
     for pattern, replacement in _CREDENTIALS:
         text = pattern.sub(replacement, text)
+    return text
+
+
+def redact_url(text: str) -> str:
+    """``text`` with the password of every URL in it shown as ``***`` (the user name kept): what
+    ``switchyard config`` and the command line's error lines print."""
+
+    def hide(match: re.Match[str]) -> str:
+        user, has_password, _ = match.group(2).partition(":")
+        return f"{match.group(1)}{user}:***@" if has_password else match.group(0)
+
+    return URL_USERINFO.sub(hide, text)
+
+
+def printable(text: str, width: int = 0) -> str:
+    """``text`` safe for a terminal: every control character (ESC, a newline, a bidi override) as its
+    visible escape (``\\x1b``, ``\\n``), so a caller's key or id can neither clear the screen nor
+    forge a line. Every human output goes through it (``switchyard.cli.options.show``, the text log);
+    ``width``: cut to that many characters, the last one ``…``."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if width and len(text) > width:
+        text = text[:width - 1] + "…"
     return text
 
 
@@ -96,20 +123,35 @@ _STANDARD_KEYS = frozenset({"level", "location", "message", "timestamp", "servic
 
 class TextFormatter(LambdaPowertoolsFormatter):
     """Powertools' formatter with a line a person reads instead of JSON:
-    ``WARNING switchyard: worker exited pool=core code=1`` (a traceback, if any, below it)."""
+    ``WARNING switchyard: worker exited pool=core code=1`` (a traceback, if any, below it). The
+    message and the fields carry others' text (keys, call ids): control characters are escaped
+    (``printable``), so a record is one line whatever it holds."""
 
     def serialize(self, log: Any) -> str:
-        extra = " ".join(f"{key}={_text_value(value)}" for key, value in log.items()
+        extra = " ".join(f"{printable(key)}={_text_value(value)}" for key, value in log.items()
                          if key not in _STANDARD_KEYS)
-        line = f"{log.get('level')} {log.get('service')}: {log.get('message')}"
+        line = printable(f"{log.get('level')} {log.get('service')}: {log.get('message')}")
         line += f" {extra}" if extra else ""
         exception = log.get("exception")
         return f"{line}\n{exception}" if exception else line
 
+    def formatException(self, ei: Any) -> str:
+        """The traceback's frames line by line; each exception's message (anyone's text) on one line."""
+        chunks = traceback.format_exception(*ei)
+        return "".join(chunk if chunk.startswith(_TRACEBACK_CHUNKS) else f"{printable(chunk.rstrip())}\n"
+                       for chunk in chunks).rstrip()
+
+
+# How the chunks of ``traceback.format_exception`` begin that are not an exception's message: its
+# header, a frame (indented), the line between chained exceptions.
+_TRACEBACK_CHUNKS = ("Traceback (most recent call last):", "  ", "\n")
+
 
 def _text_value(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
-    return json.dumps(text) if not text or any(c.isspace() for c in text) else text
+    if not isinstance(value, str):
+        value = json.dumps(value, default=str, separators=(",", ":"))
+    text = printable(value)
+    return '"' + text.replace('"', '\\"') + '"' if not text or " " in text else text
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from switchyard.cli.options import show
+
 
 class Printer:
     """Flushes every line, so a person watching sees each step as it happens."""
@@ -12,7 +14,7 @@ class Printer:
         self.started = time.monotonic()
 
     def section(self, title: str) -> None:
-        print(f"\n{title}", flush=True)
+        show("", title, flush=True)
 
     def line(self, text: str) -> None:
-        print(f"  {text}", flush=True)
+        show(f"  {text}", flush=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
+from switchyard.cli.options import show
 from switchyard.core.latency import LatencySummary
 from switchyard.demo.printer import Printer
 from switchyard.demo.spark_job import spark_part
@@ -231,7 +232,7 @@ def rpc_pool_part(out: Printer, options: PoolOptions, settings: RpcSettings) -> 
     control = ControlSettings(pool, Delays(unbind_s=options.unbind_delay, stop_s=options.stop_delay),
                               reconcile_interval_s=0.5)
     driver = demo_driver()
-    print("Switchyard demo: keyed RPC over RabbitMQ with self-managing worker groups")
+    show("Switchyard demo: keyed RPC over RabbitMQ with self-managing worker groups")
     out.line(f"pool {pool} on {redact(settings.connections.amqp_url)} "
              f"({settings.policy.queue_type.value} request queues), pool state in Redis")
     out.line(f"control plane: local runtime running the Lambda handlers; workers as subprocesses; "

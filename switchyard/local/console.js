@@ -31,8 +31,13 @@ function figure(name, value, label, alert) {
             el("span", {class: "value", "data-figure": name}, value), el("span", {class: "label"}, label));
 }
 
+// A part is {state: "ok", ...its figures} or {state: "unreachable", reason}; names are values, never keys.
+function down(data) {
+  return data.state !== "ok";
+}
+
 function unreachable(part, data) {
-  return el("p", {class: "down", "data-figure": "unreachable", "data-part": part}, `unreachable: ${data.unreachable}`);
+  return el("p", {class: "down", "data-figure": "unreachable", "data-part": part}, `unreachable: ${data.reason}`);
 }
 
 function table(headers, rows) {
@@ -89,7 +94,7 @@ function chart(name, caption, points, series, now) {
 
 function rpc(data, now) {
   const section = el("section", {class: "wide", "data-part": "rpc"}, el("h2", {}, "RPC pools"));
-  if (data.unreachable) return section.append(unreachable("rpc", data)) || section;
+  if (down(data)) return section.append(unreachable("rpc", data)) || section;
   section.append(figure("pool-count", data.pools.length, "pools"));
   if (!data.pools.length) section.append(el("p", {class: "empty"}, "no pools"));
   for (const pool of data.pools) {
@@ -122,7 +127,7 @@ function rpc(data, now) {
 
 function delay(data, now) {
   const section = el("section", {"data-part": "delay"}, el("h2", {}, "Delay scheduler"));
-  if (data.unreachable) return section.append(unreachable("delay", data)) || section;
+  if (down(data)) return section.append(unreachable("delay", data)) || section;
   section.append(el("div", {class: "figures"},
     figure("delay-waiting", data.waiting, "waiting"),
     figure("delay-ready", data.ready, "ready"),
@@ -137,7 +142,7 @@ function delay(data, now) {
 
 function bus(data) {
   const section = el("section", {"data-part": "bus"}, el("h2", {}, "Event bus subscribers"));
-  if (data.unreachable) return section.append(unreachable("bus", data)) || section;
+  if (down(data)) return section.append(unreachable("bus", data)) || section;
   if (!data.subscribers.length) return section.append(el("p", {class: "empty"}, "no subscribers")) || section;
   section.append(table([["subscriber"], ["queued", "num"], ["batches", "num"], ["oldest", "num"], ["health", "num"]],
     data.subscribers.map(s => el("tr", {"data-figure": "subscriber", "data-name": s.name},
@@ -148,13 +153,12 @@ function bus(data) {
 
 function pending(data) {
   const section = el("section", {"data-part": "pending"}, el("h2", {}, "Pending endpoints"));
-  if (data.unreachable) return section.append(unreachable("pending", data)) || section;
-  const names = Object.keys(data);
-  if (!names.length) return section.append(el("p", {class: "empty"}, "no pending requests")) || section;
+  if (down(data)) return section.append(unreachable("pending", data)) || section;
+  if (!data.endpoints.length) return section.append(el("p", {class: "empty"}, "no pending requests")) || section;
   section.append(table([["endpoint"], ["waiting", "num"], ["taken", "num"], ["answered", "num"], ["oldest", "num"]],
-    names.map(name => el("tr", {"data-figure": "endpoint", "data-name": name},
-      cell("name", name, "key"), cell("waiting", data[name].waiting, "num"), cell("taken", data[name].taken, "num"),
-      cell("answered", data[name].answered, "num"), cell("oldest", age(data[name].oldest_age_s), "num")))));
+    data.endpoints.map(e => el("tr", {"data-figure": "endpoint", "data-name": e.endpoint},
+      cell("name", e.endpoint, "key"), cell("waiting", e.waiting, "num"), cell("taken", e.taken, "num"),
+      cell("answered", e.answered, "num"), cell("oldest", age(e.oldest_age_s), "num")))));
   return section;
 }
 

@@ -8,11 +8,19 @@ scheduler's lateness, each pool's latency). It puts every value into the page as
 
 The figures are read by one sampler thread every ``interval_s``, not per request: any number of open
 pages cost one read of the services per interval.
+
+It answers only requests addressed to its own names (``Host``): a page of another site whose name
+was made to resolve to this machine (DNS rebinding) is same-origin with itself, not with the console,
+and would otherwise read ``/status.json``. Its names are the loopback ones, the one it is bound to
+and, bound to every interface, the machine's own; any IP address is accepted too (rebinding needs a
+name). Other sites may not frame it either (``frame-ancestors``, ``X-Frame-Options``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import threading
 from collections.abc import Callable
 from importlib import resources
@@ -26,10 +34,40 @@ FILES = {"/": ("console.html", "text/html; charset=utf-8"),
 SECURITY_HEADERS = {
     # The page loads nothing from elsewhere and runs only its own script file (no inline script).
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; "
-                               "connect-src 'self'",
+                               "connect-src 'self'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",  # the same for browsers that predate frame-ancestors
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
 }
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+EVERY_INTERFACE = frozenset({"", "0.0.0.0", "::"})
+
+
+def host_names(bound: str) -> frozenset[str]:
+    """The names a browser may reach the console by, bound to ``bound``."""
+    names = {bound.lower().strip("[]")}
+    if bound in EVERY_INTERFACE:
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    return LOOPBACK_NAMES | names
+
+
+def host_name(header: str) -> str:
+    """The name of a ``Host`` header, without its port (``[::1]:8070`` -> ``::1``)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    name, _, port = header.rpartition(":")
+    return name.rstrip(".") if name and port.isdigit() else header.rstrip(".")
+
+
+def is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def asset(name: str) -> str:
@@ -43,6 +81,7 @@ class Console:
     def __init__(self, read: Callable[[], dict[str, Any]], *, host: str = "127.0.0.1", port: int = 0,
                  interval_s: float = 2.0) -> None:
         self._read = read
+        self._names = host_names(host)
         self.interval_s = interval_s
         self._files = {path: (asset(name), kind) for path, (name, kind) in FILES.items()}
         self._latest = json.dumps({"at": None})
@@ -65,8 +104,13 @@ class Console:
             self._stop.wait(self.interval_s)
 
     def handle(self, event: dict[str, Any], _context: Any) -> dict[str, Any]:
-        """The gateway's handler: the page, its figures, or 404."""
+        """The gateway's handler: the page, its figures, or 404; 421 for a name that is not its own."""
         path, method = event.get("path") or "/", event.get("httpMethod")
+        hosts = [value for name, values in (event.get("multiValueHeaders") or {}).items()
+                 if name.lower() == "host" for value in values]
+        if len(hosts) > 1 or not all(is_address(host_name(h)) or host_name(h) in self._names for h in hosts):
+            return self._response(421, "text/plain", f"this console answers to {self.url}/ only, not to the "
+                                  "name this request was sent to (start it with --host NAME to use a name)")
         if method not in ("GET", "HEAD"):
             return self._response(405, "text/plain", "only GET")
         if path in self._files:

@@ -15,8 +15,10 @@ progress holds one worker thread, so ``threads`` bounds how many long polls can 
 instead of ``select()`` so more than 1,024 sockets work. A request head (request line and
 headers) must arrive within ``SWITCHYARD_HTTP_HEAD_TIMEOUT`` seconds (default 10) of the
 connection opening or of its first byte: slowloris clients dripping an incomplete head are
-closed, so they cannot fill the connection limit (1,000 of them did, and new clients timed out).
-Requests in progress and idle keep-alive connections are not cut by it.
+closed. Heads are read by the I/O loop, never by a worker thread, and at the connection limit a new
+client closes the oldest incomplete head (then the longest idle keep-alive connection) instead of
+waiting (``http_connections.ShedAtTheLimit``): 1,000 dripping heads had kept new clients out until the head
+timeout (9.2 s). Requests in progress are never cut by either.
 
 Known difference from API Gateway: a header sent several times reaches the handler as one value,
 joined with ", " (WSGI joins repeated headers, as RFC 9110 5.3 allows for list-valued fields).
@@ -42,10 +44,10 @@ from urllib.parse import parse_qsl
 
 import waitress.server
 from waitress import wasyncore
-from waitress.channel import HTTPChannel
 
 from switchyard.core.config import env_float
 from switchyard.core.observability import redact
+from switchyard.local.http_connections import Channel, ShedAtTheLimit, cut_slow_heads
 from switchyard.local.lambda_context import FakeLambdaContext
 
 logger = logging.getLogger(__name__)
@@ -198,69 +200,13 @@ def _status_line(code: int) -> str:
         return f"{code} Status {code}"
 
 
-class _Channel(HTTPChannel):
-    """Waitress's channel, less a busy wait of its I/O loop while a task thread sends a response,
-    and with the time its request head began (``_cut_slow_heads`` closes it past the head timeout).
-
-    The task thread sends its response itself, holding the channel's output lock. Meanwhile
-    waitress's ``writable()`` says yes (output is buffered), the socket is always ready for
-    writing, and the loop's non-blocking attempt at the lock fails: it turns again, holding the
-    GIL the task thread needs to finish. Measured: ~100 loop turns and ~1.5 ms of CPU per bus
-    publish, half the process's CPU. While the lock is held the task will send the data, or pull
-    the trigger if it cannot (then the lock is free and the loop sends it).
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.head_started: float | None = self.creation_time  # a new connection owes its first head
-
-    def received(self, data: bytes) -> bool:
-        """Waitress's parsing; then when the head being read began, or None (no head in progress:
-        between requests, or reading a body)."""
-        in_head = self.request is not None and not self.request.headers_finished
-        result = super().received(data)
-        if self.request is not None and not self.request.headers_finished:
-            if not in_head:
-                self.head_started = time.time()
-        else:
-            self.head_started = None
-        return bool(result)
-
-    def writable(self) -> bool:
-        if self.requests and self.total_outbufs_len and not (self.will_close or self.close_when_flushed):
-            if not self.outbuf_lock.acquire(False):
-                return False
-            self.outbuf_lock.release()
-        return bool(super().writable())
-
-
-def _cut_slow_heads(server: Any, head_timeout_s: float) -> Callable[[float], None]:
-    """Waitress's maintenance (idle channels), then: close each connection whose request head has
-    taken longer than ``head_timeout_s`` (logged and counted in ``server.heads_cut``)."""
-    idle_maintenance = server.maintenance
-    server.heads_cut = 0
-
-    def maintenance(now: float) -> None:
-        idle_maintenance(now)
-        cutoff, cut = now - head_timeout_s, 0
-        for channel in list(server.active_channels.values()):
-            started = getattr(channel, "head_started", None)
-            if started is not None and started < cutoff and not channel.requests and not channel.will_close:
-                channel.will_close = True
-                cut += 1
-        if cut:
-            server.heads_cut += cut
-            logger.info("closed %d connection(s) whose request head took over %g s (%d in all)",
-                        cut, head_timeout_s, server.heads_cut)
-
-    return maintenance
-
-
 class HttpGateway:
     """Serve one Lambda proxy handler over HTTP; ``start()``/``stop()`` or a ``with`` block.
 
     ``port=0`` takes an ephemeral port (read ``port``/``url`` after ``start()``). ``head_timeout_s``:
     how long a request head may take (default ``SWITCHYARD_HTTP_HEAD_TIMEOUT``, 10 s).
+    ``connection_limit``: open sockets, the listener's two included (default ``max(1000, 2 * threads)``);
+    at the limit new clients shed connections that hold no request (``http_connections.ShedAtTheLimit``).
     """
 
     def __init__(
@@ -275,6 +221,7 @@ class HttpGateway:
         stage: str = "local",
         max_body_bytes: int = MAX_PAYLOAD_BYTES,
         head_timeout_s: float | None = None,
+        connection_limit: int | None = None,
     ) -> None:
         self._handler = as_handler(handler)
         if head_timeout_s is None:
@@ -284,6 +231,7 @@ class HttpGateway:
         self._head_timeout_s = head_timeout_s
         self._host, self._requested_port = host, port
         self._threads = threads
+        self._connection_limit = connection_limit or max(1000, threads * 2)
         self._function_name, self._timeout_ms, self._stage = function_name, timeout_ms, stage
         self._max_body_bytes = max_body_bytes
         self._stopping = threading.Event()
@@ -336,7 +284,7 @@ class HttpGateway:
             host=self._host,
             port=self._requested_port,
             threads=self._threads,
-            connection_limit=max(1000, self._threads * 2),
+            connection_limit=self._connection_limit,
             channel_timeout=max(120, self._timeout_ms // 1000 + 30),
             cleanup_interval=max(1, min(30, int(self._head_timeout_s / 2))),
             backlog=2048,
@@ -345,8 +293,9 @@ class HttpGateway:
             ident="switchyard-local-gateway",
             clear_untrusted_proxy_headers=True,
         )
-        self._server.channel_class = _Channel
-        self._server.maintenance = _cut_slow_heads(self._server, self._head_timeout_s)
+        self._server.channel_class = Channel
+        self._server.maintenance = cut_slow_heads(self._server, self._head_timeout_s)
+        ShedAtTheLimit(self._server)
         self.port = int(self._server.effective_port)
         self._thread = threading.Thread(target=self._server.run, name=f"gateway:{self.port}", daemon=True)
         self._thread.start()

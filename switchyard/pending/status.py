@@ -24,8 +24,9 @@ class PendingStatus:
     endpoints: tuple[EndpointStatus, ...]  # by name
 
     def to_dict(self) -> dict[str, Any]:
-        """``{endpoint: {waiting, queued, taken, answered, oldest_age_s}}``."""
-        return {e.endpoint: {k: v for k, v in asdict(e).items() if k != "endpoint"} for e in self.endpoints}
+        """``{"endpoints": [{endpoint, waiting, queued, taken, answered, oldest_age_s}]}``: a name is
+        a value, never a key (an endpoint may be named like any word of the document)."""
+        return asdict(self)
 
 
 def pending_status(queue: PendingQueue) -> PendingStatus:

@@ -56,6 +56,7 @@ ACTIVITY_UNKNOWN_EVENTS = "ActivityUnknownEvents"
 ACTIVITY_MALFORMED_FIELDS = "ActivityMalformedFields"
 ACTIVITY_LATENCY_REPORTS = "ActivityLatencyReports"
 ACTIVITY_MALFORMED_LATENCY = "ActivityMalformedLatency"
+ACTIVITY_UNDECODABLE = "ActivityUndecodable"
 
 # control.reconciler.ReconcileOutcome
 RECONCILE_SKIPPED = "ReconcileSkipped"
@@ -120,6 +121,7 @@ EMITTED: frozenset[str] = frozenset({
     ACTIVITY_MALFORMED_FIELDS,
     ACTIVITY_LATENCY_REPORTS,
     ACTIVITY_MALFORMED_LATENCY,
+    ACTIVITY_UNDECODABLE,
     RECONCILE_SKIPPED,
     RECONCILE_REBUILT_GROUPS,
     RECONCILE_UNBOUND,

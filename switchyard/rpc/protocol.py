@@ -89,6 +89,7 @@ BROKER_BOOKKEEPING_PREFIXES = ("x-death", "x-first-death-", "x-last-death-", DEL
 # against the publishing connection's user, so a republished ``user_id`` of another user is refused.
 ORIGINAL_USER_ID_HEADER = "x-switchyard-user-id"
 STAGING_SUFFIX = "-staging"
+REQUEST_EXCHANGE_SUFFIX = "xchg"  # ``{pool}-req-xchg``, under the request queues' prefix
 # A scheduled call (switchyard/rpc/scheduling.py builds and reads them): the Kafka headers its record
 # carries through the delay scheduler beside ``x-switchyard-key``: the pool, the call's id (the
 # scheduler strips its own chronosMessageId; the id becomes the AMQP message and correlation id, so
@@ -100,6 +101,10 @@ REPLY_QUEUE_HEADER = "x-switchyard-reply-queue"
 # Durable reply queues: ``switchyard-reply-{name}``, named by the caller, kept across restarts.
 REPLY_QUEUE_PREFIX = "switchyard-reply-"
 REPLY_NAME_RE = re.compile(r"^[A-Za-z0-9_.]{1,128}$")
+# An application's own durable reply queues, ``switchyard-reply-{application}.{name}``: the part its
+# per-application clients user may declare, read and delete (switchyard/rpc/control/access.py).
+APPLICATION_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"  # RabbitMQ's direct reply-to: routed to the caller's channel
 
 # Dead-letter strategies of quorum queues (policy key ``dead-letter-strategy``). At-least-once keeps
 # a dead letter until its target confirms it, through a per-queue worker under one node-wide
@@ -111,6 +116,10 @@ DEAD_LETTER_STRATEGY = "dead-letter-strategy"
 # The broker-wide probe of at-least-once dead-lettering: its policy and its short-lived queues.
 DEAD_LETTER_PROBE_POLICY = "switchyard-dead-letter-probe"
 DEAD_LETTER_PROBE_PREFIX = "switchyard-dead-letter-probe-"
+# The vhost the probe runs in on AWS: policies are per vhost, and the ``policymaker`` tag lets its user
+# put them on any queue of each vhost it may use, so the probe's user may use this one only (the
+# dead-letter supervisor it probes is the node's, the same for every vhost).
+DEAD_LETTER_PROBE_VHOST = "switchyard-dead-letter-probe"
 RETIRE_POLICY_PREFIX = "switchyard-retire-"
 
 HASHED_ROUTING_PREFIX = "~sha256:"
@@ -170,9 +179,33 @@ def reply_queue(name: str) -> str:
     return REPLY_QUEUE_PREFIX + name
 
 
-def reply_queues_pattern() -> str:
-    """Every durable reply queue (the clients' permissions)."""
-    return f"^{re.escape(REPLY_QUEUE_PREFIX)}"
+def reply_queues_pattern(application: str | None = None) -> str:
+    """Every durable reply queue, or ``application``'s own (the clients' permissions)."""
+    if application is None:
+        return f"^{re.escape(REPLY_QUEUE_PREFIX)}"
+    return f"^{re.escape(REPLY_QUEUE_PREFIX + validate_application(application))}\\."
+
+
+def validate_application(application: str) -> str:
+    if not isinstance(application, str) or not APPLICATION_RE.match(application):
+        raise InvalidNameError(f"invalid application name {application!r}: use 1 to 64 characters from "
+                               "A-Z, a-z, 0-9 and _")
+    return application
+
+
+def replyable(reply_to: str | None) -> bool:
+    """Whether a request's ``reply_to`` may receive its answer: RabbitMQ's direct reply-to, a
+    server-named exclusive queue (``amq.gen-*``) or a durable reply queue (``switchyard-reply-*``).
+
+    Why: the replying process (a worker, the dead-letter responder) publishes through the default
+    exchange, which reaches any queue by name whatever the publisher's permissions say; without this
+    check a caller could have it write into a queue the caller may not write itself (another pool's
+    request queue). The replying process calls it; an answer it refuses is not sent.
+    """
+    if not reply_to:
+        return False
+    return (reply_to == DIRECT_REPLY_TO or reply_to.startswith(DIRECT_REPLY_TO + ".")
+            or reply_to.startswith((SERVER_NAMED_QUEUE_PREFIX, REPLY_QUEUE_PREFIX)))
 
 
 def validate_key(key: str) -> str:
@@ -211,9 +244,13 @@ def request_queue_prefix(pool: str) -> str:
 
 
 def request_queue(pool: str, key: str) -> str:
-    """``{pool}-req-{key}``, encoded to stay a valid, unique queue name under 255 bytes."""
+    """``{pool}-req-{key}``, encoded to stay a valid, unique queue name under 255 bytes. The key
+    ``xchg`` is ``%78chg``: the queue's name is never the request exchange's, so permissions can
+    grant the queues without the exchange."""
     prefix = request_queue_prefix(pool)
     encoded = encode_key(key)
+    if encoded == REQUEST_EXCHANGE_SUFFIX:
+        encoded = f"%{ord(encoded[0]):02X}{encoded[1:]}"
     if len(prefix) + len(encoded) <= MAX_NAME_BYTES:
         return prefix + encoded
     room = MAX_NAME_BYTES - len(prefix) - 1 - 64
@@ -244,7 +281,7 @@ def key_from_request_queue(pool: str, name: str, arguments: Mapping[str, Any] | 
 
 
 def req_exchange(pool: str) -> str:
-    return f"{validate_pool(pool)}-req-xchg"
+    return request_queue_prefix(pool) + REQUEST_EXCHANGE_SUFFIX
 
 
 def orphan_exchange(pool: str) -> str:
@@ -363,9 +400,9 @@ def any_of(*patterns: str) -> str:
 
 
 def request_queues_pattern(pool: str) -> str:
-    """The pool's request queues (the policy's pattern). It also matches the pool's request exchange,
-    whose name has the same prefix: excluding it would exclude the queue of the key ``xchg`` too."""
-    return request_policy_pattern(pool)
+    """The pool's request queues and not its request exchange (same prefix; no queue has its name:
+    ``request_queue``), so a role that declares or deletes queues cannot delete the exchange."""
+    return f"{request_policy_pattern(pool)}(?!{REQUEST_EXCHANGE_SUFFIX}$)"
 
 
 def server_named_queues_pattern() -> str:

@@ -84,7 +84,7 @@ class ControlPlane:
         with self._lease() as (topology, _):
             return Reconciler(self.state, topology, self.driver, self.control.delays,
                               self.control.dead_letter_probe_interval_s, self.leaderless,
-                              self.depth_cadence).run_pass()
+                              self.depth_cadence, self.control.probe_settings(topology.settings)).run_pass()
 
     def close(self) -> None:
         """Close every connection this plane opened and the driver (which stops local workers).

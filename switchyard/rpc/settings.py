@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from switchyard.core.config import Connections, env_float, env_int, env_str
@@ -110,6 +110,18 @@ class ControlSettings:
     # How often (across every pool on the broker) the reconciler probes at-least-once dead-lettering;
     # under the alarm's five-minute period, so each period sees a probe. 0: never.
     dead_letter_probe_interval_s: float = 240.0
+    # Where the probe runs on AWS: its own vhost, as its own user (the secret's ARN), so no per-pool
+    # user needs the policymaker tag (switchyard/rpc/control/access.py). Empty: this plane's own.
+    dead_letter_probe_vhost: str = ""
+    dead_letter_probe_secret_arn: str = ""
+
+    def probe_settings(self, settings: RpcSettings) -> RpcSettings | None:
+        """``settings`` for the dead-lettering probe, or None if it runs with the plane's own."""
+        if not (self.dead_letter_probe_vhost and self.dead_letter_probe_secret_arn):
+            return None
+        connections = settings.connections.as_amqp_user(self.dead_letter_probe_vhost,
+                                                        self.dead_letter_probe_secret_arn)
+        return replace(settings, connections=connections)
 
     @classmethod
     def from_env(cls, pool: str | None = None) -> ControlSettings:
@@ -124,6 +136,8 @@ class ControlSettings:
                           tombstone_s=env_float("SWITCHYARD_TOMBSTONE_TTL", d.tombstone_s)),
             reconcile_interval_s=env_float("SWITCHYARD_RECONCILE_INTERVAL", 1.0),
             dead_letter_probe_interval_s=env_float("SWITCHYARD_DEAD_LETTER_PROBE_INTERVAL", 240.0),
+            dead_letter_probe_vhost=env_str("SWITCHYARD_DEAD_LETTER_PROBE_VHOST", ""),
+            dead_letter_probe_secret_arn=env_str("SWITCHYARD_DEAD_LETTER_PROBE_SECRET_ARN", ""),
         )
 
 

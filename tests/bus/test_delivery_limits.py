@@ -1,7 +1,7 @@
 """One subscriber must not stall or crash the others (issue 23, item 4), measured on a real
 ``switchyard bus worker`` process: a callback dripping its answer, a huge answer, four dripping
-subscribers beside a healthy one, many subscriptions on one slow host, and a worker SIGKILLed
-mid-delivery. Servers on 127.0.0.0/8 only."""
+subscribers beside a healthy one, many subscriptions on one slow host, a dripping port beside a
+healthy port of the same host, and a worker SIGKILLed mid-delivery. Servers on 127.0.0.0/8 only."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from switchyard.bus.callbacks import parse_callback
+from switchyard.bus.delivery import HostSlots
 from switchyard.bus.jobs import scrub
 from switchyard.bus.store import BusStore
 from switchyard.bus.worker import BusWorker
@@ -52,6 +54,14 @@ def subscribe(bus, name: str, callback: str, topic: str):
                                                   "timeout": 0})
     assert response.status_code == 204, response.text
     return client
+
+
+def latency(pub, healthy, n: int) -> float:
+    """Seconds from publishing the ``n``-th event on ``orders`` to ``healthy`` receiving it."""
+    sent = time.monotonic()
+    pub.post("/topics/orders", json={"type": "create", "url": f"https://x.example/{n}"})
+    wait_for(lambda: len(healthy.seen) > n, timeout=15, interval=0.005, what="the healthy delivery")
+    return healthy.seen[n].at - sent
 
 
 def proc_kib(pid: int, field: str) -> int:
@@ -110,16 +120,10 @@ def test_four_dripping_subscribers_do_not_delay_a_healthy_one(bus, make_server, 
         subscribe(bus, f"drip{i}", d.url(), "drips")
     start_worker(SWITCHYARD_BUS_WORKER_THREADS="4", SWITCHYARD_BUS_CALLBACK_ALLOW="127.0.0.0/8")
 
-    def latency(n: int) -> float:
-        sent = time.monotonic()
-        pub.post("/topics/orders", json={"type": "create", "url": f"https://x.example/{n}"})
-        wait_for(lambda: len(healthy.seen) > n, timeout=15, interval=0.005, what="the healthy delivery")
-        return healthy.seen[n].at - sent
-
-    alone = [latency(n) for n in range(3)]
+    alone = [latency(pub, healthy, n) for n in range(3)]
     pub.post("/topics/drips", json={"type": "create", "url": "https://x.example/d"})
     wait_for(lambda: all(d.in_flight for d in drippers), timeout=10, what="4 dripping deliveries")
-    beside = [latency(n) for n in range(3, 6)]
+    beside = [latency(pub, healthy, n) for n in range(3, 6)]
     print(f"healthy subscriber: alone {[round(x * 1000, 1) for x in alone]} ms; beside 4 dripping "
           f"{[round(x * 1000, 1) for x in beside]} ms")
     assert all(d.in_flight for d in drippers)  # still dripping while the healthy one was served
@@ -165,6 +169,33 @@ def test_one_slow_host_holds_at_most_its_share_of_threads(bus, make_server, star
     time.sleep(2.0)
     print(f"deliveries in flight at once to one slow host: at most {slow.max_in_flight}")
     assert slow.max_in_flight <= 2
+
+
+def test_one_dripping_port_does_not_hold_another_port_of_its_host(bus, make_server, start_worker):
+    """Two subscribers on 127.0.0.1, on two ports, one slot per host and port: the healthy one's
+    deliveries go out while the other port drips (the slot was per host name: they waited for the
+    dripping delivery's end)."""
+    dripping = make_server("127.0.0.1", answer=drip(0.5, 8.0))
+    healthy = make_server("127.0.0.1")
+    pub = bus.client("pub")
+    subscribe(bus, "dripping", dripping.url(), "drips")
+    subscribe(bus, "healthy", healthy.url(), "orders")
+    start_worker(SWITCHYARD_BUS_WORKER_THREADS="4", SWITCHYARD_BUS_HOST_THREADS="1")
+    pub.post("/topics/drips", json={"type": "create", "url": "https://x.example/d"})
+    wait_for(lambda: dripping.in_flight, what="the dripping delivery")
+    waits = [latency(pub, healthy, n) for n in range(3)]
+    print(f"healthy port beside a dripping port of its host: {[round(w * 1000, 1) for w in waits]} ms")
+    assert max(waits) < 0.5
+    assert dripping.in_flight  # still dripping while the other port was served
+
+
+def test_the_host_cap_takes_the_schemes_port_when_the_url_names_none():
+    slots = HostSlots(1)
+    first, same, other = (parse_callback(url, allow_http=False) for url in (
+        "https://a.example/x", "https://a.example:443/y", "https://a.example:8443/x"))
+    assert slots.take(first.host, first.port)
+    assert not slots.take(same.host, same.port)  # port 443 either way: one server
+    assert slots.take(other.host, other.port)
 
 
 def test_a_worker_killed_mid_delivery_counts_a_failure_against_it(bus, make_server, start_worker):

@@ -29,9 +29,10 @@ import requests
 
 from switchyard.bus.settings import BusSettings
 from switchyard.bus.store import BusStore
-from switchyard.cli.overview import Overview
-from switchyard.cli.status import age, ago, printable
+from switchyard.cli.overview import PARTS, Overview
+from switchyard.cli.status import age, ago
 from switchyard.core.config import Connections
+from switchyard.core.observability import printable
 from switchyard.core.redis_client import connect_redis
 from switchyard.delay.model import DelayedMessage, LatenessWindow
 from switchyard.delay.store import PostgresDelayStore
@@ -147,8 +148,10 @@ def check_figures(status: dict, pool: str) -> None:
     assert 100 < delay["oldest_due_s"] < 300 and delay["lateness_p99_ms"] == 12.5
     (sub,) = status["bus"]["subscribers"]
     assert (sub["name"], sub["events"], sub["batches"], sub["health_points"]) == ("status-sub", 3, 2, 100)
-    assert status["pending"] == {"billing": {"waiting": 1, "queued": 1, "taken": 0, "answered": 0,
-                                             "oldest_age_s": status["pending"]["billing"]["oldest_age_s"]}}
+    (billing,) = status["pending"]["endpoints"]
+    assert billing == {"endpoint": "billing", "waiting": 1, "queued": 1, "taken": 0, "answered": 0,
+                       "oldest_age_s": billing["oldest_age_s"]}
+    assert {status[part]["state"] for part in PARTS} == {"ok"}
 
 
 def test_status_json_and_human(system: System) -> None:
@@ -205,9 +208,10 @@ def test_a_part_that_is_down_is_named_and_the_others_are_shown(system: System) -
                       SWITCHYARD_POSTGRES_DSN="postgresql://postgres:hunter2@127.0.0.1:1/switchyard")
     assert done.returncode == 0, done.stderr
     status = json.loads(done.stdout)
-    assert status["delay"] == {"unreachable": "cannot reach Postgres at 127.0.0.1:1 "
-                                              "(SWITCHYARD_POSTGRES_DSN): connection refused; start it with "
-                                              "./dev services or set SWITCHYARD_POSTGRES_DSN"}
+    assert status["delay"] == {"state": "unreachable",
+                               "reason": "cannot reach Postgres at 127.0.0.1:1 (SWITCHYARD_POSTGRES_DSN): "
+                                         "connection refused; start it with ./dev services or set "
+                                         "SWITCHYARD_POSTGRES_DSN"}
     assert status["bus"]["subscribers"][0]["events"] == 3 and len(status["rpc"]["pools"]) == 1
     human = switchyard(system, "status", "--pool", system.pool,
                        SWITCHYARD_POSTGRES_DSN="postgresql://postgres:hunter2@127.0.0.1:1/switchyard")
@@ -333,3 +337,71 @@ def test_console_refuses_to_start_when_nothing_answers(system: System) -> None:
     assert done.stderr.startswith("switchyard: error: no part of Switchyard could be read: rpc: cannot reach")
     assert len(done.stderr.strip().splitlines()) == 1
 
+
+
+def test_console_answers_only_its_own_host_names_and_refuses_to_be_framed() -> None:
+    """A DNS-rebinding page (evil.example resolving to 127.0.0.1) read /status.json: the console
+    answered any Host. And nothing stopped another site from framing the page."""
+    with Console(lambda: {"at": 1.0}, interval_s=60) as running:
+        port = running.url.rsplit(":", 1)[1]
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LocalHost", f"[::1]:{port}"):
+            ok = requests.get(running.url + "/status.json", headers={"Host": host}, timeout=10)
+            assert ok.status_code == 200, host
+        for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}"):
+            for path in ("/", "/status.json", "/console.js"):
+                refused = requests.get(running.url + path, headers={"Host": host}, timeout=10)
+                assert (refused.status_code, "at" in refused.text) == (421, False), (host, path)
+        page = requests.get(running.url + "/", timeout=10)
+    assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+    assert page.headers["X-Frame-Options"] == "DENY"
+
+
+def test_the_console_binds_a_name_and_accepts_that_name() -> None:
+    with Console(lambda: {"at": 1.0}, host="localhost", interval_s=60) as running:
+        port = running.url.rsplit(":", 1)[1]
+        assert requests.get(running.url + "/status.json", timeout=10).status_code == 200
+        assert requests.get(running.url + "/", headers={"Host": f"elsewhere:{port}"},
+                            timeout=10).status_code == 421
+
+
+STATUS_WORDS = ("unreachable", "state", "reason", "ok", "endpoints")
+
+
+def named_like_status_words() -> dict:
+    """A status whose every user-chosen name is a word the document itself uses; the delay part down."""
+    from switchyard.bus.status import SubscriberGauge, Telemetry
+    from switchyard.cli.overview import PartStatus, PoolsStatus, SystemStatus
+    from switchyard.pending.status import EndpointStatus, PendingStatus
+    from switchyard.rpc.status import GroupFigures, PoolFigures
+
+    pools = PoolsStatus((PoolFigures("unreachable", (GroupFigures("unreachable", "active", 1, 0, None),),
+                                     0, 0, 0, None, ()),))
+    bus = Telemetry((SubscriberGauge("unreachable", 1, 1, 0, 100),), {}, 0, 0)
+    pending = PendingStatus(tuple(EndpointStatus(name, i, i, 0, 0, 0.0)
+                                  for i, name in enumerate(STATUS_WORDS)))
+    down = PartStatus("delay", None, "cannot reach Postgres")
+    return SystemStatus(1.0, None, (PartStatus("rpc", pools), down, PartStatus("bus", bus),
+                                    PartStatus("pending", pending))).to_dict()
+
+
+def test_a_name_that_is_a_status_word_reads_as_a_name_in_json_and_in_the_console() -> None:
+    """A pending endpoint named ``unreachable`` made the console show the pending part as
+    unreachable (and hide the other endpoints), and ``status --json`` read the same either way."""
+    status = named_like_status_words()
+    states = {name: status[name]["state"] for name in PARTS}
+    assert states == {**dict.fromkeys(PARTS, "ok"), "delay": "unreachable"}
+    assert [e["endpoint"] for e in status["pending"]["endpoints"]] == list(STATUS_WORDS)
+    with Console(lambda: status, interval_s=60) as running:
+        page = Figures()
+        page.feed(chromium(running.url + "/", "--dump-dom"))
+    assert page.text("unreachable") == ["unreachable: cannot reach Postgres"]  # the delay part only
+    assert [page.row("endpoint", name=name)["waiting"] for name in STATUS_WORDS] == ["0", "1", "2", "3", "4"]
+    assert page.row("pool", pool="unreachable")["groups"] == "1"
+    assert page.row("subscriber", name="unreachable")["queued"] == "1"
+
+
+def test_a_part_that_is_down_reads_as_its_state_and_reason() -> None:
+    from switchyard.cli.overview import PartStatus
+
+    assert PartStatus("delay", None, "cannot reach Postgres").to_dict() == {
+        "state": "unreachable", "reason": "cannot reach Postgres"}

@@ -55,3 +55,20 @@ def test_the_demo_follows_the_first_request_that_started_a_group_of_its_pool(
     assert f"switchyard trace {earlier.trace_id}" in capsys.readouterr().out
     follow_one_request(Printer(), str(log), "none_of_these")
     assert not re.search("switchyard trace [0-9a-f]{32}", capsys.readouterr().out)
+
+
+FORGED = "\x1b[2J\x1b[H\nWARNING forged line"  # clears the screen, then prints a line of its own
+
+
+def test_trace_prints_a_callers_key_and_call_id_with_control_characters_escaped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A caller's key and call id reached the terminal raw: ESC sequences and newlines."""
+    monkeypatch.setenv(tracing.TRACE_LOG_ENV, str(tmp_path / "trace.jsonl"))
+    context = tracing.new_trace()
+    tracing.hop(context, "rpc", "published", pool="p", key=FORGED, id=FORGED, reason=FORGED)
+    assert cli.main(["trace", context.trace_id]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and len(out.splitlines()) == 2, out
+    assert "key=\\x1b[2J\\x1b[H\\nWARNING forged line" in out
+    assert cli.main(["trace", context.trace_id, "--json"]) == 0  # JSON: the key as it is
+    assert json.loads(capsys.readouterr().out)["hops"][0]["key"] == FORGED

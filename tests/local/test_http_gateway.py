@@ -16,7 +16,9 @@ import requests
 import waitress.server
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 
-from switchyard.local.http_gateway import HttpGateway, _Channel, event_from_environ, http_response
+from switchyard.local.http_connections import Channel
+from switchyard.local.http_gateway import HttpGateway, event_from_environ, http_response
+from tests.conftest import wait_for
 
 app = APIGatewayRestResolver()
 seen_events: list[dict] = []
@@ -213,7 +215,7 @@ def test_a_response_being_sent_by_its_task_is_not_polled_for() -> None:
     is left to that thread; once the lock is free (the task could not send it all) the loop sends."""
     server = waitress.server.create_server(lambda environ, start: [], map={}, host="127.0.0.1", port=0)
     ours, theirs = socket.socketpair()
-    channel = _Channel(server, ours, ("127.0.0.1", 1), server.adj, map={})
+    channel = Channel(server, ours, ("127.0.0.1", 1), server.adj, map={})
     try:
         channel.requests, channel.total_outbufs_len = [object()], 100  # a task is writing its response
         holding, done = threading.Event(), threading.Event()
@@ -240,14 +242,13 @@ def test_a_response_being_sent_by_its_task_is_not_polled_for() -> None:
 
 
 def test_a_slow_request_head_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Slowloris: about 1,000 connections sending an incomplete request head filled the connection
-    limit and new clients timed out. A head must arrive within SWITCHYARD_HTTP_HEAD_TIMEOUT seconds
-    (here 1); the slow ones are closed, new clients are served."""
+    """Slowloris below the connection limit (at it, see the next test): a head must arrive within
+    SWITCHYARD_HTTP_HEAD_TIMEOUT seconds (here 1); the slow ones are closed, new clients are served."""
     monkeypatch.setenv("SWITCHYARD_HTTP_HEAD_TIMEOUT", "1")
     with HttpGateway(app, threads=8) as gw:
         slow: list[socket.socket] = []
         try:
-            for _ in range(1000):
+            for _ in range(100):
                 sock = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
                 sock.sendall(b"GET /echo/slow HTTP/1.1\r\nHost: x\r\nX-Drip: ")
                 slow.append(sock)
@@ -274,9 +275,77 @@ def test_a_head_that_arrives_in_time_is_served_however_long_the_request_runs(
         assert session.get(f"{gw.url}/echo/again", timeout=10).status_code == 200
 
 
-def _closed_by_peer(sock: socket.socket) -> bool:
-    sock.settimeout(5)
+def test_a_new_client_is_served_at_once_while_dripping_heads_fill_the_connection_limit() -> None:
+    """Slowloris at the limit: 1,000 connections holding an incomplete head fill the limit of 1,000
+    (threads=8). A new client is answered at once, the oldest head closed for it, long before the
+    head timeout (30 s here) would have cut any (it waited for that cut: 9.2 s at 10 s)."""
+    with HttpGateway(app, threads=8, head_timeout_s=30) as gw:
+        slow = _incomplete_heads(gw, 1000)
+        try:
+            wait_for(lambda: len(gw._server.active_channels) >= 998, what="the heads accepted")
+            started = time.monotonic()
+            reply = requests.get(f"{gw.url}/echo/fresh", timeout=3)
+            took = time.monotonic() - started
+            print(f"a new client beside 1,000 dripping heads: answered in {took * 1000:.1f} ms, "
+                  f"{gw._server.shed} head(s) shed")
+            assert reply.status_code == 200 and took < 1.0
+            assert _closed_by_peer(slow[0])  # the oldest head made room
+            assert gw._server.heads_cut == 0
+        finally:
+            for sock in slow:
+                sock.close()
+
+
+def test_at_the_limit_heads_go_first_then_idle_connections_never_a_request() -> None:
+    """Connection limit 10 (8 connections): 2 requests in progress, 2 idle keep-alive connections,
+    4 incomplete heads. Six new clients, each keeping its connection alive, are each served at once:
+    the first four close the heads, the next two the idle connections; the requests finish."""
+    with HttpGateway(app, threads=4, head_timeout_s=30, connection_limit=10) as gw, \
+            ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(requests.get, f"{gw.url}/wait?s=2", timeout=10) for _ in range(2)]
+        wait_for(lambda: sum(bool(c.requests) for c in gw._server.active_channels.values()) == 2,
+                 what="2 requests in progress")
+        idle = [socket.create_connection(("127.0.0.1", gw.port), timeout=5) for _ in range(2)]
+        for sock in idle:
+            sock.sendall(b"GET /echo/idle HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        heads = _incomplete_heads(gw, 4)
+        sessions = [requests.Session() for _ in range(6)]
+        try:
+            wait_for(lambda: len(gw._server.active_channels) == 8, what="8 connections")
+            for n, session in enumerate(sessions):
+                started = time.monotonic()
+                assert session.get(f"{gw.url}/echo/new{n}", timeout=1.5).status_code == 200
+                assert time.monotonic() - started < 1.0
+                if n == 3:
+                    assert all(_closed_by_peer(sock) for sock in heads)
+                    assert not any(_closed_by_peer(sock, wait_s=0) for sock in idle)
+            assert all(_closed_by_peer(sock) for sock in idle)
+            assert [r.result().status_code for r in running] == [200, 200]
+            assert gw._server.shed == 6
+        finally:
+            for sock in idle + heads:
+                sock.close()
+            for session in sessions:
+                session.close()
+
+
+def _incomplete_heads(gw: HttpGateway, n: int) -> list[socket.socket]:
+    """``n`` connections that sent a request head without its end."""
+    socks = []
+    for _ in range(n):
+        sock = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+        sock.sendall(b"GET /echo/slow HTTP/1.1\r\nHost: x\r\nX-Drip: ")
+        socks.append(sock)
+    return socks
+
+
+def _closed_by_peer(sock: socket.socket, wait_s: float = 5) -> bool:
+    """True once the server closed ``sock``; False if it is still open after ``wait_s``."""
+    sock.settimeout(wait_s)  # 0: only what has already arrived
     try:
         return sock.recv(1024) == b""
     except ConnectionResetError:
         return True
+    except (BlockingIOError, TimeoutError):
+        return False

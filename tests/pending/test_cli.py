@@ -69,8 +69,8 @@ def test_status_shows_depth_in_flight_and_oldest_age(settings: PendingSettings,
         table = run(settings, "status").stdout
     finally:
         cancel.cancel()
-    waiting = status["waiting"]
-    assert waiting["waiting"] == 1 and waiting["queued"] == 1 and waiting["taken"] == 0
+    (waiting,) = status["endpoints"]
+    assert [waiting[f] for f in ("endpoint", "waiting", "queued", "taken")] == ["waiting", 1, 1, 0]
     assert 0 <= waiting["oldest_age_s"] < 60  # whole-clock resolution: a fresh request may read 0.0
     assert table.splitlines()[0].split() == ["endpoint", "waiting", "queued", "taken", "answered", "oldest"]
     assert table.splitlines()[1].split()[:5] == ["waiting", "1", "1", "0", "0"]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import boto3
 import pika
@@ -42,7 +42,7 @@ from switchyard.rpc.drivers.noop import NoopDriver
 from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
 from switchyard.rpc.service import ControlPlane
 from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings
-from tests.conftest import unique
+from tests.conftest import unique, wait_for
 from tests.rpc.conftest import WorkerProcesses, delete_pool, flush_pool_state
 
 MOTO = "http://127.0.0.1:5000"
@@ -57,6 +57,14 @@ class Deployed:
     admin: RpcSettings
     secrets: dict[BrokerUser, str]  # user -> secret ARN
     passwords: dict[BrokerUser, tuple[str, str]]  # user -> (username, password)
+    applications: list[str]  # two applications, each with its own clients user
+    probe_vhost: str
+
+    def control(self, delays: Delays | None = None) -> ControlSettings:
+        """A reconcile function's control settings: the probe in its vhost, as the probe's user."""
+        return ControlSettings(self.pool, delays or Delays(), dead_letter_probe_interval_s=0.001,
+                               dead_letter_probe_vhost=self.probe_vhost,
+                               dead_letter_probe_secret_arn=self.secrets[BrokerUser(BrokerRole.PROBE)])
 
     def template(self, url: str) -> str:
         """The admin's ``url`` with ``{username}``/``{password}`` placeholders, as a deployment has it."""
@@ -76,6 +84,13 @@ class Deployed:
     def connect(self, role: BrokerRole, pool: str | None = None) -> pika.BlockingConnection:
         return pika.BlockingConnection(pika.URLParameters(self.settings(role, pool).connections.amqp_url))
 
+    def connect_application(self, application: str) -> pika.BlockingConnection:
+        """A connection as ``application``'s own clients user."""
+        name, password = self.passwords[BrokerUser(BrokerRole.CLIENTS, application=application)]
+        parts = urlsplit(self.admin.connections.amqp_url)
+        url = parts._replace(netloc=f"{name}:{password}@{parts.hostname}:{parts.port}").geturl()
+        return pika.BlockingConnection(pika.URLParameters(url))
+
 
 @pytest.fixture
 def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployed]:
@@ -84,26 +99,29 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployed]:
                         ("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
         monkeypatch.setenv(name, os.environ.get(name) or value)
     admin = RpcSettings.from_env()
-    pools = [unique("u"), unique("u")]
+    pools, applications = [unique("u"), unique("u")], [unique("app").replace("-", "_") for _ in range(2)]
+    probe_vhost = unique("probe")
     sm = boto3.client("secretsmanager")
     secrets, passwords = {}, {}
-    for user in deployment_users(pools):
+    for user in deployment_users(pools, applications):
         # Deployment-wide users are one per deployment: made unique here, as the shared broker holds other
         # runs'.
-        name = user.username if user.pool else f"{user.username}-{pools[0]}"
+        name = user.username if user.pool or user.application else f"{user.username}-{pools[0]}"
         passwords[user] = (name, unique("pw"))
         secrets[user] = sm.create_secret(Name=unique("broker-user"), SecretString=json.dumps(
             {"username": name, "password": passwords[user][1]}))["ARN"]
     event = {"RequestType": "Create", "ResourceProperties": {
-        "Pools": pools, "Users": [{"Role": u.role.value, "Pool": u.pool or "", "SecretArn": arn}
-                                  for u, arn in secrets.items()]}}
+        "Pools": pools, "ProbeVhost": probe_vhost,
+        "Users": [{"Role": u.role.value, "Pool": u.pool or "", "Application": u.application or "",
+                   "SecretArn": arn} for u, arn in secrets.items()]}}
     conn = admin.connections
     management = ManagementApi(conn.management_url, vhost_from_amqp_url(conn.amqp_url))
     try:
         answer = deploy.declare_pools(event)
         assert sorted(answer["Data"]["Users"].split(",")) == sorted(n for n, _ in passwords.values())
-        yield Deployed(pools[0], pools[1], admin, secrets, passwords)
+        yield Deployed(pools[0], pools[1], admin, secrets, passwords, applications, probe_vhost)
     finally:
+        ManagementApi(conn.management_url, probe_vhost).delete_vhost()
         for name, _ in passwords.values():
             management.delete_user(name)
         for pool in pools:
@@ -115,8 +133,7 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployed]:
 def _as(deployed: Deployed, role: BrokerRole, redis_client: redis.Redis, work: Callable[[ControlPlane], T],
         delays: Delays | None = None) -> T:
     """``work`` on a control plane of ``role``'s Lambda function, as that function builds it."""
-    control = ControlSettings(deployed.pool, delays or Delays(), dead_letter_probe_interval_s=0.001)
-    plane = ControlPlane(control, deployed.settings(role), NoopDriver(), redis_client)
+    plane = ControlPlane(deployed.control(delays), deployed.settings(role), NoopDriver(), redis_client)
     try:
         return work(plane)
     finally:
@@ -172,9 +189,11 @@ def test_every_role_does_its_job_as_its_own_user(deployed: Deployed, workers: Wo
     assert (first.unbound, second.queues_deleted) == (1, 1), (first, second)
     assert first.queue_errors == second.queue_errors == 0
     # Its dead-lettering probe (policies, a probe queue declared and deleted), which a pass runs only
-    # on its turn among every pool on the broker: run as the reconciler runs it.
+    # on its turn among every pool on the broker: run as the reconciler runs it, in the probe's vhost
+    # as the probe's user.
     with PoolTopology(pool, deployed.settings(BrokerRole.RECONCILE)) as topology:
-        assert topology.probe_dead_lettering().detail
+        probe = deployed.control().probe_settings(topology.settings)
+        assert probe is not None and not topology.probe_dead_lettering(probe).stranded
         # And its leaderless-queue probe, a consume on a request queue: a refusal would read as silence.
         topology.ensure_request_queue("k2")
     assert consume_answered(deployed.settings(BrokerRole.RECONCILE).connections.amqp_url,
@@ -257,6 +276,10 @@ def _delete(queue: Callable[[Deployed], str]) -> Operation:
     return lambda channel, d: channel.queue_delete(queue(d))
 
 
+def _delete_exchange(exchange: Callable[[Deployed], str]) -> Operation:
+    return lambda channel, d: channel.exchange_delete(exchange(d))
+
+
 def _own_request_queue(d: Deployed) -> str:
     return p.request_queue(d.pool, "k1")
 
@@ -306,6 +329,9 @@ REFUSED: list[tuple[BrokerRole, str, Operation]] = [
     (BrokerRole.RECONCILE, "delete another pool's request queue", _delete(_other_request_queue)),
     (BrokerRole.RECONCILE, "publish through the default exchange",
      _publish(lambda d: "", _own_request_queue)),
+    # Last: allowed, they would take the exchange the rows above publish to.
+    *((role, "delete its pool's request exchange", _delete_exchange(lambda d: p.req_exchange(d.pool)))
+      for role in (BrokerRole.ORPHANS, BrokerRole.ACTIVITY, BrokerRole.RECONCILE)),
 ]
 
 
@@ -359,3 +385,88 @@ def test_the_pools_resource_refuses_to_demote_its_own_admin(deployed: Deployed) 
         sm.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
     with PoolTopology(deployed.pool, deployed.admin) as topology:  # the admin still works
         assert topology.exists()
+
+
+def test_no_run_time_user_may_put_or_list_policies(deployed: Deployed) -> None:
+    """``policymaker`` reaches every queue of each vhost its user may use: only the probe's user holds
+    it, and only in the probe's vhost. No one else may drop another pool's requests by a policy, nor
+    list the policies but the reconciler."""
+    base = urlsplit(deployed.admin.connections.management_url)
+    api = f"{base.scheme}://{base.hostname}:{base.port}/api"
+    policy = {"pattern": f"^{p.request_queue_prefix(deployed.other)}", "definition": {"max-length": 0},
+              "apply-to": "queues", "priority": 99}
+    admin, granted = ManagementApi(deployed.admin.connections.management_url), []
+    try:
+        for user, (name, password) in deployed.passwords.items():
+            if user.pool not in (None, deployed.pool):
+                continue
+            put = requests.put(f"{api}/policies/%2F/{name}", json=policy, auth=(name, password), timeout=10)
+            listed = requests.get(f"{api}/policies/%2F", auth=(name, password), timeout=10)
+            granted += [f"{user.role}: {what} {code}" for what, code in
+                        (("put", put.status_code), ("list", listed.status_code)) if code < 400]
+        # The reconciler's management tag (queue lists) shows the vhost's policies: read-only (security.md).
+        granted.remove("reconcile: list 200")
+        name, password = deployed.passwords[BrokerUser(BrokerRole.PROBE)]
+        vhost = quote(deployed.probe_vhost, safe="")
+        probe = {**policy, "pattern": f"^{p.DEAD_LETTER_PROBE_PREFIX}"}
+        assert requests.put(f"{api}/policies/{vhost}/{name}", json=probe, auth=(name, password),
+                            timeout=10).status_code == 201  # its own vhost: the probe's policies
+    finally:
+        for name, _ in deployed.passwords.values():
+            admin.delete_policy(name)
+    assert not granted, "may put or list the vhost's policies:\n" + "\n".join(granted)
+
+
+def test_an_application_reads_and_deletes_only_its_own_reply_queues(deployed: Deployed) -> None:
+    mine, theirs = deployed.applications
+    owner = deployed.connect_application(mine)
+    queue = p.reply_queue(f"{mine}.r1")
+    owner.channel().queue_declare(queue, durable=True)
+    refused = []
+    try:
+        for what, operation in (("read", lambda ch: ch.basic_consume(queue, lambda *_: None)),
+                                ("delete", lambda ch: ch.queue_delete(queue)),
+                                ("declare its own", lambda ch: ch.queue_declare(p.reply_queue(f"{mine}.x"),
+                                                                                durable=True))):
+            other = deployed.connect_application(theirs)
+            try:
+                operation(other.channel())
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                refused.append((what, exc.reply_code))
+            finally:
+                if other.is_open:
+                    other.close()
+        assert refused == [(w, ACCESS_REFUSED) for w in ("read", "delete", "declare its own")]
+    finally:
+        owner.channel().queue_delete(queue)  # its own: allowed
+        owner.close()
+
+
+def test_answers_go_only_to_reply_queues(request_queues: Deployed, workers: WorkerProcesses,
+                                         redis_client: redis.Redis) -> None:
+    """A ``reply_to`` naming a queue the caller may not write (another pool's request queue) gets no
+    answer from the worker nor the dead-letter responder; the direct reply-to form does."""
+    deployed, target = request_queues, p.request_queue(request_queues.other, "k1")
+    connection = deployed.connect(BrokerRole.CLIENTS)
+    channel, answers = connection.channel(), []
+    channel.basic_consume(p.DIRECT_REPLY_TO, auto_ack=True,
+                          on_message_callback=lambda _c, _m, props, _b: answers.append(props.correlation_id))
+    for correlation, reply_to in (("aimed", target), ("direct", p.DIRECT_REPLY_TO)):
+        channel.basic_publish(p.req_exchange(deployed.pool), p.routing_key("k1"), b"x",
+                              pika.BasicProperties(correlation_id=correlation, reply_to=reply_to))
+    name, password = deployed.passwords[BrokerUser(BrokerRole.WORKERS, deployed.pool)]
+    workers.start(deployed.pool, "k1", "tests.rpc.handlers:whoami", "w1",
+                  SWITCHYARD_AMQP_URL=deployed.template(deployed.admin.connections.amqp_url),
+                  SWITCHYARD_AMQP_USERNAME=name, SWITCHYARD_AMQP_PASSWORD=password,
+                  WORKER_ACTIVITY_INTERVAL="0")
+    wait_for(lambda: connection.process_data_events(0.1) or answers, 30, what="the direct reply-to answer")
+    connection.close()
+    assert answers == ["direct"]  # in order: "aimed" was handled first, and answered nowhere
+    with PoolTopology(deployed.other, deployed.admin) as topology:
+        assert topology.queue_status(target) == (0, 0), "the worker answered into another pool's queue"
+    _dead_letter(deployed, target)
+    dead = _take(deployed, p.dl_queue(deployed.pool))
+    outcome = _as(deployed, BrokerRole.DEAD_LETTERS, redis_client, lambda cp: cp.respond_dead_letters(dead))
+    assert (outcome.responses, outcome.without_reply_to) == (0, 1)
+    with PoolTopology(deployed.other, deployed.admin) as topology:
+        assert topology.queue_status(target) == (0, 0), "the responder answered into another pool's queue"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from switchyard.core.errors import InvalidNameError
@@ -75,3 +77,21 @@ def test_policy_pattern_matches_only_request_queues_of_its_pool() -> None:
     orphans = re.compile(p.orphan_policy_pattern("core"))
     assert orphans.match("core-orphan")
     assert not orphans.match("core-orphans") and not orphans.match("core-req-core-orphan")
+
+
+def test_no_request_queue_has_the_request_exchanges_name() -> None:
+    """So the request queues' permission pattern can leave the exchange out (no run-time configure)."""
+    queue = p.request_queue("pool", "xchg")
+    assert queue != p.req_exchange("pool")
+    assert p.key_from_request_queue("pool", queue) == "xchg"
+    assert not re.search(p.request_queues_pattern("pool"), p.req_exchange("pool"))
+    assert re.search(p.request_queues_pattern("pool"), queue)
+    assert p.key_from_request_queue("pool", p.req_exchange("pool")) is None
+
+
+@pytest.mark.parametrize(("reply_to", "allowed"), [
+    ("amq.rabbitmq.reply-to", True), ("amq.rabbitmq.reply-to.g2dkABC", True), ("amq.gen-abc", True),
+    ("switchyard-reply-app.r1", True), ("", False), (None, False), ("pool-req-k1", False),
+    ("pool-poison", False), ("amq.rabbitmq.reply-tox", False)])
+def test_answers_go_only_to_reply_queues(reply_to: str | None, allowed: bool) -> None:
+    assert p.replyable(reply_to) is allowed

@@ -161,6 +161,29 @@ def test_the_decoder_reads_what_pika_reads_and_pika_still_calls_it() -> None:
     assert "nested deeper than 64" in amqp_decode.undecodable(decoded.properties.headers)
 
 
+def test_a_reply_the_client_cannot_decode_reads_as_an_error_not_ok(pool, producer) -> None:
+    """A stranger's worker answering with a header table pika cannot decode: the client's
+    connection lived (the tolerant decoder), but the answer read as ``ok``, whatever it said."""
+    name, settings = pool
+    bind(name, settings, "k")
+    with RpcClient(name, settings, timeout=10) as client:
+        future = client.submit("k", b"question")
+        request: list[tuple[pika.BasicProperties, bytes]] = []
+
+        def taken() -> bool:
+            request.extend(producer.drain(p.request_queue(name, "k")))
+            return bool(request)
+
+        wait_for(taken, timeout=10, what="the request in its queue")
+        (props, _body), = request
+        reply = table(entry(p.STATUS_HEADER, string("ok")), entry("a", deep_array()))
+        reply_props = RawHeaders(reply, correlation_id=props.correlation_id)
+        producer.publish("", props.reply_to, b"answer", reply_props)
+        response = future.result(timeout=10)
+        assert (response.status, response.body) == (p.Status.ERROR, b"answer")
+        assert "nested deeper than" in response.headers[p.UNDECODABLE_HEADER]
+
+
 # -- item 1: the worker -------------------------------------------------------------------------
 def test_a_worker_poisons_a_request_pika_cannot_decode_and_serves_the_rest(pool, workers, producer) -> None:
     """A 1,200-deep array killed every worker that took the request (a delivery-limit strike for
@@ -362,3 +385,6 @@ def test_the_handlers_poison_an_aws_event_message_nested_too_deep(pool, plane, p
     dead = {p.dl_queue(name) + "::/": [message]}
     outcome = load_function("rpc_dead_letters").lambda_handler({**event, "rmqMessagesByQueue": dead}, context)
     assert outcome["undecodable"] == 1 and outcome["responses"] == 1, outcome
+    activity = {p.activity_queue(name) + "::/": [message]}
+    outcome = load_function("rpc_activity").lambda_handler({**event, "rmqMessagesByQueue": activity}, context)
+    assert (outcome["undecodable"], outcome["without_key"], outcome["keys"]) == (1, 0, 0), outcome

@@ -14,7 +14,11 @@ from typing import Any
 
 import pytest
 
+from stacks import constants as c
+from stacks.broker import BrokerSettings
 from switchyard.rpc.control.access import BrokerRole, BrokerUser, deployment_users
+from switchyard.rpc.protocol import DEAD_LETTER_PROBE_VHOST
+from tests.stacks.conftest import synth
 
 Resources = dict[str, dict[str, Any]]
 POOL_FUNCTION_ROLES = {"rpc_orphans": BrokerRole.ORPHANS, "rpc_dead_letters": BrokerRole.DEAD_LETTERS,
@@ -74,7 +78,8 @@ def user_secrets(resources: Resources) -> dict[BrokerUser, str]:
     (pools,) = _of_kind(resources, "Custom::SwitchyardPools").values()
     users = pools["Properties"].get("Users")
     assert users, "the pools custom resource makes no broker users: every process uses the admin"
-    return {BrokerUser(BrokerRole(u["Role"]), u["Pool"] or None): u["SecretArn"]["Ref"] for u in users}
+    return {BrokerUser(BrokerRole(u["Role"]), u["Pool"] or None, u.get("Application") or None):
+            u["SecretArn"]["Ref"] for u in users}
 
 
 def _pools(resources: Resources) -> list[str]:
@@ -133,9 +138,15 @@ def test_each_pool_function_reads_its_own_role_secret(resources: Resources,
         pool = env["SWITCHYARD_POOL"]
         own = user_secrets[BrokerUser(POOL_FUNCTION_ROLES[module], pool)]
         assert _secrets_in(resources, env["SWITCHYARD_AMQP_SECRET_ARN"]) == {own}, module
-        # A function with an event source mapping also lets its pollers read the mappings' secret.
+        # A function with an event source mapping also lets its pollers read the mappings' secret; the
+        # reconciler runs the dead-lettering probe as the probe's user (the one policymaker).
         expected = {own} | ({user_secrets[BrokerUser(BrokerRole.MAPPINGS, pool)]}
                             if role in roles_with_mapping else set())
+        if module == "rpc_reconcile":
+            probe = user_secrets[BrokerUser(BrokerRole.PROBE)]
+            assert _secrets_in(resources, env["SWITCHYARD_DEAD_LETTER_PROBE_SECRET_ARN"]) == {probe}
+            assert env["SWITCHYARD_DEAD_LETTER_PROBE_VHOST"] == DEAD_LETTER_PROBE_VHOST
+            expected.add(probe)
         assert _role_reads(resources, role) & broker_secrets == expected, (module, pool)
     assert seen == 4 * len(_pools(resources))
 
@@ -181,3 +192,19 @@ def test_the_emr_job_and_the_deployed_configuration_name_the_clients_secret(
     (parameter,) = [p["Properties"]["Value"] for p in _of_kind(resources, "AWS::SSM::Parameter").values()
                     if "/SWITCHYARD_AMQP_SECRET_ARN" in json.dumps(p["Properties"]["Name"])]
     assert _secrets_in(resources, parameter) == {clients}
+
+
+def test_each_application_named_gets_a_clients_user_of_its_own(
+        layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``switchyard:brokerApplications``: a secret and a user each, limited to its own reply queues."""
+    template, _, _ = synth(layer_dir, tmp_path_factory.mktemp("cdk.out.apps"),
+                           **{c.CTX_BROKER_APPLICATIONS: "billing,etl"})
+    resources = template.to_json()["Resources"]
+    (pools,) = _of_kind(resources, "Custom::SwitchyardPools").values()
+    apps = {u["Application"]: u["SecretArn"]["Ref"] for u in pools["Properties"]["Users"] if u["Application"]}
+    assert set(apps) == {"billing", "etl"}
+    for application, secret in apps.items():
+        template_json = resources[secret]["Properties"]["GenerateSecretString"]["SecretStringTemplate"]
+        assert json.loads(template_json) == {"username": f"switchyard-clients-{application}"}
+    with pytest.raises(ValueError, match="invalid application name"):
+        BrokerSettings(applications=("no-dashes",))

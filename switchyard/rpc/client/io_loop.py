@@ -47,7 +47,7 @@ from switchyard.rpc.amqp import (
     written_together,
 )
 from switchyard.rpc.client.requests import Call, encode_request
-from switchyard.rpc.client.response import ClientStats, Response
+from switchyard.rpc.client.response import ClientStats, Response, status_of
 from switchyard.rpc.client.slots import SlotTable
 from switchyard.rpc.errors import (
     CallTimeoutError,
@@ -62,10 +62,6 @@ from switchyard.rpc.settings import RpcSettings
 
 _MAX_LOOP_WAIT = 0.2
 _RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
-
-
-def _header_str(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 class _ClientCore:
@@ -410,8 +406,7 @@ class _ClientCore:
             return
         self.stats.responses += 1
         headers = props.headers or {}
-        status = _header_str(headers.get(p.STATUS_HEADER, p.Status.OK))
-        call.future.set_result(Response(status, body, props.correlation_id, headers))
+        call.future.set_result(Response(status_of(headers), body, props.correlation_id, headers))
 
     def _on_reply_queue_lost(self, channel: BlockingChannel) -> None:
         """The broker cancelled the reply consumer (someone deleted the queue): no answer can come.

@@ -8,6 +8,7 @@ from typing import Any
 
 from switchyard.core.errors import RemoteError
 from switchyard.rpc import protocol as p
+from switchyard.rpc.amqp_decode import undecodable
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,15 @@ class Response:
         if not self.ok:
             raise RemoteError(self.status, self.body)
         return self
+
+
+def status_of(headers: Mapping[str, Any]) -> str:
+    """A response's status: its ``x-status`` (``ok`` when a plain worker sets none), ``error`` when
+    its headers could not be decoded (whatever they said is unknown, so it cannot read as ok)."""
+    if undecodable(headers) is not None:
+        return p.Status.ERROR
+    value = headers.get(p.STATUS_HEADER, p.Status.OK)
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from switchyard.delay.settings import DelaySettings, validate_topic
 from switchyard.rpc import frames
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import connect
-from switchyard.rpc.client.response import Response
+from switchyard.rpc.client.response import Response, status_of
 from switchyard.rpc.scheduling import ScheduledCall, request_properties, scheduled_headers, validate_call_id
 from switchyard.rpc.settings import RpcSettings
 
@@ -166,7 +166,7 @@ def collect(settings: RpcSettings, reply: str, ids: Iterable[str] | None = None,
                 cid = props.correlation_id
                 if cid is not None and (wanted is None or cid in wanted):
                     headers = props.headers or {}
-                    found[cid] = Response(str(headers.get(p.STATUS_HEADER, "")), body, cid, headers)
+                    found[cid] = Response(status_of(headers), body, cid, headers)
                     channel.basic_ack(method.delivery_tag)
                 else:
                     held = True

@@ -37,6 +37,7 @@ class ActivityOutcome:
     reactivated: int = 0
     late_for_stopped: int = 0
     without_key: int = 0
+    undecodable: int = 0  # headers not decodable (amqp_decode): dropped, a report carries no answer
     unknown_events: int = 0
     malformed_fields: int = 0  # reports with a field the event could not carry (still used if keyed)
     latency_reports: int = 0  # latency summaries kept
@@ -67,6 +68,11 @@ def track_activity(
     for message in messages:
         outcome.events += 1
         outcome.malformed_fields += bool(message.problems)
+        if (reason := message.undecodable) is not None:
+            outcome.undecodable += 1
+            logger.warning("activity report with undecodable headers dropped",
+                           extra={"pool": topology.pool, "reason": reason})
+            continue
         key = message.key
         if key is None:
             outcome.without_key += 1

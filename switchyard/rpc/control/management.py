@@ -106,6 +106,13 @@ class ManagementApi:
         body = {"configure": configure, "write": write, "read": read}
         self._request("PUT", f"/permissions/{self._vhost}/{quote(user, safe='')}", json=body)
 
+    def put_vhost(self) -> None:
+        """Create this vhost (no change if it exists)."""
+        self._request("PUT", f"/vhosts/{self._vhost}")
+
+    def delete_vhost(self) -> None:
+        self._request("DELETE", f"/vhosts/{self._vhost}")
+
     def delete_user(self, name: str) -> None:
         self._request("DELETE", f"/users/{quote(name, safe='')}")
 

@@ -105,7 +105,7 @@ def negative_response(message: AmqpMessage, status: str, detail: dict,
     """A protocol response for the caller waiting on ``reply-to``, if there is one, in the
     request's trace (``trace``: this hop's span, else one under the request's ``traceparent``)."""
     reply_to = message.properties.reply_to
-    if not reply_to:
+    if not p.replyable(reply_to):  # none, or a queue no answer may go to
         return None
     trace = trace or tracing.from_headers(message.headers)
     headers = {p.STATUS_HEADER: status, tracing.TRACEPARENT_HEADER: trace.traceparent}

@@ -39,7 +39,7 @@ from switchyard.rpc.control.dead_lettering import broker_id
 from switchyard.rpc.control.leaderless import LeaderlessWatch
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.ports import PoolStore, WorkerGroup, WorkerGroupDriver
-from switchyard.rpc.settings import Delays
+from switchyard.rpc.settings import Delays, RpcSettings
 from switchyard.rpc.store import GroupState, GroupStatus, now_ms
 
 
@@ -92,12 +92,14 @@ class DepthCadence:
 class Reconciler:
     def __init__(self, state: PoolStore, topology: PoolTopology, driver: WorkerGroupDriver,
                  delays: Delays, probe_interval_s: float = 0.0,
-                 leaderless: LeaderlessWatch | None = None, cadence: DepthCadence | None = None) -> None:
+                 leaderless: LeaderlessWatch | None = None, cadence: DepthCadence | None = None,
+                 probe_settings: RpcSettings | None = None) -> None:
         self.state = state
         self.topology = topology
         self.driver = driver
         self.delays = delays
         self.probe_interval_s = probe_interval_s  # 0: no probe
+        self.probe_settings = probe_settings  # the probe's own vhost and user; None: the topology's
         self.pool = topology.pool
         self.leaderless = leaderless  # None: not watched (its memory must outlive the pass)
         self.cadence = cadence  # None: depths on every pass
@@ -142,7 +144,7 @@ class Reconciler:
         if not self.state.probe_turn(broker, self.probe_interval_s):
             return
         try:
-            result = self.topology.probe_dead_lettering()
+            result = self.topology.probe_dead_lettering(self.probe_settings)
         except Exception:  # observability must not break the pass
             outcome.queue_errors += 1
             logger.exception("dead-lettering probe failed", extra={"pool": self.pool})

@@ -202,8 +202,12 @@ class PoolTopology:
         return {pattern[1:-1]: definition for _, pattern, definition in self._policies()
                 if definition.get(p.DEAD_LETTER_STRATEGY) == p.AT_LEAST_ONCE}
 
-    def probe_dead_lettering(self) -> ProbeResult:
-        """Whether the broker can still start an at-least-once queue (see dead_lettering.probe)."""
+    def probe_dead_lettering(self, where: RpcSettings | None = None) -> ProbeResult:
+        """Whether the broker can still start an at-least-once queue (see dead_lettering.probe), probed
+        with this topology's connection or in ``where`` (the probe's own vhost and user)."""
+        if where is not None:
+            with PoolTopology(self.pool, where) as elsewhere:
+                return elsewhere.probe_dead_lettering()
         return probe(self._channel, self.management, self.policy.priority)
 
     def exists(self) -> bool:

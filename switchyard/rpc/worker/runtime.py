@@ -331,7 +331,7 @@ class Worker:
         if status is None:
             self._shed(delivery)
             return False
-        if not delivery.props.reply_to:
+        if not p.replyable(delivery.props.reply_to):  # none, or a queue no answer may go to
             self.stats.no_reply_to += 1
             self._ack(delivery.tag)
             return False
@@ -363,7 +363,7 @@ class Worker:
                      extra={"worker_id": self.config.worker_id, "amqp_correlation_id": props.correlation_id,
                             "reason": reason})
         self._acks.flush(self._channel)  # before this request is settled otherwise (see acks)
-        if props.reply_to:
+        if p.replyable(props.reply_to):
             detail = {"error": "UndecodableHeaders", "message": reason}
             trace = tracing.from_headers(None)  # the request's own traceparent is in the undecoded table
             self._reply(props, p.Status.ERROR, json.dumps(detail).encode(), trace.traceparent)
