@@ -215,7 +215,7 @@ def test_a_worker_poisons_a_request_pika_cannot_decode_and_serves_the_rest(pool,
     assert worker.poll() is None
     worker.terminate()
     assert worker.wait(15) == 0
-    assert worker.stderr.read().decode().count("undecodable headers sent to the poison inventory") == 1
+    assert worker.stderr.read().decode().count("request sent to the poison inventory") == 1
 
 
 def test_a_worker_poisons_a_request_whose_reply_to_is_not_utf8(pool, workers, producer) -> None:
