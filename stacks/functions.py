@@ -30,7 +30,13 @@ from stacks import constants as c
 from stacks.broker import BrokerConstruct
 from stacks.config import ConfigError, DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
-from stacks.grants import ecs_pool_access, event_source_network_access, kafka_access, read_secrets
+from stacks.grants import (
+    ecs_pool_access,
+    ecs_stop_access,
+    event_source_network_access,
+    kafka_access,
+    read_secrets,
+)
 from stacks.names import metrics_namespace
 from stacks.network import NetworkConstruct
 from stacks.parameters import (
@@ -243,11 +249,18 @@ class FunctionsConstruct(Construct):
         # The admin's one process: it declares the pools and makes every role's user from its secret.
         users = [{"Role": user.role.value, "Pool": user.pool or "", "SecretArn": secret.secret_arn}
                  for user, secret in self.broker.users.items()]
+        # Its Delete stops the pools' worker tasks (switchyard/aws/teardown.py): it depends on the
+        # cluster, so CloudFormation deletes it, and stops them, before the cluster.
+        teardown = {"Cluster": self.workers.cluster.cluster_name,
+                    "Families": [worker_family(self, p.name) for p in self.config.pools]}
         pools_fn, pools = self._custom_resource(
-            "Pools", "deploy_pools", {"Pools": [p.name for p in self.config.pools], "Users": users},
+            "Pools", "deploy_pools",
+            {"Pools": [p.name for p in self.config.pools], "Users": users, **teardown},
             self._amqp_env(self.broker.secret)
         )
         read_secrets(pools_fn, self.broker.secret, *self.broker.users.values())
+        ecs_stop_access(pools_fn, self.workers.cluster)
+        pools.node.add_dependency(self.workers.cluster)  # its capacity provider associations too
         schema_fn, schema = self._custom_resource(
             "DelaySchema",
             "deploy_delay_schema",
@@ -437,4 +450,6 @@ class FunctionsConstruct(Construct):
                 target=targets.LambdaInvoke(fn, retry_attempts=0, max_event_age=Duration.minutes(1)),
                 description=f"Switchyard {name}: every minute (EventBridge Scheduler's finest rate)",
             )
+            # Deleted before the pools resource stops the workers: no tick starts a group after it.
+            schedules[name].node.add_dependency(self.deploy["pools"])
         return schedules
