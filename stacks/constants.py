@@ -82,6 +82,8 @@ CTX_EMR_IMAGE = "switchyard:emrImage"
 CTX_BASE_IMAGE = "switchyard:baseImage"  # what pools' own images are built FROM (stacks/base_image.py)
 CTX_LAYER_DIR = "switchyard:layerDir"
 CTX_CONCURRENCY = "switchyard:concurrency"  # reserved concurrency and the account limit it must fit
+# The account's own limit, read by ./dev deploy (stacks/account_limits.py); it wins over accountLimit.
+CTX_ACCOUNT_CONCURRENCY = "switchyard:accountConcurrency"
 CTX_CALL_TIMEOUT = "switchyard:callTimeoutSeconds"  # the deployment's default call timeout (SSM)
 # The AWS target's stacks: a list of names (default [STACK_ID]), e.g. staging beside production.
 CTX_STACKS = "switchyard:stacks"

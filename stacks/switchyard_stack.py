@@ -70,7 +70,7 @@ class SwitchyardStack(Stack):
         self.pending = PendingConstruct(self, PENDING_CONSTRUCT_ID, data=self.data, functions=self.functions,
                                         monitoring=self.monitoring, account_logging=self.bus.api)
         self._build_outputs()
-        self.config.concurrency.check_reserved(self.reserved_concurrency())
+        self.config.concurrency.check_reserved(self.reserved_concurrency(), self.config.account_concurrency)
 
     def reserved_concurrency(self) -> dict[str, int]:
         """Each function's reserved concurrency, by construct path: every reservation, whoever made it."""

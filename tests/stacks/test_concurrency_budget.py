@@ -61,3 +61,13 @@ def test_reservations_beyond_the_account_budget_fail_synth_with_the_reason(
     reason = rf"(?s)reserve {reserved} .*at least 100 unreserved.*{CTX_CONCURRENCY}"
     with pytest.raises(ConfigError, match=reason):
         synth(layer_dir, tmp_path, **{CTX_CONCURRENCY: {"accountLimit": limit}})
+
+
+def test_the_limit_read_from_the_account_wins_and_fails_synth_when_the_stack_does_not_fit(
+    layer_dir: str, tmp_path: Path
+) -> None:
+    """A new account at 50 (a real quota of new accounts) with the default accountLimit of 1,000:
+    the limit ./dev deploy read refuses the stack before anything is created."""
+    reason = r"(?s)the account's limit, 50 \(lambda get-account-settings, read by ./dev deploy\).*at most 0"
+    with pytest.raises(ConfigError, match=reason):
+        synth(layer_dir, tmp_path, **{c.CTX_ACCOUNT_CONCURRENCY: "50"})
