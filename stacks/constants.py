@@ -141,6 +141,9 @@ SCHEDULE_RATE_MINUTES = 1
 # mapping ever runs.
 DELAY_MIN_POLLERS = 1
 KAFKA_INVOCATIONS_PER_POLLER = 5
+# The MSK mappings' provisioned poller group (``{stack}-msk-pollers``): they share its event poller
+# units (AWS: up to 100 mappings in the event source's VPC per group) instead of one set each.
+MSK_POLLER_GROUP_SUFFIX = "msk-pollers"
 
 # A new key's first call on AWS (docs/deployment.md, "A new key's first call"): its request waits, under its
 # expiration (the call's timeout), for the orphan event source (its batch window, then its poll), the

@@ -37,7 +37,7 @@ from stacks.grants import (
     kafka_access,
     read_secrets,
 )
-from stacks.names import metrics_namespace
+from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct
 from stacks.parameters import (
     DELAY_CONSUMER_GROUP,
@@ -407,6 +407,8 @@ class FunctionsConstruct(Construct):
             provisioned_poller_config=lambda_.CfnEventSourceMapping.ProvisionedPollerConfigProperty(
                 minimum_pollers=c.DELAY_MIN_POLLERS,
                 maximum_pollers=max(c.DELAY_MIN_POLLERS, -(-d.partitions // c.KAFKA_INVOCATIONS_PER_POLLER)),
+                # Both MSK mappings share one group's event poller units (billed per EPU-hour).
+                poller_group_name=physical_name(self, c.MSK_POLLER_GROUP_SUFFIX),
             ),
             amazon_managed_kafka_event_source_config=(
                 lambda_.CfnEventSourceMapping.AmazonManagedKafkaEventSourceConfigProperty(consumer_group_id=group)
