@@ -127,6 +127,11 @@ BUS_HOUSEKEEPING_RESERVED_CONCURRENCY = 1  # one housekeeping pass at a time
 LAMBDA_MIN_UNRESERVED = 100
 DEFAULT_ACCOUNT_CONCURRENCY = 1000
 DEPLOY_TIMEOUT_S = 300
+# CloudFormation's resources per stack, and what one pool adds (4 functions with their roles, policies
+# and log groups, 3 event source mappings, 6 broker user secrets, 10 alarms, its task definition with
+# 3 IAM resources, a schedule with its role and policy; tests/stacks/test_pool_limit.py measures it).
+CFN_MAX_RESOURCES = 500
+RESOURCES_PER_POOL = 42
 # Postgres connections each warm environment keeps (the store: one per thread that uses it).
 CONNECTIONS_PER_ENQUEUE = 1
 CONNECTIONS_PER_FIRE = 2  # the firing thread's claims and the store worker thread
