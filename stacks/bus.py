@@ -107,8 +107,11 @@ class BusConstruct(Construct):
             proxy=True,  # one resolver serves every route (switchyard/bus/api.py), as Routemaster's app
             description="Switchyard event bus: Routemaster's API",
             endpoint_types=[apigw.EndpointType.REGIONAL],
-            cloud_watch_role=True,
-            cloud_watch_role_removal_policy=RemovalPolicy.DESTROY,
+            # The CloudWatch Logs role is an account and region setting, not this stack's: a role
+            # made here would be named by the setting until the last stack that set it is destroyed,
+            # and then every other stack's stage update fails. It is set once per account
+            # (docs/deployment.md, "API Gateway's account setting"; ./dev deploy checks it).
+            cloud_watch_role=False,
             deploy_options=apigw.StageOptions(
                 stage_name=BUS_API_STAGE,
                 access_log_destination=apigw.LogGroupLogDestination(access_logs),

@@ -68,7 +68,7 @@ class SwitchyardStack(Stack):
         self.bus = BusConstruct(self, BUS_CONSTRUCT_ID, network=self.network, data=self.data,
                                 workers=self.workers, functions=self.functions, monitoring=self.monitoring)
         self.pending = PendingConstruct(self, PENDING_CONSTRUCT_ID, data=self.data, functions=self.functions,
-                                        monitoring=self.monitoring, account_logging=self.bus.api)
+                                        monitoring=self.monitoring)
         self._build_outputs()
         self.config.concurrency.check_reserved(self.reserved_concurrency(), self.config.account_concurrency)
         self.check_resource_count()

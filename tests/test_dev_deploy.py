@@ -84,4 +84,13 @@ def test_an_unreadable_limit_stops_the_deploy_with_one_line() -> None:
                           text=True, timeout=60, env={**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
     assert done.returncode == 1 and done.stdout == ""
     (line,) = done.stderr.splitlines()
-    assert line.startswith("switchyard: error: could not read the account's Lambda concurrency limit"), line
+    assert line.startswith("switchyard: error: could not read the account's Lambda and API Gateway"), line
+
+
+def test_an_account_without_api_gateways_logging_role_is_refused_with_the_fix() -> None:
+    """moto's account has no CloudWatch Logs role for API Gateway (LocalStack's has one, above)."""
+    done = subprocess.run([sys.executable, "-m", "stacks.account_limits"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:5000"})
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert "API Gateway has no CloudWatch Logs role" in line and "API Gateway's account setting" in line, line

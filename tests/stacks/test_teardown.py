@@ -106,3 +106,18 @@ def test_tasks_that_do_not_stop_fail_the_delete_with_their_names() -> None:
     stuck = r"1 worker tasks of cluster c did not stop within 3 s .*arn:task/1"
     with pytest.raises(ConfigError, match=stuck):
         stop_worker_tasks(Stuck(), "c", ["f"], timeout_s=3, poll_s=0, clock=lambda: float(next(ticks)))
+
+
+# One per account and region, whatever stack made it: two stacks would overwrite each other's, and
+# destroying one would break the other (API Gateway's CloudWatch Logs role).
+ACCOUNT_SINGLETONS = ("AWS::ApiGateway::Account",)
+
+
+def test_no_resource_is_shared_by_two_stacks_in_one_account(two_stacks: list[Any]) -> None:
+    from aws_cdk.assertions import Template
+
+    for stack in two_stacks:
+        resources = Template.from_stack(stack).to_json()["Resources"]
+        shared = [f"{stack.stack_name}: {k} ({v['Type']})" for k, v in resources.items()
+                  if v["Type"] in ACCOUNT_SINGLETONS]
+        assert shared == []
