@@ -74,7 +74,10 @@ class BusConstruct(Construct):
             description="Switchyard event bus root key (JSON root_key): manages the API tokens")
         env = {**functions.redis_env(), "SWITCHYARD_BUS_NAME": BUS_NAME}
         self.api_function = functions.add_function(
-            "BusApi", "bus_api", service=BUS_SERVICE, timeout_s=BUS_API_TIMEOUT_S,
+            "BusApi", "bus_api", service=BUS_SERVICE, timeout_s=BUS_API_TIMEOUT_S, public=True,
+            # Every request, authenticated or not, is a paid invocation: the reservation caps what a
+            # flood can run (and spend) beside the stage's throttle (switchyard:concurrency busApi).
+            reserved_concurrency=functions.config.concurrency.bus_api,
             environment={**env, "SWITCHYARD_BUS_SECRET_ARN": self.root_key.secret_arn})
         read_secrets(self.api_function, data.redis_secret, self.root_key)
         self.housekeeping = functions.add_function(

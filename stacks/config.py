@@ -318,10 +318,11 @@ class ConcurrencyConfig:
     fire: int = c.FIRE_RESERVED_CONCURRENCY  # 2: the next invocation starts before the last one ends
     sweep: int = c.SWEEP_RESERVED_CONCURRENCY
     pending_api: int = c.PENDING_API_RESERVED_CONCURRENCY  # caps the node API's long polls
+    bus_api: int = c.BUS_API_RESERVED_CONCURRENCY  # caps what a flood of requests runs (and costs)
 
     def __post_init__(self) -> None:
-        _check(self.fire >= 1 and self.sweep >= 1 and self.pending_api >= 1, c.CTX_CONCURRENCY,
-               "fire, sweep and pendingApi must be at least 1 (0 would throttle every invocation)")
+        _check(min(self.fire, self.sweep, self.pending_api, self.bus_api) >= 1, c.CTX_CONCURRENCY,
+               "fire, sweep, pendingApi and busApi must be at least 1 (0 would throttle every invocation)")
         _check(self.account_limit >= 1, c.CTX_CONCURRENCY, "accountLimit must be positive")
 
     def check_reserved(self, reserved: dict[str, int], account: int = 0) -> None:
@@ -340,7 +341,7 @@ class ConcurrencyConfig:
             f"least {c.LAMBDA_MIN_UNRESERVED} unreserved of the account's limit, so with {source} "
             f"at most {max(0, budget)} can be reserved and the deploy would fail. Raise "
             "the account's 'Concurrent executions' quota (Service Quotas, AWS Lambda) and set accountLimit "
-            f"in {c.CTX_CONCURRENCY} to it, or reserve less (fire, sweep, pendingApi; fewer pools).",
+            f"in {c.CTX_CONCURRENCY} to it, or reserve less (fire, sweep, pendingApi, busApi; fewer pools).",
         )
 
 

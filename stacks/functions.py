@@ -155,10 +155,12 @@ class FunctionsConstruct(Construct):
         timeout_s: int,
         handler: str = "lambda_handler",
         reserved_concurrency: int | None = None,
+        public: bool = False,
     ) -> lambda_.Function:
         """A function of ``functions/{module}.py``: the one layer, VPC, Powertools, X-Ray and log group, and
         read access to the deployed configuration. Other constructs (the bus, the pending queue) make
-        theirs here too, so every function is in ``functions`` and gets the same checks."""
+        theirs here too, so every function is in ``functions`` and gets the same checks. ``public``: behind
+        a public API, in the API functions' security group (stacks/network.py)."""
         log_group = logs.LogGroup(
             self,
             f"{construct_id}Logs",
@@ -178,7 +180,7 @@ class FunctionsConstruct(Construct):
             tracing=lambda_.Tracing.ACTIVE,
             vpc=self.network.vpc,
             vpc_subnets=self.network.egress_subnets,
-            security_groups=[self.network.functions_sg],
+            security_groups=[self.network.api_sg if public else self.network.functions_sg],
             reserved_concurrent_executions=reserved_concurrency,
             log_group=log_group,
             environment={

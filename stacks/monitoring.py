@@ -24,10 +24,12 @@ from constructs import Construct
 from stacks import constants as c
 from stacks.alarm_specs import PERIOD, AlarmSpec, errors_or_throttles
 from stacks.alarm_topic import build_alarm_topic
+from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.names import alarm_name, dashboard_name, metrics_namespace
+from stacks.resource_alarms import resource_alarm_specs
 from stacks.workers import WorkersConstruct
 from switchyard.core.observability import DELAY_SERVICE, SCHEDULED_SERVICE, pool_service
 from switchyard.delay import metrics as delay_metrics
@@ -46,6 +48,7 @@ class AwsResources:
     functions: FunctionsConstruct
     data: DataConstruct
     workers: WorkersConstruct
+    broker: BrokerConstruct
 
 
 class MonitoringConstruct(Construct):
@@ -289,7 +292,7 @@ class MonitoringConstruct(Construct):
                 periods=2,
             ),
         ]
-        return specs
+        return specs + resource_alarm_specs(self.config, aws.functions, aws.data, aws.broker)
 
     @staticmethod
     def offset_lag(aws: AwsResources) -> cw.Metric:
@@ -315,7 +318,7 @@ class MonitoringConstruct(Construct):
             evaluation_periods=spec.periods,
             datapoints_to_alarm=spec.periods,
             comparison_operator=spec.comparison,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            treat_missing_data=spec.missing,
         )
         alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
         self.alarms[spec.name] = alarm

@@ -74,6 +74,7 @@ class PendingConstruct(Construct):
             # pendingApi, in the account budget synth checks); within it one endpoint holds at most
             # SWITCHYARD_PENDING_MAX_POLLS polls (the API answers 429 past them).
             reserved_concurrency=functions.config.concurrency.pending_api,
+            public=True,
             environment={
                 **functions.redis_env(),
                 "SWITCHYARD_PENDING_TOKENS_SECRET_ARN": self.tokens.secret_arn,

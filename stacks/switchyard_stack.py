@@ -15,6 +15,7 @@ from stacks.bus import BUS_CONSTRUCT_ID, BusConstruct
 from stacks.config import ConfigError, DeploymentConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
+from stacks.log_retention import retain_unmanaged_logs
 from stacks.monitoring import AwsResources, MonitoringConstruct
 from stacks.names import dashboard_name
 from stacks.network import NetworkConstruct
@@ -61,7 +62,8 @@ class SwitchyardStack(Stack):
             layer_dir=str(layer_dir))
         self.monitoring = MonitoringConstruct(
             self, c.MONITORING_CONSTRUCT_ID, config=self.config,
-            aws=AwsResources(functions=self.functions, data=self.data, workers=self.workers))
+            aws=AwsResources(functions=self.functions, data=self.data, workers=self.workers,
+                             broker=self.broker))
         self.analytics = AnalyticsConstruct(self, c.ANALYTICS_CONSTRUCT_ID, network=self.network,
                                             broker=self.broker, data=self.data, functions=self.functions,
                                             config=self.config)
@@ -70,6 +72,7 @@ class SwitchyardStack(Stack):
         self.pending = PendingConstruct(self, PENDING_CONSTRUCT_ID, data=self.data, functions=self.functions,
                                         monitoring=self.monitoring)
         self._build_outputs()
+        retain_unmanaged_logs(self, apis=[self.bus.api, self.pending.api], broker=self.broker.broker)
         self.config.concurrency.check_reserved(self.reserved_concurrency(), self.config.account_concurrency)
         self.check_resource_count()
 

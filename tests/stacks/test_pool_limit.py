@@ -30,6 +30,6 @@ def test_a_pool_adds_the_resources_the_limit_is_computed_with(layer_dir: str, tm
 
 
 def test_past_the_limit_synth_names_how_many_pools_fit(layer_dir: str, tmp_path: Path) -> None:
-    fit = r"7 pools make \d+ resources in this stack, over CloudFormation's 500: .* at most 6 pools"
+    fit = r"6 pools make \d+ resources in this stack, over CloudFormation's 500: .* at most 5 pools"
     with pytest.raises(ConfigError, match=fit):
-        synth(layer_dir, tmp_path, **_pools(7))
+        synth(layer_dir, tmp_path, **_pools(6))
