@@ -82,8 +82,6 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-
-
 class RedisStore:
     """One node's pending-queue state in Redis; ``closed`` is the node's (set when it closes)."""
 
