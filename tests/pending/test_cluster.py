@@ -17,7 +17,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from switchyard.core.redis_client import RedisClient
 from switchyard.pending import DataLossError, PendingError, PendingSettings
 from tests.conftest import wait_for
-from tests.pending.conftest import NodeFactory
+from tests.pending.conftest import NodeFactory, keys_without_ttl, ownerless_requests
 from tests.pending.test_queue import serve
 
 
@@ -66,8 +66,9 @@ def test_a_killed_master_loses_no_call_silently(make_node: NodeFactory, cluster:
                                                 settings: PendingSettings) -> None:
     """SIGKILL the master holding an endpoint's keys while calls run: its replica takes over (the
     cluster's node timeout), and every call either got its own answer or failed with the part's
-    error (PendingError); none hangs, none gets another's answer. The replica had the guard, so
-    the nodes report no data loss unless the kill lost writes, and the calls go on afterwards."""
+    error (PendingError); none hangs, none gets another's answer, no key is left without a TTL or
+    a request without an owner. The replica had the guard (set when the nodes started), so the
+    nodes report no data loss; the calls go on on the promoted replica."""
     # Not on the node SWITCHYARD_REDIS_URL names: a client starting meanwhile would find no cluster
     # (in production the URL is ElastiCache's configuration endpoint, which stays up).
     named = settings.connections.redis_url.rsplit(":", 1)[-1].split("/")[0]
@@ -103,7 +104,11 @@ def test_a_killed_master_loses_no_call_silently(make_node: NodeFactory, cluster:
     wrong = [(n, o) for n, o in outcomes if not (o == n or isinstance(o, PendingError))]
     assert wrong == [], f"calls with another's answer or an unexpected error: {wrong[:5]}"
     failed = [o for _, o in outcomes if isinstance(o, PendingError)]
-    print(f"{len(outcomes)} calls, {len(failed)} failed: {sorted({type(e).__name__ for e in failed})}; "
+    assert caller.data_loss_events == processor.data_loss_events == 0
+    assert keys_without_ttl(cluster, settings.prefix) == []
+    assert ownerless_requests(cluster, settings.prefix) == []
+    reasons = sorted({f"{type(e).__name__}: {e}" for e in failed})
+    print(f"{len(outcomes)} calls, {len(failed)} failed: {reasons}; "
           f"data-loss events: caller {caller.data_loss_events}, processor {processor.data_loss_events}")
     # The restarted node an online replica again (the next failover needs one).
     wait_for(lambda: replicated(master_of(cluster, f"{{{endpoint}}}")), timeout=30,
