@@ -1,6 +1,7 @@
 """Declares every configured pool (`switchyard pool init`, with its policies) on each deploy.
 
-A CloudFormation custom resource (CDK Provider framework); idempotent; Delete keeps the data.
+A CloudFormation custom resource (CDK Provider framework); idempotent; Delete keeps the data and
+stops the pools' worker tasks (so the cluster can be deleted).
 The logic is ``switchyard.aws.deploy.declare_pools``.
 """
 

@@ -148,6 +148,66 @@ start_redis() {
     report redis "$REDIS_PORT" "started"
 }
 
+# ------------------------------------------------------------- Redis Cluster
+# Opt-in (SWITCHYARD_REDIS_CLUSTER_SERVICE=1): 3 masters + 3 replicas on ports BASE..BASE+5
+# (SWITCHYARD_REDIS_CLUSTER_PORT, default 7100), without persistence, like the single node. A short
+# node timeout (2 s) so a killed master's replica takes over within seconds in the tests.
+REDIS_CLUSTER_PORT="${SWITCHYARD_REDIS_CLUSTER_PORT:-7100}"
+redis_cluster_ports() { seq "$REDIS_CLUSTER_PORT" $((REDIS_CLUSTER_PORT + 5)); }
+
+# The cluster answers, covers every slot and has its six nodes.
+redis_cluster_ready() {
+    local info
+    info="$(redis-cli -h "$HOST" -p "$REDIS_CLUSTER_PORT" cluster info 2>/dev/null)" || return 1
+    grep -q '^cluster_state:ok' <<<"$info" && grep -q '^cluster_known_nodes:6' <<<"$info"
+}
+
+start_redis_cluster() {
+    [ "${SWITCHYARD_REDIS_CLUSTER_SERVICE:-0}" = 1 ] || return 0
+    local port first=$REDIS_CLUSTER_PORT nodes=() up=0
+    for port in $(redis_cluster_ports); do listening "$port" && up=$((up + 1)); done
+    if [ "$up" -gt 0 ]; then
+        # Running (perhaps mid-failover): reuse it once healthy; never start beside a stranger.
+        if wait_for 15 redis_cluster_ready; then
+            report redis-cluster "$first" "used (already running)"
+        else
+            fail redis-cluster "$first" "$up of the ports $first-$((first + 5)) answer but form no healthy 6-node cluster (redis-cli -p $first cluster info); stop what listens there (./dev stop-services stops a cluster it started) or move it: SWITCHYARD_REDIS_CLUSTER_PORT"
+        fi
+        return
+    fi
+    command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+    for port in $(redis_cluster_ports); do
+        # A fresh cluster each time: no persistence, so an old nodes.conf would only name lost slots.
+        rm -rf "$STATE/redis-cluster/$port" && mkdir -p "$STATE/redis-cluster/$port"
+        redis-server --daemonize yes --bind "$HOST" --port "$port" --save "" --appendonly no \
+            --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+            --dir "$STATE/redis-cluster/$port" --logfile "$LOGS/redis-cluster-$port.log" \
+            --pidfile "$STATE/redis-cluster-$port.pid" 8>&- 9>&- ||
+            { fail redis-cluster "$port" "redis-server did not start; see $LOGS/redis-cluster-$port.log"; return; }
+        nodes+=("$HOST:$port")
+    done
+    for port in $(redis_cluster_ports); do
+        wait_for 15 listening "$port" || { fail redis-cluster "$port" "a cluster node did not listen within 15 s; see $LOGS/redis-cluster-$port.log"; return; }
+    done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes \
+        >>"$LOGS/redis-cluster.log" 2>&1 ||
+        { fail redis-cluster "$first" "redis-cli --cluster create failed; see $LOGS/redis-cluster.log"; return; }
+    if ! wait_for 30 redis_cluster_ready; then
+        fail redis-cluster "$first" "the cluster did not reach cluster_state:ok within 30 s; see $LOGS/redis-cluster*.log"
+        return
+    fi
+    report redis-cluster "$first" "started (3 masters + 3 replicas, ports $first-$((first + 5)))"
+}
+
+stop_redis_cluster() {
+    local port
+    if ! ls "$STATE"/redis-cluster-*.pid >/dev/null 2>&1; then
+        echo "redis-cluster: not started by ./dev, left alone"
+        return
+    fi
+    for port in $(redis_cluster_ports); do stop_pid "redis-cluster-$port" redis-server; done
+}
+
 # ------------------------------------------------------------------ RabbitMQ
 mgmt_ready() {
     curl -fsS -m 2 -u guest:guest -o /dev/null "http://$HOST:$MGMT_PORT/api/overview" 2>/dev/null
@@ -352,6 +412,7 @@ stop_all() {
     stop_pid moto moto_server
     stop_pid tansu tansu
     stop_pid redis redis-server
+    stop_redis_cluster
     if [ -f "$STATE/rabbitmq.started" ]; then
         rabbitmqctl stop >>"$LOGS/rabbitmq.log" 2>&1 && echo "rabbitmq: stopped" || echo "rabbitmq: stop failed; see $LOGS/rabbitmq.log"
         rm -f "$STATE/rabbitmq.started"
@@ -383,6 +444,13 @@ status_all() {
         port=${entry##*:}
         if listening "$port"; then report "$name" "$port" "listening"; else report "$name" "$port" "down"; fi
     done
+    if redis_cluster_ready; then
+        report redis-cluster "$REDIS_CLUSTER_PORT" "listening (healthy cluster, ports $REDIS_CLUSTER_PORT-$((REDIS_CLUSTER_PORT + 5)))"
+    elif listening "$REDIS_CLUSTER_PORT"; then
+        report redis-cluster "$REDIS_CLUSTER_PORT" "listening (cluster not healthy: redis-cli -p $REDIS_CLUSTER_PORT cluster info)"
+    else
+        report redis-cluster "$REDIS_CLUSTER_PORT" "down (opt-in: SWITCHYARD_REDIS_CLUSTER_SERVICE=1 ./dev services)"
+    fi
 }
 
 # ---------------------------------------------------------------------- main
@@ -410,6 +478,7 @@ main() {
     command -v curl >/dev/null 2>&1 || apt_install curl
     start_postgres
     start_redis
+    start_redis_cluster
     start_rabbitmq
     start_rabbitmq4
     start_tansu

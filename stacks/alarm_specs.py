@@ -25,6 +25,8 @@ class AlarmSpec:
     why: str
     periods: int = 1
     comparison: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+    # No data is normal for counts of what went wrong; for a heartbeat it is the outage itself.
+    missing: cw.TreatMissingData = cw.TreatMissingData.NOT_BREACHING
 
 
 def errors_or_throttles(name: str, fn: lambda_.IFunction) -> AlarmSpec:

@@ -8,7 +8,7 @@ read/write the delay topics.
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_emrserverless as emr
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
@@ -35,6 +35,11 @@ def pipeline_bucket(scope: Construct, construct_id: str) -> s3.Bucket:
         enforce_ssl=True,
         versioned=True,
         removal_policy=RemovalPolicy.RETAIN,  # job inputs and results outlive the stack
+        # Versioning keeps every overwritten result (``--resume`` rewrites them): old versions and
+        # failed multipart uploads are paid for until they expire.
+        lifecycle_rules=[s3.LifecycleRule(
+            noncurrent_version_expiration=Duration.days(c.PIPELINE_OLD_VERSIONS_DAYS),
+            abort_incomplete_multipart_upload_after=Duration.days(1))],
     )
 
 

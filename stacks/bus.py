@@ -74,7 +74,10 @@ class BusConstruct(Construct):
             description="Switchyard event bus root key (JSON root_key): manages the API tokens")
         env = {**functions.redis_env(), "SWITCHYARD_BUS_NAME": BUS_NAME}
         self.api_function = functions.add_function(
-            "BusApi", "bus_api", service=BUS_SERVICE, timeout_s=BUS_API_TIMEOUT_S,
+            "BusApi", "bus_api", service=BUS_SERVICE, timeout_s=BUS_API_TIMEOUT_S, public=True,
+            # Every request, authenticated or not, is a paid invocation: the reservation caps what a
+            # flood can run (and spend) beside the stage's throttle (switchyard:concurrency busApi).
+            reserved_concurrency=functions.config.concurrency.bus_api,
             environment={**env, "SWITCHYARD_BUS_SECRET_ARN": self.root_key.secret_arn})
         read_secrets(self.api_function, data.redis_secret, self.root_key)
         self.housekeeping = functions.add_function(
@@ -107,8 +110,11 @@ class BusConstruct(Construct):
             proxy=True,  # one resolver serves every route (switchyard/bus/api.py), as Routemaster's app
             description="Switchyard event bus: Routemaster's API",
             endpoint_types=[apigw.EndpointType.REGIONAL],
-            cloud_watch_role=True,
-            cloud_watch_role_removal_policy=RemovalPolicy.DESTROY,
+            # The CloudWatch Logs role is an account and region setting, not this stack's: a role
+            # made here would be named by the setting until the last stack that set it is destroyed,
+            # and then every other stack's stage update fails. It is set once per account
+            # (docs/deployment.md, "API Gateway's account setting"; ./dev deploy checks it).
+            cloud_watch_role=False,
             deploy_options=apigw.StageOptions(
                 stage_name=BUS_API_STAGE,
                 access_log_destination=apigw.LogGroupLogDestination(access_logs),

@@ -318,25 +318,30 @@ class ConcurrencyConfig:
     fire: int = c.FIRE_RESERVED_CONCURRENCY  # 2: the next invocation starts before the last one ends
     sweep: int = c.SWEEP_RESERVED_CONCURRENCY
     pending_api: int = c.PENDING_API_RESERVED_CONCURRENCY  # caps the node API's long polls
+    bus_api: int = c.BUS_API_RESERVED_CONCURRENCY  # caps what a flood of requests runs (and costs)
 
     def __post_init__(self) -> None:
-        _check(self.fire >= 1 and self.sweep >= 1 and self.pending_api >= 1, c.CTX_CONCURRENCY,
-               "fire, sweep and pendingApi must be at least 1 (0 would throttle every invocation)")
+        _check(min(self.fire, self.sweep, self.pending_api, self.bus_api) >= 1, c.CTX_CONCURRENCY,
+               "fire, sweep, pendingApi and busApi must be at least 1 (0 would throttle every invocation)")
         _check(self.account_limit >= 1, c.CTX_CONCURRENCY, "accountLimit must be positive")
 
-    def check_reserved(self, reserved: dict[str, int]) -> None:
-        """Fail synth unless ``reserved`` (function -> executions) leaves Lambda's minimum unreserved."""
+    def check_reserved(self, reserved: dict[str, int], account: int = 0) -> None:
+        """Fail synth unless ``reserved`` (function -> executions) leaves Lambda's minimum unreserved
+        of the account's limit: ``account`` (read from the account by ./dev deploy), else accountLimit."""
         total = sum(reserved.values())
-        budget = self.account_limit - c.LAMBDA_MIN_UNRESERVED
+        limit = account or self.account_limit
+        budget = limit - c.LAMBDA_MIN_UNRESERVED
+        source = (f"the account's limit, {limit} (lambda get-account-settings, read by ./dev deploy),"
+                  if account else f"accountLimit {limit}")
         _check(
             total <= budget,
             c.CTX_CONCURRENCY,
             f"the stack would reserve {total} concurrent executions "
             f"({', '.join(f'{name} {n}' for name, n in sorted(reserved.items()))}), but Lambda keeps at "
-            f"least {c.LAMBDA_MIN_UNRESERVED} unreserved of the account's limit, so with accountLimit "
-            f"{self.account_limit} at most {max(0, budget)} can be reserved and the deploy would fail. Raise "
+            f"least {c.LAMBDA_MIN_UNRESERVED} unreserved of the account's limit, so with {source} "
+            f"at most {max(0, budget)} can be reserved and the deploy would fail. Raise "
             "the account's 'Concurrent executions' quota (Service Quotas, AWS Lambda) and set accountLimit "
-            f"in {c.CTX_CONCURRENCY} to it, or reserve less (fire, sweep, pendingApi; fewer pools).",
+            f"in {c.CTX_CONCURRENCY} to it, or reserve less (fire, sweep, pendingApi, busApi; fewer pools).",
         )
 
 
@@ -355,6 +360,7 @@ class DeploymentConfig:
     # Production keeps the data: RDS deletion protection, snapshots of RDS and ElastiCache on delete.
     production: bool = False
     nat_gateways: int = c.VPC_NAT_GATEWAYS  # one per AZ (VPC_MAX_AZS) survives the loss of an AZ
+    account_concurrency: int = 0  # the account's Lambda limit as ./dev deploy read it (0: not read)
 
     def __post_init__(self) -> None:
         _check(1 <= self.nat_gateways <= c.VPC_MAX_AZS, c.CTX_NAT_GATEWAYS,
@@ -452,4 +458,5 @@ class DeploymentConfig:
                                         c.DEFAULT_AWS_CALL_TIMEOUT_S),
             production=_flag(ctx(c.CTX_PRODUCTION), c.CTX_PRODUCTION),
             nat_gateways=_count(ctx(c.CTX_NAT_GATEWAYS), c.CTX_NAT_GATEWAYS, c.VPC_NAT_GATEWAYS),
+            account_concurrency=_count(ctx(c.CTX_ACCOUNT_CONCURRENCY), c.CTX_ACCOUNT_CONCURRENCY, 0),
         )

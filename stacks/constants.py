@@ -65,6 +65,7 @@ BROKER_DEPLOYMENT_MODES = ("SINGLE_INSTANCE", "CLUSTER_MULTI_AZ")
 
 # Security groups (NetworkConstruct): one per part, rules name exactly what each part reaches.
 FUNCTIONS_SG_ID = "FunctionsSecurityGroup"
+API_SG_ID = "PublicApiSecurityGroup"  # the public APIs' functions: Redis admits them, nothing else
 WORKERS_SG_ID = "WorkersSecurityGroup"
 EMR_SG_ID = "EmrSecurityGroup"
 REDIS_SG_ID = "RedisSecurityGroup"
@@ -85,6 +86,8 @@ CTX_EMR_IMAGE = "switchyard:emrImage"
 CTX_BASE_IMAGE = "switchyard:baseImage"  # what pools' own images are built FROM (stacks/base_image.py)
 CTX_LAYER_DIR = "switchyard:layerDir"
 CTX_CONCURRENCY = "switchyard:concurrency"  # reserved concurrency and the account limit it must fit
+# The account's own limit, read by ./dev deploy (stacks/account_limits.py); it wins over accountLimit.
+CTX_ACCOUNT_CONCURRENCY = "switchyard:accountConcurrency"
 CTX_CALL_TIMEOUT = "switchyard:callTimeoutSeconds"  # the deployment's default call timeout (SSM)
 # The AWS target's stacks: a list of names (default [STACK_ID]), e.g. staging beside production.
 CTX_STACKS = "switchyard:stacks"
@@ -126,6 +129,8 @@ FIRE_RESERVED_CONCURRENCY = 2
 SWEEP_RESERVED_CONCURRENCY = 2
 # The pending node API's long polls each hold an execution up to 25 s: its reservation is also its cap.
 PENDING_API_RESERVED_CONCURRENCY = 100
+# The bus API answers in tens of milliseconds: 100 executions serve its stage's 2,000 requests/s.
+BUS_API_RESERVED_CONCURRENCY = 100
 RECONCILE_RESERVED_CONCURRENCY = 1  # one pass at a time per pool (the reconciler lock agrees)
 BUS_HOUSEKEEPING_RESERVED_CONCURRENCY = 1  # one housekeeping pass at a time
 # Lambda keeps at least this many of the account's concurrent executions unreserved: a function whose
@@ -135,6 +140,15 @@ BUS_HOUSEKEEPING_RESERVED_CONCURRENCY = 1  # one housekeeping pass at a time
 LAMBDA_MIN_UNRESERVED = 100
 DEFAULT_ACCOUNT_CONCURRENCY = 1000
 DEPLOY_TIMEOUT_S = 300
+# CloudFormation's resources per stack, and what one pool adds (4 functions with their roles, policies
+# and log groups, 3 event source mappings, 6 broker user secrets, 10 alarms, its task definition with
+# 3 IAM resources, a schedule with its role and policy, its reconciler's heartbeat alarm;
+# tests/stacks/test_pool_limit.py measures it).
+CFN_MAX_RESOURCES = 500
+PIPELINE_OLD_VERSIONS_DAYS = 30  # the pipeline bucket keeps overwritten objects this long
+# RDS grows its storage by itself up to this many times the allocated size (storage autoscaling).
+POSTGRES_STORAGE_GROWTH = 5
+RESOURCES_PER_POOL = 43
 # Postgres connections each warm environment keeps (the store: one per thread that uses it).
 CONNECTIONS_PER_ENQUEUE = 1
 CONNECTIONS_PER_FIRE = 2  # the firing thread's claims and the store worker thread
@@ -149,6 +163,9 @@ SCHEDULE_RATE_MINUTES = 1
 # mapping ever runs.
 DELAY_MIN_POLLERS = 1
 KAFKA_INVOCATIONS_PER_POLLER = 5
+# The MSK mappings' provisioned poller group (``{stack}-msk-pollers``): they share its event poller
+# units (AWS: up to 100 mappings in the event source's VPC per group) instead of one set each.
+MSK_POLLER_GROUP_SUFFIX = "msk-pollers"
 
 # A new key's first call on AWS (docs/deployment.md, "A new key's first call"): its request waits, under its
 # expiration (the call's timeout), for the orphan event source (its batch window, then its poll), the

@@ -130,6 +130,7 @@ class DataConstruct(Construct):
             credentials=rds.Credentials.from_generated_secret(POSTGRES_USER),
             database_name=POSTGRES_DATABASE,
             allocated_storage=cfg.allocated_storage_gib,
+            max_allocated_storage=cfg.allocated_storage_gib * c.POSTGRES_STORAGE_GROWTH,
             storage_type=rds.StorageType.GP3,  # 3,000 IOPS baseline at any size, cheaper per GB than gp2
             ca_certificate=rds.CaCertificate.RDS_CA_RSA2048_G1,  # its roots are in switchyard/core/certs
             storage_encrypted=True,

@@ -31,8 +31,14 @@ from stacks import constants as c
 from stacks.broker import BrokerConstruct
 from stacks.config import ConfigError, DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
-from stacks.grants import ecs_pool_access, event_source_network_access, kafka_access, read_secrets
-from stacks.names import metrics_namespace
+from stacks.grants import (
+    ecs_pool_access,
+    ecs_stop_access,
+    event_source_network_access,
+    kafka_access,
+    read_secrets,
+)
+from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct
 from stacks.parameters import (
     DELAY_CONSUMER_GROUP,
@@ -152,10 +158,12 @@ class FunctionsConstruct(Construct):
         timeout_s: int,
         handler: str = "lambda_handler",
         reserved_concurrency: int | None = None,
+        public: bool = False,
     ) -> lambda_.Function:
         """A function of ``functions/{module}.py``: the one layer, VPC, Powertools, X-Ray and log group, and
         read access to the deployed configuration. Other constructs (the bus, the pending queue) make
-        theirs here too, so every function is in ``functions`` and gets the same checks."""
+        theirs here too, so every function is in ``functions`` and gets the same checks. ``public``: behind
+        a public API, in the API functions' security group (stacks/network.py)."""
         log_group = logs.LogGroup(
             self,
             f"{construct_id}Logs",
@@ -175,7 +183,7 @@ class FunctionsConstruct(Construct):
             tracing=lambda_.Tracing.ACTIVE,
             vpc=self.network.vpc,
             vpc_subnets=self.network.egress_subnets,
-            security_groups=[self.network.functions_sg],
+            security_groups=[self.network.api_sg if public else self.network.functions_sg],
             reserved_concurrent_executions=reserved_concurrency,
             log_group=log_group,
             environment={
@@ -246,11 +254,18 @@ class FunctionsConstruct(Construct):
         # The admin's one process: it declares the pools and makes every role's user from its secret.
         users = [{"Role": user.role.value, "Pool": user.pool or "", "Application": user.application or "",
                   "SecretArn": secret.secret_arn} for user, secret in self.broker.users.items()]
+        # Its Delete stops the pools' worker tasks (switchyard/aws/teardown.py): it depends on the
+        # cluster, so CloudFormation deletes it, and stops them, before the cluster.
+        teardown = {"Cluster": self.workers.cluster.cluster_name,
+                    "Families": [worker_family(self, p.name) for p in self.config.pools]}
         pools_fn, pools = self._custom_resource(
-            "Pools", "deploy_pools", {"Pools": [p.name for p in self.config.pools], "Users": users},
+            "Pools", "deploy_pools",
+            {"Pools": [p.name for p in self.config.pools], "Users": users, **teardown},
             self._amqp_env(self.broker.secret)
         )
         read_secrets(pools_fn, self.broker.secret, *self.broker.users.values())
+        ecs_stop_access(pools_fn, self.workers.cluster)
+        pools.node.add_dependency(self.workers.cluster)  # its capacity provider associations too
         schema_fn, schema = self._custom_resource(
             "DelaySchema",
             "deploy_delay_schema",
@@ -419,6 +434,8 @@ class FunctionsConstruct(Construct):
             provisioned_poller_config=lambda_.CfnEventSourceMapping.ProvisionedPollerConfigProperty(
                 minimum_pollers=c.DELAY_MIN_POLLERS,
                 maximum_pollers=max(c.DELAY_MIN_POLLERS, -(-d.partitions // c.KAFKA_INVOCATIONS_PER_POLLER)),
+                # Both MSK mappings share one group's event poller units (billed per EPU-hour).
+                poller_group_name=physical_name(self, c.MSK_POLLER_GROUP_SUFFIX),
             ),
             amazon_managed_kafka_event_source_config=(
                 lambda_.CfnEventSourceMapping.AmazonManagedKafkaEventSourceConfigProperty(consumer_group_id=group)
@@ -462,4 +479,6 @@ class FunctionsConstruct(Construct):
                 target=targets.LambdaInvoke(fn, retry_attempts=0, max_event_age=Duration.minutes(1)),
                 description=f"Switchyard {name}: every minute (EventBridge Scheduler's finest rate)",
             )
+            # Deleted before the pools resource stops the workers: no tick starts a group after it.
+            schedules[name].node.add_dependency(self.deploy["pools"])
         return schedules

@@ -83,6 +83,16 @@ def event_source_network_access(fn: lambda_.Function) -> None:
     )
 
 
+def ecs_stop_access(fn: lambda_.Function, cluster: ecs.ICluster) -> None:
+    """List, describe and stop the worker tasks of ``cluster`` (the teardown on ``cdk destroy``)."""
+    stack = Stack.of(fn)
+    on_cluster = {"ArnEquals": {"ecs:cluster": cluster.cluster_arn}}
+    for actions, kind in ((["ecs:StopTask", "ecs:DescribeTasks"], "task"),
+                          (["ecs:ListTasks"], "container-instance")):
+        arn = stack.format_arn(service="ecs", resource=kind, resource_name=f"{cluster.cluster_name}/*")
+        fn.add_to_role_policy(iam.PolicyStatement(actions=actions, resources=[arn], conditions=on_cluster))
+
+
 def ecs_pool_access(
     fn: lambda_.Function, *, cluster: ecs.ICluster, task: ecs.TaskDefinition, family: str
 ) -> None:
@@ -95,27 +105,12 @@ def ecs_pool_access(
     fn.add_to_role_policy(
         iam.PolicyStatement(actions=["ecs:RunTask"], resources=[family_arn], conditions=on_cluster)
     )
-    fn.add_to_role_policy(
-        iam.PolicyStatement(
-            actions=["ecs:StopTask", "ecs:DescribeTasks"], resources=[task_arns], conditions=on_cluster
-        )
-    )
+    ecs_stop_access(fn, cluster)
     fn.add_to_role_policy(
         iam.PolicyStatement(
             actions=["ecs:TagResource"],
             resources=[task_arns],
             conditions={"StringEquals": {"ecs:CreateAction": "RunTask"}},
-        )
-    )
-    fn.add_to_role_policy(
-        iam.PolicyStatement(
-            actions=["ecs:ListTasks"],
-            resources=[
-                stack.format_arn(
-                    service="ecs", resource="container-instance", resource_name=f"{cluster.cluster_name}/*"
-                )
-            ],
-            conditions=on_cluster,
         )
     )
     roles = [task.task_role.role_arn]

@@ -19,18 +19,17 @@ from dataclasses import dataclass
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
-from aws_cdk import aws_sns as sns
-from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
 from stacks import constants as c
 from stacks.alarm_specs import PERIOD, AlarmSpec, errors_or_throttles
+from stacks.alarm_topic import build_alarm_topic
+from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.names import alarm_name, dashboard_name, metrics_namespace
+from stacks.resource_alarms import resource_alarm_specs
 from stacks.workers import WorkersConstruct
 from switchyard.core.observability import DELAY_SERVICE, SCHEDULED_SERVICE, pool_service
 from switchyard.delay import metrics as delay_metrics
@@ -49,6 +48,7 @@ class AwsResources:
     functions: FunctionsConstruct
     data: DataConstruct
     workers: WorkersConstruct
+    broker: BrokerConstruct
 
 
 class MonitoringConstruct(Construct):
@@ -74,41 +74,11 @@ class MonitoringConstruct(Construct):
         self.config, self.aws, self.period = config, aws, period
         shorter = period.to_seconds() < INSIGHTS_PERIOD.to_seconds()
         self.insights_period = INSIGHTS_PERIOD if shorter else period
-        self.topic = self._build_topic(encrypt_topic)
+        self.topic = build_alarm_topic(self, encrypt=encrypt_topic, email=config.alarm_email)
         self.alarms: dict[str, cw.Alarm] = {}
         for spec in self.switchyard_alarm_specs() + (self._aws_specs(aws) if aws else []):
             self.add_alarm(spec)
         self.dashboard = self._build_dashboard() if dashboard else None
-
-    # -- SNS -------------------------------------------------------------------------------------
-    def _build_topic(self, encrypt: bool) -> sns.Topic:
-        if not encrypt:
-            topic = sns.Topic(self, "AlarmTopic", display_name="Switchyard alarms", enforce_ssl=True)
-            self._subscribe(topic)
-            return topic
-        # CloudWatch can publish to an encrypted topic only with a customer managed key it may use.
-        key = kms.Key(
-            self,
-            "AlarmTopicKey",
-            enable_key_rotation=True,
-            description="Switchyard alarm topic encryption (CloudWatch may use it)",
-        )
-        key.add_to_resource_policy(
-            iam.PolicyStatement(
-                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
-                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
-                resources=["*"],
-            )
-        )
-        topic = sns.Topic(
-            self, "AlarmTopic", display_name="Switchyard alarms", master_key=key, enforce_ssl=True
-        )
-        self._subscribe(topic)
-        return topic
-
-    def _subscribe(self, topic: sns.Topic) -> None:
-        if self.config.alarm_email:
-            topic.add_subscription(subscriptions.EmailSubscription(self.config.alarm_email))
 
     # -- metrics ---------------------------------------------------------------------------------
     def emf(self, name: str, service: str, statistic: str = "Sum", period: Duration = PERIOD) -> cw.Metric:
@@ -328,7 +298,7 @@ class MonitoringConstruct(Construct):
                 periods=2,
             ),
         ]
-        return specs
+        return specs + resource_alarm_specs(self.config, aws.functions, aws.data, aws.broker)
 
     @staticmethod
     def offset_lag(aws: AwsResources) -> cw.Metric:
@@ -354,7 +324,7 @@ class MonitoringConstruct(Construct):
             evaluation_periods=spec.periods,
             datapoints_to_alarm=spec.periods,
             comparison_operator=spec.comparison,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            treat_missing_data=spec.missing,
         )
         alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
         self.alarms[spec.name] = alarm

@@ -206,6 +206,14 @@ def _functions(stack: AwsTarget) -> None:
                     f"IAM5[Resource::arn:<AWS::Partition>:ecs:<AWS::Region>:<AWS::AccountId>:{resource}]",
                     ecs_reason,
                 )
+    teardown = stack.functions.functions.get("DeployPools")
+    if teardown is not None:
+        cluster = stack.get_logical_id(stack.workers.cluster.node.default_child)
+        for resource in (f"container-instance/<{cluster}>/*", f"task/<{cluster}>/*"):
+            rule = f"IAM5[Resource::arn:<AWS::Partition>:ecs:<AWS::Region>:<AWS::AccountId>:{resource}]"
+            accept(teardown, rule,
+                   "On Delete the pools resource stops every worker task of the one cluster (their ids are "
+                   "not known to CloudFormation); each statement is conditioned on that cluster.")
 
 
 def _workers(stack: AwsTarget) -> None:

@@ -46,12 +46,15 @@ class NetworkConstruct(Construct):
         self.s3_endpoint = self.vpc.add_gateway_endpoint(
             c.S3_ENDPOINT_ID, service=ec2.GatewayVpcEndpointAwsService.S3)
         self.functions_sg = self._group(c.FUNCTIONS_SG_ID, "Switchyard Lambda functions: clients only")
+        # The functions behind the public APIs run whatever an unauthenticated request makes them run
+        # until its token is checked: their group is admitted by Redis only (not RDS, MSK, the broker).
+        self.api_sg = self._group(c.API_SG_ID, "Switchyard public API functions: Redis clients only")
         self.workers_sg = self._group(c.WORKERS_SG_ID, "Switchyard ECS worker tasks: clients only")
         self.emr_sg = self._group(c.EMR_SG_ID, "EMR Serverless jobs: clients only")
         self.redis_sg = self._group(c.REDIS_SG_ID, "ElastiCache: TLS Redis protocol from the control plane")
         self.postgres_sg = self._group(c.POSTGRES_SG_ID, "RDS Postgres: the delay store, from the functions")
         self.msk_sg = self._group(c.MSK_SG_ID, "MSK: SASL/IAM over TLS from the functions and EMR")
-        allow_from(self.redis_sg, c.REDIS_PORT, "Redis over TLS", self.functions_sg)
+        allow_from(self.redis_sg, c.REDIS_PORT, "Redis over TLS", self.functions_sg, self.api_sg)
         allow_from(self.postgres_sg, c.POSTGRES_PORT, "Postgres", self.functions_sg)
         # The MSK event source's pollers run in the cluster's subnets with the cluster's group.
         allow_from(self.msk_sg, c.MSK_IAM_PORT, "Kafka SASL/IAM", self.functions_sg, self.emr_sg, self.msk_sg)

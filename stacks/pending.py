@@ -48,10 +48,7 @@ class PendingConstruct(Construct):
         data: DataConstruct,
         functions: FunctionsConstruct,
         monitoring: MonitoringConstruct,
-        account_logging: Construct,
     ) -> None:
-        """``account_logging``: the API whose CloudWatch role the account's API Gateway logging uses
-        (one per account and region: the event bus's); this API's stage is created after it."""
         super().__init__(scope, construct_id)
         self.tokens = generated_secret(
             self, "Tokens", key=EXAMPLE_ENDPOINT, length=48, include_space=None,
@@ -77,6 +74,7 @@ class PendingConstruct(Construct):
             # pendingApi, in the account budget synth checks); within it one endpoint holds at most
             # SWITCHYARD_PENDING_MAX_POLLS polls (the API answers 429 past them).
             reserved_concurrency=functions.config.concurrency.pending_api,
+            public=True,
             environment={
                 **functions.redis_env(),
                 "SWITCHYARD_PENDING_TOKENS_SECRET_ARN": self.tokens.secret_arn,
@@ -98,7 +96,7 @@ class PendingConstruct(Construct):
             proxy=True,
             integration_options=apigw.LambdaIntegrationOptions(timeout=Duration.seconds(API_TIMEOUT_S)),
             endpoint_types=[apigw.EndpointType.REGIONAL],
-            cloud_watch_role=False,  # the account's one role comes with ``account_logging``
+            cloud_watch_role=False,  # the account's setting, as the bus API's (stacks/bus.py)
             deploy_options=apigw.StageOptions(
                 stage_name="v1",
                 tracing_enabled=True,
@@ -111,7 +109,6 @@ class PendingConstruct(Construct):
                     resource_path=True, response_length=True, status=True, user=False),
             ),
         )
-        self.api.node.add_dependency(account_logging)
         self.alarms = [monitoring.add_alarm(spec) for spec in self._specs()]
         self._acknowledge()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import CfnOutput, CfnResource, Stack
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
@@ -12,9 +12,10 @@ from stacks import constants as c
 from stacks.analytics import AnalyticsConstruct
 from stacks.broker import BrokerConstruct
 from stacks.bus import BUS_CONSTRUCT_ID, BusConstruct
-from stacks.config import DeploymentConfig
+from stacks.config import ConfigError, DeploymentConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
+from stacks.log_retention import retain_unmanaged_logs
 from stacks.monitoring import AwsResources, MonitoringConstruct
 from stacks.names import dashboard_name
 from stacks.network import NetworkConstruct
@@ -61,16 +62,34 @@ class SwitchyardStack(Stack):
             layer_dir=str(layer_dir))
         self.monitoring = MonitoringConstruct(
             self, c.MONITORING_CONSTRUCT_ID, config=self.config,
-            aws=AwsResources(functions=self.functions, data=self.data, workers=self.workers))
+            aws=AwsResources(functions=self.functions, data=self.data, workers=self.workers,
+                             broker=self.broker))
         self.analytics = AnalyticsConstruct(self, c.ANALYTICS_CONSTRUCT_ID, network=self.network,
                                             broker=self.broker, data=self.data, functions=self.functions,
                                             config=self.config)
         self.bus = BusConstruct(self, BUS_CONSTRUCT_ID, network=self.network, data=self.data,
                                 workers=self.workers, functions=self.functions, monitoring=self.monitoring)
         self.pending = PendingConstruct(self, PENDING_CONSTRUCT_ID, data=self.data, functions=self.functions,
-                                        monitoring=self.monitoring, account_logging=self.bus.api)
+                                        monitoring=self.monitoring)
         self._build_outputs()
-        self.config.concurrency.check_reserved(self.reserved_concurrency())
+        retain_unmanaged_logs(self, apis=[self.bus.api, self.pending.api], broker=self.broker.broker)
+        self.config.concurrency.check_reserved(self.reserved_concurrency(), self.config.account_concurrency)
+        self.check_resource_count()
+
+    def check_resource_count(self) -> None:
+        """Fail synth with the number of pools that fit, rather than CloudFormation's bare count."""
+        total = sum(1 for node in self.node.find_all()
+                    if isinstance(node, CfnResource) and Stack.of(node) is self)
+        if total <= c.CFN_MAX_RESOURCES:
+            return
+        pools = len(self.config.pools)
+        fit = (c.CFN_MAX_RESOURCES - (total - c.RESOURCES_PER_POOL * pools)) // c.RESOURCES_PER_POOL
+        raise ConfigError(
+            f"{c.CTX_POOLS}: {pools} pools make {total} resources in this stack, over CloudFormation's "
+            f"{c.CFN_MAX_RESOURCES}: each pool adds {c.RESOURCES_PER_POOL} (its functions, roles, broker "
+            f"user secrets, alarms, task definition), so one stack holds at most {max(0, fit)} pools; "
+            f"deploy the others as a second stack ({c.CTX_STACKS}, docs/deployment.md "
+            "\"Two stacks in one account\")")
 
     def reserved_concurrency(self) -> dict[str, int]:
         """Each function's reserved concurrency, by construct path: every reservation, whoever made it."""

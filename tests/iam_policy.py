@@ -9,9 +9,12 @@ it names (botocore's ``provide-client-params`` event sees every request's parame
 against the role's statements: explicit Deny wins, then any Allow, else denied; ``*``/``?`` wildcards
 in actions (case-insensitive) and resources; ``NotAction``/``NotResource``.
 
-What the evaluator ignores: ``Condition`` blocks (a conditional Allow counts as an Allow: the
-conditions are asserted on the template instead), resource-based policies (secret, bucket, key and
-Lambda permissions), permission boundaries, SCPs and session policies (none are used here).
+What ``allowed`` ignores: ``Condition`` blocks (a conditional Allow counts as an Allow: the
+conditions are asserted on the template instead), resource-based policies, permission boundaries,
+SCPs and session policies (none are used here). The calls AWS services make for the stack
+(tests/stacks/test_service_principals.py) go through ``service_refusal``: the template's resource
+policies (topic, bucket, key, Lambda permissions) and trust policies, with their principals and
+their conditions evaluated against the request's context.
 """
 
 from __future__ import annotations
@@ -123,7 +126,8 @@ class Resolver:
         if (logical, attribute) in self.attributes:
             return self.attributes[logical, attribute]
         kind = self.resources[logical]["Type"]
-        name = self.ref(logical) if kind != "AWS::SecretsManager::Secret" else logical.lower()
+        by_id = kind in ("AWS::SecretsManager::Secret", "AWS::SNS::Topic")  # their Ref is their ARN
+        name = logical.lower() if by_id else self.ref(logical)
         if attribute.endswith("Endpoints"):  # lists of URLs (Amazon MQ)
             return [f"amqps://{logical.lower()}.example:5671"]
         if attribute != "Arn":
@@ -350,3 +354,115 @@ def denied(statements: list[Statement], requests: list[Mapping[str, Any]]) -> li
                 out.append(str(call))
     return out
 
+
+
+# -- what AWS services do: resource-based policies, trust policies, conditions --------------------
+# Condition operators as IAM applies them to a request's context (a key the request does not carry
+# fails its condition). Another operator fails the test: add it here, as IAM defines it.
+OPERATORS: dict[str, Callable[[str, str], bool]] = {
+    "StringEquals": lambda want, have: want == have,
+    "StringLike": _like,
+    "ArnEquals": lambda want, have: want == have,
+    "ArnLike": _like,
+    "Bool": lambda want, have: want.lower() == have.lower(),
+}
+
+
+@dataclass(frozen=True)
+class ServiceRequest:
+    """A call AWS makes for the stack: ``principal`` is a service (``cloudwatch.amazonaws.com``) or
+    a role's ARN; ``context`` the condition keys the request carries (``aws:SourceArn``...)."""
+
+    principal: str
+    call: Call
+    context: Mapping[str, str]
+
+    def __str__(self) -> str:
+        keys = ", ".join(f"{k}={v}" for k, v in self.context.items())
+        return f"{self.principal}: {self.call} ({keys})"
+
+
+def _many(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _names_principal(principal: Any, who: str) -> bool:
+    """``Principal`` of a resource statement: ``*``, a service or a role's ARN (the account's root
+    names no one here: it delegates to the account's IAM policies, ``service_refusal``)."""
+    if principal == "*":
+        return True
+    names = [*_many(principal.get("Service", ())), *_many(principal.get("AWS", ()))]
+    return any(n in ("*", who) for n in names)
+
+
+def conditions_hold(condition: Mapping[str, Mapping[str, Any]], context: Mapping[str, str]) -> bool:
+    for operator, keys in condition.items():
+        test = OPERATORS.get(operator)
+        if test is None:
+            raise KeyError(f"condition operator {operator}: add it to tests/iam_policy.OPERATORS")
+        for key, wanted in keys.items():
+            have = context.get(key)
+            if have is None or not any(test(str(w), have) for w in _many(wanted)):
+                return False
+    return True
+
+
+def resource_decision(statements: list[Mapping[str, Any]], request: ServiceRequest) -> str | None:
+    """A resource (or trust) policy's answer, its conditions evaluated: ``Deny`` (an explicit deny
+    applies), ``Allow``, or None (it says nothing about the request)."""
+    def applies(raw: Mapping[str, Any]) -> bool:
+        return (_names_principal(raw.get("Principal", {}), request.principal)
+                and Statement.parse(raw).applies(request.call)
+                and conditions_hold(raw.get("Condition", {}), request.context))
+
+    matching = {raw["Effect"] for raw in statements if applies(raw)}
+    return "Deny" if "Deny" in matching else "Allow" if matching else None
+
+
+def resource_policies(resources: Mapping[str, Mapping[str, Any]], resolver: Resolver) -> list[dict[str, Any]]:
+    """Every resource-based statement of the template, resolved, each naming the resource it guards:
+    topic, bucket, secret and log policies as written, a key policy's ``*`` as that key, and each
+    ``AWS::Lambda::Permission`` as the statement Lambda makes of it."""
+    out: list[dict[str, Any]] = []
+    for logical, res in resources.items():
+        props, kind = res.get("Properties", {}), res["Type"]
+        if kind in ("AWS::SNS::TopicPolicy", "AWS::S3::BucketPolicy", "AWS::SecretsManager::ResourcePolicy"):
+            document = props.get("PolicyDocument") or props["ResourcePolicy"]
+            out += resolver.value(document["Statement"])
+        elif kind == "AWS::KMS::Key":
+            arn = resolver.get_att(logical, "Arn")
+            out += [{**s, "Resource": arn} for s in resolver.value(props["KeyPolicy"]["Statement"])]
+        elif kind == "AWS::Lambda::Permission":
+            p = resolver.value(props)
+            condition: dict[str, dict[str, str]] = {}
+            if "SourceArn" in p:
+                condition["ArnLike"] = {"aws:SourceArn": p["SourceArn"]}
+            if "SourceAccount" in p:
+                condition["StringEquals"] = {"aws:SourceAccount": p["SourceAccount"]}
+            kind = "Service" if p["Principal"].endswith(".amazonaws.com") else "AWS"
+            who = {kind: p["Principal"]}
+            out.append({"Effect": "Allow", "Principal": who, "Action": p["Action"],
+                        "Resource": p["FunctionName"], "Condition": condition})
+    return out
+
+
+def service_refusal(request: ServiceRequest, policies: list[dict[str, Any]],
+                    identity: list[Statement] | None = None) -> str | None:
+    """Why AWS would refuse ``request`` (None: it is allowed). A service principal needs a resource
+    policy's Allow; a role (``identity``: its statements) needs its own Allow or the resource's,
+    and a KMS key's policy must allow it (the account root's statement delegates to IAM). An
+    explicit Deny in the resource's policy wins over both."""
+    decision = resource_decision(policies, request)
+    if decision == "Deny":
+        return f"denied by the resource policy: {request}"
+    if decision == "Allow":
+        return None
+    if identity is None:
+        return f"no resource policy allows {request}"
+    root = {"AWS": f"arn:{PARTITION}:iam::{ACCOUNT}:root"}
+    delegated = [{**s, "Principal": "*"} for s in policies if s.get("Principal") == root]
+    if request.call.action.lower().startswith("kms:") and resource_decision(delegated, request) != "Allow":
+        return f"the key policy neither names the role nor delegates to IAM: {request}"
+    if allowed(identity, request.call):
+        return None
+    return f"neither the role nor the resource policy allows {request}"

@@ -27,14 +27,16 @@ def test_the_dry_run_prints_the_five_steps_in_order_and_runs_nothing() -> None:
     steps = re.findall(r"^  (\d)\. (.+?): ", done.stdout, re.M)
     assert steps == [("1", ".venv"), ("2", "CDK CLI"), ("3", "Lambda layer"),
                      ("4", f"base image {local_tag()}"), ("5", "deploy")], done.stdout
-    deploy = "node_modules/.bin/cdk deploy SwitchyardStaging --require-approval never"
+    deploy = ("node_modules/.bin/cdk deploy SwitchyardStaging --require-approval never "
+              "-c switchyard:accountConcurrency=<that limit>")
     assert done.stdout.rstrip().endswith(deploy), done.stdout
+    assert "reads the account's Lambda concurrency limit" in done.stdout
 
 
 def test_the_default_stack_comes_first_when_only_options_are_given() -> None:
     done = dev_deploy("--dry-run", "-c", "switchyard:alarmEmail=ops@example.com")
     assert done.returncode == 0, done.stderr
-    assert "cdk deploy SwitchyardStack -c switchyard:alarmEmail=ops@example.com" in done.stdout
+    assert "cdk deploy SwitchyardStack -c switchyard:alarmEmail=ops@example.com -c" in done.stdout
 
 
 def test_without_docker_the_deploy_stops_first_with_one_line() -> None:
@@ -59,3 +61,36 @@ def test_cdk_without_the_layer_says_so_in_one_line(tmp_path) -> None:
     assert done.stderr.splitlines()[-1:] == [done.stderr.strip()], done.stderr
     assert done.stderr.startswith("switchyard: error: the Lambda layer is not built at"), done.stderr
     assert "./dev deploy" in done.stderr
+
+
+LOCALSTACK = "http://127.0.0.1:4566"  # moto has no GetAccountSettings; LocalStack answers as Lambda does
+
+
+def test_the_account_limit_is_read_from_lambda_and_printed_as_the_context_value() -> None:
+    import boto3
+
+    from stacks.account_limits import account_concurrency
+
+    client = boto3.client("lambda", endpoint_url=LOCALSTACK)
+    limit = client.get_account_settings()["AccountLimit"]["ConcurrentExecutions"]
+    assert account_concurrency(client) == limit
+    done = subprocess.run([sys.executable, "-m", "stacks.account_limits"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "AWS_ENDPOINT_URL": LOCALSTACK})
+    assert done.returncode == 0 and done.stdout == f"{c.CTX_ACCOUNT_CONCURRENCY}={limit}\n", done
+
+
+def test_an_unreadable_limit_stops_the_deploy_with_one_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "stacks.account_limits"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("switchyard: error: could not read the account's Lambda and API Gateway"), line
+
+
+def test_an_account_without_api_gateways_logging_role_is_refused_with_the_fix() -> None:
+    """moto's account has no CloudWatch Logs role for API Gateway (LocalStack's has one, above)."""
+    done = subprocess.run([sys.executable, "-m", "stacks.account_limits"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:5000"})
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert "API Gateway has no CloudWatch Logs role" in line and "API Gateway's account setting" in line, line

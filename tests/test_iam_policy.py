@@ -90,3 +90,27 @@ def test_the_recorder_sees_every_client_even_ones_made_by_a_new_session() -> Non
     assert [(r["service"], r["operation"]) for r in requests] == [("secretsmanager", "GetSecretValue")]
     assert denied([statement(Action="secretsmanager:GetSecretValue", Resource=SECRET)], requests) == [
         f"secretsmanager:GetSecretValue on {OTHER}"]
+
+
+def test_a_resource_policy_needs_its_principal_and_its_conditions() -> None:
+    from tests.iam_policy import ServiceRequest, service_refusal
+
+    topic = "arn:aws:sns:us-east-1:123456789012:alarms"
+    grant = {"Effect": "Allow", "Principal": {"Service": "cloudwatch.amazonaws.com"}, "Action": "sns:Publish",
+             "Resource": topic,
+             "Condition": {"ArnLike": {"aws:SourceArn": "arn:aws:cloudwatch:*:alarm:Stack-*"}}}
+    tls = {"Effect": "Deny", "Principal": "*", "Action": "sns:Publish", "Resource": topic,
+           "Condition": {"Bool": {"aws:SecureTransport": "false"}}}
+    ours = {"aws:SourceArn": "arn:aws:cloudwatch:us-east-1:1:alarm:Stack-x", "aws:SecureTransport": "true"}
+    call = Call("sns:Publish", topic)
+    assert service_refusal(ServiceRequest("cloudwatch.amazonaws.com", call, ours), [grant, tls]) is None
+    assert service_refusal(ServiceRequest("cloudwatch.amazonaws.com", call, ours), [tls])  # no Allow
+    assert service_refusal(ServiceRequest("events.amazonaws.com", call, ours), [grant, tls])  # not named
+    other = {**ours, "aws:SourceArn": "arn:aws:cloudwatch:us-east-1:1:alarm:Other-x"}
+    assert service_refusal(ServiceRequest("cloudwatch.amazonaws.com", call, other), [grant, tls])
+    plain = {**ours, "aws:SecureTransport": "false"}
+    cloudwatch = "cloudwatch.amazonaws.com"
+    assert "denied" in str(service_refusal(ServiceRequest(cloudwatch, call, plain), [grant, tls]))
+    unknown = {**grant, "Condition": {"NumericLessThan": {"k": 1}}}
+    with pytest.raises(KeyError, match="NumericLessThan"):
+        service_refusal(ServiceRequest(cloudwatch, call, ours), [unknown])

@@ -5,7 +5,8 @@ returns the Provider framework's answer (``PhysicalResourceId``, ``Data``); rais
 deployment with the error's message. Every operation is idempotent: CloudFormation retries,
 and an Update runs the whole operation again. Delete keeps the data (queues that may hold
 requests, the delay table, the topics): tearing the stack down removes the broker, the database
-and the cluster themselves.
+and the cluster themselves. The pools resource's Delete first stops the worker tasks the control
+plane started (``switchyard/aws/teardown.py``): ECS deletes no cluster that still runs tasks.
 
 The handlers in ``functions/deploy_*.py`` only call these.
 """
@@ -20,6 +21,10 @@ from switchyard.core.errors import ConfigError
 from switchyard.core.msk_auth import kafka_security_config
 from switchyard.core.observability import logger
 
+# The pools' worker tasks get this long to stop on Delete (a worker has ECS's stopTimeout, 30 s by
+# default, to finish its request after SIGTERM); the function's own timeout is 300 s.
+STOP_TIMEOUT_S = 240
+
 
 def _answer(physical_id: str, **data: Any) -> dict[str, Any]:
     return {"PhysicalResourceId": physical_id, "Data": {k: str(v) for k, v in data.items()}}
@@ -33,10 +38,12 @@ def _properties(event: Mapping[str, Any], *names: str) -> list[Any]:
     return [props[n] for n in names]
 
 
-def _on_create_or_update(event: Mapping[str, Any], physical_id: str,
-                         work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _on_create_or_update(event: Mapping[str, Any], physical_id: str, work: Callable[[], dict[str, Any]],
+                         on_delete: Callable[[], object] | None = None) -> dict[str, Any]:
     kind = event.get("RequestType")
     if kind == "Delete":
+        if on_delete is not None:
+            on_delete()
         logger.info("custom resource deleted; data kept", extra={"resource": physical_id})
         return _answer(event.get("PhysicalResourceId") or physical_id)
     if kind not in ("Create", "Update"):
@@ -69,7 +76,19 @@ def declare_pools(event: Mapping[str, Any]) -> dict[str, Any]:
         made = _ensure_users(settings, pools, users, probe_vhost)
         return {"Pools": ",".join(pools), "Users": ",".join(made) or "none"}
 
-    return _on_create_or_update(event, "switchyard-pools", work)
+    return _on_create_or_update(event, "switchyard-pools", work, lambda: _stop_workers(event))
+
+
+def _stop_workers(event: Mapping[str, Any], client: Any = None) -> None:
+    """On Delete: stop the pools' worker tasks (``Cluster``, ``Families``: their task definition
+    families) so CloudFormation can delete the cluster; absent when the stack runs no ECS workers."""
+    from switchyard.aws.teardown import stop_worker_tasks
+    from switchyard.rpc.drivers.ecs import ecs_client
+
+    props = event.get("ResourceProperties") or {}
+    if props.get("Cluster"):
+        stop_worker_tasks(client or ecs_client(), str(props["Cluster"]), list(props.get("Families") or []),
+                          timeout_s=float(props.get("StopTimeoutSeconds", STOP_TIMEOUT_S)))
 
 
 def _broker_users(raw: Sequence[Any]) -> list[tuple[Any, str]]:

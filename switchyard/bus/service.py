@@ -11,10 +11,9 @@ from switchyard.bus.settings import BusSettings
 from switchyard.bus.store import BusStore
 
 if TYPE_CHECKING:
-    import redis
-
     from switchyard.bus.app import BusApp
     from switchyard.bus.worker import BusWorker
+    from switchyard.core.redis_client import RedisClient
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,7 @@ class BusService:
         return self.store.settings
 
     @classmethod
-    def connect(cls, settings: BusSettings | None = None, client: redis.Redis | None = None) -> BusService:
+    def connect(cls, settings: BusSettings | None = None, client: RedisClient | None = None) -> BusService:
         """The bus of ``settings`` (default: ``SWITCHYARD_BUS_*``) on ``client`` (default: the
         ``SWITCHYARD_REDIS_URL`` client; opening it connects nothing yet)."""
         from switchyard.core.redis_client import connect_redis

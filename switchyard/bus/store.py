@@ -31,6 +31,7 @@ from switchyard.bus.errors import (
 from switchyard.bus.ports import Batch, QueueLengths, Subscriber
 from switchyard.bus.settings import BusSettings
 from switchyard.core.errors import InvalidNameError
+from switchyard.core.redis_client import RedisClient
 
 NAME_RE = re.compile(r"[a-z0-9:_-]{1,64}")  # client names and tokens (Routemaster's User), fullmatch
 DELIVER = "deliver:"  # delivery jobs are "deliver:<subscriber token>"
@@ -77,7 +78,7 @@ class BusStore:
     """The ``BusStorePort`` on Redis: typed access to one bus's keys (``settings.key_prefix``) on one
     Redis client, every failure a ``StorageError``."""
 
-    def __init__(self, client: redis.Redis, settings: BusSettings) -> None:
+    def __init__(self, client: RedisClient, settings: BusSettings) -> None:
         self.redis = client
         self.settings = settings
         self.prefix = p = settings.key_prefix

@@ -40,6 +40,14 @@ def env_float(name: str, default: float) -> float:
     return _env_number(name, default, float, "a number")
 
 
+def env_flag(name: str) -> bool:
+    """``1`` on, ``0`` or unset off; anything else is a ConfigError (a typo must not mean off)."""
+    raw = os.environ.get(name, "")
+    if raw not in ("", "0", "1"):
+        raise ConfigError(f"{name} must be 1 or 0, got {raw!r}")
+    return raw == "1"
+
+
 def fields_from_env(cls: Callable[..., T], variables: Mapping[str, str], **fixed: Any) -> T:
     """``cls`` with each field of ``variables`` (field -> variable) read from the environment and
     parsed like its default (int, float or str); the other fields keep their defaults, ``fixed``
@@ -143,6 +151,7 @@ class Connections:
     kafka_bootstrap: str = "127.0.0.1:9092"
     aws_endpoint_url: str | None = None
     redis_timeout_s: float = 5.0
+    redis_cluster: bool = False  # SWITCHYARD_REDIS_URL names one node of a Redis Cluster
     # SWITCHYARD_<SERVICE>_SECRET_ARN / _USERNAME / _PASSWORD as found at start (aws_secrets.secret_sources)
     secret_sources: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
@@ -180,5 +189,6 @@ class Connections:
             kafka_bootstrap=env_str("SWITCHYARD_KAFKA_BOOTSTRAP", d.kafka_bootstrap),
             aws_endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
             redis_timeout_s=env_float("SWITCHYARD_REDIS_TIMEOUT", d.redis_timeout_s),
+            redis_cluster=env_flag("SWITCHYARD_REDIS_CLUSTER"),
             secret_sources=secret_sources(),
         )

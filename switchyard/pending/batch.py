@@ -18,6 +18,7 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
+from switchyard.core.redis_client import RedisClient
 from switchyard.pending.wakeup import Signal
 
 _UNSET = object()
@@ -37,13 +38,14 @@ class _Op:
 class ScriptBatcher:
     """Run registered scripts, combining the calls of concurrent threads into one pipeline."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: RedisClient) -> None:
         self.client = client
         # Lone calls go through a connection of their own, held for good (only the thread
         # sending a round trip uses it): ~40% less redis-py CPU than taking one from the pool
         # and giving it back for every command. Same pool, so the same retry and timeouts.
-        # Made at the first call: a node is built without connecting, as before.
-        self._direct: redis.Redis | None = None
+        # Made at the first call: a node is built without connecting, as before. (A cluster
+        # client has a pool per node: lone calls go through it, routed by their key's slot.)
+        self._direct: RedisClient | None = None
         self._mutex = threading.Lock()  # guards the queue
         self._leader = threading.Lock()  # held by the thread sending a round trip
         self._queue: list[_Op] = []
@@ -79,7 +81,7 @@ class ScriptBatcher:
         """Give the held connection back to the pool (unless a round trip still runs on it)."""
         if self._leader.acquire(timeout=1.0):
             try:
-                if self._direct is not None:
+                if self._direct is not None and self._direct is not self.client:
                     self._direct.close()
                     self._direct = None
             finally:
@@ -92,8 +94,9 @@ class ScriptBatcher:
             if len(batch) == 1:
                 op = batch[0]
                 if self._direct is None:
-                    self._direct = redis.Redis(connection_pool=self.client.connection_pool,
-                                               single_connection_client=True)
+                    client = self.client
+                    self._direct = client if isinstance(client, redis.cluster.RedisCluster) else \
+                        redis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
                 op.result = op.script(keys=op.keys, args=op.args, client=self._direct)
             else:
                 with self.client.pipeline(transaction=False) as pipe:

@@ -87,10 +87,12 @@ class Caller:
             call.recheck = True
             call.event.set()
 
-    def fail_all(self, error: Callable[[Call], PendingError], *, keep_first: bool = False) -> None:
-        """End every call in flight with ``error(call)`` (``keep_first``: unless it has one already)."""
+    def fail_all(self, error: Callable[[Call], PendingError], *, keep_first: bool = False,
+                 only: Callable[[str], bool] | None = None) -> None:
+        """End every call in flight (``only``: to the endpoints it accepts) with ``error(call)``
+        (``keep_first``: unless it has one already)."""
         with self._lock:
-            calls = list(self._calls.values())
+            calls = [c for c in self._calls.values() if only is None or only(c.endpoint)]
         for call in calls:
             call.error = (call.error if keep_first else None) or error(call)
             call.event.set()

@@ -106,8 +106,17 @@ class PendingStore(Protocol):
     def processor_beat(self, endpoint: str, request_id: str, take_id: str) -> ProcessorBeatReply: ...
 
     # watcher
-    def swap_guard(self, token: str, ttl_s: float) -> bytes | None:
-        """Set this node's data-loss guard to ``token``; the value it had (None: gone)."""
+    def swap_guards(self, token: str, ttl_s: float) -> dict[str, bytes | None]:
+        """Set this node's data-loss guards (one per shard) to ``token``; by guard, the value it
+        had (None: gone). A shard that does not answer is left out."""
+        ...
+
+    def guard_keys(self) -> dict[str, tuple[int, int]]:
+        """Each guard and the slot range it watches."""
+        ...
+
+    def endpoint_in(self, endpoint: str, slots: tuple[int, int]) -> bool:
+        """Whether ``endpoint``'s keys live in ``slots``."""
         ...
 
     # node API

@@ -78,11 +78,13 @@ class Processor:
         if item is not None:
             item.request.cancel.cancel(reason)
 
-    def cancel_all(self, reason: str) -> None:
-        """Cancel every tracked request (data loss, or the node closes)."""
+    def cancel_all(self, reason: str, only: Callable[[str], bool] | None = None) -> None:
+        """Cancel every tracked request (``only``: of the endpoints it accepts): data loss, or the
+        node closes."""
         with self._lock:
-            tracked = list(self._tracked.values())
-            self._tracked.clear()
+            tracked = [t for t in self._tracked.values() if only is None or only(t.request.endpoint)]
+            for item in tracked:
+                self._tracked.pop(item.request.id, None)
         for item in tracked:
             item.request.cancel.cancel(reason)
 

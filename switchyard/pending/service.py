@@ -39,7 +39,7 @@ from switchyard.pending.streams import StreamStore, store_from_uri
 from switchyard.pending.watcher import Reaper, Watcher
 
 if TYPE_CHECKING:
-    import redis
+    from switchyard.core.redis_client import RedisClient
 
 
 class PendingQueue:
@@ -49,7 +49,7 @@ class PendingQueue:
         self,
         settings: PendingSettings | None = None,
         *,
-        client: redis.Redis | None = None,
+        client: RedisClient | None = None,
         store: StreamStore | None = None,
         node_id: str | None = None,
         on_step: Callable[[str], None] | None = None,
@@ -79,7 +79,7 @@ class PendingQueue:
     # ------------------------------------------------------------ the face
 
     @property
-    def client(self) -> redis.Redis:
+    def client(self) -> RedisClient:
         """The node's Redis client."""
         return self.redis_store.client
 
@@ -234,10 +234,12 @@ class PendingQueue:
         """Check the guard now; on loss every in-flight call fails and every taken request is cancelled."""
         return self.watcher.check_data_loss()
 
-    def _on_data_loss(self) -> None:
+    def _on_data_loss(self, affected: Callable[[str], bool]) -> None:
+        """Fail the calls and cancel the requests of the endpoints whose keys were lost."""
         self.caller.fail_all(lambda call: DataLossError(
-            f"request {call.id} to {call.endpoint!r}: Redis lost its data while the request was in flight"))
-        self.processor.cancel_all("Redis lost its data")
+            f"request {call.id} to {call.endpoint!r}: Redis lost its data while the request was in flight"),
+            only=affected)
+        self.processor.cancel_all("Redis lost its data", only=affected)
 
     # ------------------------------------------------------ node messages
 

@@ -24,6 +24,7 @@ returns and offers the role on; not, it takes the role. No wake-up is lost eithe
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -32,7 +33,9 @@ from typing import Any
 
 import redis
 from redis.client import PubSub
+from redis.cluster import RedisCluster
 
+from switchyard.core.redis_client import RedisClient
 from switchyard.pending.wakeup import Signal
 
 logger = logging.getLogger(__name__)
@@ -43,7 +46,7 @@ TICK_S = 0.05  # longest single read: a new subscription waits at most this for 
 class SharedSubscriber:
     """The pub/sub connection of one node; ``dispatch`` gets each message, on the reading thread."""
 
-    def __init__(self, client: redis.Redis, channel: str, dispatch: Callable[[dict[str, Any]], None],
+    def __init__(self, client: RedisClient, channel: str, dispatch: Callable[[dict[str, Any]], None],
                  on_lost: Callable[[], None], retry_interval_s: float, closed: threading.Event) -> None:
         self._client = client
         self._dispatch = dispatch
@@ -207,6 +210,9 @@ class SharedSubscriber:
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             logger.warning("pending queue could not subscribe (%s); retrying", exc)
             pubsub.close()
+            if isinstance(self._client, RedisCluster):  # its node failed: ask the cluster for the new one
+                with contextlib.suppress(redis.RedisError):
+                    self._client.nodes_manager.initialize()
             return False
         self._pubsub = pubsub
         return True

@@ -1,8 +1,9 @@
 """A node's housekeeping: the data-loss watch, the heartbeats of its tracked requests, the reaper.
 
 Data loss: each node swaps a random guard value in every ``data_loss_check_s`` (``SET ... GET``,
-one command, TTL ``data_loss_guard_ttl_s``); if it is gone, Redis lost its data, and every
-in-flight call fails and every taken request is cancelled. Heartbeats are timestamps in the
+one command, TTL ``data_loss_guard_ttl_s``; on a Redis Cluster one guard per shard, tagged into its
+slots); if it is gone, Redis (that shard) lost its data, and every in-flight call fails and every
+taken request is cancelled (of the endpoints whose keys live on that shard). Heartbeats are timestamps in the
 request's state written by Lua with Redis's clock: one command per interval both beats and checks
 the other side. The reaper unlinks answered states in batches, off the callers' path.
 """
@@ -32,32 +33,36 @@ class Watcher:
     """The data-loss guard and the watch thread (guard checks, tracked requests' heartbeats)."""
 
     def __init__(self, settings: PendingSettings, store: PendingStore, closed: threading.Event, *,
-                 on_loss: Callable[[], None], beat_due: Callable[[], None]) -> None:
+                 on_loss: Callable[[Callable[[str], bool]], None], beat_due: Callable[[], None]) -> None:
         self.settings = settings
         self._store = store
         self._closed = closed
-        self._on_loss = on_loss  # fail the calls, cancel the tracked requests
+        self._on_loss = on_loss  # fail the calls, cancel the tracked requests (of the endpoints accepted)
         self._beat_due = beat_due
         self._guard_token = uuid.uuid4().hex
-        self._guard_set_at: float | None = None  # wall-clock time the guard was last set
+        self._guard_set_at: dict[str, float] = {}  # wall-clock time each guard was last set
         self.data_loss_events = 0
 
-    def check_guard(self) -> bool:
-        """Swap the guard in (SET ... GET, one command); True when it had vanished (Redis lost data).
+    def check_guard(self) -> list[str]:
+        """Swap the guards in (SET ... GET, one command each); the guards that had vanished (Redis,
+        or that shard, lost data).
 
         A guard last set longer ago than its TTL may simply have expired (a Lambda environment
         frozen for hours): that re-arms it and is no loss. Wall-clock time, which runs while frozen.
+        A guard never set (the first check, or a shard new to the slot map) is no loss either.
         """
         ttl_s = self.settings.data_loss_guard_ttl_s
-        previous = self._store.swap_guard(self._guard_token, ttl_s)
+        replies = self._store.swap_guards(self._guard_token, ttl_s)
         now = time.time()
-        last = self._guard_set_at
-        armed = last is not None and now - last < ttl_s
-        self._guard_set_at = now
-        return armed and previous != self._guard_token.encode()
+        token = self._guard_token.encode()
+        lost = [key for key, previous in replies.items()
+                if now - self._guard_set_at.get(key, -ttl_s) < ttl_s and previous != token]
+        self._guard_set_at.update(dict.fromkeys(replies, now))
+        return lost
 
     def check_data_loss(self) -> bool:
-        """Check the guard now; on loss every in-flight call fails and every taken request is cancelled."""
+        """Check the guards now; on loss the in-flight calls fail and the taken requests are
+        cancelled, of the endpoints whose keys live where the guard vanished."""
         try:
             lost = self.check_guard()
         except QueueUnavailableError:
@@ -65,10 +70,11 @@ class Watcher:
         if lost:
             self.data_loss_events += 1
             metrics.count(metrics.PENDING_DATA_LOSS_EVENTS)
-            logger.error("Redis lost its data (the guard of node %s vanished): failing in-flight requests",
-                         self._store.node_id)
-            self._on_loss()
-        return lost
+            slots = [self._store.guard_keys().get(key, (0, 16383)) for key in lost]
+            logger.error("Redis lost its data (guard %s of node %s vanished): failing in-flight requests",
+                         ", ".join(lost), self._store.node_id)
+            self._on_loss(lambda endpoint: any(self._store.endpoint_in(endpoint, s) for s in slots))
+        return bool(lost)
 
     def run(self) -> None:
         """The watch thread: data-loss checks and the heartbeats of tracked (in-process) requests."""

@@ -13,8 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import redis
-
+from switchyard.core.redis_client import RedisClient
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.management import ManagementApi
 from switchyard.rpc.ports import LatencyReport
@@ -60,7 +59,7 @@ class PoolFigures:
         return asdict(self)
 
 
-def known_pools(client: redis.Redis, management: ManagementApi) -> list[str]:
+def known_pools(client: RedisClient, management: ManagementApi) -> list[str]:
     """The pools the control plane knows: a state in Redis, or a declared ``{pool}-orphan`` queue."""
     declared = {q["name"][:-len("-orphan")] for q in management.list_queues(r"^[A-Za-z0-9_]{1,64}-orphan$",
                                                                              columns="name")}
@@ -83,7 +82,7 @@ def latency_series(reports: list[LatencyReport], now_s: float) -> tuple[LatencyP
     return tuple(points)
 
 
-def pool_figures(pool: str, client: redis.Redis, management: ManagementApi,
+def pool_figures(pool: str, client: RedisClient, management: ManagementApi,
                  now_s: float | None = None) -> PoolFigures:
     """One pool's figures: its store in Redis and one management API call for its queues."""
     now_s = time.time() if now_s is None else now_s

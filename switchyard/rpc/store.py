@@ -40,6 +40,7 @@ from typing import cast
 import redis
 
 from switchyard.core.observability import logger
+from switchyard.core.redis_client import RedisClient
 from switchyard.rpc import protocol as p
 from switchyard.rpc.errors import DriverError, LockTimeoutError
 from switchyard.rpc.ports import GroupState, GroupStatus, LatencyReport, Touch, TouchMode, WorkerGroup
@@ -67,7 +68,7 @@ class RedisLocks:
     The one lock of the part: the pool state's per-key locks and the ECS driver's group locks.
     """
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: RedisClient) -> None:
         self.redis = client
         self._release = client.register_script(_script("release_lock.lua"))
 
@@ -125,7 +126,7 @@ class WorkerGroupLock:
     The ECS driver's ``GroupLock``: the reconciler and the orphan handler may start one group at once.
     """
 
-    def __init__(self, client: redis.Redis, ttl_s: float = 30.0, wait_s: float = 10.0) -> None:
+    def __init__(self, client: RedisClient, ttl_s: float = 30.0, wait_s: float = 10.0) -> None:
         self.ttl_ms = int(ttl_s * 1000)
         self.wait_s = wait_s
         self._locks = RedisLocks(client)
@@ -156,7 +157,7 @@ class WorkerGroupLock:
 class PoolState:
     """The expected state of one pool's worker groups. Thread-safe (redis-py pools connections)."""
 
-    def __init__(self, client: redis.Redis, pool: str) -> None:
+    def __init__(self, client: RedisClient, pool: str) -> None:
         self.pool = p.validate_pool(pool)
         self.redis = client
         self.prefix = self.key_prefix(pool)
@@ -245,7 +246,7 @@ class PoolState:
         return reports
 
     @staticmethod
-    def known_pools(client: redis.Redis) -> set[str]:
+    def known_pools(client: RedisClient) -> set[str]:
         """The pools that have a state in this Redis (SCAN: an admin view, not a hot path)."""
         pools = set()
         for raw in client.scan_iter(match="switchyard:rpc:{*}:groups", count=1000):

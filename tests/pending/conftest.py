@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from switchyard.core.config import Connections
+from switchyard.core.redis_client import RedisClient, connect_redis
 from switchyard.pending import PendingQueue
 from switchyard.pending.settings import PendingSettings
 from tests.conftest import unique
@@ -33,12 +34,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def keys_without_ttl(client: redis.Redis, prefix: str) -> list[str]:
+def keys_without_ttl(client: RedisClient, prefix: str) -> list[str]:
     """Keys under ``prefix`` that would live forever (the invariant every script keeps)."""
     return [k.decode() for k in client.scan_iter(match=f"{prefix}:*", count=1000) if client.pttl(k) == -1]
 
 
-def ownerless_requests(client: redis.Redis, prefix: str) -> list[str]:
+def ownerless_requests(client: RedisClient, prefix: str) -> list[str]:
     """Requests nobody will ever move on: queued but neither in their endpoint's pending list nor
     in a take key (popped by a poller, not yet claimed: the caller watches it), or taken with no
     processor recorded. (Answered ones belong to their caller until the TTL.)"""
@@ -59,12 +60,14 @@ def ownerless_requests(client: redis.Redis, prefix: str) -> list[str]:
 
 @pytest.fixture
 def settings() -> PendingSettings:
-    return PendingSettings(prefix=unique("pq"), **FAST)
+    """On SWITCHYARD_REDIS_URL: the same suites run on a Redis Cluster with SWITCHYARD_REDIS_CLUSTER=1."""
+    return PendingSettings(prefix=unique("pq"), connections=Connections.from_env(), **FAST)  # type: ignore[arg-type]
 
 
 @pytest.fixture
-def shared_redis(settings: PendingSettings) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(settings.connections.redis_url)
+def shared_redis(settings: PendingSettings) -> Iterator[RedisClient]:
+    """The Redis of the tests: SWITCHYARD_REDIS_URL (with SWITCHYARD_REDIS_CLUSTER=1, a cluster)."""
+    client = connect_redis(settings.connections)
     yield client
     for key in client.scan_iter(match=f"{settings.prefix}:*", count=1000):
         client.unlink(key)
@@ -75,7 +78,7 @@ NodeFactory = Callable[..., PendingQueue]
 
 
 @pytest.fixture
-def make_node(settings: PendingSettings, shared_redis: redis.Redis) -> Iterator[NodeFactory]:
+def make_node(settings: PendingSettings, shared_redis: RedisClient) -> Iterator[NodeFactory]:
     """``make_node(**overrides)``: a started node (PendingQueue) on the test's settings."""
     nodes: list[PendingQueue] = []
 

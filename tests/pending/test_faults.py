@@ -38,6 +38,7 @@ def env_for(settings: PendingSettings) -> dict[str, str]:
     s = settings
     return subprocess_env(
         SWITCHYARD_REDIS_URL=s.connections.redis_url,
+        SWITCHYARD_REDIS_CLUSTER="1" if s.connections.redis_cluster else "0",
         SWITCHYARD_REDIS_TIMEOUT=str(s.connections.redis_timeout_s),
         SWITCHYARD_PENDING_PREFIX=s.prefix, SWITCHYARD_PENDING_PICKUP_TIMEOUT=str(s.pickup_timeout_s),
         SWITCHYARD_PENDING_HEARTBEAT_INTERVAL=str(s.heartbeat_interval_s),

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 
+from switchyard.core.redis_client import RedisClient
 from switchyard.pending import (
     CancelledError,
     CancelToken,
@@ -50,7 +51,7 @@ def serve(node: PendingQueue, endpoint: str, handler: Callable[[Any], Any],
 
 
 @pytest.mark.parametrize("api", ["serve", "dequeue"])
-def test_cross_node_call(make_node: NodeFactory, shared_redis: redis.Redis,
+def test_cross_node_call(make_node: NodeFactory, shared_redis: RedisClient,
                          settings: PendingSettings, api: str) -> None:
     caller, service_node = make_node(), make_node()
     stop = serve(service_node, "svc", lambda body: {"echo": body, "node": service_node.node_id}, api=api)
@@ -95,7 +96,7 @@ def test_service_error_reaches_the_caller(make_node: NodeFactory) -> None:
         caller.queue_and_wait("svc", "x")
 
 
-def test_pickup_timeout_takes_the_request_back(make_node: NodeFactory, shared_redis: redis.Redis,
+def test_pickup_timeout_takes_the_request_back(make_node: NodeFactory, shared_redis: RedisClient,
                                                settings: PendingSettings) -> None:
     caller = make_node()
     started = time.monotonic()
@@ -107,7 +108,7 @@ def test_pickup_timeout_takes_the_request_back(make_node: NodeFactory, shared_re
     assert later.dequeue("nobody", 0.2) is None  # nobody can take it afterwards
 
 
-def test_queued_request_ttl_follows_its_own_pickup_timeout(make_node: NodeFactory, shared_redis: redis.Redis,
+def test_queued_request_ttl_follows_its_own_pickup_timeout(make_node: NodeFactory, shared_redis: RedisClient,
                                                           settings: PendingSettings) -> None:
     """Seed 002: a request lives its pickup timeout + 2 min, also when a call sets a longer one."""
     caller, cancel = make_node(), CancelToken()
@@ -177,7 +178,7 @@ def test_response_found_by_heartbeat_when_the_message_is_missed(make_node: NodeF
 
 
 def test_message_too_large_is_refused_before_redis(make_node: NodeFactory, settings: PendingSettings,
-                                                   shared_redis: redis.Redis) -> None:
+                                                   shared_redis: RedisClient) -> None:
     caller = make_node(max_message_bytes=2048)
     with pytest.raises(MessageTooLargeError, match="streams"):
         caller.queue_and_wait("svc", "x" * 5000)
@@ -188,7 +189,7 @@ def test_message_too_large_is_refused_before_redis(make_node: NodeFactory, setti
     assert list(shared_redis.scan_iter(match=f"{settings.prefix}:{{*", count=1000)) == []
 
 
-def test_large_streams_go_through_storage_not_redis(make_node: NodeFactory, shared_redis: redis.Redis,
+def test_large_streams_go_through_storage_not_redis(make_node: NodeFactory, shared_redis: RedisClient,
                                                     settings: PendingSettings, tmp_path) -> None:
     store = LocalDirectoryStore(tmp_path / "streams")
     caller, service_node = make_node(), make_node()
@@ -212,7 +213,7 @@ def test_large_streams_go_through_storage_not_redis(make_node: NodeFactory, shar
 
 
 def test_enqueue_claim_and_respond_are_idempotent_on_retry(make_node: NodeFactory,
-                                                          shared_redis: redis.Redis) -> None:
+                                                          shared_redis: RedisClient) -> None:
     """A retried script whose first reply was lost changes nothing (redis-py retries them)."""
     node = make_node()
     request_id = "a" * 32
@@ -234,7 +235,7 @@ def test_enqueue_claim_and_respond_are_idempotent_on_retry(make_node: NodeFactor
     assert node.respond("idem", request_id, "u" * 32, {"ok": True, "body": 1}) is Delivery.NOT_TAKER
 
 
-def test_a_response_claims_a_popped_request_once(make_node: NodeFactory, shared_redis: redis.Redis) -> None:
+def test_a_response_claims_a_popped_request_once(make_node: NodeFactory, shared_redis: RedisClient) -> None:
     """The lazy claim: the response of a request nobody claimed yet claims it; its retry is
     delivered again; another take's response is refused and leaves nothing behind."""
     caller, node = make_node(), make_node(heartbeat_initial_delay_s=7.0)  # claim delay: 1 s
@@ -252,10 +253,11 @@ def test_a_response_claims_a_popped_request_once(make_node: NodeFactory, shared_
 
 
 @contextlib.contextmanager
-def first_pop_reply_lost(node: PendingQueue, then: Callable[[], None] = lambda: None) -> Iterator[list[bool]]:
+def first_pop_reply_lost(node: PendingQueue, endpoint: str,
+                         then: Callable[[], None] = lambda: None) -> Iterator[list[bool]]:
     """The next pop on this thread runs in Redis, but its reply is lost (the connection breaks
     after it arrived; ``then`` runs first). Yields a list that is non-empty once that happened."""
-    connection = node.redis_store._poll_connection()  # this thread's: the pop uses it
+    connection = node.redis_store._poll_connection(node.pending_key(endpoint))  # the pop uses it
     original = connection.read_response
     broken: list[bool] = []
 
@@ -276,14 +278,14 @@ def first_pop_reply_lost(node: PendingQueue, then: Callable[[], None] = lambda: 
 
 
 def test_a_pop_whose_reply_was_lost_finds_its_request_in_the_take_key(make_node: NodeFactory,
-                                                                     shared_redis: redis.Redis) -> None:
+                                                                     shared_redis: RedisClient) -> None:
     """The BLMOVE ran in Redis but its reply never arrived (the connection broke): the retry reads
     the take key first and gets the same request, instead of popping the next one."""
     caller, node = make_node(), make_node()
     for n in range(2):
         threading.Thread(target=_catch, args=(caller.queue_and_wait, "lost-reply", n), daemon=True).start()
     wait_for(lambda: shared_redis.llen(node.pending_key("lost-reply")) == 2, what="two queued requests")
-    with first_pop_reply_lost(node) as broken:
+    with first_pop_reply_lost(node, "lost-reply") as broken:
         request = node.dequeue("lost-reply", 5)
     assert broken and request is not None and request.body == 0  # the first request, not the second
     assert shared_redis.llen(node.pending_key("lost-reply")) == 1
@@ -301,7 +303,7 @@ def test_a_pop_whose_reply_was_lost_finds_its_request_in_the_take_key(make_node:
         reason="40,000 calls: set SWITCHYARD_PENDING_FULL_SCALE=1 (the default run does 100x20x2)")]),
 ])
 def test_many_polling_services_each_response_to_its_caller(
-        make_node: NodeFactory, shared_redis: redis.Redis, settings: PendingSettings,
+        make_node: NodeFactory, shared_redis: RedisClient, settings: PendingSettings,
         services: int, concurrent: int, calls: int, api: str) -> None:
     """Halibut's ManyPollingTentacles shape: every caller gets the answer to its own request.
 
@@ -354,7 +356,7 @@ def test_an_unreadable_request_is_answered_with_an_error_not_a_crash(make_node: 
 
 
 def test_a_foreign_element_in_the_pending_list_is_dropped_and_the_next_request_served(
-        make_node: NodeFactory, shared_redis: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+        make_node: NodeFactory, shared_redis: RedisClient, caplog: pytest.LogCaptureFixture) -> None:
     """Something no caller wrote (no request id to answer) is logged, counted and dropped; the
     request behind it is served; the dropped element's take key expires with its TTL."""
     caller, service_node = make_node(), make_node()
@@ -390,7 +392,7 @@ def test_close_ends_a_poll_blocked_in_its_pop_at_once(make_node: NodeFactory) ->
 
 
 def test_a_pop_interrupted_by_close_gives_its_request_back(make_node: NodeFactory,
-                                                           shared_redis: redis.Redis) -> None:
+                                                           shared_redis: RedisClient) -> None:
     """The node closes just as its poller's pop moved a request (the reply is lost to the
     shutdown): the request goes back to the head of the pending list, with its TTL, and
     another node serves it; nothing waits for the processor timeout."""
@@ -398,7 +400,7 @@ def test_a_pop_interrupted_by_close_gives_its_request_back(make_node: NodeFactor
     outcome: list[object] = []
     call = threading.Thread(target=lambda: outcome.append(_catch(caller.queue_and_wait, "handover", 5)))
     call.start()
-    with first_pop_reply_lost(closing, closing._closed.set) as broken:  # close() cuts the reply
+    with first_pop_reply_lost(closing, "handover", closing._closed.set) as broken:  # close() cuts the reply
         assert closing.dequeue("handover", 5) is None
     assert broken
     pending = closing.pending_key("handover")

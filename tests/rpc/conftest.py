@@ -117,6 +117,16 @@ def workers() -> Iterator[WorkerProcesses]:
     procs.stop_all()
 
 
+def drain(channel, queue: str) -> list[tuple[pika.BasicProperties, bytes]]:
+    """Every message in ``queue`` now, taken (a plain client's read of a reply or poison queue)."""
+    got = []
+    while True:
+        method, props, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            return got
+        got.append((props, body))
+
+
 def get_message(settings: RpcSettings, queue: str, timeout: float = 10.0, keep: bool = False):
     """Poll ``queue`` with basic.get until a message arrives; returns (method, props, body) or None.
     ``keep``: the message is put back (nacked with requeue) instead of taken."""

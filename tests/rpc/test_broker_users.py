@@ -470,3 +470,49 @@ def test_answers_go_only_to_reply_queues(request_queues: Deployed, workers: Work
     assert (outcome.responses, outcome.without_reply_to) == (0, 1)
     with PoolTopology(deployed.other, deployed.admin) as topology:
         assert topology.queue_status(target) == (0, 0), "the responder answered into another pool's queue"
+
+
+def test_another_pools_workers_cannot_have_this_pools_handler_answer_them(
+        request_queues: Deployed, workers: WorkerProcesses) -> None:
+    """Every role that answers may write to the default exchange, which reaches any queue by name:
+    pool B's workers published straight into pool A's request queue, with the direct reply-to form,
+    and read A's answer. A worker now serves what came straight into its queue only from its own
+    user (its shed copies); the stranger's request is poisoned with its reason, never answered."""
+    deployed = request_queues
+    client = deployed.connect(BrokerRole.CLIENTS)
+    stranger = deployed.connect(BrokerRole.WORKERS, deployed.other)
+    answers: list[tuple[str, str]] = []
+    for who, connection in (("client", client), ("stranger", stranger)):
+        channel = connection.channel()
+        channel.basic_consume(p.DIRECT_REPLY_TO, auto_ack=True,
+                              on_message_callback=lambda _c, _m, props, _b, who=who: answers.append(
+                                  (who, props.correlation_id)))
+        exchange, routing_key = ((p.req_exchange(deployed.pool), p.routing_key("k1")) if who == "client"
+                                 else ("", p.request_queue(deployed.pool, "k1")))
+        channel.basic_publish(exchange, routing_key, b"x",
+                              pika.BasicProperties(correlation_id=who, reply_to=p.DIRECT_REPLY_TO))
+    name, password = deployed.passwords[BrokerUser(BrokerRole.WORKERS, deployed.pool)]
+    workers.start(deployed.pool, "k1", "tests.rpc.handlers:whoami", "w1",
+                  SWITCHYARD_AMQP_URL=deployed.template(deployed.admin.connections.amqp_url),
+                  SWITCHYARD_AMQP_USERNAME=name, SWITCHYARD_AMQP_PASSWORD=password,
+                  WORKER_ACTIVITY_INTERVAL="0")
+    admin = pika.BlockingConnection(pika.URLParameters(deployed.admin.connections.amqp_url))
+    poisoned: list[pika.BasicProperties] = []
+
+    def settled() -> bool:
+        for connection in (client, stranger):
+            connection.process_data_events(0.05)
+        method, props, _body = admin.channel().basic_get(p.poison_queue(deployed.pool), auto_ack=True)
+        if method is not None:
+            poisoned.append(props)
+        return bool(answers) and bool(poisoned)
+
+    wait_for(settled, 30, what="the client's answer and the stranger's request poisoned")
+    for connection in (client, stranger):
+        connection.process_data_events(0.5)  # holds the window open: no answer may reach the stranger
+        connection.close()
+    admin.close()
+    assert answers == [("client", "client")]
+    (props,) = poisoned
+    assert props.correlation_id == "stranger"
+    assert "not through the pool's request exchange" in props.headers[p.POISON_REASON_HEADER]

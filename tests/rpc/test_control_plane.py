@@ -383,8 +383,11 @@ def stranded(make_pool, planes) -> Iterator:
     channel = conn.channel()
     reply_queue = channel.queue_declare("", exclusive=True).method.queue
     channel.confirm_delivery()
+    # Straight into the queue, as a worker's own shed copy comes (its checked user_id the worker's).
+    user = pika.URLParameters(settings.connections.amqp_url).credentials.username
     channel.basic_publish("", queue, b"stranded", pika.BasicProperties(
-        reply_to=reply_queue, correlation_id="stranded-1", headers={p.KEY_HEADER: "s"}, delivery_mode=2))
+        reply_to=reply_queue, correlation_id="stranded-1", headers={p.KEY_HEADER: "s"}, delivery_mode=2,
+        user_id=user))
     assert queue_status(settings, queue) == (1, 0)
     try:
         yield pool, settings, plane, channel, reply_queue

@@ -28,7 +28,7 @@ from switchyard.rpc.service import ControlPlane, install
 from switchyard.rpc.settings import ControlSettings, Delays
 from switchyard.rpc.store import GroupStatus, PoolState
 from tests.conftest import wait_for
-from tests.rpc.conftest import flush_pool_state
+from tests.rpc.conftest import drain, flush_pool_state
 
 ODD_KEYS = ["", "#", "🚂💨", "k" * 1024, "a key", "*"]
 
@@ -69,12 +69,7 @@ class Env:
         return got
 
     def drain(self, queue: str) -> list[tuple[pika.BasicProperties, bytes]]:
-        out = []
-        while True:
-            method, props, body = self.channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return out
-            out.append((props, body))
+        return drain(self.channel, queue)
 
 
 @pytest.fixture

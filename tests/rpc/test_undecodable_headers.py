@@ -32,7 +32,7 @@ from switchyard.rpc.ports import WorkerGroup
 from switchyard.rpc.service import ControlPlane, install
 from switchyard.rpc.settings import ControlSettings, Delays
 from tests.conftest import wait_for
-from tests.rpc.conftest import flush_pool_state
+from tests.rpc.conftest import drain, flush_pool_state
 from tests.rpc.test_rpc import H, bind
 
 SHOW = f"{H}:shed_once_and_show"
@@ -97,12 +97,7 @@ class Producer:
         self.publish(p.req_exchange(pool), p.routing_key(key), body, props)
 
     def drain(self, queue: str) -> list[tuple[pika.BasicProperties, bytes]]:
-        got = []
-        while True:
-            method, props, body = self.channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                return got
-            got.append((props, body))
+        return drain(self.channel, queue)
 
     def replies(self, expected: int, timeout: float = 20.0) -> dict[str, tuple[pika.BasicProperties, bytes]]:
         got: dict[str, tuple[pika.BasicProperties, bytes]] = {}
@@ -215,7 +210,7 @@ def test_a_worker_poisons_a_request_pika_cannot_decode_and_serves_the_rest(pool,
     assert worker.poll() is None
     worker.terminate()
     assert worker.wait(15) == 0
-    assert worker.stderr.read().decode().count("undecodable headers sent to the poison inventory") == 1
+    assert worker.stderr.read().decode().count("request sent to the poison inventory") == 1
 
 
 def test_a_worker_poisons_a_request_whose_reply_to_is_not_utf8(pool, workers, producer) -> None:

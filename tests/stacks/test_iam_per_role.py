@@ -69,7 +69,7 @@ MOTO = os.environ.get("AWS_ENDPOINT_URL") or "http://127.0.0.1:5000"
 SERVICES = tuple(SECRET_URLS)  # the services whose URLs a secret fills
 # Roles that run CDK's own code with CDK's own policies, not a Switchyard process.
 NOT_OURS = ("NetworkVpcFlowLogIAMRole", "CustomVpcRestrictDefaultSG", "AWS679f53fac002430cb0da5b7982bd2287",
-            "LogRetention", "BusApiCloudWatchRole", "CustomS3AutoDeleteObjects")
+            "LogRetention", "CustomS3AutoDeleteObjects")
 SCHEDULED = {"version": "0", "id": "iam-probe", "detail-type": "Scheduled Event", "source": "aws.scheduler",
              "account": ACCOUNT, "time": "2026-01-01T00:00:00Z", "region": REGION, "resources": [],
              "detail": {}}

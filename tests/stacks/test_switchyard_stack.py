@@ -125,10 +125,12 @@ def test_each_data_service_admits_its_port_from_exactly_its_clients(resources: R
         (port, src) for port in (c.AMQPS_PORT, c.HTTPS_PORT) for src in (functions, workers, emr, broker)
     }
     bus_workers = group_id(resources, "BusDeliverySecurityGroup")
-    assert ingress(resources, redis) == {(c.REDIS_PORT, functions), (c.REDIS_PORT, bus_workers)}
+    apis = group_id(resources, "PublicApiSecurityGroup")  # the public APIs' functions: Redis only
+    assert ingress(resources, redis) == {(c.REDIS_PORT, functions), (c.REDIS_PORT, bus_workers),
+                                         (c.REDIS_PORT, apis)}
     assert ingress(resources, postgres) == {(c.POSTGRES_PORT, functions)}
     assert ingress(resources, msk) == {(c.MSK_IAM_PORT, src) for src in (functions, emr, msk)}
-    for client in (functions, workers, emr):
+    for client in (functions, workers, emr, apis):
         assert ingress(resources, client) == set()
 
 
@@ -476,7 +478,9 @@ def test_every_alarm_says_why_and_notifies_the_topic(resources: Resources) -> No
         props = alarm["Properties"]
         assert len(props["AlarmDescription"]) > 60, logical
         assert props["AlarmActions"] == [{"Ref": topic}], logical
-        assert props["TreatMissingData"] == "notBreaching"
+        # silence breaches only a heartbeat (a loop that stopped reports nothing)
+        heartbeat = props["AlarmName"].endswith("-heartbeat")
+        assert props["TreatMissingData"] == ("breaching" if heartbeat else "notBreaching"), logical
     only(resources, "AWS::CloudWatch::Dashboard")
 
 

@@ -13,13 +13,16 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.worker.request import count_header
 
 
-def shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int) -> pika.BasicProperties:
+def shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int,
+                    worker_user: str | None) -> pika.BasicProperties:
     """The properties of a shed request's copy: everything kept, the clocks carried in headers.
 
     The copy's expiration is what remains of the original (measured from the first receipt by a
     worker, or from an earlier shed's deadline); ``user_id``, which the broker checks against the
     republishing connection's user, moves into ``x-switchyard-user-id`` as the orphan handler's does
-    (a producer's own header there would otherwise read as checked on the copy's delivery).
+    (a producer's own header there would otherwise read as checked on the copy's delivery). The
+    copy's own ``user_id`` is the worker's user: the broker checks it, and a worker serves a request
+    that came straight into its queue only from that user (``Worker._bypassed``).
     """
     headers = dict(props.headers or {})
     previous = count_header(headers, p.DELIVERY_COUNT_HEADER)
@@ -37,7 +40,7 @@ def shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int) 
         expiration = str(max(0, deadline - now_ms))
     if props.user_id:
         headers[p.ORIGINAL_USER_ID_HEADER] = props.user_id
-    fields = {**vars(props), "headers": headers, "expiration": expiration, "user_id": None}
+    fields = {**vars(props), "headers": headers, "expiration": expiration, "user_id": worker_user}
     return pika.BasicProperties(**fields)
 
 
@@ -48,11 +51,12 @@ def poison_properties(props: pika.BasicProperties, reason: str) -> pika.BasicPro
     return pika.BasicProperties(**{**vars(props), "headers": headers, "user_id": None, "expiration": None})
 
 
-def handler_headers(props: pika.BasicProperties) -> Mapping[str, Any]:
+def handler_headers(props: pika.BasicProperties, republished: bool) -> Mapping[str, Any]:
     """The request's headers for its handler. ``x-switchyard-user-id`` is where the orphan handler
-    keeps a forwarded request's broker-checked ``user_id``: beside a ``user_id`` the broker checked
-    on this request, a producer's own header is replaced by it."""
+    and a shed copy keep a request's broker-checked ``user_id``: beside a ``user_id`` the broker
+    checked on this request, a producer's own header is replaced by it, except on the worker's own
+    copy (``republished``: straight into the queue, by the worker's user), whose header it set."""
     headers = props.headers or {}
-    if props.user_id and p.ORIGINAL_USER_ID_HEADER in headers:
+    if props.user_id and p.ORIGINAL_USER_ID_HEADER in headers and not republished:
         return {**headers, p.ORIGINAL_USER_ID_HEADER: props.user_id}
     return headers

@@ -74,6 +74,7 @@ from switchyard.rpc.amqp import (
     enable_async_confirms,
     publish_buffered,
     reject_buffered,
+    url_parameters,
     wake_threadsafe,
     written_together,
 )
@@ -100,6 +101,7 @@ class _Delivery:
     redelivered: bool
     received_ms: int  # epoch ms, the start of the remaining-expiration clock
     received_s: float  # monotonic, the start of the latency clock
+    exchange: str  # what it was published to ("": straight into the queue)
 
 
 LATENCY_SAMPLES = 4096  # answered requests a report summarizes at most (the most recent)
@@ -116,6 +118,8 @@ class Worker:
         self.handler = handler
         self.config = config
         self.settings = settings or RpcSettings.from_env()
+        # Who this worker is on the broker: its shed copies carry it as their checked ``user_id``.
+        self._user = url_parameters(self.settings.connections.amqp_url).credentials.username
         self.stats = WorkerStats()
         self._stopping = False
         self.consuming = False  # from the consume-ok until the worker stops taking requests
@@ -257,7 +261,7 @@ class Worker:
             self._report(p.Event.REQUEST_RECEIVED)
             self._last_activity = now
         self._inbox.append(_Delivery(method.delivery_tag, props, body, method.redelivered,
-                                     int(time.time() * 1000), now))
+                                     int(time.time() * 1000), now, method.exchange))
 
     def _on_queue_deleted(self) -> None:
         """The broker cancelled the consumer: the request queue was deleted (the group's key was
@@ -274,7 +278,11 @@ class Worker:
             delivery = self._inbox.popleft()
             if (reason := undecodable(delivery.props.headers)) is not None:
                 with self._io_lock, written_together(connection):
-                    self._poison(delivery, reason)
+                    self._poison(delivery, reason, "UndecodableHeaders")
+                continue
+            if (reason := self._bypassed(delivery)) is not None:
+                with self._io_lock, written_together(connection):
+                    self._poison(delivery, reason, None)
                 continue
             self._runs += 1
             self._running = (self._runs, time.monotonic())
@@ -354,17 +362,29 @@ class Worker:
         # handled in order, so the reply is routed before the request is settled.
         publish_buffered(self._channel, "", props.reply_to, reply_body, reply_props)
 
-    def _poison(self, delivery: _Delivery, reason: str) -> None:
-        """A request whose headers could not be decoded: answered ``error``, and copied to the pool's
-        poison inventory with its reason, the original settled as a shed's (when the copy is confirmed)."""
+    def _bypassed(self, delivery: _Delivery) -> str | None:
+        """Why a request that did not come through the pool's request exchange is refused (None: it
+        may be served). Straight into the queue (the default exchange, which every role that answers
+        may write to: another pool's workers too) come only this pool's own shed copies, which carry
+        the broker-checked ``user_id`` of the worker's own user; anything else would let a stranger
+        have this pool's handler answer it, into a reply queue of the stranger's choosing."""
+        if delivery.exchange != "" or delivery.props.user_id == self._user:
+            return None
+        return (f"published straight into {self.config.requests_queue!r} by user "
+                f"{delivery.props.user_id!r}, not through the pool's request exchange")
+
+    def _poison(self, delivery: _Delivery, reason: str, error: str | None) -> None:
+        """A request the worker will not serve: answered ``error`` (``error`` names why; None: not
+        answered), and copied to the pool's poison inventory with its reason, the original settled as
+        a shed's (when the copy is confirmed)."""
         self.stats.poisoned += 1
         props = delivery.props
-        logger.error("request with undecodable headers sent to the poison inventory",
+        logger.error("request sent to the poison inventory",
                      extra={"worker_id": self.config.worker_id, "amqp_correlation_id": props.correlation_id,
                             "reason": reason})
         self._acks.flush(self._channel)  # before this request is settled otherwise (see acks)
-        if p.replyable(props.reply_to):
-            detail = {"error": "UndecodableHeaders", "message": reason}
+        if error is not None and p.replyable(props.reply_to):
+            detail = {"error": error, "message": reason}
             trace = tracing.from_headers(None)  # the request's own traceparent is in the undecoded table
             self._reply(props, p.Status.ERROR, json.dumps(detail).encode(), trace.traceparent)
         self._publish_confirmed(delivery.tag, p.poison_queue(self.config.pool), delivery.body,
@@ -399,7 +419,7 @@ class Worker:
     def _shed(self, delivery: _Delivery) -> None:
         """Republish to the request's own queue; the original is acked when the copy is confirmed."""
         self._acks.flush(self._channel)  # before this request is settled otherwise (see acks)
-        props = shed_properties(delivery.props, delivery.received_ms, int(time.time() * 1000))
+        props = shed_properties(delivery.props, delivery.received_ms, int(time.time() * 1000), self._user)
         if props.expiration == "0":
             # Past its deadline: a copy with expiration 0 would go straight back to a ready
             # consumer. Dead-letter it instead (reason ``rejected``; nobody waits for it anymore).
@@ -458,7 +478,7 @@ class Worker:
             body=delivery.body,
             correlation_id=props.correlation_id,
             reply_to=props.reply_to,
-            headers=handler_headers(props),
+            headers=handler_headers(props, republished=delivery.exchange == ""),
             redelivered=delivery.redelivered,
             worker_id=cfg.worker_id,
         )

@@ -1,0 +1,111 @@
+"""Alarms on what fills up and on what must never stop: the broker's memory and disk, RDS's free
+storage, MSK's disks, and a heartbeat for each loop that runs every minute (fire, sweep, each pool's
+reconcile), which treats missing data as breaching: a loop that stopped reports nothing at all.
+
+RabbitMQ blocks every publisher when memory passes its high watermark or free disk falls to its
+limit (Amazon MQ publishes both figures and both limits); RDS and MSK stop writing when a disk is
+full. Each threshold leaves time to act (a larger instance, more storage) before that point.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cw
+
+from stacks import constants as c
+from stacks.alarm_specs import PERIOD, AlarmSpec
+from stacks.broker import BrokerConstruct
+from stacks.config import DeploymentConfig
+from stacks.data import DataConstruct
+from stacks.functions import FunctionsConstruct
+
+GIB = 1024**3
+BROKER_MEMORY_ALARM_PERCENT = 80  # of RabbitMQ's memory high watermark (RabbitMQMemLimit)
+BROKER_DISK_ALARM_MULTIPLE = 2  # free disk under twice RabbitMQ's free disk limit
+POSTGRES_FREE_STORAGE_ALARM_GIB = 2
+MSK_DISK_ALARM_PERCENT = 80
+HEARTBEAT_PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
+
+
+def _metric(namespace: str, name: str, dimensions: dict[str, str], statistic: str = "Maximum") -> cw.Metric:
+    return cw.Metric(namespace=namespace, metric_name=name, dimensions_map=dimensions, statistic=statistic,
+                     period=PERIOD)
+
+
+def _broker(broker: BrokerConstruct) -> list[AlarmSpec]:
+    def mq(name: str, statistic: str = "Maximum") -> cw.Metric:
+        return _metric("AWS/AmazonMQ", name, {"Broker": broker.broker.broker_name}, statistic)
+
+    return [
+        AlarmSpec(
+            "rabbitmq-memory",
+            cw.MathExpression(expression="100 * used / limit", label="memory used, % of the high watermark",
+                              using_metrics={"used": mq("RabbitMQMemUsed"), "limit": mq("RabbitMQMemLimit")},
+                              period=PERIOD),
+            BROKER_MEMORY_ALARM_PERCENT,
+            f"The broker uses {BROKER_MEMORY_ALARM_PERCENT}% of its memory high watermark for 10 minutes: "
+            "at 100% RabbitMQ blocks every publisher (callers time out). A larger instance type, or fewer "
+            "live keys (queues) per broker.",
+            periods=2,
+        ),
+        AlarmSpec(
+            "rabbitmq-disk",
+            cw.MathExpression(expression="free / limit", label="free disk, multiples of the free disk limit",
+                              using_metrics={"free": mq("RabbitMQDiskFree", "Minimum"),
+                                             "limit": mq("RabbitMQDiskFreeLimit")},
+                              period=PERIOD),
+            BROKER_DISK_ALARM_MULTIPLE,
+            f"The broker's free disk is under {BROKER_DISK_ALARM_MULTIPLE} times RabbitMQ's free disk limit: "
+            "at the limit it blocks every publisher. Queues are holding messages no one consumes (a "
+            "stopped worker group, the poison and dead letter queues).",
+            comparison=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
+        ),
+    ]
+
+
+def _postgres(data: DataConstruct) -> AlarmSpec:
+    return AlarmSpec(
+        "postgres-free-storage",
+        data.postgres.metric_free_storage_space(statistic="Minimum", period=PERIOD),
+        POSTGRES_FREE_STORAGE_ALARM_GIB * GIB,
+        f"Postgres has under {POSTGRES_FREE_STORAGE_ALARM_GIB} GiB free: storage autoscaling (up to "
+        f"{c.POSTGRES_STORAGE_GROWTH}x the allocated size) has run out or cannot keep up, and a full disk "
+        "stops the delay store (nothing is enqueued or fired).",
+        comparison=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
+    )
+
+
+def _kafka(config: DeploymentConfig, data: DataConstruct) -> AlarmSpec:
+    cluster = str(data.kafka.cluster_name)
+    brokers = {f"b{i}": _metric("AWS/Kafka", "KafkaDataLogsDiskUsed",
+                                {"Cluster Name": cluster, "Broker ID": str(i)})
+               for i in range(1, config.msk.broker_nodes + 1)}
+    return AlarmSpec(
+        "msk-disk",
+        cw.MathExpression(expression=f"MAX([{', '.join(brokers)}])", using_metrics=brokers,
+                          label="the fullest MSK broker's data disk, %", period=PERIOD),
+        MSK_DISK_ALARM_PERCENT,
+        f"An MSK broker's data disk is {MSK_DISK_ALARM_PERCENT}% full: at 100% the broker stops "
+        "accepting writes (enqueue and fire fail). Raise the volume (switchyard:msk volumeGib) or "
+        "shorten the topics' retention.",
+    )
+
+
+def _heartbeats(functions: FunctionsConstruct) -> list[AlarmSpec]:
+    loops = {"delay-fire": functions.delay["fire"], "delay-sweep": functions.delay["sweep"],
+             **{f"{name}-reconcile": fns.reconcile for name, fns in functions.pools.items()}}
+    return [AlarmSpec(
+        f"{name}-heartbeat",
+        fn.metric_invocations(statistic="Sum", period=HEARTBEAT_PERIOD),
+        1,
+        f"{name} ran no invocation for {c.ALARM_PERIOD_MINUTES} minutes: its schedule (every minute) "
+        "stopped, or the function cannot start. No data counts as this alarm: a stopped loop reports "
+        "nothing.",
+        comparison=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
+        missing=cw.TreatMissingData.BREACHING,
+    ) for name, fn in loops.items()]
+
+
+def resource_alarm_specs(config: DeploymentConfig, functions: FunctionsConstruct, data: DataConstruct,
+                         broker: BrokerConstruct) -> list[AlarmSpec]:
+    return [*_broker(broker), _postgres(data), _kafka(config, data), *_heartbeats(functions)]
