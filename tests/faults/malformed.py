@@ -62,9 +62,10 @@ class StrangerSize:
     settle: float = 25.0  # after the traffic, how long strangers and scheduled calls have to settle
 
 
-# The calls' timeout bounds a failing run (the traffic waits three of them for the last answers).
-SIZES = {"full": StrangerSize(RpcSize(1200, 8, 40, timeout=30.0), 300, 240, 160),
-         "short": StrangerSize(RpcSize(240, 4, 20, timeout=30.0), 40, 48, 24)}
+# The calls' timeout: long enough that a loaded machine's slow worker restart is not a loss, short
+# enough to bound a failing run (the traffic waits three of them for the last answers).
+SIZES = {"full": StrangerSize(RpcSize(1200, 8, 40, timeout=45.0), 300, 240, 160),
+         "short": StrangerSize(RpcSize(240, 4, 20, timeout=45.0), 40, 48, 24)}
 
 
 class Strangers:
