@@ -10,6 +10,7 @@ from typing import Any
 import pika
 
 from switchyard.rpc import protocol as p
+from switchyard.rpc.amqp_decode import TolerantProperties
 from switchyard.rpc.worker.request import count_header
 
 
@@ -41,14 +42,14 @@ def shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int,
     if props.user_id:
         headers[p.ORIGINAL_USER_ID_HEADER] = props.user_id
     fields = {**vars(props), "headers": headers, "expiration": expiration, "user_id": worker_user}
-    return pika.BasicProperties(**fields)
+    return TolerantProperties(**fields)
 
 
 def poison_properties(props: pika.BasicProperties, reason: str) -> pika.BasicProperties:
     """The request as it came, with why it is in the poison inventory (no ``user_id``: the broker
     checks it against the worker's user; no expiration: a person reads it later)."""
     headers = {**(props.headers or {}), p.POISON_REASON_HEADER: reason}
-    return pika.BasicProperties(**{**vars(props), "headers": headers, "user_id": None, "expiration": None})
+    return TolerantProperties(**{**vars(props), "headers": headers, "user_id": None, "expiration": None})
 
 
 def handler_headers(props: pika.BasicProperties, republished: bool) -> Mapping[str, Any]:
