@@ -39,6 +39,9 @@ BROKER_ID = "RabbitMqBroker"
 BROKER_SECURITY_GROUP_ID = "BrokerSecurityGroup"
 BROKER_SECRET_ID = "BrokerAdminSecret"
 BROKER_NAME_SUFFIX = "rabbitmq"  # the broker is named {stack}-rabbitmq (stacks/names.py)
+# The role users' secrets are named {stack}/broker-users/{owner}-{role}: the pools custom resource
+# reads them all with one statement, whatever the number of pools (stacks/names.py).
+BROKER_USERS_SECRET_PATH = "broker-users"
 BROKER_NAME_CHARS = 50  # Amazon MQ's limit
 BROKER_ENGINE = "RABBITMQ"
 BROKER_ADMIN_USERNAME = "switchyard_admin"

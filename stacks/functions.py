@@ -37,8 +37,9 @@ from stacks.grants import (
     event_source_network_access,
     kafka_access,
     read_secrets,
+    read_secrets_named,
 )
-from stacks.names import metrics_namespace, physical_name
+from stacks.names import broker_users_secret_prefix, metrics_namespace, physical_name
 from stacks.network import NetworkConstruct
 from stacks.parameters import (
     DELAY_CONSUMER_GROUP,
@@ -273,7 +274,8 @@ class FunctionsConstruct(Construct):
             {"Pools": [p.name for p in self.config.pools], "Users": users, **teardown},
             self._amqp_env(self.broker.secret)
         )
-        read_secrets(pools_fn, self.broker.secret, *self.broker.users.values())
+        read_secrets(pools_fn, self.broker.secret)  # and every role user's, however many pools:
+        read_secrets_named(pools_fn, broker_users_secret_prefix(self))
         ecs_stop_access(pools_fn, self.workers.cluster)
         pools.node.add_dependency(self.workers.cluster)  # its capacity provider associations too
         schema_fn, schema = self._custom_resource(

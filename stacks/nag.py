@@ -22,6 +22,7 @@ from stacks.broker import BrokerConstruct
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.monitoring import MonitoringConstruct
+from stacks.names import broker_users_secret_prefix
 from stacks.pool_stacks import pool_stacks
 from stacks.workers import WorkersConstruct
 
@@ -231,6 +232,11 @@ def _functions(stack: AwsTarget) -> None:
             accept(teardown, rule,
                    "On Delete the pools resource stops every worker task of the one cluster (their ids are "
                    "not known to CloudFormation); each statement is conditioned on that cluster.")
+        users = f"{broker_users_secret_prefix(teardown)}*"
+        accept(teardown, f"IAM5[Resource::arn:<AWS::Partition>:secretsmanager:<AWS::Region>:<AWS::AccountId>:"
+               f"secret:{users}]",
+               "The pools resource sets every broker role user's password from its secret: the secrets "
+               "named under the stack's own prefix (a stack name has no '/'), one statement for any pools.")
 
 
 def _workers(stack: AwsTarget) -> None:
