@@ -107,7 +107,7 @@ def bench_pending(count: int) -> dict[str, Any]:
             store.enqueue(f"ep{n}", request_id, element, 300)
         enqueue_ms = (time.perf_counter() - started) * 1000 / count
         used, keys = memory_of(client, settings.prefix + ":*")
-        guard_ms = statistics.median(timed_ms(store.swap_guard, uuid.uuid4().hex, 60) for _ in range(5))
+        guard_ms = statistics.median(timed_ms(store.swap_guards, uuid.uuid4().hex, 60) for _ in range(5))
         row.update(bytes_per_endpoint=used / count, keys=keys, enqueue_ms=enqueue_ms,
                    housekeeping_ms=guard_ms, load_after=load_average())
     finally:

@@ -27,9 +27,11 @@ class AlarmSpec:
     comparison: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
     # No data is normal for counts of what went wrong; for a heartbeat it is the outage itself.
     missing: cw.TreatMissingData = cw.TreatMissingData.NOT_BREACHING
+    # A pool's alarm is made in the pool's nested stack (stacks/pool_stacks.py).
+    pool: str | None = None
 
 
-def errors_or_throttles(name: str, fn: lambda_.IFunction) -> AlarmSpec:
+def errors_or_throttles(name: str, fn: lambda_.IFunction, pool: str | None = None) -> AlarmSpec:
     """The alarm on ``fn``'s failed or throttled invocations, named ``{name}-errors-or-throttles``."""
     errors = fn.metric_errors(period=PERIOD)
     throttles = fn.metric_throttles(period=PERIOD)
@@ -44,4 +46,5 @@ def errors_or_throttles(name: str, fn: lambda_.IFunction) -> AlarmSpec:
         1,
         "Any failed or throttled invocation: every handler is at-least-once and retried, so one error "
         "delays work and a throttle means reserved concurrency or the account limit was hit.",
+        pool=pool,
     )

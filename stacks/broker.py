@@ -13,7 +13,7 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from stacks import constants as c
-from stacks.names import physical_name
+from stacks.names import broker_users_secret_prefix, physical_name
 from stacks.network import allow_from
 from switchyard.rpc.control.access import BrokerRole, BrokerUser, deployment_users
 from switchyard.rpc.protocol import validate_application
@@ -125,13 +125,16 @@ class BrokerConstruct(Construct):
     def _build_user_secret(self, user: BrokerUser) -> secretsmanager.Secret:
         owner = user.pool or (f"app-{user.application}" if user.application else "all")
         return self._credentials(f"User-{owner}-{user.role}", user.username,
-                                 f"RabbitMQ user of the {user.role} role (switchyard/rpc/control/access.py)")
+                                 f"RabbitMQ user of the {user.role} role (switchyard/rpc/control/access.py)",
+                                 name=f"{broker_users_secret_prefix(self)}{owner}-{user.role}")
 
-    def _credentials(self, construct_id: str, username: str, description: str) -> secretsmanager.Secret:
-        """A ``username``/generated ``password`` JSON secret."""
+    def _credentials(self, construct_id: str, username: str, description: str,
+                     name: str | None = None) -> secretsmanager.Secret:
+        """A ``username``/generated ``password`` JSON secret (named ``name``, if given)."""
         return secretsmanager.Secret(
             self,
             construct_id,
+            secret_name=name,
             description=description,
             generate_secret_string=secretsmanager.SecretStringGenerator(
                 secret_string_template=json.dumps({"username": username}),

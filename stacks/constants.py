@@ -39,6 +39,9 @@ BROKER_ID = "RabbitMqBroker"
 BROKER_SECURITY_GROUP_ID = "BrokerSecurityGroup"
 BROKER_SECRET_ID = "BrokerAdminSecret"
 BROKER_NAME_SUFFIX = "rabbitmq"  # the broker is named {stack}-rabbitmq (stacks/names.py)
+# The role users' secrets are named {stack}/broker-users/{owner}-{role}: the pools custom resource
+# reads them all with one statement, whatever the number of pools (stacks/names.py).
+BROKER_USERS_SECRET_PATH = "broker-users"
 BROKER_NAME_CHARS = 50  # Amazon MQ's limit
 BROKER_ENGINE = "RABBITMQ"
 BROKER_ADMIN_USERNAME = "switchyard_admin"
@@ -140,15 +143,14 @@ BUS_HOUSEKEEPING_RESERVED_CONCURRENCY = 1  # one housekeeping pass at a time
 LAMBDA_MIN_UNRESERVED = 100
 DEFAULT_ACCOUNT_CONCURRENCY = 1000
 DEPLOY_TIMEOUT_S = 300
-# CloudFormation's resources per stack, and what one pool adds (4 functions with their roles, policies
-# and log groups, 3 event source mappings, 6 broker user secrets, 10 alarms, its task definition with
-# 3 IAM resources, a schedule with its role and policy, its reconciler's heartbeat alarm;
-# tests/stacks/test_pool_limit.py measures it).
+# CloudFormation's resources per stack. Each pool's own resources are in a nested stack named
+# POOL_STACK_PREFIX + pool (stacks/pool_stacks.py) in a stack that has NESTS_POOLS_ATTR true.
 CFN_MAX_RESOURCES = 500
+POOL_STACK_PREFIX = "Pool-"
+NESTS_POOLS_ATTR = "nests_pools"
 PIPELINE_OLD_VERSIONS_DAYS = 30  # the pipeline bucket keeps overwritten objects this long
 # RDS grows its storage by itself up to this many times the allocated size (storage autoscaling).
 POSTGRES_STORAGE_GROWTH = 5
-RESOURCES_PER_POOL = 43
 # Postgres connections each warm environment keeps (the store: one per thread that uses it).
 CONNECTIONS_PER_ENQUEUE = 1
 CONNECTIONS_PER_FIRE = 2  # the firing thread's claims and the store worker thread

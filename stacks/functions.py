@@ -37,8 +37,9 @@ from stacks.grants import (
     event_source_network_access,
     kafka_access,
     read_secrets,
+    read_secrets_named,
 )
-from stacks.names import metrics_namespace, physical_name
+from stacks.names import broker_users_secret_prefix, metrics_namespace, physical_name
 from stacks.network import NetworkConstruct
 from stacks.parameters import (
     DELAY_CONSUMER_GROUP,
@@ -47,6 +48,7 @@ from stacks.parameters import (
     ServiceEndpoints,
 )
 from stacks.platform import lambda_architecture, lambda_runtime
+from stacks.pool_stacks import pool_scope
 from stacks.workers import WorkersConstruct, worker_family
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.observability import DELAY_SERVICE, DEPLOY_SERVICE, SCHEDULED_SERVICE, pool_service
@@ -117,9 +119,7 @@ class FunctionsConstruct(Construct):
         )
         self.stack = Stack.of(self)
         self.layer = self._build_layer(layer_dir)
-        self.code = lambda_.Code.from_asset(
-            str(REPO_ROOT / c.FUNCTIONS_DIR), exclude=["__pycache__", "*.pyc"]
-        )
+        self._code: dict[str, lambda_.Code] = {}  # one per stack: an asset belongs to one
         self.functions: dict[str, lambda_.Function] = {}
         self.providers: list[cr.Provider] = []
         self.deploy = self._build_deploy_resources()
@@ -148,6 +148,14 @@ class FunctionsConstruct(Construct):
             removal_policy=RemovalPolicy.RETAIN,
         )
 
+    def code(self, scope: Construct) -> lambda_.Code:
+        """The functions' code (functions/) for a function in ``scope``'s stack."""
+        path = Stack.of(scope).node.path
+        if path not in self._code:
+            self._code[path] = lambda_.Code.from_asset(str(REPO_ROOT / c.FUNCTIONS_DIR),
+                                                       exclude=["__pycache__", "*.pyc"])
+        return self._code[path]
+
     def add_function(
         self,
         construct_id: str,
@@ -159,23 +167,26 @@ class FunctionsConstruct(Construct):
         handler: str = "lambda_handler",
         reserved_concurrency: int | None = None,
         public: bool = False,
+        scope: Construct | None = None,
     ) -> lambda_.Function:
         """A function of ``functions/{module}.py``: the one layer, VPC, Powertools, X-Ray and log group, and
         read access to the deployed configuration. Other constructs (the bus, the pending queue) make
         theirs here too, so every function is in ``functions`` and gets the same checks. ``public``: behind
-        a public API, in the API functions' security group (stacks/network.py)."""
+        a public API, in the API functions' security group (stacks/network.py). ``scope``: where it is
+        made, if not here (a pool's nested stack)."""
+        scope = scope or self
         log_group = logs.LogGroup(
-            self,
+            scope,
             f"{construct_id}Logs",
             retention=logs.RetentionDays.ONE_MONTH,
             removal_policy=RemovalPolicy.DESTROY,
         )
         fn = lambda_.Function(
-            self,
+            scope,
             construct_id,
             runtime=lambda_runtime(),
             architecture=lambda_architecture(),
-            code=self.code,
+            code=self.code(scope),
             handler=f"{module}.{handler}",
             layers=[self.layer],
             memory_size=c.LAMBDA_MEMORY_MB,
@@ -263,7 +274,8 @@ class FunctionsConstruct(Construct):
             {"Pools": [p.name for p in self.config.pools], "Users": users, **teardown},
             self._amqp_env(self.broker.secret)
         )
-        read_secrets(pools_fn, self.broker.secret, *self.broker.users.values())
+        read_secrets(pools_fn, self.broker.secret)  # and every role user's, however many pools:
+        read_secrets_named(pools_fn, broker_users_secret_prefix(self))
         ecs_stop_access(pools_fn, self.workers.cluster)
         pools.node.add_dependency(self.workers.cluster)  # its capacity provider associations too
         schema_fn, schema = self._custom_resource(
@@ -319,6 +331,7 @@ class FunctionsConstruct(Construct):
 
     def _build_pool(self, pool: PoolConfig) -> PoolFunctions:
         service = pool_service(pool.name)
+        scope = pool_scope(self, pool.name)
         made: dict[str, lambda_.Function] = {}
         for role in ("orphans", "dead_letters", "activity", "reconcile"):
             starts_groups = role in ("orphans", "reconcile")
@@ -330,6 +343,7 @@ class FunctionsConstruct(Construct):
                 environment=self._pool_env(pool, "ecs" if starts_groups else "noop", broker_user),
                 timeout_s=c.RECONCILE_TIMEOUT_S if role == "reconcile" else c.ESM_TIMEOUT_S,
                 reserved_concurrency=c.RECONCILE_RESERVED_CONCURRENCY if role == "reconcile" else None,
+                scope=scope,
             )
             read_secrets(fn, broker_user, self.data.redis_secret)
             if role == "reconcile":
@@ -338,7 +352,7 @@ class FunctionsConstruct(Construct):
                 ecs_pool_access(fn, cluster=self.workers.cluster, family=worker_family(self, pool.name),
                                 task=self.workers.task_definitions[pool.name])
             if role in POOL_QUEUES:
-                self._amazon_mq_source(fn, pool, POOL_QUEUES[role])
+                self._amazon_mq_source(scope, fn, pool, POOL_QUEUES[role])
             made[role] = fn
         return PoolFunctions(**made)
 
@@ -350,8 +364,9 @@ class FunctionsConstruct(Construct):
         fn.add_environment("SWITCHYARD_DEAD_LETTER_PROBE_SECRET_ARN", secret.secret_arn)
         read_secrets(fn, secret)
 
-    def _amazon_mq_source(self, fn: lambda_.Function, pool: PoolConfig, suffix: str) -> None:
-        """The Amazon MQ event source on ``{pool}-{suffix}`` (CDK has no L2 for it)."""
+    def _amazon_mq_source(self, scope: Construct, fn: lambda_.Function, pool: PoolConfig,
+                          suffix: str) -> None:
+        """The Amazon MQ event source on ``{pool}-{suffix}``, made in ``scope`` (CDK has no L2 for it)."""
         fn.add_to_role_policy(
             iam.PolicyStatement(actions=["mq:DescribeBroker"], resources=[self.broker.broker.attr_arn])
         )
@@ -360,7 +375,7 @@ class FunctionsConstruct(Construct):
         poller = self.broker.user_secret(BrokerRole.MAPPINGS, pool.name)
         read_secrets(fn, poller)
         mapping = lambda_.CfnEventSourceMapping(
-            self,
+            scope,
             f"{pool.name}-{suffix}-source",
             function_name=fn.function_name,
             event_source_arn=self.broker.broker.attr_arn,
@@ -467,12 +482,13 @@ class FunctionsConstruct(Construct):
     # -- schedules -----------------------------------------------------------------------------------
     def _build_schedules(self) -> dict[str, scheduler.Schedule]:
         """One minute each (EventBridge's finest); each function loops inside its invocation."""
-        wanted = {f"{name}-reconcile": fns.reconcile for name, fns in self.pools.items()}
-        wanted.update({"delay-fire": self.delay["fire"], "delay-sweep": self.delay["sweep"]})
+        wanted = {f"{name}-reconcile": (pool_scope(self, name), fns.reconcile)
+                  for name, fns in self.pools.items()}
+        wanted.update({"delay-fire": (self, self.delay["fire"]), "delay-sweep": (self, self.delay["sweep"])})
         schedules = {}
-        for name, fn in wanted.items():
+        for name, (scope, fn) in wanted.items():
             schedules[name] = scheduler.Schedule(
-                self,
+                scope,
                 f"{name}-schedule",
                 schedule=scheduler.ScheduleExpression.rate(Duration.minutes(c.SCHEDULE_RATE_MINUTES)),
                 # A missed tick is not retried: the next one comes within the minute.

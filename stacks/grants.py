@@ -6,7 +6,7 @@ network-interface actions) are said so where they are granted.
 
 from __future__ import annotations
 
-from aws_cdk import Fn, Stack
+from aws_cdk import ArnFormat, Fn, Stack
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -21,6 +21,13 @@ def read_secrets(fn: lambda_.Function, *secrets: secretsmanager.ISecret) -> None
         fn.add_to_role_policy(
             iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[secret.secret_arn])
         )
+
+
+def read_secrets_named(fn: lambda_.Function, prefix: str) -> None:
+    """Let ``fn`` read every secret whose name starts with ``prefix``: one statement, however many."""
+    arn = Stack.of(fn).format_arn(service="secretsmanager", resource="secret", resource_name=f"{prefix}*",
+                                  arn_format=ArnFormat.COLON_RESOURCE_NAME)
+    fn.add_to_role_policy(iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[arn]))
 
 
 def kafka_arn(cluster_arn: str, kind: str, name: str) -> str:

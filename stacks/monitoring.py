@@ -14,7 +14,7 @@ alarm trips and clears within seconds of its metrics (LocalStack evaluates alarm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cw
@@ -29,6 +29,7 @@ from stacks.config import DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.names import alarm_name, dashboard_name, metrics_namespace
+from stacks.pool_stacks import pool_scope
 from stacks.resource_alarms import resource_alarm_specs
 from stacks.workers import WorkersConstruct
 from switchyard.core.observability import DELAY_SERVICE, SCHEDULED_SERVICE, pool_service
@@ -116,7 +117,7 @@ class MonitoringConstruct(Construct):
         specs: list[AlarmSpec] = []
         for pool in self.config.pools:
             service = pool_service(pool.name)
-            specs += [
+            mine = [
                 AlarmSpec(
                     f"{pool.name}-poison-growing",
                     self._emf(rpc_metrics.DEAD_LETTER_POISONED, service),
@@ -161,6 +162,7 @@ class MonitoringConstruct(Construct):
                     comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
                 ),
             ]
+            specs += [replace(spec, pool=pool.name) for spec in mine]
         if self.config.pools:
             specs.append(AlarmSpec(
                 "rabbitmq-dead-lettering-stranded",
@@ -259,9 +261,10 @@ class MonitoringConstruct(Construct):
                 1,
                 "An orphan batch raised: the whole batch is redelivered and its callers wait "
                 "(duplicates, never losses); one failure is worth a look, a run of them is an outage.",
+                pool=pool.name,
             ))
             for role, fn in fns.all().items():
-                specs.append(errors_or_throttles(f"{pool.name}-{role}", fn))
+                specs.append(errors_or_throttles(f"{pool.name}-{role}", fn, pool.name))
         for role, fn in aws.functions.delay.items():
             specs.append(errors_or_throttles(f"delay-{role}", fn))
         specs.append(errors_or_throttles("scheduled-relay", aws.functions.scheduled))
@@ -315,7 +318,7 @@ class MonitoringConstruct(Construct):
         """The alarm of ``spec``, notifying the topic: other constructs (the bus, the pending queue) add
         theirs here, so every alarm has the same name scheme, action and missing-data rule."""
         alarm = cw.Alarm(
-            self,
+            pool_scope(self, spec.pool) if spec.pool else self,
             spec.name,
             alarm_name=alarm_name(self, spec.name),
             alarm_description=spec.why,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from aws_cdk import Acknowledgment, App, Validations
+from aws_cdk import Acknowledgment, App, Names, Stack, Validations
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_secretsmanager as secretsmanager
 from cdk_nag import AwsSolutionsChecks
@@ -22,6 +22,8 @@ from stacks.broker import BrokerConstruct
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.monitoring import MonitoringConstruct
+from stacks.names import broker_users_secret_prefix
+from stacks.pool_stacks import pool_stacks
 from stacks.workers import WorkersConstruct
 
 PACK = "AwsSolutions"
@@ -80,6 +82,22 @@ def rule(rule_id: str) -> str:
 def accept(construct: IConstruct, rule_id: str, reason: str) -> None:
     """Accept the finding ``rule_id`` on ``construct`` and its children only, for ``reason``."""
     Validations.of(construct).acknowledge(Acknowledgment(id=rule(rule_id), reason=reason))
+
+
+def logical_id(construct: IConstruct) -> str:
+    """``construct``'s resource's logical ID in its own template (the parent's, or a pool's nested one)."""
+    resource = construct.node.default_child
+    return Stack.of(resource).get_logical_id(resource)  # type: ignore[arg-type]
+
+
+def ref_from(scope: IConstruct, target: IConstruct) -> str:
+    """How a ``Ref`` of ``target``'s resource reads in ``scope``'s template: its logical ID, or in a
+    pool's nested stack the parameter CDK passes it as."""
+    resource = target.node.default_child
+    assert resource is not None
+    if Stack.of(resource) is Stack.of(scope):
+        return logical_id(target)
+    return f"referenceto{Names.node_unique_id(resource.node)}Ref"
 
 
 def apply_checks(app: App) -> None:
@@ -169,7 +187,7 @@ def _functions(stack: AwsTarget) -> None:
         # Invoking a function's versions (ARN:*) is how the Provider framework and the schedules call it.
         accept(
             fn,
-            f"IAM5[Resource::<{stack.get_logical_id(fn.node.default_child)}.Arn>:*]",
+            f"IAM5[Resource::<{logical_id(fn)}.Arn>:*]",
             "Invocation of the function's own versions and aliases only.",
         )
     for provider in stack.functions.providers:
@@ -177,15 +195,15 @@ def _functions(stack: AwsTarget) -> None:
         target = provider.on_event_handler.node.default_child
         accept(
             provider,
-            f"IAM5[Resource::<{stack.get_logical_id(target)}.Arn>:*]",
+            f"IAM5[Resource::<{Stack.of(target).get_logical_id(target)}.Arn>:*]",  # type: ignore[arg-type]
             "The Provider framework invokes its one handler function (any version).",
         )
-    for child in stack.node.children:
+    for child in (child for s in (stack, *pool_stacks(stack)) for child in s.node.children):  # type: ignore[arg-type]
         if child.node.id.startswith("SchedulerRoleForTarget"):
             for fn in stack.functions.functions.values():
                 accept(
                     child,
-                    f"IAM5[Resource::<{stack.get_logical_id(fn.node.default_child)}.Arn>:*]",
+                    f"IAM5[Resource::<{logical_id(fn)}.Arn>:*]",
                     "EventBridge Scheduler's role invokes its one target function (any version).",
                 )
     ecs_reason = (
@@ -195,7 +213,7 @@ def _functions(stack: AwsTarget) -> None:
     )
     for name in stack.functions.pools:
         for fn in (stack.functions.pools[name].orphans, stack.functions.pools[name].reconcile):
-            cluster = stack.get_logical_id(stack.workers.cluster.node.default_child)
+            cluster = ref_from(fn, stack.workers.cluster)
             for resource in (
                 f"container-instance/<{cluster}>/*",
                 f"task-definition/{stack.workers.task_definitions[name].family}:*",
@@ -214,6 +232,11 @@ def _functions(stack: AwsTarget) -> None:
             accept(teardown, rule,
                    "On Delete the pools resource stops every worker task of the one cluster (their ids are "
                    "not known to CloudFormation); each statement is conditioned on that cluster.")
+        users = f"{broker_users_secret_prefix(teardown)}*"
+        accept(teardown, f"IAM5[Resource::arn:<AWS::Partition>:secretsmanager:<AWS::Region>:<AWS::AccountId>:"
+               f"secret:{users}]",
+               "The pools resource sets every broker role user's password from its secret: the secrets "
+               "named under the stack's own prefix (a stack name has no '/'), one statement for any pools.")
 
 
 def _workers(stack: AwsTarget) -> None:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import hashlib
 import re
 
-from aws_cdk import Stack
 from constructs import Construct
 
+from stacks import constants as c
+from stacks.pool_stacks import root_stack
 from switchyard.core.deployed_config import ALARM_PREFIX_ENV, METRICS_NAMESPACE_ENV
 from switchyard.core.deployed_config import metrics_namespace as stack_metrics_namespace
 
@@ -28,7 +29,7 @@ DIGEST_CHARS = 8
 def physical_name(scope: Construct, suffix: str, *, max_length: int = 255, lower: bool = False) -> str:
     """``{stack name}-{suffix}``; when too long, the stack name is cut and a digest of it added, so
     names stay unique. ``lower``: lower case, no repeated hyphens (ElastiCache's rule)."""
-    stack = Stack.of(scope).stack_name
+    stack = root_stack(scope).stack_name
     name = f"{stack}-{suffix}"
     if len(name) > max_length:
         digest = hashlib.sha256(stack.encode()).hexdigest()[:DIGEST_CHARS]
@@ -39,9 +40,15 @@ def physical_name(scope: Construct, suffix: str, *, max_length: int = 255, lower
     return re.sub("-+", "-", name.lower()) if lower else name
 
 
+def broker_users_secret_prefix(scope: Construct) -> str:
+    """What the names of the stack's broker role users' secrets start with: a stack name has no ``/``,
+    so no other stack's secret starts so."""
+    return f"{root_stack(scope).stack_name}/{c.BROKER_USERS_SECRET_PATH}/"
+
+
 def alarm_prefix(scope: Construct) -> str:
     """What every alarm name of the stack starts with (``SWITCHYARD_ALARM_PREFIX``)."""
-    return f"{Stack.of(scope).stack_name}-"
+    return f"{root_stack(scope).stack_name}-"
 
 
 def alarm_name(scope: Construct, name: str) -> str:
@@ -51,12 +58,12 @@ def alarm_name(scope: Construct, name: str) -> str:
 
 def dashboard_name(scope: Construct) -> str:
     """The stack's dashboard is named after the stack (the ``DashboardName`` output)."""
-    return Stack.of(scope).stack_name
+    return root_stack(scope).stack_name
 
 
 def metrics_namespace(scope: Construct) -> str:
     """The stack's CloudWatch namespace: its functions and tasks emit there, its alarms read there."""
-    return stack_metrics_namespace(Stack.of(scope).stack_name)
+    return stack_metrics_namespace(root_stack(scope).stack_name)
 
 
 def runtime_names(scope: Construct) -> dict[str, str]:

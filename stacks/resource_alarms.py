@@ -92,8 +92,8 @@ def _kafka(config: DeploymentConfig, data: DataConstruct) -> AlarmSpec:
 
 
 def _heartbeats(functions: FunctionsConstruct) -> list[AlarmSpec]:
-    loops = {"delay-fire": functions.delay["fire"], "delay-sweep": functions.delay["sweep"],
-             **{f"{name}-reconcile": fns.reconcile for name, fns in functions.pools.items()}}
+    loops = {"delay-fire": (None, functions.delay["fire"]), "delay-sweep": (None, functions.delay["sweep"]),
+             **{f"{name}-reconcile": (name, fns.reconcile) for name, fns in functions.pools.items()}}
     return [AlarmSpec(
         f"{name}-heartbeat",
         fn.metric_invocations(statistic="Sum", period=HEARTBEAT_PERIOD),
@@ -103,7 +103,8 @@ def _heartbeats(functions: FunctionsConstruct) -> list[AlarmSpec]:
         "nothing.",
         comparison=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
         missing=cw.TreatMissingData.BREACHING,
-    ) for name, fn in loops.items()]
+        pool=pool,
+    ) for name, (pool, fn) in loops.items()]
 
 
 def resource_alarm_specs(config: DeploymentConfig, functions: FunctionsConstruct, data: DataConstruct,

@@ -21,6 +21,7 @@ from stacks.names import dashboard_name
 from stacks.network import NetworkConstruct
 from stacks.parameters import ConfigParametersConstruct, ServiceEndpoints
 from stacks.pending import PENDING_CONSTRUCT_ID, PendingConstruct
+from stacks.pool_stacks import pool_stacks
 from stacks.workers import WorkersConstruct
 from switchyard.rpc.control.access import BrokerRole
 
@@ -35,6 +36,7 @@ class SwitchyardStack(Stack):
     def __init__(self, scope: Construct, construct_id: str = c.STACK_ID, **kwargs: Any) -> None:
         kwargs.setdefault("description", c.STACK_DESCRIPTION)
         super().__init__(scope, construct_id, **kwargs)
+        self.nests_pools = True  # each pool's resources in a nested stack of its own (stacks/pool_stacks.py)
         self.config = DeploymentConfig.from_context(self)
         layer_dir = self.node.try_get_context(c.CTX_LAYER_DIR) or c.LAYER_DIR
         self.network = NetworkConstruct(self, c.NETWORK_CONSTRUCT_ID, nat_gateways=self.config.nat_gateways)
@@ -76,20 +78,32 @@ class SwitchyardStack(Stack):
         self.config.concurrency.check_reserved(self.reserved_concurrency(), self.config.account_concurrency)
         self.check_resource_count()
 
+    def resource_counts(self) -> dict[str, int]:
+        """Resources per template: this stack's (by its name) and each pool's nested stack's."""
+        counts = {stack.node.id: 0 for stack in (self, *pool_stacks(self))}
+        for node in self.node.find_all():
+            if isinstance(node, CfnResource):
+                counts[Stack.of(node).node.id] += 1
+        return counts
+
+    def pool_resources_here(self) -> int:
+        """What one pool adds to this stack, not to its nested one: its nested stack, its broker users."""
+        first = self.config.pools[0].name
+        return 1 + sum(1 for user in self.broker.users if user.pool == first)
+
     def check_resource_count(self) -> None:
         """Fail synth with the number of pools that fit, rather than CloudFormation's bare count."""
-        total = sum(1 for node in self.node.find_all()
-                    if isinstance(node, CfnResource) and Stack.of(node) is self)
+        total = self.resource_counts()[self.node.id]  # a pool's nested stack holds a few dozen
         if total <= c.CFN_MAX_RESOURCES:
             return
         pools = len(self.config.pools)
-        fit = (c.CFN_MAX_RESOURCES - (total - c.RESOURCES_PER_POOL * pools)) // c.RESOURCES_PER_POOL
+        per_pool = self.pool_resources_here()
+        fit = (c.CFN_MAX_RESOURCES - (total - per_pool * pools)) // per_pool
         raise ConfigError(
             f"{c.CTX_POOLS}: {pools} pools make {total} resources in this stack, over CloudFormation's "
-            f"{c.CFN_MAX_RESOURCES}: each pool adds {c.RESOURCES_PER_POOL} (its functions, roles, broker "
-            f"user secrets, alarms, task definition), so one stack holds at most {max(0, fit)} pools; "
-            f"deploy the others as a second stack ({c.CTX_STACKS}, docs/deployment.md "
-            "\"Two stacks in one account\")")
+            f"{c.CFN_MAX_RESOURCES}: each pool adds {per_pool} here (its nested stack and broker user "
+            f"secrets), so one stack holds at most {max(0, fit)} pools; deploy the others as a second "
+            f"stack ({c.CTX_STACKS}, docs/deployment.md \"Two stacks in one account\")")
 
     def reserved_concurrency(self) -> dict[str, int]:
         """Each function's reserved concurrency, by construct path: every reservation, whoever made it."""

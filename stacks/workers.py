@@ -22,6 +22,7 @@ from stacks.config import DeploymentConfig, ImageDirectory, PoolConfig
 from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct
 from stacks.platform import fargate_platform, pool_image, worker_image
+from stacks.pool_stacks import pool_scope
 from switchyard.core.aws_secrets import INJECTED_FIELDS
 from switchyard.rpc.control.access import BrokerRole
 from switchyard.rpc.settings import CALL_TIMEOUT_ENV
@@ -80,7 +81,7 @@ class WorkersConstruct(Construct):
     def _task_definition(self, pool: PoolConfig) -> ecs.FargateTaskDefinition:
         secret = self.broker.user_secret(BrokerRole.WORKERS, pool.name)
         task = ecs.FargateTaskDefinition(
-            self,
+            pool_scope(self, pool.name),  # in the pool's nested stack
             f"Worker-{pool.name}",
             family=worker_family(self, pool.name),
             cpu=pool.cpu,

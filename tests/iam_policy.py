@@ -128,6 +128,8 @@ class Resolver:
         kind = self.resources[logical]["Type"]
         by_id = kind in ("AWS::SecretsManager::Secret", "AWS::SNS::Topic")  # their Ref is their ARN
         name = logical.lower() if by_id else self.ref(logical)
+        if kind == "AWS::SecretsManager::Secret" and "Name" in self.resources[logical].get("Properties", {}):
+            name = self.value(self.resources[logical]["Properties"]["Name"])  # a named secret's ARN has it
         if attribute.endswith("Endpoints"):  # lists of URLs (Amazon MQ)
             return [f"amqps://{logical.lower()}.example:5671"]
         if attribute != "Arn":

@@ -31,7 +31,7 @@ from switchyard.bus.errors import (
 from switchyard.bus.ports import Batch, QueueLengths, Subscriber
 from switchyard.bus.settings import BusSettings
 from switchyard.core.errors import InvalidNameError
-from switchyard.core.redis_client import RedisClient
+from switchyard.core.redis_client import RedisClient, is_cluster, used_memory
 
 NAME_RE = re.compile(r"[a-z0-9:_-]{1,64}")  # client names and tokens (Routemaster's User), fullmatch
 DELIVER = "deliver:"  # delivery jobs are "deliver:<subscriber token>"
@@ -255,8 +255,13 @@ class BusStore:
 
     @_wrapped
     def now_ms(self) -> int:
-        """Redis's clock, the one every stored time uses."""
-        seconds, micros = self.redis.time()
+        """Redis's clock, the one every stored time uses: on a cluster the clock of the node that
+        holds the bus (its scripts' TIME), not of whichever node a keyless command reaches."""
+        if is_cluster(self.redis):
+            node = self.redis.get_node_from_key(self.tokens_key)
+            seconds, micros = self.redis.time(target_nodes=node)
+        else:
+            seconds, micros = self.redis.time()
         return seconds * 1000 + micros // 1000
 
     @_wrapped
@@ -265,7 +270,8 @@ class BusStore:
 
     @_wrapped
     def used_memory(self) -> int:
-        return int(self.redis.info("memory")["used_memory"])
+        """What autodrop weighs against ``max_mem``: on a cluster, summed over every master."""
+        return used_memory(self.redis)
 
     @_wrapped
     def autodrop_batch(self) -> tuple[str, int] | None:

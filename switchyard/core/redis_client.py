@@ -4,7 +4,7 @@ server or, with ``SWITCHYARD_REDIS_CLUSTER=1``, a Redis Cluster found from the n
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeGuard
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -43,5 +43,16 @@ def connect_redis(connections: Connections | None = None) -> RedisClient:
                       socket_timeout=timeout, socket_connect_timeout=timeout, health_check_interval=30)
 
 
-def is_cluster(client: RedisClient) -> bool:
+def is_cluster(client: RedisClient) -> TypeGuard[RedisCluster]:
     return isinstance(client, RedisCluster)
+
+
+def used_memory(client: RedisClient) -> int:
+    """The bytes Redis holds (``INFO memory``): on a cluster summed over every master, the figure
+    one server holding the same data would give (a replica holds a copy, not more data)."""
+    if not is_cluster(client):
+        return int(client.info("memory")["used_memory"])
+    per_node = client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+    if "used_memory" in per_node:  # a one-master cluster: redis-py gives that node's figures alone
+        return int(per_node["used_memory"])
+    return sum(int(info["used_memory"]) for info in per_node.values())

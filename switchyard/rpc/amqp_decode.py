@@ -111,8 +111,79 @@ def decode_table(encoded: bytes, offset: int, depth: int = 0) -> tuple[dict[str 
     return table, offset
 
 
+_INT32, _INT64, _UINT64 = 2**31, 2**63, 2**64
+
+
+def encode_value(value: Any, depth: int = 0) -> bytes:
+    """A header value as the field-table bytes that carry it back to the broker. Everything this
+    module decodes is carried again: where pika's encoder raises (a float, a timestamp past 2**63
+    kept as seconds: a shed copy of such a request killed its worker), this writes ``d`` and ``T``;
+    an integer no AMQP type holds, or a value of another type, is written as its text."""
+    if isinstance(value, str):
+        raw = value.encode("utf-8")
+        return b"S" + struct.pack(">I", len(raw)) + raw
+    if isinstance(value, bytes | bytearray | memoryview):
+        return b"x" + struct.pack(">I", len(value)) + bytes(value)
+    if isinstance(value, bool):
+        return b"t" + struct.pack(">B", value)
+    if isinstance(value, int):
+        if -_INT32 <= value < _INT32:
+            return b"I" + struct.pack(">i", value)
+        if -_INT64 <= value < _INT64:
+            return b"l" + struct.pack(">q", value)
+        if 0 <= value < _UINT64:  # only a timestamp decodes this large (``_timestamp``)
+            return b"T" + struct.pack(">Q", value)
+        return encode_value(str(value))
+    if isinstance(value, float):
+        return b"d" + struct.pack(">d", value)
+    if isinstance(value, decimal.Decimal):
+        sign, digits, exponent = value.as_tuple()
+        unscaled = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
+        if isinstance(exponent, int) and 0 <= -exponent < 256 and -_INT32 <= unscaled < _INT32:
+            return b"D" + struct.pack(">Bi", -exponent, unscaled)
+        return encode_value(str(value))
+    if isinstance(value, datetime):
+        return b"T" + struct.pack(">Q", int(value.timestamp()))
+    if value is None:
+        return b"V"
+    if depth < p.MAX_HEADER_DEPTH and isinstance(value, Mapping):
+        return b"F" + encode_table(value, depth + 1)
+    if depth < p.MAX_HEADER_DEPTH and isinstance(value, list | tuple):
+        items = b"".join(encode_value(item, depth + 1) for item in value)
+        return b"A" + struct.pack(">I", len(items)) + items
+    if isinstance(value, Mapping | list | tuple):
+        return encode_value(f"nested deeper than {p.MAX_HEADER_DEPTH}")
+    return encode_value(repr(value))
+
+
+def encode_table(table: Mapping[Any, Any], depth: int = 0) -> bytes:
+    """A field table's bytes (``encode_value``'s rules); a name over 255 bytes is cut to 255."""
+    entries = []
+    for key, value in table.items():
+        name = (key if isinstance(key, bytes) else str(key).encode("utf-8"))[:255]
+        entries.append(struct.pack(">B", len(name)) + name + encode_value(value, depth))
+    body = b"".join(entries)
+    return struct.pack(">I", len(body)) + body
+
+
 class TolerantProperties(pika.spec.BasicProperties):
-    """``BasicProperties`` whose ``decode`` never raises for the headers table (module docstring)."""
+    """``BasicProperties`` whose ``decode`` never raises for the headers table (module docstring),
+    and whose ``encode`` carries every header value it decoded (``encode_value``): the copies a
+    worker or handler republishes (shed, poison, forwarded) are made of this class."""
+
+    def encode(self) -> list[bytes]:
+        headers: dict[Any, Any] | None = vars(self)["headers"]  # pika leaves the attribute untyped
+        if headers is None:
+            return super().encode()
+        self.headers = None
+        try:
+            pieces = super().encode()
+        finally:
+            self.headers = headers
+        flags = struct.unpack(">H", pieces[0])[0] | self.FLAG_HEADERS
+        # pika writes the flags, then two pieces per short string before the table's place
+        before = 1 + 2 * sum(getattr(self, name) is not None for name in ("content_type", "content_encoding"))
+        return [struct.pack(">H", flags), *pieces[1:before], encode_table(headers), *pieces[before:]]
 
     def decode(self, encoded: bytes, offset: int = 0) -> TolerantProperties:
         flags = struct.unpack_from(">H", encoded, offset)[0]

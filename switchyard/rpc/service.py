@@ -14,9 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-import redis
-
-from switchyard.core.redis_client import connect_redis
+from switchyard.core.redis_client import RedisClient, connect_redis
 from switchyard.delay.model import Drop, InputRecord
 from switchyard.delay.service import service as delay_service
 from switchyard.rpc.control.activity import ActivityOutcome, track_activity
@@ -35,7 +33,7 @@ from switchyard.rpc.store import PoolState, now_ms
 
 class ControlPlane:
     def __init__(self, control: ControlSettings, settings: RpcSettings | None = None,
-                 driver: WorkerGroupDriver | None = None, redis_client: redis.Redis | None = None) -> None:
+                 driver: WorkerGroupDriver | None = None, redis_client: RedisClient | None = None) -> None:
         self.control = control
         self.pool = control.pool
         self.settings = settings or RpcSettings.from_env()

@@ -23,8 +23,10 @@ every key one script or pipeline touches lives in the same slot):
   ``LATENCY_REPORTS`` only (for ``switchyard status``)
 
 and, outside any pool: ``switchyard:ecs-driver:lock:<group id>``, the ECS driver's group lock
-(``WorkerGroupLock``), and one key per broker: ``switchyard:rpc:probe:<broker id>``, the turn of the
+(``WorkerGroupLock``), and one key per broker: ``switchyard:rpc:probe:{<broker id>}``, the turn of the
 dead-lettering probe (whichever pool's pass takes it first probes; it expires after the interval).
+On a Redis Cluster (``SWITCHYARD_REDIS_CLUSTER=1``) the client routes each command, script or
+pipeline to the node owning its slot: the pool's keys share its tag, the other keys stand alone.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ from typing import cast
 
 import redis
 
+from switchyard.core.config import Connections
 from switchyard.core.observability import logger
-from switchyard.core.redis_client import RedisClient
+from switchyard.core.redis_client import RedisClient, connect_redis
 from switchyard.rpc import protocol as p
 from switchyard.rpc.errors import DriverError, LockTimeoutError
 from switchyard.rpc.ports import GroupState, GroupStatus, LatencyReport, Touch, TouchMode, WorkerGroup
@@ -118,6 +121,7 @@ class RedisLocks:
 
 
 ECS_LOCK_PREFIX = "switchyard:ecs-driver:lock:"
+PROBE_PREFIX = "switchyard:rpc:probe:"  # + "{<broker id>}": tagged, a slot of its own per broker
 
 
 class WorkerGroupLock:
@@ -132,8 +136,10 @@ class WorkerGroupLock:
         self._locks = RedisLocks(client)
 
     @classmethod
-    def from_url(cls, redis_url: str, ttl_s: float = 30.0, wait_s: float = 10.0) -> WorkerGroupLock:
-        return cls(redis.Redis.from_url(redis_url), ttl_s, wait_s)
+    def from_connections(cls, connections: Connections, ttl_s: float = 30.0,
+                         wait_s: float = 10.0) -> WorkerGroupLock:
+        """On ``SWITCHYARD_REDIS_URL`` as the pool state is (a cluster with SWITCHYARD_REDIS_CLUSTER=1)."""
+        return cls(connect_redis(connections), ttl_s, wait_s)
 
     @contextmanager
     def __call__(self, group: WorkerGroup) -> Iterator[None]:
@@ -220,7 +226,7 @@ class PoolState:
 
     def probe_turn(self, broker: str, interval_s: float) -> bool:
         """True for one caller per broker per ``interval_s``: the broker probe runs once, not per pool."""
-        return bool(self.redis.set(f"switchyard:rpc:probe:{broker}", self.pool, nx=True,
+        return bool(self.redis.set(f"{PROBE_PREFIX}{{{broker}}}", self.pool, nx=True,
                                    px=max(1, int(interval_s * 1000))))
 
     def record_latency(self, reports: Iterable[LatencyReport]) -> None:

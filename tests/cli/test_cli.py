@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-import redis
 
 from switchyard.cli import build_parser
+from switchyard.core.redis_client import connect_redis
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.store import PoolState
@@ -58,7 +58,7 @@ def test_invoke_runs_a_handler_on_a_sample_event() -> None:
     finally:
         with PoolTopology(pool, settings) as topology:
             topology.delete(force=True)
-        PoolState(redis.Redis.from_url(settings.connections.redis_url), pool).clear()
+        PoolState(connect_redis(settings.connections), pool).clear()
 
 
 def test_errors_say_what_to_do() -> None:
@@ -113,4 +113,4 @@ def test_local_control_plane_serves_calls_from_the_command_line(tmp_path) -> Non
             local.kill()
         with PoolTopology(pool, settings) as topology:
             topology.delete(force=True)
-        PoolState(redis.Redis.from_url(settings.connections.redis_url), pool).clear()
+        PoolState(connect_redis(settings.connections), pool).clear()

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pika
 import pytest
-import redis
 
 from switchyard.core.config import Connections
+from switchyard.core.redis_client import RedisClient, connect_redis
 from switchyard.local.rpc_runtime import BridgeSettings, LocalControlPlane
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.topology import PoolTopology
@@ -162,7 +162,7 @@ def state_prefix(pool: str) -> str:
     return PoolState.key_prefix(pool)
 
 
-def flush_pool_state(client: redis.Redis, pool: str) -> int:
+def flush_pool_state(client: RedisClient, pool: str) -> int:
     """Delete every Redis key of ``pool``'s state; returns how many there were."""
     keys = list(client.scan_iter(match=state_prefix(pool) + "*", count=1000))
     if keys:
@@ -171,8 +171,9 @@ def flush_pool_state(client: redis.Redis, pool: str) -> int:
 
 
 @pytest.fixture
-def redis_client() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(Connections.from_env().redis_url)
+def redis_client() -> Iterator[RedisClient]:
+    """The Redis of the tests: SWITCHYARD_REDIS_URL (with SWITCHYARD_REDIS_CLUSTER=1, a cluster)."""
+    client = connect_redis(Connections.from_env())
     yield client
     client.close()
 
@@ -213,7 +214,7 @@ class Planes:
     """Starts ``LocalControlPlane``s for test pools; stops them (and their workers) and wipes the
     pools' Redis state afterwards."""
 
-    def __init__(self, tmp_path: Path, redis_client: redis.Redis) -> None:
+    def __init__(self, tmp_path: Path, redis_client: RedisClient) -> None:
         self.tmp_path = tmp_path
         self.redis = redis_client
         self.started: list[LocalControlPlane] = []
@@ -239,7 +240,7 @@ class Planes:
 
 
 @pytest.fixture
-def planes(tmp_path: Path, redis_client: redis.Redis) -> Iterator[Planes]:
+def planes(tmp_path: Path, redis_client: RedisClient) -> Iterator[Planes]:
     planes = Planes(tmp_path, redis_client)
     yield planes
     planes.close()

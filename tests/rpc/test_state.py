@@ -204,3 +204,32 @@ def test_the_ecs_driver_group_lock_is_the_stores_lock(state: PoolState) -> None:
         with pytest.raises(DriverError, match="locked by another caller"), lock(group):
             pass
     assert state.redis.get(ECS_LOCK_PREFIX + group.group_id) is None
+
+
+def test_the_ecs_drivers_lock_from_the_environment_works_on_any_node(
+        monkeypatch: pytest.MonkeyPatch, state: PoolState) -> None:
+    """The driver the control plane builds from SWITCHYARD_* takes its group locks on the same Redis
+    as the pool state: on a cluster, a group whose lock's slot another node owns (no MOVED)."""
+    from redis.cluster import RedisCluster
+
+    from switchyard.core.config import Connections
+    from switchyard.rpc.drivers import driver_from_env
+    from switchyard.rpc.drivers.ecs import EcsDriver
+    from switchyard.rpc.ports import WorkerGroup
+    from switchyard.rpc.store import ECS_LOCK_PREFIX
+
+    env = {"SWITCHYARD_DRIVER": "ecs", "SWITCHYARD_ECS_CLUSTER": "any", "SWITCHYARD_ECS_SUBNETS": "subnet-1",
+           "SWITCHYARD_ECS_SECURITY_GROUPS": "sg-1"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    driver = driver_from_env()
+    assert isinstance(driver, EcsDriver)
+    groups = (WorkerGroup(state.pool, f"k{i}") for i in range(100))
+    group = next(groups)
+    if isinstance(state.redis, RedisCluster):  # a group whose lock lives off the URL's node
+        url_node = Connections.from_env().redis_url.split("//", 1)[1].split("/", 1)[0]
+        group = next(g for g in groups if state.redis.get_node_from_key(ECS_LOCK_PREFIX + g.group_id).name
+                     != url_node)
+    with driver.lock(group):
+        assert state.redis.get(ECS_LOCK_PREFIX + group.group_id) is not None
+    assert state.redis.get(ECS_LOCK_PREFIX + group.group_id) is None

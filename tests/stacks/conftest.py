@@ -17,6 +17,7 @@ from aws_cdk.assertions import Template
 
 from stacks import constants as c
 from stacks.application import build_app, stacks_of
+from tests.stacks.nested import template_of
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_STACKS = ("SwitchyardProduction", "SwitchyardStaging")
@@ -34,10 +35,11 @@ def layer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def synth(layer_dir: str, outdir: Path, **context: Any) -> tuple[Template, Path, Any]:
-    """Synthesize with cdk.json's context plus ``context``; fails if cdk-nag finds anything."""
+    """Synthesize with cdk.json's context plus ``context``; fails if cdk-nag finds anything. The
+    template is the stack's with its pools' nested templates folded in (tests/stacks/nested.py)."""
     app, stack = build_app(context={c.CTX_LAYER_DIR: layer_dir, **context}, outdir=str(outdir))
     app.synth()
-    return Template.from_stack(stack), outdir, stack
+    return template_of(stack), outdir, stack
 
 
 @pytest.fixture(scope="session")

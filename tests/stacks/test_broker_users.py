@@ -8,6 +8,7 @@ checked on a real RabbitMQ in tests/rpc/test_broker_users.py.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -52,8 +53,19 @@ def _secrets_in(resources: Resources, value: Any) -> set[str]:
     return {s for r in _refs(value) if (s := _secret(resources, r)) is not None}
 
 
+def _named(resources: Resources, value: Any) -> set[str]:
+    """The secrets an ARN pattern (``...:secret:{prefix}*``, joined around pseudo parameters) names."""
+    parts = value.get("Fn::Join", ["", []])[1] if isinstance(value, dict) else [value]
+    tail = parts[-1] if parts and isinstance(parts[-1], str) else ""
+    if ":secret:" not in tail:
+        return set()
+    pattern = tail.rsplit(":secret:", 1)[1]
+    return {logical for logical, secret in _of_kind(resources, "AWS::SecretsManager::Secret").items()
+            if fnmatch.fnmatchcase(secret["Properties"].get("Name", ""), pattern)}
+
+
 def _role_reads(resources: Resources, role: str) -> set[str]:
-    """The secrets the role may GetSecretValue (its inline policies)."""
+    """The secrets the role may GetSecretValue (its inline policies), by reference or name pattern."""
     found: set[str] = set()
     for policy in _of_kind(resources, "AWS::IAM::Policy").values():
         if role not in _refs(policy["Properties"]["Roles"]):
@@ -62,6 +74,9 @@ def _role_reads(resources: Resources, role: str) -> set[str]:
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             if "secretsmanager:GetSecretValue" in actions:
                 found |= _secrets_in(resources, statement["Resource"])
+                listed = statement["Resource"]
+                for value in listed if isinstance(listed, list) else [listed]:
+                    found |= _named(resources, value)
     return found
 
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 from aws_cdk import Stack
-from aws_cdk.assertions import Template
 
 from switchyard.core.deployed_config import (
     DEFAULT_METRICS_NAMESPACE,
     METRICS_NAMESPACE_ENV,
     metrics_namespace,
 )
+from tests.stacks.nested import merged_template
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_each_stack_emits_and_alarms_in_its_own_namespace(two_stacks: list[Stack
     names = [metrics_namespace(s.stack_name) for s in two_stacks]
     assert len(set(names)) == 2
     for stack, own in zip(two_stacks, names, strict=True):
-        template = Template.from_stack(stack).to_json()
+        template = merged_template(stack)
         alarms = _of_kind(template, "AWS::CloudWatch::Alarm")
         read = [ns for alarm in alarms for ns in _namespaces(alarm)]
         assert own in read, f"{stack.stack_name}: no alarm reads its own metrics"

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 from aws_cdk import Stack
-from aws_cdk.assertions import Template
 
 from stacks import constants as c
 from stacks.application import stack_names
 from stacks.config import ConfigError
+from tests.stacks.nested import merged_template
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def physical_names(template: dict[str, Any]) -> dict[str, str]:
 
 
 def test_two_stacks_in_one_app_share_no_physical_name(two_stacks: list[Stack]) -> None:
-    production, staging = (physical_names(Template.from_stack(s).to_json()) for s in two_stacks)
+    production, staging = (physical_names(merged_template(s)) for s in two_stacks)
     assert production, "the scan found no name at all: it scans nothing"
     shared = sorted(f"{production[v]} = {v}" for v in set(production) & set(staging))
     assert not shared, "names both stacks would create in one account and region:\n" + "\n".join(shared)

@@ -34,6 +34,7 @@ from switchyard.core import tracing
 from switchyard.core.errors import InvalidNameError
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
+from switchyard.rpc.amqp_decode import TolerantProperties
 from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
 from switchyard.rpc.control.rmq_event import AmqpMessage, timestamp_seconds
 from switchyard.rpc.control.topology import PoolTopology
@@ -64,7 +65,7 @@ def republishable(props: pika.BasicProperties, headers: dict[str, Any],
     user_id = fields.pop("user_id", None)
     if user_id is not None:
         headers[p.ORIGINAL_USER_ID_HEADER] = user_id
-    return pika.BasicProperties(**fields)
+    return TolerantProperties(**fields)
 
 
 def poison_copy(pool: str, message: AmqpMessage, reason: str) -> Outgoing:

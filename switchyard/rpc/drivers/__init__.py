@@ -68,7 +68,7 @@ def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
     ecs = ecs_settings_from_env()
     return EcsDriver(
         ecs,
-        lock=WorkerGroupLock.from_url(connections.redis_url, ecs.lock_ttl_s, ecs.lock_wait_s),
+        lock=WorkerGroupLock.from_connections(connections, ecs.lock_ttl_s, ecs.lock_wait_s),
         client=ecs_client(connections.aws_endpoint_url),
         min_workers=settings.min_workers,
         max_workers=settings.max_workers,

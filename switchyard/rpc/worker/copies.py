@@ -10,6 +10,7 @@ from typing import Any
 import pika
 
 from switchyard.rpc import protocol as p
+from switchyard.rpc.amqp_decode import TolerantProperties
 from switchyard.rpc.worker.request import count_header
 
 
@@ -22,7 +23,7 @@ def shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int,
     republishing connection's user, moves into ``x-switchyard-user-id`` as the orphan handler's does
     (a producer's own header there would otherwise read as checked on the copy's delivery). The
     copy's own ``user_id`` is the worker's user: the broker checks it, and a worker serves a request
-    that came straight into its queue only from that user (``Worker._bypassed``).
+    that came straight into its queue only from that user (``bypassed``).
     """
     headers = dict(props.headers or {})
     previous = count_header(headers, p.DELIVERY_COUNT_HEADER)
@@ -41,14 +42,25 @@ def shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int,
     if props.user_id:
         headers[p.ORIGINAL_USER_ID_HEADER] = props.user_id
     fields = {**vars(props), "headers": headers, "expiration": expiration, "user_id": worker_user}
-    return pika.BasicProperties(**fields)
+    return TolerantProperties(**fields)
 
 
 def poison_properties(props: pika.BasicProperties, reason: str) -> pika.BasicProperties:
     """The request as it came, with why it is in the poison inventory (no ``user_id``: the broker
     checks it against the worker's user; no expiration: a person reads it later)."""
     headers = {**(props.headers or {}), p.POISON_REASON_HEADER: reason}
-    return pika.BasicProperties(**{**vars(props), "headers": headers, "user_id": None, "expiration": None})
+    return TolerantProperties(**{**vars(props), "headers": headers, "user_id": None, "expiration": None})
+
+
+def bypassed(exchange: str, user_id: str | None, worker_user: str | None, queue: str) -> str | None:
+    """Why a request that did not come through the pool's request exchange is refused (None: it
+    may be served). Straight into the queue (the default exchange, which every role that answers
+    may write to: another pool's workers too) come only this pool's own shed copies, which carry
+    the broker-checked ``user_id`` of the worker's own user; anything else would let a stranger
+    have this pool's handler answer it, into a reply queue of the stranger's choosing."""
+    if exchange != "" or user_id == worker_user:
+        return None
+    return f"published straight into {queue!r} by user {user_id!r}, not through the pool's request exchange"
 
 
 def handler_headers(props: pika.BasicProperties, republished: bool) -> Mapping[str, Any]:

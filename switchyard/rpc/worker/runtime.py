@@ -82,7 +82,7 @@ from switchyard.rpc.amqp_decode import undecodable
 from switchyard.rpc.errors import TopologyError
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.worker.acks import AckBatch, batch_size
-from switchyard.rpc.worker.copies import handler_headers, poison_properties, shed_properties
+from switchyard.rpc.worker.copies import bypassed, handler_headers, poison_properties, shed_properties
 from switchyard.rpc.worker.request import (
     Handler,
     Request,
@@ -280,7 +280,8 @@ class Worker:
                 with self._io_lock, written_together(connection):
                     self._poison(delivery, reason, "UndecodableHeaders")
                 continue
-            if (reason := self._bypassed(delivery)) is not None:
+            if (reason := bypassed(delivery.exchange, delivery.props.user_id, self._user,
+                                   self.config.requests_queue)) is not None:
                 with self._io_lock, written_together(connection):
                     self._poison(delivery, reason, None)
                 continue
@@ -361,17 +362,6 @@ class Worker:
         # The reply goes out before the ack (with it or in a later batch): a channel's frames are
         # handled in order, so the reply is routed before the request is settled.
         publish_buffered(self._channel, "", props.reply_to, reply_body, reply_props)
-
-    def _bypassed(self, delivery: _Delivery) -> str | None:
-        """Why a request that did not come through the pool's request exchange is refused (None: it
-        may be served). Straight into the queue (the default exchange, which every role that answers
-        may write to: another pool's workers too) come only this pool's own shed copies, which carry
-        the broker-checked ``user_id`` of the worker's own user; anything else would let a stranger
-        have this pool's handler answer it, into a reply queue of the stranger's choosing."""
-        if delivery.exchange != "" or delivery.props.user_id == self._user:
-            return None
-        return (f"published straight into {self.config.requests_queue!r} by user "
-                f"{delivery.props.user_id!r}, not through the pool's request exchange")
 
     def _poison(self, delivery: _Delivery, reason: str, error: str | None) -> None:
         """A request the worker will not serve: answered ``error`` (``error`` names why; None: not
