@@ -22,6 +22,11 @@ class Account:
     # Seconds from a fault's end until every call it held up was answered (the slowest fault);
     # None where a scenario cannot measure it, or a call it held up was never answered.
     recovery: float | None = None
+    # The strangers' scenario (malformed.py): malformed messages sent, those not accounted for (not
+    # poisoned, parked or dropped with a reason, nor served), and consumers restarted more than once.
+    bad: int = 0
+    bad_lost: int = 0
+    restarted: int = 0
 
     @classmethod
     def settle(cls, scenario: str, sent: Iterable[str], seen: Mapping[str, int], seconds: float,
@@ -33,10 +38,12 @@ class Account:
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.sent > 0 and self.once + self.duplicated + self.lost == self.sent
+        return (self.lost == 0 and self.sent > 0 and self.once + self.duplicated + self.lost == self.sent
+                and self.bad_lost == 0 and self.restarted == 0)
 
 
-HEADER = ("scenario", "sent", "once", "duplicated", "lost", "faults", "time (s)", "recovery (s)", "note")
+HEADER = ("scenario", "sent", "once", "duplicated", "lost", "faults", "time (s)", "recovery (s)", "bad",
+          "bad lost", "restarted", "note")
 
 
 def _seconds(value: float | None) -> str:
@@ -48,14 +55,16 @@ def table(accounts: Iterable[Account]) -> str:
     accounts = list(accounts)
     rows = [HEADER] + [
         (a.scenario, str(a.sent), str(a.once), str(a.duplicated), str(a.lost), str(a.faults),
-         f"{a.seconds:.1f}", _seconds(a.recovery), a.note) for a in accounts]
+         f"{a.seconds:.1f}", _seconds(a.recovery), str(a.bad), str(a.bad_lost), str(a.restarted), a.note)
+        for a in accounts]
     recoveries = [a.recovery for a in accounts if a.recovery is not None]
     rows.append(("TOTAL", str(sum(a.sent for a in accounts)), str(sum(a.once for a in accounts)),
                  str(sum(a.duplicated for a in accounts)), str(sum(a.lost for a in accounts)),
                  str(sum(a.faults for a in accounts)), f"{sum(a.seconds for a in accounts):.1f}",
-                 _seconds(max(recoveries, default=None)), ""))
+                 _seconds(max(recoveries, default=None)), str(sum(a.bad for a in accounts)),
+                 str(sum(a.bad_lost for a in accounts)), str(sum(a.restarted for a in accounts)), ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
-    numeric = range(1, 8)
+    numeric = range(1, 11)
 
     def fmt(row: tuple[str, ...]) -> str:
         return "  ".join(c.rjust(w) if i in numeric else c.ljust(w)

@@ -1,7 +1,9 @@
 """The worker handler of the fault suite: echoes, and counts every handling in Redis.
 
 A request handled twice (redelivered after a worker was killed, say) shows up as a duplicate in
-the account even though its caller saw only one answer.
+the account even though its caller saw only one answer. For the strangers' scenario it also sheds
+(``Requeue``) once a request that asks for it, and notes a producer's own ``x-switchyard-user-id``
+that reached it.
 """
 
 from __future__ import annotations
@@ -11,21 +13,29 @@ import os
 import redis
 
 from switchyard.core.config import Connections
-from switchyard.rpc.worker import Request
+from switchyard.rpc import protocol as p
+from switchyard.rpc.worker import Request, Requeue
+from tests.faults.strangers import FORGED_USER_ID, SHED_HEADER
 
 # The Redis the counts go to, straight (the pool's own may be cut by a scenario's proxy).
 FAULTS_REDIS_ENV = "SWITCHYARD_FAULTS_REDIS_URL"
 _redis: redis.Redis | None = None
 
 
-def handled_key(pool: str) -> str:
-    """The Redis hash of handling counts (outside the pool's state prefix, so a state flush keeps it)."""
-    return f"switchyard-faults:{pool}:handled"
+def handled_key(pool: str, what: str = "handled") -> str:
+    """The Redis hash of handling counts (outside the pool's state prefix, so a state flush keeps it);
+    ``what``: ``shed`` (requests shed once) and ``forged`` (a forged user id reached the handler)."""
+    return f"switchyard-faults:{pool}:{what}"
 
 
 def count(request: Request) -> bytes:
     global _redis
     if _redis is None:
         _redis = redis.Redis.from_url(os.environ.get(FAULTS_REDIS_ENV) or Connections.from_env().redis_url)
-    _redis.hincrby(handled_key(os.environ["WORKER_POOL"]), request.text(), 1)
+    pool = os.environ["WORKER_POOL"]
+    if request.headers.get(SHED_HEADER) and _redis.hincrby(handled_key(pool, "shed"), request.text(), 1) == 1:
+        raise Requeue
+    if request.headers.get(p.ORIGINAL_USER_ID_HEADER) == FORGED_USER_ID:
+        _redis.hincrby(handled_key(pool, "forged"), request.text(), 1)
+    _redis.hincrby(handled_key(pool), request.text(), 1)
     return request.body

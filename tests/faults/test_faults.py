@@ -27,6 +27,7 @@ def test_nothing_sent_is_lost(scenario: Scenario, tmp_path: Path) -> None:
     assert account.sent > 0 and account.faults > 0, account
     assert account.lost == 0, f"{account}; logs in {tmp_path}"
     assert account.once + account.duplicated == account.sent, account
+    assert account.bad_lost == 0 and account.restarted == 0, f"{account}; logs in {tmp_path}"
 
 
 def test_the_account_sees_a_loss(tmp_path: Path) -> None:
@@ -53,9 +54,13 @@ def test_account_table() -> None:
     assert not account.ok
     lines = table([account]).splitlines()
     assert lines[0].split() == ["scenario", "sent", "once", "duplicated", "lost", "faults", "time", "(s)",
-                                "recovery", "(s)", "note"]
-    assert lines[2].split() == ["s", "4", "1", "1", "2", "2", "1.2", "-"]
+                                "recovery", "(s)", "bad", "bad", "lost", "restarted", "note"]
+    assert lines[2].split() == ["s", "4", "1", "1", "2", "2", "1.2", "-", "0", "0", "0"]
     assert lines[-1].split()[:5] == ["TOTAL", "4", "1", "1", "2"]
     recovered = Account.settle("r", ["a"], {"a": 1}, 2.0, faults=1, recovery=3.25)
-    assert table([account, recovered]).splitlines()[3].split()[-1] == "3.2"
-    assert table([account, recovered]).splitlines()[-1].split()[-1] == "3.2"  # the slowest
+    assert table([account, recovered]).splitlines()[3].split()[-4] == "3.2"
+    assert table([account, recovered]).splitlines()[-1].split()[-4] == "3.2"  # the slowest
+    strangers = Account.settle("m", ["a"], {"a": 1}, 1.0, faults=5)
+    strangers = replace(strangers, bad=5, bad_lost=1, restarted=2)
+    assert not strangers.ok
+    assert table([strangers]).splitlines()[2].split()[-3:] == ["5", "1", "2"]
