@@ -262,8 +262,9 @@ def test_a_shed_copy_carries_every_header_it_was_given(when: bytes, pool, worker
 # -- item 9: a producer's user-id header --------------------------------------------------------
 def test_a_producers_user_id_header_never_reads_as_the_broker_checked_user(pool, workers, producer) -> None:
     """``x-switchyard-user-id`` is where the orphan handler keeps the broker-checked ``user_id``: beside
-    a ``user_id`` of its own a producer's header reached the handler unchanged, and a shed copy (which
-    drops ``user_id``: the broker checks it against the worker's user) kept only the header."""
+    a ``user_id`` of its own a producer's header reached the handler unchanged, a shed copy (which
+    drops ``user_id``: the broker checks it against the worker's user) kept only the header, and
+    without any ``user_id`` the header reached the handler as it came."""
     name, settings = pool
     user = pika.URLParameters(settings.connections.amqp_url).credentials.username
     bind(name, settings, "k")
@@ -272,8 +273,9 @@ def test_a_producers_user_id_header_never_reads_as_the_broker_checked_user(pool,
     claim = {p.ORIGINAL_USER_ID_HEADER: "admin"}
     producer.request(name, "k", b"me", "claim", user_id=user, headers=claim)
     producer.request(name, "k", b"shed", "shed", user_id=user, headers=claim)  # its copy has no user_id
-    replies = producer.replies(2)
-    assert [answer(replies[cid])[1]["user"] for cid in ("claim", "shed")] == [user, user]
+    producer.request(name, "k", b"me", "unchecked", headers=claim)  # no user_id: nothing to believe
+    replies = producer.replies(3)
+    assert [answer(replies[cid])[1]["user"] for cid in ("claim", "shed", "unchecked")] == [user, user, None]
 
 
 # -- item 1: the bridges ------------------------------------------------------------------------

@@ -148,8 +148,9 @@ def forward_orphans(
         topology.ensure_request_queues(forwards, likely_new=became_active)
         for key, batch in forwards.items():
             exchange, routing_key = p.req_exchange(pool), p.routing_key(key)
-            outgoing.extend(Outgoing(exchange, routing_key, body, props, mandatory=True)
-                            for body, props in batch)
+            for body, props in batch:
+                props.user_id = publisher.user  # checked: workers trust the user-id header from it
+                outgoing.append(Outgoing(exchange, routing_key, body, props, mandatory=True))
         publisher.publish_all(outgoing)
     outcome.forwarded = sum(len(batch) for batch in forwards.values())
 

@@ -19,7 +19,14 @@ import pika.exceptions
 import pika.spec
 
 from switchyard.core.errors import BrokerError
-from switchyard.rpc.amqp import connect, enable_async_confirms, frame_max, is_alive, publish_buffered
+from switchyard.rpc.amqp import (
+    connect,
+    enable_async_confirms,
+    frame_max,
+    is_alive,
+    publish_buffered,
+    url_parameters,
+)
 from switchyard.rpc.errors import PublishRejectedError, UnroutableError
 from switchyard.rpc.protocol import NOT_FOUND
 
@@ -116,6 +123,11 @@ class ConfirmingPublisher:
         return ["nacked" if tag in nacked else
                 "returned" if msg.mandatory and msg.properties.message_id in returned else None
                 for tag, msg in zip(tags, messages, strict=True)]
+
+    @property
+    def user(self) -> str:
+        """The broker user it publishes as: a ``user_id`` it sets is checked against it."""
+        return url_parameters(self._url).credentials.username
 
     def frame_max(self) -> int:
         """The frame size negotiated with the broker (connecting if need be): a message's

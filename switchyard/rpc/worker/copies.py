@@ -63,12 +63,15 @@ def bypassed(exchange: str, user_id: str | None, worker_user: str | None, queue:
     return f"published straight into {queue!r} by user {user_id!r}, not through the pool's request exchange"
 
 
-def handler_headers(props: pika.BasicProperties, republished: bool) -> Mapping[str, Any]:
+def handler_headers(props: pika.BasicProperties, republished: bool, forwarder: str) -> Mapping[str, Any]:
     """The request's headers for its handler. ``x-switchyard-user-id`` is where the orphan handler
-    and a shed copy keep a request's broker-checked ``user_id``: beside a ``user_id`` the broker
-    checked on this request, a producer's own header is replaced by it, except on the worker's own
-    copy (``republished``: straight into the queue, by the worker's user), whose header it set."""
+    and a shed copy keep a request's broker-checked ``user_id``; it is believed only from them: the
+    worker's own copy (``republished``: straight into the queue, by the worker's user) and a request
+    whose checked ``user_id`` is the pool's orphans user (``forwarder``). Elsewhere a producer's own
+    header is replaced by the ``user_id`` the broker checked, or dropped where there is none."""
     headers = props.headers or {}
-    if props.user_id and p.ORIGINAL_USER_ID_HEADER in headers and not republished:
+    if p.ORIGINAL_USER_ID_HEADER not in headers or republished or props.user_id == forwarder:
+        return headers
+    if props.user_id:
         return {**headers, p.ORIGINAL_USER_ID_HEADER: props.user_id}
-    return headers
+    return {name: value for name, value in headers.items() if name != p.ORIGINAL_USER_ID_HEADER}

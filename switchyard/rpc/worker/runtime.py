@@ -79,6 +79,7 @@ from switchyard.rpc.amqp import (
     written_together,
 )
 from switchyard.rpc.amqp_decode import undecodable
+from switchyard.rpc.control.access import BrokerRole, BrokerUser
 from switchyard.rpc.errors import TopologyError
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.worker.acks import AckBatch, batch_size
@@ -120,6 +121,7 @@ class Worker:
         self.settings = settings or RpcSettings.from_env()
         # Who this worker is on the broker: its shed copies carry it as their checked ``user_id``.
         self._user = url_parameters(self.settings.connections.amqp_url).credentials.username
+        self._forwarder = BrokerUser(BrokerRole.ORPHANS, config.pool).username  # its forwards' user_id
         self.stats = WorkerStats()
         self._stopping = False
         self.consuming = False  # from the consume-ok until the worker stops taking requests
@@ -468,7 +470,7 @@ class Worker:
             body=delivery.body,
             correlation_id=props.correlation_id,
             reply_to=props.reply_to,
-            headers=handler_headers(props, republished=delivery.exchange == ""),
+            headers=handler_headers(props, delivery.exchange == "", self._forwarder),
             redelivered=delivery.redelivered,
             worker_id=cfg.worker_id,
         )
