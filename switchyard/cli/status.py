@@ -115,15 +115,16 @@ def render(status: SystemStatus, max_groups: int = 20) -> list[str]:
     return lines
 
 
-def _frames(overview: Overview, count: int | None, interval: float) -> Iterable[SystemStatus]:
+def _frames(overview: Overview, count: int | None, interval: float,
+            stop: threading.Event) -> Iterable[SystemStatus]:
     done = 0
-    while True:
+    while not stop.is_set():
         started = time.monotonic()
         yield overview.read()
         done += 1
         if count is not None and done >= count:
             return
-        time.sleep(max(0.0, interval - (time.monotonic() - started)))
+        stop.wait(max(0.0, interval - (time.monotonic() - started)))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -131,8 +132,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     overview = Overview(pools)
     count = args.count if args.watch else 1
     last: SystemStatus | None = None
+    stop = threading.Event()
+    if args.watch:
+        # Ctrl-C ends the watch between frames: raised inside a read, it became that client's error
+        # (psycopg turns it into a cancelled query), and the watch ended with exit 1.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
     try:
-        for status in _frames(overview, count, args.interval):
+        for status in _frames(overview, count, args.interval, stop):
             last = status
             if args.json:
                 print(json.dumps(status.to_dict()), flush=True)
@@ -140,8 +147,6 @@ def cmd_status(args: argparse.Namespace) -> int:
                 if args.watch:
                     sys.stdout.write(CLEAR)
                 show(*render(status, args.max_groups), flush=True)
-    except KeyboardInterrupt:  # --watch ends with Ctrl-C: quietly
-        return 0
     finally:
         overview.close()
     if last is not None and not last.reachable and not args.watch:

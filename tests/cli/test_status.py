@@ -189,7 +189,7 @@ def test_watch_ends_quietly_on_ctrl_c(system: System) -> None:
         check_figures(json.loads(watch.stdout.readline()), system.pool)  # a first frame, then Ctrl-C
         watch.send_signal(signal.SIGINT)
         _, err = watch.communicate(timeout=30)
-        assert watch.returncode == 0 and err == ""
+        assert (watch.returncode, err) == (0, "")
     finally:
         watch.kill()  # one that ignored Ctrl-C must not outlive the test (polling the services)
         watch.wait()
