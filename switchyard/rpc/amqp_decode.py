@@ -29,6 +29,7 @@ from typing import Any
 import pika.spec
 
 from switchyard.rpc import protocol as p
+from switchyard.rpc.frames import SHORT_STRING_PROPERTIES
 
 _FLAGS_BEFORE_HEADERS = (pika.spec.BasicProperties.FLAG_CONTENT_TYPE,
                          pika.spec.BasicProperties.FLAG_CONTENT_ENCODING)
@@ -36,8 +37,6 @@ _FLAGS_BEFORE_HEADERS = (pika.spec.BasicProperties.FLAG_CONTENT_TYPE,
 _FIXED = {b"t": ">B", b"b": ">b", b"B": ">B", b"U": ">h", b"u": ">H", b"s": ">h", b"I": ">i", b"i": ">I",
           b"L": ">q", b"l": ">q", b"f": ">f", b"d": ">d", b"T": ">Q"}
 _SIZES = {kind: struct.calcsize(fmt) for kind, fmt in _FIXED.items()}
-_SHORT_STRINGS = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration",
-                  "message_id", "type", "user_id", "app_id", "cluster_id")
 
 
 class HeaderDecodeError(ValueError):
@@ -207,7 +206,7 @@ class TolerantProperties(pika.spec.BasicProperties):
     def _checked(self, headers: dict[str | bytes, Any] | None) -> TolerantProperties:
         """Set ``headers``; a short-string property that is not UTF-8 (pika leaves it bytes, which
         the code reading it as text cannot use: ``reply_to.startswith``) is dropped and marked."""
-        for name in _SHORT_STRINGS:
+        for name in SHORT_STRING_PROPERTIES:
             if isinstance(getattr(self, name), bytes):
                 setattr(self, name, None)
                 headers = {**(headers or {}), p.UNDECODABLE_HEADER: f"property {name} is not UTF-8"}

@@ -18,20 +18,20 @@ LONG_LONG = range(-(2**63), 2**63)  # an integer header value ('l')
 # A content header frame's bytes beside the properties: the frame's header and end (8), and the
 # content header's class, weight and body size (14). The properties cannot span frames.
 FRAME_OVERHEAD = 8 + 14
-_SHORT_PROPERTIES = ("message_id", "correlation_id", "reply_to", "expiration", "content_type",
-                     "content_encoding", "type", "user_id", "app_id", "cluster_id")
+SHORT_STRING_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration",
+                           "message_id", "type", "user_id", "app_id", "cluster_id")
 _SHOWN = 40  # characters of a name shown in a fault
 
 
-def _utf8_len(value: str) -> int:
+def utf8_len(value: str) -> int:
     return len(value.encode("utf-8", "surrogatepass"))
 
 
 def _header_fault(name: Any, value: Any) -> str | None:
     if not isinstance(name, str):
         return f"header name {name!r:.{_SHOWN}} is not a string"
-    if _utf8_len(name) > SHORTSTR_BYTES:
-        return f"header name {name[:_SHOWN]!r}... takes {_utf8_len(name)} bytes: AMQP carries 255"
+    if utf8_len(name) > SHORTSTR_BYTES:
+        return f"header name {name[:_SHOWN]!r}... takes {utf8_len(name)} bytes: AMQP carries 255"
     if isinstance(value, int) and not isinstance(value, bool) and value not in LONG_LONG:
         return f"header {name[:_SHOWN]!r} holds {str(value)[:_SHOWN]}: AMQP carries a 64-bit signed integer"
     return None
@@ -50,10 +50,10 @@ def encoded_size(props: pika.BasicProperties) -> int:
 def fault(props: pika.BasicProperties, frame_max: int) -> str | None:
     """What makes ``props`` impossible to publish (one line), or None: short strings of at most 255
     bytes, long-long integers, and the whole within one frame of ``frame_max`` bytes."""
-    for field in _SHORT_PROPERTIES:
+    for field in SHORT_STRING_PROPERTIES:
         value = getattr(props, field)
-        if isinstance(value, str) and _utf8_len(value) > SHORTSTR_BYTES:
-            return f"{field} takes {_utf8_len(value)} bytes: AMQP carries 255"
+        if isinstance(value, str) and utf8_len(value) > SHORTSTR_BYTES:
+            return f"{field} takes {utf8_len(value)} bytes: AMQP carries 255"
     for name, value in (props.headers or {}).items():
         if (problem := _header_fault(name, value)) is not None:
             return problem

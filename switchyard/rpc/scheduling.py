@@ -63,7 +63,7 @@ def validate_call_id(call_id: str) -> str:
     """A call id the delay scheduler accepts as ``chronosMessageId`` (1-128 characters, no NUL) and
     AMQP carries as message and correlation id (a short string: 255 bytes of UTF-8)."""
     if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_MESSAGE_ID_LENGTH \
-            or "\x00" in call_id or len(call_id.encode("utf-8", "surrogatepass")) > frames.SHORTSTR_BYTES:
+            or "\x00" in call_id or frames.utf8_len(call_id) > frames.SHORTSTR_BYTES:
         raise InvalidNameError(f"a call id must be 1-{MAX_MESSAGE_ID_LENGTH} characters and at most 255 "
                                f"bytes of UTF-8, without NUL, got {str(call_id)[:40]!r}")
     return call_id
