@@ -232,4 +232,5 @@ main() {
     esac
 }
 
-main "$@"
+# Sourced by scripts/rabbitmq-cluster.sh for the chroot and its tools; run, it is this broker.
+[ "${BASH_SOURCE[0]}" != "$0" ] || main "$@"
