@@ -96,13 +96,13 @@ running_nodes() {
 cluster_has() { running_nodes | grep -qx "$(node_name "$1")"; }
 cluster_complete() { [ "$(running_nodes | wc -l)" = "${#NODES[@]}" ]; }
 
-# node_pid N: the Erlang VM of node N (its command line names the node).
+# node_pid_of N: the Erlang VM of node N (its environment names the node).
 node_pid_of() {
     local pid name
     name="$(node_name "$1")"
     for pid in $(pgrep -x beam.smp); do
         [ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$DIR" ] || continue
-        tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "-sname $name \|-name $name " && { echo "$pid"; return 0; }
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "RABBITMQ_NODENAME=$name" && { echo "$pid"; return 0; }
     done
     return 1
 }

@@ -8,6 +8,8 @@
 # Services: PostgreSQL 5432 (+ database `switchyard`), Redis 6379, RabbitMQ 5672 with the management
 # API on 15672, tansu (Kafka API) 9092, moto (AWS APIs) 5000, and a second RabbitMQ, 4.0, on 5673
 # (management 15673) run from a Debian 13 chroot by scripts/rabbitmq4.sh (skip it: SWITCHYARD_RABBITMQ4=0),
+# on request (./dev test and ./dev faults ask) a 3-node 4.0 cluster on 5680-5682 (scripts/rabbitmq-cluster.sh)
+# and a Redis Cluster of 3 masters + 3 replicas on 7100-7105,
 # and LocalStack 4566 from its own virtualenv by scripts/localstack.sh (skip it: SWITCHYARD_LOCALSTACK=0).
 # Missing Debian packages are installed with apt-get when run as root. Logs of what this script
 # starts: .local/logs/.
@@ -292,6 +294,28 @@ start_rabbitmq4() {
     report rabbitmq4 "$RABBITMQ4_PORT" "started ($("$ROOT/scripts/rabbitmq4.sh" status | sed -n 's/.*(\(RabbitMQ [^,]*\),.*/\1/p'))"
 }
 
+# ------------------------------ RabbitMQ 4 cluster (scripts/rabbitmq-cluster.sh)
+# Opt-in (SWITCHYARD_RABBITMQ_CLUSTER_SERVICE=1; ./dev test and ./dev faults turn it on): three 4.0
+# nodes from the same chroot on ports BASE..BASE+2 (SWITCHYARD_RABBITMQ_CLUSTER_PORT, default 5680),
+# management BASE+10000... A fresh cluster each start, like the Redis Cluster.
+RABBITMQ_CLUSTER_PORT="${SWITCHYARD_RABBITMQ_CLUSTER_PORT:-5680}"
+
+start_rabbitmq_cluster() {
+    [ "${SWITCHYARD_RABBITMQ_CLUSTER_SERVICE:-0}" = 1 ] || return 0
+    if "$ROOT/scripts/rabbitmq-cluster.sh" status 2>/dev/null | grep -q "answering (running: [^ ]* [^ ]* [^ ]* )"; then
+        report rabbitmq-cluster "$RABBITMQ_CLUSTER_PORT" "used (already running, 3 nodes)"
+        return
+    fi
+    [ "$(id -u)" = 0 ] || die "the RabbitMQ 4 cluster (127.0.0.1:$RABBITMQ_CLUSTER_PORT-$((RABBITMQ_CLUSTER_PORT + 2))) runs from a chroot and needs root:
+  sudo scripts/rabbitmq-cluster.sh start   (or skip it: SWITCHYARD_RABBITMQ_CLUSTER_SERVICE=0)"
+    touch "$STATE/rabbitmq-cluster.started"
+    if ! "$ROOT/scripts/rabbitmq-cluster.sh" start 8>&- 9>&-; then
+        fail rabbitmq-cluster "$RABBITMQ_CLUSTER_PORT" "scripts/rabbitmq-cluster.sh start failed (see above); skip it with SWITCHYARD_RABBITMQ_CLUSTER_SERVICE=0"
+        return
+    fi
+    report rabbitmq-cluster "$RABBITMQ_CLUSTER_PORT" "started (3 nodes, ports $RABBITMQ_CLUSTER_PORT-$((RABBITMQ_CLUSTER_PORT + 2)))"
+}
+
 # ------------------------------------------------ LocalStack (scripts/localstack.sh)
 start_localstack() {
     [ "${SWITCHYARD_LOCALSTACK:-1}" = 0 ] && return 0
@@ -425,6 +449,12 @@ stop_all() {
     else
         echo "rabbitmq4: not started by ./dev, left alone"
     fi
+    if [ -f "$STATE/rabbitmq-cluster.started" ]; then
+        "$ROOT/scripts/rabbitmq-cluster.sh" stop 2>&1 || echo "rabbitmq-cluster: stop failed"
+        rm -f "$STATE/rabbitmq-cluster.started"
+    else
+        echo "rabbitmq-cluster: not started by ./dev, left alone"
+    fi
     "$ROOT/scripts/localstack.sh" stop 2>&1 || echo "localstack: stop failed; see $LOGS/localstack.log"
     if [ -f "$STATE/postgres.started" ]; then
         local ver
@@ -450,6 +480,12 @@ status_all() {
         report redis-cluster "$REDIS_CLUSTER_PORT" "listening (cluster not healthy: redis-cli -p $REDIS_CLUSTER_PORT cluster info)"
     else
         report redis-cluster "$REDIS_CLUSTER_PORT" "down (opt-in: SWITCHYARD_REDIS_CLUSTER_SERVICE=1 ./dev services)"
+    fi
+    local cluster
+    if cluster="$("$ROOT/scripts/rabbitmq-cluster.sh" status 2>/dev/null)"; then
+        report rabbitmq-cluster "$RABBITMQ_CLUSTER_PORT" "listening ${cluster#*answering }"
+    else
+        report rabbitmq-cluster "$RABBITMQ_CLUSTER_PORT" "down (opt-in: SWITCHYARD_RABBITMQ_CLUSTER_SERVICE=1 ./dev services)"
     fi
 }
 
@@ -481,6 +517,7 @@ main() {
     start_redis_cluster
     start_rabbitmq
     start_rabbitmq4
+    start_rabbitmq_cluster
     start_tansu
     start_moto
     start_localstack

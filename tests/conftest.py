@@ -43,9 +43,9 @@ BROKER = pytest.StashKey[str]()
 
 
 def rabbitmq_broker(config: pytest.Config) -> str:
-    """Which RabbitMQ this run talks to (version from the management API), asked once per run.
+    """Which RabbitMQ and Redis this run talks to (version from the management API), asked once.
 
-    ``./dev test`` runs the RPC suites against two brokers (3.10 and 4.0); the output must say which.
+    ``./dev test`` runs suites on single nodes and again on the clusters; the output must say which.
     """
     if BROKER not in config.stash:
         import requests
@@ -53,14 +53,22 @@ def rabbitmq_broker(config: pytest.Config) -> str:
         from switchyard.core.config import Connections
 
         conn = Connections.from_env()
-        mgmt, amqp = urlsplit(conn.management_url), urlsplit(conn.amqp_url)
+        mgmt_urls, amqp_urls = conn.management_url.split(","), conn.amqp_url.split(",")
+        mgmt, amqp = urlsplit(mgmt_urls[0].strip()), urlsplit(amqp_urls[0].strip())
         try:
             overview = requests.get(f"{mgmt.scheme}://{mgmt.hostname}:{mgmt.port}/api/overview", timeout=5,
                                     auth=(mgmt.username or "guest", mgmt.password or "guest")).json()
             version = f"RabbitMQ {overview['rabbitmq_version']} (Erlang {overview['erlang_version']})"
-        except (requests.RequestException, ValueError, KeyError) as exc:
-            version = f"RabbitMQ version unknown ({type(exc).__name__})"
-        config.stash[BROKER] = f"{version} at {amqp.hostname}:{amqp.port or 5672}"
+            nodes = len(requests.get(f"{mgmt.scheme}://{mgmt.hostname}:{mgmt.port}/api/nodes", timeout=5,
+                                     auth=(mgmt.username or "guest", mgmt.password or "guest")).json())
+        except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+            version, nodes = f"RabbitMQ version unknown ({type(exc).__name__})", 0
+        shape = f", a {nodes}-node cluster" if nodes > 1 else ""
+        more = f" (+{len(amqp_urls) - 1} URLs)" if len(amqp_urls) > 1 else ""
+        redis = urlsplit(conn.redis_url)
+        redis_shape = "Redis Cluster" if conn.redis_cluster else "Redis"
+        config.stash[BROKER] = (f"{version}{shape} at {amqp.hostname}:{amqp.port or 5672}{more}; "
+                                f"{redis_shape} at {redis.hostname}:{redis.port or 6379}")
     return config.stash[BROKER]
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from switchyard.core.config import Connections, env_float, env_int
+from switchyard.core.config import Connections, env_float, env_int, service_urls
 from switchyard.core.errors import ConfigError
 from switchyard.rpc.settings import PoolPolicy
 from tests.conftest import subprocess_env
@@ -113,6 +113,16 @@ def test_urls_are_checked_when_read_and_the_conninfo_form_is_left_to_psycopg() -
         conn.amqp_url  # noqa: B018 (reading is what checks)
     assert "secret-pw" not in str(caught.value)
     assert conn.postgres_dsn == "host=db port=6543 dbname=x password=secret-pw"
+
+
+def test_a_cluster_is_named_by_a_list_of_node_urls_each_checked() -> None:
+    nodes = "amqp://u:pw@n1:5680/%2F, amqp://u:pw@n2:5681/%2F"
+    assert Connections(amqp_url=nodes).amqp_url == nodes  # type: ignore[arg-type]
+    assert service_urls(nodes) == ["amqp://u:pw@n1:5680/%2F", "amqp://u:pw@n2:5681/%2F"]
+    with pytest.raises(ConfigError, match="SWITCHYARD_MANAGEMENT_URL must begin with http:// or https://"):
+        Connections(management_url="http://n1:15680,amqp://n2:5681").management_url  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="SWITCHYARD_REDIS_URL cannot be read as a URL"):
+        Connections(redis_url="redis://n1:7100,redis://n2:7101").redis_url  # type: ignore[arg-type]
 
 
 def test_a_deployed_template_passes_the_preflight_and_is_checked_once_filled() -> None:

@@ -68,6 +68,23 @@ def prefixed(prefix: str, *names: str) -> dict[str, str]:
     return {name: prefix + name.upper() for name in names}
 
 
+def service_urls(value: str) -> list[str]:
+    """The URLs of a setting that may name several nodes of one cluster, comma-separated (a RabbitMQ
+    cluster without a load balancer in front: each client tries them in turn)."""
+    return [url.strip() for url in value.split(",") if url.strip()]
+
+
+@functools.lru_cache(maxsize=32)
+def check_service_urls(variable: str, value: str, schemes: tuple[str, ...]) -> str:
+    """``value``, a comma-separated list of URLs of one cluster's nodes, each checked."""
+    urls = service_urls(value)
+    if not urls:
+        raise ConfigError(f"{variable} is empty; expected {schemes[0]}://host:port/... (several: comma-separated)")
+    for url in urls:
+        check_service_url(variable, url, schemes)
+    return value
+
+
 @functools.lru_cache(maxsize=32)
 def check_service_url(variable: str, url: str, schemes: tuple[str, ...], conninfo: bool = False) -> str:
     """``url`` if it reads as a URL of one of ``schemes`` (``conninfo``: libpq's key=value form is
@@ -102,8 +119,10 @@ class SecretUrl:
     and printed without a password they never had.
     """
 
-    def __init__(self, variable: str, default: str, schemes: tuple[str, ...], conninfo: bool = False) -> None:
+    def __init__(self, variable: str, default: str, schemes: tuple[str, ...], conninfo: bool = False,
+                 several: bool = False) -> None:
         self.variable, self.default, self.schemes, self.conninfo = variable, default, schemes, conninfo
+        self.several = several  # a comma-separated list of a cluster's nodes (service_urls)
         self.name = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -118,7 +137,9 @@ class SecretUrl:
         return self.check(url)
 
     def check(self, url: str) -> str:
-        """``url`` checked as this field's value (``check_service_url``)."""
+        """``url`` checked as this field's value (``check_service_url``, each of a list)."""
+        if self.several:
+            return check_service_urls(self.variable, url, self.schemes)
         return check_service_url(self.variable, url, self.schemes, self.conninfo)
 
     def __set__(self, obj: Connections, value: str) -> None:
@@ -140,9 +161,9 @@ class Connections:
     """
 
     amqp_url: str = SecretUrl("SWITCHYARD_AMQP_URL",  # type: ignore[assignment]
-                              "amqp://guest:guest@127.0.0.1:5672/%2F", ("amqp", "amqps"))
+                              "amqp://guest:guest@127.0.0.1:5672/%2F", ("amqp", "amqps"), several=True)
     management_url: str = SecretUrl("SWITCHYARD_MANAGEMENT_URL",  # type: ignore[assignment]
-                                    "http://guest:guest@127.0.0.1:15672", ("http", "https"))
+                                    "http://guest:guest@127.0.0.1:15672", ("http", "https"), several=True)
     redis_url: str = SecretUrl("SWITCHYARD_REDIS_URL",  # type: ignore[assignment]
                                "redis://127.0.0.1:6379/0", ("redis", "rediss", "unix"))
     postgres_dsn: str = SecretUrl("SWITCHYARD_POSTGRES_DSN",  # type: ignore[assignment]
