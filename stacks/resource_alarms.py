@@ -145,5 +145,5 @@ def _heartbeats(functions: FunctionsConstruct) -> list[AlarmSpec]:
 
 def resource_alarm_specs(config: DeploymentConfig, functions: FunctionsConstruct, data: DataConstruct,
                          broker: BrokerConstruct) -> list[AlarmSpec]:
-    return [*_broker(broker), *_redis(config, data), _postgres(data), _kafka(config, data),
+    return [*_redis(config, data), *_broker(broker), _postgres(data), _kafka(config, data),
             *_heartbeats(functions)]
