@@ -65,7 +65,7 @@ DEFAULT_BROKER_ENGINE_VERSION = "4.2"  # quorum queues by default; needs an mq.m
 DEFAULT_BROKER_INSTANCE_TYPE = "mq.m7g.large"  # supports both 3.13 and 4.2
 DEFAULT_BROKER_DEPLOYMENT_MODE = "SINGLE_INSTANCE"
 # Amazon MQ's deployment modes and the broker instances each runs (and bills): a cluster is three
-# nodes behind one endpoint, in as many availability zones as its subnets span.
+# nodes behind one endpoint.
 BROKER_INSTANCES = {"SINGLE_INSTANCE": 1, "CLUSTER_MULTI_AZ": 3}
 BROKER_DEPLOYMENT_MODES = tuple(BROKER_INSTANCES)
 
