@@ -153,7 +153,12 @@ class BrokerConstruct(Construct):
     def _subnet_ids(self) -> list[str]:
         ids = list(self.subnets.subnet_ids)
         # A single-instance broker takes exactly one subnet; a cluster spreads over all of them.
-        return ids[:1] if self.settings.deployment_mode == "SINGLE_INSTANCE" else ids
+        return ids[:1] if self.instances == 1 else ids
+
+    @property
+    def instances(self) -> int:
+        """The broker instances (nodes) the deployment mode runs, and bills."""
+        return c.BROKER_INSTANCES[self.settings.deployment_mode]
 
     def _build_broker(self) -> amazonmq.CfnBroker:
         s = self.settings

@@ -147,7 +147,7 @@ class BusConstruct(Construct):
             stop_timeout=Duration.seconds(c.WORKER_STOP_TIMEOUT_S),  # in-flight deliveries finish
             logging=ecs.LogDrivers.aws_logs(stream_prefix="bus", log_group=self.workers.log_group),
             environment={
-                "SWITCHYARD_REDIS_URL": self.data.redis_url_template,
+                **self.functions.endpoints.redis_settings(),  # the password: an ECS secret, below
                 "SWITCHYARD_BUS_NAME": BUS_NAME,
                 "SWITCHYARD_LOG_LEVEL": c.LOG_LEVEL,
                 "POWERTOOLS_SERVICE_NAME": BUS_SERVICE,

@@ -287,11 +287,17 @@ class PostgresConfig:
 
 @dataclass(frozen=True)
 class RedisConfig:
+    """The ElastiCache group: one primary with ``replicas`` (cluster mode off), or, with
+    ``cluster_mode``, ``shards`` node groups of a primary and ``replicas`` each (a Redis Cluster:
+    the processes get SWITCHYARD_REDIS_CLUSTER=1 and the configuration endpoint)."""
+
     node_type: str = "cache.t4g.micro"
     engine: str = "valkey"
     engine_version: str = "8.0"
-    replicas: int = 0
+    replicas: int = 0  # per shard
     memory_alarm_percent: int = 80
+    cluster_mode: bool = False
+    shards: int = 1
 
     def __post_init__(self) -> None:
         _check(self.engine in ("redis", "valkey"), c.CTX_REDIS, "engine must be redis or valkey")
@@ -305,6 +311,37 @@ class RedisConfig:
         _check(self.node_type.startswith("cache."), c.CTX_REDIS, "nodeType must be a cache.* type")
         _check(0 <= self.replicas <= 5, c.CTX_REDIS, "replicas must be 0-5")
         _check(1 <= self.memory_alarm_percent <= 100, c.CTX_REDIS, "memoryAlarmPercent must be 1-100")
+        self._check_cluster_mode()
+
+    def _check_cluster_mode(self) -> None:
+        """Shards only with cluster mode, within ElastiCache's limits, each with a replica: ElastiCache
+        requires automatic failover in cluster mode, and a shard without a replica takes its slots
+        (its keys' pending requests, bus events, locks) down with its node until the node is replaced,
+        so N shards without replicas would fail N times as often as the one node they replace."""
+        _check(1 <= self.shards <= c.REDIS_MAX_SHARDS, c.CTX_REDIS, f"shards must be 1-{c.REDIS_MAX_SHARDS}")
+        _check(self.cluster_mode or self.shards == 1, c.CTX_REDIS,
+               f"shards {self.shards} needs clusterMode true (cluster mode off is one shard)")
+        if not self.cluster_mode:
+            return
+        _check(self.replicas >= 1, c.CTX_REDIS,
+               "clusterMode needs replicas >= 1 per shard: a shard's replica is what takes over when its "
+               "primary fails (automatic failover, Multi-AZ); without one the shard's keys are unavailable "
+               "until ElastiCache replaces the node")
+        _check(self.nodes <= c.REDIS_MAX_NODES, c.CTX_REDIS,
+               f"shards x (1 + replicas) = {self.nodes} nodes, more than ElastiCache's {c.REDIS_MAX_NODES}")
+
+    @property
+    def nodes(self) -> int:
+        """The cache nodes the group runs, and bills."""
+        return self.shards * (1 + self.replicas)
+
+    @property
+    def cluster_parameter_group(self) -> str:
+        """ElastiCache's default parameter group with ``cluster-enabled yes`` for the engine's major version
+        (``default.valkey8.cluster.on``, ``default.redis7.cluster.on``, ``default.redis6.x.cluster.on``)."""
+        major = int(self.engine_version.split(".")[0])
+        family = f"{self.engine}{major}" + (".x" if self.engine == "redis" and major == 6 else "")
+        return f"default.{family}.cluster.on"
 
 
 @dataclass(frozen=True)

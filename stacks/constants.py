@@ -64,7 +64,10 @@ CTX_BROKER_APPLICATIONS = "switchyard:brokerApplications"  # a clients user each
 DEFAULT_BROKER_ENGINE_VERSION = "4.2"  # quorum queues by default; needs an mq.m7g instance type
 DEFAULT_BROKER_INSTANCE_TYPE = "mq.m7g.large"  # supports both 3.13 and 4.2
 DEFAULT_BROKER_DEPLOYMENT_MODE = "SINGLE_INSTANCE"
-BROKER_DEPLOYMENT_MODES = ("SINGLE_INSTANCE", "CLUSTER_MULTI_AZ")
+# Amazon MQ's deployment modes and the broker instances each runs (and bills): a cluster is three
+# nodes behind one endpoint.
+BROKER_INSTANCES = {"SINGLE_INSTANCE": 1, "CLUSTER_MULTI_AZ": 3}
+BROKER_DEPLOYMENT_MODES = tuple(BROKER_INSTANCES)
 
 # Security groups (NetworkConstruct): one per part, rules name exactly what each part reaches.
 FUNCTIONS_SG_ID = "FunctionsSecurityGroup"
@@ -75,6 +78,10 @@ REDIS_SG_ID = "RedisSecurityGroup"
 POSTGRES_SG_ID = "PostgresSecurityGroup"
 MSK_SG_ID = "MskSecurityGroup"
 REDIS_PORT = 6379
+# ElastiCache cluster mode (switchyard:redis clusterMode): at most 500 shards and 500 nodes per group
+# (the default quota is 90 nodes; AWS raises it on request).
+REDIS_MAX_SHARDS = 500
+REDIS_MAX_NODES = 500
 POSTGRES_PORT = 5432
 MSK_IAM_PORT = 9098  # SASL/IAM over TLS, inside the VPC
 
@@ -185,6 +192,7 @@ WORKER_FAMILY_SUFFIX = "worker-"  # a pool's task definition family: {stack}-wor
 
 # Monitoring
 ALARM_PERIOD_MINUTES = 5
+ALARM_MATH_METRICS = 10  # CloudWatch: an alarm's metric math expression reads at most 10 metrics
 # LocalStack target: alarms trip and clear within seconds (CloudWatch accepts 10 s periods; LocalStack
 # evaluates them on standard-resolution data too).
 LOCALSTACK_ALARM_PERIOD_S = 10

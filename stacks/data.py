@@ -12,10 +12,14 @@ encrypt in transit and at rest, and keep their credentials in Secrets Manager:
   connection budget in ``stacks/config.py``), each warm environment keeps its connections, and
   the store loads batches through a temporary table, which pins every proxied session (RDS
   Proxy could not multiplex them, only add cost and a hop).
-- ElastiCache (Valkey by default) with TLS and an AUTH token generated into Secrets Manager.
+- ElastiCache (Valkey by default) with TLS and an AUTH token generated into Secrets Manager; one
+  primary with optional replicas, or with ``clusterMode`` a Redis Cluster of shards (each a primary
+  and its replicas), which the processes reach through its configuration endpoint.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from aws_cdk import Duration, Fn, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
@@ -175,9 +179,7 @@ class DataConstruct(Construct):
             engine=cfg.engine,
             engine_version=cfg.engine_version,
             cache_node_type=cfg.node_type,
-            num_cache_clusters=1 + cfg.replicas,
-            automatic_failover_enabled=cfg.replicas > 0,
-            multi_az_enabled=cfg.replicas > 0,
+            **self._redis_topology(),
             transit_encryption_enabled=True,
             at_rest_encryption_enabled=True,
             auth_token=secret.secret_value_from_json("password").unsafe_unwrap(),
@@ -189,10 +191,24 @@ class DataConstruct(Construct):
         group.apply_removal_policy(self.data_removal_policy)  # DeletionPolicy: Snapshot or Delete
         return secret, group
 
+    def _redis_topology(self) -> dict[str, Any]:
+        """One primary with its replicas, or (cluster mode) shards of a primary and replicas each,
+        on the engine's ``cluster.on`` parameter group. Failover and Multi-AZ need a replica."""
+        cfg = self.config.redis
+        failover = {"automatic_failover_enabled": cfg.replicas > 0, "multi_az_enabled": cfg.replicas > 0}
+        if not cfg.cluster_mode:
+            return {"num_cache_clusters": 1 + cfg.replicas, **failover}
+        return {"cluster_mode": "enabled", "num_node_groups": cfg.shards,
+                "replicas_per_node_group": cfg.replicas,
+                "cache_parameter_group_name": cfg.cluster_parameter_group, **failover}
+
     @property
-    def redis_member_id(self) -> str:
-        """The first node's cache cluster id, the dimension of ElastiCache's per-node metrics."""
-        return f"{self.redis_group_id}-001"
+    def redis_member_ids(self) -> list[str]:
+        """Each shard's first node's cache cluster id, the dimension of ElastiCache's per-node metrics
+        (``{group}-001``; in cluster mode ``{group}-0001-001``, ``{group}-0002-001``, ...)."""
+        if not self.config.redis.cluster_mode:
+            return [f"{self.redis_group_id}-001"]
+        return [f"{self.redis_group_id}-{shard:04d}-001" for shard in range(1, self.config.redis.shards + 1)]
 
     @property
     def redis_group_id(self) -> str:
@@ -207,14 +223,10 @@ class DataConstruct(Construct):
 
     @property
     def redis_url_template(self) -> str:
-        """TLS (``rediss``) with the AUTH token from its secret as the password."""
-        return Fn.join(
-            "",
-            [
-                "rediss://:{password}@",
-                self.redis.attr_primary_end_point_address,
-                ":",
-                self.redis.attr_primary_end_point_port,
-                "/0",
-            ],
-        )
+        """TLS (``rediss``) with the AUTH token from its secret as the password, on the primary
+        endpoint, or in cluster mode the configuration endpoint (the client finds every shard from it)."""
+        group = self.redis
+        host, port = ((group.attr_configuration_end_point_address, group.attr_configuration_end_point_port)
+                      if self.config.redis.cluster_mode
+                      else (group.attr_primary_end_point_address, group.attr_primary_end_point_port))
+        return Fn.join("", ["rediss://:{password}@", host, ":", port, "/0"])

@@ -30,7 +30,7 @@ from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.names import alarm_name, dashboard_name, metrics_namespace
 from stacks.pool_stacks import pool_scope
-from stacks.resource_alarms import resource_alarm_specs
+from stacks.resource_alarms import redis_memory, resource_alarm_specs
 from stacks.workers import WorkersConstruct
 from switchyard.core.observability import DELAY_SERVICE, SCHEDULED_SERVICE, pool_service
 from switchyard.delay import metrics as delay_metrics
@@ -292,14 +292,6 @@ class MonitoringConstruct(Construct):
                 f"({self.config.postgres.max_connections}): new connections will soon be refused; the "
                 f"functions' budget is {self.config.postgres_connection_budget}: something else holds them.",
             ),
-            AlarmSpec(
-                "elasticache-memory",
-                self.redis_memory(aws),
-                self.config.redis.memory_alarm_percent,
-                f"Pool state uses {self.config.redis.memory_alarm_percent}% of the node's memory: at 100% "
-                "writes fail and the control plane stops.",
-                periods=2,
-            ),
         ]
         return specs + resource_alarm_specs(self.config, aws.functions, aws.data, aws.broker)
 
@@ -307,12 +299,6 @@ class MonitoringConstruct(Construct):
     def offset_lag(aws: AwsResources) -> cw.Metric:
         return cw.Metric(namespace="AWS/Lambda", metric_name="OffsetLag", statistic="Maximum", period=PERIOD,
                          dimensions_map={"FunctionName": aws.functions.delay["enqueue"].function_name})
-
-    @staticmethod
-    def redis_memory(aws: AwsResources) -> cw.Metric:
-        return cw.Metric(namespace="AWS/ElastiCache", metric_name="DatabaseMemoryUsagePercentage",
-                         statistic="Maximum", period=PERIOD,
-                         dimensions_map={"CacheClusterId": aws.data.redis_member_id})
 
     def add_alarm(self, spec: AlarmSpec) -> cw.Alarm:
         """The alarm of ``spec``, notifying the topic: other constructs (the bus, the pending queue) add
@@ -450,7 +436,8 @@ class MonitoringConstruct(Construct):
                     )
                 ],
             ),
-            cw.GraphWidget(title="ElastiCache memory %", width=8, left=[self.redis_memory(aws)]),
+            cw.GraphWidget(title="ElastiCache memory %", width=8,
+                           left=[metric for _, metric in redis_memory(aws.data)]),
             cw.GraphWidget(
                 title="ECS worker tasks running",
                 width=8,

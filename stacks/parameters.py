@@ -25,6 +25,7 @@ from constructs import Construct
 
 from stacks.config import ConfigError, DelayConfig
 from stacks.names import runtime_names
+from switchyard.core.config import REDIS_CLUSTER_ENV, REDIS_URL_ENV
 from switchyard.core.deployed_config import CONFIG_PATH_ENV, VARIABLE_RE, config_path
 
 DELAY_CONSUMER_GROUP = "switchyard-delay"
@@ -44,6 +45,7 @@ class ServiceEndpoints:
     amqp_secret: secretsmanager.ISecret | None = None
     redis_secret: secretsmanager.ISecret | None = None
     postgres_secret: secretsmanager.ISecret | None = None
+    redis_cluster: bool = False  # redis_url names a Redis Cluster's configuration endpoint
 
     @staticmethod
     def _with_secret(
@@ -57,8 +59,13 @@ class ServiceEndpoints:
         env = {"SWITCHYARD_AMQP_URL": self.amqp_url, "SWITCHYARD_MANAGEMENT_URL": self.management_url}
         return self._with_secret(env, "AMQP", self.amqp_secret)
 
+    def redis_settings(self) -> dict[str, str]:
+        """Where Redis is, without its credentials: the URL, and on a cluster the switch that makes
+        every Redis user open a cluster client (whoever reads the URL reads both)."""
+        return {REDIS_URL_ENV: self.redis_url, **({REDIS_CLUSTER_ENV: "1"} if self.redis_cluster else {})}
+
     def redis_env(self) -> dict[str, str]:
-        return self._with_secret({"SWITCHYARD_REDIS_URL": self.redis_url}, "REDIS", self.redis_secret)
+        return self._with_secret(self.redis_settings(), "REDIS", self.redis_secret)
 
     def postgres_env(self) -> dict[str, str]:
         return self._with_secret({"SWITCHYARD_POSTGRES_DSN": self.postgres_dsn}, "POSTGRES",

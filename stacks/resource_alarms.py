@@ -1,6 +1,7 @@
-"""Alarms on what fills up and on what must never stop: the broker's memory and disk, RDS's free
-storage, MSK's disks, and a heartbeat for each loop that runs every minute (fire, sweep, each pool's
-reconcile), which treats missing data as breaching: a loop that stopped reports nothing at all.
+"""Alarms on what fills up and on what must never stop: the broker's memory and disk, ElastiCache's
+memory, RDS's free storage, MSK's disks, and a heartbeat for each loop that runs every minute (fire,
+sweep, each pool's reconcile), which treats missing data as breaching: a loop that stopped reports
+nothing at all.
 
 RabbitMQ blocks every publisher when memory passes its high watermark or free disk falls to its
 limit (Amazon MQ publishes both figures and both limits); RDS and MSK stop writing when a disk is
@@ -63,6 +64,41 @@ def _broker(broker: BrokerConstruct) -> list[AlarmSpec]:
     ]
 
 
+def redis_memory(data: DataConstruct) -> list[tuple[str, cw.IMetric]]:
+    """ElastiCache's memory use, % of a node's: the first node's, or in cluster mode the fullest
+    shard's (its first node's) in groups of at most ``ALARM_MATH_METRICS`` shards, each with the name
+    suffix of the shards it covers when there are several. The fullest matters: keys sharing a hash
+    tag (the bus's) fill one shard."""
+    members = data.redis_member_ids
+    groups = [members[i:i + c.ALARM_MATH_METRICS] for i in range(0, len(members), c.ALARM_MATH_METRICS)]
+
+    def node(member: str) -> cw.Metric:
+        return _metric("AWS/ElastiCache", "DatabaseMemoryUsagePercentage", {"CacheClusterId": member})
+
+    if len(members) == 1:
+        return [("", node(members[0]))]
+    found: list[tuple[str, cw.IMetric]] = []
+    for n, group in enumerate(groups):
+        first, last = n * c.ALARM_MATH_METRICS + 1, n * c.ALARM_MATH_METRICS + len(group)
+        shards = {f"s{first + i}": node(member) for i, member in enumerate(group)}
+        found.append((f"-shards-{first}-{last}" if len(groups) > 1 else "", cw.MathExpression(
+            expression=f"MAX([{', '.join(shards)}])", using_metrics=shards, period=PERIOD,
+            label=f"the fullest of shards {first}-{last}, % of a node's memory")))
+    return found
+
+
+def _redis(config: DeploymentConfig, data: DataConstruct) -> list[AlarmSpec]:
+    percent = config.redis.memory_alarm_percent
+    return [AlarmSpec(
+        f"elasticache-memory{shards}",
+        metric,
+        percent,
+        f"Redis uses {percent}% of a node's memory (in cluster mode: of the fullest shard's): at 100% "
+        "writes fail and the control plane stops.",
+        periods=2,
+    ) for shards, metric in redis_memory(data)]
+
+
 def _postgres(data: DataConstruct) -> AlarmSpec:
     return AlarmSpec(
         "postgres-free-storage",
@@ -109,4 +145,5 @@ def _heartbeats(functions: FunctionsConstruct) -> list[AlarmSpec]:
 
 def resource_alarm_specs(config: DeploymentConfig, functions: FunctionsConstruct, data: DataConstruct,
                          broker: BrokerConstruct) -> list[AlarmSpec]:
-    return [*_broker(broker), _postgres(data), _kafka(config, data), *_heartbeats(functions)]
+    return [*_redis(config, data), *_broker(broker), _postgres(data), _kafka(config, data),
+            *_heartbeats(functions)]

@@ -54,7 +54,7 @@ class SwitchyardStack(Stack):
             # The deployed configuration's broker user is the clients' (the EMR job, an operator's
             # calls); each function and worker names its own role's secret in its environment.
             amqp_secret=self.broker.user_secret(BrokerRole.CLIENTS), redis_secret=self.data.redis_secret,
-            postgres_secret=self.data.postgres_secret)
+            postgres_secret=self.data.postgres_secret, redis_cluster=self.config.redis.cluster_mode)
         # The callers' default timeout on AWS outlives a new key's wait for a Fargate task.
         self.parameters = ConfigParametersConstruct(self, c.CONFIG_CONSTRUCT_ID, values={
             **self.endpoints.shared_env(self.config.delay), **self.workers.rpc_env})

@@ -16,6 +16,10 @@ from switchyard.core.errors import ConfigError
 
 T = TypeVar("T")
 
+# The Redis settings every Redis user reads, named once (the CDK stack writes them: stacks/parameters.py).
+REDIS_URL_ENV = "SWITCHYARD_REDIS_URL"
+REDIS_CLUSTER_ENV = "SWITCHYARD_REDIS_CLUSTER"  # 1: REDIS_URL_ENV names one node of a Redis Cluster
+
 
 def env_str(name: str, default: str) -> str:
     value = os.environ.get(name)
@@ -164,7 +168,7 @@ class Connections:
                               "amqp://guest:guest@127.0.0.1:5672/%2F", ("amqp", "amqps"), several=True)
     management_url: str = SecretUrl("SWITCHYARD_MANAGEMENT_URL",  # type: ignore[assignment]
                                     "http://guest:guest@127.0.0.1:15672", ("http", "https"), several=True)
-    redis_url: str = SecretUrl("SWITCHYARD_REDIS_URL",  # type: ignore[assignment]
+    redis_url: str = SecretUrl(REDIS_URL_ENV,  # type: ignore[assignment]
                                "redis://127.0.0.1:6379/0", ("redis", "rediss", "unix"))
     postgres_dsn: str = SecretUrl("SWITCHYARD_POSTGRES_DSN",  # type: ignore[assignment]
                                   "postgresql://postgres@127.0.0.1:5432/switchyard",
@@ -205,11 +209,11 @@ class Connections:
         return cls(
             amqp_url=env_str("SWITCHYARD_AMQP_URL", d.amqp_url),
             management_url=env_str("SWITCHYARD_MANAGEMENT_URL", d.management_url),
-            redis_url=env_str("SWITCHYARD_REDIS_URL", d.redis_url),
+            redis_url=env_str(REDIS_URL_ENV, d.redis_url),
             postgres_dsn=env_str("SWITCHYARD_POSTGRES_DSN", d.postgres_dsn),
             kafka_bootstrap=env_str("SWITCHYARD_KAFKA_BOOTSTRAP", d.kafka_bootstrap),
             aws_endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
             redis_timeout_s=env_float("SWITCHYARD_REDIS_TIMEOUT", d.redis_timeout_s),
-            redis_cluster=env_flag("SWITCHYARD_REDIS_CLUSTER"),
+            redis_cluster=env_flag(REDIS_CLUSTER_ENV),
             secret_sources=secret_sources(),
         )

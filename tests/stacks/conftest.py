@@ -1,5 +1,5 @@
 """One synthesis per app the stack tests share, per test session (a synth takes seconds on 2 cores):
-the default app, the ``localstack`` target's, and production beside staging."""
+the default app, the cluster forms', the ``localstack`` target's, and production beside staging."""
 
 from __future__ import annotations
 
@@ -55,6 +55,17 @@ def template(synthesized: tuple[Template, Path, Any]) -> Template:
 @pytest.fixture(scope="session")
 def resources(template: Template) -> dict[str, dict[str, Any]]:
     return template.to_json()["Resources"]
+
+
+# The cluster forms of the broker and of ElastiCache in one app (docs/deployment.md, "Cluster forms"),
+# on RabbitMQ 3.13, the other engine the stack offers.
+CLUSTER_FORMS = {c.CTX_BROKER_ENGINE_VERSION: "3.13", c.CTX_BROKER_DEPLOYMENT_MODE: "CLUSTER_MULTI_AZ",
+                 c.CTX_REDIS: {"clusterMode": True, "shards": 2, "replicas": 1}}
+
+
+@pytest.fixture(scope="session")
+def cluster_forms(layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Template, Path, Any]:
+    return synth(layer_dir, tmp_path_factory.mktemp("cdk.out.cluster"), **CLUSTER_FORMS)
 
 
 @pytest.fixture(scope="session")

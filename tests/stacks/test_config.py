@@ -56,6 +56,11 @@ def test_context_from_the_command_line_is_json() -> None:
         ({c.CTX_REDIS: {"engine": "memcached"}}, "redis or valkey"),
         ({c.CTX_REDIS: {"engine": "redis", "engineVersion": "6.0"}}, "Redis 6.2 or later"),
         ({c.CTX_REDIS: {"engineVersion": "latest"}}, "Redis 6.2 or later"),
+        ({c.CTX_REDIS: {"shards": 2}}, "shards 2 needs clusterMode true"),
+        ({c.CTX_REDIS: {"clusterMode": True}}, "clusterMode needs replicas >= 1"),
+        ({c.CTX_REDIS: {"clusterMode": True, "replicas": 1, "shards": 0}}, "shards must be 1-500"),
+        ({c.CTX_REDIS: {"clusterMode": True, "replicas": 5, "shards": 100}}, "600 nodes, more than"),
+        ({c.CTX_REDIS: {"clusterMode": "yes"}}, "clusterMode must be true or false"),
         ({c.CTX_DELAY: "{not json"}, "not valid JSON"),
         ({c.CTX_ALARM_EMAIL: "nobody"}, "not an e-mail address"),
         ({c.CTX_EMR_IMAGE: "docker.io/library/python:3.11"}, "not an ECR image URI"),
@@ -66,6 +71,18 @@ def test_bad_values_fail_synth_with_a_message_naming_the_key(context: dict[str, 
     with pytest.raises(ConfigError, match=message) as raised:
         config(**context)
     assert "switchyard:" in str(raised.value) or "invalid" in str(raised.value)
+
+
+@pytest.mark.parametrize(("engine", "version", "group"), [
+    ("valkey", "8.0", "default.valkey8.cluster.on"),
+    ("valkey", "7.2", "default.valkey7.cluster.on"),
+    ("redis", "7.1", "default.redis7.cluster.on"),
+    ("redis", "6.2", "default.redis6.x.cluster.on"),
+])
+def test_cluster_mode_takes_the_cluster_on_parameter_group(engine: str, version: str, group: str) -> None:
+    redis = config(**{c.CTX_REDIS: {"clusterMode": True, "shards": 3, "replicas": 2, "engine": engine,
+                                    "engineVersion": version}}).redis
+    assert (redis.cluster_parameter_group, redis.nodes) == (group, 9)
 
 
 def test_queue_depth_threshold_is_what_max_workers_are_sized_for() -> None:

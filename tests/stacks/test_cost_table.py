@@ -1,16 +1,29 @@
 """The cost table of docs/deployment.md counts what the synthesized template holds: its counted
 items are generated here from the template, so the table cannot drift from the stack (it had: 12
 secrets for 13, 33 alarms for 36), and the MSK mappings' event pollers, billed per event poller
-unit-hour in provisioned mode, are counted like the rest."""
+unit-hour in provisioned mode, are counted like the rest. The cluster forms' rows count the broker's
+instances and ElastiCache's nodes (shards x (1 + replicas)) of the default template and of the
+cluster forms' (``cluster_forms`` in conftest.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from aws_cdk.assertions import Template
+
+from stacks import constants as c
 from tests.conftest import ROOT
 
 HOURS = 730  # a month, as the table prices it
 DOC = ROOT / "docs" / "deployment.md"
+# A month of each instance type the two templates run, as the table prices them (on-demand, us-east-1;
+# aws.amazon.com/amazon-mq/pricing, aws.amazon.com/elasticache/pricing: a Valkey node).
+MONTHLY_USD = {"mq.m7g.large": 200, "cache.t4g.micro": 10}
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
 
 
 def _of(resources: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -35,9 +48,6 @@ def counted(resources: dict[str, Any]) -> dict[str, int]:
 
 def sentence(n: dict[str, int]) -> str:
     """The table's first line, as the template gives it."""
-    def plural(count: int, word: str) -> str:
-        return f"{count} {word}" + ("" if count == 1 else "s")
-
     ips = "with its Elastic IP" if n["nat"] == n["eips"] == 1 else f"and {plural(n['eips'], 'Elastic IP')}"
     group = "one poller group" if n["groups"] == 1 else plural(n["groups"], "poller group")
     return (f"Counted from the synthesized template ({plural(n['secrets'], 'secret')}, "
@@ -46,6 +56,32 @@ def sentence(n: dict[str, int]) -> str:
             f"{plural(n['mappings'], 'MSK mapping')} in provisioned mode in {group}, "
             f"{plural(n['min_pollers'], 'event poller')} minimum: at most "
             f"{n['min_pollers'] * HOURS:,} event poller unit-hours a month idle)")
+
+
+def form_rows(resources: dict[str, Any]) -> list[str]:
+    """The cluster forms table's rows: the broker's instances and ElastiCache's nodes, priced."""
+    (broker,) = _of(resources, "AWS::AmazonMQ::Broker")
+    (group,) = _of(resources, "AWS::ElastiCache::ReplicationGroup")
+    mode, mq_type, node_type = broker["DeploymentMode"], broker["HostInstanceType"], group["CacheNodeType"]
+    instances = c.BROKER_INSTANCES[mode]
+    shards = int(group.get("NumNodeGroups", 1))
+    replicas = int(group.get("ReplicasPerNodeGroup", int(group.get("NumCacheClusters", 1)) - 1))
+    nodes = shards * (1 + replicas)
+    shape = f"{plural(shards, 'shard')} x (1 + {plural(replicas, 'replica')})"
+    cluster = "on" if "NumNodeGroups" in group else "off"
+    return [
+        f"| Amazon MQ, `{mode}` | {instances} x `{mq_type}` | ${instances * MONTHLY_USD[mq_type]:,} |",
+        f"| ElastiCache, cluster mode {cluster}: {shape} | {nodes} x `{node_type}` "
+        f"| ${nodes * MONTHLY_USD[node_type]:,} |",
+    ]
+
+
+def test_the_cluster_forms_rows_price_what_each_template_runs(
+        resources: dict[str, Any], cluster_forms: tuple[Template, Path, Any]) -> None:
+    rows = form_rows(resources) + form_rows(cluster_forms[0].to_json()["Resources"])
+    text = " ".join(DOC.read_text().split())
+    missing = [row for row in rows if row not in text]
+    assert missing == [], "docs/deployment.md's cluster forms table: write its rows as\n" + "\n".join(rows)
 
 
 def test_the_cost_table_counts_what_the_template_holds(resources: dict[str, Any]) -> None:

@@ -163,17 +163,6 @@ def test_broker_user_comes_from_the_generated_secret(resources: Resources) -> No
         assert refused in gen["ExcludeCharacters"]
 
 
-def test_engine_3_13_and_cluster_mode_are_selectable(layer_dir: str, tmp_path: Path) -> None:
-    template, _, _ = synth(
-        layer_dir,
-        tmp_path,
-        **{c.CTX_BROKER_ENGINE_VERSION: "3.13", c.CTX_BROKER_DEPLOYMENT_MODE: "CLUSTER_MULTI_AZ"},
-    )
-    (broker,) = template.find_resources("AWS::AmazonMQ::Broker").values()
-    assert broker["Properties"]["EngineVersion"] == "3.13"
-    assert len(broker["Properties"]["SubnetIds"]) == c.VPC_MAX_AZS
-
-
 def test_the_emr_image_context_attaches_the_custom_image(layer_dir: str, tmp_path: Path) -> None:
     image = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/switchyard-emr:7.9.0-py311"
     template, _, _ = synth(layer_dir, tmp_path, **{c.CTX_EMR_IMAGE: image})
