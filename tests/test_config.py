@@ -120,9 +120,9 @@ def test_a_cluster_is_named_by_a_list_of_node_urls_each_checked() -> None:
     assert Connections(amqp_url=nodes).amqp_url == nodes  # type: ignore[arg-type]
     assert service_urls(nodes) == ["amqp://u:pw@n1:5680/%2F", "amqp://u:pw@n2:5681/%2F"]
     with pytest.raises(ConfigError, match="SWITCHYARD_MANAGEMENT_URL must begin with http:// or https://"):
-        Connections(management_url="http://n1:15680,amqp://n2:5681").management_url  # type: ignore[arg-type]
+        Connections(management_url="http://n1:15680,amqp://n2:5681").management_url  # type: ignore[arg-type]  # noqa: B018
     with pytest.raises(ConfigError, match="SWITCHYARD_REDIS_URL cannot be read as a URL"):
-        Connections(redis_url="redis://n1:7100,redis://n2:7101").redis_url  # type: ignore[arg-type]
+        Connections(redis_url="redis://n1:7100,redis://n2:7101").redis_url  # type: ignore[arg-type]  # noqa: B018
 
 
 def test_a_deployed_template_passes_the_preflight_and_is_checked_once_filled() -> None:

@@ -83,7 +83,8 @@ def check_service_urls(variable: str, value: str, schemes: tuple[str, ...]) -> s
     """``value``, a comma-separated list of URLs of one cluster's nodes, each checked."""
     urls = service_urls(value)
     if not urls:
-        raise ConfigError(f"{variable} is empty; expected {schemes[0]}://host:port/... (several: comma-separated)")
+        raise ConfigError(f"{variable} is empty; expected {schemes[0]}://host:port/... "
+                          "(a cluster's nodes: several, comma-separated)")
     for url in urls:
         check_service_url(variable, url, schemes)
     return value
