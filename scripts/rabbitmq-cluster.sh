@@ -102,7 +102,9 @@ node_pid_of() {
     name="$(node_name "$1")"
     for pid in $(pgrep -x beam.smp); do
         [ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$DIR" ] || continue
-        tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "-sname $name \|-name $name " && { echo "$pid"; return 0; }
+        # 4.0 names the node at run time (not on the command line): its environment says which
+        { tr '\0' ' ' <"/proc/$pid/cmdline"; echo; tr '\0' '\n' <"/proc/$pid/environ"; } 2>/dev/null |
+            grep -q -- "-sname $name \|-name $name \|^RABBITMQ_NODENAME=$name\$" && { echo "$pid"; return 0; }
     done
     return 1
 }

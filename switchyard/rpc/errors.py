@@ -5,7 +5,7 @@ the delay scheduler raises broker errors too, and ``RemoteError``, which pending
 
 from __future__ import annotations
 
-from switchyard.core.errors import BrokerError, RpcError, SwitchyardError
+from switchyard.core.errors import BrokerError, BrokerUnavailableError, RpcError, SwitchyardError
 
 
 class TopologyError(BrokerError):
@@ -64,6 +64,12 @@ class ClientClosedError(RpcError):
     """The client was closed (or lost its connection) while the call was in flight."""
 
 
+class CallInterruptedError(RpcError, BrokerUnavailableError):
+    """The connection died with the call in flight, and no new one could re-send it before the
+    call's deadline. Retryable: whether a worker handled it is unknown (its answer, if any, went to
+    the lost connection's reply queue), so a retry is at-least-once, as the client's own re-send."""
+
+
 class DriverError(SwitchyardError):
     """A driver could not start, stop or inspect workers; the control loop retries on its next tick."""
 
@@ -73,6 +79,7 @@ class LockTimeoutError(SwitchyardError):
 
 
 __all__ = [
+    "CallInterruptedError",
     "CallTimeoutError",
     "ClientBusyError",
     "ClientClosedError",
