@@ -85,12 +85,6 @@ def cluster_pool(on_cluster: None) -> Iterator[tuple[str, RpcSettings]]:
     delete_pool(settings, pool)
 
 
-def _client_node(client: RpcClient) -> int:
-    connection = client._core._connection
-    assert connection is not None
-    return cluster.node_of_port(int(connection._impl.params.port))
-
-
 def _serve(pool: str, workers: WorkerProcesses, node: int) -> None:
     """One slow echo worker, connected to ``node`` only (it survives the node the test kills)."""
     settings = replace(RpcSettings.from_env(), connections=cluster.connections(cluster.node_url(node)))
@@ -106,13 +100,13 @@ def test_a_killed_node_fails_no_call_in_flight_on_it(cluster_pool, workers) -> N
     answer was lost")."""
     name, settings = cluster_pool
     with RpcClient(name, settings) as client:
-        node = _client_node(client)
+        node = cluster.client_node(client)
         _serve(name, workers, next(n for n in cluster.NODES if n != node))
         futures = _in_flight(client)
         cluster.kill(node)
         try:
             _all_answered(client, futures)
-            assert _client_node(client) != node
+            assert cluster.client_node(client) != node
         finally:
             cluster.start_node(node)
 
