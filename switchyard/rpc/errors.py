@@ -61,7 +61,7 @@ class ClientThreadError(RpcError):
 
 
 class ClientClosedError(RpcError):
-    """The client was closed (or lost its connection) while the call was in flight."""
+    """The client was closed while the call was in flight (a lost connection re-sends it instead)."""
 
 
 class CallInterruptedError(RpcError, BrokerUnavailableError):
