@@ -27,14 +27,14 @@ TCP_INFO_LAYOUT = "8B9I4I"
 _T = TypeVar("_T")
 
 
+_URL_LIST_SPLIT = re.compile(r",\s*(?=amqps?://)")
+
+
 def amqp_urls(amqp_url: str) -> list[str]:
     """The URLs of a ``SWITCHYARD_AMQP_URL`` that may list several nodes of one cluster, comma-
     separated (as ``scripts/rabbitmq-cluster.sh urls`` prints them). A comma splits only where a
     URL begins after it, so a password may hold one."""
     return [url.strip() for url in _URL_LIST_SPLIT.split(amqp_url) if url.strip()] or [amqp_url]
-
-
-_URL_LIST_SPLIT = re.compile(r",\s*(?=amqps?://)")
 
 
 def url_parameters(amqp_url: str) -> pika.URLParameters:
