@@ -6,6 +6,7 @@ to start the worker alone.
 from __future__ import annotations
 
 import contextlib
+import random
 import sys
 import time
 import uuid
@@ -13,8 +14,15 @@ import uuid
 import pika
 
 
+def connect(amqp_url: str) -> pika.BlockingConnection:
+    """A connection to one of a comma-separated list of nodes (one URL: that one), taken at random as
+    a user spreading connections over a cluster would (pika tries the others in turn)."""
+    urls = [url.strip() for url in amqp_url.split(",") if url.strip()]
+    return pika.BlockingConnection([pika.URLParameters(url) for url in random.sample(urls, len(urls))])
+
+
 def run_worker(amqp_url: str, queue: str, prefetch: int) -> None:
-    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    connection = connect(amqp_url)
     channel = connection.channel()
     channel.basic_qos(prefetch_count=prefetch)
 
@@ -32,7 +40,7 @@ class PlainClient:
     """Direct reply-to, correlation ids in a dict, one thread: the usual pika RPC client."""
 
     def __init__(self, amqp_url: str, queue: str) -> None:
-        self.connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+        self.connection = connect(amqp_url)
         self.channel = self.connection.channel()
         self.queue = queue
         self.pending: dict[str, float] = {}

@@ -9,6 +9,13 @@ pipelined (N calls in flight) modes; only the calls are timed, not connection se
     .venv/bin/python bench/rpc_bench.py                  # quorum queues, 8 rounds of 2 s a side
     .venv/bin/python bench/rpc_bench.py --queue-type classic --rounds 5 --seconds 4
     .venv/bin/python bench/rpc_bench.py --busy           # a spinning process on core 1 throughout
+    eval "$(scripts/rabbitmq-cluster.sh urls | sed -n 's/^SWITCHYARD_AMQP_URL=/AMQP=/p')"
+    .venv/bin/python bench/rpc_bench.py --amqp-url "$AMQP" \
+        --management-url http://guest:guest@127.0.0.1:15680      # on the three-node cluster
+
+With several AMQP URLs (a cluster's nodes), each side's client and worker connect to a node taken
+at random (Switchyard's ``amqp.connect``, plain pika's list in random order); the nodes the clients
+landed on are printed with each mode.
 """
 
 from __future__ import annotations
@@ -24,12 +31,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import pika
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.plain_pika import PlainClient  # noqa: E402
+from bench.plain_pika import PlainClient, connect  # noqa: E402
 from bench.stats import BUSY_CORE, busy_load  # noqa: E402
 from switchyard.core.latency import LatencySummary  # noqa: E402
 from switchyard.rpc import protocol as p  # noqa: E402
@@ -43,7 +48,7 @@ MODES = ("sequential", "pipelined")
 
 
 def wait_consumers(url: str, queue: str, count: int = 1, timeout: float = 20) -> None:
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    connection = connect(url)
     try:
         deadline = time.monotonic() + timeout
         while connection.channel().queue_declare(queue, passive=True).method.consumer_count < count:
@@ -119,9 +124,16 @@ def main() -> int:
     parser.add_argument("--prefetch", type=int, default=4, help="worker prefetch, both sides")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: sequential,pipelined")
     parser.add_argument("--busy", action="store_true", help=f"a spinning process pinned to core {BUSY_CORE}")
+    parser.add_argument("--amqp-url", help="the broker (default SWITCHYARD_AMQP_URL); a comma-separated "
+                        "list of a cluster's nodes")
+    parser.add_argument("--management-url", help="its management API (default SWITCHYARD_MANAGEMENT_URL)")
     args = parser.parse_args()
 
     os.environ.setdefault("SWITCHYARD_LOG_LEVEL", "ERROR")
+    for variable, value in (("SWITCHYARD_AMQP_URL", args.amqp_url),
+                            ("SWITCHYARD_MANAGEMENT_URL", args.management_url)):
+        if value:
+            os.environ[variable] = value  # the workers this starts read them too
     base = RpcSettings.from_env()
     policy = PoolPolicy(**{**vars(base.policy), "queue_type": p.QueueType(args.queue_type)})
     settings = RpcSettings(**{**vars(base), "policy": policy})
@@ -153,7 +165,7 @@ def run_all(args: argparse.Namespace, settings: RpcSettings, pool: str, url: str
     with PoolTopology(pool, settings) as topology:  # closed during the run: idle, it would miss heartbeats
         topology.declare()
         topology.ensure_request_queue("k")
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    connection = connect(url)
     connection.channel().queue_declare(plain_queue, durable=True, arguments={"x-queue-type": args.queue_type})
     connection.close()
     workers = [
@@ -175,7 +187,7 @@ def run_all(args: argparse.Namespace, settings: RpcSettings, pool: str, url: str
             worker.wait(20)
         with PoolTopology(pool, settings) as topology:
             topology.delete(force=True)
-        connection = pika.BlockingConnection(pika.URLParameters(url))
+        connection = connect(url)
         connection.channel().queue_delete(plain_queue)
         connection.close()
     return summary
@@ -191,7 +203,8 @@ def run_mode(mode: str, args: argparse.Namespace, settings: RpcSettings, pool: s
         while plain.pending:
             plain.connection.process_data_events(time_limit=None)
         ours.call("k", b"warm")
-        print(f"\n{mode}:", flush=True)
+        print(f"\n{mode}: clients on port {plain.connection._impl.params.port} (plain pika), "
+              f"{ours._core._connection._impl.params.port} (switchyard)", flush=True)
         ratios: list[float] = []
         latencies: dict[str, list[float]] = {side: [] for side in SIDES}
         for n in range(1, args.rounds + 1):

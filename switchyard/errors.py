@@ -7,6 +7,7 @@ and in each part's ``errors`` module; this module re-exports the names applicati
 from switchyard.core.errors import *  # noqa: F403
 from switchyard.core.errors import __all__ as _core_all
 from switchyard.rpc.errors import (
+    CallInterruptedError,
     CallTimeoutError,
     ClientBusyError,
     ClientClosedError,
@@ -19,6 +20,6 @@ from switchyard.rpc.errors import (
     UnroutableError,
 )
 
-__all__ = [*_core_all, "CallTimeoutError", "ClientBusyError", "ClientClosedError",
+__all__ = [*_core_all, "CallInterruptedError", "CallTimeoutError", "ClientBusyError", "ClientClosedError",
            "DeadLetteringStrandedError", "ManagementApiError", "PoolNotEmptyError", "PoolNotFoundError",
            "PublishRejectedError", "TopologyError", "UnroutableError"]

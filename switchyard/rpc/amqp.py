@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import random
+import re
 import socket
 import struct
 import time
@@ -25,18 +27,35 @@ TCP_INFO_LAYOUT = "8B9I4I"
 _T = TypeVar("_T")
 
 
+_URL_LIST_SPLIT = re.compile(r",\s*(?=amqps?://)")
+
+
+def amqp_urls(amqp_url: str) -> list[str]:
+    """The URLs of a ``SWITCHYARD_AMQP_URL`` that may list several nodes of one cluster, comma-
+    separated (as ``scripts/rabbitmq-cluster.sh urls`` prints them). A comma splits only where a
+    URL begins after it, so a password may hold one."""
+    return [url.strip() for url in _URL_LIST_SPLIT.split(amqp_url) if url.strip()] or [amqp_url]
+
+
 def url_parameters(amqp_url: str) -> pika.URLParameters:
-    """pika's reading of an AMQP URL, or a ConfigError that names the setting (the URL itself is
-    not repeated: it may hold a password)."""
+    """pika's reading of an AMQP URL (the first of a list, every one checked), or a ConfigError that
+    names the setting (the URL itself is not repeated: it may hold a password)."""
+    params = [_url_parameters(url) for url in amqp_urls(amqp_url)]
+    return params[0]
+
+
+def _url_parameters(amqp_url: str) -> pika.URLParameters:
     try:
         return pika.URLParameters(amqp_url)
     except (ValueError, IndexError, TypeError, KeyError) as exc:
         raise ConfigError(f"SWITCHYARD_AMQP_URL is not an AMQP URL ({type(exc).__name__}: {exc}); expected "
-                          "amqp[s]://user:password@host:port/vhost (vhost %2F for /)") from exc
+                          "amqp[s]://user:password@host:port/vhost (vhost %2F for /), or several "
+                          "separated by commas") from exc
 
 
 def connection_parameters(amqp_url: str, name: str, heartbeat: int | None = None) -> pika.URLParameters:
-    params = url_parameters(amqp_url)
+    """The parameters of one URL (not a list) for a connection named ``name``."""
+    params = _url_parameters(amqp_url)
     params.client_properties = {"connection_name": name, "product": "switchyard"}
     params.heartbeat = heartbeat_from_env() if heartbeat is None else heartbeat
     params.blocked_connection_timeout = 60
@@ -46,17 +65,30 @@ def connection_parameters(amqp_url: str, name: str, heartbeat: int | None = None
 
 def connect(amqp_url: str, name: str, heartbeat: int | None = None) -> pika.BlockingConnection:
     """Open a blocking connection, turning pika's failures into a message that says what to do.
-    Its deliveries' headers are decoded by ``amqp_decode``: one message's never loses the connection."""
+    Its deliveries' headers are decoded by ``amqp_decode``: one message's never loses the connection.
+
+    A list of URLs (the nodes of a cluster) is tried from a random one, then in turn: connections
+    spread over the nodes, as behind a cluster's load balancer, and one lost with its node finds
+    another at once. Every URL is checked before any is tried."""
     amqp_decode.install()
-    try:
-        connection = pika.BlockingConnection(connection_parameters(amqp_url, name, heartbeat))
-    except pika.exceptions.AMQPError as exc:
-        raise BrokerUnavailableError(
-            f"cannot connect to RabbitMQ at {redact(amqp_url)} ({type(exc).__name__}: {exc}). "
-            "Check SWITCHYARD_AMQP_URL, or start the local stack with ./dev services."
-        ) from exc
-    _coalesce_writes(connection)
-    return connection
+    urls = amqp_urls(amqp_url)
+    params = [connection_parameters(url, name, heartbeat) for url in urls]
+    first = random.randrange(len(urls))
+    failures = []
+    last: Exception | None = None
+    for url, param in zip(urls[first:] + urls[:first], params[first:] + params[:first], strict=True):
+        try:
+            connection = pika.BlockingConnection(param)
+        except pika.exceptions.AMQPError as exc:
+            failures.append(f"{redact(url)} ({type(exc).__name__}: {exc})")
+            last = exc
+            continue
+        _coalesce_writes(connection)
+        return connection
+    raise BrokerUnavailableError(
+        f"cannot connect to RabbitMQ at {', '.join(failures)}. "
+        "Check SWITCHYARD_AMQP_URL, or start the local stack with ./dev services."
+    ) from last
 
 
 def is_alive(connection: pika.BlockingConnection | None) -> TypeGuard[pika.BlockingConnection]:
@@ -91,9 +123,9 @@ def _heard_from(connection: pika.BlockingConnection) -> bool:
 
 
 def redact(url: str) -> str:
-    """The URL with its password hidden, for messages and logs."""
-    params = url_parameters(url)
-    return f"amqp://{params.credentials.username}:***@{params.host}:{params.port}/"
+    """The URL (each of a list) with its password hidden, for messages and logs."""
+    return ",".join(f"amqp://{params.credentials.username}:***@{params.host}:{params.port}/"
+                    for params in map(_url_parameters, amqp_urls(url)))
 
 
 # pika's BlockingChannel hides two things Switchyard needs; both are reached through its

@@ -5,7 +5,7 @@ the delay scheduler raises broker errors too, and ``RemoteError``, which pending
 
 from __future__ import annotations
 
-from switchyard.core.errors import BrokerError, RpcError, SwitchyardError
+from switchyard.core.errors import BrokerError, BrokerUnavailableError, RpcError, SwitchyardError
 
 
 class TopologyError(BrokerError):
@@ -61,7 +61,13 @@ class ClientThreadError(RpcError):
 
 
 class ClientClosedError(RpcError):
-    """The client was closed (or lost its connection) while the call was in flight."""
+    """The client was closed while the call was in flight (a lost connection re-sends it instead)."""
+
+
+class CallInterruptedError(RpcError, BrokerUnavailableError):
+    """The connection died with the call in flight, and no new one could re-send it before the
+    call's deadline. Retryable: whether a worker handled it is unknown (its answer, if any, went to
+    the lost connection's reply queue), so a retry is at-least-once, as the client's own re-send."""
 
 
 class DriverError(SwitchyardError):
@@ -73,6 +79,7 @@ class LockTimeoutError(SwitchyardError):
 
 
 __all__ = [
+    "CallInterruptedError",
     "CallTimeoutError",
     "ClientBusyError",
     "ClientClosedError",

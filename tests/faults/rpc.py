@@ -23,7 +23,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import pika
 import pika.exceptions
 import redis
 
@@ -31,6 +30,7 @@ from switchyard.core.config import Connections
 from switchyard.core.errors import BrokerUnavailableError
 from switchyard.rpc import RpcClient
 from switchyard.rpc import protocol as p
+from switchyard.rpc.amqp import connect
 from switchyard.rpc.client import Response
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.errors import ClientBusyError, ClientClosedError, PublishRejectedError
@@ -56,12 +56,15 @@ class RpcSize:
 
 
 class RpcTraffic:
-    """Sends ``size.requests`` calls at ``size.rate`` from one client; counts answers per request id."""
+    """Sends ``size.requests`` calls at ``size.rate`` from one client; counts answers per request id.
+    ``retry=False``: a call whose caller sees an error is not sent again (a failure, in ``failures``)."""
 
-    def __init__(self, pool: str, settings: RpcSettings, size: RpcSize) -> None:
+    def __init__(self, pool: str, settings: RpcSettings, size: RpcSize, retry: bool = True) -> None:
         self.pool = pool
         self.settings = settings
         self.size = size
+        self.retry = retry
+        self.client: RpcClient | None = None  # while the traffic runs
         self.ids = [f"r{n}" for n in range(size.requests)]
         self.answers: Counter[str] = Counter()
         self.failures: dict[str, str] = {}
@@ -110,6 +113,7 @@ class RpcTraffic:
         try:
             with RpcClient(self.pool, self.settings, concurrency=64, timeout=self.size.timeout,
                            confirm=True, name="switchyard-faults") as client:
+                self.client = client
                 start = time.monotonic()
                 for n, rid in enumerate(self.ids):
                     self._drain_retries(client)
@@ -139,9 +143,12 @@ class RpcTraffic:
         self.sent_at.setdefault(rid, time.monotonic())
         try:
             future = client.submit(self.key(rid), rid)
-        except RETRYABLE:
-            time.sleep(0.2)
-            self._settled(rid, None, retry=True)
+        except RETRYABLE as exc:
+            if self.retry:
+                time.sleep(0.2)
+            else:
+                self.failures[rid] = f"{type(exc).__name__}: {exc}"
+            self._settled(rid, None, retry=self.retry)
             return
         future.add_done_callback(lambda f, rid=rid: self._settled(rid, f))
 
@@ -155,7 +162,7 @@ class RpcTraffic:
                     self.answered_at.setdefault(rid, time.monotonic())
                 else:
                     self.failures[rid] = f"answered {response.status}"
-            elif isinstance(exc, RETRYABLE):
+            elif isinstance(exc, RETRYABLE) and self.retry:
                 retry = True
             else:
                 self.failures[rid] = f"{type(exc).__name__}: {exc}"
@@ -205,7 +212,7 @@ class RpcRig:
 
     def queued(self, queues: list[str]) -> int:
         """Messages waiting in these queues now (a lost request still queued was only slow)."""
-        connection = pika.BlockingConnection(pika.URLParameters(self.settings.connections.amqp_url))
+        connection = connect(self.settings.connections.amqp_url, "switchyard-faults-queued")
         total = 0
         try:
             for queue in queues:
@@ -219,11 +226,15 @@ class RpcRig:
             connection.close()
         return total
 
+    def handled(self) -> dict[str, int]:
+        """How many times a worker handled each request id (``handlers.count``)."""
+        return {k.decode(): int(v) for k, v in self.redis.hgetall(handled_key(self.pool)).items()}
+
     def account(self, scenario: str, traffic: RpcTraffic, seconds: float, faults: int) -> Account:
         """Answered or handled counts as not lost: a request a worker handled whose answer came
         after the caller's timeout was late, not lost (the note says how many); one never handled
         is lost."""
-        handled = {k.decode(): int(v) for k, v in self.redis.hgetall(handled_key(self.pool)).items()}
+        handled = self.handled()
         seen = {rid: max(traffic.answers[rid], handled.get(rid, 0)) for rid in traffic.ids}
         late = sum(1 for rid in traffic.ids if not traffic.answers[rid] and handled.get(rid, 0))
         failures = Counter(traffic.failures.get(rid, "?").split(":")[0] for rid in traffic.ids

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchyard.core.config import Connections
-from tests.faults import bus, cuts, delay, malformed, pending, rpc
+from tests.faults import bus, cluster_node, cuts, delay, malformed, pending, rpc
 from tests.faults.account import Account
 
 RPC_SIZES = {"full": rpc.RpcSize(requests=2000, keys=12, rate=100), "short": rpc.RpcSize(300, 6, 60)}
@@ -98,6 +98,7 @@ def _delay(name: str, fault: delay.Fault) -> Scenario:
 BUS_KILL = "bus: SIGKILL worker mid-delivery"
 PENDING_KILL = "pending: SIGKILL node, requests taken"
 STRANGERS = "strangers: malformed messages at every consumer"
+CLUSTER_KILL = "RabbitMQ: a cluster node killed and restarted under traffic"
 
 SCENARIOS = [
     _rpc("rpc: SIGKILL workers", rpc.kill_workers),
@@ -105,6 +106,8 @@ SCENARIOS = [
     _rpc("rpc: Redis state flushed", rpc.flush_state),
     _on_rabbitmq4("rpc: RabbitMQ 4.0 restarted", rpc.restart_rabbitmq),
     _on_rabbitmq4("rpc: RabbitMQ 4.0 SIGKILLed", rpc.kill_rabbitmq),
+    Scenario(CLUSTER_KILL, lambda size, workdir: cluster_node.run_cluster_kill(
+        CLUSTER_KILL, cluster_node.SIZES[size], workdir)),
     _delay("delay: SIGKILL mid-batch", delay.kill_fire_loop),
     _delay("delay: Postgres backends killed", delay.kill_postgres_connections),
     Scenario("delay: Kafka broker restarted", _kafka_restart),

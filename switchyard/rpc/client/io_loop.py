@@ -9,6 +9,9 @@ thread drives while calls are in flight and nobody else does, and owns setup and
 idle, it parks and takes a turn every ``_MAX_LOOP_WAIT`` for heartbeats. See ``rpc_client`` for
 the threading and reclaim rules.
 
+A lost connection fails no call that can still be answered in time: it reconnects (to another node
+of a cluster, ``amqp.connect``) and sends the calls in flight again (``resend``).
+
 A turn is one pass of pika's loop (``amqp.LoopPasses``): responses reach ``_on_response`` as their
 frames arrive (a direct consumer), one timer bounds the wait by the earliest deadline, and a
 request is sent when published (``amqp.written_together``), not when the next pass finds the
@@ -46,7 +49,8 @@ from switchyard.rpc.amqp import (
     wake_threadsafe,
     written_together,
 )
-from switchyard.rpc.client.requests import Call, encode_request
+from switchyard.rpc.client.requests import Call, encode_request, parse_correlation_id
+from switchyard.rpc.client.resend import interrupt_overdue, published_in_flight
 from switchyard.rpc.client.response import ClientStats, Response, status_of
 from switchyard.rpc.client.slots import SlotTable
 from switchyard.rpc.errors import (
@@ -91,6 +95,7 @@ class _ClientCore:
         self._passes: LoopPasses | None = None  # the connection's loop, bounded by a timer
         self._unconfirmed: dict[int, Call] = {}
         self._publish_seq = 0
+        self._generation = 0  # counts the connections opened: a call is published once on each
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
         self._reply_queue = ""
@@ -140,6 +145,7 @@ class _ClientCore:
                 "raise the client's concurrency or add workers"
             )
         call.slot, call.seq = taken
+        call.deadline = time.monotonic() + timeout
         call.props.correlation_id = f"{self._tag}.{call.slot}.{call.seq}"
         with self._submit_lock:
             if self._closing:  # close() won the race: the I/O thread may have drained already
@@ -220,8 +226,9 @@ class _ClientCore:
                     self._setup_error = exc
                     self._ready.set()
                     return
-                self._fail_all(BrokerUnavailableError(f"reconnecting to RabbitMQ: {exc}"))
-                time.sleep(_RECONNECT_DELAYS[min(attempt, len(_RECONNECT_DELAYS) - 1)])
+                if isinstance(exc, PoolNotFoundError):  # no exchange to re-send to
+                    self._fail_all(exc)
+                self._await_reconnect(_RECONNECT_DELAYS[min(attempt, len(_RECONNECT_DELAYS) - 1)], exc)
                 attempt += 1
                 continue
             attempt = 0
@@ -240,7 +247,7 @@ class _ClientCore:
             except pika.exceptions.AMQPError as exc:
                 logger.warning("client connection lost; reconnecting", extra={"pool": self.pool,
                                                                              "error": repr(exc)})
-                self._fail_all(BrokerUnavailableError(f"connection to RabbitMQ lost: {exc!r}"))
+                self._resend_in_flight(exc)
             except Exception as exc:  # a bug must not end the loop: fail what is in flight, go on
                 logger.exception("client I/O failed; reopening the channel", extra={"pool": self.pool})
                 self._fail_all(RpcError(f"the client's I/O failed: {type(exc).__name__}: {exc}"))
@@ -254,6 +261,7 @@ class _ClientCore:
             self._on_wake()  # a wake sent to the lost connection will never be dispatched
             self._passes = LoopPasses(self._connection)
         channel = self._connection.channel()
+        self._generation += 1  # a new reply queue: the calls in flight are published again
         try:
             channel.exchange_declare(self._exchange, passive=True)
         except pika.exceptions.ChannelClosedByBroker as exc:
@@ -337,11 +345,11 @@ class _ClientCore:
     def _flush_outbox(self) -> None:
         channel = cast(BlockingChannel, self._channel)  # set by _open before the loop runs
         outbox = self._outbox
-        now = time.monotonic()
         while outbox:
             call = outbox.popleft()
-            if call.future.done():  # already failed (e.g. client closing)
+            if call.future.done() or call.published_on == self._generation:  # failed, or queued twice
                 continue
+            call.published_on = self._generation  # before publishing: a publish that raises is re-sent
             props = call.props
             if call.reply and props.reply_to != self._reply_queue:  # encoded before a reconnect
                 props.reply_to = self._reply_queue
@@ -361,10 +369,14 @@ class _ClientCore:
                                                        f"{type(exc).__name__}: {exc}"))
                 continue
             self.stats.published += 1
+            call.attempts += 1
             if not call.reply and not self.confirm:  # written: all an unconfirmed send waits for
                 self._settle_sent(call)
                 continue
-            heapq.heappush(self._deadlines, (now + call.timeout, call.slot, call.seq))
+            if call.attempts > 1:  # its deadline is in the heap since its first publish
+                self.stats.resent += 1
+                continue
+            heapq.heappush(self._deadlines, (call.deadline, call.slot, call.seq))
         if len(self._deadlines) > 4 * self.slots.size + 1024:
             # Answered calls leave their deadline behind; drop those so the heap stays small.
             self._deadlines = [d for d in self._deadlines if self.slots.holds(d[1], d[2])]
@@ -380,20 +392,9 @@ class _ClientCore:
                 call.future.set_exception(CallTimeoutError(
                     f"no response for key {call.key!r} within {call.timeout:.3g}s"))
 
-    def _parse_correlation_id(self, correlation_id: str | None) -> tuple[int, int] | None:
-        if not correlation_id:
-            return None
-        parts = correlation_id.split(".")
-        if len(parts) != 3 or parts[0] != self._tag:
-            return None
-        try:
-            return int(parts[1]), int(parts[2])
-        except ValueError:
-            return None
-
     def _on_response(self, _channel: BlockingChannel, _method: pika.spec.Basic.Deliver,
                      props: pika.BasicProperties, body: bytes) -> None:
-        parsed = self._parse_correlation_id(props.correlation_id)
+        parsed = parse_correlation_id(self._tag, props.correlation_id)
         if parsed is None:
             self.stats.malformed_responses += 1
             logger.warning("response with a foreign or malformed correlation id dropped",
@@ -417,7 +418,7 @@ class _ClientCore:
 
     def _on_return(self, _channel: object, method: pika.spec.Basic.Return,
                    props: pika.BasicProperties, _body: bytes) -> None:
-        parsed = self._parse_correlation_id(props.correlation_id)
+        parsed = parse_correlation_id(self._tag, props.correlation_id)
         call = self.slots.complete(*parsed) if parsed else None
         if call is not None:
             self.stats.returned += 1
@@ -449,17 +450,39 @@ class _ClientCore:
             self.stats.sent += 1
             call.future.set_result(None)
 
+    def _resend_in_flight(self, lost: Exception) -> None:
+        """The calls a lost connection published go back to the front of the outbox (``resend``)."""
+        self._unconfirmed.clear()  # their confirms died with the channel
+        self._drop_channel()
+        with self._submit_lock:  # _enqueue appends under it: no call is queued twice meanwhile
+            self._outbox.extendleft(reversed(published_in_flight(self.slots)))
+        interrupt_overdue(self.slots, self.stats, lost, _MAX_LOOP_WAIT)
+
+    def _await_reconnect(self, delay: float, why: Exception) -> None:
+        """Wait ``delay`` s to connect again, failing the calls whose deadline comes meanwhile."""
+        until = time.monotonic() + delay
+        while not self._closing:
+            next_deadline = interrupt_overdue(self.slots, self.stats, why, _MAX_LOOP_WAIT)
+            now = time.monotonic()
+            if now >= until:
+                return
+            self._kick.wait(min(until, next_deadline) - now)
+            self._kick.clear()
+
     def _fail_all(self, error: Exception) -> None:
         self._outbox.clear()
         self._deadlines.clear()
         self._unconfirmed.clear()
-        channel, self._channel = self._channel, None
-        if channel is not None and channel.is_open:  # reopened below: do not leak this one
-            with contextlib.suppress(Exception):
-                channel.close()
+        self._drop_channel()
         for call in self.slots.drain():
             if not call.future.done():
                 call.future.set_exception(error)
+
+    def _drop_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None and channel.is_open:  # reopened next: do not leak this one
+            with contextlib.suppress(Exception):
+                channel.close()
 
     def _shutdown_connection(self) -> None:
         with self._wake_lock:

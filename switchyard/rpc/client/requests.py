@@ -30,6 +30,9 @@ class Call:
     slot: int = 0
     seq: int = 0
     reply: bool = True  # False: sent without reply-to; done when the broker has it
+    deadline: float = 0.0  # time.monotonic() past which its caller stops waiting (set with its slot)
+    published_on: int = 0  # the connection it was last taken out of the outbox for (0: never)
+    attempts: int = 0  # publishes: more than one, it was re-sent after a lost connection
 
 
 def encode_request(key: str, body: bytes | str, timeout: float, expiration_ms: int | None,
@@ -71,3 +74,17 @@ def encode_request(key: str, body: bytes | str, timeout: float, expiration_ms: i
         raise ValueError(f"request properties and headers take {size} bytes: more than the "
                          f"broker's frame size ({frame_max} bytes) can carry")
     return Call(key, p.routing_key(key), body, timeout, props, Future(), reply=reply)
+
+
+def parse_correlation_id(tag: str, correlation_id: str | None) -> tuple[int, int] | None:
+    """``(slot, seq)`` from a correlation id ``<tag>.<slot>.<seq>`` of the client tagged ``tag``;
+    None for another client's or a malformed one."""
+    if not correlation_id:
+        return None
+    parts = correlation_id.split(".")
+    if len(parts) != 3 or parts[0] != tag:
+        return None
+    try:
+        return int(parts[1]), int(parts[2])
+    except ValueError:
+        return None

@@ -54,3 +54,5 @@ class ClientStats:
     timeouts: int = 0
     returned: int = 0
     nacked: int = 0
+    resent: int = 0  # publishes again on a new connection, the last one lost with the call in flight
+    interrupted: int = 0  # calls failed with CallInterruptedError: no connection before their deadline

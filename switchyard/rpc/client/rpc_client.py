@@ -16,6 +16,10 @@ raises a clear error there (``InvalidNameError`` for a key, ``TypeError`` / ``Va
 body, headers, timeout or expiration), before it takes a slot. Nothing but a broker failure ends
 the I/O loop; anything else fails the calls in flight and the client goes on.
 
+A lost connection fails no call that a new one can still take before its deadline: the I/O thread
+reconnects (``SWITCHYARD_AMQP_URL`` may list a cluster's nodes) and re-sends the calls in flight,
+at-least-once; one it cannot re-send in time fails with ``CallInterruptedError`` (see ``resend``).
+
 The I/O thread runs a ``_ClientCore`` and never holds the ``RpcClient`` itself, so a client that is
 dropped without ``close()`` is garbage collected, and a finalizer then closes its core: the thread
 ends, the connection closes and the broker deletes the reply queue. Calls in flight keep their

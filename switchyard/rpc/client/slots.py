@@ -75,6 +75,12 @@ class SlotTable(Generic[T]):
             self._freed.notify()
             return waiter
 
+    def live(self) -> list[T]:
+        """The waiters of the calls in flight, oldest first (a lost connection re-sends them)."""
+        with self._lock:
+            held = sorted((slot.seq, slot.waiter) for slot in self._slots if slot.waiter is not None)
+            return [waiter for _, waiter in held]
+
     def drain(self) -> list[T]:
         """Free every slot (client closing or connection lost); returns the waiters."""
         with self._lock:
