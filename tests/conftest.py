@@ -50,11 +50,11 @@ def rabbitmq_broker(config: pytest.Config) -> str:
     if BROKER not in config.stash:
         import requests
 
-        from switchyard.core.config import Connections
+        from switchyard.core.config import Connections, service_urls
 
         conn = Connections.from_env()
-        mgmt_urls, amqp_urls = conn.management_url.split(","), conn.amqp_url.split(",")
-        mgmt, amqp = urlsplit(mgmt_urls[0].strip()), urlsplit(amqp_urls[0].strip())
+        mgmt_urls, amqp_urls = service_urls(conn.management_url), service_urls(conn.amqp_url)
+        mgmt, amqp = urlsplit(mgmt_urls[0]), urlsplit(amqp_urls[0])
         try:
             overview = requests.get(f"{mgmt.scheme}://{mgmt.hostname}:{mgmt.port}/api/overview", timeout=5,
                                     auth=(mgmt.username or "guest", mgmt.password or "guest")).json()

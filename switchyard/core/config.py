@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
@@ -72,10 +73,14 @@ def prefixed(prefix: str, *names: str) -> dict[str, str]:
     return {name: prefix + name.upper() for name in names}
 
 
+_URL_LIST_SPLIT = re.compile(r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+
+
 def service_urls(value: str) -> list[str]:
     """The URLs of a setting that may name several nodes of one cluster, comma-separated (a RabbitMQ
-    cluster without a load balancer in front: each client tries them in turn)."""
-    return [url.strip() for url in value.split(",") if url.strip()]
+    cluster without a load balancer in front: each client tries them in turn). A comma splits only
+    where a URL begins after it, so a password may hold one."""
+    return [url.strip() for url in _URL_LIST_SPLIT.split(value) if url.strip()]
 
 
 @functools.lru_cache(maxsize=32)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import re
 import socket
 import struct
 import time
@@ -17,6 +16,7 @@ import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.adapters.utils.io_services_utils import _TRY_IO_AGAIN_SOCK_ERROR_CODES, _AsyncPlaintextTransport
 
+from switchyard.core.config import service_urls
 from switchyard.core.errors import BrokerUnavailableError, ConfigError
 from switchyard.rpc import amqp_decode
 from switchyard.rpc.settings import heartbeat_from_env
@@ -27,14 +27,10 @@ TCP_INFO_LAYOUT = "8B9I4I"
 _T = TypeVar("_T")
 
 
-_URL_LIST_SPLIT = re.compile(r",\s*(?=amqps?://)")
-
-
 def amqp_urls(amqp_url: str) -> list[str]:
-    """The URLs of a ``SWITCHYARD_AMQP_URL`` that may list several nodes of one cluster, comma-
-    separated (as ``scripts/rabbitmq-cluster.sh urls`` prints them). A comma splits only where a
-    URL begins after it, so a password may hold one."""
-    return [url.strip() for url in _URL_LIST_SPLIT.split(amqp_url) if url.strip()] or [amqp_url]
+    """The URLs of a ``SWITCHYARD_AMQP_URL`` that may list several nodes of one cluster (as
+    ``scripts/rabbitmq-cluster.sh urls`` prints them; ``service_urls``)."""
+    return service_urls(amqp_url) or [amqp_url]
 
 
 def url_parameters(amqp_url: str) -> pika.URLParameters:
