@@ -206,9 +206,9 @@ def run_failover(scenario: str, size: FailoverSize, workdir: Path) -> Account:
         seen.update(arrivals)
         sent_at = {**traffic.called_at,
                    **{key: traffic.published_at[int(key.partition(":")[2])] for key in expected}}
-        notes = [f"re-sent: {name} x{count}" for name, count in sorted(traffic.resent.items())]
-        notes += [f"lost: {name} x{count}" for name, count in sorted(traffic.failures.items())]
+        notes = [f"{what}: " + ", ".join(f"{name} x{count}" for name, count in sorted(counts.items()))
+                 for what, counts in (("re-sent", traffic.resent), ("lost", traffic.failures)) if counts]
         notes.append(f"data-loss events {rig.caller.data_loss_events + rig.processor.data_loss_events}")
         return Account.settle(scenario, [*ids, *sorted(expected)], seen, time.monotonic() - start, len(kills),
-                              ", ".join(notes),
+                              "; ".join(notes),
                               recovery_after(kills, sent_at, {**traffic.answered_at, **arrived}))
