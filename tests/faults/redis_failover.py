@@ -104,11 +104,12 @@ class FailoverRig:
         self.cluster.start()
         self.admin = self.cluster.client()
         first = self.cluster.ports[0]
-        while True:  # a bus whose tag is not on the first node (names are random)
-            self.bus = BusRig(self.workdir, cluster_connections(self.cluster))
-            self.tag = self.bus.store.prefix
-            if self.cluster.master_of(self.admin, self.tag).port != first:
+        while True:  # a bus whose slot is not on the first node (its name is random)
+            bus = BusRig(self.workdir, cluster_connections(self.cluster))
+            if self.cluster.master_of(self.admin, bus.store.prefix).port != first:
                 break
+            bus.store.redis.close()
+        self.bus, self.tag = bus, bus.store.prefix
         bus_master = self.cluster.master_of(self.admin, self.tag).port
         self.endpoint = next(e for e in (f"failover{i}" for i in range(1000))
                              if self.cluster.master_of(self.admin, f"{{{e}}}").port == bus_master)

@@ -166,9 +166,10 @@ def private_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Privat
 
 def commandstats(cluster: PrivateRedisCluster) -> Counter[str]:
     counts: Counter[str] = Counter()
-    for node in cluster.client().get_primaries():
-        stats = node.redis_connection.info("commandstats")
-        counts.update({name: command["calls"] for name, command in stats.items()})
+    with cluster.client() as client:
+        for node in client.get_primaries():
+            stats = node.redis_connection.info("commandstats")
+            counts.update({name: command["calls"] for name, command in stats.items()})
     return counts
 
 
