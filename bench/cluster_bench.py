@@ -78,11 +78,16 @@ class Target:
         return Connections(redis_url=self.url, redis_cluster=self.cluster)
 
     def commands(self) -> Counter[str]:
-        """Commands run so far (INFO commandstats), summed over every server."""
+        """Commands run so far (INFO commandstats), summed over every server; on a cluster also the
+        PUBLISH messages the servers received over the cluster bus (classic pub/sub is broadcast
+        to every node: each PUBLISH costs every other server a message)."""
         counts: Counter[str] = Counter()
         for port in self.ports:
             with redis.Redis(port=port) as client:
                 stats = client.info("commandstats")
+                if self.cluster:
+                    received = client.cluster("info").get("cluster_stats_messages_publish_received", 0)
+                    counts["cluster bus: publish received"] += int(received)
             counts.update({name.removeprefix("cmdstat_"): c["calls"] for name, c in stats.items()})
         return counts
 
