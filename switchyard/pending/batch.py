@@ -90,8 +90,8 @@ class ScriptBatcher:
     def _routed(self, keys: Sequence[Any]) -> dict[str, Any]:
         """On a cluster, the node of the first key's slot (the slot map's), for a pipelined call:
         redis-py's cluster pipeline would otherwise ask a server for an EVALSHA's keys (``COMMAND
-        GETKEYS``, a round trip per call: 2.6x the CPU per call, measured by
-        bench/cluster_bench.py). A MOVED is followed as for any command (its retry routes by key)."""
+        GETKEYS``: 1 to 2 more round trips per call, by bench/cluster_bench.py). A MOVED is
+        followed as for any command (its retry routes by key)."""
         if not isinstance(self.client, redis.cluster.RedisCluster):
             return {}
         return {"target_nodes": self.client.get_node_from_key(keys[0])}

@@ -175,8 +175,8 @@ def commandstats(cluster: PrivateRedisCluster) -> Counter[str]:
 
 def test_combined_calls_ask_no_server_for_their_keys(private_cluster: PrivateRedisCluster) -> None:
     """Scripts of concurrent calls combined in one cluster pipeline are routed by the client's slot
-    map, not by asking a server for each EVALSHA's keys (COMMAND GETKEYS, a round trip per call:
-    it made a call on a cluster cost 2.6x the CPU of one on a single server)."""
+    map, not by asking a server for each EVALSHA's keys (COMMAND GETKEYS, an extra round trip per
+    call: up to 2.6x the CPU of a call on a single server, bench/cluster_bench.py)."""
     connections = Connections(redis_url=private_cluster.url, redis_cluster=True)
     settings = PendingSettings(prefix=unique("pq"), connections=connections, **FAST)  # type: ignore[arg-type]
     with PendingQueue(settings) as caller, PendingQueue(settings) as service:
