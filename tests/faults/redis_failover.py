@@ -152,6 +152,11 @@ class Traffic:
         self.called_at: dict[str, float] = {}  # call id -> first sent
         self.answered_at: dict[str, float] = {}
         self.published_at: dict[int, float] = {}  # event -> first published
+        self._lock = threading.Lock()  # the counters, shared by the calling threads
+
+    def count(self, counter: Counter[str], name: str) -> None:
+        with self._lock:
+            counter[name] += 1
 
     def call(self, rid: str) -> None:
         self.called_at[rid] = time.monotonic()
@@ -162,11 +167,11 @@ class Traffic:
                     self.answered_at[rid] = time.monotonic()
                 return
             except RETRYABLE as exc:
-                self.resent[type(exc).__name__] += 1
+                self.count(self.resent, type(exc).__name__)
             except Exception as exc:
-                self.failures[type(exc).__name__] += 1
+                self.count(self.failures, type(exc).__name__)
                 return
-        self.failures["calls' attempts spent"] += 1
+        self.count(self.failures, "calls' attempts spent")
 
     def publish_all(self) -> None:
         start, bus = time.monotonic(), self.rig.bus
@@ -175,10 +180,10 @@ class Traffic:
             self.published_at[n] = time.monotonic()
             give_up = time.monotonic() + RESEND_WINDOW_S
             while (status := bus.post_event(n).status_code) == 503 and time.monotonic() < give_up:
-                self.resent["bus 503"] += 1
+                self.count(self.resent, "bus 503")
                 time.sleep(RESEND_PAUSE_S)
             if status != 200:
-                self.failures[f"bus {status}"] += 1
+                self.count(self.failures, f"bus {status}")
 
 
 def run_failover(scenario: str, size: FailoverSize, workdir: Path) -> Account:
