@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -60,9 +60,11 @@ RAW = "raw"  # key prefix of the baseline's lists
 
 
 def bench_settings(url: str, prefix: str) -> PendingSettings:
-    from switchyard.core.config import Connections
+    """On ``url``; a Redis Cluster with SWITCHYARD_REDIS_CLUSTER=1 (bench/cluster_bench.py's rounds)."""
+    from switchyard.core.config import Connections, env_flag
 
-    return PendingSettings(prefix=prefix, connections=Connections(redis_url=url), redis_connections=256)
+    connections = Connections(redis_url=url, redis_cluster=env_flag("SWITCHYARD_REDIS_CLUSTER"))
+    return PendingSettings(prefix=prefix, connections=connections, redis_connections=256)
 
 
 def endpoints(count: int, proc: int = 0, procs: int = 1) -> list[str]:
@@ -167,6 +169,7 @@ def caller_process(side: str, url: str, prefix: str, names: list[str], in_flight
         node = PendingQueue(bench_settings(url, prefix)).start()
         call = node.queue_and_wait
     latencies: list[float] = []
+    errors: list[str] = []
     lock = threading.Lock()
     sys.stdin.readline()  # all caller processes start together
     cpu_before = time.process_time()
@@ -176,14 +179,20 @@ def caller_process(side: str, url: str, prefix: str, names: list[str], in_flight
         mine = []
         endpoint = names[index % len(names)]
         while (now := time.perf_counter()) < deadline:
-            call(endpoint, "x")
+            try:
+                call(endpoint, "x")
+            except Exception as exc:  # counted and reported: a benchmark's figures need 0
+                with lock:
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                continue
             mine.append(time.perf_counter() - now)
         with lock:
             latencies.extend(mine)
 
     with ThreadPoolExecutor(in_flight) as pool:
         list(pool.map(worker, range(in_flight)))
-    report: dict[str, object] = {"latencies": latencies, "cpu_s": time.process_time() - cpu_before}
+    report: dict[str, object] = {"latencies": latencies, "cpu_s": time.process_time() - cpu_before,
+                                 "errors": len(errors), "first_errors": sorted(set(errors))[:3]}
     if node is not None:
         report["round_trips"] = node.redis_store.batch.round_trips
         report["script_calls"] = node.redis_store.batch.calls
@@ -201,9 +210,10 @@ class Procs:
     def __init__(self) -> None:
         self.children: list[subprocess.Popen] = []
 
-    def start(self, *args: str, ready: bool = True, stdin: bool = False) -> subprocess.Popen:
+    def start(self, *args: str, ready: bool = True, stdin: bool = False,
+              env: Mapping[str, str] | None = None) -> subprocess.Popen:
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "PYTHONPATH": path, "POWERTOOLS_METRICS_DISABLED": "true"}
+        env = {**os.environ, "PYTHONPATH": path, "POWERTOOLS_METRICS_DISABLED": "true", **(env or {})}
         proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, text=True,
                                 stdin=subprocess.PIPE if stdin else None)
         self.children.append(proc)
@@ -233,43 +243,53 @@ def sequential(call: Callable[[], object], seconds: float) -> list[float]:
 
 
 def throughput(procs: Procs, side: str, url: str, prefix: str, names: list[str], callers: int,
-               in_flight: int, seconds: float, services: list[subprocess.Popen], redis_pid: int) -> dict:
-    """Calls/s and latency, plus the CPU each call cost the callers, the services and Redis: the
-    machine's cores divided by that CPU is the ceiling of the side on this machine, whatever else
-    runs on it (the calls/s alone move with the load of a shared machine)."""
+               in_flight: int, seconds: float, services: list[subprocess.Popen], redis_pids: list[int],
+               env: Mapping[str, str] | None = None) -> dict:
+    """Calls/s and latency, plus the CPU each call cost the callers, the services and Redis (every
+    server of a cluster): the machine's cores divided by that CPU is the ceiling of the side on
+    this machine, whatever else runs on it (the calls/s alone move with the load of a shared
+    machine). ``env``: the caller processes' extra variables."""
     me = str(Path(__file__).resolve())
     children = [procs.start(me, "_callers", side, url, prefix, ",".join(names), str(in_flight), str(seconds),
-                            ready=False, stdin=True) for _ in range(callers)]
+                            ready=False, stdin=True, env=env) for _ in range(callers)]
     time.sleep(3 if side == "library" else 1)  # nodes started and subscribed
-    others = [p.pid for p in services] + [redis_pid]
+    services_count = len(services)
+    others = [p.pid for p in services] + redis_pids
     cpu_before = [cpu_seconds(pid) for pid in others]
     for child in children:
         child.stdin.write("go\n")
         child.stdin.flush()
     latencies: list[float] = []
     caller_cpu = 0.0
-    round_trips = script_calls = 0
+    round_trips = script_calls = errors = 0
+    first_errors: set[str] = set()
     for child in children:
         report = json.loads(child.stdout.readline())
         latencies.extend(report["latencies"])
         caller_cpu += report["cpu_s"]
+        errors += report["errors"]
+        first_errors.update(report["first_errors"])
         round_trips += report.get("round_trips", 0)
         script_calls += report.get("script_calls", 0)
     cpu_after = [cpu_seconds(pid) for pid in others]
     for child in children:
         procs.stop(child)
     calls = max(1, len(latencies))
-    service_cpu = sum(after - before for after, before in zip(cpu_after[:-1], cpu_before[:-1], strict=True))
-    redis_cpu = cpu_after[-1] - cpu_before[-1]
+    deltas = [after - before for after, before in zip(cpu_after, cpu_before, strict=True)]
+    service_cpu, redis_cpu = sum(deltas[:services_count]), sum(deltas[services_count:])
     per_call = {"callers": caller_cpu, "services": service_cpu, "redis": redis_cpu}
     per_call = {k: round(v / calls * 1e6) for k, v in per_call.items()}
     total_us = sum(per_call.values())
     summary = LatencySummary.of(latencies)
     result: dict[str, object] = {
-        "calls_per_s": round(len(latencies) / seconds), "p50_ms": round(summary.p50_ms, 2),
-        "p99_ms": round(summary.p99_ms, 2), "cpu_us_per_call": {**per_call, "total": total_us},
+        "calls": len(latencies), "calls_per_s": round(len(latencies) / seconds),
+        "p50_ms": round(summary.p50_ms, 2), "p99_ms": round(summary.p99_ms, 2),
+        "cpu_us_per_call": {**per_call, "total": total_us},
         f"cpu_ceiling_calls_per_s_on_{os.cpu_count()}_cores": round(os.cpu_count() * 1e6 / max(1, total_us)),
+        "errors": errors,
     }
+    if first_errors:
+        result["first_errors"] = sorted(first_errors)[:3]
     if script_calls:
         result["caller_scripts_per_round_trip"] = round(script_calls / max(1, round_trips), 2)
     return result
@@ -346,14 +366,14 @@ def main() -> int:
             raw_services = [procs.start(me, "_raw_service", url, n, str(args.pollers)) for n in service_args]
             results["throughput_raw_lists"] = throughput(procs, "raw", url, prefix, names, args.callers,
                                                          args.in_flight, args.seconds * 2, raw_services,
-                                                         server.proc.pid)
+                                                         [server.proc.pid])
             for p in raw_services:
                 procs.stop(p)
             lib_services = [procs.start(me, "_service", url, prefix, n, str(args.pollers))
                             for n in service_args]
             results["throughput_library"] = throughput(procs, "library", url, prefix, names, args.callers,
                                                        args.in_flight, args.seconds * 2, lib_services,
-                                                       server.proc.pid)
+                                                       [server.proc.pid])
             for p in lib_services:
                 procs.stop(p)
             results["throughput_setup"] = {"services": args.services, "service_procs": args.service_procs,

@@ -87,6 +87,15 @@ class ScriptBatcher:
             finally:
                 self._leader.release()
 
+    def _routed(self, keys: Sequence[Any]) -> dict[str, Any]:
+        """On a cluster, the node of the first key's slot (the slot map's), for a pipelined call:
+        redis-py's cluster pipeline would otherwise ask a server for an EVALSHA's keys (``COMMAND
+        GETKEYS``: 1 to 2 more round trips per call, by bench/cluster_bench.py). A MOVED is
+        followed as for any command (its retry routes by key)."""
+        if not isinstance(self.client, redis.cluster.RedisCluster):
+            return {}
+        return {"target_nodes": self.client.get_node_from_key(keys[0])}
+
     def _run(self, batch: list[_Op]) -> None:
         self.round_trips += 1
         self.calls += len(batch)
@@ -101,7 +110,8 @@ class ScriptBatcher:
             else:
                 with self.client.pipeline(transaction=False) as pipe:
                     for op in batch:
-                        pipe.execute_command("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)
+                        pipe.execute_command("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args,
+                                             **self._routed(op.keys))
                     replies = pipe.execute(raise_on_error=False)
                 for op, reply in zip(batch, replies, strict=True):
                     if isinstance(reply, redis.exceptions.NoScriptError):

@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import requests
+
 from switchyard.bus.api import build_app
 from switchyard.bus.store import BusStore
+from switchyard.core.config import Connections
 from switchyard.core.redis_client import connect_redis
 from switchyard.local.http_gateway import HttpGateway
 from tests.bus.conftest import ROOT_KEY, Client, Subscriber, drop_bus, fast_settings
-from tests.conftest import unique
+from tests.conftest import unique, wait_for
 from tests.faults.account import Account, recovery_after
 from tests.faults.procs import Service
 
@@ -45,12 +48,16 @@ SIZES = {"full": BusSize(events=3000, rate=200), "short": BusSize(events=600, ra
 
 
 class BusRig:
-    """A bus of its own: the API here, a worker subprocess, two subscribers that log each arrival."""
+    """A bus of its own: the API here, a worker subprocess, two subscribers that log each arrival;
+    on SWITCHYARD_REDIS_URL, or on ``connections``' Redis (a private cluster)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, connections: Connections | None = None) -> None:
         settings = fast_settings(unique("faults-bus").lower())
-        self.store = BusStore(connect_redis(), settings)
+        connections = connections or Connections.from_env()
+        self.store = BusStore(connect_redis(connections), settings)
         self.worker = Service(["bus", "worker", "--threads", "4"], {
+            "SWITCHYARD_REDIS_URL": connections.redis_url,
+            "SWITCHYARD_REDIS_CLUSTER": "1" if connections.redis_cluster else "0",
             "SWITCHYARD_BUS_NAME": settings.name, "SWITCHYARD_BUS_ALLOW_HTTP_CALLBACKS": "1",
             "SWITCHYARD_BUS_CALLBACK_ALLOW": "127.0.0.1",  # the subscribers' (loopback) host
             "SWITCHYARD_BUS_HEARTBEAT_MS": str(settings.heartbeat_ms),
@@ -92,6 +99,10 @@ class BusRig:
         token = root.post("/api_tokens", json={"name": "pub"}).json()["token"]
         self.publisher = Client(self.gateway.url, token)
         self.worker.start()
+        # Its first heartbeat seen: a worker that meets a Redis fault before it (still starting
+        # Python when the scenario's first fault comes on a busy machine) exits 1.
+        wait_for(lambda: self.store.redis.hlen(self.store.workers_key) > 0, timeout=60, interval=0.05,
+                 what="the bus worker's first heartbeat")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -103,10 +114,29 @@ class BusRig:
         drop_bus(self.store)
         self._quiet.stop()
 
+    def post_event(self, n: int) -> requests.Response:
+        return self.publisher.post("/topics/parcels", json={"type": "update", "url": f"https://x.example/{n}",
+                                                             "data": {"n": n}})
+
     def publish(self, n: int) -> None:
-        response = self.publisher.post("/topics/parcels", json={"type": "update", "url": f"https://x.example/{n}",
-                                                                 "data": {"n": n}})
+        response = self.post_event(n)
         assert response.status_code == 200, response.text
+
+    def expected(self, events: int) -> set[str]:
+        """Every arrival due: each event at each subscriber (``s<subscriber>:<event>``)."""
+        return {f"s{i}:{n}" for i in range(len(self.subscribers)) for n in range(events)}
+
+    def wait_arrivals(self, expected: set[str], timeout: float = 90) -> tuple[Counter[str], dict[str, float]]:
+        """Wait until everything ``expected`` arrived (or ``timeout``), then a second for late
+        duplicates; how often each arrived, and when first."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and not expected <= {key for _, key in self.arrivals}:
+            time.sleep(0.2)
+        time.sleep(1.0)  # late duplicates
+        arrived: dict[str, float] = {}
+        for at, key in self.arrivals:
+            arrived.setdefault(key, at)
+        return Counter(key for _, key in self.arrivals), arrived
 
     def kill_mid_delivery(self) -> tuple[float, float]:
         """SIGKILL the worker while a subscriber handles one of its batches; start it again."""
@@ -126,15 +156,8 @@ def run_bus(scenario: str, size: BusSize, workdir: Path) -> Account:
             published[n] = time.monotonic()
             if n in kill_at:
                 kills.append(rig.kill_mid_delivery())
-        expected = {f"s{i}:{n}" for i in range(len(rig.subscribers)) for n in range(size.events)}
-        end = time.monotonic() + 90
-        while time.monotonic() < end and not expected <= {key for _, key in rig.arrivals}:
-            time.sleep(0.2)
-        time.sleep(1.0)  # late duplicates
-        seen = Counter(key for _, key in rig.arrivals)
-        arrived: dict[str, float] = {}
-        for at, key in rig.arrivals:
-            arrived.setdefault(key, at)
+        expected = rig.expected(size.events)
+        seen, arrived = rig.wait_arrivals(expected)
         sent_at = {key: published[int(key.partition(":")[2])] for key in expected}
         in_flight = {key for at, key in rig.arrivals if any(k - IN_FLIGHT_S <= at <= k for k, _ in kills)}
         stray = {key for key, count in seen.items() if count > 1} - in_flight

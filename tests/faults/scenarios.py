@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchyard.core.config import Connections
-from tests.faults import bus, cluster_node, cuts, delay, malformed, pending, rpc
+from tests.faults import bus, cluster_node, cuts, delay, malformed, pending, redis_failover, rpc
 from tests.faults.account import Account
 
 RPC_SIZES = {"full": rpc.RpcSize(requests=2000, keys=12, rate=100), "short": rpc.RpcSize(300, 6, 60)}
@@ -99,6 +99,7 @@ BUS_KILL = "bus: SIGKILL worker mid-delivery"
 PENDING_KILL = "pending: SIGKILL node, requests taken"
 STRANGERS = "strangers: malformed messages at every consumer"
 CLUSTER_KILL = "RabbitMQ: a cluster node killed and restarted under traffic"
+REDIS_FAILOVER = "pending + bus: Redis Cluster master SIGKILLed, replica promoted"
 
 SCENARIOS = [
     _rpc("rpc: SIGKILL workers", rpc.kill_workers),
@@ -115,6 +116,8 @@ SCENARIOS = [
     Scenario(BUS_KILL, lambda size, workdir: bus.run_bus(BUS_KILL, bus.SIZES[size], workdir)),
     Scenario(PENDING_KILL,
              lambda size, workdir: pending.run_pending(PENDING_KILL, pending.SIZES[size], workdir)),
+    Scenario(REDIS_FAILOVER, lambda size, workdir: redis_failover.run_failover(
+        REDIS_FAILOVER, redis_failover.SIZES[size], workdir)),
     Scenario(STRANGERS,
              lambda size, workdir: malformed.run_strangers(STRANGERS, malformed.SIZES[size], workdir)),
 ]
