@@ -5,22 +5,32 @@
 #   scripts/localstack.sh stop     stop the LocalStack this script started (.local/localstack.pid)
 #   scripts/localstack.sh status   answering or not (exit 3 when down)
 #
-# It runs from its own virtualenv, .local/localstack-venv (its pins clash with the project's), built
-# from scripts/localstack-requirements.txt: localstack-core 4.13.1 (the newest that runs on Python
-# 3.11) and every transitive dependency pinned. State, config and LocalStack's own HOME live under
-# .local/localstack/. Log: .local/logs/localstack.log.
+# It runs from its own virtualenv (its pins clash with the project's), built from
+# scripts/localstack-requirements.txt: localstack-core 4.13.1 (the newest that runs on Python 3.11)
+# and every transitive dependency pinned. As root the virtualenv is kept outside the checkout, like
+# the RabbitMQ 4.0 chroot, in /var/lib/switchyard/localstack-venv-<hash of the pins>, so every clone
+# on the machine reuses one install (about 80 s) until the pins change; otherwise in
+# .local/localstack-venv. State, config and LocalStack's own HOME live under .local/localstack/.
+# Log: .local/logs/localstack.log.
 #
-# Settings: SWITCHYARD_LOCALSTACK_WAIT (seconds to wait for readiness, default 60).
+# Settings: SWITCHYARD_LOCALSTACK_WAIT (seconds to wait for readiness, default 60),
+# SWITCHYARD_LOCALSTACK_VENV (where the virtualenv is).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STATE="$ROOT/.local"
 LOGS="$STATE/logs"
-VENV="$STATE/localstack-venv"
+REQS="$ROOT/scripts/localstack-requirements.txt"
+if [ -n "${SWITCHYARD_LOCALSTACK_VENV:-}" ]; then
+    VENV="$SWITCHYARD_LOCALSTACK_VENV"
+elif [ "$(id -u)" = 0 ]; then
+    VENV="/var/lib/switchyard/localstack-venv-$(sha256sum "$REQS" | cut -c1-16)"
+else
+    VENV="$STATE/localstack-venv"
+fi
 DATA="$STATE/localstack"
 PIDF="$STATE/localstack.pid"
 LOG="$LOGS/localstack.log"
-REQS="$ROOT/scripts/localstack-requirements.txt"
 STAMP="$VENV/.switchyard-requirements.sha256"
 HOST=127.0.0.1
 PORT=4566
@@ -47,9 +57,16 @@ find_python() {
 # Build (or rebuild, when the pins changed) the virtualenv. Idempotent; quick when up to date.
 install() {
     local want have="" base started=$SECONDS
+    mkdir -p "$(dirname "$VENV")"
+    # One install at a time per virtualenv (two clones may start LocalStack at once).
+    exec 6>"$VENV.lock"
+    flock -w 600 6 || die "another install has held $VENV.lock for 10 minutes; is one stuck?"
     want="$(sha256sum "$REQS" | cut -d' ' -f1)"
     [ -f "$STAMP" ] && have="$(cat "$STAMP")"
-    [ "$want" = "$have" ] && [ -x "$VENV/bin/python" ] && return 0
+    if [ "$want" = "$have" ] && [ -x "$VENV/bin/python" ]; then
+        exec 6>&-
+        return 0
+    fi
     base="$(find_python)" || die "Python 3.11+ is needed for LocalStack's virtualenv (set SWITCHYARD_PYTHON)."
     say "installing LocalStack into $VENV from $(basename "$REQS") (once; log: $LOG)"
     [ -x "$VENV/bin/python" ] || "$base" -m venv "$VENV" || die "could not create $VENV (python3-venv missing?)"
@@ -58,6 +75,7 @@ install() {
 $(tail -n 5 "$LOG")"
     fi
     echo "$want" >"$STAMP"
+    exec 6>&-  # the daemon started next must not hold the lock
     say "installed in $((SECONDS - started)) s"
 }
 
