@@ -31,7 +31,7 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from switchyard.core.redis_client import RedisClient, open_redis
-from switchyard.pending.batch import ScriptBatcher
+from switchyard.pending.batch import MOVED, ScriptBatcher
 from switchyard.pending.errors import PendingError, QueueUnavailableError
 from switchyard.pending.ports import CallerBeatReply, ProcessorBeatReply, WithdrawReply
 from switchyard.pending.settings import PendingSettings, check_endpoint
@@ -60,11 +60,6 @@ def connect_pending_redis(settings: PendingSettings, url: str | None = None) -> 
         socket_connect_timeout=min(timeout, 2.0),
         health_check_interval=30,
     )
-
-
-# A cluster's answers that mean "ask again where the slot map now says" (a failover, a resharding)
-_MOVED = (redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError,
-          redis.exceptions.ClusterDownError)
 
 
 def _script(client: RedisClient, name: str, claims: bool = False) -> Any:
@@ -126,8 +121,8 @@ class RedisStore:
         while True:
             try:
                 return operation()
-            except (redis.ConnectionError, redis.TimeoutError, *_MOVED) as exc:
-                if self._cluster is None and isinstance(exc, _MOVED):
+            except (redis.ConnectionError, redis.TimeoutError, *MOVED) as exc:
+                if self._cluster is None and isinstance(exc, MOVED):
                     raise
                 now = time.monotonic()
                 give_up = give_up or now + (0 if self._cluster is None else self.settings.retry_window_s)
@@ -207,12 +202,13 @@ class RedisStore:
         return _text(self._available(lambda: self.batch.call(
             self._respond, [self.state_key(endpoint, request_id), self.take_key(endpoint, take_id)],
             [take_id, raw, _ms(s.response_ttl_s), self.node_channel_prefix, _ms(s.sender_timeout_s),
-             request_id, self.node_id])))
+             request_id, self.node_id, self._take_ttl_ms])))
 
     def processor_beat(self, endpoint: str, request_id: str, take_id: str) -> ProcessorBeatReply:
         reply = self._available(lambda: self._heartbeat(
             keys=[self.state_key(endpoint, request_id), self.take_key(endpoint, take_id)],
-            args=["p", take_id, _ms(self.settings.in_flight_ttl_s), request_id, self.node_id]))
+            args=["p", take_id, _ms(self.settings.in_flight_ttl_s), request_id, self.node_id,
+                  self._take_ttl_ms]))
         state = _text(reply[0])
         if state in ("missing", "not_taker"):
             return ProcessorBeatReply(state, 0, False)
@@ -252,7 +248,7 @@ class RedisStore:
                 element = self._read_pop(connection, endpoint)
                 if element is not None or deadline - time.monotonic() <= 0:
                     return element
-            except (redis.ConnectionError, redis.TimeoutError, OSError, *_MOVED) as exc:
+            except (redis.ConnectionError, redis.TimeoutError, OSError, *MOVED) as exc:
                 connection.disconnect()
                 self._refresh_slots()
                 if self._closed.is_set():  # the node's close interrupted the pop: it may have moved one
@@ -276,7 +272,7 @@ class RedisStore:
             except redis.ResponseError as exc:
                 replies.append(exc)
         for reply in replies:
-            if isinstance(reply, _MOVED):  # the slot moved (failover): the caller pops there
+            if isinstance(reply, MOVED):  # the slot moved (failover): the caller pops there
                 raise reply
             if isinstance(reply, redis.ResponseError):
                 raise PendingError(f"Redis refused the pop on {endpoint!r}: {reply}") from reply
@@ -334,7 +330,7 @@ class RedisStore:
         for key in self.guard_keys():
             try:
                 replies[key] = cast("bytes | None", self.client.set(key, token, px=_ms(ttl_s), get=True))
-            except (redis.ConnectionError, redis.TimeoutError, *_MOVED) as exc:
+            except (redis.ConnectionError, redis.TimeoutError, *MOVED) as exc:
                 failure = exc
         if not replies and failure is not None:
             raise QueueUnavailableError(f"Redis unreachable after retrying: {failure}") from failure
