@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.cluster import RedisCluster
@@ -46,6 +46,7 @@ class ScriptBatcher:
 
     def __init__(self, client: RedisClient) -> None:
         self.client = client
+        self._cluster = client if isinstance(client, RedisCluster) else None  # (a costly isinstance)
         # Lone calls go out on a connection held for good (only the thread sending a round trip
         # uses it), one per node of a cluster (the node owning the first key's slot), packed
         # and read straight on the connection: a third of the Python a call through the
@@ -95,13 +96,13 @@ class ScriptBatcher:
 
     def _connection(self, keys: Sequence[Any]) -> Any:
         """The held connection to the node of ``keys`` (None: a cluster call with no key)."""
-        if isinstance(self.client, RedisCluster):
+        if self._cluster is not None:
             if not keys:
                 return None
-            node = self.client.get_node_from_key(keys[0])
+            node = self._cluster.get_node_from_key(keys[0])
             name, pool = node.name, node.redis_connection.connection_pool
         else:
-            name, pool = "", self.client.connection_pool
+            name, pool = "", cast("redis.Redis", self.client).connection_pool
         held = self._held.get(name)
         if held is None:
             held = self._held[name] = (pool, pool.get_connection())

@@ -69,6 +69,9 @@ def _script(client: RedisClient, name: str, claims: bool = False) -> Any:
     return client.register_script(prelude + lua.joinpath(name).read_text())
 
 
+TAGS_KEPT = 4096  # endpoints whose key tag a node keeps made
+
+
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
@@ -111,6 +114,7 @@ class RedisStore:
         self._poller = threading.local()
         self._lock = threading.Lock()
         self._poll_connections: weakref.WeakSet[Any] = weakref.WeakSet()  # interrupt_pops() cuts them
+        self._tags: dict[str, str] = {}  # endpoint -> its key tag
 
     def _available(self, operation: Callable[[], Any]) -> Any:
         """Run a Redis operation; map its failure. On one server redis-py already retried it for
@@ -133,8 +137,14 @@ class RedisStore:
     # ------------------------------------------------------------------ keys
 
     def key_tag(self, endpoint: str) -> str:
-        """Every key of one endpoint shares this Redis Cluster hash tag (one slot per endpoint)."""
-        return f"{self.settings.prefix}:{{{check_endpoint(endpoint)}}}"
+        """Every key of one endpoint shares this Redis Cluster hash tag (one slot per endpoint).
+        Kept per endpoint (each call names its endpoint's keys several times), a bounded few."""
+        tag = self._tags.get(endpoint)
+        if tag is None:
+            if len(self._tags) >= TAGS_KEPT:
+                self._tags.clear()
+            tag = self._tags[endpoint] = f"{self.settings.prefix}:{{{check_endpoint(endpoint)}}}"
+        return tag
 
     def state_key(self, endpoint: str, request_id: str) -> str:
         return f"{self.key_tag(endpoint)}:r:{request_id}"
