@@ -31,7 +31,7 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from switchyard.core.redis_client import RedisClient, open_redis
-from switchyard.pending.batch import MOVED, ScriptBatcher
+from switchyard.pending.batch import MOVED, ScriptBatcher, packed
 from switchyard.pending.errors import PendingError, QueueUnavailableError
 from switchyard.pending.ports import CallerBeatReply, ProcessorBeatReply, WithdrawReply
 from switchyard.pending.settings import PendingSettings, check_endpoint
@@ -243,8 +243,8 @@ class RedisStore:
                 if self._closed.is_set():
                     return None
                 if lost:
-                    connection.send_packed_command(connection.pack_commands(
-                        [("LINDEX", take, -1), ("PEXPIRE", take, ttl)]))
+                    connection.send_packed_command(packed(connection, ("LINDEX", take, -1),
+                                                          ("PEXPIRE", take, ttl)))
                     held = self._read_pop(connection, endpoint)
                     if held is not None:
                         return held
@@ -254,7 +254,7 @@ class RedisStore:
                 if wait > 0:
                     pop = ("BLMOVE", pending, take, "LEFT", "RIGHT", f"{wait:.3f}")
                 # (a connection idle past its health-check interval is pinged, and replaced if stale)
-                connection.send_packed_command(connection.pack_commands([pop, ("PEXPIRE", take, ttl)]))
+                connection.send_packed_command(packed(connection, pop, ("PEXPIRE", take, ttl)))
                 element = self._read_pop(connection, endpoint)
                 if element is not None or deadline - time.monotonic() <= 0:
                     return element
