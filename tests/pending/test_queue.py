@@ -262,6 +262,27 @@ def test_a_response_claims_a_popped_request_once(make_node: NodeFactory, shared_
     assert shared_redis.exists(node.take_key("lazy", request.take_id)) == 0
 
 
+def test_a_foreign_request_id_on_a_take_leaves_its_request_there(make_node: NodeFactory,
+                                                                   shared_redis: RedisClient) -> None:
+    """A response or beat naming a take with another request's id (an HTTP service's mistake) is
+    refused and puts the element it took out back, with the take key's TTL: the take's own
+    response still claims and delivers it."""
+    caller, node = make_node(), make_node(heartbeat_initial_delay_s=7.0)
+    outcome: list[object] = []
+    thread = threading.Thread(target=lambda: outcome.append(caller.queue_and_wait("foreign", 1)))
+    thread.start()
+    request = node.dequeue("foreign", 5, track=False)
+    assert request is not None
+    take = node.take_key("foreign", request.take_id)
+    assert node.respond("foreign", "f" * 32, request.take_id, {"ok": True, "body": 0}) is Delivery.GONE
+    assert node.processor_heartbeat("foreign", "f" * 32, request.take_id).cancelled
+    assert shared_redis.lindex(take, -1).startswith(request.id.encode()) and shared_redis.pttl(take) > 0
+    assert node.apply_response(request, 2) is Delivery.DELIVERED
+    thread.join(5)
+    assert getattr(outcome[0], "body", outcome[0]) == 2
+    assert shared_redis.exists(take) == 0
+
+
 @contextlib.contextmanager
 def first_pop_reply_lost(node: PendingQueue, endpoint: str,
                          then: Callable[[], None] = lambda: None) -> Iterator[list[bool]]:
