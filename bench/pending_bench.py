@@ -1,7 +1,9 @@
 """Pending request queue benchmark: the library and the HTTP long poll against two raw Redis lists.
 
 Everything runs against a private redis-server (started here, on a free port) so the command
-counts are ours alone. Callers and services are separate processes. Four measurements:
+counts are ours alone; with ``--cluster-url`` measurement 1 runs on that Redis Cluster too (the
+library in cluster mode against the same raw lists, their keys under one hash tag). Callers and
+services are separate processes. Four measurements:
 
 1. round trip, one call at a time: raw lists (caller LPUSH + BRPOP its reply list, service BRPOP +
    LPUSH) against ``queue_and_wait`` -> ``dequeue`` -> ``apply_response``, alternating in short
@@ -21,6 +23,7 @@ counts are ours alone. Callers and services are separate processes. Four measure
 
     .venv/bin/python bench/pending_bench.py                   # about a minute and a half
     .venv/bin/python bench/pending_bench.py --rounds 6 --seconds 3 --services 100 --callers 2
+    .venv/bin/python bench/pending_bench.py --sequential-only --cluster-url redis://127.0.0.1:7100
     SWITCHYARD_BENCH_NO_HIREDIS=1 .venv/bin/python bench/pending_bench.py   # redis-py's Python parser
 """
 
@@ -44,6 +47,7 @@ if os.environ.get("SWITCHYARD_BENCH_NO_HIREDIS") == "1":  # A/B: redis-py's pure
     sys.modules["hiredis"] = None  # type: ignore[assignment]  # (children inherit the variable)
 
 import redis
+from redis.cluster import RedisCluster
 from redis.utils import HIREDIS_AVAILABLE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,11 +63,12 @@ TOKEN = "bench-token"
 RAW = "raw"  # key prefix of the baseline's lists
 
 
-def bench_settings(url: str, prefix: str) -> PendingSettings:
-    """On ``url``; a Redis Cluster with SWITCHYARD_REDIS_CLUSTER=1 (bench/cluster_bench.py's rounds)."""
+def bench_settings(url: str, prefix: str, cluster: bool = False) -> PendingSettings:
+    """On ``url``; a Redis Cluster if ``cluster`` or SWITCHYARD_REDIS_CLUSTER=1 (bench/cluster_bench.py's
+    rounds, whose child processes inherit the variable)."""
     from switchyard.core.config import Connections, env_flag
 
-    connections = Connections(redis_url=url, redis_cluster=env_flag("SWITCHYARD_REDIS_CLUSTER"))
+    connections = Connections(redis_url=url, redis_cluster=cluster or env_flag("SWITCHYARD_REDIS_CLUSTER"))
     return PendingSettings(prefix=prefix, connections=connections, redis_connections=256)
 
 
@@ -74,8 +79,8 @@ def endpoints(count: int, proc: int = 0, procs: int = 1) -> list[str]:
 # ------------------------------------------------------------------ processes
 
 
-def serve_library(url: str, prefix: str, names: list[str], pollers: int) -> None:
-    with PendingQueue(bench_settings(url, prefix)) as node:
+def serve_library(url: str, prefix: str, names: list[str], pollers: int, cluster: bool = False) -> None:
+    with PendingQueue(bench_settings(url, prefix, cluster)) as node:
         for name in names:
             for _ in range(pollers):
                 threading.Thread(target=node.serve, args=(name, lambda request: request.body),
@@ -84,17 +89,24 @@ def serve_library(url: str, prefix: str, names: list[str], pollers: int) -> None
         threading.Event().wait()
 
 
-def raw_client(url: str, connections: int = 16) -> redis.Redis:
+def raw_client(url: str, connections: int = 16, cluster: bool = False) -> redis.Redis | RedisCluster:
     """Blocking pops wait longer than redis-py's default 5 s socket timeout."""
+    if cluster:
+        return RedisCluster.from_url(url, max_connections=connections, socket_timeout=None)
     return redis.Redis.from_url(url, max_connections=connections, socket_timeout=None)
 
 
-def serve_raw(url: str, names: list[str], pollers: int) -> None:
-    client = raw_client(url, len(names) * pollers + 8)
+def raw_list(endpoint: str) -> str:
+    """The baseline's request list of ``endpoint``; its reply lists share its hash tag (one slot)."""
+    return f"{RAW}:{{{endpoint}}}"
+
+
+def serve_raw(url: str, names: list[str], pollers: int, cluster: bool = False) -> None:
+    client = raw_client(url, len(names) * pollers + 8, cluster)
 
     def loop(endpoint: str) -> None:
         while True:
-            item = client.brpop([f"{RAW}:{endpoint}"], timeout=30)
+            item = client.brpop([raw_list(endpoint)], timeout=30)
             if item is not None:
                 reply_to, _, body = item[1].partition(b" ")
                 client.lpush(reply_to, body)
@@ -145,17 +157,21 @@ def serve_resolver(url: str, prefix: str, endpoint: str) -> None:
 
 
 class RawCaller:
-    """The baseline's caller: LPUSH the request with its reply list's name, BRPOP the reply."""
+    """The baseline's caller: LPUSH the request with its reply list's name, BRPOP the reply (a
+    list of its thread's, under the endpoint's hash tag)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis | RedisCluster) -> None:
         self.client = client
         self.local = threading.local()
 
     def call(self, endpoint: str, body: str) -> bytes:
-        reply_to = getattr(self.local, "reply_to", None)
+        replies = getattr(self.local, "replies", None)
+        if replies is None:
+            replies = self.local.replies = {}
+        reply_to = replies.get(endpoint)
         if reply_to is None:
-            reply_to = self.local.reply_to = f"{RAW}:reply:{uuid.uuid4().hex}"
-        self.client.lpush(f"{RAW}:{endpoint}", f"{reply_to} {body}".encode())
+            reply_to = replies[endpoint] = f"{raw_list(endpoint)}:reply:{uuid.uuid4().hex}"
+        self.client.lpush(raw_list(endpoint), f"{reply_to} {body}".encode())
         return self.client.brpop([reply_to], timeout=30)[1]
 
 
@@ -295,6 +311,44 @@ def throughput(procs: Procs, side: str, url: str, prefix: str, names: list[str],
     return result
 
 
+def one_at_a_time(procs: Procs, url: str, prefix: str, rounds: int, seconds: float, cluster: bool = False,
+                  counts: redis.Redis | None = None) -> dict[str, object]:
+    """Measurement 1 (and 4 with ``counts``, the private server's client): one call at a time,
+    raw lists and the library alternating in rounds, each side's service a process of its own."""
+    me = str(Path(__file__).resolve())
+    flag = str(int(cluster))
+    raw_service = procs.start(me, "_raw_service", url, "svc0", "1", flag)
+    lib_service = procs.start(me, "_service", url, prefix, "svc0", "1", flag)
+    raw = RawCaller(raw_client(url, cluster=cluster))
+    result: dict[str, object] = {}
+    with PendingQueue(bench_settings(url, prefix, cluster)) as node:
+        raw_all, lib_all, ratios = [], [], []
+        sequential(lambda: raw.call("svc0", "x"), 0.5)  # warm up both
+        sequential(lambda: node.queue_and_wait("svc0", "x"), 0.5)
+        for _ in range(rounds):
+            r = sequential(lambda: raw.call("svc0", "x"), seconds)
+            lib = sequential(lambda: node.queue_and_wait("svc0", "x"), seconds)
+            raw_all += r
+            lib_all += lib
+            ratios.append(statistics.median(lib) / statistics.median(r))
+        result["sequential"] = {
+            "raw_lists": asdict(LatencySummary.of(raw_all)),
+            "library": asdict(LatencySummary.of(lib_all)),
+            "p50_ratio_per_round": [round(x, 2) for x in ratios],
+            "p50_ratio_median": round(statistics.median(ratios), 2),
+            "raw_calls_per_s_one_at_a_time": round(len(raw_all) / (rounds * seconds)),
+            "library_calls_per_s_one_at_a_time": round(len(lib_all) / (rounds * seconds)),
+        }
+        if counts is not None:  # 4. commands per fast call (the service node polls svc0 with one poller)
+            result["commands_per_call"] = {
+                "library": command_counts(counts, 200, lambda: node.queue_and_wait("svc0", "x")),
+                "raw_lists": command_counts(counts, 200, lambda: raw.call("svc0", "x")),
+            }
+    procs.stop(raw_service)
+    procs.stop(lib_service)
+    return result
+
+
 def command_counts(client: redis.Redis, calls: int, do_call: Callable[[], object]) -> dict[str, float]:
     client.config_resetstat()
     for _ in range(calls):
@@ -314,6 +368,10 @@ def main() -> int:
     parser.add_argument("--callers", type=int, default=2, help="caller processes (throughput)")
     parser.add_argument("--in-flight", type=int, default=100, help="concurrent calls per caller process")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--cluster-url", help="also measure one call at a time on this Redis Cluster "
+                                              "(a node's URL, e.g. redis://127.0.0.1:7100)")
+    parser.add_argument("--sequential-only", action="store_true",
+                        help="only one call at a time and the commands per call (measurements 1 and 4)")
     args = parser.parse_args()
 
     import tempfile
@@ -330,35 +388,14 @@ def main() -> int:
             client = server.client()
             names = endpoints(args.services)
 
-            # 1. sequential round trip, raw vs library, alternating rounds
-            raw_service = procs.start(me, "_raw_service", url, "svc0", "1")
-            lib_service = procs.start(me, "_service", url, prefix, "svc0", "1")
-            raw = RawCaller(raw_client(url))
-            with PendingQueue(bench_settings(url, prefix)) as node:
-                raw_all, lib_all, ratios = [], [], []
-                sequential(lambda: raw.call("svc0", "x"), 0.5)  # warm up both
-                sequential(lambda: node.queue_and_wait("svc0", "x"), 0.5)
-                for _ in range(args.rounds):
-                    r = sequential(lambda: raw.call("svc0", "x"), args.seconds)
-                    lib = sequential(lambda: node.queue_and_wait("svc0", "x"), args.seconds)
-                    raw_all += r
-                    lib_all += lib
-                    ratios.append(statistics.median(lib) / statistics.median(r))
-                results["sequential"] = {
-                    "raw_lists": asdict(LatencySummary.of(raw_all)),
-                    "library": asdict(LatencySummary.of(lib_all)),
-                    "p50_ratio_per_round": [round(x, 2) for x in ratios],
-                    "p50_ratio_median": round(statistics.median(ratios), 2),
-                    "raw_calls_per_s_one_at_a_time": round(len(raw_all) / (args.rounds * args.seconds)),
-                    "library_calls_per_s_one_at_a_time": round(len(lib_all) / (args.rounds * args.seconds)),
-                }
-                # 4. commands per fast call (the service node polls svc0 with one poller)
-                results["commands_per_call"] = {
-                    "library": command_counts(client, 200, lambda: node.queue_and_wait("svc0", "x")),
-                    "raw_lists": command_counts(client, 200, lambda: raw.call("svc0", "x")),
-                }
-            procs.stop(raw_service)
-            procs.stop(lib_service)
+            # 1. sequential round trip, raw vs library, alternating rounds (and 4., commands per call)
+            results.update(one_at_a_time(procs, url, prefix, args.rounds, args.seconds, counts=client))
+            if args.cluster_url:
+                on_cluster = one_at_a_time(procs, args.cluster_url, prefix, args.rounds, args.seconds,
+                                           cluster=True)
+                results["cluster_sequential"] = {"url": args.cluster_url, **on_cluster["sequential"]}  # type: ignore[dict-item]
+            if args.sequential_only:
+                return finish(results, args.json)
 
             # 2. throughput with many services
             service_args = [(",".join(endpoints(args.services, i, args.service_procs))) for i in
@@ -412,11 +449,16 @@ def main() -> int:
         finally:
             procs.stop_all()
             server.stop()
+    return finish(results, args.json)
+
+
+def finish(results: dict[str, object], path: Path | None) -> int:
+    """Print the results (and write them to ``path``), the load average after them included."""
     results["load_average_after"] = load_average()
     text = json.dumps(results, indent=2)
     print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    if path:
+        path.write_text(text + "\n")
     return 0
 
 
@@ -424,9 +466,9 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
         role, rest = sys.argv[1], sys.argv[2:]
         if role == "_service":
-            serve_library(rest[0], rest[1], rest[2].split(","), int(rest[3]))
+            serve_library(rest[0], rest[1], rest[2].split(","), int(rest[3]), rest[4:] == ["1"])
         elif role == "_raw_service":
-            serve_raw(rest[0], rest[1].split(","), int(rest[2]))
+            serve_raw(rest[0], rest[1].split(","), int(rest[2]), rest[3:] == ["1"])
         elif role == "_resolver_service":
             serve_resolver(rest[0], rest[1], rest[2])
         elif role == "_http_service":

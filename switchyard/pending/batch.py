@@ -12,16 +12,35 @@ connection is as safe as the retry of one call.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError, SlotNotCoveredError
+from redis.utils import HIREDIS_AVAILABLE
 
 from switchyard.core.redis_client import RedisClient
 from switchyard.pending.wakeup import Signal
 
 _UNSET = object()
+
+_pack_command: Callable[[tuple[Any, ...]], bytes] | None = None
+if HIREDIS_AVAILABLE:  # (without it: redis-py's pure-Python parser, the benchmark's A/B)
+    from hiredis import pack_command as _pack_command
+
+
+def packed(connection: Any, *commands: tuple[Any, ...]) -> list[bytes]:
+    """``commands`` packed for ``connection``, to go in one write: by hiredis straight (redis-py's
+    packer first checks and copies every argument, two thirds of its cost), else by redis-py."""
+    if _pack_command is None:
+        return cast("list[bytes]", connection.pack_commands(commands))
+    return [b"".join([_pack_command(command) for command in commands])]
+
+# A cluster's answers that mean "ask again where the slot map now says" (a failover, a resharding)
+MOVED = (redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError,
+         redis.exceptions.ClusterDownError)
 
 
 class _Op:
@@ -40,12 +59,13 @@ class ScriptBatcher:
 
     def __init__(self, client: RedisClient) -> None:
         self.client = client
-        # Lone calls go through a connection of their own, held for good (only the thread
-        # sending a round trip uses it): ~40% less redis-py CPU than taking one from the pool
-        # and giving it back for every command. Same pool, so the same retry and timeouts.
-        # Made at the first call: a node is built without connecting, as before. (A cluster
-        # client has a pool per node: lone calls go through it, routed by their key's slot.)
-        self._direct: RedisClient | None = None
+        self._cluster = client if isinstance(client, RedisCluster) else None  # (a costly isinstance)
+        # Lone calls go out on a connection held for good (only the thread sending a round trip
+        # uses it), one per node of a cluster (the node owning the first key's slot), packed
+        # and read straight on the connection: a third of the Python a call through the
+        # client's command layer costs (pool, retry wrapper, response callbacks), paid twice on
+        # every fast call's path. Made at the first call: a node is built without connecting.
+        self._held: dict[str, tuple[Any, Any]] = {}  # node name -> (its pool, the held connection)
         self._mutex = threading.Lock()  # guards the queue
         self._leader = threading.Lock()  # held by the thread sending a round trip
         self._queue: list[_Op] = []
@@ -78,12 +98,12 @@ class ScriptBatcher:
         return op.result
 
     def close(self) -> None:
-        """Give the held connection back to the pool (unless a round trip still runs on it)."""
+        """Give the held connections back to their pools (unless a round trip still runs)."""
         if self._leader.acquire(timeout=1.0):
             try:
-                if self._direct is not None and self._direct is not self.client:
-                    self._direct.close()
-                    self._direct = None
+                held, self._held = self._held, {}
+                for pool, connection in held.values():
+                    pool.release(connection)
             finally:
                 self._leader.release()
 
@@ -92,21 +112,48 @@ class ScriptBatcher:
         redis-py's cluster pipeline would otherwise ask a server for an EVALSHA's keys (``COMMAND
         GETKEYS``: 1 to 2 more round trips per call, by bench/cluster_bench.py). A MOVED is
         followed as for any command (its retry routes by key)."""
-        if not isinstance(self.client, redis.cluster.RedisCluster):
+        if self._cluster is None:
             return {}
-        return {"target_nodes": self.client.get_node_from_key(keys[0])}
+        return {"target_nodes": self._cluster.get_node_from_key(keys[0])}
+
+    def _connection(self, keys: Sequence[Any]) -> Any:
+        """The held connection to the node of ``keys`` (None: a cluster call with no key)."""
+        if self._cluster is not None:
+            if not keys:
+                return None
+            node = self._cluster.get_node_from_key(keys[0])
+            name, pool = node.name, node.redis_connection.connection_pool
+        else:
+            name, pool = "", cast("redis.Redis", self.client).connection_pool
+        held = self._held.get(name)
+        if held is None:
+            held = self._held[name] = (pool, pool.get_connection())
+        return held[1]
+
+    def _lone(self, op: _Op) -> Any:
+        """One attempt straight on the held connection; anything out of the ordinary (a lost
+        connection, an unloaded script, a moved slot) goes the client's own way after it, with
+        its retries, reloading and redirections (every script is idempotent)."""
+        connection = None
+        try:
+            connection = self._connection(op.keys)
+            if connection is not None:
+                connection.send_packed_command(packed(
+                    connection, ("EVALSHA", op.script.sha, len(op.keys), *op.keys, *op.args)))
+                return connection.read_response()
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            if connection is not None:
+                connection.disconnect()  # (the next call connects it again)
+        except (NoScriptError, SlotNotCoveredError, *MOVED):
+            pass
+        return op.script(keys=op.keys, args=op.args, client=self.client)
 
     def _run(self, batch: list[_Op]) -> None:
         self.round_trips += 1
         self.calls += len(batch)
         try:
             if len(batch) == 1:
-                op = batch[0]
-                if self._direct is None:
-                    client = self.client
-                    self._direct = client if isinstance(client, redis.cluster.RedisCluster) else \
-                        redis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
-                op.result = op.script(keys=op.keys, args=op.args, client=self._direct)
+                batch[0].result = self._lone(batch[0])
             else:
                 with self.client.pipeline(transaction=False) as pipe:
                     for op in batch:

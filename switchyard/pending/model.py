@@ -40,21 +40,24 @@ class Delivery(StrEnum):
 
 
 class CancelToken:
-    """A cancellation signal with a reason; callbacks run once, on the cancelling thread."""
+    """A cancellation signal with a reason; callbacks run once, on the cancelling thread. (Its Event
+    is made by the first ``wait``: every taken request has a token, few are waited on.)"""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._event: threading.Event | None = None
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[str], None]] = []
         self.reason: str | None = None
 
     def cancel(self, reason: str = "cancelled") -> None:
         with self._lock:
-            if self._event.is_set():
+            if self.reason is not None:
                 return
             self.reason = reason
-            self._event.set()
+            event = self._event
             callbacks, self._callbacks = self._callbacks, []
+        if event is not None:
+            event.set()
         for callback in callbacks:
             callback(reason)
 
@@ -66,14 +69,20 @@ class CancelToken:
         return timer
 
     def is_cancelled(self) -> bool:
-        return self._event.is_set()
+        return self.reason is not None
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        with self._lock:
+            if self.reason is not None:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     def on_cancel(self, callback: Callable[[str], None]) -> None:
         with self._lock:
-            if not self._event.is_set():
+            if self.reason is None:
                 self._callbacks.append(callback)
                 return
         callback(self.reason or "cancelled")
@@ -178,10 +187,13 @@ class IdSource:
         return f"{self._prefix}{next(self._counter):012x}"  # next() on a count is atomic
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps makes one per call with them
+
+
 def encode_message(message: dict[str, Any], what: str, limit: int) -> bytes:
     """A request or response message as sent: compact JSON, at most ``limit`` bytes."""
     try:
-        raw = json.dumps(message, separators=(",", ":")).encode()
+        raw = _COMPACT.encode(message).encode()
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{what} body is not JSON-serialisable: {exc}") from exc
     if len(raw) > limit:

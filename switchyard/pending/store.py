@@ -31,7 +31,7 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from switchyard.core.redis_client import RedisClient, open_redis
-from switchyard.pending.batch import ScriptBatcher
+from switchyard.pending.batch import MOVED, ScriptBatcher, packed
 from switchyard.pending.errors import PendingError, QueueUnavailableError
 from switchyard.pending.ports import CallerBeatReply, ProcessorBeatReply, WithdrawReply
 from switchyard.pending.settings import PendingSettings, check_endpoint
@@ -62,16 +62,14 @@ def connect_pending_redis(settings: PendingSettings, url: str | None = None) -> 
     )
 
 
-# A cluster's answers that mean "ask again where the slot map now says" (a failover, a resharding)
-_MOVED = (redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError,
-          redis.exceptions.ClusterDownError)
-
-
 def _script(client: RedisClient, name: str, claims: bool = False) -> Any:
     """Register a script; ``claims``: it calls claim() (``lua/claim.lua`` is prepended)."""
     lua = resources.files("switchyard.pending.lua")
     prelude = lua.joinpath("claim.lua").read_text() if claims else ""
     return client.register_script(prelude + lua.joinpath(name).read_text())
+
+
+TAGS_KEPT = 4096  # endpoints whose key tag a node keeps made
 
 
 def _ms(seconds: float) -> int:
@@ -116,6 +114,7 @@ class RedisStore:
         self._poller = threading.local()
         self._lock = threading.Lock()
         self._poll_connections: weakref.WeakSet[Any] = weakref.WeakSet()  # interrupt_pops() cuts them
+        self._tags: dict[str, str] = {}  # endpoint -> its key tag
 
     def _available(self, operation: Callable[[], Any]) -> Any:
         """Run a Redis operation; map its failure. On one server redis-py already retried it for
@@ -126,8 +125,8 @@ class RedisStore:
         while True:
             try:
                 return operation()
-            except (redis.ConnectionError, redis.TimeoutError, *_MOVED) as exc:
-                if self._cluster is None and isinstance(exc, _MOVED):
+            except (redis.ConnectionError, redis.TimeoutError, *MOVED) as exc:
+                if self._cluster is None and isinstance(exc, MOVED):
                     raise
                 now = time.monotonic()
                 give_up = give_up or now + (0 if self._cluster is None else self.settings.retry_window_s)
@@ -138,8 +137,14 @@ class RedisStore:
     # ------------------------------------------------------------------ keys
 
     def key_tag(self, endpoint: str) -> str:
-        """Every key of one endpoint shares this Redis Cluster hash tag (one slot per endpoint)."""
-        return f"{self.settings.prefix}:{{{check_endpoint(endpoint)}}}"
+        """Every key of one endpoint shares this Redis Cluster hash tag (one slot per endpoint).
+        Kept per endpoint (each call names its endpoint's keys several times), a bounded few."""
+        tag = self._tags.get(endpoint)
+        if tag is None:
+            if len(self._tags) >= TAGS_KEPT:
+                self._tags.clear()
+            tag = self._tags[endpoint] = f"{self.settings.prefix}:{{{check_endpoint(endpoint)}}}"
+        return tag
 
     def state_key(self, endpoint: str, request_id: str) -> str:
         return f"{self.key_tag(endpoint)}:r:{request_id}"
@@ -207,12 +212,13 @@ class RedisStore:
         return _text(self._available(lambda: self.batch.call(
             self._respond, [self.state_key(endpoint, request_id), self.take_key(endpoint, take_id)],
             [take_id, raw, _ms(s.response_ttl_s), self.node_channel_prefix, _ms(s.sender_timeout_s),
-             request_id, self.node_id])))
+             request_id, self.node_id, self._take_ttl_ms])))
 
     def processor_beat(self, endpoint: str, request_id: str, take_id: str) -> ProcessorBeatReply:
         reply = self._available(lambda: self._heartbeat(
             keys=[self.state_key(endpoint, request_id), self.take_key(endpoint, take_id)],
-            args=["p", take_id, _ms(self.settings.in_flight_ttl_s), request_id, self.node_id]))
+            args=["p", take_id, _ms(self.settings.in_flight_ttl_s), request_id, self.node_id,
+                  self._take_ttl_ms]))
         state = _text(reply[0])
         if state in ("missing", "not_taker"):
             return ProcessorBeatReply(state, 0, False)
@@ -237,8 +243,8 @@ class RedisStore:
                 if self._closed.is_set():
                     return None
                 if lost:
-                    connection.send_packed_command(connection.pack_commands(
-                        [("LINDEX", take, -1), ("PEXPIRE", take, ttl)]))
+                    connection.send_packed_command(packed(connection, ("LINDEX", take, -1),
+                                                          ("PEXPIRE", take, ttl)))
                     held = self._read_pop(connection, endpoint)
                     if held is not None:
                         return held
@@ -248,11 +254,11 @@ class RedisStore:
                 if wait > 0:
                     pop = ("BLMOVE", pending, take, "LEFT", "RIGHT", f"{wait:.3f}")
                 # (a connection idle past its health-check interval is pinged, and replaced if stale)
-                connection.send_packed_command(connection.pack_commands([pop, ("PEXPIRE", take, ttl)]))
+                connection.send_packed_command(packed(connection, pop, ("PEXPIRE", take, ttl)))
                 element = self._read_pop(connection, endpoint)
                 if element is not None or deadline - time.monotonic() <= 0:
                     return element
-            except (redis.ConnectionError, redis.TimeoutError, OSError, *_MOVED) as exc:
+            except (redis.ConnectionError, redis.TimeoutError, OSError, *MOVED) as exc:
                 connection.disconnect()
                 self._refresh_slots()
                 if self._closed.is_set():  # the node's close interrupted the pop: it may have moved one
@@ -276,7 +282,7 @@ class RedisStore:
             except redis.ResponseError as exc:
                 replies.append(exc)
         for reply in replies:
-            if isinstance(reply, _MOVED):  # the slot moved (failover): the caller pops there
+            if isinstance(reply, MOVED):  # the slot moved (failover): the caller pops there
                 raise reply
             if isinstance(reply, redis.ResponseError):
                 raise PendingError(f"Redis refused the pop on {endpoint!r}: {reply}") from reply
@@ -334,7 +340,7 @@ class RedisStore:
         for key in self.guard_keys():
             try:
                 replies[key] = cast("bytes | None", self.client.set(key, token, px=_ms(ttl_s), get=True))
-            except (redis.ConnectionError, redis.TimeoutError, *_MOVED) as exc:
+            except (redis.ConnectionError, redis.TimeoutError, *MOVED) as exc:
                 failure = exc
         if not replies and failure is not None:
             raise QueueUnavailableError(f"Redis unreachable after retrying: {failure}") from failure

@@ -27,7 +27,13 @@ from switchyard.pending import (
 )
 from switchyard.pending.streams import LocalDirectoryStore
 from tests.conftest import wait_for
-from tests.pending.conftest import NodeFactory, keys_without_ttl, ownerless_requests
+from tests.pending.conftest import (
+    NodeFactory,
+    PrivateRedis,
+    keys_without_ttl,
+    ownerless_requests,
+    private_settings,
+)
 
 
 def serve(node: PendingQueue, endpoint: str, handler: Callable[[Any], Any],
@@ -67,23 +73,27 @@ def test_cross_node_call(make_node: NodeFactory, shared_redis: RedisClient,
     assert keys_without_ttl(shared_redis, settings.prefix) == []
 
 
-def test_fast_call_costs_two_scripts_and_a_pop_no_claim_and_no_heartbeat(make_node: NodeFactory) -> None:
-    """The fast-RPC shortcut: nothing periodic before the initial delay (default 7 s); a request
-    answered before the claim delay is claimed by its response (no claiming heartbeat)."""
-    caller, service_node = make_node(heartbeat_initial_delay_s=7.0), make_node(heartbeat_initial_delay_s=7.0)
-    calls: list[str] = []
-    for node in (caller.redis_store, service_node.redis_store):
-        for name in ("_enqueue", "_respond", "_heartbeat", "_withdraw"):
-            script = getattr(node, name)
-            setattr(node, name, lambda *a, _s=script, _n=name, **k: calls.append(_n) or _s(*a, **k))
-    request_thread = threading.Thread(target=lambda: calls.append(caller.queue_and_wait("svc", 1).body))
-    request_thread.start()
-    request = None
-    while request is None:
-        request = service_node.dequeue("svc", 1)
-    service_node.apply_response(request, 2)
-    request_thread.join(5)
-    assert calls == ["_enqueue", "_respond", 2]
+def test_fast_call_costs_two_scripts_a_pop_and_sixteen_commands(private_redis: PrivateRedis) -> None:
+    """The fast-RPC shortcut and a call's cost in Redis, as Redis counts it (INFO commandstats, the
+    commands inside scripts too): two scripts (enqueue; respond, which also claims: no claiming
+    heartbeat, nothing periodic before the initial delay), one pop, 16 commands in all (the raw
+    lists' LPUSH, BRPOP each way: 4)."""
+    calls = 50
+    settings = private_settings(private_redis, heartbeat_initial_delay_s=7.0, data_loss_check_s=3600.0)
+    with PendingQueue(settings) as caller, PendingQueue(settings) as service_node:
+        stop = serve(service_node, "cost", lambda body: body)
+        assert caller.queue_and_wait("cost", -1).body == -1  # subscribed, scripts loaded
+        client = private_redis.client()
+        client.config_resetstat()
+        assert [caller.queue_and_wait("cost", i).body for i in range(calls)] == list(range(calls))
+        stats = client.info("commandstats")
+        stop.set()
+    counts = {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()
+              if name != "cmdstat_config|resetstat"}
+    assert counts["evalsha"] == 2 * calls, counts
+    assert counts["blmove"] <= calls + 1, counts  # (+ the pop waiting for the next request)
+    # (+ the waiting pop and its PEXPIRE, the reaper's UNLINK, a connection's health-check PING)
+    assert sum(counts.values()) <= 16 * calls + 5, counts
 
 
 def test_service_error_reaches_the_caller(make_node: NodeFactory) -> None:
@@ -250,6 +260,27 @@ def test_a_response_claims_a_popped_request_once(make_node: NodeFactory, shared_
     thread.join(5)
     assert getattr(outcome[0], "body", outcome[0]) == 2
     assert shared_redis.exists(node.take_key("lazy", request.take_id)) == 0
+
+
+def test_a_foreign_request_id_on_a_take_leaves_its_request_there(make_node: NodeFactory,
+                                                                   shared_redis: RedisClient) -> None:
+    """A response or beat naming a take with another request's id (an HTTP service's mistake) is
+    refused and puts the element it took out back, with the take key's TTL: the take's own
+    response still claims and delivers it."""
+    caller, node = make_node(), make_node(heartbeat_initial_delay_s=7.0)
+    outcome: list[object] = []
+    thread = threading.Thread(target=lambda: outcome.append(caller.queue_and_wait("foreign", 1)))
+    thread.start()
+    request = node.dequeue("foreign", 5, track=False)
+    assert request is not None
+    take = node.take_key("foreign", request.take_id)
+    assert node.respond("foreign", "f" * 32, request.take_id, {"ok": True, "body": 0}) is Delivery.GONE
+    assert node.processor_heartbeat("foreign", "f" * 32, request.take_id).cancelled
+    assert shared_redis.lindex(take, -1).startswith(request.id.encode()) and shared_redis.pttl(take) > 0
+    assert node.apply_response(request, 2) is Delivery.DELIVERED
+    thread.join(5)
+    assert getattr(outcome[0], "body", outcome[0]) == 2
+    assert shared_redis.exists(take) == 0
 
 
 @contextlib.contextmanager

@@ -8,7 +8,8 @@
 -- ARGV[3]  state TTL in ms while taken (refreshed here, so a live request never expires)
 -- ARGV[4]  request id (processor) or the request's list element (caller)
 -- ARGV[5]  processor node id (processor); caller: ms a request may stay popped and unclaimed
--- ARGV[6]  caller: the pending list's TTL in ms (the list may have to be created again)
+-- ARGV[6]  caller: the pending list's TTL in ms (the list may have to be created again);
+--          processor: the take key's TTL in ms (a foreign request id's element goes back)
 --
 -- Halibut publishes heartbeats on per-request channels each side must subscribe to; here a
 -- heartbeat is a timestamp in the state, so one command per interval both sends and checks,
@@ -28,7 +29,7 @@
 local v = redis.call('HMGET', KEYS[1], 's', 'taker', 'hc', 'hp', 'x', 'resp', 'mv')
 if not v[1] then
   if ARGV[1] == 'p' then
-    claim(KEYS[1], KEYS[2], ARGV[4], ARGV[2], ARGV[5], ARGV[3], '')  -- drops the element it held
+    take_out(KEYS[2], ARGV[4], ARGV[6])  -- drops the element it held
   end
   return {'missing'}
 end
@@ -54,13 +55,14 @@ if ARGV[1] == 'c' then
   end
   return {v[1], silence, v[6] or ''}
 end
-if v[1] == 'q' and claim(KEYS[1], KEYS[2], ARGV[4], ARGV[2], ARGV[5], ARGV[3], stamp) then
+if v[1] == 'q' and take_out(KEYS[2], ARGV[4], ARGV[6]) then  -- the claim: the state taken
   v[1], v[2] = 't', ARGV[2]
-end
-if v[1] ~= 't' or v[2] ~= ARGV[2] then
+  redis.call('HSET', KEYS[1], 's', 't', 'taker', ARGV[2], 'proc', ARGV[5], 'tk', stamp, 'hp', stamp)
+elseif v[1] == 't' and v[2] == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'hp', stamp)
+else
   return {'not_taker'}
 end
-redis.call('HSET', KEYS[1], 'hp', stamp)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 local cancelled = 0
 if v[5] == '1' then

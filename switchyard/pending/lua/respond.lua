@@ -10,24 +10,26 @@
 -- ARGV[5]  sender heartbeat timeout in ms (a caller silent that long is gone)
 -- ARGV[6]  request id
 -- ARGV[7]  processor node id (recorded if this response is also the claim)
+-- ARGV[8]  take key TTL in ms (a foreign request id's element goes back with it)
 --
--- Claim (if not yet claimed), store, TTL and publish are one step (Halibut: three commands). The
--- message carries the response, so the caller needs no read; the stored copy is for a caller
--- that missed it. Returns 'delivered' (also for a retry of a delivered response), 'cancelled'
--- (the caller cancelled: nothing stored), 'abandoned' (the caller stopped heartbeating: nothing
--- stored), 'gone' (no such request: withdrawn, lost or expired) or 'not_taker' (another take
--- holds it).
+-- Claim (if not yet claimed), store, TTL and publish are one step (Halibut: three commands): a
+-- response that claims writes the claim and the answer in one HSET (an answered state needs no
+-- taken-state stamps). The message carries the response, so the caller needs no read; the
+-- stored copy is for a caller that missed it. Returns 'delivered' (also for a retry of a
+-- delivered response), 'cancelled' (the caller cancelled: nothing stored), 'abandoned' (the
+-- caller stopped heartbeating: nothing stored), 'gone' (no such request: withdrawn, lost or
+-- expired) or 'not_taker' (another take holds it).
 local v = redis.call('HMGET', KEYS[1], 's', 'taker', 'caller', 'hc', 'x')
-local now = now_ms()
-if v[1] == 'q' then
-  if not claim(KEYS[1], KEYS[2], ARGV[6], ARGV[1], ARGV[7], ARGV[3], string.format('%d', now)) then
+if not v[1] then
+  take_out(KEYS[2], ARGV[6], ARGV[8])  -- drops the element it held
+  return 'gone'
+end
+local claims = v[1] == 'q'
+if claims then
+  if not take_out(KEYS[2], ARGV[6], ARGV[8]) then
     return 'not_taker'
   end
-  v[1], v[2] = 't', ARGV[1]
-end
-if not v[1] then
-  claim(KEYS[1], KEYS[2], ARGV[6], ARGV[1], ARGV[7], ARGV[3], '')  -- drops the element it held
-  return 'gone'
+  v[2] = ARGV[1]
 end
 if v[2] ~= ARGV[1] then
   return 'not_taker'
@@ -39,11 +41,15 @@ if v[5] == '1' then
   redis.call('DEL', KEYS[1])
   return 'cancelled'
 end
-if now - tonumber(v[4]) > tonumber(ARGV[5]) then
+if now_ms() - tonumber(v[4]) > tonumber(ARGV[5]) then
   redis.call('DEL', KEYS[1])
   return 'abandoned'
 end
-redis.call('HSET', KEYS[1], 's', 'a', 'resp', ARGV[2])
+if claims then
+  redis.call('HSET', KEYS[1], 's', 'a', 'resp', ARGV[2], 'taker', ARGV[1], 'proc', ARGV[7])
+else
+  redis.call('HSET', KEYS[1], 's', 'a', 'resp', ARGV[2])
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PUBLISH', ARGV[4] .. v[3], 'r' .. ARGV[6] .. '\n' .. ARGV[2])
 return 'delivered'
