@@ -9,17 +9,14 @@ stop nodes of it and leave all three running.
 
 from __future__ import annotations
 
-import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import pika
 import pytest
 import requests
 
-from switchyard.core.config import Connections, service_urls
 from switchyard.core.redis_client import connect_redis
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.leaderless import LeaderlessWatch
@@ -30,26 +27,15 @@ from switchyard.rpc.drivers.noop import NoopDriver
 from switchyard.rpc.settings import Delays, RpcSettings
 from switchyard.rpc.store import PoolState
 from tests.conftest import unique, wait_for
+from tests.rpc import cluster
 from tests.rpc.conftest import delete_pool
 
-SCRIPT = str(Path(__file__).resolve().parents[2] / "scripts" / "rabbitmq-cluster.sh")
 DLX_SUP = "supervisor:{}(rabbit_sup, rabbit_fifo_dlx_sup)."
-
-
-def cluster_script(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=600)
-
-
-def cluster_do(*args: str) -> str:
-    done = cluster_script(*args)
-    assert done.returncode == 0, f"scripts/rabbitmq-cluster.sh {' '.join(args)}: {done.stderr.strip()}"
-    return done.stdout.strip()
 
 
 @dataclass(frozen=True)
 class Cluster:
     settings: RpcSettings  # node 1's AMQP and management URLs
-    management: list[str]  # node N's management URL at N - 1
     nodes: list[str]  # node N's name at N - 1
 
     def api(self) -> ManagementApi:
@@ -57,7 +43,7 @@ class Cluster:
 
     def leaders(self) -> Counter[str]:
         """Quorum queues led by each node, every vhost."""
-        listed = requests.get(f"{self.management[0]}/api/queues", params={"columns": "type,leader"},
+        listed = requests.get(f"{cluster.management_url(1)}/api/queues", params={"columns": "type,leader"},
                               timeout=30).json()
         counts = Counter({node: 0 for node in self.nodes})
         counts.update(q["leader"] for q in listed if q.get("type") == "quorum" and q.get("leader"))
@@ -65,23 +51,16 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    if cluster_script("status").returncode != 0:
-        cluster_do("start")
-    urls = dict(line.split("=", 1) for line in cluster_do("urls").splitlines())
-    amqp = service_urls(urls["SWITCHYARD_AMQP_URL"])
-    management = service_urls(urls["SWITCHYARD_MANAGEMENT_URL"])
-    nodes = [requests.get(f"{url}/api/overview", timeout=10).json()["node"] for url in management]
-    base = Connections.from_env()
-    connections = Connections(amqp[0], management[0], base.redis_url, base.postgres_dsn,
-                              base.kafka_bootstrap, base.aws_endpoint_url)
-    yield Cluster(RpcSettings(connections=connections), management, nodes)
-    for n in ("1", "2", "3"):
-        cluster_do("start-node", n)
+def on_cluster() -> Iterator[Cluster]:
+    cluster.ensure_running()
+    nodes = [requests.get(f"{cluster.management_url(n)}/api/overview", timeout=10).json()["node"]
+             for n in cluster.NODES]
+    yield Cluster(RpcSettings(connections=cluster.connections(cluster.node_url(1))), nodes)
+    cluster.ensure_running()
 
 
 @pytest.fixture
-def cluster_pool(cluster: Cluster) -> Iterator[list[tuple[str, RpcSettings]]]:
+def cluster_pool(on_cluster: Cluster) -> Iterator[list[tuple[str, RpcSettings]]]:
     """Pools a test declares on the cluster (appended as ``(pool, settings)``), deleted after it."""
     pools: list[tuple[str, RpcSettings]] = []
     yield pools
@@ -98,68 +77,69 @@ def declared(pools: list[tuple[str, RpcSettings]], settings: RpcSettings, keys: 
     return pool
 
 
-def test_queues_declared_on_one_connection_are_led_by_every_node(cluster: Cluster, cluster_pool) -> None:
+def test_queues_declared_on_one_connection_are_led_by_every_node(on_cluster: Cluster, cluster_pool) -> None:
     """Before, every leader was on the node of the declaring connection. ``balanced`` gives each new
     queue to the node leading the fewest: past the cluster's present imbalance, every node gets some."""
-    before = cluster.leaders()
+    before = on_cluster.leaders()
     behind = sum(max(before.values()) - count for count in before.values())
-    pool = declared(cluster_pool, cluster.settings, [f"k{i}" for i in range(behind + 6)])
-    queues = cluster.api().list_queues(f"^{pool}-", columns="name,type,leader,members")
+    pool = declared(cluster_pool, on_cluster.settings, [f"k{i}" for i in range(behind + 6)])
+    queues = on_cluster.api().list_queues(f"^{pool}-", columns="name,type,leader,members")
     led = Counter(q["leader"] for q in queues if q["name"].startswith(p.request_queue_prefix(pool)))
-    assert set(led) == set(cluster.nodes), f"leaders {dict(led)}, the cluster's before {dict(before)}"
+    assert set(led) == set(on_cluster.nodes), f"leaders {dict(led)}, the cluster's before {dict(before)}"
     quorum = [q for q in queues if q["type"] == "quorum"]
-    assert quorum and all(sorted(q["members"]) == sorted(cluster.nodes) for q in quorum)
+    assert quorum and all(sorted(q["members"]) == sorted(on_cluster.nodes) for q in quorum)
 
 
-def test_new_quorum_queues_get_the_initial_group_size_of_the_settings(cluster: Cluster, cluster_pool) -> None:
-    settings = replace(cluster.settings, policy=replace(cluster.settings.policy, initial_group_size=2))
+def test_new_quorum_queues_get_the_initial_group_size_of_the_settings(on_cluster: Cluster,
+                                                                      cluster_pool) -> None:
+    settings = replace(on_cluster.settings, policy=replace(on_cluster.settings.policy, initial_group_size=2))
     pool = declared(cluster_pool, settings, ["k"])
-    quorum = [q for q in cluster.api().list_queues(f"^{pool}-", columns="name,type,members")
+    quorum = [q for q in on_cluster.api().list_queues(f"^{pool}-", columns="name,type,members")
               if q["type"] == "quorum"]
     assert len(quorum) == len(p.pool_queue_names(pool)) + 1 and {len(q["members"]) for q in quorum} == {2}
 
 
-def test_the_probe_finds_the_node_whose_dead_letter_supervisor_stopped(cluster: Cluster) -> None:
+def test_the_probe_finds_the_node_whose_dead_letter_supervisor_stopped(on_cluster: Cluster) -> None:
     """The probe runs on node 1's connection; the supervisor stopped on node 2 (what #16652 leaves:
     ``whereis(rabbit_fifo_dlx_sup)`` undefined, an at-least-once queue led there cannot start)."""
-    cluster_do("ctl", "2", "eval", DLX_SUP.format("terminate_child"))
+    cluster.ctl(2, "eval", DLX_SUP.format("terminate_child"))
     try:
-        with PoolTopology(unique("cl"), cluster.settings) as topology:
+        with PoolTopology(unique("cl"), on_cluster.settings) as topology:
             result = topology.probe_dead_lettering()
-        assert result.stranded and result.nodes == (cluster.nodes[1],)
-        assert cluster.nodes[1] in result.detail and "reboot" in result.detail.lower()
-        assert cluster.api().list_queues(f"^{p.DEAD_LETTER_PROBE_PREFIX}") == []
+        assert result.stranded and result.nodes == (on_cluster.nodes[1],)
+        assert on_cluster.nodes[1] in result.detail and "reboot" in result.detail.lower()
+        assert on_cluster.api().list_queues(f"^{p.DEAD_LETTER_PROBE_PREFIX}") == []
     finally:
-        cluster_do("ctl", "2", "eval", DLX_SUP.format("restart_child"))
-    assert cluster_do("dead-lettering") == "running"
-    with PoolTopology(unique("cl"), cluster.settings) as topology:
+        cluster.ctl(2, "eval", DLX_SUP.format("restart_child"))
+    assert cluster.heal_dead_lettering() == "running"
+    with PoolTopology(unique("cl"), on_cluster.settings) as topology:
         assert not topology.probe_dead_lettering().stranded
 
 
-def test_a_queue_whose_members_nodes_are_down_is_reported_and_kept(cluster: Cluster, cluster_pool) -> None:
+def test_a_queue_whose_members_nodes_are_down_is_reported_and_kept(on_cluster: Cluster, cluster_pool) -> None:
     """Two members (node 1 and one other); the other's node stops. The queue cannot elect a leader,
     but it is not lost: the watch reports it as waiting, the reconciler keeps it, and it comes back
     with its request when the node does. (Two of three nodes down pauses the third too.)"""
-    settings = replace(cluster.settings, policy=replace(cluster.settings.policy, initial_group_size=2))
+    settings = replace(on_cluster.settings, policy=replace(on_cluster.settings.policy, initial_group_size=2))
     pool = declared(cluster_pool, settings, ["k"])
     queue = p.request_queue(pool, "k")
     with pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url)) as connection:
         channel = connection.channel()
         channel.confirm_delivery()
         channel.basic_publish("", queue, b"kept", pika.BasicProperties(delivery_mode=2))
-    members = cluster.api().get_queue(queue)["members"]
-    other = next(n for n, node in enumerate(cluster.nodes, 1) if node in members and n != 1)
+    members = on_cluster.api().get_queue(queue)["members"]
+    other = next(n for n, node in enumerate(on_cluster.nodes, 1) if node in members and n != 1)
     state = PoolState(connect_redis(settings.connections), pool)
     with PoolTopology(pool, settings) as topology:
         reconciler = Reconciler(state, topology, NoopDriver(), Delays(),
                                 leaderless=LeaderlessWatch(silent_s=1.0, probe_timeout_s=2.0))
         reconciler.run_pass()
-        cluster_do("stop-node", str(other))
+        cluster.stop_node(other)
         try:
             outcomes = []
             wait_for(lambda: outcomes.append(reconciler.run_pass()) or outcomes[-1].leaderless_waiting,
                      timeout=60, interval=0.5, what="the watch to report the queue")
             assert sum(o.leaderless_redeclared for o in outcomes) == 0
         finally:
-            cluster_do("start-node", str(other))
+            cluster.start_node(other)
         wait_for(lambda: topology.queue_status(queue) == (1, 0), timeout=60, what="the queue back")
