@@ -99,18 +99,21 @@ def test_new_quorum_queues_get_the_initial_group_size_of_the_settings(on_cluster
     assert len(quorum) == len(p.pool_queue_names(pool)) + 1 and {len(q["members"]) for q in quorum} == {2}
 
 
-def test_the_probe_finds_the_node_whose_dead_letter_supervisor_stopped(on_cluster: Cluster) -> None:
-    """The probe runs on node 1's connection; the supervisor stopped on node 2 (what #16652 leaves:
-    ``whereis(rabbit_fifo_dlx_sup)`` undefined, an at-least-once queue led there cannot start)."""
-    cluster.ctl(2, "eval", DLX_SUP.format("terminate_child"))
+@pytest.mark.parametrize("node", [1, 2], ids=["the node the probe reached", "another node"])
+def test_the_probe_finds_the_stranded_node(on_cluster: Cluster, node: int) -> None:
+    """The probe runs on node 1's connection and management API; the supervisor stopped on ``node``
+    (what #16652 leaves: ``whereis(rabbit_fifo_dlx_sup)`` undefined, an at-least-once queue led
+    there cannot start)."""
+    stranded = on_cluster.nodes[node - 1]
+    cluster.ctl(node, "eval", DLX_SUP.format("terminate_child"))
     try:
         with PoolTopology(unique("cl"), on_cluster.settings) as topology:
             result = topology.probe_dead_lettering()
-        assert result.stranded and result.nodes == (on_cluster.nodes[1],)
-        assert on_cluster.nodes[1] in result.detail and "reboot" in result.detail.lower()
+        assert result.stranded and result.nodes == (stranded,)
+        assert stranded in result.detail and "reboot" in result.detail.lower()
         assert on_cluster.api().list_queues(f"^{p.DEAD_LETTER_PROBE_PREFIX}") == []
     finally:
-        cluster.ctl(2, "eval", DLX_SUP.format("restart_child"))
+        cluster.ctl(node, "eval", DLX_SUP.format("restart_child"))
     assert cluster.heal_dead_lettering() == "running"
     with PoolTopology(unique("cl"), on_cluster.settings) as topology:
         assert not topology.probe_dead_lettering().stranded
