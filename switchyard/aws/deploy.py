@@ -113,6 +113,7 @@ def _ensure_users(settings: Any, pools: Sequence[str], users: Sequence[tuple[Any
     from urllib.parse import unquote, urlsplit
 
     from switchyard.core.aws_secrets import fetch_secret
+    from switchyard.core.config import service_urls
     from switchyard.rpc.control.access import Credentials, ensure_users
     from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
 
@@ -122,7 +123,7 @@ def _ensure_users(settings: Any, pools: Sequence[str], users: Sequence[tuple[Any
     credentials = [(user, Credentials.from_secret(fetch_secret(arn), f"the {user.role} secret {arn}"))
                    for user, arn in users]
     management = ManagementApi(conn.management_url, vhost_from_amqp_url(conn.amqp_url))
-    admin = unquote(urlsplit(conn.management_url).username or "")
+    admin = unquote(urlsplit(service_urls(conn.management_url)[0]).username or "")  # every node's is the same
     probe = ManagementApi(conn.management_url, probe_vhost)
     made = ensure_users(management, pools, credentials, admin, probe)
     logger.info("broker users set", extra={"users": made})

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from switchyard.core.config import Connections, SecretUrl
+from switchyard.core.config import Connections, SecretUrl, service_urls
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.errors import ConfigError
 
@@ -57,6 +57,8 @@ def addresses(service: Service, configured: str) -> list[tuple[str, int]]:
         return [(host.strip("[]"), int(port)) for host, port in pairs if port.isdigit()]
     if "://" not in configured:
         return _keyword_dsn(configured)
+    if configured.count("://") > 1:  # several URLs, one per node (service_urls): any one will do
+        return [pair for url in service_urls(configured) for pair in addresses(service, url)]
     parts = urlsplit(configured)
     netloc = parts.netloc.rpartition("@")[2]  # the credentials never take part
     found = []

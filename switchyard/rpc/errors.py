@@ -36,7 +36,13 @@ class DeadLetteringStrandedError(TopologyError):
 
 
 class ManagementApiError(BrokerError):
-    """The RabbitMQ management HTTP API answered with an error."""
+    """The RabbitMQ management HTTP API answered with an error (``status``; ``body``, whole: the
+    message keeps the first 300 characters)."""
+
+    def __init__(self, message: str, status: int | None = None, body: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
 
 
 class CallTimeoutError(RpcError, TimeoutError):

@@ -75,6 +75,15 @@ MAX_HEADER_DEPTH = 64
 # over at most the last 4,096). Optional: the keyed RPC design's workers send no such header.
 LATENCY_HEADER = "x-switchyard-latency"
 QUEUE_TYPE_ARGUMENT = "x-queue-type"
+# Where a new quorum queue's members and leader go (3.10+ and 4.x accept both). The broker's default
+# places the leader on the node of the declaring connection, so one topology connection put every
+# queue's leader on one node of a cluster; ``balanced`` picks the node leading the fewest. Both are
+# fixed when the queue is created: a queue declared without them refuses a declare with them
+# (PRECONDITION_FAILED, "inequivalent arg"), so they are creation-only (control/topology.py).
+LEADER_LOCATOR_ARGUMENT = "x-queue-leader-locator"
+BALANCED = "balanced"
+CLIENT_LOCAL = "client-local"
+INITIAL_GROUP_SIZE_ARGUMENT = "x-quorum-initial-group-size"
 DELIVERY_COUNT_HEADER = "x-delivery-count"
 DEATH_HEADER = "x-death"
 # A request a worker shed (``Requeue``) is republished, not rejected, so shedding never counts

@@ -46,12 +46,17 @@ class PoolPolicy:
     delivery_limit: int = 5
     # Amazon MQ installs its own default policies; ours must sit above them.
     priority: int = 10
+    # Members of each new quorum queue (the broker takes as many nodes as it has, up to this): one per
+    # node of Amazon MQ's three-node cluster. Said here, not left to the broker's own configuration.
+    initial_group_size: int = 3
 
     def __post_init__(self) -> None:
         if self.message_ttl_ms <= 0:
             raise ConfigError("request message TTL must be a positive number of milliseconds")
         if self.delivery_limit < 1:
             raise ConfigError("delivery limit must be at least 1")
+        if self.initial_group_size < 1:
+            raise ConfigError("SWITCHYARD_QUORUM_INITIAL_GROUP_SIZE must be at least 1")
 
     @classmethod
     def from_env(cls) -> PoolPolicy:
@@ -66,6 +71,7 @@ class PoolPolicy:
             message_ttl_ms=env_int("SWITCHYARD_REQUEST_TTL_MS", d.message_ttl_ms),
             delivery_limit=env_int("SWITCHYARD_DELIVERY_LIMIT", d.delivery_limit),
             priority=env_int("SWITCHYARD_POLICY_PRIORITY", d.priority),
+            initial_group_size=env_int("SWITCHYARD_QUORUM_INITIAL_GROUP_SIZE", d.initial_group_size),
         )
 
 

@@ -17,7 +17,7 @@ import pytest
 import requests
 from aws_lambda_powertools.utilities.data_classes.rabbit_mq_event import RabbitMQEvent
 
-from switchyard.core.config import Connections
+from switchyard.core.config import Connections, service_urls
 from switchyard.local.rmq_bridge import (
     RabbitMQEventSource,
     RmqDelivery,
@@ -300,8 +300,13 @@ def test_stop_finishes_the_batch_in_hand(connection, queue) -> None:
     assert connection.channel().queue_declare(queue, passive=True).method.consumer_count == 0
 
 
+def management_api_url() -> str:
+    """The configured management URL (the first of a cluster's list: any node lists every connection)."""
+    return service_urls(Connections.from_env().management_url)[0]
+
+
 def connection_names(name: str) -> list[str]:
-    api = Connections.from_env().management_url
+    api = management_api_url()
     response = requests.get(f"{api}/api/connections", timeout=5)
     response.raise_for_status()
     return [c["name"] for c in response.json()
@@ -319,7 +324,7 @@ def test_it_reconnects_after_the_connection_is_closed_by_the_broker(connection, 
     # Close the bridge's connection from the broker side, as a broker restart or failover would.
     names = wait_for(lambda: connection_names(f"switchyard-rmq-event-source-{function_name}"), timeout=15,
                      what="the bridge's connection in the management API")
-    api = Connections.from_env().management_url
+    api = management_api_url()
     for name in names:
         requests.delete(f"{api}/api/connections/{quote(name, safe='')}", timeout=5).raise_for_status()
     wait_for(lambda: bridge.stats.reconnects >= 1, timeout=10, what="the bridge noticing")

@@ -76,6 +76,18 @@ def start_node(node: int) -> None:
     _check(_script("start-node", str(node)))
 
 
+def stop_node(node: int) -> None:
+    """A clean stop of ``node`` (its data kept)."""
+    _check(_script("stop-node", str(node), timeout=120))
+
+
+def ctl(node: int, *args: str) -> str:
+    """``rabbitmqctl ARGS`` against ``node``: what it printed."""
+    done = _script("ctl", str(node), *args, timeout=120)
+    _check(done)
+    return done.stdout.strip()
+
+
 def _check(done: subprocess.CompletedProcess[str]) -> None:
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(done.args)} failed: {done.stderr.strip()[-2000:]}")

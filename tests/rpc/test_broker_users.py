@@ -26,7 +26,7 @@ import redis
 import requests
 
 from switchyard.aws import deploy
-from switchyard.core.config import Connections
+from switchyard.core.config import Connections, service_urls
 from switchyard.delay.model import InputRecord
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import consume_answered
@@ -67,9 +67,9 @@ class Deployed:
                                dead_letter_probe_secret_arn=self.secrets[BrokerUser(BrokerRole.PROBE)])
 
     def template(self, url: str) -> str:
-        """The admin's ``url`` with ``{username}``/``{password}`` placeholders, as a deployment has it."""
-        parts = urlsplit(url)
-        return parts._replace(netloc=f"{{username}}:{{password}}@{parts.hostname}:{parts.port}").geturl()
+        """The admin's ``url`` (each of a cluster's list) with ``{username}``/``{password}``
+        placeholders, as a deployment has it."""
+        return ",".join(with_user(one, "{username}", "{password}") for one in service_urls(url))
 
     def settings(self, role: BrokerRole, pool: str | None = None) -> RpcSettings:
         """What a Lambda function of ``role`` builds: URLs with placeholders, filled from its secret."""
@@ -87,9 +87,13 @@ class Deployed:
     def connect_application(self, application: str) -> pika.BlockingConnection:
         """A connection as ``application``'s own clients user."""
         name, password = self.passwords[BrokerUser(BrokerRole.CLIENTS, application=application)]
-        parts = urlsplit(self.admin.connections.amqp_url)
-        url = parts._replace(netloc=f"{name}:{password}@{parts.hostname}:{parts.port}").geturl()
+        url = with_user(service_urls(self.admin.connections.amqp_url)[0], name, password)
         return pika.BlockingConnection(pika.URLParameters(url))
+
+
+def with_user(url: str, username: str, password: str) -> str:
+    parts = urlsplit(url)
+    return parts._replace(netloc=f"{username}:{password}@{parts.hostname}:{parts.port}").geturl()
 
 
 @pytest.fixture
@@ -360,7 +364,7 @@ def test_each_user_is_refused_what_its_role_does_not_do(request_queues: Deployed
 
 
 def test_only_the_reconciler_uses_the_management_api(deployed: Deployed) -> None:
-    base = urlsplit(deployed.admin.connections.management_url)
+    base = urlsplit(service_urls(deployed.admin.connections.management_url)[0])
     answers = {}
     for role in BrokerRole:
         user = BrokerUser(role, None if role in DEPLOYMENT_WIDE else deployed.pool)
@@ -372,7 +376,7 @@ def test_only_the_reconciler_uses_the_management_api(deployed: Deployed) -> None
 
 def test_the_pools_resource_refuses_to_demote_its_own_admin(deployed: Deployed) -> None:
     """A users secret naming the admin would strip the deploy's own rights: refused before any change."""
-    admin_name = urlsplit(deployed.admin.connections.management_url).username
+    admin_name = urlsplit(service_urls(deployed.admin.connections.management_url)[0]).username
     sm = boto3.client("secretsmanager")
     arn = sm.create_secret(Name=unique("broker-user"), SecretString=json.dumps(
         {"username": admin_name, "password": "not-the-admin's"}))["ARN"]
@@ -391,7 +395,7 @@ def test_no_run_time_user_may_put_or_list_policies(deployed: Deployed) -> None:
     """``policymaker`` reaches every queue of each vhost its user may use: only the probe's user holds
     it, and only in the probe's vhost. No one else may drop another pool's requests by a policy, nor
     list the policies but the reconciler."""
-    base = urlsplit(deployed.admin.connections.management_url)
+    base = urlsplit(service_urls(deployed.admin.connections.management_url)[0])
     api = f"{base.scheme}://{base.hostname}:{base.port}/api"
     policy = {"pattern": f"^{p.request_queue_prefix(deployed.other)}", "definition": {"max-length": 0},
               "apply-to": "queues", "priority": 99}

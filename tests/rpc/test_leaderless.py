@@ -5,7 +5,7 @@ from __future__ import annotations
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import consume_answered
 from switchyard.rpc.client import RpcClient
-from switchyard.rpc.control.leaderless import LeaderlessWatch
+from switchyard.rpc.control.leaderless import LeaderlessWatch, members_away
 from switchyard.rpc.control.topology import PoolTopology
 
 
@@ -39,6 +39,20 @@ def test_at_most_max_probes_suspects_a_pass_the_longest_silent_first() -> None:
     watch.cleared("old")
     watch.cleared("a")
     assert watch.suspects(queues) == ["b"]
+
+
+def test_a_queue_in_a_leaderless_state_is_silent_and_names_the_nodes_it_waits_for() -> None:
+    """A minority queue may still report statistics (4.0.5): its state counts. Its members that are
+    not online are on nodes that are down; a listing without those fields names none."""
+    now = [0.0]
+    watch = LeaderlessWatch(silent_s=10, clock=lambda: now[0])
+    minority = {"messages": 0, "state": "minority", "members": ["n1", "n2"], "online": ["n1"]}
+    watch.suspects([("a", minority), ("b", {"messages": 0, "state": "running"})])
+    now[0] = 10.0
+    assert watch.suspects([("a", minority), ("b", {"messages": 0, "state": "running"})]) == ["a"]
+    assert members_away(minority) == ["n2"]
+    assert members_away({"messages": None, "members": ["n1"], "online": ["n1"]}) == []
+    assert members_away({"messages": None}) == []
 
 
 def test_the_probe_hears_a_consume_ok_or_a_refusal_and_leaves_the_message(pool) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
+import pika
 import pytest
 
 from switchyard.rpc import protocol as p
@@ -109,6 +111,28 @@ def test_classic_queues_are_selectable_for_development(make_pool, api: Managemen
     assert info["type"] == "classic"
     assert info["effective_policy_definition"]["dead-letter-exchange"] == p.dl_exchange(pool)
     assert "delivery-limit" not in info["effective_policy_definition"]
+
+
+def test_new_quorum_queues_are_placed_and_queues_made_before_are_used_as_they_are(
+        make_pool, api: ManagementApi, caplog: pytest.LogCaptureFixture) -> None:
+    """Placement (balanced leader, the initial group size) is fixed at creation: a queue made without
+    it (by an earlier version) refuses a declare with it, and is then used as it is, silently."""
+    pool, settings = make_pool(initial_group_size=2)
+    placed = {p.LEADER_LOCATOR_ARGUMENT: p.BALANCED, p.INITIAL_GROUP_SIZE_ARGUMENT: 2}
+    old = p.request_queue(pool, "old")
+    with pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url)) as connection:
+        connection.channel().queue_declare(old, durable=True, arguments={
+            p.QUEUE_TYPE_ARGUMENT: p.QueueType.QUORUM.value, p.KEY_QUEUE_ARGUMENT: "old"})
+    with PoolTopology(pool, settings) as topology:
+        topology.declare()
+        topology.ensure_request_queues(["new", "old"], likely_new=["new", "old"])
+        assert topology.queue_status(old) == (0, 0)
+    queues = {q["name"]: q["arguments"] for q in api.list_queues(f"^{pool}-", columns="name,arguments")}
+    new = [*p.pool_queue_names(pool), p.request_queue(pool, "new")]
+    assert all(queues[q].items() >= placed.items() for q in new)
+    assert p.LEADER_LOCATOR_ARGUMENT not in queues[old]
+    assert not [r for r in caplog.records if r.name.startswith("switchyard") and r.levelno >= logging.WARNING]
+    assert exchange_bindings(api, p.req_exchange(pool)) >= {old, p.request_queue(pool, "new")}
 
 
 def test_request_queue_for_every_odd_key_is_created_and_bound(pool, api: ManagementApi) -> None:

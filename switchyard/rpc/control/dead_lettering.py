@@ -16,8 +16,11 @@ So Switchyard:
   at-most-once by an exact-name policy, which stops its worker cleanly (measured: 50 queues deleted
   within a second of a restart, four runs, the supervisor survived every time; without it ONE queue
   stopped it every time);
-- probes the broker (``probe``): a fresh at-least-once queue is declared, retired and deleted; an
-  ``INTERNAL_ERROR`` means the supervisor is gone, reported with the one recovery there is.
+- probes the broker (``probe``): on every running node of it, a fresh at-least-once queue led by
+  that node is declared, retired and deleted; an ``INTERNAL_ERROR`` means that node's supervisor is
+  gone, reported with the node and the one recovery there is. Each node of a cluster has its own
+  supervisor, and a queue starts its worker on its leader's node only: a probe on the node its
+  connection reached would miss a stranded neighbour.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ from urllib.parse import urlsplit
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
+from switchyard.core.config import service_urls
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
-from switchyard.rpc.errors import DeadLetteringStrandedError
+from switchyard.rpc.errors import DeadLetteringStrandedError, ManagementApiError
 
 RETIRE_SETTLE_S = 0.2
 RECOVERY = (
@@ -52,12 +56,15 @@ RECOVERY = (
 class ProbeResult:
     stranded: bool
     detail: str
+    nodes: tuple[str, ...] = ()  # the stranded nodes
 
 
 def broker_id(amqp_url: str) -> str:
-    """Names one broker and vhost (credentials left out), for the probe's turn shared by every pool."""
-    parts = urlsplit(amqp_url)
-    where = f"{parts.hostname}:{parts.port}/{vhost_from_amqp_url(amqp_url)}"
+    """Names one broker and vhost (credentials left out), for the probe's turn shared by every pool;
+    a cluster's list of URLs in any order names the same."""
+    urls = service_urls(amqp_url) or [amqp_url]
+    nodes = sorted(f"{parts.hostname}:{parts.port}" for parts in map(urlsplit, urls))
+    where = f"{','.join(nodes)}/{vhost_from_amqp_url(amqp_url)}"
     return hashlib.sha256(where.encode("utf-8")).hexdigest()[:16]
 
 
@@ -68,6 +75,12 @@ def stranded_error(what: str) -> DeadLetteringStrandedError:
 def is_stranding(exc: BaseException) -> bool:
     """Whether a broker error is the stranded supervisor's ``INTERNAL_ERROR`` on a declare."""
     return isinstance(exc, pika.exceptions.ConnectionClosedByBroker) and exc.reply_code == p.INTERNAL_ERROR
+
+
+def is_stranding_answer(exc: ManagementApiError) -> bool:
+    """Whether the management API's refusal of a declare is the stranded supervisor's: the node's
+    call to ``rabbit_fifo_dlx_sup`` found no process (an AMQP declare gets ``INTERNAL_ERROR``)."""
+    return exc.status == 400 and "rabbit_fifo_dlx_sup" in exc.body
 
 
 def retire_definition(definition: dict[str, Any]) -> dict[str, Any]:
@@ -99,26 +112,53 @@ def probe_definition() -> dict[str, Any]:
             p.DEAD_LETTER_STRATEGY: p.AT_LEAST_ONCE, "overflow": "reject-publish"}
 
 
+# The probe's queues. The first spans every node (a group larger than any cluster): its members name
+# the nodes, which the management API lists only to monitoring users, and the node that answered the
+# declare leads it. Each other node then declares one of a single member, which it leads.
+SPANNING_GROUP_SIZE = 255
+PROBE_QUEUE_ARGUMENTS = {p.QUEUE_TYPE_ARGUMENT: p.QueueType.QUORUM.value,
+                         p.LEADER_LOCATOR_ARGUMENT: p.CLIENT_LOCAL}
+
+
 def probe(channel: Callable[[], BlockingChannel], management: ManagementApi, priority: int) -> ProbeResult:
-    """Declare a fresh at-least-once quorum queue (its leader starts a dead-letter worker under the
-    supervisor), then retire and delete it. Costs two policy writes, a declare and a delete."""
+    """On each running node, declare a fresh at-least-once quorum queue that the node leads (its leader
+    starts a dead-letter worker under the node's supervisor), then retire and delete it. Costs a
+    policy write, and per node a declare, a read, a delete and two policy writes."""
     for leftover in management.list_queues(f"^{p.DEAD_LETTER_PROBE_PREFIX}", columns="name"):
         _remove(channel, management, leftover["name"], priority)  # an earlier probe's, on a stranded broker
-    queue = p.DEAD_LETTER_PROBE_PREFIX + uuid.uuid4().hex[:16]
     management.put_policy(p.DEAD_LETTER_PROBE_POLICY, f"^{p.DEAD_LETTER_PROBE_PREFIX}", probe_definition(),
                           priority)
-    try:
-        channel().queue_declare(queue, durable=True,
-                                arguments={p.QUEUE_TYPE_ARGUMENT: p.QueueType.QUORUM.value})
-    except pika.exceptions.ConnectionClosedByBroker as exc:
-        if not is_stranding(exc):
-            raise
-        logger.error("at-least-once dead-lettering is stranded", extra={"probe_queue": queue,
+    started, first = _starts_on(channel, management, None, priority)
+    leader = first.get("leader") or first.get("node") or "the node that answered"
+    others = sorted(set(first.get("online") or ()) - {leader})
+    stranded = tuple([] if started else [leader]) + tuple(
+        node for node in others if not _starts_on(channel, management, node, priority)[0])
+    if stranded:
+        logger.error("at-least-once dead-lettering is stranded", extra={"nodes": stranded,
                                                                          "recovery": RECOVERY})
+        return ProbeResult(True, f"stranded on {', '.join(stranded)}: {RECOVERY}", stranded)
+    return ProbeResult(False, f"a new at-least-once quorum queue started on each of {len(others) + 1} "
+                              "node(s)")
+
+
+def _starts_on(channel: Callable[[], BlockingChannel], management: ManagementApi, node: str | None,
+               priority: int) -> tuple[bool, dict[str, Any]]:
+    """Whether an at-least-once queue led by ``node`` starts (the declare runs there; None: a queue on
+    every node, led by the node that answers), and the queue as listed. A stranded node refuses the
+    declare but keeps the queue's record: removed either way."""
+    queue = p.DEAD_LETTER_PROBE_PREFIX + uuid.uuid4().hex[:16]
+    size = SPANNING_GROUP_SIZE if node is None else 1
+    try:
+        management.declare_queue(queue, {**PROBE_QUEUE_ARGUMENTS, p.INITIAL_GROUP_SIZE_ARGUMENT: size}, node)
+        started = True
+    except ManagementApiError as exc:
+        if not is_stranding_answer(exc):
+            raise
+        started = False
+    try:
+        return started, management.get_queue(queue) or {}
+    finally:
         _remove(channel, management, queue, priority)
-        return ProbeResult(True, RECOVERY)
-    _remove(channel, management, queue, priority)
-    return ProbeResult(False, "a new at-least-once quorum queue started")
 
 
 def _remove(channel: Callable[[], BlockingChannel], management: ManagementApi, queue: str,

@@ -15,6 +15,13 @@ queue silent for ``silent_s`` is probed with a consume on a connection of its ow
 does not answer within ``probe_timeout_s``, the queue is deleted (the broker force-deletes a queue
 it cannot reach a quorum for) and declared again, bound if its group is active. The delete also
 frees the publishes and consumes that were blocked on it: the publishers get a nack.
+
+In a cluster, a queue also goes silent when the nodes of its leader and of enough of its members are
+down (measured on 4.0.5: its state ``minority`` or ``down``, no statistics while its leader's node is
+away). That queue is not lost: it comes back, messages and all, with its nodes. It is never deleted:
+``members_away`` names the nodes it waits for, and the reconciler reports it instead. (Two of three
+nodes down is not such a case: under ``pause_minority``, Amazon MQ's setting and
+scripts/rabbitmq-cluster.sh's, the third pauses as well and nothing answers at all.)
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SILENT_S = 10.0
+# The management API's ``state`` of a quorum queue that has no leader to elect: statistics may still
+# come (measured on 4.0.5, from a member left in a minority while its leader's node is up), so the
+# state counts as silence too.
+LEADERLESS_STATES = frozenset({"minority", "down"})
 PROBE_TIMEOUT_S = 10.0
 # Probes per pass: a broker that reports no queue statistics at all must not cost a connection per
 # queue every pass; the longest silent go first, the others wait their turn.
@@ -42,10 +53,11 @@ class LeaderlessWatch:
     _silent_since: dict[str, float] = field(default_factory=dict)
 
     def suspects(self, queues: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
-        """Keys whose queue has reported no statistics for ``silent_s`` (a new queue reports within
-        seconds), at most ``max_probes``; a queue that reports is forgotten."""
+        """Keys whose queue has reported no statistics, or a leaderless state, for ``silent_s`` (a new
+        queue reports within seconds), at most ``max_probes``; a queue that reports is forgotten."""
         now = self.clock()
-        silent = {key for key, queue in queues if queue.get("messages") is None}
+        silent = {key for key, queue in queues
+                  if queue.get("messages") is None or queue.get("state") in LEADERLESS_STATES}
         self._silent_since = {key: self._silent_since.get(key, now) for key in silent}
         due = sorted((since, key) for key, since in self._silent_since.items()
                      if now - since >= self.silent_s)
@@ -54,3 +66,11 @@ class LeaderlessWatch:
     def cleared(self, key: str) -> None:
         """The queue answered (or was declared again): start its silence over."""
         self._silent_since.pop(key, None)
+
+
+def members_away(queue: dict[str, Any]) -> list[str]:
+    """The nodes of ``queue``'s members (the management API's ``members``) whose member is not running
+    (not ``online``: its node is down); none when the listing says nothing of either."""
+    if queue.get("online") is None:
+        return []
+    return sorted(set(queue.get("members") or ()) - set(queue["online"]))

@@ -7,12 +7,15 @@ Amazon MQ sends no per-queue metrics to CloudWatch on 4.x, and quorum queues ref
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 import requests
 
+from switchyard.core.config import service_urls
 from switchyard.core.errors import BrokerUnavailableError
+from switchyard.core.observability import logger
 from switchyard.rpc.errors import ManagementApiError
 
 PAGE_SIZE = 500  # the management API refuses larger pages
@@ -22,42 +25,82 @@ PAGE_SIZE = 500  # the management API refuses larger pages
 LISTING_TIMEOUT_S = 30.0
 
 
+# A node that is down on another host drops the connect silently: it is given this long, then the
+# next URL is tried. A node that accepted but does not answer has the request's own timeout.
+CONNECT_TIMEOUT_S = 3.0
+# A load balancer (or a node still booting) in front of a node that cannot serve: try the next URL.
+FAILOVER_STATUSES = frozenset({502, 503, 504})
+
+
 def vhost_from_amqp_url(amqp_url: str) -> str:
-    path = urlsplit(amqp_url).path
+    """The vhost of an AMQP URL, or of the first of a comma-separated list (every node serves the same)."""
+    path = urlsplit((service_urls(amqp_url) or [amqp_url])[0]).path
     return unquote(path[1:]) if len(path) > 1 else "/"
 
 
+@dataclass(frozen=True)
+class _Node:
+    base: str  # scheme://host:port/.../api, no credentials (it is printed)
+    auth: tuple[str, str]
+
+
+def _node(url: str) -> _Node:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ManagementApiError(f"management URL must be http(s)://user:pass@host:port, got {parts.scheme}://"
+                                 f"{parts.hostname or ''}")
+    netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+    return _Node(f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}/api",
+                 (unquote(parts.username or "guest"), unquote(parts.password or "guest")))
+
+
 class ManagementApi:
-    """A thin, typed client for the few management endpoints Switchyard needs."""
+    """A thin, typed client for the few management endpoints Switchyard needs.
+
+    ``url`` may list several nodes' URLs, comma-separated (a cluster without a load balancer in
+    front): a request goes to the node that answered last, and on to the next when that one cannot
+    be reached (``CONNECT_TIMEOUT_S`` to connect, ``timeout`` to answer) or answers 502-504.
+    """
 
     def __init__(self, url: str, vhost: str = "/", timeout: float = 10.0) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ManagementApiError(f"management URL must be http(s)://user:pass@host:port, got {url!r}")
-        netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
-        self._base = f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}/api"
+        self._nodes = [_node(one) for one in service_urls(url) or [url]]
+        self._current = 0
         self._vhost = quote(vhost, safe="")
         self._timeout = timeout
         self._listing_timeout = max(timeout, LISTING_TIMEOUT_S)
         self._session = requests.Session()
-        self._session.auth = (unquote(parts.username or "guest"), unquote(parts.password or "guest"))
         self._session.headers["content-type"] = "application/json"
 
     def _request(self, method: str, path: str, timeout: float | None = None,
                  **kwargs: Any) -> requests.Response:
-        try:
-            response = self._session.request(method, self._base + path, timeout=timeout or self._timeout,
-                                             **kwargs)
-        except requests.RequestException as exc:
-            raise BrokerUnavailableError(
-                f"RabbitMQ management API unreachable at {self._base}: {exc}. "
-                "Is the rabbitmq_management plugin enabled (./dev services)?"
-            ) from exc
-        if response.status_code >= 400 and response.status_code != 404:
-            raise ManagementApiError(
-                f"{method} {path} answered {response.status_code}: {response.text[:300]}"
-            )
-        return response
+        failures: list[str] = []
+        for step in range(len(self._nodes)):
+            index = (self._current + step) % len(self._nodes)
+            node = self._nodes[index]
+            try:
+                response = self._session.request(
+                    method, node.base + path, auth=node.auth,
+                    timeout=(min(CONNECT_TIMEOUT_S, timeout or self._timeout), timeout or self._timeout),
+                    **kwargs)
+            except requests.RequestException as exc:
+                failures.append(f"{node.base}: {exc}")
+                continue
+            if response.status_code in FAILOVER_STATUSES and step < len(self._nodes) - 1:
+                failures.append(f"{node.base}: {response.status_code}")
+                continue
+            if index != self._current:
+                logger.warning("management API failed over", extra={"to": node.base, "failed": failures})
+                self._current = index
+            if response.status_code >= 400 and response.status_code != 404:
+                raise ManagementApiError(
+                    f"{method} {path} answered {response.status_code}: {response.text[:300]}",
+                    response.status_code, response.text,
+                )
+            return response
+        raise BrokerUnavailableError(
+            f"RabbitMQ management API unreachable at {'; '.join(failures)}. "
+            "Is the rabbitmq_management plugin enabled (./dev services)?"
+        )
 
     def put_policy(
         self, name: str, pattern: str, definition: dict[str, Any], priority: int, apply_to: str = "queues"
@@ -70,6 +113,15 @@ class ManagementApi:
 
     def get_queue(self, name: str) -> dict[str, Any] | None:
         return self._get_or_none(f"/queues/{self._vhost}/{quote(name, safe='')}")
+
+    def declare_queue(self, name: str, arguments: dict[str, Any], node: str | None = None) -> None:
+        """Declare a durable queue on ``node`` (None: the node that answers): the broker runs the
+        declare there, so a quorum queue led by the declaring node starts on it (an AMQP declare
+        runs on the node the connection reached, which a load balancer in front of a cluster picks)."""
+        body: dict[str, Any] = {"durable": True, "auto_delete": False, "arguments": arguments}
+        if node is not None:
+            body["node"] = node
+        self._request("PUT", f"/queues/{self._vhost}/{quote(name, safe='')}", json=body)
 
     def get_exchange(self, name: str) -> dict[str, Any] | None:
         return self._get_or_none(f"/exchanges/{self._vhost}/{quote(name, safe='')}")

@@ -18,7 +18,8 @@ Broker health: one pass per ``probe_interval_s`` (across every pool on the broke
 the broker can still start an at-least-once dead-lettering queue (switchyard/rpc/control/dead_lettering.py);
 ``dead_lettering_stranded`` is the alarm's metric.
 A request queue a broker crash left without a leader (switchyard/rpc/control/leaderless.py) is found by its
-missing statistics and a probe, then deleted and declared again: ``leaderless_redeclared``.
+missing statistics and a probe, then deleted and declared again: ``leaderless_redeclared``; one
+whose members' nodes are down is kept, to come back with them: ``leaderless_waiting``.
 Queue depths (scaling, the ``QueueDepth`` metric, the leaderless watch) come from one listing of
 the management API, which costs the broker about a millisecond per queue of the vhost: with
 thousands of queues it is read only every so often (``DepthCadence``), so that it takes at most a
@@ -36,7 +37,7 @@ from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import consume_answered
 from switchyard.rpc.control.dead_lettering import broker_id
-from switchyard.rpc.control.leaderless import LeaderlessWatch
+from switchyard.rpc.control.leaderless import LeaderlessWatch, members_away
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.ports import PoolStore, WorkerGroup, WorkerGroupDriver
 from switchyard.rpc.settings import Delays, RpcSettings
@@ -61,6 +62,7 @@ class ReconcileOutcome:
     dead_lettering_probes: int = 0
     dead_lettering_stranded: int = 0  # the probe found the broker's dead-letter supervisor gone
     leaderless_redeclared: int = 0  # request queues a broker crash left without a leader
+    leaderless_waiting: int = 0  # silent request queues whose members' nodes are down: kept
     depths_skipped: int = 0  # the queue listing was not due this pass (DepthCadence)
     depths: dict[str, int] = field(default_factory=dict)  # worker group id -> messages in its queue
 
@@ -268,7 +270,7 @@ class Reconciler:
     def _request_queues(self, outcome: ReconcileOutcome) -> list[tuple[str, dict]]:
         """``(key, queue)`` for every request queue of the pool; foreign names skipped and counted."""
         queues = self.topology.management.list_queues(
-            f"^{p.request_queue_prefix(self.pool)}", columns="name,messages,arguments")
+            f"^{p.request_queue_prefix(self.pool)}", columns="name,messages,arguments,members,online,state")
         found = []
         for queue in queues:
             key = p.key_from_request_queue(self.pool, queue["name"], queue.get("arguments"))
@@ -305,31 +307,43 @@ class Reconciler:
         """Delete and declare again each request queue that stays silent and does not answer a probe."""
         if self.leaderless is None or self.topology.policy.queue_type is not p.QueueType.QUORUM:
             return
+        listed = dict(queues)
         for key in self.leaderless.suspects(queues):
             queue = p.request_queue(self.pool, key)
-            try:
-                if consume_answered(self.topology.settings.connections.amqp_url, queue,
-                                    self.leaderless.probe_timeout_s):
-                    self.leaderless.cleared(key)
-                    continue
-                # Not under the key's lock: the orphan handler holds it while its publish to this
-                # very queue is blocked, until the delete frees it. Nothing it could do meanwhile
-                # matters: the queue's messages are gone, and a bind lost to the race sends the
-                # next requests to the orphan handler, which binds the queue again.
-                group = self.state.get(key)
-                self.topology.delete_request_queue(key)
-                self.topology.ensure_request_queue(
-                    key, bind=group is not None and group.status is GroupStatus.ACTIVE)
-            except Exception:  # the next pass tries again
-                outcome.queue_errors += 1
-                logger.exception("declaring a leaderless request queue again failed",
-                                 extra={"pool": self.pool, "queue": queue})
+            away = members_away(listed[key])
+            if away:
+                self.leaderless.cleared(key)  # asked again after another silent window
+                outcome.leaderless_waiting += 1
+                logger.warning("request queue has no leader while nodes of its members are down: kept, "
+                               "it comes back with them",
+                               extra={"pool": self.pool, "queue": queue, "nodes": away})
                 continue
-            self.leaderless.cleared(key)
-            outcome.leaderless_redeclared += 1
-            logger.error("request queue had no leader after a broker crash: deleted and declared again "
-                         "(its messages were lost with the member; callers time out and may retry)",
-                         extra={"pool": self.pool, "queue": queue})
+            self._redeclare(self.leaderless, key, queue, outcome)
+
+    def _redeclare(self, watch: LeaderlessWatch, key: str, queue: str, outcome: ReconcileOutcome) -> None:
+        """Probe one silent queue; if the broker does not answer, delete it and declare it again."""
+        try:
+            if consume_answered(self.topology.settings.connections.amqp_url, queue, watch.probe_timeout_s):
+                watch.cleared(key)
+                return
+            # Not under the key's lock: the orphan handler holds it while its publish to this
+            # very queue is blocked, until the delete frees it. Nothing it could do meanwhile
+            # matters: the queue's messages are gone, and a bind lost to the race sends the
+            # next requests to the orphan handler, which binds the queue again.
+            group = self.state.get(key)
+            self.topology.delete_request_queue(key)
+            self.topology.ensure_request_queue(
+                key, bind=group is not None and group.status is GroupStatus.ACTIVE)
+        except Exception:  # the next pass tries again
+            outcome.queue_errors += 1
+            logger.exception("declaring a leaderless request queue again failed",
+                             extra={"pool": self.pool, "queue": queue})
+            return
+        watch.cleared(key)
+        outcome.leaderless_redeclared += 1
+        logger.error("request queue had no leader after a broker crash: deleted and declared again "
+                     "(its messages were lost with the member; callers time out and may retry)",
+                     extra={"pool": self.pool, "queue": queue})
 
     # -- lost state ---------------------------------------------------------------------------
     def _rebuild(self, outcome: ReconcileOutcome) -> None:

@@ -114,6 +114,14 @@ class PoolTopology:
             arguments[p.KEY_QUEUE_ARGUMENT] = key
         return arguments
 
+    def _placement_arguments(self) -> dict[str, Any]:
+        """Where a new quorum queue's members and leader go (protocol.LEADER_LOCATOR_ARGUMENT); a
+        queue's creation only: redeclared, a queue made without them is used as it is."""
+        if self.policy.queue_type is not p.QueueType.QUORUM:
+            return {}
+        return {p.LEADER_LOCATOR_ARGUMENT: p.BALANCED,
+                p.INITIAL_GROUP_SIZE_ARGUMENT: self.policy.initial_group_size}
+
     # -- pool -------------------------------------------------------------------------------
     def declare(self) -> None:
         """Create everything the pool needs; re-running it changes nothing.
@@ -314,20 +322,39 @@ class PoolTopology:
         )
 
     def _queue(self, name: str, key: str | None = None) -> None:
-        """Declare a durable queue; an existing one of another type is accepted as it is."""
+        """Declare a durable queue; an existing one of another type is accepted as it is, and one
+        made before Switchyard placed its queues (``_placement_arguments``) is used without a word."""
+        arguments = self._queue_arguments(key)
+        placement = self._placement_arguments()
         try:
-            self._channel().queue_declare(name, durable=True, arguments=self._queue_arguments(key))
-        except pika.exceptions.ConnectionClosedByBroker as exc:
-            if is_stranding(exc):
-                raise stranded_error(f"declaring queue {name!r}") from exc
-            raise
+            self._declare(name, {**arguments, **placement})
         except pika.exceptions.ChannelClosedByBroker as exc:
             if exc.reply_code != p.PRECONDITION_FAILED:
                 raise TopologyError(f"declaring queue {name!r}: {exc.reply_text}") from exc
+            if placement and self._declared_as(name, arguments):
+                return
             # Declared earlier with other arguments (e.g. classic vs quorum): it exists; use it.
             self._channel().queue_declare(name, passive=True)
             logger.warning("queue exists with other arguments; using it as is",
                            extra={"queue": name, "reason": exc.reply_text})
+
+    def _declared_as(self, name: str, arguments: dict[str, Any]) -> bool:
+        """Whether ``name`` exists with exactly ``arguments`` (a declare that changes nothing)."""
+        try:
+            self._declare(name, arguments)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != p.PRECONDITION_FAILED:
+                raise TopologyError(f"declaring queue {name!r}: {exc.reply_text}") from exc
+            return False
+        return True
+
+    def _declare(self, name: str, arguments: dict[str, Any]) -> None:
+        try:
+            self._channel().queue_declare(name, durable=True, arguments=arguments)
+        except pika.exceptions.ConnectionClosedByBroker as exc:
+            if is_stranding(exc):
+                raise stranded_error(f"declaring queue {name!r}") from exc
+            raise
 
     def _guard(self, what: str, operation: Any) -> None:
         try:
