@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import replace
 
 from switchyard.core.config import Connections
 from switchyard.rpc.client import RpcClient
@@ -41,10 +42,9 @@ def node_of_port(port: int) -> int:
 
 
 def connections(amqp_url: str, management_node: int = 1) -> Connections:
-    """The environment's connections, RabbitMQ's replaced by the cluster's."""
-    base = Connections.from_env()
-    return Connections(amqp_url, management_url(management_node), base.redis_url, base.postgres_dsn,
-                       base.kafka_bootstrap, base.aws_endpoint_url)
+    """The environment's connections (a Redis Cluster's flag and timeouts included), RabbitMQ's
+    replaced by the cluster's."""
+    return replace(Connections.from_env(), amqp_url=amqp_url, management_url=management_url(management_node))
 
 
 def _script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
