@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from switchyard.core.config import Connections
@@ -26,9 +26,8 @@ def rabbitmq4() -> Connections:
     """The suite's own RabbitMQ 4.0 (scripts/rabbitmq4.sh), which the restart scenario may disturb."""
     port = os.environ.get("SWITCHYARD_RABBITMQ4_PORT", "5673")
     mgmt = os.environ.get("SWITCHYARD_RABBITMQ4_MGMT_PORT", "15673")
-    base = Connections.from_env()
-    return Connections(f"amqp://guest:guest@127.0.0.1:{port}/%2F", f"http://guest:guest@127.0.0.1:{mgmt}",
-                       base.redis_url, base.postgres_dsn, base.kafka_bootstrap, base.aws_endpoint_url)
+    return replace(Connections.from_env(), amqp_url=f"amqp://guest:guest@127.0.0.1:{port}/%2F",
+                   management_url=f"http://guest:guest@127.0.0.1:{mgmt}")
 
 
 def ensure_rabbitmq4() -> None:
@@ -49,8 +48,6 @@ def rabbitmq4_dead_lettering() -> str:
 
 def restart_rabbitmq4() -> None:
     subprocess.run([*rpc.RABBITMQ4_SCRIPT, "restart"], check=True, capture_output=True, timeout=180)
-
-
 
 
 def _kafka_restart(size: str, workdir: Path) -> Account:
