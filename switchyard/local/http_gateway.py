@@ -45,8 +45,8 @@ from urllib.parse import parse_qsl
 import waitress.server
 from waitress import wasyncore
 
-from switchyard.core.config import env_float
 from switchyard.core.observability import redact
+from switchyard.core.settings import HTTP_HEAD_TIMEOUT
 from switchyard.local.http_connections import Channel, ShedAtTheLimit, cut_slow_heads
 from switchyard.local.lambda_context import FakeLambdaContext
 
@@ -225,7 +225,7 @@ class HttpGateway:
     ) -> None:
         self._handler = as_handler(handler)
         if head_timeout_s is None:
-            head_timeout_s = env_float("SWITCHYARD_HTTP_HEAD_TIMEOUT", DEFAULT_HEAD_TIMEOUT_S)
+            head_timeout_s = HTTP_HEAD_TIMEOUT.read()
         if head_timeout_s <= 0:
             raise ValueError(f"the request head timeout must be positive, got {head_timeout_s}")
         self._head_timeout_s = head_timeout_s

@@ -2,7 +2,7 @@
 
 ``switchyard.rpc.ports`` holds the contract, one module per backend (``subprocess``, ``noop``, ``ecs``), and
 ``driver_from_env()`` picks one from the environment (read by ``switchyard.rpc.settings``:
-``DriverSettings`` and ``ecs_settings_from_env``):
+``DriverSettings``; ``ecs.EcsSettings.from_env`` for the ECS driver):
 
 * ``SWITCHYARD_DRIVER``: ``subprocess`` (default), ``noop`` or ``ecs``;
 * ``SWITCHYARD_WORKER_HANDLER``: ``module:function`` (default ``switchyard.rpc.examples:describe``);
@@ -60,12 +60,11 @@ def driver_from_env(settings: DriverSettings | None = None) -> WorkerGroupDriver
 def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
     """The ECS driver (imported here: only the deployment needs boto3's ECS client)."""
     from switchyard.core.config import Connections
-    from switchyard.rpc.drivers.ecs import EcsDriver, ecs_client
-    from switchyard.rpc.settings import ecs_settings_from_env  # imports the ECS driver's module
+    from switchyard.rpc.drivers.ecs import EcsDriver, EcsSettings, ecs_client
     from switchyard.rpc.store import WorkerGroupLock
 
     connections = Connections.from_env()
-    ecs = ecs_settings_from_env()
+    ecs = EcsSettings.from_env()
     return EcsDriver(
         ecs,
         lock=WorkerGroupLock.from_connections(connections, ecs.lock_ttl_s, ecs.lock_wait_s),
