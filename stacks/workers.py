@@ -34,7 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def worker_family(scope: Construct, pool: str) -> str:
-    """The task definition family of a pool (``SWITCHYARD_ECS_TASK_DEFINITION`` of its control plane)."""
+    """The task definition family of a pool (``SWITCHYARD_RPC_ECS_TASK_DEFINITION`` of its control plane)."""
     return physical_name(scope, f"{c.WORKER_FAMILY_SUFFIX}{pool}")
 
 

@@ -4,7 +4,7 @@
 A deployment (the AWS target or the LocalStack one) writes each setting as a String parameter named
 after its environment variable, under ``/switchyard/<stack>/config/`` (``config_path()``). A process
 that has ``SWITCHYARD_CONFIG_PATH`` set (every Lambda function; ``switchyard local --stack NAME``)
-reads that path with Powertools' Parameters utility, whose cache (``SWITCHYARD_CONFIG_MAX_AGE``
+reads that path with Powertools' Parameters utility, whose cache (``SWITCHYARD_CONFIG_MAX_AGE_S``
 seconds) keeps warm invocations from calling SSM. The values are handed to the settings reader
 (``switchyard.core.config.config_source``) under the process environment, never written into it, so
 no reader depends on who loaded them first. Variables set in the process itself win: they are how a

@@ -35,7 +35,7 @@ def open_redis(url: str, cluster: bool, retry: Retry, *,
 
 def connect_redis(connections: Connections | None = None) -> RedisClient:
     """A client for ``SWITCHYARD_REDIS_URL`` whose every command fails within
-    ``SWITCHYARD_REDIS_TIMEOUT`` seconds (per attempt; connection errors are retried twice)."""
+    ``SWITCHYARD_REDIS_TIMEOUT_S`` seconds (per attempt; connection errors are retried twice)."""
     connections = connections or Connections.from_env()
     timeout = connections.redis_timeout_s
     return open_redis(connections.redis_url, connections.redis_cluster,

@@ -404,7 +404,7 @@ FUNCTION_SERVICES = {"delay": observability.DELAY_SERVICE, "bus": observability.
 
 def service_for_function(function: str) -> str | None:
     """The deployed service of ``functions/<function>.py`` (``rpc_*``: the pool's, from
-    ``SWITCHYARD_POOL``); None where unknown or ``POWERTOOLS_SERVICE_NAME`` already says it."""
+    ``SWITCHYARD_RPC_POOL``); None where unknown or ``POWERTOOLS_SERVICE_NAME`` already says it."""
     if os.environ.get("POWERTOOLS_SERVICE_NAME"):
         return None
     if function == "rpc_scheduled":  # the relay serves every pool

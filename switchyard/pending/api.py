@@ -5,7 +5,7 @@ resolver is the Lambda behind API Gateway (``functions/pending_api.py``). Routes
 ``/endpoints/{endpoint}/`` and authenticated by that endpoint's token (``Authorization: Bearer``):
 
 * ``GET next?wait=S``: the next request (200, JSON) or 204 after up to ``S`` seconds (at most
-  ``SWITCHYARD_PENDING_HTTP_POLL_WAIT``, and never past the Lambda's remaining time: the long poll
+  ``SWITCHYARD_PENDING_HTTP_POLL_WAIT_S``, and never past the Lambda's remaining time: the long poll
   ends inside API Gateway's 29 s);
 * ``POST requests/{id}/heartbeat`` ``{"take": T}``: the service is alive; the reply says whether
   to stop (``{"cancelled": bool, "reason": str|null}``);
