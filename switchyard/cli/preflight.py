@@ -25,8 +25,8 @@ from switchyard.core.config import (
     SecretUrl,
     service_urls,
 )
-from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.errors import ConfigError
+from switchyard.core.reader import CONFIG_PATH
 
 TIMEOUT_S = 1.0
 
@@ -113,7 +113,7 @@ def reach(host: str, port: int, timeout_s: float = TIMEOUT_S) -> str | None:
 
 
 def _hint(service: Service) -> str:
-    if os.environ.get(CONFIG_PATH_ENV):
+    if CONFIG_PATH.read(os.environ):
         return f"check the stack's {service.variable} (switchyard --stack NAME config) and the route to it"
     return f"start it with ./dev services or set {service.variable}"
 

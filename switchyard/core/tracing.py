@@ -202,8 +202,7 @@ def enable_trace_log(path: str | None = None) -> str | None:
     """Turn the trace log on for this process and the processes it starts (the local runtime's
     call): ``path``, else the variable's own value, else ``.local/logs/trace.jsonl``. A variable
     set to ``off`` keeps it off. Returns the path in use."""
-    given = os.environ.get(TRACE_LOG_ENV)
-    if path is None and given is not None:
+    if path is None and TRACE_LOG_ENV in os.environ:  # set, even to "off" or empty: the caller's choice
         return trace_log_path()
     os.environ[TRACE_LOG_ENV] = path or DEFAULT_TRACE_LOG  # the interface of the workers it starts
     return trace_log_path()

@@ -1,8 +1,9 @@
 """The local runtime ships its metrics into the deployed stack's own namespace.
 
 ``switchyard --stack NAME`` points the process at the stack's configuration (SSM: moto here), which
-names the stack's namespace; the shipper installed after that sends every metric there (LocalStack's CloudWatch), so
-the stack's alarms see them and another stack's do not. Processes of no stack keep ``Switchyard``.
+names the stack's namespace; the shipper installed after that sends every metric there (LocalStack's
+CloudWatch), so the stack's alarms see them and another stack's do not. Processes of no stack keep
+``Switchyard``.
 """
 
 from __future__ import annotations
