@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import asdict
 from typing import Any
@@ -43,10 +43,11 @@ def pool_service(pool: str) -> str:
     return f"switchyard-{pool}"
 
 
-def metrics_namespace() -> str:
+def metrics_namespace(source: Mapping[str, str] | None = None) -> str:
     """This process's namespace: Powertools' variable (each deployed function and task has its stack's),
-    else the deployed stack's configuration (``switchyard --stack NAME`` loaded it), else the default."""
-    return (os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or METRICS_NAMESPACE.read()
+    else the deployed stack's configuration (``switchyard --stack NAME`` names it), else the default.
+    ``source``: where settings are read (default: the environment over the deployed configuration)."""
+    return (os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or METRICS_NAMESPACE.read(source)
             or DEFAULT_METRICS_NAMESPACE)
 
 
@@ -237,7 +238,7 @@ class EMFProvider(AmazonCloudWatchEMFProvider):
 
 
 logger = _build_logger()
-metrics = Metrics(namespace=metrics_namespace(), service=SERVICE)
+metrics = Metrics(namespace=metrics_namespace(os.environ), service=SERVICE)  # no AWS call at import
 tracer = _build_tracer()
 _provider_factory: Callable[..., AmazonCloudWatchEMFProvider] | None = None
 
@@ -252,7 +253,7 @@ def use_metrics_provider(factory: Callable[..., AmazonCloudWatchEMFProvider] | N
     """
     global _provider_factory
     _provider_factory = factory
-    metrics.namespace = metrics_namespace()  # the stack's, if its configuration was loaded since import
+    metrics.namespace = metrics_namespace()  # the stack's, if the process names one
     metrics.provider = (factory or EMFProvider)(
         namespace=metrics.namespace, service=metrics.service, metric_set=metrics.metric_set,
         dimension_set=metrics.dimension_set, metadata_set=metrics.metadata_set,
