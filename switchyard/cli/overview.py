@@ -18,9 +18,9 @@ from typing import Any
 
 from switchyard.cli.preflight import require, unavailable
 from switchyard.core.config import Connections
-from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.errors import SwitchyardError
 from switchyard.core.observability import redact_url
+from switchyard.core.reader import CONFIG_PATH
 
 PARTS = ("rpc", "delay", "bus", "pending")
 SERVICES = {"rpc": ("redis", "management"), "delay": ("postgres",), "bus": ("redis",), "pending": ("redis",)}
@@ -95,7 +95,7 @@ class Overview:
                                                  "pending": self._pending}
         futures = {name: self._executor.submit(self._read_part, name, readers[name]) for name in PARTS}
         parts = tuple(futures[name].result() for name in PARTS)
-        return SystemStatus(time.time(), os.environ.get(CONFIG_PATH_ENV), parts)
+        return SystemStatus(time.time(), CONFIG_PATH.read(os.environ) or None, parts)
 
     def _read_part(self, name: str, read: Callable[[], Any]) -> PartStatus:
         try:

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from switchyard.core.errors import ConfigError, InvalidNameError
 from switchyard.rpc import protocol as p
+from switchyard.rpc.settings import MAX_WORKERS, MIN_WORKERS, TARGET_BACKLOG
 
 GROUP_ID_DIGEST_CHARS = 24
 GROUP_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
@@ -141,11 +142,11 @@ class WorkerGroup:
 def check_sizes(min_workers: int, max_workers: int, target_backlog: int) -> None:
     """Reject group sizes no driver can honour (shared by every driver that scales)."""
     if min_workers < 1:
-        raise ConfigError("SWITCHYARD_MIN_WORKERS must be at least 1 (a started group runs a worker)")
+        raise ConfigError(f"{MIN_WORKERS.name} must be at least 1 (a started group runs a worker)")
     if max_workers < min_workers:
-        raise ConfigError("SWITCHYARD_MAX_WORKERS must be at least SWITCHYARD_MIN_WORKERS")
+        raise ConfigError(f"{MAX_WORKERS.name} must be at least {MIN_WORKERS.name}")
     if target_backlog < 1:
-        raise ConfigError("SWITCHYARD_TARGET_BACKLOG must be at least 1")
+        raise ConfigError(f"{TARGET_BACKLOG.name} must be at least 1")
 
 
 def desired_workers(backlog: int, *, min_workers: int, max_workers: int, target_backlog: int) -> int:

@@ -431,7 +431,7 @@ def test_a_redis_that_stops_answering_fails_the_call_instead_of_hanging(monkeypa
     threading.Thread(target=lambda: held.extend(listener.accept()[0] for _ in range(16)), daemon=True).start()
     name, _ = pool
     monkeypatch.setenv("SWITCHYARD_REDIS_URL", f"redis://127.0.0.1:{listener.getsockname()[1]}/0")
-    monkeypatch.setenv("SWITCHYARD_REDIS_TIMEOUT", "0.3")
+    monkeypatch.setenv("SWITCHYARD_REDIS_TIMEOUT_S", "0.3")
     result: list[BaseException | None] = []
     planes: list[ControlPlane] = []
 
