@@ -155,7 +155,8 @@ def settings(connections: Connections) -> Iterator[DelaySettings]:
                       consumer_group=f"{name}-g", application_name=name, batch_window_ms=50)
     create_topics(connections.kafka_bootstrap, s.input_topic, s.output_topic)
     yield s
-    PostgresDelayStore(connections.postgres_dsn, s.schema).drop_schema()
+    with PostgresDelayStore(connections.postgres_dsn, s.schema) as dropping:
+        dropping.drop_schema()
     delete_topics(connections.kafka_bootstrap, s.input_topic, s.output_topic)
 
 

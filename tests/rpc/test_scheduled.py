@@ -43,7 +43,8 @@ def delay_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[DelaySettings]:
     create_topics(bootstrap, s.input_topic, s.output_topic)
     monkeypatch.setenv("SWITCHYARD_DELAY_INPUT_TOPIC", s.input_topic)
     yield s
-    PostgresDelayStore(Connections.from_env().postgres_dsn, s.schema).drop_schema()
+    with PostgresDelayStore(Connections.from_env().postgres_dsn, s.schema) as dropping:
+        dropping.drop_schema()
     delete_topics(bootstrap, s.input_topic, s.output_topic)
 
 
