@@ -191,7 +191,7 @@ def make_service(settings: DelaySettings, connections: Connections, store: Postg
 def handler_service(settings: DelaySettings, connections: Connections, store: PostgresDelayStore,
                     ) -> Iterator[DelayService]:
     """The process-wide service the Lambda handlers use, pointed at this test's settings."""
-    svc = runtime.configure(settings, connections)
+    svc = runtime.install_service(settings, connections)
     yield svc
     svc.close()
 

@@ -18,8 +18,15 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.amqp import connect, is_alive
-from switchyard.rpc.control.dead_lettering import ProbeResult, is_stranding, probe, retired, stranded_error
+from switchyard.rpc.amqp import connect, consume_answered, is_alive
+from switchyard.rpc.control.dead_lettering import (
+    ProbeResult,
+    broker_id,
+    is_stranding,
+    probe,
+    retired,
+    stranded_error,
+)
 from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
 from switchyard.rpc.errors import PoolNotEmptyError, PoolNotFoundError, TopologyError
 from switchyard.rpc.settings import PoolPolicy, RpcSettings
@@ -66,7 +73,10 @@ def staging_policy_definition(policy: PoolPolicy, target_queue: str, strategy: s
 
 
 class PoolTopology:
-    """The broker-side shape of one pool. Use as a context manager; it owns one connection."""
+    """The broker-side shape of one pool. Use as a context manager; it owns one connection.
+
+    The adapter behind ``ports.RequestQueues``: the control loops' view of the pool's queues.
+    """
 
     def __init__(self, pool: str, settings: RpcSettings | None = None) -> None:
         self.pool = p.validate_pool(pool)
@@ -77,6 +87,10 @@ class PoolTopology:
         self._connection: pika.BlockingConnection | None = None
         self._chan: BlockingChannel | None = None
         self._helpers: list[PoolTopology] = []
+
+    @property
+    def queue_type(self) -> p.QueueType:
+        return self.policy.queue_type
 
     # -- connection -------------------------------------------------------------------------
     def __enter__(self) -> PoolTopology:
@@ -173,8 +187,7 @@ class PoolTopology:
         """The queues that are this pool's by name: the fixed ones and every request queue whose
         name Switchyard could have made (other applications' ``{pool}-...`` queues are not)."""
         names = [q for q in p.pool_queue_names(self.pool) if self.queue_status(q) is not None]
-        listed = self.management.list_queues(f"^{p.request_queue_prefix(self.pool)}",
-                                             columns="name,arguments")
+        listed = self.list_request_queues(columns="name,arguments")
         names += [q["name"] for q in listed
                   if p.key_from_request_queue(self.pool, q["name"], q.get("arguments")) is not None]
         return names
@@ -303,6 +316,14 @@ class PoolTopology:
         self._guard(f"deleting {p.request_queue(self.pool, key)!r}",
                     lambda ch: ch.queue_delete(p.request_queue(self.pool, key)))
 
+    def list_request_queues(self, columns: str) -> list[dict[str, Any]]:
+        """The pool's ``{pool}-req-*`` queues from the management API, with ``columns``."""
+        return self.management.list_queues(f"^{p.request_queue_prefix(self.pool)}", columns=columns)
+
+    def answers_consume(self, queue: str, timeout_s: float) -> bool:
+        """``amqp.consume_answered`` on a connection of its own (a leaderless queue blocks a channel)."""
+        return consume_answered(self.settings.connections.amqp_url, queue, timeout_s)
+
     def queue_status(self, queue: str) -> tuple[int, int] | None:
         """``(ready messages, consumers)`` by passive declare (exact, unlike the management
         API's sampled stats), or None if the queue does not exist."""
@@ -361,6 +382,18 @@ class PoolTopology:
             operation(self._channel())
         except pika.exceptions.ChannelClosedByBroker as exc:
             raise TopologyError(f"{what}: {exc.reply_text}") from exc
+
+
+class BrokerProbe:
+    """The ``ports.DeadLetteringProbe`` of a pool's broker: ``PoolTopology.probe_dead_lettering`` with
+    the topology's connection, or in ``where`` (the probe's own vhost and user)."""
+
+    def __init__(self, topology: PoolTopology, where: RpcSettings | None = None) -> None:
+        self._topology, self._where = topology, where
+        self.broker = broker_id(topology.settings.connections.amqp_url)
+
+    def stranded(self) -> bool:
+        return self._topology.probe_dead_lettering(self._where).stranded
 
 
 def init_pool(pool: str, settings: RpcSettings | None = None) -> None:
