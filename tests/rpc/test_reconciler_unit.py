@@ -147,7 +147,7 @@ def test_depths_are_listed_on_the_cadence_and_repeated_between_listings(rig: Rig
     assert [c for c in rig.queues.calls if c[0] == "list"] == [("list", rig.state.pool)] * 2
 
 
-def test_a_silent_queue_that_does_not_answer_is_declared_again_one_whose_nodes_are_down_kept(rig: Rig) -> None:
+def test_a_silent_queue_not_answering_is_declared_again_one_whose_nodes_are_down_kept(rig: Rig) -> None:
     rig.active("lost", "away", messages=None)
     rig.queues.get("lost").answers = False  # type: ignore[union-attr]
     rig.queues.get("away").listed.update(members=["n1", "n2", "n3"], online=["n1"])  # type: ignore[union-attr]
@@ -160,7 +160,8 @@ def test_a_silent_queue_that_does_not_answer_is_declared_again_one_whose_nodes_a
     assert ("delete", "away") not in rig.queues.calls
 
 
-def test_a_classic_pool_is_neither_probed_nor_watched_for_leaderless_queues(redis_client: RedisClient) -> None:
+def test_a_classic_pool_is_neither_probed_nor_watched_for_leaderless_queues(
+        redis_client: RedisClient) -> None:
     rig = Rig(PoolState(redis_client, unique("recunit")), p.QueueType.CLASSIC)
     try:
         rig.active("k", messages=None)
