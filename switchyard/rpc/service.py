@@ -1,6 +1,6 @@
 """The control plane of one pool: the four handlers' logic wired to its state, broker and driver.
 
-Composition, as every part's: ``build_service(control, settings)`` makes the plane from settings
+Composition, as every part's: ``build_service(settings, rpc)`` makes the plane from settings
 its caller has read, and ``build_relay`` the scheduled-call relay; nothing here reads the
 environment. The adapters call them: the Lambda handlers of ``functions/`` through
 ``switchyard.aws.services`` (one instance per execution environment, connections reused across
@@ -100,11 +100,11 @@ class ControlPlane:
         self.driver.close()
 
 
-def build_service(control: ControlSettings, settings: RpcSettings, *, driver: WorkerGroupDriver | None = None,
+def build_service(settings: ControlSettings, rpc: RpcSettings, *, driver: WorkerGroupDriver | None = None,
                   redis_client: RedisClient | None = None) -> ControlPlane:
-    """The control plane of ``control.pool`` (connections opened on first use); ``driver`` defaults
-    to the one the environment names (``driver_from_env``)."""
-    return ControlPlane(control, settings, driver, redis_client)
+    """The control plane of ``settings.pool`` on the broker and Redis of ``rpc`` (connected on first
+    use); ``driver`` defaults to the one the environment names (``driver_from_env``)."""
+    return ControlPlane(settings, rpc, driver, redis_client)
 
 
 def build_relay(settings: RpcSettings, parked: ParkedStore) -> ScheduledRelay:

@@ -1,0 +1,112 @@
+"""Composition: every part builds its service one way, and nothing is read at import.
+
+Each part's ``service.py`` has ``build_service(settings, ...)``, which reads no configuration; the
+adapters read the settings and call it (the Lambda handlers through ``switchyard.aws.services`` on
+their first invocation). Importing a handler module reads no ``SWITCHYARD_*`` variable, calls no
+AWS API (so not SSM) and opens no connection: a cold start's init phase and the layer's import
+check wait on nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from switchyard.bus import service as bus_service
+from switchyard.delay import service as delay_service
+from switchyard.pending import service as pending_service
+from switchyard.rpc import service as rpc_service
+from tests.conftest import subprocess_env
+
+ROOT = Path(__file__).resolve().parent.parent
+FUNCTIONS = sorted(p.stem for p in (ROOT / "functions").glob("*.py"))
+
+# The one exception: the module-level Powertools logger and metrics of ``switchyard.core.observability``
+# (Powertools' own pattern: they exist before the first invocation) read the function's own
+# environment, which the stack sets on every function (stacks/functions.py), never SSM.
+OBSERVABILITY_AT_IMPORT = ["SWITCHYARD_LOG_FORMAT", "SWITCHYARD_LOG_LEVEL", "SWITCHYARD_METRICS_NAMESPACE"]
+
+# Run in a fresh interpreter: every read of a SWITCHYARD_ variable, every AWS API call and every
+# connection made while the handler modules import is recorded (and refused).
+_PROBE = r"""
+import importlib.util, json, os, socket, sys
+
+reads, calls, connects = [], [], []
+
+class Watched(os._Environ):
+    def __getitem__(self, key):
+        if str(key).startswith("SWITCHYARD_"):
+            reads.append(key)
+            raise KeyError(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        if str(key).startswith("SWITCHYARD_"):
+            reads.append(key)
+        return super().__contains__(key)
+
+env = os.environ
+os.environ = Watched(env._data, env.encodekey, env.decodekey, env.encodevalue, env.decodevalue)
+
+import botocore.client
+
+def refuse_call(self, operation, params):
+    calls.append(operation)
+    raise RuntimeError(f"AWS API call at import: {operation}")
+
+botocore.client.BaseClient._make_api_call = refuse_call
+real_connect = socket.socket.connect
+
+def refuse_connect(self, address):
+    connects.append(repr(address))
+    raise OSError(f"connection at import: {address!r}")
+
+socket.socket.connect = refuse_connect
+failed = {}
+for name in sys.argv[1:]:
+    path = os.path.join("functions", name + ".py")
+    spec = importlib.util.spec_from_file_location("functions." + name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        failed[name] = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"reads": sorted(set(reads)), "calls": calls, "connects": connects, "failed": failed}))
+"""
+
+
+def test_importing_the_handlers_reads_no_setting_calls_no_aws_api_and_connects_nowhere() -> None:
+    # A deployed function's environment: its settings would come from SSM, a read would fail.
+    env = subprocess_env(SWITCHYARD_CONFIG_PATH="/switchyard/no-such-stack/config/",
+                         SWITCHYARD_POOL="example", AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    done = subprocess.run([sys.executable, "-c", _PROBE, *FUNCTIONS], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"reads": OBSERVABILITY_AT_IMPORT, "calls": [], "connects": [], "failed": {}}
+    assert len(FUNCTIONS) >= 14
+
+
+def test_the_probe_sees_a_read_at_import(tmp_path: Path) -> None:
+    """The check above can fail: a module that reads its pool at import is caught."""
+    functions = tmp_path / "functions"
+    functions.mkdir()
+    (functions / "reads.py").write_text("import os\nPOOL = os.environ.get('SWITCHYARD_POOL')\n")
+    done = subprocess.run([sys.executable, "-c", _PROBE, "reads"], cwd=tmp_path,
+                          env=subprocess_env(SWITCHYARD_POOL="example"),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert json.loads(done.stdout.strip().splitlines()[-1])["reads"] == ["SWITCHYARD_POOL"]
+
+
+@pytest.mark.parametrize("module", [rpc_service, delay_service, bus_service, pending_service],
+                         ids=lambda m: m.__name__)
+def test_every_part_has_build_service_from_settings(module: object) -> None:
+    build = module.build_service  # type: ignore[attr-defined]
+    first = next(iter(inspect.signature(build).parameters.values()))
+    assert first.name == "settings" and first.default is inspect.Parameter.empty
+    assert not hasattr(module, "install") and not hasattr(module, "configure")
