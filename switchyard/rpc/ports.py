@@ -241,8 +241,9 @@ class PoolStore(Protocol):
 class RequestQueues(Protocol):
     """One pool's request queues on the broker, as the control loops see them (``PoolTopology``).
 
-    Operations are idempotent; a broker's refusal raises ``TopologyError`` (the adapter translates
-    its client's errors), a lost connection the broker client's own error.
+    Operations are idempotent and raise Switchyard's errors only (the adapter translates its
+    client's): a broker's refusal ``TopologyError``, a lost connection ``BrokerUnavailableError``, a
+    management API failure ``ManagementApiError``.
     """
 
     pool: str

@@ -7,15 +7,17 @@ same entity with the same arguments are no-ops in RabbitMQ, and policies are PUT
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
+from switchyard.core.errors import BrokerUnavailableError
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import connect, consume_answered, is_alive
@@ -70,6 +72,28 @@ def staging_policy_definition(policy: PoolPolicy, target_queue: str, strategy: s
         if strategy == p.AT_LEAST_ONCE:
             definition["overflow"] = "reject-publish"  # at-least-once requires it
     return definition
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+Method = Callable[Concatenate["PoolTopology", P], R]
+
+
+def _broker_errors(method: Method[P, R]) -> Method[P, R]:
+    """A ``ports.RequestQueues`` method raises Switchyard's errors only: a refusal is already a
+    ``TopologyError``; a connection lost under it (pika's ``AMQPError``) becomes
+    ``BrokerUnavailableError``, raised from it."""
+
+    @functools.wraps(method)
+    def translated(self: PoolTopology, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(self, *args, **kwargs)
+        except pika.exceptions.AMQPError as exc:
+            raise BrokerUnavailableError(f"{method.__name__} on pool {self.pool!r}: {exc!r}") from exc
+
+    return translated
 
 
 class PoolTopology:
@@ -249,6 +273,7 @@ class PoolTopology:
             )
 
     # -- request queues ---------------------------------------------------------------------
+    @_broker_errors
     def ensure_request_queue(self, key: str, bind: bool = True) -> str:
         """Declare ``{pool}-req-{key}`` and (by default) bind it to the request exchange by key."""
         queue = p.request_queue(self.pool, key)
@@ -257,6 +282,7 @@ class PoolTopology:
             self.bind_request_queue(key)
         return queue
 
+    @_broker_errors
     def ensure_request_queues(self, keys: Iterable[str], likely_new: Iterable[str] = (),
                               parallel: int = 8) -> None:
         """``ensure_request_queue`` for many keys, fast: a batch of orphans may name 100 keys.
@@ -304,6 +330,7 @@ class PoolTopology:
                                      routing_key=p.routing_key(key)),
         )
 
+    @_broker_errors
     def unbind_request_queue(self, key: str) -> None:
         self._guard(
             f"unbinding {p.request_queue(self.pool, key)!r}",
@@ -311,19 +338,23 @@ class PoolTopology:
                                        routing_key=p.routing_key(key)),
         )
 
+    @_broker_errors
     def delete_request_queue(self, key: str) -> None:
         """Delete unconditionally: callers check emptiness first (quorum queues refuse if-empty)."""
         self._guard(f"deleting {p.request_queue(self.pool, key)!r}",
                     lambda ch: ch.queue_delete(p.request_queue(self.pool, key)))
 
+    @_broker_errors
     def list_request_queues(self, columns: str) -> list[dict[str, Any]]:
         """The pool's ``{pool}-req-*`` queues from the management API, with ``columns``."""
         return self.management.list_queues(f"^{p.request_queue_prefix(self.pool)}", columns=columns)
 
+    @_broker_errors
     def answers_consume(self, queue: str, timeout_s: float) -> bool:
         """``amqp.consume_answered`` on a connection of its own (a leaderless queue blocks a channel)."""
         return consume_answered(self.settings.connections.amqp_url, queue, timeout_s)
 
+    @_broker_errors
     def queue_status(self, queue: str) -> tuple[int, int] | None:
         """``(ready messages, consumers)`` by passive declare (exact, unlike the management
         API's sampled stats), or None if the queue does not exist."""
