@@ -110,3 +110,25 @@ def test_every_part_has_build_service_from_settings(module: object) -> None:
     first = next(iter(inspect.signature(build).parameters.values()))
     assert first.name == "settings" and first.default is inspect.Parameter.empty
     assert not hasattr(module, "install") and not hasattr(module, "configure")
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return names
+
+
+def test_the_rpc_control_logic_sees_the_store_and_the_broker_through_ports() -> None:
+    """The handlers and the reconciler import ``rpc.ports``, not the Redis store; the reconciler
+    neither the topology (its adapter) nor pika's helpers."""
+    control = ROOT / "switchyard" / "rpc" / "control"
+    assert not {path.name for path in control.glob("*.py") if "switchyard.rpc.store" in _imports(path)}
+    reconciler = _imports(control / "reconciler.py")
+    assert not reconciler & {"switchyard.rpc.control.topology", "switchyard.rpc.amqp",
+                             "switchyard.rpc.control.dead_lettering", "pika"}
