@@ -132,3 +132,48 @@ def test_the_rpc_control_logic_sees_the_store_and_the_broker_through_ports() -> 
     reconciler = _imports(control / "reconciler.py")
     assert not reconciler & {"switchyard.rpc.control.topology", "switchyard.rpc.amqp",
                              "switchyard.rpc.control.dead_lettering", "pika"}
+
+
+_BUILD = r"""
+import json, os
+
+from switchyard.bus.service import build_service as build_bus
+from switchyard.bus.settings import BusSettings
+from switchyard.core.config import Connections
+from switchyard.delay.service import build_service as build_delay
+from switchyard.delay.settings import DelaySettings
+from switchyard.pending.service import build_service as build_pending
+from switchyard.pending.settings import PendingSettings
+from switchyard.rpc.drivers import NoopDriver
+from switchyard.rpc.service import build_relay, build_service as build_rpc
+from switchyard.rpc.settings import ControlSettings, RpcSettings
+
+# What an adapter reads first; from here on, every read is the part's own.
+values = (Connections.from_env(), DelaySettings.from_env(), BusSettings.from_env(),
+          PendingSettings.from_env(), ControlSettings.from_env(), RpcSettings.from_env())
+connections, delay, bus, pending, control, rpc = values
+reads = []
+
+class Watched(os._Environ):
+    def __getitem__(self, key):
+        if str(key).startswith("SWITCHYARD_"):
+            reads.append(key)
+        return super().__getitem__(key)
+
+env = os.environ
+os.environ = Watched(env._data, env.encodekey, env.decodekey, env.encodevalue, env.decodevalue)
+delay_service = build_delay(delay, connections)
+services = [delay_service, build_bus(bus, connections), build_pending(pending),
+            build_rpc(control, rpc, driver=NoopDriver())]
+relay = build_relay(rpc, parked=delay_service.store)
+print(json.dumps(sorted(set(reads))))
+"""
+
+
+def test_build_service_reads_no_setting_of_its_own() -> None:
+    """The settings an adapter passed are all a part's ``build_service`` uses."""
+    done = subprocess.run([sys.executable, "-c", _BUILD], cwd=ROOT,
+                          env=subprocess_env(SWITCHYARD_POOL="example"),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

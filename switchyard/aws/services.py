@@ -51,10 +51,11 @@ class OnePerProcess(Generic[T]):
 
 
 def _control_plane() -> ControlPlane:
+    from switchyard.rpc.drivers import driver_from_env
     from switchyard.rpc.service import build_service
     from switchyard.rpc.settings import ControlSettings, RpcSettings
 
-    return build_service(ControlSettings.from_env(), RpcSettings.from_env())
+    return build_service(ControlSettings.from_env(), RpcSettings.from_env(), driver=driver_from_env())
 
 
 class _ParkedInDelay:

@@ -18,7 +18,7 @@ from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RabbitMQEventSource
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.topology import PoolTopology
-from switchyard.rpc.drivers import WorkerGroupDriver
+from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
 from switchyard.rpc.service import build_service
 from switchyard.rpc.settings import ControlSettings, RpcSettings
 
@@ -38,7 +38,7 @@ class LocalControlPlane:
                  driver: WorkerGroupDriver | None = None, bridges: BridgeSettings | None = None) -> None:
         self.control = control
         self.settings = settings or RpcSettings.from_env()
-        self.plane = build_service(control, self.settings, driver=driver)
+        self.plane = build_service(control, self.settings, driver=driver or driver_from_env())
         self.bridges = bridges or BridgeSettings()
         self.sources: list[RabbitMQEventSource] = []
         self.reconcile_passes = 0

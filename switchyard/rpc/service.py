@@ -100,10 +100,10 @@ class ControlPlane:
         self.driver.close()
 
 
-def build_service(settings: ControlSettings, rpc: RpcSettings, *, driver: WorkerGroupDriver | None = None,
+def build_service(settings: ControlSettings, rpc: RpcSettings, *, driver: WorkerGroupDriver,
                   redis_client: RedisClient | None = None) -> ControlPlane:
     """The control plane of ``settings.pool`` on the broker and Redis of ``rpc`` (connected on first
-    use); ``driver`` defaults to the one the environment names (``driver_from_env``)."""
+    use), starting its worker groups with ``driver`` (the adapter's: ``drivers.driver_from_env``)."""
     return ControlPlane(settings, rpc, driver, redis_client)
 
 
