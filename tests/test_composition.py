@@ -177,3 +177,18 @@ def test_build_service_reads_no_setting_of_its_own() -> None:
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_handler_service_is_built_once_unless_one_is_installed() -> None:
+    from switchyard.aws.services import OnePerProcess
+
+    built: list[object] = []
+    holder = OnePerProcess(lambda: built.append(object()) or built[-1])
+    assert not holder.built
+    first = holder()
+    assert holder() is first and len(built) == 1
+    mine = object()
+    holder.install(mine)
+    assert holder() is mine and len(built) == 1
+    holder.install(None)  # built again on the next call
+    assert holder() is not first and len(built) == 2
