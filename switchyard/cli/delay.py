@@ -22,7 +22,7 @@ from switchyard.core.tracing import enable_trace_log
 from switchyard.delay.errors import PublishError
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.parsing import format_deadline, parse_deadline
-from switchyard.delay.service import configure
+from switchyard.delay.service import build_service
 from switchyard.delay.settings import DELAY, DelaySettings, validate_topic
 from switchyard.local import delay_runtime as runtime
 from switchyard.local.lambda_context import FakeLambdaContext
@@ -64,7 +64,7 @@ def _store() -> Any:
     """The delay service over its store, Postgres checked first."""
     connections = Connections.from_env()
     require("postgres", connections=connections)
-    return configure(DelaySettings.from_env(), connections)
+    return build_service(DelaySettings.from_env(), connections)
 
 
 def _migrate(args: argparse.Namespace) -> int:
