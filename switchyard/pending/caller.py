@@ -33,7 +33,7 @@ from switchyard.pending.errors import (
     ProcessorLostError,
 )
 from switchyard.pending.model import CancelToken, Response, decode_response, encode_message, store_streams
-from switchyard.pending.ports import NodeContext, RequestState, WaitOutcome
+from switchyard.pending.ports import NodeContext, RequestState, WaitOutcome, WithdrawOutcome
 from switchyard.pending.settings import check_endpoint
 from switchyard.pending.streams import StreamRef, StreamStore
 from switchyard.pending.wakeup import Signal
@@ -233,19 +233,19 @@ class Caller:
     def _withdraw(self, call: Call, mode: str) -> Response | None:
         reply = self._node.store.withdraw(call.endpoint, call.id, call.element, mode)
         self._node.step(f"withdraw_{mode}")
-        if reply.outcome == "answered":
+        if reply.outcome is WithdrawOutcome.ANSWERED:
             return decode_response(call.id, reply.response or b"")
-        if reply.outcome == "missing":
+        if reply.outcome is WithdrawOutcome.MISSING:
             self._state_vanished(call)
         if mode == "timeout":
-            if reply.outcome == "withdrawn":
+            if reply.outcome is WithdrawOutcome.WITHDRAWN:
                 metrics.count(metrics.PENDING_PICKUP_TIMEOUTS, call.endpoint)
                 raise PickupTimeoutError(
                     f"request {call.id} to {call.endpoint!r}: no polling service took it within the pickup "
                     "timeout; it was taken back from the queue")
             call.taken = True
             return None
-        if reply.outcome == "withdrawn":
+        if reply.outcome is WithdrawOutcome.WITHDRAWN:
             when = "before pickup (taken back)"
         else:
             when = "after pickup (the processor was told)"

@@ -74,11 +74,20 @@ class ProcessorBeatReply(NamedTuple):
     cancelled: bool
 
 
-class WithdrawReply(NamedTuple):
-    """A withdrawal: ``withdrawn``, ``answered`` (with the response), ``taken``, ``cancelled`` or
-    ``missing``."""
+class WithdrawOutcome(StrEnum):
+    """What a withdrawal did (withdraw.lua's replies)."""
 
-    outcome: str
+    WITHDRAWN = "withdrawn"  # it was still waiting: gone now
+    ANSWERED = "answered"  # a response beat the withdrawal (with the response)
+    TAKEN = "taken"  # a timeout's: left to its processor
+    CANCELLED = "cancelled"  # a cancel's after pickup: the processor told
+    MISSING = "missing"
+
+
+class WithdrawReply(NamedTuple):
+    """A withdrawal's outcome, with the response when ``ANSWERED``."""
+
+    outcome: WithdrawOutcome
     response: bytes | None
 
 

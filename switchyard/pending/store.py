@@ -28,7 +28,6 @@ from typing import Any, cast
 import redis
 from redis.backoff import ConstantBackoff
 from redis.cluster import RedisCluster
-from redis.crc import key_slot
 from redis.retry import Retry
 
 from switchyard.core.redis_client import RedisClient, open_redis
@@ -42,9 +41,11 @@ from switchyard.pending.ports import (
     ProcessorState,
     RequestState,
     WaitOutcome,
+    WithdrawOutcome,
     WithdrawReply,
 )
 from switchyard.pending.settings import PendingSettings, check_endpoint
+from switchyard.pending.store_admin import AdminOps, _ms, _text
 from switchyard.pending.subscriber import SharedSubscriber
 
 logger = logging.getLogger(__name__)
@@ -84,14 +85,6 @@ ANSWER_WAITERS = 4  # connections per Redis node for callers' answer-list waits 
 MIN_ANSWER_WAIT_S = 0.01  # a shorter wait is not worth a connection (and BLPOP's 0 is "for ever")
 
 
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _raise(error: Exception) -> Any:
     raise error
 
@@ -114,7 +107,7 @@ def _cut(connection: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
-class RedisStore:
+class RedisStore(AdminOps):
     """One node's pending-queue state in Redis; ``closed`` is the node's (set when it closes).
     ``answer_waiters``: connections per Redis node for answer-list waits (0: every call waits on
     the node channel, as concurrent calls beyond them do)."""
@@ -315,7 +308,7 @@ class RedisStore:
         reply = self._available(lambda: self._withdraw(
             keys=[self.state_key(endpoint, request_id), self.pending_key(endpoint)],
             args=[request_id, mode, self.node_channel_prefix, element, self.endpoint_channel(endpoint)]))
-        return WithdrawReply(_text(reply[0]), reply[1] if len(reply) > 1 else None)
+        return WithdrawReply(WithdrawOutcome(_text(reply[0])), reply[1] if len(reply) > 1 else None)
 
     def unlink_answered(self, answered: Mapping[str, Sequence[str]]) -> None:
         """One UNLINK per endpoint (its keys share one cluster slot), all in one round trip."""
@@ -489,115 +482,6 @@ class RedisStore:
             polling = list(self._poll_connections)
         for connection in polling:  # a poller blocked in a pop ends now, not after its wait
             _cut(connection)
-
-    # ------------------------------------------------------------- watcher
-
-    def swap_guards(self, token: str, ttl_s: float) -> dict[str, bytes | None]:
-        """Swap ``token`` into every guard (one per shard on a cluster); a shard that does not
-        answer is left out (checked next time), unless none does."""
-        replies: dict[str, bytes | None] = {}
-        failure: Exception | None = None
-        for key in self.guard_keys():
-            try:
-                replies[key] = cast("bytes | None", self.client.set(key, token, px=_ms(ttl_s), get=True))
-            except (redis.ConnectionError, redis.TimeoutError, *MOVED) as exc:
-                failure = exc
-            except redis.RedisError as exc:  # refused (out of memory...)
-                raise PendingError(f"Redis refused the data-loss guard: {exc}") from exc
-        if not replies and failure is not None:
-            raise QueueUnavailableError(f"Redis unreachable after retrying: {failure}") from failure
-        return replies
-
-    def guard_keys(self) -> dict[str, tuple[int, int]]:
-        """The data-loss guard keys: one on a single server; on a cluster one per shard's slot
-        range, tagged into it (a master that lost its data loses its guard). Recomputed when the
-        slot map changes; a failover keeps the slots, so the same keys."""
-        if self._cluster is None:
-            return {self.guard_key: (0, 16383)}
-        slots_cache = self._cluster.nodes_manager.slots_cache
-        cached, keys = self._guards
-        if cached is not slots_cache:
-            keys = {}
-            ranges: list[list[Any]] = []
-            for slot in range(16384):
-                nodes = slots_cache.get(slot)
-                owner = nodes[0].name if nodes else None
-                if ranges and ranges[-1][2] == owner and ranges[-1][1] == slot - 1:
-                    ranges[-1][1] = slot
-                else:
-                    ranges.append([slot, slot, owner])
-            for low, high, owner in ranges:
-                if owner is not None:
-                    tag = next(t for t in (f"{low}.{i}" for i in range(1 << 20))
-                               if low <= key_slot(t.encode()) <= high)
-                    keys[f"{self.guard_key}:{{{tag}}}"] = (low, high)
-            self._guards = (slots_cache, keys)
-        return keys
-
-    def endpoint_in(self, endpoint: str, slots: tuple[int, int]) -> bool:
-        """Whether ``endpoint``'s keys live in the slot range ``slots``."""
-        low, high = slots
-        return low <= key_slot(check_endpoint(endpoint).encode()) <= high
-
-    # ------------------------------------------------------------ node API
-
-    def take_poll_slot(self, endpoint: str, slot: str, lapses_at: float, key_ttl_ms: int, limit: int) -> bool:
-        key, now = self.polls_key(endpoint), time.time()
-
-        def count() -> int:
-            pipe = self.client.pipeline(transaction=True)
-            pipe.zremrangebyscore(key, "-inf", now)
-            pipe.zadd(key, {slot: lapses_at})
-            pipe.zcard(key)
-            pipe.pexpire(key, key_ttl_ms)
-            return int(pipe.execute()[2])
-
-        try:
-            if self._available(count) <= limit:
-                return True
-            self.client.zrem(key, slot)
-            return False
-        except (redis.RedisError, QueueUnavailableError) as exc:
-            raise QueueUnavailableError(f"Redis unavailable for the poll count: {exc}") from exc
-
-    def give_back_poll_slot(self, endpoint: str, slot: str) -> None:
-        with contextlib.suppress(redis.RedisError):  # else it lapses by itself
-            self.client.zrem(self.polls_key(endpoint), slot)
-
-    # --------------------------------------------------------------- admin
-
-    def status(self) -> dict[str, Any]:
-        """Queue depth, in-flight requests by state and oldest age, per endpoint (SCAN: an admin view)."""
-        return cast("dict[str, Any]", self._available(self._status))
-
-    def _status(self) -> dict[str, Any]:
-        now_ms = int(self._available(self.client.time)[0]) * 1000
-        prefix = f"{self.settings.prefix}:{{"
-        endpoints: dict[str, dict[str, Any]] = {}
-
-        def entry(endpoint: str) -> dict[str, Any]:
-            return endpoints.setdefault(endpoint, {"waiting": 0, "queued": 0, "taken": 0, "answered": 0,
-                                                   "oldest_age_s": 0.0})
-
-        for key in self._scan(f"{prefix}*}}:r:*"):
-            text = _text(key)
-            endpoint = text[len(prefix):text.rindex("}:r:")]
-            state, at = self.client.hmget(key, "s", "at")
-            if state is None:
-                continue
-            item = entry(endpoint)
-            item[{"q": "queued", "t": "taken", "a": "answered"}[_text(state)]] += 1
-            # "at" is written with "s" (in one HSET), so it is there when the state is.
-            item["oldest_age_s"] = max(item["oldest_age_s"], (now_ms - int(cast("bytes", at))) / 1000)
-        for key in self._scan(f"{prefix}*}}:pending"):
-            text = _text(key)
-            entry(text[len(prefix):text.rindex("}:pending")])["waiting"] = self.client.llen(key)
-        return dict(sorted(endpoints.items()))
-
-    def _scan(self, pattern: str) -> list[Any]:
-        """Every key matching ``pattern`` (on a cluster: SCAN on every master)."""
-        keys = self._available(lambda: list(self.client.scan_iter(match=pattern, count=1000)))
-        return cast("list[Any]", keys)
 
     def close(self) -> None:
         """Give the batcher's held connection back, close the answer-list waits' connections
