@@ -18,7 +18,7 @@ from switchyard import __version__
 from switchyard.bus.auth import ANYONE, Caller, Credentials, basic_username
 from switchyard.bus.errors import (
     BadInputError,
-    StorageError,
+    StoreError,
     TopicClaimedError,
     TopicLimitError,
     UnauthorizedError,
@@ -48,7 +48,7 @@ def unauthorized_text(exc: UnauthorizedError) -> str:
     return f"this endpoint requires authentication with {exc}"
 
 
-def storage_unavailable(exc: StorageError) -> str:
+def storage_unavailable(exc: StoreError) -> str:
     """Log a Redis error; the message a 503 says."""
     logger.warning("bus API: Redis error", extra={"error": str(exc)})
     return "storage unavailable"
@@ -122,8 +122,8 @@ def build_resolver(store: BusStorePort, credentials: Credentials,
                             for e in errors[:5])
         return text(400, redact(f"bad data in payload: {details}"))
 
-    @app.exception_handler(StorageError)
-    def _redis_down(exc: StorageError) -> Response[str]:
+    @app.exception_handler(StoreError)
+    def _redis_down(exc: StoreError) -> Response[str]:
         return text(503, storage_unavailable(exc))
 
     # -- health --------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ def build_resolver(store: BusStorePort, credentials: Credentials,
         require("root", "client")
         try:
             store.ping()
-        except StorageError:
+        except StoreError:
             return text(500)
         return text(204)
 

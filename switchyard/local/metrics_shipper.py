@@ -32,7 +32,7 @@ from typing import Any
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 
 from switchyard.core import observability
-from switchyard.core.errors import ConfigError
+from switchyard.core.errors import ConfigError, SwitchyardError
 from switchyard.core.observability import logger
 
 # PutMetricData's limits (API reference): 1,000 metrics and 1 MB per request, 150 distinct values
@@ -48,7 +48,7 @@ SHIP_ENV = "SWITCHYARD_SHIP_METRICS"
 TRUE_VALUES = ("1", "true", "yes", "on")
 
 
-class MalformedEMFError(ValueError):
+class MalformedEMFError(SwitchyardError, ValueError):
     """A blob that is not the Embedded Metric Format Powertools writes."""
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from switchyard.pending import metrics
-from switchyard.pending.errors import MessageTooLargeError, PendingError, QueueUnavailableError
+from switchyard.pending.errors import MessageTooLargeError, PendingError, StoreUnavailableError
 from switchyard.pending.model import (
     Delivery,
     Handler,
@@ -96,7 +96,7 @@ class Processor:
         for item in due:
             item.next_beat = now + self.settings.heartbeat_interval_s
             request = item.request
-            retryable: tuple[type[Exception], ...] = (QueueUnavailableError, *self._node.store.refused)
+            retryable: tuple[type[Exception], ...] = (StoreUnavailableError, *self._node.store.refused)
             try:
                 beat = self.processor_heartbeat(request.endpoint, request.id, request.take_id)
             except retryable as exc:  # the next beat tries again
@@ -118,7 +118,7 @@ class Processor:
     def _check_processing(self, endpoint: str) -> None:
         check_endpoint(endpoint)
         if self._closed.is_set():
-            raise QueueUnavailableError("this node is shutting down")
+            raise StoreUnavailableError("this node is shutting down")
         if not self._started():
             raise PendingError("start() the PendingQueue before taking requests")
 

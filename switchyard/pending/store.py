@@ -32,7 +32,7 @@ from redis.retry import Retry
 
 from switchyard.core.redis_client import RedisClient, open_redis
 from switchyard.pending.batch import MOVED, ScriptBatcher, packed
-from switchyard.pending.errors import PendingError, QueueUnavailableError
+from switchyard.pending.errors import PendingError, StoreUnavailableError
 from switchyard.pending.ports import CallerBeatReply, ProcessorBeatReply, WithdrawReply
 from switchyard.pending.settings import PendingSettings, check_endpoint
 from switchyard.pending.subscriber import SharedSubscriber
@@ -131,7 +131,7 @@ class RedisStore:
                 now = time.monotonic()
                 give_up = give_up or now + (0 if self._cluster is None else self.settings.retry_window_s)
                 if now >= give_up or self._closed.is_set():
-                    raise QueueUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
+                    raise StoreUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
                 self._closed.wait(self.settings.retry_interval_s)
 
     # ------------------------------------------------------------------ keys
@@ -267,7 +267,7 @@ class RedisStore:
                 now = time.monotonic()
                 give_up = give_up or now + s.retry_window_s
                 if now >= give_up:
-                    raise QueueUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
+                    raise StoreUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
                 lost = True
                 self._closed.wait(s.retry_interval_s)
 
@@ -343,7 +343,7 @@ class RedisStore:
             except (redis.ConnectionError, redis.TimeoutError, *MOVED) as exc:
                 failure = exc
         if not replies and failure is not None:
-            raise QueueUnavailableError(f"Redis unreachable after retrying: {failure}") from failure
+            raise StoreUnavailableError(f"Redis unreachable after retrying: {failure}") from failure
         return replies
 
     def guard_keys(self) -> dict[str, tuple[int, int]]:
@@ -395,8 +395,8 @@ class RedisStore:
                 return True
             self.client.zrem(key, slot)
             return False
-        except (redis.RedisError, QueueUnavailableError) as exc:
-            raise QueueUnavailableError(f"Redis unavailable for the poll count: {exc}") from exc
+        except (redis.RedisError, StoreUnavailableError) as exc:
+            raise StoreUnavailableError(f"Redis unavailable for the poll count: {exc}") from exc
 
     def give_back_poll_slot(self, endpoint: str, slot: str) -> None:
         with contextlib.suppress(redis.RedisError):  # else it lapses by itself
