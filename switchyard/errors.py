@@ -23,6 +23,6 @@ from switchyard.rpc.errors import (
     UnroutableError,
 )
 
-__all__ = [*_core_all, "CallError", "CallInterruptedError", "CallTimeoutError", "ClientBusyError", "ClientClosedError",
-           "DeadLetteringStrandedError", "ManagementApiError", "PoolNotEmptyError", "PoolNotFoundError",
-           "PublishRejectedError", "TopologyError", "UnroutableError"]
+__all__ = [*_core_all, "CallError", "CallInterruptedError", "CallTimeoutError", "ClientBusyError",
+           "ClientClosedError", "DeadLetteringStrandedError", "ManagementApiError", "PoolNotEmptyError",
+           "PoolNotFoundError", "PublishRejectedError", "TopologyError", "UnroutableError"]

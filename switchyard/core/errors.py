@@ -60,8 +60,8 @@ class RemoteError(SwitchyardError):
 class RpcError(SwitchyardError):
     """Base of the rpc part's errors (``switchyard.rpc.errors``; a failed call is its ``CallError``).
 
-    Declared here, not in the part, so the parts that take rpc's calls through a port (spark)
-    catch it without importing rpc, and ``switchyard.core.errors.RpcError`` keeps importing."""
+    The one part root declared here, not in its part: ``switchyard.core.errors.RpcError`` keeps
+    importing as before, and the core cannot alias a part's class (no import points up a floor)."""
 
 
 def deprecated_aliases(module: str, renamed: Mapping[str, type[BaseException]]) -> Callable[[str], object]:
