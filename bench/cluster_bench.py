@@ -50,7 +50,7 @@ from bench.bus_bench import Receiver  # noqa: E402
 from bench.stats import cpu_seconds, load_average, percentiles, quiet_environment  # noqa: E402
 from switchyard.bus.settings import BusSettings  # noqa: E402
 from switchyard.bus.store import BusStore, event_json  # noqa: E402
-from switchyard.core.config import Connections, env_flag  # noqa: E402
+from switchyard.core.config import REDIS_CLUSTER, Connections  # noqa: E402
 from switchyard.core.redis_client import connect_redis  # noqa: E402
 from tests.pending.conftest import PrivateRedis  # noqa: E402
 from tests.redis_cluster import PrivateRedisCluster  # noqa: E402
@@ -112,7 +112,7 @@ def bus_settings(name: str) -> BusSettings:
 
 def publisher_process(url: str, name: str, token: str, threads: int, seconds: float) -> None:
     """Publish from ``threads`` threads for ``seconds``; print latencies, errors and this process's CPU."""
-    connections = Connections(redis_url=url, redis_cluster=env_flag("SWITCHYARD_REDIS_CLUSTER"))
+    connections = Connections(redis_url=url, redis_cluster=REDIS_CLUSTER.read())
     store = BusStore(connect_redis(connections), bus_settings(name))
     latencies: list[float] = []
     errors: list[str] = []

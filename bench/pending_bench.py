@@ -66,9 +66,9 @@ RAW = "raw"  # key prefix of the baseline's lists
 def bench_settings(url: str, prefix: str, cluster: bool = False) -> PendingSettings:
     """On ``url``; a Redis Cluster if ``cluster`` or SWITCHYARD_REDIS_CLUSTER=1 (bench/cluster_bench.py's
     rounds, whose child processes inherit the variable)."""
-    from switchyard.core.config import Connections, env_flag
+    from switchyard.core.config import REDIS_CLUSTER, Connections
 
-    connections = Connections(redis_url=url, redis_cluster=cluster or env_flag("SWITCHYARD_REDIS_CLUSTER"))
+    connections = Connections(redis_url=url, redis_cluster=cluster or REDIS_CLUSTER.read())
     return PendingSettings(prefix=prefix, connections=connections, redis_connections=256)
 
 

@@ -160,8 +160,9 @@ def environment(tag: str, workers: int) -> dict[str, str]:
             "SWITCHYARD_DELAY_OUTPUT_TOPIC": f"sbench-{tag}-out",
             "SWITCHYARD_DELAY_SCHEMA": f"sbench_{tag}", "SWITCHYARD_DELAY_CONSUMER_GROUP": f"sbench-{tag}",
             "SWITCHYARD_DELAY_TIMING_ADVANCE_MS": "0",  # lateness against the deadline itself
-            "SWITCHYARD_DRIVER": "subprocess", "SWITCHYARD_WORKER_HANDLER": "bench.scheduled_bench:stamp",
-            "SWITCHYARD_MIN_WORKERS": str(workers), "SWITCHYARD_MAX_WORKERS": str(workers),
+            "SWITCHYARD_RPC_DRIVER": "subprocess",
+            "SWITCHYARD_RPC_WORKER_HANDLER": "bench.scheduled_bench:stamp",
+            "SWITCHYARD_RPC_MIN_WORKERS": str(workers), "SWITCHYARD_RPC_MAX_WORKERS": str(workers),
             "SWITCHYARD_LOG_LEVEL": "WARNING", "POWERTOOLS_METRICS_DISABLED": "true"}
 
 

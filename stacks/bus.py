@@ -32,11 +32,15 @@ from stacks.grants import read_secrets
 from stacks.monitoring import PERIOD, AlarmSpec, MonitoringConstruct, errors_or_throttles
 from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct, allow_from
+from stacks.parameters import environment
 from stacks.platform import fargate_platform, worker_image
 from stacks.secrets import generated_secret
 from stacks.workers import WorkersConstruct
 from switchyard.bus import metrics as bus_metrics
+from switchyard.bus import settings as bus
+from switchyard.core.config import SECRET_SOURCES
 from switchyard.core.observability import BUS_SERVICE
+from switchyard.core.settings import LOG_LEVEL
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUS_CONSTRUCT_ID = "Bus"
@@ -72,13 +76,13 @@ class BusConstruct(Construct):
         self.root_key = generated_secret(
             self, "RootKey", key="root_key", length=48,
             description="Switchyard event bus root key (JSON root_key): manages the API tokens")
-        env = {**functions.redis_env(), "SWITCHYARD_BUS_NAME": BUS_NAME}
+        env = {**functions.redis_env(), **environment({bus.NAME: BUS_NAME})}
         self.api_function = functions.add_function(
             "BusApi", "bus_api", service=BUS_SERVICE, timeout_s=BUS_API_TIMEOUT_S, public=True,
             # Every request, authenticated or not, is a paid invocation: the reservation caps what a
             # flood can run (and spend) beside the stage's throttle (switchyard:concurrency busApi).
             reserved_concurrency=functions.config.concurrency.bus_api,
-            environment={**env, "SWITCHYARD_BUS_SECRET_ARN": self.root_key.secret_arn})
+            environment={**env, **environment({bus.SECRET_ARN: self.root_key.secret_arn})})
         read_secrets(self.api_function, data.redis_secret, self.root_key)
         self.housekeeping = functions.add_function(
             "BusHousekeeping", "bus_housekeeping", service=BUS_SERVICE, environment=env,
@@ -148,13 +152,12 @@ class BusConstruct(Construct):
             logging=ecs.LogDrivers.aws_logs(stream_prefix="bus", log_group=self.workers.log_group),
             environment={
                 **self.functions.endpoints.redis_settings(),  # the password: an ECS secret, below
-                "SWITCHYARD_BUS_NAME": BUS_NAME,
-                "SWITCHYARD_LOG_LEVEL": c.LOG_LEVEL,
+                **environment({bus.NAME: BUS_NAME, LOG_LEVEL: c.LOG_LEVEL}),
                 "POWERTOOLS_SERVICE_NAME": BUS_SERVICE,
                 "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace(self),
                 "POWERTOOLS_METRICS_DISABLED": "false",  # the CLI turns EMF off unless told otherwise
             },
-            secrets={"SWITCHYARD_REDIS_PASSWORD":
+            secrets={SECRET_SOURCES["REDIS"]["password"].name:
                      ecs.Secret.from_secrets_manager(self.data.redis_secret, "password")},
         )
         # Subscribers are anywhere on the internet (https): outbound open; inbound nothing.

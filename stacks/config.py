@@ -393,7 +393,8 @@ class DeploymentConfig:
     emr_image: str = ""  # the EMR Serverless application's custom image (python3.11), if any
     base_image: str = ""  # what pools' own images start FROM; empty: ./dev deploy's local build
     concurrency: ConcurrencyConfig = field(default_factory=ConcurrencyConfig)
-    call_timeout_seconds: int = c.DEFAULT_AWS_CALL_TIMEOUT_S  # the callers' default (SWITCHYARD_CALL_TIMEOUT)
+    # the callers' default (SWITCHYARD_RPC_CALL_TIMEOUT_S)
+    call_timeout_seconds: int = c.DEFAULT_AWS_CALL_TIMEOUT_S
     # Production keeps the data: RDS deletion protection, snapshots of RDS and ElastiCache on delete.
     production: bool = False
     nat_gateways: int = c.VPC_NAT_GATEWAYS  # one per AZ (VPC_MAX_AZS) survives the loss of an AZ

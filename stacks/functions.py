@@ -46,12 +46,17 @@ from stacks.parameters import (
     SCHEDULED_CONSUMER_GROUP,
     ConfigParametersConstruct,
     ServiceEndpoints,
+    environment,
+    secret_arn_env,
 )
 from stacks.platform import lambda_architecture, lambda_runtime
 from stacks.pool_stacks import pool_scope
 from stacks.workers import WorkersConstruct, worker_family
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.observability import DELAY_SERVICE, DEPLOY_SERVICE, SCHEDULED_SERVICE, pool_service
+from switchyard.core.settings import LOG_LEVEL
+from switchyard.delay.settings import DELAY
+from switchyard.rpc import settings as rpc
 from switchyard.rpc.control.access import BrokerRole
 from switchyard.rpc.protocol import DEAD_LETTER_PROBE_VHOST
 
@@ -201,7 +206,7 @@ class FunctionsConstruct(Construct):
                 "POWERTOOLS_SERVICE_NAME": service,
                 "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace(self),
                 "POWERTOOLS_LOG_LEVEL": c.LOG_LEVEL,
-                "SWITCHYARD_LOG_LEVEL": c.LOG_LEVEL,
+                LOG_LEVEL.name: c.LOG_LEVEL,
                 CONFIG_PATH_ENV: self.parameters.path,
                 **environment,
             },
@@ -212,7 +217,7 @@ class FunctionsConstruct(Construct):
 
     def _amqp_env(self, secret: secretsmanager.ISecret) -> dict[str, str]:
         """The broker's URLs, filled from ``secret``: the admin's or a role's user (rpc/control/access.py)."""
-        return {**self.endpoints.amqp_env(), "SWITCHYARD_AMQP_SECRET_ARN": secret.secret_arn}
+        return {**self.endpoints.amqp_env(), **secret_arn_env("AMQP", secret)}
 
     def redis_env(self) -> dict[str, str]:
         """Redis's URL (its password from the data construct's secret): the functions on the stack's Redis."""
@@ -282,7 +287,7 @@ class FunctionsConstruct(Construct):
             "DelaySchema",
             "deploy_delay_schema",
             {"Schema": d.schema},
-            {**self._postgres_env(), "SWITCHYARD_DELAY_SCHEMA": d.schema},
+            {**self._postgres_env(), **environment({DELAY["schema"]: d.schema})},
         )
         read_secrets(schema_fn, self.data.postgres_secret)
         schema.node.add_dependency(self.data.postgres)
@@ -304,29 +309,21 @@ class FunctionsConstruct(Construct):
         env = {
             **self._amqp_env(broker_user),
             **self.redis_env(),
-            "SWITCHYARD_POOL": pool.name,
-            "SWITCHYARD_UNBIND_DELAY": str(pool.unbind_delay_seconds),
-            "SWITCHYARD_STOP_DELAY": str(pool.stop_delay_seconds),
-            "SWITCHYARD_DRIVER": driver,
+            **environment({rpc.POOL: pool.name, rpc.UNBIND_DELAY: pool.unbind_delay_seconds,
+                           rpc.STOP_DELAY: pool.stop_delay_seconds, rpc.DRIVER: driver}),
         }
         if driver == "ecs":
-            env.update(
-                {
-                    "SWITCHYARD_ECS_CLUSTER": self.workers.cluster.cluster_name,
-                    "SWITCHYARD_ECS_TASK_DEFINITION": worker_family(self, pool.name),
-                    "SWITCHYARD_ECS_SUBNETS": Fn.join(
-                        ",",
-                        self.network.vpc.select_subnets(
-                            subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS
-                        ).subnet_ids,
-                    ),
-                    "SWITCHYARD_ECS_SECURITY_GROUPS": self.network.workers_sg.security_group_id,
-                    "SWITCHYARD_ECS_CAPACITY_PROVIDER": pool.capacity_provider,
-                    "SWITCHYARD_MIN_WORKERS": str(pool.min_workers),
-                    "SWITCHYARD_MAX_WORKERS": str(pool.max_workers),
-                    "SWITCHYARD_TARGET_BACKLOG": str(pool.target_backlog),
-                }
-            )
+            subnets = self.network.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+            env.update(environment({
+                rpc.ECS_CLUSTER: self.workers.cluster.cluster_name,
+                rpc.ECS_TASK_DEFINITION: worker_family(self, pool.name),
+                rpc.ECS_SUBNETS: Fn.join(",", subnets.subnet_ids),
+                rpc.ECS_SECURITY_GROUPS: self.network.workers_sg.security_group_id,
+                rpc.ECS_CAPACITY_PROVIDER: pool.capacity_provider,
+                rpc.MIN_WORKERS: pool.min_workers,
+                rpc.MAX_WORKERS: pool.max_workers,
+                rpc.TARGET_BACKLOG: pool.target_backlog,
+            }))
         return env
 
     def _build_pool(self, pool: PoolConfig) -> PoolFunctions:
@@ -360,8 +357,8 @@ class FunctionsConstruct(Construct):
         """The dead-lettering probe runs as its own user in its own vhost: the one holder of
         ``policymaker`` (switchyard/rpc/control/access.py), so no pool's user may put policies."""
         secret = self.broker.user_secret(BrokerRole.PROBE)
-        fn.add_environment("SWITCHYARD_DEAD_LETTER_PROBE_VHOST", DEAD_LETTER_PROBE_VHOST)
-        fn.add_environment("SWITCHYARD_DEAD_LETTER_PROBE_SECRET_ARN", secret.secret_arn)
+        fn.add_environment(rpc.DEAD_LETTER_PROBE_VHOST.name, DEAD_LETTER_PROBE_VHOST)
+        fn.add_environment(rpc.DEAD_LETTER_PROBE_SECRET_ARN.name, secret.secret_arn)
         read_secrets(fn, secret)
 
     def _amazon_mq_source(self, scope: Construct, fn: lambda_.Function, pool: PoolConfig,
@@ -398,7 +395,7 @@ class FunctionsConstruct(Construct):
         d = self.config.delay
         # the fire loop warns past the same lateness SLA the alarm is set on
         env = {**self._kafka_env(), **self._postgres_env(),
-               "SWITCHYARD_DELAY_LATENESS_SLA_MS": str(d.lateness_sla_ms)}
+               **environment({DELAY["lateness_sla_ms"]: d.lateness_sla_ms})}
         # role -> (timeout, reserved concurrency): enqueue runs per batch, fire and sweep loop.
         reserved = self.config.concurrency
         roles = {"enqueue": (c.ESM_TIMEOUT_S, None), "fire": (c.LOOP_TIMEOUT_S, reserved.fire),

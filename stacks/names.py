@@ -6,7 +6,7 @@ cluster, an alarm), and a shared task definition family would let one stack's co
 the other's workers. Resources that need no name get none (CloudFormation makes one up); these are
 the ones whose name is required (the broker, MSK, the ElastiCache group), read by people (alarms,
 the dashboard, the APIs, the EMR application) or read by code, which gets it from its environment or
-the deployed configuration, never from a constant: the control plane's ``SWITCHYARD_ECS_TASK_DEFINITION``,
+the deployed configuration, never from a constant: the control plane's ``SWITCHYARD_RPC_ECS_TASK_DEFINITION``,
 ``SWITCHYARD_ALARM_PREFIX`` (``switchyard alarms``). Metrics are not resources but collide the same
 way: each stack has its own namespace (``metrics_namespace``), which its alarms and dashboard read.
 """

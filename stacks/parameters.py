@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from aws_cdk import Acknowledgment, Stack, Validations
 from aws_cdk import aws_iam as iam
@@ -25,10 +26,32 @@ from constructs import Construct
 
 from stacks.config import ConfigError, DelayConfig
 from stacks.names import runtime_names
-from switchyard.core.config import REDIS_CLUSTER_ENV, REDIS_URL_ENV
+from switchyard.core.config import (
+    AMQP_URL,
+    KAFKA_AUTH,
+    KAFKA_BOOTSTRAP,
+    MANAGEMENT_URL,
+    POSTGRES_DSN,
+    REDIS_CLUSTER,
+    REDIS_URL,
+    SECRET_SOURCES,
+    Setting,
+)
 from switchyard.core.deployed_config import CONFIG_PATH_ENV, VARIABLE_RE, config_path
+from switchyard.delay.settings import DELAY
 
 DELAY_CONSUMER_GROUP = "switchyard-delay"
+
+
+def environment(values: Mapping[Setting[Any], object]) -> dict[str, str]:
+    """A function's or task's variables from setting -> value: the names come from the declarations
+    the parts read (switchyard.core.config.Setting), never typed here a second time."""
+    return {setting.name: setting.text(value) for setting, value in values.items()}
+
+
+def secret_arn_env(service: str, secret: secretsmanager.ISecret) -> dict[str, str]:
+    """The variable that names ``service``'s secret (``AMQP``, ``POSTGRES``, ``REDIS``)."""
+    return {SECRET_SOURCES[service]["secret_arn"].name: secret.secret_arn}
 SCHEDULED_CONSUMER_GROUP = "switchyard-delay-scheduled"  # the relay's, on the output topic
 
 
@@ -51,35 +74,34 @@ class ServiceEndpoints:
     def _with_secret(
         env: dict[str, str], service: str, secret: secretsmanager.ISecret | None
     ) -> dict[str, str]:
-        if secret is not None:
-            env[f"SWITCHYARD_{service}_SECRET_ARN"] = secret.secret_arn
-        return env
+        return {**env, **secret_arn_env(service, secret)} if secret is not None else env
 
     def amqp_env(self) -> dict[str, str]:
-        env = {"SWITCHYARD_AMQP_URL": self.amqp_url, "SWITCHYARD_MANAGEMENT_URL": self.management_url}
+        env = environment({AMQP_URL: self.amqp_url, MANAGEMENT_URL: self.management_url})
         return self._with_secret(env, "AMQP", self.amqp_secret)
 
     def redis_settings(self) -> dict[str, str]:
         """Where Redis is, without its credentials: the URL, and on a cluster the switch that makes
         every Redis user open a cluster client (whoever reads the URL reads both)."""
-        return {REDIS_URL_ENV: self.redis_url, **({REDIS_CLUSTER_ENV: "1"} if self.redis_cluster else {})}
+        cluster = {REDIS_CLUSTER: True} if self.redis_cluster else {}
+        return environment({REDIS_URL: self.redis_url, **cluster})
 
     def redis_env(self) -> dict[str, str]:
         return self._with_secret(self.redis_settings(), "REDIS", self.redis_secret)
 
     def postgres_env(self) -> dict[str, str]:
-        return self._with_secret({"SWITCHYARD_POSTGRES_DSN": self.postgres_dsn}, "POSTGRES",
-                                 self.postgres_secret)
+        env = environment({POSTGRES_DSN: self.postgres_dsn})
+        return self._with_secret(env, "POSTGRES", self.postgres_secret)
 
     def kafka_env(self, delay: DelayConfig) -> dict[str, str]:
-        return {
-            "SWITCHYARD_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
-            "SWITCHYARD_KAFKA_AUTH": self.kafka_auth,
-            "SWITCHYARD_DELAY_INPUT_TOPIC": delay.input_topic,
-            "SWITCHYARD_DELAY_OUTPUT_TOPIC": delay.output_topic,
-            "SWITCHYARD_DELAY_SCHEMA": delay.schema,
-            "SWITCHYARD_DELAY_CONSUMER_GROUP": DELAY_CONSUMER_GROUP,
-        }
+        return environment({
+            KAFKA_BOOTSTRAP: self.kafka_bootstrap,
+            KAFKA_AUTH: self.kafka_auth,
+            DELAY["input_topic"]: delay.input_topic,
+            DELAY["output_topic"]: delay.output_topic,
+            DELAY["schema"]: delay.schema,
+            DELAY["consumer_group"]: DELAY_CONSUMER_GROUP,
+        })
 
     def shared_env(self, delay: DelayConfig) -> dict[str, str]:
         """Every setting the parts share: what the configuration parameters hold."""

@@ -25,8 +25,10 @@ from stacks.functions import FunctionsConstruct
 from stacks.grants import read_secrets
 from stacks.monitoring import AlarmSpec, MonitoringConstruct, errors_or_throttles
 from stacks.names import metrics_namespace, physical_name
+from stacks.parameters import environment
 from stacks.secrets import generated_secret
 from switchyard.pending import metrics as pending_metrics
+from switchyard.pending.settings import PENDING, TOKENS_SECRET_ARN
 
 API_TIMEOUT_S = 29  # API Gateway REST's integration limit; the function's timeout matches it
 STREAMS_PREFIX = "streams/"
@@ -77,10 +79,12 @@ class PendingConstruct(Construct):
             public=True,
             environment={
                 **functions.redis_env(),
-                "SWITCHYARD_PENDING_TOKENS_SECRET_ARN": self.tokens.secret_arn,
-                "SWITCHYARD_PENDING_STORE": f"s3://{self.bucket.bucket_name}/{STREAMS_PREFIX}",
-                # Redis retries must give up before API Gateway does (29 s): a clear 503, not a 504.
-                "SWITCHYARD_PENDING_RETRY_WINDOW": str(REDIS_RETRY_WINDOW_S),
+                **environment({
+                    TOKENS_SECRET_ARN: self.tokens.secret_arn,
+                    PENDING["store"]: f"s3://{self.bucket.bucket_name}/{STREAMS_PREFIX}",
+                    # Redis retries must give up before API Gateway does (29 s): a clear 503, not a 504.
+                    PENDING["retry_window_s"]: REDIS_RETRY_WINDOW_S,
+                }),
             },
         )
         read_secrets(self.function, data.redis_secret, self.tokens)

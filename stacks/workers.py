@@ -21,17 +21,20 @@ from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig, ImageDirectory, PoolConfig
 from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct
+from stacks.parameters import environment
 from stacks.platform import fargate_platform, pool_image, worker_image
 from stacks.pool_stacks import pool_scope
-from switchyard.core.aws_secrets import INJECTED_FIELDS
+from switchyard.core.aws_secrets import INJECTED_FIELDS, source_variable
+from switchyard.core.config import AMQP_URL
+from switchyard.core.settings import LOG_LEVEL
 from switchyard.rpc.control.access import BrokerRole
-from switchyard.rpc.settings import CALL_TIMEOUT_ENV
+from switchyard.rpc.settings import CALL_TIMEOUT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def worker_family(scope: Construct, pool: str) -> str:
-    """The task definition family of a pool (``SWITCHYARD_ECS_TASK_DEFINITION`` of its control plane)."""
+    """The task definition family of a pool (``SWITCHYARD_RPC_ECS_TASK_DEFINITION`` of its control plane)."""
     return physical_name(scope, f"{c.WORKER_FAMILY_SUFFIX}{pool}")
 
 
@@ -61,7 +64,7 @@ class WorkersConstruct(Construct):
         )
         # The callers' default call timeout on AWS (the stack's configuration has it too): long enough
         # for a new key's first call to wait for its Fargate task (stacks/config.py checks it).
-        self.rpc_env = {CALL_TIMEOUT_ENV: str(config.call_timeout_seconds)}
+        self.rpc_env = environment({CALL_TIMEOUT: config.call_timeout_seconds})
         self.base_image = config.base_image_ref
         self._built_image: ecs.ContainerImage | None = None
         self._own_images: dict[str, ecs.ContainerImage] = {}
@@ -97,15 +100,14 @@ class WorkersConstruct(Construct):
             stop_timeout=Duration.seconds(c.WORKER_STOP_TIMEOUT_S),
             logging=ecs.LogDrivers.aws_logs(stream_prefix=pool.name, log_group=self.log_group),
             environment={
-                "SWITCHYARD_AMQP_URL": self.broker.amqp_url_template,
-                "SWITCHYARD_LOG_LEVEL": c.LOG_LEVEL,
+                **environment({AMQP_URL: self.broker.amqp_url_template, LOG_LEVEL: c.LOG_LEVEL}),
                 **self.rpc_env,  # a handler that calls another pool waits as long as any caller
                 "POWERTOOLS_SERVICE_NAME": f"switchyard-{pool.name}-worker",
                 "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace(self),
                 "WORKER_POOL": pool.name,  # WORKER_KEY, WORKER_ID...: set per task by the driver
             },
             # The pool's workers user (switchyard/rpc/control/access.py): request queues, replies, activity.
-            secrets={f"SWITCHYARD_AMQP_{field.upper()}": ecs.Secret.from_secrets_manager(secret, field)
+            secrets={source_variable("AMQP", field): ecs.Secret.from_secrets_manager(secret, field)
                      for field in INJECTED_FIELDS},
         )
         return task

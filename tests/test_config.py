@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from switchyard.core.config import Connections, env_float, env_int, service_urls
+from switchyard.core.config import REDIS_TIMEOUT, Connections, service_urls
 from switchyard.core.errors import ConfigError
 from switchyard.rpc.settings import PoolPolicy
 from tests.conftest import subprocess_env
@@ -23,20 +23,24 @@ def test_defaults_point_at_the_local_stack(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_numbers_are_parsed_and_bad_ones_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SWITCHYARD_X", "12")
-    assert env_int("SWITCHYARD_X", 1) == 12 and env_float("SWITCHYARD_X", 1.0) == 12.0
-    assert env_int("SWITCHYARD_UNSET_FOR_TEST", 7) == 7
-    monkeypatch.setenv("SWITCHYARD_X", "twelve")
-    with pytest.raises(ConfigError, match="SWITCHYARD_X must be an integer"):
-        env_int("SWITCHYARD_X", 1)
+    from switchyard.rpc.settings import CLIENT_CONCURRENCY
+
+    monkeypatch.setenv("SWITCHYARD_RPC_CLIENT_CONCURRENCY", "12")
+    monkeypatch.setenv("SWITCHYARD_REDIS_TIMEOUT_S", "12")
+    assert CLIENT_CONCURRENCY.read() == 12 and REDIS_TIMEOUT.read() == 12.0
+    monkeypatch.delenv("SWITCHYARD_REDIS_TIMEOUT_S")
+    assert REDIS_TIMEOUT.read() == 5.0
+    monkeypatch.setenv("SWITCHYARD_RPC_CLIENT_CONCURRENCY", "twelve")
+    with pytest.raises(ConfigError, match="SWITCHYARD_RPC_CLIENT_CONCURRENCY must be an integer"):
+        CLIENT_CONCURRENCY.read()
 
 
 def test_pool_policy_refuses_nonsense(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SWITCHYARD_QUEUE_TYPE", "stream")
-    with pytest.raises(ConfigError, match="quorum or classic"):
+    monkeypatch.setenv("SWITCHYARD_RPC_QUEUE_TYPE", "stream")
+    with pytest.raises(ConfigError, match="SWITCHYARD_RPC_QUEUE_TYPE must be one of quorum, classic"):
         PoolPolicy.from_env()
-    monkeypatch.setenv("SWITCHYARD_QUEUE_TYPE", "classic")
-    monkeypatch.setenv("SWITCHYARD_DELIVERY_LIMIT", "0")
+    monkeypatch.setenv("SWITCHYARD_RPC_QUEUE_TYPE", "classic")
+    monkeypatch.setenv("SWITCHYARD_RPC_DELIVERY_LIMIT", "0")
     with pytest.raises(ConfigError, match="delivery limit"):
         PoolPolicy.from_env()
 
@@ -47,7 +51,7 @@ def test_settings_classes_read_their_variables_alike(monkeypatch: pytest.MonkeyP
     from switchyard.delay.settings import DelaySettings
 
     monkeypatch.setenv("SWITCHYARD_BUS_NAME", "orders")
-    monkeypatch.setenv("SWITCHYARD_BUS_REDIS_MAX_MEM", "500000000")
+    monkeypatch.setenv("SWITCHYARD_BUS_REDIS_MAX_MEM_BYTES", "500000000")
     monkeypatch.setenv("SWITCHYARD_BUS_CONNECT_TIMEOUT_MS", "1500")
     monkeypatch.setenv("SWITCHYARD_DELAY_BATCH_WINDOW_MS", "40")
     monkeypatch.delenv("SWITCHYARD_DELAY_SCHEMA", raising=False)

@@ -12,8 +12,8 @@ import pytest
 from switchyard.cli import main
 from switchyard.core import deployed_config
 from switchyard.core.aws_secrets import SECRET_URLS, source_variables
-from switchyard.core.config import Connections
-from switchyard.core.deployed_config import CONFIG_PATH_ENV, config_path, load_deployed_config
+from switchyard.core.config import Connections, config_source
+from switchyard.core.deployed_config import CONFIG_PATH_ENV, config_path, deployed_values
 from switchyard.core.errors import ConfigError
 from tests.conftest import unique
 
@@ -49,24 +49,29 @@ def put(stack: str, **values: str) -> None:
         ssm.put_parameter(Name=config_path(stack) + name, Value=value, Type="String", Overwrite=True)
 
 
-def test_parameters_fill_the_environment_and_process_overrides_win(stack: str) -> None:
-    put(stack, SWITCHYARD_REDIS_URL="redis://10.0.0.9:6379/0", SWITCHYARD_POOL="core",
+def test_parameters_are_read_under_the_environment_and_process_overrides_win(stack: str) -> None:
+    from switchyard.rpc.settings import POOL
+
+    put(stack, SWITCHYARD_REDIS_URL="redis://10.0.0.9:6379/0", SWITCHYARD_RPC_POOL="core",
         PATH="/evil", SWITCHYARD_lower="x")
-    env = {CONFIG_PATH_ENV: config_path(stack), "SWITCHYARD_POOL": "mine"}
-    assert load_deployed_config(env) == 1
-    assert env["SWITCHYARD_REDIS_URL"] == "redis://10.0.0.9:6379/0"
-    assert env["SWITCHYARD_POOL"] == "mine"  # set by the process: the override wins
-    assert "PATH" not in env and "SWITCHYARD_lower" not in env  # only SWITCHYARD_* names are taken
+    env = {CONFIG_PATH_ENV: config_path(stack), "SWITCHYARD_RPC_POOL": "mine"}
+    values = deployed_values(env)
+    assert values == {"SWITCHYARD_REDIS_URL": "redis://10.0.0.9:6379/0", "SWITCHYARD_RPC_POOL": "core"}
+    source = config_source(env)
+    assert Connections.from_env(source).redis_url == "redis://10.0.0.9:6379/0"
+    assert POOL.read(source) == "mine"  # set by the process: the override wins
+    assert "SWITCHYARD_REDIS_URL" not in env  # values, never written into the environment
+    assert "PATH" not in source and "SWITCHYARD_lower" not in source  # only SWITCHYARD_* names are taken
 
 
 def test_cached_until_max_age_then_refreshed(stack: str) -> None:
     put(stack, SWITCHYARD_REDIS_URL="redis://a:6379/0")
-    env = {CONFIG_PATH_ENV: config_path(stack), "SWITCHYARD_CONFIG_MAX_AGE": "300"}
-    load_deployed_config(env)
+    env = {CONFIG_PATH_ENV: config_path(stack), "SWITCHYARD_CONFIG_MAX_AGE_S": "300"}
+    assert deployed_values(env)["SWITCHYARD_REDIS_URL"] == "redis://a:6379/0"
     put(stack, SWITCHYARD_REDIS_URL="redis://b:6379/0")
-    assert load_deployed_config(env) == 0 and env["SWITCHYARD_REDIS_URL"] == "redis://a:6379/0"  # cached
-    env["SWITCHYARD_CONFIG_MAX_AGE"] = "0"
-    assert load_deployed_config(env) == 1 and env["SWITCHYARD_REDIS_URL"] == "redis://b:6379/0"
+    assert deployed_values(env)["SWITCHYARD_REDIS_URL"] == "redis://a:6379/0"  # cached
+    env["SWITCHYARD_CONFIG_MAX_AGE_S"] = "0"
+    assert deployed_values(env)["SWITCHYARD_REDIS_URL"] == "redis://b:6379/0"
 
 
 def test_connections_read_the_deployed_stack(stack: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,10 +85,10 @@ def test_bad_names_and_missing_paths_are_clear_errors(stack: str) -> None:
     with pytest.raises(ConfigError, match="invalid stack name"):
         config_path("../x")
     with pytest.raises(ConfigError, match="no configuration under"):
-        load_deployed_config({CONFIG_PATH_ENV: config_path(stack)})
-    with pytest.raises(ConfigError, match="SWITCHYARD_CONFIG_MAX_AGE"):
-        load_deployed_config({CONFIG_PATH_ENV: config_path(stack), "SWITCHYARD_CONFIG_MAX_AGE": "soon"})
-    assert load_deployed_config({}) == 0  # no path: local defaults, no AWS call
+        deployed_values({CONFIG_PATH_ENV: config_path(stack)})
+    with pytest.raises(ConfigError, match="SWITCHYARD_CONFIG_MAX_AGE_S must be an integer"):
+        deployed_values({CONFIG_PATH_ENV: config_path(stack), "SWITCHYARD_CONFIG_MAX_AGE_S": "soon"})
+    assert deployed_values({}) == {}  # no path: local defaults, no AWS call
 
 
 def test_cli_stack_option_reads_parameters_and_fills_secrets(
@@ -101,8 +106,9 @@ def test_cli_stack_option_reads_parameters_and_fills_secrets(
         assert f"SSM {config_path(stack)}" in printed
         assert "amqp://svc:***@mq.internal:5671/%2F" in printed and "s3cr" not in printed
         assert Connections.from_env().amqp_url == "amqp://svc:s3cr%3Aet@mq.internal:5671/%2F"
-        # the password never enters the process environment (child processes read the secret themselves)
-        assert os.environ["SWITCHYARD_AMQP_URL"] == "amqp://{username}:{password}@mq.internal:5671/%2F"
+        # neither the URL nor its password enters the process environment: the deployed configuration is
+        # passed to the reader as values (child processes read it, and the secret, themselves)
+        assert "SWITCHYARD_AMQP_URL" not in os.environ
     finally:
         secrets.delete_secret(SecretId=arn, ForceDeleteWithoutRecovery=True)
 

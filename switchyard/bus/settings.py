@@ -6,27 +6,90 @@ docs/configuration.md lists each variable; keep the two in step.
 
 from __future__ import annotations
 
-import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from switchyard.bus.callbacks import Allowlist
-from switchyard.core.config import env_int, fields_from_env, prefixed
+from switchyard.core.config import Setting, build, config_source
 from switchyard.core.errors import ConfigError
 
 _BUS_NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
 
 
-def root_key_from_env() -> str:
-    """The root key: ``SWITCHYARD_BUS_ROOT_KEY``, else the ``root_key`` field of the JSON secret
-    named by ``SWITCHYARD_BUS_SECRET_ARN`` (AWS: Lambda has no secret injection). "" disables root."""
-    key = os.environ.get("SWITCHYARD_BUS_ROOT_KEY", "")
-    if key or not os.environ.get("SWITCHYARD_BUS_SECRET_ARN"):
-        return key
-    from switchyard.core.aws_secrets import _secret_values
+def _bus(name: str, default: object, doc: str, unit: str = "", **more: Any) -> Setting[Any]:
+    return Setting(f"SWITCHYARD_BUS_{name}", default, doc, unit=unit, **more)
 
-    return _secret_values("BUS", os.environ).get("root_key", "")
+
+NAME = _bus("NAME", "main",
+            "the event bus's name: its Redis keys are `switchyard:bus:{<name>}:*` (one cluster slot)")
+ROOT_KEY = _bus("ROOT_KEY", "", "the root key (Routemaster's `ROUTEMASTER_ROOT_KEY`); on AWS the `root_key` "
+                "field of the JSON secret `SWITCHYARD_BUS_SECRET_ARN`", shown="none (no token management)")
+SECRET_ARN = _bus("SECRET_ARN", "", "on AWS: the JSON secret whose `root_key` field is the root key")
+ALLOW_HTTP_CALLBACKS = _bus(
+    "ALLOW_HTTP_CALLBACKS", False, "`1`: also accept `http://` callbacks to loopback hosts (local runs and "
+    "tests only; each must also be in the allowlist below)", shown="unset")
+CALLBACK_ALLOW = _bus(
+    "CALLBACK_ALLOW", "", "internal destinations callbacks may reach, comma-separated: `host`, `host:port`, "
+    "an address, `address:port` (`[v6]:port`) or a network `a.b.c.d/n`; everything else that is not a "
+    "public address is refused (see [security](security.md#what-a-subscribers-callback-can-reach))",
+    shown="none")
+MAX_EVENT_DATA = _bus("MAX_EVENT_DATA_BYTES", 1024, "bytes of JSON an event's `data` may have", unit="bytes",
+                      old=("SWITCHYARD_BUS_MAX_EVENT_DATA",))
+WORKER_THREADS = _bus("WORKER_THREADS", 4, "delivery threads of one `switchyard bus worker`")
+MAX_THREADS = _bus("MAX_THREADS", 16, "delivery threads of one worker at most, when every one is busy (more "
+                   "start one at a time, and end when idle)")
+HOST_THREADS = _bus(
+    "HOST_THREADS", 2, "deliveries to one callback host and port (the scheme's default port if the URL names "
+    "none) in flight at once, per worker process (past it a delivery waits 200 ms, not counted as a failure)")
+CONNECT_TIMEOUT = _bus("CONNECT_TIMEOUT_MS", 2000, "delivery connect timeout", unit="ms")
+DELIVERY_TIMEOUT = _bus("DELIVERY_TIMEOUT_MS", 20000, "wall-clock deadline of a whole delivery (name lookup, "
+                        "connect, send, every byte of the answer)", unit="ms")
+MAX_RESPONSE_BYTES = _bus("MAX_RESPONSE_BYTES", 4096, "bytes of a callback's answer the worker reads at most "
+                          "(only the status counts)", unit="bytes")
+MAX_BACKOFF = _bus("MAX_BACKOFF_MS", 60_000, "backoff after a failure: `round(this * 2^-hp)` ms", unit="ms")
+SCRUB_AFTER = _bus("SCRUB_AFTER_MS", 30_000, "a worker unseen this long has its pending jobs put back",
+                   unit="ms")
+HEARTBEAT = _bus("HEARTBEAT_MS", 2_000, "how often workers say they live (at most half of "
+                 "`SWITCHYARD_BUS_SCRUB_AFTER_MS`)", unit="ms")
+REDIS_MAX_MEM = _bus("REDIS_MAX_MEM_BYTES", 100_000_000, "autodrop: above max - min_free bytes used, drop "
+                     "the oldest batches until below max - 2 x min_free", unit="bytes",
+                     old=("SWITCHYARD_BUS_REDIS_MAX_MEM",))
+REDIS_MIN_FREE = _bus("REDIS_MIN_FREE_BYTES", 10_000_000, "autodrop's min_free (see the row above)",
+                      unit="bytes", old=("SWITCHYARD_BUS_REDIS_MIN_FREE",))
+AUTODROP_INTERVAL = _bus("AUTODROP_INTERVAL_MS", 10_000, "how often a worker runs autodrop", unit="ms")
+MONITOR_INTERVAL = _bus("MONITOR_INTERVAL_MS", 10_000, "how often a worker runs telemetry", unit="ms")
+SCRUB_INTERVAL = _bus("SCRUB_INTERVAL_MS", 10_000, "how often a worker runs the scrubber", unit="ms")
+MAX_UNCLAIMED_TOPICS = _bus(
+    "MAX_UNCLAIMED_TOPICS", 100, "unclaimed topics one client's subscriptions may have created (each counts "
+    "until a publisher claims it or it is deleted); a subscription that would pass it is refused (403)")
+UNCLAIMED_TOPIC_TTL = _bus("UNCLAIMED_TOPIC_TTL_MS", 3_600_000, "autodrop removes an unclaimed topic nobody "
+                           "subscribes to once it is this old", unit="ms")
+BUS: dict[str, Setting[Any]] = {
+    "name": NAME, "allow_http_callbacks": ALLOW_HTTP_CALLBACKS, "callback_allow": CALLBACK_ALLOW,
+    "max_event_data": MAX_EVENT_DATA, "worker_threads": WORKER_THREADS, "max_threads": MAX_THREADS,
+    "host_threads": HOST_THREADS, "max_response_bytes": MAX_RESPONSE_BYTES, "max_backoff_ms": MAX_BACKOFF,
+    "scrub_after_ms": SCRUB_AFTER, "heartbeat_ms": HEARTBEAT,
+    "max_mem": REDIS_MAX_MEM, "min_free": REDIS_MIN_FREE,
+    "autodrop_interval_ms": AUTODROP_INTERVAL, "monitor_interval_ms": MONITOR_INTERVAL,
+    "scrub_interval_ms": SCRUB_INTERVAL, "max_unclaimed_topics": MAX_UNCLAIMED_TOPICS,
+    "unclaimed_topic_ttl_ms": UNCLAIMED_TOPIC_TTL,
+}
+
+
+def root_key_from_env(source: Mapping[str, str] | None = None) -> str:
+    """The root key: ``ROOT_KEY``, else the ``root_key`` field of the JSON secret named by
+    ``SECRET_ARN`` (AWS: Lambda has no secret injection). "" disables root."""
+    source = config_source() if source is None else source
+    key: str = ROOT_KEY.read(source)
+    arn: str = SECRET_ARN.read(source)
+    if key or not arn:
+        return key
+    from switchyard.core.aws_secrets import fetch_secret
+
+    return fetch_secret(arn).get("root_key", "")
 
 
 @dataclass(frozen=True)
@@ -64,7 +127,7 @@ class BusSettings:
 
     def __post_init__(self) -> None:
         if not _BUS_NAME_RE.match(self.name):
-            raise ConfigError(f"SWITCHYARD_BUS_NAME must match [a-z0-9_-]{{1,64}}, got {self.name!r}")
+            raise ConfigError(f"{NAME.name} must match [a-z0-9_-]{{1,64}}, got {self.name!r}")
         for field, low in (("worker_threads", 1), ("max_event_data", 0), ("max_backoff_ms", 1),
                            ("max_response_bytes", 0), ("host_threads", 1),
                            ("max_threads", self.worker_threads),
@@ -74,16 +137,16 @@ class BusSettings:
             if getattr(self, field) < low:
                 raise ConfigError(f"bus setting {field} must be >= {low}, got {getattr(self, field)}")
         if self.heartbeat_ms * 2 > self.scrub_after_ms:
-            raise ConfigError("SWITCHYARD_BUS_HEARTBEAT_MS must be at most half of "
-                              "SWITCHYARD_BUS_SCRUB_AFTER_MS (a live worker would be scrubbed)")
+            raise ConfigError(f"{HEARTBEAT.name} must be at most half of {SCRUB_AFTER.name} "
+                              "(a live worker would be scrubbed)")
         if self.max_mem <= 2 * self.min_free:
-            raise ConfigError("SWITCHYARD_BUS_REDIS_MAX_MEM must exceed twice SWITCHYARD_BUS_REDIS_MIN_FREE")
+            raise ConfigError(f"{REDIS_MAX_MEM.name} must exceed twice {REDIS_MIN_FREE.name}")
         if self.delivery_timeout_s <= 0 or self.connect_timeout_s <= 0:
-            raise ConfigError("SWITCHYARD_BUS_CONNECT_TIMEOUT_MS and _DELIVERY_TIMEOUT_MS must be > 0")
+            raise ConfigError(f"{CONNECT_TIMEOUT.name} and {DELIVERY_TIMEOUT.name} must be > 0")
         try:
             Allowlist.parse(self.callback_allow)
         except ValueError as exc:
-            raise ConfigError(f"SWITCHYARD_BUS_CALLBACK_ALLOW: {exc}") from None
+            raise ConfigError(f"{CALLBACK_ALLOW.name}: {exc}") from None
 
     @cached_property
     def allowlist(self) -> Allowlist:
@@ -97,16 +160,8 @@ class BusSettings:
         return f"switchyard:bus:{{{self.name}}}:"
 
     @classmethod
-    def from_env(cls) -> BusSettings:
-        variables = prefixed("SWITCHYARD_BUS_", "name", "max_event_data", "worker_threads", "max_backoff_ms",
-                             "scrub_after_ms", "heartbeat_ms", "autodrop_interval_ms", "monitor_interval_ms",
-                             "scrub_interval_ms", "max_unclaimed_topics", "unclaimed_topic_ttl_ms",
-                             "callback_allow", "max_response_bytes", "max_threads", "host_threads")
-        variables |= {"max_mem": "SWITCHYARD_BUS_REDIS_MAX_MEM", "min_free": "SWITCHYARD_BUS_REDIS_MIN_FREE"}
-        return fields_from_env(
-            cls, variables,
-            root_key=root_key_from_env(),
-            allow_http_callbacks=os.environ.get("SWITCHYARD_BUS_ALLOW_HTTP_CALLBACKS", "") == "1",
-            connect_timeout_s=env_int("SWITCHYARD_BUS_CONNECT_TIMEOUT_MS", 2000) / 1000,
-            delivery_timeout_s=env_int("SWITCHYARD_BUS_DELIVERY_TIMEOUT_MS", 20000) / 1000,
-        )
+    def from_env(cls, source: Mapping[str, str] | None = None) -> BusSettings:
+        source = config_source() if source is None else source
+        return build(cls, BUS, source, root_key=root_key_from_env(source),
+                     connect_timeout_s=CONNECT_TIMEOUT.read(source) / 1000,
+                     delivery_timeout_s=DELIVERY_TIMEOUT.read(source) / 1000)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from switchyard.cli.options import add_commands, add_json_option, add_stack_option, show
 from switchyard.core.deployed_config import ALARM_PREFIX_ENV
 from switchyard.core.errors import ConfigError, SwitchyardError
+from switchyard.core.settings import ALARM_PREFIX, LOG_LEVEL
 
 if TYPE_CHECKING:
     from switchyard.rpc.worker import Request
@@ -50,7 +51,7 @@ POISON_PREFIX = "poison-"  # a run's poison key: ``poison-RUN``
 def alarm_prefix() -> str:
     """The deployed stack's alarm name prefix (``SWITCHYARD_ALARM_PREFIX``, from its configuration):
     alarm names start with the stack's name (two stacks in one account share none)."""
-    prefix = os.environ.get(ALARM_PREFIX_ENV, "")
+    prefix = ALARM_PREFIX.read()
     if not prefix:
         raise ConfigError(f"{ALARM_PREFIX_ENV} is not set: name the deployed stack with --stack NAME "
                           "(its configuration says how its alarms are named)")
@@ -164,7 +165,7 @@ def rpc_traffic(pool: str, run: str, good_calls: int, poison_calls: int, out: Ca
     driver = SubprocessDriver((sys.executable, "-m", "switchyard", "worker", "--handler",
                                f"{__name__}:scenario_worker"),
                               min_workers=1, max_workers=1, stop_timeout=5,
-                              env={"SWITCHYARD_LOG_LEVEL": "ERROR"})
+                              env={LOG_LEVEL.name: "ERROR"})
     control = ControlSettings(pool, Delays(unbind_s=60, stop_s=60), reconcile_interval_s=0.3)
     with LocalControlPlane(control, settings, driver), \
             RpcClient(pool, settings, concurrency=64, timeout=120) as client:
@@ -225,9 +226,9 @@ def remove_rpc_traffic(pool: str, run: str, out: Callable[[str], None]) -> None:
 def delay_fire(backlog: int, budget_ms: int, out: Callable[[str], None]) -> int:
     """Leave ``backlog`` rows overdue (deadline 5 min ago), then invoke the fire handler with
     ``budget_ms`` of time: 0 leaves them unfired (counted overdue), a few seconds fires them."""
+    from switchyard.aws.services import delay as delay_service
     from switchyard.core.observability import DELAY_SERVICE, metrics
     from switchyard.delay.model import DelayedMessage
-    from switchyard.delay.service import service as delay_service
     from switchyard.local.functions import load_function, scheduled_event
     from switchyard.local.lambda_context import FakeLambdaContext
 

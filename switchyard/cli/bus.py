@@ -7,6 +7,7 @@ import json
 import signal
 import threading
 
+from switchyard.bus.settings import ROOT_KEY, WORKER_THREADS
 from switchyard.cli.local import quiet_metrics
 from switchyard.cli.options import AT_LEAST_ONE, PORT, add_commands, add_json_option, show
 from switchyard.cli.preflight import require
@@ -15,10 +16,12 @@ from switchyard.core.tracing import enable_trace_log
 
 def _bus():
     """The bus over Redis, which is checked first (a second, not the client's retries)."""
-    from switchyard.bus.service import BusService
+    from switchyard.bus.service import build_service
+    from switchyard.bus.settings import BusSettings
+    from switchyard.core.config import Connections
 
     require("redis")
-    return BusService.from_env()
+    return build_service(BusSettings.from_env(), Connections.from_env())
 
 
 def _stop_event() -> threading.Event:
@@ -39,7 +42,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop = _stop_event()
     with HttpGateway(bus.app(), host=args.host, port=args.port, threads=args.threads,
                      function_name="bus_api") as gateway:
-        root = "set" if store.settings.root_key else "NOT set (SWITCHYARD_BUS_ROOT_KEY): no token management"
+        root = "set" if store.settings.root_key else f"NOT set ({ROOT_KEY.name}): no token management"
         show(f"event bus {store.settings.name!r} API on {gateway.url} (root key {root}); Ctrl-C to stop",
              flush=True)
         stop.wait()
@@ -100,7 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     worker = sub.add_parser("worker", help="deliver batches; housekeeping (autodrop, scrub, telemetry)")
     worker.add_argument("--threads", type=AT_LEAST_ONE,
-                        help="delivery threads (SWITCHYARD_BUS_WORKER_THREADS)")
+                        help=f"delivery threads ({WORKER_THREADS.name})")
     worker.set_defaults(func=cmd_worker)
 
     token = sub.add_parser("token", help="register a client token directly in Redis; prints the token")

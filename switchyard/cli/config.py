@@ -9,13 +9,13 @@ from dataclasses import fields
 
 from switchyard.cli.options import add_json_option, show
 from switchyard.core.config import Connections
-from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.observability import redact_url
+from switchyard.core.reader import CONFIG_PATH
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     connections = Connections.from_env()  # the deployed stack's parameters; each URL reads its secret below
-    source = os.environ.get(CONFIG_PATH_ENV)
+    source = CONFIG_PATH.read(os.environ) or None
     # Fields without repr say where secrets come from: not settings.
     shown = {f.name: getattr(connections, f.name) for f in fields(connections) if f.repr}
     if args.json:

@@ -16,14 +16,14 @@ from confluent_kafka import Producer
 from switchyard.cli.local import invoke_handler, read_event
 from switchyard.cli.options import AT_LEAST_ONE, COUNT, add_commands, add_json_option, show
 from switchyard.cli.preflight import require
-from switchyard.core.config import Connections
+from switchyard.core.config import KAFKA_BOOTSTRAP, Connections
 from switchyard.core.errors import ConfigError
 from switchyard.core.tracing import enable_trace_log
 from switchyard.delay.errors import BrokerError
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.parsing import format_deadline, parse_deadline
-from switchyard.delay.service import configure
-from switchyard.delay.settings import DelaySettings, validate_topic
+from switchyard.delay.service import build_service
+from switchyard.delay.settings import DELAY, DelaySettings, validate_topic
 from switchyard.local import delay_runtime as runtime
 from switchyard.local.lambda_context import FakeLambdaContext
 
@@ -64,7 +64,7 @@ def _store() -> Any:
     """The delay service over its store, Postgres checked first."""
     connections = Connections.from_env()
     require("postgres", connections=connections)
-    return configure(DelaySettings.from_env(), connections)
+    return build_service(DelaySettings.from_env(), connections)
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -116,7 +116,7 @@ def _send(args: argparse.Namespace) -> int:
                      on_delivery=lambda err, _msg: errors.append(err.str()) if err else None)
     if producer.flush(15) or errors:
         raise BrokerError(f"message {message_id} not confirmed by Kafka at {connections.kafka_bootstrap}: "
-                           f"{'; '.join(errors) or 'no answer'}; check SWITCHYARD_KAFKA_BOOTSTRAP")
+                          f"{'; '.join(errors) or 'no answer'}; check {KAFKA_BOOTSTRAP.name}")
     print(json.dumps({"topic": topic, "chronosMessageId": message_id, "chronosDeadline": deadline}))
     return 0
 
@@ -198,7 +198,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.set_defaults(func=_run)
 
     migrate = sub.add_parser("migrate", help="create or upgrade the schema (idempotent)",
-                             description="Apply the delay store's migrations to SWITCHYARD_DELAY_SCHEMA.")
+                             description=f"Apply the delay store's migrations to {DELAY['schema'].name}.")
     add_json_option(migrate, always=True)
     migrate.set_defaults(func=_migrate)
 
@@ -222,7 +222,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     send.add_argument("--key", help="the Kafka message key (default: none)")
     send.add_argument("--value", default="{}", help="the message value (default {})")
     send.add_argument("--header", action="append", default=[], metavar="NAME=VALUE", help="extra header")
-    send.add_argument("--topic", help="default: SWITCHYARD_DELAY_INPUT_TOPIC")
+    send.add_argument("--topic", help=f"default: {DELAY['input_topic'].name}")
     add_json_option(send, always=True)
     send.set_defaults(func=_send)
 

@@ -18,6 +18,7 @@ from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
 from switchyard.local.functions import FUNCTIONS_DIR, load_function
 from switchyard.local.lambda_context import FakeLambdaContext
+from switchyard.rpc.settings import STOP_DELAY, UNBIND_DELAY
 
 if TYPE_CHECKING:
     from switchyard.rpc.settings import ControlSettings
@@ -134,9 +135,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "local", help="run a pool's control plane locally (orphans, dead letters, activity, reconciler)")
     local.add_argument("--pool", required=True, help="the pool to manage (declared if missing)")
     local.add_argument("--unbind-delay", type=NON_NEGATIVE,
-                       help="seconds idle before unbinding (SWITCHYARD_UNBIND_DELAY)")
+                       help=f"seconds idle before unbinding ({UNBIND_DELAY.name})")
     local.add_argument("--stop-delay", type=NON_NEGATIVE,
-                       help="seconds unbound before stopping (SWITCHYARD_STOP_DELAY)")
+                       help=f"seconds unbound before stopping ({STOP_DELAY.name})")
     local.add_argument("--status-every", type=POSITIVE, default=5.0,
                        help="print the groups every N seconds (key: state, whether its workers run; "
                             "switchyard status shows more)")

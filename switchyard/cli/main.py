@@ -15,6 +15,7 @@ from switchyard.cli.options import CliParser, add_commands, add_stack_option, pr
 from switchyard.cli.preflight import unavailable
 from switchyard.core.errors import SwitchyardError
 from switchyard.core.observability import redact_url
+from switchyard.core.settings import SHIP_METRICS, TRACEBACK
 
 # Modules exposing ``register(subparsers)``; each adds its subcommands with a ``func`` default.
 COMMAND_MODULES = (
@@ -31,9 +32,9 @@ COMMAND_MODULES = (
     "switchyard.cli.trace",
 )
 # Set to see the traceback of an unexpected error (a bug to report) instead of its one line.
-TRACEBACK_ENV = "SWITCHYARD_TRACEBACK"
+TRACEBACK_ENV = TRACEBACK.name
 METRICS_DISABLED_ENV = "POWERTOOLS_METRICS_DISABLED"
-SHIP_ENV = "SWITCHYARD_SHIP_METRICS"  # the metrics shipper's switch (switchyard.local.metrics_shipper)
+SHIP_ENV = SHIP_METRICS.name  # the metrics shipper's switch (switchyard.local.metrics_shipper)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +74,7 @@ def metrics_routed(ships_its_own: bool = False) -> Iterator[None]:
     if os.environ.get("AWS_LAMBDA_FUNCTION_NAME") or ships_its_own:
         yield
         return
-    if os.environ.get(SHIP_ENV):  # Powertools is imported only where it may be used
+    if SHIP_METRICS.read(os.environ):  # Powertools is imported only where it may be used
         from switchyard.local.metrics_shipper import install_metrics_shipper, ship_metrics_enabled
 
         if ship_metrics_enabled():
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the last guard: a driver's error as one line, never a traceback
-        if os.environ.get(TRACEBACK_ENV):
+        if TRACEBACK.read(os.environ):
             raise
         return print_error(redact_url(unavailable(exc) or f"{type(exc).__name__}: {exc} (unexpected; rerun "
                                       f"with {TRACEBACK_ENV}=1 to see where, and report it)"))

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn, TextIO
 
-from switchyard.core.deployed_config import CONFIG_PATH_ENV, config_path, load_deployed_config
+from switchyard.core.deployed_config import CONFIG_PATH_ENV, config_path, deployed_values
 from switchyard.core.observability import printable
 from switchyard.delay.parsing import parse_deadline
 
@@ -117,9 +117,10 @@ def iso_time(epoch_s: float) -> str:
 
 
 def use_stack(stack: str) -> int:
-    """Point the process at ``stack``'s configuration and load it now, so every setting sees it."""
+    """Point the process at ``stack``'s configuration and read it now (a stack that is not deployed
+    fails here); every setting is then read over it (``config_source``). Returns how many it holds."""
     os.environ[CONFIG_PATH_ENV] = config_path(stack)
-    return load_deployed_config()
+    return len(deployed_values())
 
 
 def show(*lines: str, file: TextIO | None = None, flush: bool = False) -> None:

@@ -14,13 +14,15 @@ from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_commands, a
 from switchyard.cli.preflight import reach, require
 from switchyard.core.errors import ConfigError
 from switchyard.core.tracing import enable_trace_log
+from switchyard.pending.settings import PENDING, TOKENS
 
 
 def _serve(args: argparse.Namespace) -> int:
     from switchyard.cli.local import quiet_metrics
     from switchyard.local.http_gateway import HttpGateway
-    from switchyard.pending import PendingQueue
     from switchyard.pending.api import TokenStore, build_app
+    from switchyard.pending.service import build_service
+    from switchyard.pending.settings import PendingSettings
 
     quiet_metrics()
     enable_trace_log()
@@ -29,14 +31,14 @@ def _serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    queue = PendingQueue().start()
+    queue = build_service(PendingSettings.from_env()).start()
     gateway = HttpGateway(build_app(queue, tokens), host=args.host, port=args.port, threads=args.threads,
                           function_name="pending-api").start()
     try:
         show(f"pending node {queue.node_id} serving polling services on {gateway.url} "
              f"(long poll up to {queue.settings.http_poll_wait_s:g} s); Ctrl-C to stop", flush=True)
         if not tokens.endpoints():
-            show("warning: no endpoint tokens (SWITCHYARD_PENDING_TOKENS): every endpoint answers 401",
+            show(f"warning: no endpoint tokens ({TOKENS.name}): every endpoint answers 401",
                  file=sys.stderr, flush=True)
         stop.wait()
     finally:
@@ -53,13 +55,15 @@ def _parse_body(raw: str) -> object:
 
 
 def _call(args: argparse.Namespace) -> int:
-    from switchyard.pending import CancelToken, PendingQueue
+    from switchyard.pending import CancelToken
+    from switchyard.pending.service import build_service
+    from switchyard.pending.settings import PendingSettings
 
     require("redis")
     cancel = CancelToken()
     if args.timeout:
         cancel.cancel_after(args.timeout)
-    with PendingQueue() as queue:
+    with build_service(PendingSettings.from_env()) as queue:
         started = time.monotonic()
         response = queue.queue_and_wait(args.endpoint, _parse_body(args.body), cancel=cancel,
                                         pickup_timeout=args.pickup_timeout)
@@ -71,11 +75,13 @@ def _call(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from switchyard.cli.status import pending_lines
-    from switchyard.pending import PendingQueue
+    from switchyard.pending.service import build_service
+    from switchyard.pending.settings import PendingSettings
     from switchyard.pending.status import pending_status
 
     require("redis")
-    status = pending_status(PendingQueue())  # no background threads: status only reads
+    node = build_service(PendingSettings.from_env())
+    status = pending_status(node)  # no background threads: status only reads
     if args.json:
         json.dump(status.to_dict(), sys.stdout, indent=2)
         print()
@@ -121,7 +127,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     serve = sub.add_parser("serve", help="a node: the HTTP long-poll API for polling services",
                            description="Serve the node API (the Lambda's resolver) on HOST:PORT. Tokens: "
-                                       'SWITCHYARD_PENDING_TOKENS=\'{"endpoint": "token"}\'.')
+                                       f'{TOKENS.name}=\'{{"endpoint": "token"}}\'.')
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=PORT, default=8765, help="0: any free port")
     serve.add_argument("--threads", type=AT_LEAST_ONE, default=512, help="long polls that can wait at once")
@@ -131,7 +137,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           description="QueueAndWait from this process (a caller node).")
     call.add_argument("--endpoint", required=True, help="the endpoint a polling service answers for")
     call.add_argument("--body", default="null", help="JSON (plain text is sent as a string)")
-    call.add_argument("--pickup-timeout", type=POSITIVE, help="seconds (SWITCHYARD_PENDING_PICKUP_TIMEOUT)")
+    call.add_argument("--pickup-timeout", type=POSITIVE, help=f"seconds ({PENDING['pickup_timeout_s'].name})")
     call.add_argument("--timeout", type=POSITIVE, help="cancel the call after this many seconds")
     add_json_option(call, always=True)
     call.set_defaults(func=_call)
@@ -143,7 +149,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     echo = sub.add_parser("echo", help="a polling service that answers {'echo': body} (for trying it out)")
     echo.add_argument("--url", default="http://127.0.0.1:8765", help="the pending node to poll")
     echo.add_argument("--endpoint", required=True, help="the endpoint to answer for")
-    echo.add_argument("--token", required=True, help="the endpoint's token (SWITCHYARD_PENDING_TOKENS)")
+    echo.add_argument("--token", required=True, help=f"the endpoint's token ({TOKENS.name})")
     echo.add_argument("--concurrency", type=AT_LEAST_ONE, default=4, help="requests answered at once")
     echo.set_defaults(func=_echo)
 

@@ -15,9 +15,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from switchyard.core.config import Connections, SecretUrl, service_urls
-from switchyard.core.deployed_config import CONFIG_PATH_ENV
+from switchyard.core.config import (
+    AMQP_URL,
+    KAFKA_BOOTSTRAP,
+    MANAGEMENT_URL,
+    POSTGRES_DSN,
+    REDIS_URL,
+    Connections,
+    SecretUrl,
+    service_urls,
+)
 from switchyard.core.errors import ConfigError
+from switchyard.core.reader import CONFIG_PATH
 
 TIMEOUT_S = 1.0
 
@@ -35,14 +44,14 @@ class Service:
 
 
 SERVICES = {
-    "amqp": Service("RabbitMQ", "SWITCHYARD_AMQP_URL", "amqp_url",
+    "amqp": Service("RabbitMQ", AMQP_URL.name, "amqp_url",
                     lambda scheme: 5671 if scheme == "amqps" else 5672),
-    "management": Service("the RabbitMQ management API", "SWITCHYARD_MANAGEMENT_URL", "management_url",
+    "management": Service("the RabbitMQ management API", MANAGEMENT_URL.name, "management_url",
                           lambda scheme: 443 if scheme == "https" else 80),
-    "redis": Service("Redis", "SWITCHYARD_REDIS_URL", "redis_url",
+    "redis": Service("Redis", REDIS_URL.name, "redis_url",
                      lambda scheme: 6379 if scheme in ("redis", "rediss") else None),
-    "postgres": Service("Postgres", "SWITCHYARD_POSTGRES_DSN", "postgres_dsn", lambda _scheme: 5432),
-    "kafka": Service("Kafka", "SWITCHYARD_KAFKA_BOOTSTRAP", "kafka_bootstrap", lambda _scheme: 9092),
+    "postgres": Service("Postgres", POSTGRES_DSN.name, "postgres_dsn", lambda _scheme: 5432),
+    "kafka": Service("Kafka", KAFKA_BOOTSTRAP.name, "kafka_bootstrap", lambda _scheme: 9092),
     "aws": Service("the AWS endpoint", "AWS_ENDPOINT_URL", "aws_endpoint_url",
                    lambda scheme: 443 if scheme == "https" else 80),
 }
@@ -104,7 +113,7 @@ def reach(host: str, port: int, timeout_s: float = TIMEOUT_S) -> str | None:
 
 
 def _hint(service: Service) -> str:
-    if os.environ.get(CONFIG_PATH_ENV):
+    if CONFIG_PATH.read(os.environ):
         return f"check the stack's {service.variable} (switchyard --stack NAME config) and the route to it"
     return f"start it with ./dev services or set {service.variable}"
 

@@ -26,7 +26,14 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.client.schedule import collect
 from switchyard.rpc.control.topology import PoolTopology
-from switchyard.rpc.settings import PoolPolicy, RpcSettings
+from switchyard.rpc.settings import (
+    CALL_TIMEOUT,
+    DELIVERY_LIMIT,
+    QUEUE_TYPE,
+    REQUEST_TTL,
+    PoolPolicy,
+    RpcSettings,
+)
 from switchyard.rpc.worker import run_worker
 
 
@@ -205,11 +212,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     init = pool_sub.add_parser("init", help="declare a pool (idempotent; safe from several processes)")
     _pool_arg(init)
     init.add_argument("--queue-type", choices=[t.value for t in p.QueueType],
-                      help="request queue type (default SWITCHYARD_QUEUE_TYPE or quorum)")
+                      help=f"request queue type (default {QUEUE_TYPE.name} or quorum)")
     init.add_argument("--ttl-ms", type=AT_LEAST_ONE,
-                      help="request TTL in ms (default SWITCHYARD_REQUEST_TTL_MS)")
+                      help=f"request TTL in ms (default {REQUEST_TTL.name})")
     init.add_argument("--delivery-limit", type=AT_LEAST_ONE,
-                      help="deliveries before a request is dead-lettered (default SWITCHYARD_DELIVERY_LIMIT)")
+                      help=f"deliveries before a request is dead-lettered (default {DELIVERY_LIMIT.name})")
     add_json_option(init)
     init.set_defaults(func=cmd_pool_init)
 
@@ -238,7 +245,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     call.add_argument("--key", required=True, help="the worker key (any UTF-8 string)")
     call.add_argument("--body", default="", help="request body; '-' reads standard input")
     call.add_argument("--timeout", type=POSITIVE, default=None,
-                      help="seconds to wait (default SWITCHYARD_CALL_TIMEOUT)")
+                      help=f"seconds to wait (default {CALL_TIMEOUT.name})")
     call.add_argument("--expiration-ms", type=AT_LEAST_ONE, default=None,
                       help="request TTL (default: the timeout)")
     call.add_argument("--confirm", action="store_true", help="use publisher confirms")

@@ -12,6 +12,7 @@ from pathlib import Path
 from switchyard.cli.options import AT_LEAST_ONE, COUNT, POSITIVE, add_commands
 from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
+from switchyard.delay.settings import DELAY
 from switchyard.spark import emr, package
 from switchyard.spark.rows import FORMAT_HELP
 
@@ -44,7 +45,7 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress-interval", dest="progress_interval_s", type=POSITIVE, default=5.0,
                         metavar="S", help="seconds between progress lines (default 5)")
     parser.add_argument("--delay-topic", help="where rows with a deadline go (default "
-                                              "SWITCHYARD_DELAY_INPUT_TOPIC)")
+                                              f"{DELAY['input_topic'].name})")
     parser.add_argument("--reply-queue", metavar="NAME",
                         help="scheduled rows answer into the durable reply queue switchyard-reply-NAME "
                              "(default: their answers are not kept); read them with --collect")

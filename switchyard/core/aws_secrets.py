@@ -24,23 +24,30 @@ from collections.abc import Mapping, MutableMapping
 from string import Formatter
 from urllib.parse import quote
 
-from switchyard.core.deployed_config import DEFAULT_MAX_AGE_S
 from switchyard.core.errors import ConfigError
+from switchyard.core.reader import CONFIG_MAX_AGE
+from switchyard.core.settings import AMQP_URL, MANAGEMENT_URL, POSTGRES_DSN, REDIS_URL, SECRET_SOURCES
+
+DEFAULT_MAX_AGE_S = CONFIG_MAX_AGE.default
 
 # Service -> the variables whose placeholders its secret fills.
 SECRET_URLS: dict[str, tuple[str, ...]] = {
-    "AMQP": ("SWITCHYARD_AMQP_URL", "SWITCHYARD_MANAGEMENT_URL"),
-    "POSTGRES": ("SWITCHYARD_POSTGRES_DSN",),
-    "REDIS": ("SWITCHYARD_REDIS_URL",),
+    "AMQP": (AMQP_URL.name, MANAGEMENT_URL.name),
+    "POSTGRES": (POSTGRES_DSN.name,),
+    "REDIS": (REDIS_URL.name,),
 }
 PLACEHOLDER = re.compile(r"\{[a-z_]+\}")
 INJECTED_FIELDS = ("username", "password")
 
 
+def source_variable(service: str, field: str) -> str:
+    """The variable of ``service``'s credential ``field`` (``secret_arn``, ``username``, ``password``)."""
+    return SECRET_SOURCES[service][field].name
+
+
 def source_variables(service: str) -> tuple[str, ...]:
     """Where ``service``'s credentials come from: its secret's ARN, or the values ECS injects."""
-    return (f"SWITCHYARD_{service}_SECRET_ARN",
-            *(f"SWITCHYARD_{service}_{field.upper()}" for field in INJECTED_FIELDS))
+    return tuple(setting.name for setting in SECRET_SOURCES[service].values())
 
 
 def secret_sources(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -53,9 +60,9 @@ def secret_sources(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def _secret_values(service: str, environ: Mapping[str, str]) -> dict[str, str]:
     # Injected values count even when empty: ECS sets exactly the secret's value.
-    injected = {field: environ[f"SWITCHYARD_{service}_{field.upper()}"]
-                for field in INJECTED_FIELDS if f"SWITCHYARD_{service}_{field.upper()}" in environ}
-    arn = environ.get(f"SWITCHYARD_{service}_SECRET_ARN")
+    injected = {field: environ[source_variable(service, field)]
+                for field in INJECTED_FIELDS if source_variable(service, field) in environ}
+    arn = environ.get(source_variable(service, "secret_arn"))
     if not arn:
         return injected
     return {**_fetch(arn), **injected}

@@ -1,6 +1,5 @@
-"""Settings read from the environment, with defaults that work against the local stack.
-
-Every variable is documented in docs/configuration.md; keep the two in step.
+"""The connections every part shares (``Connections``), their URLs checked and their secrets filled
+when read, and the face of the settings reader (``switchyard.core.reader``, re-exported here).
 """
 
 from __future__ import annotations
@@ -8,70 +7,34 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import quote, urlsplit
 
+from switchyard.core.aws_secrets import resolve_url, secret_sources
 from switchyard.core.errors import ConfigError
+from switchyard.core.reader import SETTINGS, Setting, build, config_source, declared, setting
+from switchyard.core.settings import (
+    AMQP_HEARTBEAT,
+    AMQP_URL,
+    KAFKA_AUTH,
+    KAFKA_BOOTSTRAP,
+    MANAGEMENT_URL,
+    POSTGRES_DSN,
+    REDIS_CLUSTER,
+    REDIS_TIMEOUT,
+    REDIS_URL,
+    SECRET_SERVICES,
+    SECRET_SOURCES,
+)
 
-T = TypeVar("T")
-
-# The Redis settings every Redis user reads, named once (the CDK stack writes them: stacks/parameters.py).
-REDIS_URL_ENV = "SWITCHYARD_REDIS_URL"
-REDIS_CLUSTER_ENV = "SWITCHYARD_REDIS_CLUSTER"  # 1: REDIS_URL_ENV names one node of a Redis Cluster
-
-
-def env_str(name: str, default: str) -> str:
-    value = os.environ.get(name)
-    return default if value is None or value == "" else value
-
-
-def _env_number(name: str, default: T, cast: Callable[[str], T], kind: str) -> T:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return cast(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{name} must be {kind}, got {raw!r}") from exc
-
-
-def env_int(name: str, default: int) -> int:
-    return _env_number(name, default, int, "an integer")
-
-
-def env_float(name: str, default: float) -> float:
-    return _env_number(name, default, float, "a number")
-
-
-def env_flag(name: str) -> bool:
-    """``1`` on, ``0`` or unset off; anything else is a ConfigError (a typo must not mean off)."""
-    raw = os.environ.get(name, "")
-    if raw not in ("", "0", "1"):
-        raise ConfigError(f"{name} must be 1 or 0, got {raw!r}")
-    return raw == "1"
-
-
-def fields_from_env(cls: Callable[..., T], variables: Mapping[str, str], **fixed: Any) -> T:
-    """``cls`` with each field of ``variables`` (field -> variable) read from the environment and
-    parsed like its default (int, float or str); the other fields keep their defaults, ``fixed``
-    ones are passed as given. One reader for every settings class, so all parse alike."""
-    defaults = cls()
-    values: dict[str, Any] = {}
-    for name, variable in variables.items():
-        default = getattr(defaults, name)
-        if isinstance(default, bool):
-            raise TypeError(f"{name}: booleans need an explicit rule, not {variable}")
-        reader = env_int if isinstance(default, int) else env_float if isinstance(default, float) else env_str
-        values[name] = reader(variable, default)
-    return cls(**values, **fixed)
-
-
-def prefixed(prefix: str, *names: str) -> dict[str, str]:
-    """``{field: PREFIX + FIELD}`` for ``fields_from_env``."""
-    return {name: prefix + name.upper() for name in names}
-
+__all__ = ["AMQP_HEARTBEAT", "AMQP_URL", "KAFKA_AUTH", "KAFKA_BOOTSTRAP", "MANAGEMENT_URL", "POSTGRES_DSN",
+           "REDIS_CLUSTER", "REDIS_TIMEOUT", "REDIS_URL", "SECRET_SERVICES", "SECRET_SOURCES", "SETTINGS",
+           "Connections", "SecretUrl", "Setting", "build", "config_source", "declared", "setting"]
+# Kept for the code that names them (stacks/parameters.py, the tests).
+REDIS_URL_ENV = REDIS_URL.name
+REDIS_CLUSTER_ENV = REDIS_CLUSTER.name
 
 _URL_LIST_SPLIT = re.compile(r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
 
@@ -129,9 +92,10 @@ class SecretUrl:
     and printed without a password they never had.
     """
 
-    def __init__(self, variable: str, default: str, schemes: tuple[str, ...], conninfo: bool = False,
+    def __init__(self, setting: Setting[str], schemes: tuple[str, ...], conninfo: bool = False,
                  several: bool = False) -> None:
-        self.variable, self.default, self.schemes, self.conninfo = variable, default, schemes, conninfo
+        self.setting, self.schemes, self.conninfo = setting, schemes, conninfo
+        self.variable, self.default = setting.name, setting.default
         self.several = several  # a comma-separated list of a cluster's nodes (service_urls)
         self.name = ""
 
@@ -141,8 +105,6 @@ class SecretUrl:
     def __get__(self, obj: Connections | None, owner: type | None = None) -> str:
         if obj is None:
             return self.default  # the dataclass's default for the field
-        from switchyard.core.aws_secrets import resolve_url
-
         url = resolve_url(self.variable, obj.__dict__[self.name], obj.secret_sources)
         return self.check(url)
 
@@ -170,20 +132,16 @@ class Connections:
     ``dataclasses.replace`` reads (and so fills) every field it copies.
     """
 
-    amqp_url: str = SecretUrl("SWITCHYARD_AMQP_URL",  # type: ignore[assignment]
-                              "amqp://guest:guest@127.0.0.1:5672/%2F", ("amqp", "amqps"), several=True)
-    management_url: str = SecretUrl("SWITCHYARD_MANAGEMENT_URL",  # type: ignore[assignment]
-                                    "http://guest:guest@127.0.0.1:15672", ("http", "https"), several=True)
-    redis_url: str = SecretUrl(REDIS_URL_ENV,  # type: ignore[assignment]
-                               "redis://127.0.0.1:6379/0", ("redis", "rediss", "unix"))
-    postgres_dsn: str = SecretUrl("SWITCHYARD_POSTGRES_DSN",  # type: ignore[assignment]
-                                  "postgresql://postgres@127.0.0.1:5432/switchyard",
-                                  ("postgresql", "postgres"), conninfo=True)
-    kafka_bootstrap: str = "127.0.0.1:9092"
+    amqp_url: str = SecretUrl(AMQP_URL, ("amqp", "amqps"), several=True)  # type: ignore[assignment]
+    management_url: str = SecretUrl(MANAGEMENT_URL, ("http", "https"), several=True)  # type: ignore[assignment]
+    redis_url: str = SecretUrl(REDIS_URL, ("redis", "rediss", "unix"))  # type: ignore[assignment]
+    postgres_dsn: str = SecretUrl(POSTGRES_DSN, ("postgresql", "postgres"),  # type: ignore[assignment]
+                                  conninfo=True)
+    kafka_bootstrap: str = KAFKA_BOOTSTRAP.default
     aws_endpoint_url: str | None = None
-    redis_timeout_s: float = 5.0
-    redis_cluster: bool = False  # SWITCHYARD_REDIS_URL names one node of a Redis Cluster
-    # SWITCHYARD_<SERVICE>_SECRET_ARN / _USERNAME / _PASSWORD as found at start (aws_secrets.secret_sources)
+    redis_timeout_s: float = REDIS_TIMEOUT.default
+    redis_cluster: bool = False  # redis_url names one node of a Redis Cluster (REDIS_CLUSTER)
+    # <SERVICE>_SECRET_ARN / _USERNAME / _PASSWORD as found at start (aws_secrets.secret_sources)
     secret_sources: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     def __repr__(self) -> str:
@@ -198,28 +156,23 @@ class Connections:
         """These connections with the broker's AMQP URL in ``vhost`` and the AMQP URLs filled from
         another user's secret, ``secret_arn`` (one process, a second broker identity). Nothing is read."""
         amqp = urlsplit(self._raw("amqp_url"))._replace(path="/" + quote(vhost, safe="")).geturl()
-        sources = {k: v for k, v in self.secret_sources.items() if not k.startswith("SWITCHYARD_AMQP_")}
+        own = {s.name for s in SECRET_SOURCES["AMQP"].values()}
+        sources = {k: v for k, v in self.secret_sources.items() if k not in own}
         values = {f.name: self._raw(f.name) for f in fields(self)}
-        return Connections(**{**values, "amqp_url": amqp,
-                              "secret_sources": {**sources, "SWITCHYARD_AMQP_SECRET_ARN": secret_arn}})
+        arn = SECRET_SOURCES["AMQP"]["secret_arn"].name
+        return Connections(**{**values, "amqp_url": amqp, "secret_sources": {**sources, arn: secret_arn}})
 
     @classmethod
-    def from_env(cls) -> Connections:
-        """The connections of this process: a deployed stack's configuration (SSM, when
-        ``SWITCHYARD_CONFIG_PATH`` is set), then the environment. Reads no secret (see ``SecretUrl``)."""
-        from switchyard.core.aws_secrets import secret_sources
-        from switchyard.core.deployed_config import load_deployed_config
+    def from_env(cls, source: Mapping[str, str] | None = None) -> Connections:
+        """The connections of this process: ``source`` (default ``config_source()``: the environment
+        over a deployed stack's configuration). Reads no secret (see ``SecretUrl``)."""
+        source = config_source() if source is None else source
+        return build(cls, CONNECTIONS, source, aws_endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
+                     secret_sources=secret_sources(source))
 
-        load_deployed_config()
-        d = cls()
-        return cls(
-            amqp_url=env_str("SWITCHYARD_AMQP_URL", d.amqp_url),
-            management_url=env_str("SWITCHYARD_MANAGEMENT_URL", d.management_url),
-            redis_url=env_str(REDIS_URL_ENV, d.redis_url),
-            postgres_dsn=env_str("SWITCHYARD_POSTGRES_DSN", d.postgres_dsn),
-            kafka_bootstrap=env_str("SWITCHYARD_KAFKA_BOOTSTRAP", d.kafka_bootstrap),
-            aws_endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
-            redis_timeout_s=env_float("SWITCHYARD_REDIS_TIMEOUT", d.redis_timeout_s),
-            redis_cluster=env_flag(REDIS_CLUSTER_ENV),
-            secret_sources=secret_sources(),
-        )
+
+CONNECTIONS: dict[str, Setting[Any]] = {
+    "amqp_url": AMQP_URL, "management_url": MANAGEMENT_URL, "redis_url": REDIS_URL,
+    "postgres_dsn": POSTGRES_DSN, "kafka_bootstrap": KAFKA_BOOTSTRAP, "redis_timeout_s": REDIS_TIMEOUT,
+    "redis_cluster": REDIS_CLUSTER,
+}

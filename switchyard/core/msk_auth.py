@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from switchyard.core.config import env_str
+from switchyard.core.config import KAFKA_AUTH
 from switchyard.core.errors import ConfigError
 
 KAFKA_AUTH_IAM = "aws-msk-iam"
@@ -19,11 +19,11 @@ KAFKA_AUTH_IAM = "aws-msk-iam"
 def kafka_security_config() -> dict[str, Any]:
     """librdkafka settings for ``SWITCHYARD_KAFKA_AUTH``: ``aws-msk-iam`` (MSK, SASL/OAUTHBEARER
     signed with the process's IAM role) or empty/``none`` (plaintext, the local tansu)."""
-    auth = env_str("SWITCHYARD_KAFKA_AUTH", "none")
+    auth = KAFKA_AUTH.read()
     if auth == "none":
         return {}
     if auth != KAFKA_AUTH_IAM:
-        raise ConfigError(f"SWITCHYARD_KAFKA_AUTH must be none or {KAFKA_AUTH_IAM}, got {auth!r}")
+        raise ConfigError(f"{KAFKA_AUTH.name} must be none or {KAFKA_AUTH_IAM}, got {auth!r}")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if not region:
         raise ConfigError("MSK IAM authentication needs AWS_REGION")

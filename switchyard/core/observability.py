@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import asdict
 from typing import Any
@@ -26,11 +26,8 @@ from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 from aws_lambda_powertools.utilities.data_classes import event_source
 
-from switchyard.core.deployed_config import (
-    DEFAULT_METRICS_NAMESPACE,
-    METRICS_NAMESPACE_ENV,
-    load_deployed_config,
-)
+from switchyard.core.deployed_config import DEFAULT_METRICS_NAMESPACE
+from switchyard.core.settings import LOG_FORMAT, LOG_LEVEL, METRICS_NAMESPACE, XRAY_PATCH
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME") or "switchyard"
 # The ``service`` dimension of each part's metrics: the deployed functions carry it (stacks/) and the
@@ -46,10 +43,11 @@ def pool_service(pool: str) -> str:
     return f"switchyard-{pool}"
 
 
-def metrics_namespace() -> str:
+def metrics_namespace(source: Mapping[str, str] | None = None) -> str:
     """This process's namespace: Powertools' variable (each deployed function and task has its stack's),
-    else the deployed stack's configuration (``switchyard --stack NAME`` loaded it), else the default."""
-    return (os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or os.environ.get(METRICS_NAMESPACE_ENV)
+    else the deployed stack's configuration (``switchyard --stack NAME`` names it), else the default.
+    ``source``: where settings are read (default: the environment over the deployed configuration)."""
+    return (os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or METRICS_NAMESPACE.read(source)
             or DEFAULT_METRICS_NAMESPACE)
 
 
@@ -110,7 +108,7 @@ class RedactingStreamHandler(logging.StreamHandler):
         return redact(super().format(record))
 
 
-LOG_FORMAT_ENV = "SWITCHYARD_LOG_FORMAT"
+LOG_FORMAT_ENV = LOG_FORMAT.name
 LOG_FORMATS = ("text", "json")
 # Keys every Powertools record carries, and the Lambda context's (the local runtime's fake one);
 # the text line shows level, service and message in front and drops the rest (the time is the
@@ -160,7 +158,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 def log_format() -> str:
     """``json`` on AWS (Lambda, an ECS task: their logs are queried as JSON) or when
     ``SWITCHYARD_LOG_FORMAT=json`` asks; ``text`` otherwise."""
-    asked = os.environ.get(LOG_FORMAT_ENV, "").strip().lower()
+    asked = LOG_FORMAT.read(os.environ).strip().lower()
     if asked in LOG_FORMATS:
         return asked
     on_aws = os.environ.get("AWS_LAMBDA_FUNCTION_NAME") or os.environ.get("ECS_CONTAINER_METADATA_URI_V4")
@@ -174,7 +172,7 @@ def _build_logger() -> Logger:
     # (Lambda reads stdout, as Powertools' own handler writes.)
     handler = RedactingStreamHandler(sys.stdout if in_lambda else sys.stderr)
     default = "INFO" if in_lambda else "WARNING"
-    asked = os.environ.get("SWITCHYARD_LOG_LEVEL") or os.environ.get("POWERTOOLS_LOG_LEVEL") or default
+    asked = LOG_LEVEL.read(os.environ) or os.environ.get("POWERTOOLS_LOG_LEVEL") or default
     level = asked.strip().upper()
     known = level in LOG_LEVELS  # a typo must not stop every process (or Lambda init) at import
     formatter = TextFormatter() if log_format() == "text" else None
@@ -210,7 +208,7 @@ def _build_tracer() -> Tracer | NoTracer:
         # No auto-patching: patching botocore imports it whole (about 350 ms of a cold start) for
         # subsegments of AWS calls that only the reconciler's ECS driver makes. The handler's own
         # segment is still recorded; SWITCHYARD_XRAY_PATCH=botocore,requests patches on demand.
-        patch = [m for m in os.environ.get("SWITCHYARD_XRAY_PATCH", "").split(",") if m.strip()]
+        patch: list[str] = list(XRAY_PATCH.read(os.environ))
         return Tracer(service=SERVICE, auto_patch=bool(patch), patch_modules=patch or None)
     return NoTracer()
 
@@ -240,7 +238,7 @@ class EMFProvider(AmazonCloudWatchEMFProvider):
 
 
 logger = _build_logger()
-metrics = Metrics(namespace=metrics_namespace(), service=SERVICE)
+metrics = Metrics(namespace=metrics_namespace(os.environ), service=SERVICE)  # no AWS call at import
 tracer = _build_tracer()
 _provider_factory: Callable[..., AmazonCloudWatchEMFProvider] | None = None
 
@@ -255,7 +253,8 @@ def use_metrics_provider(factory: Callable[..., AmazonCloudWatchEMFProvider] | N
     """
     global _provider_factory
     _provider_factory = factory
-    metrics.namespace = metrics_namespace()  # the stack's, if its configuration was loaded since import
+    if factory is not None:  # the local runtime's shipper: the stack's namespace, if the process names one
+        metrics.namespace = metrics_namespace()  # (not at import: that would read the deployed configuration)
     metrics.provider = (factory or EMFProvider)(
         namespace=metrics.namespace, service=metrics.service, metric_set=metrics.metric_set,
         dimension_set=metrics.dimension_set, metadata_set=metrics.metadata_set,
@@ -366,7 +365,6 @@ def lambda_handler_for(
     @logger.inject_lambda_context
     @event_source(data_class=data_class)
     def lambda_handler(event: Any, context: Any) -> dict[str, Any]:
-        load_deployed_config()  # cached: SSM is called once per max age, not per invocation
         outcome = work(event, context)
         if report is not None:
             report(outcome)

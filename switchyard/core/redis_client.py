@@ -11,7 +11,7 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from switchyard.core.config import Connections
+from switchyard.core.config import REDIS_CLUSTER, REDIS_URL, Connections
 from switchyard.core.errors import ConfigError
 
 # What every Redis user of Switchyard takes: one server or a cluster (redis-py routes each
@@ -28,14 +28,14 @@ def open_redis(url: str, cluster: bool, retry: Retry, *,
     if not cluster:
         return redis.Redis(connection_pool=pool_class.from_url(url, retry=retry, **options))
     if url.startswith("unix:"):
-        raise ConfigError("SWITCHYARD_REDIS_CLUSTER=1 needs SWITCHYARD_REDIS_URL as redis:// or rediss:// "
+        raise ConfigError(f"{REDIS_CLUSTER.name}=1 needs {REDIS_URL.name} as redis:// or rediss:// "
                           "naming one node of the cluster, not a unix socket")
     return RedisCluster.from_url(url, retry=retry, connection_pool_class=pool_class, **options)
 
 
 def connect_redis(connections: Connections | None = None) -> RedisClient:
     """A client for ``SWITCHYARD_REDIS_URL`` whose every command fails within
-    ``SWITCHYARD_REDIS_TIMEOUT`` seconds (per attempt; connection errors are retried twice)."""
+    ``SWITCHYARD_REDIS_TIMEOUT_S`` seconds (per attempt; connection errors are retried twice)."""
     connections = connections or Connections.from_env()
     timeout = connections.redis_timeout_s
     return open_redis(connections.redis_url, connections.redis_cluster,

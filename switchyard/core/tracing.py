@@ -32,12 +32,14 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from switchyard.core.errors import ConfigError
 from switchyard.core.observability import logger, note_trace, xray_root
+from switchyard.core.settings import TRACE_LOG, TRACE_LOG_MAX_BYTES
 
 TRACEPARENT_HEADER = "traceparent"
 TRACESTATE_HEADER = "tracestate"
-TRACE_LOG_ENV = "SWITCHYARD_TRACE_LOG"
-TRACE_LOG_MAX_BYTES_ENV = "SWITCHYARD_TRACE_LOG_MAX_BYTES"
+TRACE_LOG_ENV = TRACE_LOG.name
+TRACE_LOG_MAX_BYTES_ENV = TRACE_LOG_MAX_BYTES.name
 DEFAULT_TRACE_LOG = ".local/logs/trace.jsonl"
 DEFAULT_TRACE_LOG_MAX_BYTES = 16 * 1024 * 1024  # then it moves to <path>.1 (one older file kept)
 _OFF = ("", "0", "off", "false", "no")
@@ -190,7 +192,7 @@ def scope_if(context: TraceContext | None) -> Iterator[TraceContext | None]:
 # -- the local trace log ------------------------------------------------------------------------
 def trace_log_path() -> str | None:
     """Where hops are written (``SWITCHYARD_TRACE_LOG``), None when off or inside a Lambda function."""
-    path = os.environ.get(TRACE_LOG_ENV)
+    path = TRACE_LOG.read(os.environ)
     if not path or path.strip().lower() in _OFF or os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
         return None
     return path
@@ -200,8 +202,7 @@ def enable_trace_log(path: str | None = None) -> str | None:
     """Turn the trace log on for this process and the processes it starts (the local runtime's
     call): ``path``, else the variable's own value, else ``.local/logs/trace.jsonl``. A variable
     set to ``off`` keeps it off. Returns the path in use."""
-    given = os.environ.get(TRACE_LOG_ENV)
-    if path is None and given is not None:
+    if path is None and TRACE_LOG_ENV in os.environ:  # set, even to "off" or empty: the caller's choice
         return trace_log_path()
     os.environ[TRACE_LOG_ENV] = path or DEFAULT_TRACE_LOG  # the interface of the workers it starts
     return trace_log_path()
@@ -209,8 +210,8 @@ def enable_trace_log(path: str | None = None) -> str | None:
 
 def _max_bytes() -> int:
     try:
-        return max(4096, int(os.environ.get(TRACE_LOG_MAX_BYTES_ENV) or DEFAULT_TRACE_LOG_MAX_BYTES))
-    except ValueError:
+        return max(4096, TRACE_LOG_MAX_BYTES.read(os.environ))
+    except ConfigError:
         return DEFAULT_TRACE_LOG_MAX_BYTES
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
-from switchyard.core.config import fields_from_env, prefixed
+from switchyard.core.config import Setting, build
 from switchyard.core.errors import ConfigError, InvalidNameError
 
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -140,6 +142,50 @@ class DelaySettings:
         return self.timing_advance_ms + self.lookahead_ms + self.publish_timeout_ms + 500
 
     @classmethod
-    def from_env(cls) -> DelaySettings:
-        """Read ``SWITCHYARD_DELAY_<FIELD>`` for every field, falling back to the seed's defaults."""
-        return fields_from_env(cls, prefixed("SWITCHYARD_DELAY_", *(f.name for f in fields(cls))))
+    def from_env(cls, source: Mapping[str, str] | None = None) -> DelaySettings:
+        """Every field from its ``SWITCHYARD_DELAY_<FIELD>`` (``DELAY``), else the seed's default."""
+        return build(cls, DELAY, source)
+
+
+def _delay(field: str, doc: str) -> Setting[Any]:
+    """The setting of ``DelaySettings.<field>``: ``SWITCHYARD_DELAY_<FIELD>``, its default the field's and
+    its unit the field's suffix."""
+    unit = next((u for u in ("ms", "bytes") if field.endswith("_" + u)), "")
+    return Setting(f"SWITCHYARD_DELAY_{field.upper()}", getattr(DelaySettings, field), doc, unit=unit)
+
+
+DELAY: dict[str, Setting[Any]] = {field: _delay(field, doc) for field, doc in (
+    ("input_topic", "where applications publish"),
+    ("output_topic", "where delayed messages appear (must differ from the input)"),
+    ("lateness_sla_ms",
+     "a fire run whose worst timer lateness exceeds this logs a warning; each run logs one line: debug "
+     "when nothing changed, info when it fired or its figures changed, warning when the overdue backlog "
+     "grew or lateness passed the SLA (the deployment passes `latenessSlaMs`)"),
+    ("schema", "Postgres schema (`[a-z_][a-z0-9_]*`)"),
+    ("timing_advance_ms", "fire this much before the deadline"),
+    ("hold_time_ms",
+     "a ready message held longer is taken over by another node; must be >= 2 x (advance + poll interval"
+     " + publish timeout)"),
+    ("poll_interval_ms",
+     "how often due messages are claimed while there are any (each fires at its own time, not at the "
+     "poll)"),
+    ("idle_poll_ms",
+     "a node with nothing due sleeps until the earliest waiting deadline, or this long at most; an "
+     "enqueue wakes it sooner (Postgres `NOTIFY`)"),
+    ("failure_detection_interval_ms", "how often stuck ready messages are looked for"),
+    ("ready_batch_size", "rows claimed per query"),
+    ("publish_timeout_ms", "broker confirmation timeout; unconfirmed rows are handed back"),
+    ("store_timeout_ms",
+     "longest Postgres operation; past it the connection is dropped and opened again (a server gone "
+     "silent without closing it)"),
+    ("publish_linger_ms",
+     "librdkafka `linger.ms` of the output producer: batching, at most this much later on the broker "
+     "(the firing time is stamped at send)"),
+    ("max_message_bytes",
+     "the largest message the output topic takes (MSK's default `max.message.bytes`); a larger one is "
+     "parked, not sent"),
+    ("consumer_group", "consumer group of the local MSK bridge"),
+    ("batch_size", "local bridge batching: records per batch (set the MSK mapping the same)"),
+    ("batch_window_ms", "local bridge batching: the longest a batch waits (set the MSK mapping the same)"),
+    ("application_name", "Postgres `application_name`"),
+)}

@@ -208,12 +208,13 @@ def idle(out: Printer, runtime: LocalControlPlane, driver: WorkerGroupDriver, wa
 
 def demo_driver() -> SubprocessDriver:
     """Workers as subprocesses running the demo handler (its ``slow`` and ``math`` keys)."""
+    from switchyard.core.settings import LOG_LEVEL
     from switchyard.rpc.drivers import SubprocessDriver
 
     return SubprocessDriver(
         (sys.executable, "-m", "switchyard", "worker", "--handler", "switchyard.rpc.examples:demo"),
         min_workers=1, max_workers=2, stop_timeout=5,
-        env={"SLEEPY_SECONDS": "1", "SWITCHYARD_LOG_LEVEL": "ERROR"},
+        env={"SLEEPY_SECONDS": "1", LOG_LEVEL.name: "ERROR"},
     )
 
 

@@ -13,7 +13,7 @@ machine the project does). Its I/O loop holds any number of idle connections; ea
 progress holds one worker thread, so ``threads`` bounds how many long polls can wait at once
 (default 512: hundreds of pollers holding a request open for up to 29 s each). ``poll()`` is used
 instead of ``select()`` so more than 1,024 sockets work. A request head (request line and
-headers) must arrive within ``SWITCHYARD_HTTP_HEAD_TIMEOUT`` seconds (default 10) of the
+headers) must arrive within ``SWITCHYARD_HTTP_HEAD_TIMEOUT_S`` seconds (default 10) of the
 connection opening or of its first byte: slowloris clients dripping an incomplete head are
 closed. Heads are read by the I/O loop, never by a worker thread, and at the connection limit a new
 client closes the oldest incomplete head (then the longest idle keep-alive connection) instead of
@@ -45,8 +45,8 @@ from urllib.parse import parse_qsl
 import waitress.server
 from waitress import wasyncore
 
-from switchyard.core.config import env_float
 from switchyard.core.observability import redact
+from switchyard.core.settings import HTTP_HEAD_TIMEOUT
 from switchyard.local.http_connections import Channel, ShedAtTheLimit, cut_slow_heads
 from switchyard.local.lambda_context import FakeLambdaContext
 
@@ -204,7 +204,7 @@ class HttpGateway:
     """Serve one Lambda proxy handler over HTTP; ``start()``/``stop()`` or a ``with`` block.
 
     ``port=0`` takes an ephemeral port (read ``port``/``url`` after ``start()``). ``head_timeout_s``:
-    how long a request head may take (default ``SWITCHYARD_HTTP_HEAD_TIMEOUT``, 10 s).
+    how long a request head may take (default ``SWITCHYARD_HTTP_HEAD_TIMEOUT_S``, 10 s).
     ``connection_limit``: open sockets, the listener's two included (default ``max(1000, 2 * threads)``);
     at the limit new clients shed connections that hold no request (``http_connections.ShedAtTheLimit``).
     """
@@ -225,7 +225,7 @@ class HttpGateway:
     ) -> None:
         self._handler = as_handler(handler)
         if head_timeout_s is None:
-            head_timeout_s = env_float("SWITCHYARD_HTTP_HEAD_TIMEOUT", DEFAULT_HEAD_TIMEOUT_S)
+            head_timeout_s = HTTP_HEAD_TIMEOUT.read()
         if head_timeout_s <= 0:
             raise ValueError(f"the request head timeout must be positive, got {head_timeout_s}")
         self._head_timeout_s = head_timeout_s

@@ -32,8 +32,10 @@ from typing import Any
 from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
 
 from switchyard.core import observability
+from switchyard.core.config import build
 from switchyard.core.errors import ConfigError, SwitchyardError
 from switchyard.core.observability import logger
+from switchyard.core.settings import METRICS_FLUSH_INTERVAL, METRICS_MAX_BACKLOG, SHIP_METRICS
 
 # PutMetricData's limits (API reference): 1,000 metrics and 1 MB per request, 150 distinct values
 # per metric through Values/Counts, 30 dimensions per metric.
@@ -44,7 +46,7 @@ MAX_DIMENSIONS = 30
 # Powertools flushes a metric set on its own when it reaches 100 metrics or 100 values of one.
 POWERTOOLS_MAX_METRICS = 100
 
-SHIP_ENV = "SWITCHYARD_SHIP_METRICS"
+SHIP_ENV = SHIP_METRICS.name
 TRUE_VALUES = ("1", "true", "yes", "on")
 
 
@@ -186,12 +188,8 @@ class ShipperSettings:
 
     @classmethod
     def from_env(cls) -> ShipperSettings:
-        try:
-            env = os.environ.get
-            return cls(flush_interval_s=float(env("SWITCHYARD_METRICS_FLUSH_INTERVAL", cls.flush_interval_s)),
-                       max_backlog=int(env("SWITCHYARD_METRICS_MAX_BACKLOG", cls.max_backlog)))
-        except ValueError as exc:
-            raise ConfigError(f"SWITCHYARD_METRICS_FLUSH_INTERVAL / _MAX_BACKLOG: {exc}") from exc
+        return build(cls, {"flush_interval_s": METRICS_FLUSH_INTERVAL, "max_backlog": METRICS_MAX_BACKLOG},
+                     os.environ)
 
 
 @dataclass
@@ -396,7 +394,7 @@ class ShippingEMFProvider(AmazonCloudWatchEMFProvider):
 
 
 def ship_metrics_enabled() -> bool:
-    return os.environ.get(SHIP_ENV, "").strip().lower() in TRUE_VALUES
+    return SHIP_METRICS.read(os.environ).strip().lower() in TRUE_VALUES
 
 
 # The ``service`` dimension each deployed function family carries (observability names them once).
@@ -406,14 +404,16 @@ FUNCTION_SERVICES = {"delay": observability.DELAY_SERVICE, "bus": observability.
 
 def service_for_function(function: str) -> str | None:
     """The deployed service of ``functions/<function>.py`` (``rpc_*``: the pool's, from
-    ``SWITCHYARD_POOL``); None where unknown or ``POWERTOOLS_SERVICE_NAME`` already says it."""
+    ``SWITCHYARD_RPC_POOL``); None where unknown or ``POWERTOOLS_SERVICE_NAME`` already says it."""
     if os.environ.get("POWERTOOLS_SERVICE_NAME"):
         return None
     if function == "rpc_scheduled":  # the relay serves every pool
         return observability.SCHEDULED_SERVICE
     family = function.split("_", 1)[0]
     if family == "rpc":
-        pool = os.environ.get("SWITCHYARD_POOL")
+        from switchyard.rpc.settings import POOL  # not at import: switchyard.rpc brings pika
+
+        pool = POOL.read()
         return observability.pool_service(pool) if pool else None
     return FUNCTION_SERVICES.get(family)
 

@@ -5,7 +5,7 @@ resolver is the Lambda behind API Gateway (``functions/pending_api.py``). Routes
 ``/endpoints/{endpoint}/`` and authenticated by that endpoint's token (``Authorization: Bearer``):
 
 * ``GET next?wait=S``: the next request (200, JSON) or 204 after up to ``S`` seconds (at most
-  ``SWITCHYARD_PENDING_HTTP_POLL_WAIT``, and never past the Lambda's remaining time: the long poll
+  ``SWITCHYARD_PENDING_HTTP_POLL_WAIT_S``, and never past the Lambda's remaining time: the long poll
   ends inside API Gateway's 29 s);
 * ``POST requests/{id}/heartbeat`` ``{"take": T}``: the service is alive; the reply says whether
   to stop (``{"cancelled": bool, "reason": str|null}``);
@@ -49,7 +49,7 @@ from switchyard.pending import openapi as doc
 from switchyard.pending.errors import MessageTooLargeError, PendingError, StreamError
 from switchyard.pending.model import ID_LENGTH, Delivery
 from switchyard.pending.service import PendingQueue
-from switchyard.pending.settings import ENDPOINT_NAME, token_sources
+from switchyard.pending.settings import ENDPOINT_NAME, PENDING, TOKENS, token_sources
 from switchyard.pending.streams import StreamRef
 
 # Time kept back from the Lambda's remaining time so a long poll answers before it is cut off.
@@ -95,9 +95,9 @@ class TokenStore:
         try:
             tokens = json.loads(raw) if raw else {}
         except ValueError as exc:
-            raise ConfigError(f"SWITCHYARD_PENDING_TOKENS is not JSON: {exc}") from exc
+            raise ConfigError(f"{TOKENS.name} is not JSON: {exc}") from exc
         if not isinstance(tokens, dict) or not all(isinstance(v, str) and v for v in tokens.values()):
-            raise ConfigError('SWITCHYARD_PENDING_TOKENS must be a JSON object {"endpoint": "token", ...}')
+            raise ConfigError(f'{TOKENS.name} must be a JSON object {{"endpoint": "token", ...}}')
         return cls.static(tokens)
 
     def _current(self) -> dict[str, bytes]:
@@ -152,7 +152,7 @@ class TooManyPollsError(ServiceError):
 
     def __init__(self, endpoint: str, limit: int) -> None:
         super().__init__(429, f"endpoint {endpoint!r} already has {limit} long polls waiting "
-                              "(SWITCHYARD_PENDING_MAX_POLLS); poll again later")
+                              f"({PENDING['max_polls_per_endpoint'].name}); poll again later")
 
 
 class PollSlots:
@@ -242,7 +242,7 @@ def build_app(queue: PendingQueue, tokens: TokenStore) -> TurnTakingResolver:
     @app.get("/endpoints/<endpoint>/next", summary="the next request, or 204 after up to wait seconds",
              responses=doc.responses(doc.NEXT))
     def next_request(endpoint: str, wait: Annotated[float | None, Query(
-            description="seconds to wait at most (capped by SWITCHYARD_PENDING_HTTP_POLL_WAIT)")] = None,
+            description=f"seconds to wait at most (capped by {PENDING['http_poll_wait_s'].name})")] = None,
                      ) -> Response[str]:
         authorize(endpoint)
         raw_wait = app.current_event.get_query_string_value("wait", str(settings.http_poll_wait_s))

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 from switchyard.core import tracing
 from switchyard.pending.errors import MessageTooLargeError, PendingError, RemoteError
+from switchyard.pending.settings import PENDING
 from switchyard.pending.streams import StreamRef, StreamStore
 
 logger = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ def store_streams(stream_store: StreamStore | None,
     if not streams:
         return []
     if stream_store is None:
-        raise PendingError("streams need a store: set SWITCHYARD_PENDING_STORE")
+        raise PendingError(f"streams need a store: set {PENDING['store'].name}")
     return [stream_store.put(name, data) for name, data in streams.items()]
 
 
@@ -197,7 +198,7 @@ def encode_message(message: dict[str, Any], what: str, limit: int) -> bytes:
         raise ValueError(f"{what} body is not JSON-serialisable: {exc}") from exc
     if len(raw) > limit:
         raise MessageTooLargeError(
-            f"{what} is {len(raw)} bytes, over SWITCHYARD_PENDING_MAX_MESSAGE_BYTES={limit}; "
+            f"{what} is {len(raw)} bytes, over {PENDING['max_message_bytes'].name}={limit}; "
             "send large data as streams")
     return raw
 

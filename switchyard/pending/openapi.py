@@ -18,6 +18,7 @@ from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from switchyard import __version__
+from switchyard.pending.settings import PENDING
 
 
 class StreamRef(BaseModel):
@@ -114,8 +115,8 @@ NEXT: dict[int, OpenAPIResponse] = {
     **_AUTH, 200: _json("the next request", NextRequest),
     204: {"description": "none within the wait (no body)", "content": {}},
     400: _json("wait is not a number", ErrorOut),
-    429: _json("as many long polls of the endpoint waiting as SWITCHYARD_PENDING_MAX_POLLS allows "
-               "(Retry-After)", ErrorOut)}
+    429: _json("as many long polls of the endpoint waiting as "
+               f"{PENDING['max_polls_per_endpoint'].name} allows (Retry-After)", ErrorOut)}
 HEARTBEAT: dict[int, OpenAPIResponse] = {**_BODY, 200: _json("whether to stop", HeartbeatOut)}
 RESPONSE: dict[int, OpenAPIResponse] = {
     **_BODY, 200: _json("what became of the response", ResponseOut),

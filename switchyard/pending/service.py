@@ -1,4 +1,6 @@
-"""Composition: ``PendingQueue``, one node of the pending request queue, made once per process.
+"""Composition: ``PendingQueue``, one node of the pending request queue, made once per process by
+``build_service(settings)`` from settings its caller has read (the shape every part has; the
+adapters call it: the CLI, ``functions/pending_api.py`` through ``switchyard.aws.services``).
 
 A caller anywhere runs ``queue_and_wait(endpoint, ...)``; the node a polling service is connected
 to runs ``dequeue(endpoint)`` for it and, once the service answered, ``apply_response(...)``. The
@@ -270,3 +272,9 @@ class PendingQueue:
     def status(self) -> dict[str, Any]:
         """Queue depth, in-flight requests by state and oldest age, per endpoint (SCAN: an admin view)."""
         return self.redis_store.status()
+
+
+def build_service(settings: PendingSettings, *, client: RedisClient | None = None,
+                  store: StreamStore | None = None, node_id: str | None = None) -> PendingQueue:
+    """A node on ``settings`` (not started: ``start()`` subscribes and starts its threads)."""
+    return PendingQueue(settings, client=client, store=store, node_id=node_id)

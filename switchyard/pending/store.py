@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 def connect_pending_redis(settings: PendingSettings, url: str | None = None) -> RedisClient:
     """A Redis client whose commands are retried by redis-py for the retry window (Halibut's design: 30 s,
-    1 s apart), each attempt bounded by ``SWITCHYARD_REDIS_TIMEOUT``. Commands are short (no
+    1 s apart), each attempt bounded by ``SWITCHYARD_REDIS_TIMEOUT_S``. Commands are short (no
     blocking reads: pollers pop on connections of their own), so thousands of waiting callers
     share a bounded pool: a thread that finds every connection busy waits for one (up to the retry
     window) instead of failing. On a Redis Cluster (``SWITCHYARD_REDIS_CLUSTER=1``) the pool is per

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 from switchyard.core.errors import ConfigError
 from switchyard.pending.errors import StreamError
+from switchyard.pending.settings import PENDING
 
 CHUNK = 1024 * 1024
 
@@ -166,8 +167,8 @@ def store_from_uri(uri: str, endpoint_url: str | None = None) -> StreamStore | N
     if uri.startswith("s3://"):
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         if not bucket:
-            raise ConfigError(f"SWITCHYARD_PENDING_STORE {uri!r} names no bucket")
+            raise ConfigError(f"{PENDING['store'].name} {uri!r} names no bucket")
         return S3StreamStore(bucket, prefix, endpoint_url=endpoint_url)
     if "://" in uri:
-        raise ConfigError(f"SWITCHYARD_PENDING_STORE must be s3://bucket/prefix or a directory, got {uri!r}")
+        raise ConfigError(f"{PENDING['store'].name} must be s3://bucket/prefix or a directory, got {uri!r}")
     return LocalDirectoryStore(uri)

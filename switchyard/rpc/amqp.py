@@ -16,7 +16,7 @@ import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.adapters.utils.io_services_utils import _TRY_IO_AGAIN_SOCK_ERROR_CODES, _AsyncPlaintextTransport
 
-from switchyard.core.config import service_urls
+from switchyard.core.config import AMQP_URL, service_urls
 from switchyard.core.errors import ConfigError
 from switchyard.rpc import amqp_decode
 from switchyard.rpc.errors import BrokerUnavailableError
@@ -45,7 +45,7 @@ def _url_parameters(amqp_url: str) -> pika.URLParameters:
     try:
         return pika.URLParameters(amqp_url)
     except (ValueError, IndexError, TypeError, KeyError) as exc:
-        raise ConfigError(f"SWITCHYARD_AMQP_URL is not an AMQP URL ({type(exc).__name__}: {exc}); expected "
+        raise ConfigError(f"{AMQP_URL.name} is not an AMQP URL ({type(exc).__name__}: {exc}); expected "
                           "amqp[s]://user:password@host:port/vhost (vhost %2F for /), or several "
                           "separated by commas") from exc
 
@@ -84,7 +84,7 @@ def connect(amqp_url: str, name: str, heartbeat: int | None = None) -> pika.Bloc
         return connection
     raise BrokerUnavailableError(
         f"cannot connect to RabbitMQ at {', '.join(failures)}. "
-        "Check SWITCHYARD_AMQP_URL, or start the local stack with ./dev services."
+        f"Check {AMQP_URL.name}, or start the local stack with ./dev services."
     ) from last
 
 

@@ -1,7 +1,8 @@
 """The rpc part's settings from the environment (documented in docs/configuration.md).
 
 The client's and worker's (``RpcSettings``, ``PoolPolicy``), the control plane's (``ControlSettings``)
-and the worker group driver's (``DriverSettings``, and the ECS driver's ``ecs_settings_from_env``).
+and the worker group driver's (``DriverSettings``; the ECS driver's ``SWITCHYARD_RPC_ECS_*``, read by
+``switchyard.rpc.drivers.ecs.EcsSettings.from_env``).
 The worker protocol's own ``WORKER_*`` variables are read by ``worker.WorkerConfig``.
 """
 
@@ -9,29 +10,122 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Any
 
-from switchyard.core.config import Connections, env_float, env_int, env_str
+from switchyard.core.config import AMQP_HEARTBEAT, Connections, Setting, build, config_source
 from switchyard.core.errors import ConfigError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.protocol import QueueType
 
-if TYPE_CHECKING:
-    from switchyard.rpc.drivers.ecs import EcsSettings
+DEFAULT_HANDLER = "switchyard.rpc.examples:describe"
+DRIVERS = ("subprocess", "noop", "ecs")
+DEFAULT_WORKER_LOG_DIR = ".local/logs/workers"
 
+
+def _rpc(name: str, default: object, doc: str, unit: str = "", **more: Any) -> Setting[Any]:
+    """An rpc setting: ``SWITCHYARD_RPC_<NAME>[_<UNIT>]``, read under its old name too (with a warning)."""
+    suffix = f"_{unit.upper()}" if unit and not name.endswith(f"_{unit.upper()}") else ""
+    return Setting(f"SWITCHYARD_RPC_{name}{suffix}", default, doc, unit=unit, old=(f"SWITCHYARD_{name}",),
+                   **more)
+
+
+QUEUE_TYPE = _rpc("QUEUE_TYPE", QueueType.QUORUM.value,
+                  "request and pool queue type: `quorum` (production) or `classic` (development)",
+                  choices=tuple(t.value for t in QueueType))
+REQUEST_TTL = _rpc("REQUEST_TTL_MS", 300_000,
+                   "request queue message TTL (policy); expired requests are answered `expired`", unit="ms")
+DELIVERY_LIMIT = _rpc("DELIVERY_LIMIT", 5,
+                      "deliveries before a request is dead-lettered as `delivery_limit` (quorum)")
+POLICY_PRIORITY = _rpc("POLICY_PRIORITY", 10, "priority of Switchyard's policies, above Amazon MQ's defaults")
+QUORUM_INITIAL_GROUP_SIZE = _rpc(
+    "QUORUM_INITIAL_GROUP_SIZE", 3,
+    "members of each new quorum queue (`x-quorum-initial-group-size`; a broker of fewer nodes gives it one "
+    "per node): one per node of Amazon MQ's three-node cluster. Its leader goes to the node leading the "
+    "fewest (`x-queue-leader-locator: balanced`), not to the node Switchyard's connection reached. Both "
+    "are fixed when a queue is created: queues made before keep their members and leader, and are used as "
+    "they are")
+CLIENT_CONCURRENCY = _rpc("CLIENT_CONCURRENCY", 64, "slots of an `RpcClient` (calls in flight)")
 # A call's default timeout, and with it its request's expiration. 30 s locally (a subprocess worker
 # starts in about a second); a deployment writes its own into the stack's configuration, long
 # enough for a new key's first call to wait for a Fargate task (docs/deployment.md, "A new key's first call").
-CALL_TIMEOUT_ENV = "SWITCHYARD_CALL_TIMEOUT"
-# Every AMQP connection of the part (client, worker, control plane) heartbeats this often.
-HEARTBEAT_ENV = "SWITCHYARD_AMQP_HEARTBEAT"
-DEFAULT_HEARTBEAT_S = 30
+CALL_TIMEOUT = _rpc(
+    "CALL_TIMEOUT", 30.0,
+    "seconds a call waits by default; also its default expiration (a deployment sets 120 in its "
+    "configuration: `switchyard:callTimeoutSeconds`)", unit="s")
+WORKER_PREFETCH = _rpc("WORKER_PREFETCH", 4,
+                       "requests a worker takes ahead (the worker's `WORKER_PREFETCH` wins)")
+WORKER_ACK_DELAY = _rpc(
+    "WORKER_ACK_DELAY_MS", 5.0,
+    "the longest an answered request waits for its ack: a worker acks a few answers at once (one per "
+    "prefetch - 1 when calls come one at a time, one per run when they queue), which spares a quorum queue "
+    "a log write per request; a crash redelivers what was not acked yet (done twice, never lost). `0`: each "
+    "at once (the worker's `WORKER_ACK_DELAY_MS` wins)", unit="ms")
+ACTIVITY_INTERVAL = _rpc(
+    "ACTIVITY_INTERVAL", 1.0,
+    "at most one `request-received` report per this many seconds (`0`: every request; the worker's "
+    "`WORKER_ACTIVITY_INTERVAL` wins)", unit="s")
+POOL = _rpc("POOL", "", "the pool a control plane (Lambda functions) manages; `switchyard local --pool` "
+            "names its own")
+UNBIND_DELAY = _rpc("UNBIND_DELAY", 300.0, "seconds without orphan or activity before a group's queue is "
+                    "unbound (`switchyard local --unbind-delay` wins)", unit="s")
+STOP_DELAY = _rpc("STOP_DELAY", 600.0, "seconds unbound (and idle) before the group stops and its queue is "
+                  "deleted (`switchyard local --stop-delay` wins)", unit="s")
+TOMBSTONE_TTL = _rpc("TOMBSTONE_TTL", 3600.0, "seconds a stopped group is remembered, so late activity "
+                     "reports cannot start it again", unit="s")
+RECONCILE_INTERVAL = _rpc("RECONCILE_INTERVAL", 1.0, "seconds between reconciler passes in the local runtime",
+                          unit="s")
+DEAD_LETTER_PROBE_INTERVAL = _rpc(
+    "DEAD_LETTER_PROBE_INTERVAL", 240.0,
+    "seconds between probes of the broker's at-least-once dead-lettering (one probe per broker, whichever "
+    "pool's reconciler takes the turn; `0`: never). See [delivery guarantees]"
+    "(operations.md#delivery-guarantees-and-rabbitmqs-dead-letter-trap)", unit="s")
+DEAD_LETTER_PROBE_VHOST = _rpc(
+    "DEAD_LETTER_PROBE_VHOST", "",
+    "where the reconciler runs that probe: a vhost of its own (the deployment sets "
+    "`switchyard-dead-letter-probe`), so no pool's user needs `policymaker`. Unset: with the reconciler's "
+    "own connection")
+DEAD_LETTER_PROBE_SECRET_ARN = _rpc(
+    "DEAD_LETTER_PROBE_SECRET_ARN", "",
+    "the probe user's secret, with which the reconciler runs that probe in its vhost (the deployment sets "
+    "it)")
+DRIVER = _rpc("DRIVER", "subprocess", "worker group driver: `subprocess`, `noop` or `ecs` (the deployment)",
+              choices=DRIVERS)
+ECS_CLUSTER = _rpc("ECS_CLUSTER", "", "ECS driver: the cluster of the worker tasks")
+ECS_TASK_DEFINITION = _rpc(
+    "ECS_TASK_DEFINITION", "switchyard-worker-{pool}",
+    "ECS driver: the pool's task definition family (the deployment sets `{stack}-worker-{pool}`)")
+ECS_CAPACITY_PROVIDER = _rpc("ECS_CAPACITY_PROVIDER", "FARGATE",
+                             "ECS driver: `FARGATE` or `FARGATE_SPOT` (the pool's `capacityProvider`)")
+ECS_SUBNETS = _rpc("ECS_SUBNETS", (), "ECS driver: the worker tasks' subnets (comma-separated ids)",
+                   shown="none")
+ECS_SECURITY_GROUPS = _rpc("ECS_SECURITY_GROUPS", (),
+                           "ECS driver: the worker tasks' security groups (comma-separated ids)")
+ECS_CONTAINER = _rpc("ECS_CONTAINER", "worker",
+                     "ECS driver: the container that gets the worker protocol's variables")
+WORKER_HANDLER = _rpc("WORKER_HANDLER", DEFAULT_HANDLER,
+                      "`module:function` the subprocess driver's workers run")
+WORKER_COMMAND = _rpc("WORKER_COMMAND", "", "the whole worker command (shell-split)",
+                      shown="`python -m switchyard worker --handler $SWITCHYARD_RPC_WORKER_HANDLER`")
+MIN_WORKERS = _rpc("MIN_WORKERS", 1, "workers per group at least (subprocess driver)")
+MAX_WORKERS = _rpc("MAX_WORKERS", 4, "workers per group at most (subprocess driver)")
+TARGET_BACKLOG = _rpc(
+    "TARGET_BACKLOG", 10,
+    "waiting requests per worker before scaling out (KEDA's queue-length rule: like KEDA, the Kubernetes "
+    "event-driven autoscaler, a group runs ceil(backlog / target) workers, within the minimum and maximum)")
+WORKER_LOG_DIR = _rpc("WORKER_LOG_DIR", DEFAULT_WORKER_LOG_DIR, "one log file per worker group")
+WORKER_STOP_TIMEOUT = _rpc("WORKER_STOP_TIMEOUT", 15.0, "seconds from SIGTERM to SIGKILL when a group stops",
+                           unit="s")
+# Kept for the code that names them.
+CALL_TIMEOUT_ENV = CALL_TIMEOUT.name
+HEARTBEAT_ENV = AMQP_HEARTBEAT.name
+DEFAULT_HEARTBEAT_S = AMQP_HEARTBEAT.default
 
 
 def heartbeat_from_env() -> int:
     """Seconds between AMQP heartbeats; the broker drops a connection silent for two of them."""
-    heartbeat = env_int(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S)
+    heartbeat: int = AMQP_HEARTBEAT.read()
     if heartbeat < 0:
         raise ConfigError(f"{HEARTBEAT_ENV} must be >= 0 (0 disables heartbeats), got {heartbeat}")
     return heartbeat
@@ -56,23 +150,12 @@ class PoolPolicy:
         if self.delivery_limit < 1:
             raise ConfigError("delivery limit must be at least 1")
         if self.initial_group_size < 1:
-            raise ConfigError("SWITCHYARD_QUORUM_INITIAL_GROUP_SIZE must be at least 1")
+            raise ConfigError(f"{QUORUM_INITIAL_GROUP_SIZE.name} must be at least 1")
 
     @classmethod
-    def from_env(cls) -> PoolPolicy:
-        d = cls()
-        raw_type = env_str("SWITCHYARD_QUEUE_TYPE", d.queue_type.value)
-        try:
-            queue_type = QueueType(raw_type)
-        except ValueError as exc:
-            raise ConfigError(f"SWITCHYARD_QUEUE_TYPE must be quorum or classic, got {raw_type!r}") from exc
-        return cls(
-            queue_type=queue_type,
-            message_ttl_ms=env_int("SWITCHYARD_REQUEST_TTL_MS", d.message_ttl_ms),
-            delivery_limit=env_int("SWITCHYARD_DELIVERY_LIMIT", d.delivery_limit),
-            priority=env_int("SWITCHYARD_POLICY_PRIORITY", d.priority),
-            initial_group_size=env_int("SWITCHYARD_QUORUM_INITIAL_GROUP_SIZE", d.initial_group_size),
-        )
+    def from_env(cls, source: Mapping[str, str] | None = None) -> PoolPolicy:
+        source = config_source() if source is None else source
+        return build(cls, POOL_POLICY, source, queue_type=QueueType(QUEUE_TYPE.read(source)))
 
 
 @dataclass(frozen=True)
@@ -86,17 +169,10 @@ class RpcSettings:
     activity_interval: float = 1.0
 
     @classmethod
-    def from_env(cls) -> RpcSettings:
-        d = cls()
-        return cls(
-            connections=Connections.from_env(),
-            policy=PoolPolicy.from_env(),
-            client_concurrency=env_int("SWITCHYARD_CLIENT_CONCURRENCY", d.client_concurrency),
-            call_timeout=env_float(CALL_TIMEOUT_ENV, d.call_timeout),
-            worker_prefetch=env_int("SWITCHYARD_WORKER_PREFETCH", d.worker_prefetch),
-            worker_ack_delay_ms=env_float("SWITCHYARD_WORKER_ACK_DELAY_MS", d.worker_ack_delay_ms),
-            activity_interval=env_float("SWITCHYARD_ACTIVITY_INTERVAL", d.activity_interval),
-        )
+    def from_env(cls, source: Mapping[str, str] | None = None) -> RpcSettings:
+        source = config_source() if source is None else source
+        return build(cls, RPC, source, connections=Connections.from_env(source),
+                     policy=PoolPolicy.from_env(source))
 
 
 @dataclass(frozen=True)
@@ -130,26 +206,12 @@ class ControlSettings:
         return replace(settings, connections=connections)
 
     @classmethod
-    def from_env(cls, pool: str | None = None) -> ControlSettings:
-        pool = pool or env_str("SWITCHYARD_POOL", "")
+    def from_env(cls, pool: str | None = None, source: Mapping[str, str] | None = None) -> ControlSettings:
+        source = config_source() if source is None else source
+        pool = pool or POOL.read(source)
         if not pool:
-            raise ConfigError("SWITCHYARD_POOL must name the pool this control plane manages")
-        d = Delays()
-        return cls(
-            pool=p.validate_pool(pool),
-            delays=Delays(unbind_s=env_float("SWITCHYARD_UNBIND_DELAY", d.unbind_s),
-                          stop_s=env_float("SWITCHYARD_STOP_DELAY", d.stop_s),
-                          tombstone_s=env_float("SWITCHYARD_TOMBSTONE_TTL", d.tombstone_s)),
-            reconcile_interval_s=env_float("SWITCHYARD_RECONCILE_INTERVAL", 1.0),
-            dead_letter_probe_interval_s=env_float("SWITCHYARD_DEAD_LETTER_PROBE_INTERVAL", 240.0),
-            dead_letter_probe_vhost=env_str("SWITCHYARD_DEAD_LETTER_PROBE_VHOST", ""),
-            dead_letter_probe_secret_arn=env_str("SWITCHYARD_DEAD_LETTER_PROBE_SECRET_ARN", ""),
-        )
-
-
-DEFAULT_HANDLER = "switchyard.rpc.examples:describe"
-DRIVERS = ("subprocess", "noop", "ecs")
-DEFAULT_WORKER_LOG_DIR = ".local/logs/workers"
+            raise ConfigError(f"{POOL.name} must name the pool this control plane manages")
+        return build(cls, CONTROL, source, pool=p.validate_pool(pool), delays=build(Delays, DELAYS, source))
 
 
 @dataclass(frozen=True)
@@ -165,47 +227,27 @@ class DriverSettings:
     stop_timeout: float = 15.0
 
     @classmethod
-    def from_env(cls) -> DriverSettings:
-        d = cls()
-        driver = env_str("SWITCHYARD_DRIVER", d.driver)
-        if driver not in DRIVERS:
-            raise ConfigError(f"SWITCHYARD_DRIVER must be one of {', '.join(DRIVERS)}, got {driver!r}")
-        handler = env_str("SWITCHYARD_WORKER_HANDLER", DEFAULT_HANDLER)
-        raw_command = env_str("SWITCHYARD_WORKER_COMMAND", "")
+    def from_env(cls, source: Mapping[str, str] | None = None) -> DriverSettings:
+        source = config_source() if source is None else source
+        raw_command = WORKER_COMMAND.read(source)
         try:
             command = tuple(shlex.split(raw_command)) if raw_command else (
-                sys.executable, "-m", "switchyard", "worker", "--handler", handler)
+                sys.executable, "-m", "switchyard", "worker", "--handler", WORKER_HANDLER.read(source))
         except ValueError as exc:
-            raise ConfigError(f"SWITCHYARD_WORKER_COMMAND cannot be split: {exc}") from exc
-        return cls(
-            driver=driver,
-            command=command,
-            min_workers=env_int("SWITCHYARD_MIN_WORKERS", d.min_workers),
-            max_workers=env_int("SWITCHYARD_MAX_WORKERS", d.max_workers),
-            target_backlog=env_int("SWITCHYARD_TARGET_BACKLOG", d.target_backlog),
-            log_dir=env_str("SWITCHYARD_WORKER_LOG_DIR", d.log_dir),
-            stop_timeout=env_float("SWITCHYARD_WORKER_STOP_TIMEOUT", d.stop_timeout),
-        )
+            raise ConfigError(f"{WORKER_COMMAND.name} cannot be split: {exc}") from exc
+        return build(cls, DRIVER_SETTINGS, source, command=command)
 
 
-def _env_list(name: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in env_str(name, "").split(",") if part.strip())
-
-
-def ecs_settings_from_env() -> EcsSettings:
-    """The ECS driver's settings (``SWITCHYARD_ECS_*``; see ``switchyard.rpc.drivers``)."""
-    from switchyard.rpc.drivers.ecs import (
-        DEFAULT_CAPACITY_PROVIDER,
-        DEFAULT_CONTAINER,
-        DEFAULT_TASK_DEFINITION,
-        EcsSettings,
-    )
-
-    return EcsSettings(
-        cluster=env_str("SWITCHYARD_ECS_CLUSTER", ""),
-        subnets=_env_list("SWITCHYARD_ECS_SUBNETS"),
-        security_groups=_env_list("SWITCHYARD_ECS_SECURITY_GROUPS"),
-        task_definition=env_str("SWITCHYARD_ECS_TASK_DEFINITION", DEFAULT_TASK_DEFINITION),
-        container=env_str("SWITCHYARD_ECS_CONTAINER", DEFAULT_CONTAINER),
-        capacity_provider=env_str("SWITCHYARD_ECS_CAPACITY_PROVIDER", DEFAULT_CAPACITY_PROVIDER),
-    )
+POOL_POLICY = {"message_ttl_ms": REQUEST_TTL, "delivery_limit": DELIVERY_LIMIT, "priority": POLICY_PRIORITY,
+               "initial_group_size": QUORUM_INITIAL_GROUP_SIZE}
+RPC = {"client_concurrency": CLIENT_CONCURRENCY, "call_timeout": CALL_TIMEOUT,
+       "worker_prefetch": WORKER_PREFETCH, "worker_ack_delay_ms": WORKER_ACK_DELAY,
+       "activity_interval": ACTIVITY_INTERVAL}
+DELAYS = {"unbind_s": UNBIND_DELAY, "stop_s": STOP_DELAY, "tombstone_s": TOMBSTONE_TTL}
+CONTROL = {"reconcile_interval_s": RECONCILE_INTERVAL,
+           "dead_letter_probe_interval_s": DEAD_LETTER_PROBE_INTERVAL,
+           "dead_letter_probe_vhost": DEAD_LETTER_PROBE_VHOST,
+           "dead_letter_probe_secret_arn": DEAD_LETTER_PROBE_SECRET_ARN}
+DRIVER_SETTINGS = {"driver": DRIVER, "min_workers": MIN_WORKERS, "max_workers": MAX_WORKERS,
+                   "target_backlog": TARGET_BACKLOG, "log_dir": WORKER_LOG_DIR,
+                   "stop_timeout": WORKER_STOP_TIMEOUT}

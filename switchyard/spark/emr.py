@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from switchyard.core.aws_secrets import SECRET_URLS, source_variables
+from switchyard.core.config import AMQP_URL, KAFKA_AUTH, KAFKA_BOOTSTRAP
 from switchyard.spark.errors import EmrJobError, InvalidJobInputError
 from switchyard.spark.settings import (
     APPLICATION_ID_ENV,
@@ -246,10 +247,12 @@ def job_settings() -> frozenset[str]:
     """The deployed settings the job reads (switchyard/spark/job.py): the broker (its URLs and where
     its credentials come from), the calls' default timeout, the delay input topic on MSK; nothing of
     Redis or Postgres, whose secrets the job role may not read."""
-    from switchyard.rpc.settings import CALL_TIMEOUT_ENV  # here: switchyard.rpc brings pika along
+    from switchyard.delay.settings import DELAY
+    from switchyard.rpc.settings import CALL_TIMEOUT  # here: switchyard.rpc brings pika along
 
-    return frozenset({*SECRET_URLS["AMQP"], *source_variables("AMQP"), CALL_TIMEOUT_ENV,
-                      "SWITCHYARD_KAFKA_BOOTSTRAP", "SWITCHYARD_KAFKA_AUTH", "SWITCHYARD_DELAY_INPUT_TOPIC"})
+    read = (CALL_TIMEOUT, KAFKA_BOOTSTRAP, KAFKA_AUTH, DELAY["input_topic"])
+    return frozenset({*SECRET_URLS["AMQP"], *source_variables("AMQP"),
+                      *(name for setting in read for name in (setting.name, *setting.old))})
 
 
 def stack_config(stack: str) -> dict[str, str]:
@@ -407,7 +410,7 @@ def add_submit_parsers(spark_subparsers: argparse._SubParsersAction) -> None:
     submit.add_argument("--logs", help=f"s3:// location of the job's logs (default: {LOG_URI_ENV}, else "
                                        f"BUCKET/{DEFAULT_PREFIX}/{LOGS_SUFFIX})")
     submit.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                        help="a variable for the job's driver and executors, e.g. SWITCHYARD_AMQP_URL=... "
+                        help=f"a variable for the job's driver and executors, e.g. {AMQP_URL.name}=... "
                              "(repeatable; with --stack the stack's deployed settings the job reads are "
                              "passed too, these win)")
     submit.add_argument("--name", default="switchyard-publish", help="the job run's name")

@@ -41,13 +41,13 @@ from switchyard.spark.emr import (
     stack_outputs,
 )
 from switchyard.spark.errors import InvalidJobInputError, PackagingError
-from switchyard.spark.settings import BUCKET_ENV, EmrSettings
+from switchyard.spark.settings import BUCKET_ENV, EMR_PYTHON, EmrSettings
 
 PYTHON_VERSION = "3.11"  # the project's (requires-python >= 3.11); the custom image installs the same
 # Wheels pip may pick: Amazon Linux 2023 (EMR 7.x) has glibc 2.34, x86_64 (the application's default).
 PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64")
-PYTHON_ENV = "SWITCHYARD_EMR_PYTHON"  # read by the launcher on EMR: the interpreter to run
+PYTHON_ENV = EMR_PYTHON.name  # read by the launcher on EMR: the interpreter to run
 
 PACKAGE_DIR = Path(switchyard.__file__).resolve().parent  # what the archive ships as `switchyard`
 ROOT = Path(__file__).resolve().parents[2]

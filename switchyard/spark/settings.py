@@ -10,18 +10,32 @@ command line loads without it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from switchyard.core.config import Connections
+from switchyard.core.config import KAFKA_BOOTSTRAP, Setting, build, config_source
 
 if TYPE_CHECKING:
     from switchyard.rpc.settings import RpcSettings
 
-APPLICATION_ID_ENV = "SWITCHYARD_EMR_APPLICATION_ID"
-JOB_ROLE_ARN_ENV = "SWITCHYARD_EMR_JOB_ROLE_ARN"
-BUCKET_ENV = "SWITCHYARD_PIPELINE_BUCKET"
-LOG_URI_ENV = "SWITCHYARD_EMR_LOG_URI"
+APPLICATION_ID = Setting(
+    "SWITCHYARD_EMR_APPLICATION_ID", "", "`switchyard spark submit`/`wait`: the EMR Serverless application "
+    "(flags win)", shown="none (`switchyard --stack NAME`: the output `PipelineApplicationId`)")
+JOB_ROLE_ARN = Setting(
+    "SWITCHYARD_EMR_JOB_ROLE_ARN", "", "`switchyard spark submit`: the job's execution role (flags win)",
+    shown="none (`--stack`: the output `PipelineJobRoleArn`)")
+BUCKET = Setting(
+    "SWITCHYARD_PIPELINE_BUCKET", "", "`switchyard spark package`/`submit`: `BUCKET` or `s3://BUCKET/prefix` "
+    "the job's files go to (prefix default `switchyard/spark`)", shown="none (`--stack`: the output "
+    "`PipelineBucket`)")
+LOG_URI = Setting("SWITCHYARD_EMR_LOG_URI", "", "`switchyard spark submit`: the job runs' S3 log location",
+                  shown="`s3://BUCKET/<prefix>/logs/`")
+# Read by the launcher on EMR (a shell script: switchyard.spark.package), not by Python.
+EMR_PYTHON = Setting("SWITCHYARD_EMR_PYTHON", "python3.11",
+                     "on EMR, the interpreter the packaged environment's `bin/python` runs")
+APPLICATION_ID_ENV, JOB_ROLE_ARN_ENV, BUCKET_ENV, LOG_URI_ENV = (
+    APPLICATION_ID.name, JOB_ROLE_ARN.name, BUCKET.name, LOG_URI.name)
 
 
 @dataclass(frozen=True)
@@ -40,9 +54,10 @@ class SparkSettings:
         from switchyard.delay.settings import DelaySettings
         from switchyard.rpc.settings import RpcSettings
 
-        rpc = RpcSettings.from_env()
-        bootstrap = Connections.from_env().kafka_bootstrap
-        return cls(rpc, bootstrap, delay_topic or DelaySettings.from_env().input_topic)
+        source = config_source()
+        rpc = RpcSettings.from_env(source)
+        topic = delay_topic or DelaySettings.from_env(source).input_topic
+        return cls(rpc, KAFKA_BOOTSTRAP.read(source), topic)
 
 
 @dataclass(frozen=True)
@@ -56,11 +71,11 @@ class EmrSettings:
     log_uri: str | None = None
 
     @classmethod
-    def from_env(cls) -> EmrSettings:
-        def get(name: str) -> str | None:
-            return os.environ.get(name) or None
-
-        return cls(get(APPLICATION_ID_ENV), get(JOB_ROLE_ARN_ENV), get(BUCKET_ENV), get(LOG_URI_ENV))
+    def from_env(cls, source: Mapping[str, str] | None = None) -> EmrSettings:
+        emr = build(cls, {"application_id": APPLICATION_ID, "job_role_arn": JOB_ROLE_ARN, "bucket": BUCKET,
+                          "log_uri": LOG_URI}, source)
+        return cls(emr.application_id or None, emr.job_role_arn or None, emr.bucket or None,
+                   emr.log_uri or None)
 
 
 def default_spark_env(name: str, value: str) -> None:

@@ -47,12 +47,12 @@ def test_invoke_runs_a_handler_on_a_sample_event() -> None:
         topology.declare()
     try:
         result = run("invoke", "rpc_dead_letters", "--event", "events/rmq_dead_letter.json",
-                     SWITCHYARD_POOL=pool)
+                     SWITCHYARD_RPC_POOL=pool)
         assert result.returncode == 0, result.stderr
         outcome = json.loads(result.stdout)
         assert outcome["dead_letters"] == 1 and outcome["responses"] == 1
         result = run("invoke", "rpc_reconcile", "--event", "events/eventbridge_schedule.json",
-                     SWITCHYARD_POOL=pool, SWITCHYARD_DRIVER="noop")
+                     SWITCHYARD_RPC_POOL=pool, SWITCHYARD_RPC_DRIVER="noop")
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["skipped"] == 0
     finally:
@@ -83,7 +83,7 @@ def test_local_control_plane_serves_calls_from_the_command_line(tmp_path) -> Non
     log = {"SWITCHYARD_TRACE_LOG": str(tmp_path / "trace.jsonl")}
     local = subprocess.Popen(
         [sys.executable, "-m", "switchyard", "local", "--pool", pool, "--status-every", "0.5"],
-        env=subprocess_env(SWITCHYARD_WORKER_HANDLER="switchyard.rpc.examples:echo", **log),
+        env=subprocess_env(SWITCHYARD_RPC_WORKER_HANDLER="switchyard.rpc.examples:echo", **log),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

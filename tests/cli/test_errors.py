@@ -40,7 +40,7 @@ CLOSED = {
     "AWS_ENDPOINT_URL": f"http://127.0.0.1:{CLOSED_PORT}",
     "AWS_MAX_ATTEMPTS": "1",
     "AWS_EC2_METADATA_DISABLED": "true",
-    "SWITCHYARD_POOL": "walk_pool",
+    "SWITCHYARD_RPC_POOL": "walk_pool",
     "SWITCHYARD_PIPELINE_BUCKET": "",
 }
 TIMEOUT_S = 25.0  # per command; a command that hangs on a closed port fails here

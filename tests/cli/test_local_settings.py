@@ -11,9 +11,9 @@ from switchyard.rpc.settings import Delays
 
 
 def test_flags_win_over_the_environment_which_stays_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SWITCHYARD_POOL", raising=False)
-    monkeypatch.setenv("SWITCHYARD_UNBIND_DELAY", "7")
-    monkeypatch.setenv("SWITCHYARD_STOP_DELAY", "9")
+    monkeypatch.delenv("SWITCHYARD_RPC_POOL", raising=False)
+    monkeypatch.setenv("SWITCHYARD_RPC_UNBIND_DELAY_S", "7")
+    monkeypatch.setenv("SWITCHYARD_RPC_STOP_DELAY_S", "9")
     before = dict(os.environ)
     control = control_settings("flagged", unbind_delay=1.5)
     assert (control.pool, control.delays.unbind_s, control.delays.stop_s) == ("flagged", 1.5, 9.0)
@@ -23,7 +23,7 @@ def test_flags_win_over_the_environment_which_stays_untouched(monkeypatch: pytes
 
 
 def test_without_flags_the_defaults_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("SWITCHYARD_POOL", "SWITCHYARD_UNBIND_DELAY", "SWITCHYARD_STOP_DELAY",
-                 "SWITCHYARD_TOMBSTONE_TTL"):
+    for name in ("SWITCHYARD_RPC_POOL", "SWITCHYARD_RPC_UNBIND_DELAY_S", "SWITCHYARD_RPC_STOP_DELAY_S",
+                 "SWITCHYARD_RPC_TOMBSTONE_TTL_S"):
         monkeypatch.delenv(name, raising=False)
     assert control_settings("plain").delays == Delays()

@@ -50,7 +50,7 @@ from tests.faults.rpc import RpcRig, RpcSize, RpcTraffic
 
 SEED = 34
 # The counters the parts emit, shipped to CloudWatch (LocalStack) as the local runtime does.
-METRICS_ON = {"SWITCHYARD_SHIP_METRICS": "1", "SWITCHYARD_METRICS_FLUSH_INTERVAL": "1"}
+METRICS_ON = {"SWITCHYARD_SHIP_METRICS": "1", "SWITCHYARD_METRICS_FLUSH_INTERVAL_S": "1"}
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ class PendingRig:
                                 heartbeat_interval_s=2.0, processor_timeout_s=6.0, sender_timeout_s=20.0)
         self.node = Service(["pending", "serve", "--port", str(self.port), "--threads", "64"], {
             **env_for(self.settings), "SWITCHYARD_PENDING_TOKENS": json.dumps({ENDPOINT: TOKEN}),
-            "SWITCHYARD_PENDING_HTTP_POLL_WAIT": "5",
+            "SWITCHYARD_PENDING_HTTP_POLL_WAIT_S": "5",
         }, workdir / f"pending-{self.prefix}.log", tag=self.prefix)
         self.handled: Counter[str] = Counter()
         self.holding = 0  # requests the service holds now

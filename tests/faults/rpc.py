@@ -186,9 +186,10 @@ class RpcRig:
             ["local", "--pool", self.pool, "--status-every", "3600"],
             {"SWITCHYARD_AMQP_URL": c.amqp_url, "SWITCHYARD_MANAGEMENT_URL": c.management_url,
              "SWITCHYARD_REDIS_URL": c.redis_url,
-             "SWITCHYARD_WORKER_HANDLER": "tests.faults.handlers:count",
-             "SWITCHYARD_WORKER_LOG_DIR": str(workdir / "workers"), "SWITCHYARD_RECONCILE_INTERVAL": "0.5",
-             "SWITCHYARD_MAX_WORKERS": "2", "SWITCHYARD_WORKER_STOP_TIMEOUT": "5",
+             "SWITCHYARD_RPC_WORKER_HANDLER": "tests.faults.handlers:count",
+             "SWITCHYARD_RPC_WORKER_LOG_DIR": str(workdir / "workers"),
+             "SWITCHYARD_RPC_RECONCILE_INTERVAL_S": "0.5",
+             "SWITCHYARD_RPC_MAX_WORKERS": "2", "SWITCHYARD_RPC_WORKER_STOP_TIMEOUT_S": "5",
              "WORKER_ACTIVITY_INTERVAL": "0.5", FAULTS_REDIS_ENV: c.redis_url, **(plane_env or {})},
             workdir / f"local-{self.pool}.log", tag=self.pool)
 

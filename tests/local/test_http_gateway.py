@@ -243,8 +243,8 @@ def test_a_response_being_sent_by_its_task_is_not_polled_for() -> None:
 
 def test_a_slow_request_head_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """Slowloris below the connection limit (at it, see the next test): a head must arrive within
-    SWITCHYARD_HTTP_HEAD_TIMEOUT seconds (here 1); the slow ones are closed, new clients are served."""
-    monkeypatch.setenv("SWITCHYARD_HTTP_HEAD_TIMEOUT", "1")
+    SWITCHYARD_HTTP_HEAD_TIMEOUT_S seconds (here 1); the slow ones are closed, new clients are served."""
+    monkeypatch.setenv("SWITCHYARD_HTTP_HEAD_TIMEOUT_S", "1")
     with HttpGateway(app, threads=8) as gw:
         slow: list[socket.socket] = []
         try:
@@ -268,7 +268,7 @@ def test_a_head_that_arrives_in_time_is_served_however_long_the_request_runs(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The head timeout bounds the head only: a long poll (a request in progress) and an idle
     keep-alive connection between requests are not cut by it."""
-    monkeypatch.setenv("SWITCHYARD_HTTP_HEAD_TIMEOUT", "1")
+    monkeypatch.setenv("SWITCHYARD_HTTP_HEAD_TIMEOUT_S", "1")
     with HttpGateway(app, threads=8) as gw, requests.Session() as session:
         assert session.get(f"{gw.url}/wait?s=2.5", timeout=10).json() == {"ok": True}
         time.sleep(2.5)  # idle on the kept-alive connection

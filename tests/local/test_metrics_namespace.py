@@ -1,8 +1,9 @@
 """The local runtime ships its metrics into the deployed stack's own namespace.
 
-``switchyard --stack NAME`` loads the stack's configuration (SSM: moto here), which names the stack's
-namespace; the shipper installed after that sends every metric there (LocalStack's CloudWatch), so
-the stack's alarms see them and another stack's do not. Processes of no stack keep ``Switchyard``.
+``switchyard --stack NAME`` points the process at the stack's configuration (SSM: moto here), which
+names the stack's namespace; the shipper installed after that sends every metric there (LocalStack's
+CloudWatch), so the stack's alarms see them and another stack's do not. Processes of no stack keep
+``Switchyard``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from switchyard.core.deployed_config import (
     DEFAULT_METRICS_NAMESPACE,
     METRICS_NAMESPACE_ENV,
     config_path,
-    load_deployed_config,
     metrics_namespace,
 )
 from switchyard.local import metrics_shipper
@@ -43,6 +43,7 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     deployed_config.forget()
     yield name
     monkeypatch.delenv(METRICS_NAMESPACE_ENV, raising=False)  # first: uninstalling reads it
+    monkeypatch.delenv(CONFIG_PATH_ENV)  # and the configuration it is read over
     metrics_shipper.uninstall_metrics_shipper()
     observability.use_metrics_provider(None)
     deployed_config.forget()
@@ -50,11 +51,14 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     assert observability.metrics.namespace == DEFAULT_METRICS_NAMESPACE  # as later tests expect
 
 
-def test_shipped_metrics_land_in_the_stack_namespace(stack: str) -> None:
+def test_shipped_metrics_land_in_the_stack_namespace(stack: str, monkeypatch: pytest.MonkeyPatch) -> None:
     cloudwatch: Any = client_for(require_localstack())
-    assert observability.metrics_namespace() == DEFAULT_METRICS_NAMESPACE  # before --stack loads it
-    load_deployed_config()  # what `switchyard --stack NAME` does first
+    with monkeypatch.context() as no_stack:
+        no_stack.delenv(CONFIG_PATH_ENV)
+        assert observability.metrics_namespace() == DEFAULT_METRICS_NAMESPACE
     own = metrics_namespace(stack)
+    # read through the deployed configuration as values: nothing has to load it into the environment first
+    assert observability.metrics_namespace() == own
     service = unique("svc")
     shipper = metrics_shipper.install_metrics_shipper(
         service, client=cloudwatch, settings=metrics_shipper.ShipperSettings(flush_interval_s=60))

@@ -115,7 +115,7 @@ def test_handler_metrics_reach_cloudwatch_through_switchyard_invoke(
     expired = [rmq_message(dead("k9", "expired", "e1", None))]
     event_file = tmp_path / "poison.json"
     event_file.write_text(json.dumps(event_of(p.dl_queue(pool), [*poison, *expired])))
-    env = subprocess_env(SWITCHYARD_SHIP_METRICS="1", SWITCHYARD_POOL=pool,
+    env = subprocess_env(SWITCHYARD_SHIP_METRICS="1", SWITCHYARD_RPC_POOL=pool,
                          AWS_ENDPOINT_URL_CLOUDWATCH=localstack, AWS_ACCESS_KEY_ID="test",
                          AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1")
     for name in ("POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_DISABLED", "AWS_LAMBDA_FUNCTION_NAME"):

@@ -39,14 +39,14 @@ def env_for(settings: PendingSettings) -> dict[str, str]:
     return subprocess_env(
         SWITCHYARD_REDIS_URL=s.connections.redis_url,
         SWITCHYARD_REDIS_CLUSTER="1" if s.connections.redis_cluster else "0",
-        SWITCHYARD_REDIS_TIMEOUT=str(s.connections.redis_timeout_s),
-        SWITCHYARD_PENDING_PREFIX=s.prefix, SWITCHYARD_PENDING_PICKUP_TIMEOUT=str(s.pickup_timeout_s),
-        SWITCHYARD_PENDING_HEARTBEAT_INTERVAL=str(s.heartbeat_interval_s),
-        SWITCHYARD_PENDING_HEARTBEAT_INITIAL_DELAY=str(s.heartbeat_initial_delay_s),
-        SWITCHYARD_PENDING_SENDER_TIMEOUT=str(s.sender_timeout_s),
-        SWITCHYARD_PENDING_PROCESSOR_TIMEOUT=str(s.processor_timeout_s),
-        SWITCHYARD_PENDING_DATA_LOSS_CHECK=str(s.data_loss_check_s),
-        SWITCHYARD_PENDING_RETRY_INTERVAL=str(s.retry_interval_s),
+        SWITCHYARD_REDIS_TIMEOUT_S=str(s.connections.redis_timeout_s),
+        SWITCHYARD_PENDING_PREFIX=s.prefix, SWITCHYARD_PENDING_PICKUP_TIMEOUT_S=str(s.pickup_timeout_s),
+        SWITCHYARD_PENDING_HEARTBEAT_INTERVAL_S=str(s.heartbeat_interval_s),
+        SWITCHYARD_PENDING_HEARTBEAT_INITIAL_DELAY_S=str(s.heartbeat_initial_delay_s),
+        SWITCHYARD_PENDING_SENDER_TIMEOUT_S=str(s.sender_timeout_s),
+        SWITCHYARD_PENDING_PROCESSOR_TIMEOUT_S=str(s.processor_timeout_s),
+        SWITCHYARD_PENDING_DATA_LOSS_CHECK_S=str(s.data_loss_check_s),
+        SWITCHYARD_PENDING_RETRY_INTERVAL_S=str(s.retry_interval_s),
         POWERTOOLS_METRICS_DISABLED="true",  # stdout carries the node's JSON lines only
     )
 

@@ -82,8 +82,8 @@ def test_noop_driver_reports_what_it_was_told_and_does_nothing() -> None:
 
 
 def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("SWITCHYARD_DRIVER", "SWITCHYARD_WORKER_COMMAND", "SWITCHYARD_WORKER_HANDLER",
-                 "SWITCHYARD_MIN_WORKERS", "SWITCHYARD_MAX_WORKERS", "SWITCHYARD_TARGET_BACKLOG"):
+    for name in ("SWITCHYARD_RPC_DRIVER", "SWITCHYARD_RPC_WORKER_COMMAND", "SWITCHYARD_RPC_WORKER_HANDLER",
+                 "SWITCHYARD_RPC_MIN_WORKERS", "SWITCHYARD_RPC_MAX_WORKERS", "SWITCHYARD_RPC_TARGET_BACKLOG"):
         monkeypatch.delenv(name, raising=False)
     default = DriverSettings.from_env()
     assert default.command == COMMAND
@@ -91,14 +91,14 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "subprocess", 1, 4, 10)
     assert isinstance(driver_from_env(default), SubprocessDriver)
 
-    monkeypatch.setenv("SWITCHYARD_WORKER_HANDLER", "tests.rpc.handlers:whoami")
+    monkeypatch.setenv("SWITCHYARD_RPC_WORKER_HANDLER", "tests.rpc.handlers:whoami")
     assert DriverSettings.from_env().command[-1] == "tests.rpc.handlers:whoami"
-    monkeypatch.setenv("SWITCHYARD_WORKER_COMMAND", "my-worker --flag 'a b'")
+    monkeypatch.setenv("SWITCHYARD_RPC_WORKER_COMMAND", "my-worker --flag 'a b'")
     assert DriverSettings.from_env().command == ("my-worker", "--flag", "a b")
-    monkeypatch.setenv("SWITCHYARD_DRIVER", "noop")
+    monkeypatch.setenv("SWITCHYARD_RPC_DRIVER", "noop")
     assert isinstance(driver_from_env(), NoopDriver)
-    monkeypatch.setenv("SWITCHYARD_DRIVER", "kubernetes")
-    with pytest.raises(ConfigError, match="SWITCHYARD_DRIVER"):
+    monkeypatch.setenv("SWITCHYARD_RPC_DRIVER", "kubernetes")
+    with pytest.raises(ConfigError, match="SWITCHYARD_RPC_DRIVER"):
         DriverSettings.from_env()
 
 

@@ -255,36 +255,36 @@ def test_key_tags_round_trip_and_refuse_keys_ecs_cannot_hold() -> None:
 
 def test_driver_from_env_builds_the_ecs_driver(monkeypatch: pytest.MonkeyPatch, cluster: str, pool: str,
                                                network: tuple[str, str]) -> None:
-    monkeypatch.setenv("SWITCHYARD_DRIVER", "ecs")
+    monkeypatch.setenv("SWITCHYARD_RPC_DRIVER", "ecs")
     monkeypatch.setenv("AWS_ENDPOINT_URL", MOTO)
-    monkeypatch.setenv("SWITCHYARD_ECS_CLUSTER", cluster)
-    monkeypatch.setenv("SWITCHYARD_ECS_SUBNETS", f"{network[0]}, {network[0]}")
-    monkeypatch.setenv("SWITCHYARD_ECS_SECURITY_GROUPS", network[1])
-    monkeypatch.setenv("SWITCHYARD_MAX_WORKERS", "2")
+    monkeypatch.setenv("SWITCHYARD_RPC_ECS_CLUSTER", cluster)
+    monkeypatch.setenv("SWITCHYARD_RPC_ECS_SUBNETS", f"{network[0]}, {network[0]}")
+    monkeypatch.setenv("SWITCHYARD_RPC_ECS_SECURITY_GROUPS", network[1])
+    monkeypatch.setenv("SWITCHYARD_RPC_MAX_WORKERS", "2")
     driver = driver_from_env()
     assert isinstance(driver, EcsDriver)
     assert driver.settings.subnets == (network[0], network[0])
     assert driver.max_workers == 2
     driver.start(WorkerGroup(pool, "env"))
     assert driver.list_running(pool) == {"env"}
-    monkeypatch.delenv("SWITCHYARD_ECS_SUBNETS")
-    with pytest.raises(ConfigError, match="SWITCHYARD_ECS_SUBNETS"):
+    monkeypatch.delenv("SWITCHYARD_RPC_ECS_SUBNETS")
+    with pytest.raises(ConfigError, match="SWITCHYARD_RPC_ECS_SUBNETS"):
         driver_from_env(DriverSettings.from_env())
 
 
 def test_the_capacity_provider_comes_from_the_environment_and_must_be_fargates(
         monkeypatch: pytest.MonkeyPatch, network: tuple[str, str]) -> None:
-    monkeypatch.setenv("SWITCHYARD_DRIVER", "ecs")
+    monkeypatch.setenv("SWITCHYARD_RPC_DRIVER", "ecs")
     monkeypatch.setenv("AWS_ENDPOINT_URL", MOTO)
-    monkeypatch.setenv("SWITCHYARD_ECS_CLUSTER", "any")
-    monkeypatch.setenv("SWITCHYARD_ECS_SUBNETS", network[0])
-    monkeypatch.setenv("SWITCHYARD_ECS_SECURITY_GROUPS", network[1])
+    monkeypatch.setenv("SWITCHYARD_RPC_ECS_CLUSTER", "any")
+    monkeypatch.setenv("SWITCHYARD_RPC_ECS_SUBNETS", network[0])
+    monkeypatch.setenv("SWITCHYARD_RPC_ECS_SECURITY_GROUPS", network[1])
     driver = driver_from_env()
     assert isinstance(driver, EcsDriver) and driver.settings.capacity_provider == DEFAULT_CAPACITY_PROVIDER
-    monkeypatch.setenv("SWITCHYARD_ECS_CAPACITY_PROVIDER", "FARGATE_SPOT")
+    monkeypatch.setenv("SWITCHYARD_RPC_ECS_CAPACITY_PROVIDER", "FARGATE_SPOT")
     driver = driver_from_env()
     assert isinstance(driver, EcsDriver) and driver.settings.capacity_provider == "FARGATE_SPOT"
-    monkeypatch.setenv("SWITCHYARD_ECS_CAPACITY_PROVIDER", "EC2")
+    monkeypatch.setenv("SWITCHYARD_RPC_ECS_CAPACITY_PROVIDER", "EC2")
     with pytest.raises(ConfigError, match="PROVIDER must be one of FARGATE, FARGATE_SPOT, got 'EC2'"):
         driver_from_env()
 

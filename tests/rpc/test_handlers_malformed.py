@@ -17,6 +17,7 @@ import pika
 import pytest
 import redis
 
+from switchyard.aws import services
 from switchyard.core import tracing
 from switchyard.core.errors import MalformedEventError
 from switchyard.local.functions import load_function
@@ -24,7 +25,7 @@ from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event, rmq_message
 from switchyard.rpc import protocol as p
 from switchyard.rpc.drivers import NoopDriver
-from switchyard.rpc.service import ControlPlane, install
+from switchyard.rpc.service import ControlPlane
 from switchyard.rpc.settings import ControlSettings, Delays
 from switchyard.rpc.store import GroupStatus, PoolState
 from tests.conftest import wait_for
@@ -76,12 +77,12 @@ class Env:
 def env(pool, redis_client: redis.Redis) -> Iterator[Env]:
     name, settings = pool
     plane = ControlPlane(ControlSettings(name, Delays(30, 30)), settings, NoopDriver(), redis_client)
-    install(plane)
+    services.control_plane.install(plane)
     e = Env(name, settings, plane)
     try:
         yield e
     finally:
-        install(None)
+        services.control_plane.install(None)
         plane.close()
         e.connection.close()
         flush_pool_state(redis_client, name)
@@ -431,7 +432,7 @@ def test_a_redis_that_stops_answering_fails_the_call_instead_of_hanging(monkeypa
     threading.Thread(target=lambda: held.extend(listener.accept()[0] for _ in range(16)), daemon=True).start()
     name, _ = pool
     monkeypatch.setenv("SWITCHYARD_REDIS_URL", f"redis://127.0.0.1:{listener.getsockname()[1]}/0")
-    monkeypatch.setenv("SWITCHYARD_REDIS_TIMEOUT", "0.3")
+    monkeypatch.setenv("SWITCHYARD_REDIS_TIMEOUT_S", "0.3")
     result: list[BaseException | None] = []
     planes: list[ControlPlane] = []
 

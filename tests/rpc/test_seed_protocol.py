@@ -79,7 +79,7 @@ def test_plain_client_without_headers_is_served_through_switchyard_local(plain) 
     pool, _, client = plain
     local = subprocess.Popen(
         [sys.executable, "-m", "switchyard", "local", "--pool", pool],
-        env=subprocess_env(SWITCHYARD_WORKER_HANDLER="tests.rpc.handlers:whoami"),
+        env=subprocess_env(SWITCHYARD_RPC_WORKER_HANDLER="tests.rpc.handlers:whoami"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ids = {client.send(key, f"hello {key}".encode()): key for key in KEYS}

@@ -218,8 +218,9 @@ def test_the_ecs_drivers_lock_from_the_environment_works_on_any_node(
     from switchyard.rpc.ports import WorkerGroup
     from switchyard.rpc.store import ECS_LOCK_PREFIX
 
-    env = {"SWITCHYARD_DRIVER": "ecs", "SWITCHYARD_ECS_CLUSTER": "any", "SWITCHYARD_ECS_SUBNETS": "subnet-1",
-           "SWITCHYARD_ECS_SECURITY_GROUPS": "sg-1"}
+    env = {"SWITCHYARD_RPC_DRIVER": "ecs", "SWITCHYARD_RPC_ECS_CLUSTER": "any",
+           "SWITCHYARD_RPC_ECS_SUBNETS": "subnet-1",
+           "SWITCHYARD_RPC_ECS_SECURITY_GROUPS": "sg-1"}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     driver = driver_from_env()

@@ -206,7 +206,7 @@ def test_package_then_submit_and_wait_sends_the_entry_point_args_and_environment
     job_args = ["--input", f"{bucket}/in/rows.parquet", "--output", f"{bucket}/out", "--pool", "core"]
     code, out, err = cli(capsys, "spark", "submit", "--application-id", aws["app"], "--role-arn", ROLE_ARN,
                          "--bucket", bucket, "--wait", "--poll-interval", "0.1",
-                         "--env", "SWITCHYARD_POOL=core", "--", *job_args)
+                         "--env", "SWITCHYARD_RPC_POOL=core", "--", *job_args)
     assert code == 0, err
     run_id = out.split("submitted job run ")[1].split()[0]
     assert f"job run {run_id}: SUCCESS" in out
@@ -222,8 +222,8 @@ def test_package_then_submit_and_wait_sends_the_entry_point_args_and_environment
     for conf in ("spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON",
                  "spark.emr-serverless.driverEnv.PYSPARK_PYTHON", "spark.executorEnv.PYSPARK_PYTHON"):
         assert f"{conf}=./environment/bin/python" in params
-    assert "spark.emr-serverless.driverEnv.SWITCHYARD_POOL=core" in params
-    assert "spark.executorEnv.SWITCHYARD_POOL=core" in params
+    assert "spark.emr-serverless.driverEnv.SWITCHYARD_RPC_POOL=core" in params
+    assert "spark.executorEnv.SWITCHYARD_RPC_POOL=core" in params
     assert run["executionRole"] == ROLE_ARN
     monitoring = run["configurationOverrides"]["monitoringConfiguration"]
     assert monitoring["s3MonitoringConfiguration"]["logUri"] == f"{bucket}/switchyard/spark/logs/"
@@ -251,7 +251,7 @@ def test_defaults_come_from_the_deployed_stack_outputs(
     stack = unique("SyPipeline").replace("_", "-")
     # One setting the job reads, and the Redis ones it does not: its role reads only the broker's
     # secret, so a Redis URL with placeholders in its environment would fail it on EMR (issue 22).
-    deployed = {"SWITCHYARD_DELAY_INPUT_TOPIC": "sy-pipeline-input", "SWITCHYARD_CALL_TIMEOUT": "120",
+    deployed = {"SWITCHYARD_DELAY_INPUT_TOPIC": "sy-pipeline-input", "SWITCHYARD_RPC_CALL_TIMEOUT_S": "120",
                 "SWITCHYARD_REDIS_URL": "rediss://:{password}@redis.internal:6379/0",
                 "SWITCHYARD_REDIS_SECRET_ARN": "arn:aws:secretsmanager:us-east-1:1:secret:redis-AbCdEf"}
     monkeypatch.setenv(CONFIG_PATH_ENV, "")  # restored after the CLI sets it
@@ -283,7 +283,7 @@ def test_defaults_come_from_the_deployed_stack_outputs(
     params = run["jobDriver"]["sparkSubmit"]["sparkSubmitParameters"].split()
     for where in ("spark.emr-serverless.driverEnv", "spark.executorEnv"):
         assert f"{where}.SWITCHYARD_DELAY_INPUT_TOPIC=sy-pipeline-input" in params
-        assert f"{where}.SWITCHYARD_CALL_TIMEOUT=120" in params
+        assert f"{where}.SWITCHYARD_RPC_CALL_TIMEOUT_S=120" in params
     assert [p for p in params if "REDIS" in p] == []
     assert run["executionRole"] == ROLE_ARN
 
@@ -332,7 +332,7 @@ def test_bad_flags_fail_before_anything_is_submitted(aws: dict, capsys: pytest.C
         (["--role-arn", ROLE_ARN, "--bucket", f"{bucket}/broken"], "is not a JSON object"),
         (["--role-arn", ROLE_ARN, "--bucket", f"{bucket}/partial"], "--archive must be an s3://"),
         (["--role-arn", ROLE_ARN, "--entry-point", f"{bucket}/p.py", "--archive", f"{bucket}/e.tar.gz",
-          "--logs", f"{bucket}/logs", "--env", "SWITCHYARD_POOL"], "--env takes NAME=VALUE"),
+          "--logs", f"{bucket}/logs", "--env", "SWITCHYARD_RPC_POOL"], "--env takes NAME=VALUE"),
     ]
     aws["s3"].put_object(Bucket=aws["bucket"], Key="broken/latest.json", Body=b"[]")
     aws["s3"].put_object(Bucket=aws["bucket"], Key="partial/latest.json",

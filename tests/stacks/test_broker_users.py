@@ -150,7 +150,7 @@ def test_each_pool_function_reads_its_own_role_secret(resources: Resources,
         if module not in POOL_FUNCTION_ROLES:
             continue
         seen += 1
-        pool = env["SWITCHYARD_POOL"]
+        pool = env["SWITCHYARD_RPC_POOL"]
         own = user_secrets[BrokerUser(POOL_FUNCTION_ROLES[module], pool)]
         assert _secrets_in(resources, env["SWITCHYARD_AMQP_SECRET_ARN"]) == {own}, module
         # A function with an event source mapping also lets its pollers read the mappings' secret; the
@@ -159,8 +159,8 @@ def test_each_pool_function_reads_its_own_role_secret(resources: Resources,
                             if role in roles_with_mapping else set())
         if module == "rpc_reconcile":
             probe = user_secrets[BrokerUser(BrokerRole.PROBE)]
-            assert _secrets_in(resources, env["SWITCHYARD_DEAD_LETTER_PROBE_SECRET_ARN"]) == {probe}
-            assert env["SWITCHYARD_DEAD_LETTER_PROBE_VHOST"] == DEAD_LETTER_PROBE_VHOST
+            assert _secrets_in(resources, env["SWITCHYARD_RPC_DEAD_LETTER_PROBE_SECRET_ARN"]) == {probe}
+            assert env["SWITCHYARD_RPC_DEAD_LETTER_PROBE_VHOST"] == DEAD_LETTER_PROBE_VHOST
             expected.add(probe)
         assert _role_reads(resources, role) & broker_secrets == expected, (module, pool)
     assert seen == 4 * len(_pools(resources))

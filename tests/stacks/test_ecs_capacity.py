@@ -61,14 +61,15 @@ def control_plane_env(resources: Resources) -> dict[str, dict[str, Any]]:
         k: r["Properties"]["Environment"]["Variables"]
         for k, r in resources.items()
         if r["Type"] == "AWS::Lambda::Function"
-        and r["Properties"].get("Environment", {}).get("Variables", {}).get("SWITCHYARD_DRIVER") == "ecs"
+        and r["Properties"].get("Environment", {}).get("Variables", {}).get("SWITCHYARD_RPC_DRIVER") == "ecs"
     }
 
 
 def run_task_as_deployed(env: dict[str, Any], pool: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """The RunTask request the driver built from ``env`` (a function's environment) sends."""
     for name, value in env.items():
-        if name.startswith("SWITCHYARD_ECS_") or name in ("SWITCHYARD_DRIVER", "SWITCHYARD_MIN_WORKERS"):
+        if name.startswith("SWITCHYARD_RPC_ECS_") or name in ("SWITCHYARD_RPC_DRIVER",
+                                                              "SWITCHYARD_RPC_MIN_WORKERS"):
             monkeypatch.setenv(name, value if isinstance(value, str) else "deploy-time-token")
     monkeypatch.delenv("SWITCHYARD_CONFIG_PATH", raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -88,7 +89,7 @@ def test_runtask_names_only_capacity_providers_of_the_cluster(
     envs = control_plane_env(resources)
     assert envs
     for logical, env in envs.items():
-        assert env["SWITCHYARD_ECS_CLUSTER"] == {"Ref": cluster}, logical
+        assert env["SWITCHYARD_RPC_ECS_CLUSTER"] == {"Ref": cluster}, logical
         call = run_task_as_deployed(env, c.EXAMPLE_POOL, monkeypatch)
         assert "launchType" not in call  # ECS refuses a launch type together with a strategy
         named = {s["capacityProvider"] for s in call["capacityProviderStrategy"]}
@@ -111,7 +112,7 @@ def test_the_capacity_provider_is_a_pool_setting_with_fargate_the_default(
     resources = template.to_json()["Resources"]
     sent = {}
     for env in control_plane_env(resources).values():
-        pool = env["SWITCHYARD_POOL"]
+        pool = env["SWITCHYARD_RPC_POOL"]
         call = run_task_as_deployed(env, pool, monkeypatch)
         sent.setdefault(pool, set()).update(s["capacityProvider"] for s in call["capacityProviderStrategy"])
     assert sent == {"core": {"FARGATE"}, "batch": {"FARGATE_SPOT"}}

@@ -220,7 +220,7 @@ def deployment(resources: dict[str, dict[str, Any]]) -> Iterator[Deployment]:
     pool, schema = f"iam{tag}", f"iam_{tag}"
     topics = (f"iam-in-{tag}", f"iam-out-{tag}")
     overrides = {"SWITCHYARD_KAFKA_AUTH": "none",  # tansu speaks no MSK IAM auth
-                 "SWITCHYARD_POOL": pool, "WORKER_POOL": pool, "IAM_PROBE_POOL": pool,
+                 "SWITCHYARD_RPC_POOL": pool, "WORKER_POOL": pool, "IAM_PROBE_POOL": pool,
                  "SWITCHYARD_DELAY_SCHEMA": schema, "SWITCHYARD_DELAY_INPUT_TOPIC": topics[0],
                  "SWITCHYARD_DELAY_OUTPUT_TOPIC": topics[1], "SWITCHYARD_BUS_NAME": f"iam{tag}"}
     for logical in _of_kind(resources, "AWS::ECS::Cluster"):
@@ -350,8 +350,9 @@ def _events(dep: Deployment) -> dict[str, Any]:
     rmq = {"eventSource": "aws:rmq", "eventSourceArn": broker, "rmqMessagesByQueue": {}}
     return {
         # one orphan of a new key: the control plane starts its worker group (ECS RunTask)
-        "rpc_orphans": _orphan_event(o["SWITCHYARD_POOL"], broker),
-        "deploy_pools": {"RequestType": "Create", "ResourceProperties": {"Pools": [o["SWITCHYARD_POOL"]]}},
+        "rpc_orphans": _orphan_event(o["SWITCHYARD_RPC_POOL"], broker),
+        "deploy_pools": {"RequestType": "Create",
+                         "ResourceProperties": {"Pools": [o["SWITCHYARD_RPC_POOL"]]}},
         "deploy_delay_schema": {"RequestType": "Create",
                                 "ResourceProperties": {"Schema": o["SWITCHYARD_DELAY_SCHEMA"]}},
         "deploy_topics": {"RequestType": "Create", "ResourceProperties": {
@@ -359,7 +360,7 @@ def _events(dep: Deployment) -> dict[str, Any]:
         "rpc_dead_letters": rmq, "rpc_activity": rmq,
         "rpc_reconcile": SCHEDULED, "delay_fire": SCHEDULED, "delay_sweep": SCHEDULED,
         "bus_housekeeping": SCHEDULED,
-        "rpc_scheduled": _fired_event(o["SWITCHYARD_POOL"], o["SWITCHYARD_DELAY_OUTPUT_TOPIC"], kafka),
+        "rpc_scheduled": _fired_event(o["SWITCHYARD_RPC_POOL"], o["SWITCHYARD_DELAY_OUTPUT_TOPIC"], kafka),
         "delay_enqueue": {"eventSource": "aws:kafka", "eventSourceArn": kafka,
                           "bootstrapServers": "127.0.0.1:9092", "records": {}},
         "bus_api": api_event("GET", "/api_tokens", {"Authorization": "Basic aWFtOnByb2Jl"}),

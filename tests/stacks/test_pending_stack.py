@@ -29,7 +29,7 @@ def test_the_node_api_function_fits_api_gateway(template: Template,
     assert fn["TracingConfig"] == {"Mode": "Active"} and "VpcConfig" in fn
     # one tenant's idle long polls cannot take the account's concurrency (issue 23 item 9)
     assert fn["ReservedConcurrentExecutions"] == c.PENDING_API_RESERVED_CONCURRENCY == 100
-    assert int(env["SWITCHYARD_PENDING_RETRY_WINDOW"]) < API_TIMEOUT_S
+    assert int(env["SWITCHYARD_PENDING_RETRY_WINDOW_S"]) < API_TIMEOUT_S
     template.has_resource_properties("AWS::ApiGateway::Method", {
         "HttpMethod": "ANY",
         "Integration": Match.object_like({"Type": "AWS_PROXY", "TimeoutInMillis": API_TIMEOUT_S * 1000}),

@@ -442,12 +442,12 @@ def test_worker_task_definition_injects_the_amqp_secret_and_stops_in_two_stages(
 def test_control_plane_drives_the_pools_task_definition_on_ecs(resources: Resources) -> None:
     _, orphans = one_function(resources, "rpc_orphans")
     env = orphans["Properties"]["Environment"]["Variables"]
-    assert env["SWITCHYARD_DRIVER"] == "ecs"
-    assert env["SWITCHYARD_ECS_TASK_DEFINITION"] == f"{c.STACK_ID}-worker-{c.EXAMPLE_POOL}"
+    assert env["SWITCHYARD_RPC_DRIVER"] == "ecs"
+    assert env["SWITCHYARD_RPC_ECS_TASK_DEFINITION"] == f"{c.STACK_ID}-worker-{c.EXAMPLE_POOL}"
     assert (
-        env["SWITCHYARD_MIN_WORKERS"],
-        env["SWITCHYARD_MAX_WORKERS"],
-        env["SWITCHYARD_TARGET_BACKLOG"],
+        env["SWITCHYARD_RPC_MIN_WORKERS"],
+        env["SWITCHYARD_RPC_MAX_WORKERS"],
+        env["SWITCHYARD_RPC_TARGET_BACKLOG"],
     ) == ("1", "4", "10")
     statements = policy_statements(resources, orphans)
     run = [s for s in statements if "ecs:RunTask" in actions_of([s])]
@@ -455,7 +455,7 @@ def test_control_plane_drives_the_pools_task_definition_on_ecs(resources: Resour
     passes = [s for s in statements if "iam:PassRole" in actions_of([s])]
     assert passes[0]["Condition"] == {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
     _, dead = one_function(resources, "rpc_dead_letters")
-    assert dead["Properties"]["Environment"]["Variables"]["SWITCHYARD_DRIVER"] == "noop"
+    assert dead["Properties"]["Environment"]["Variables"]["SWITCHYARD_RPC_DRIVER"] == "noop"
 
 
 # -- CloudWatch ------------------------------------------------------------------------------------------

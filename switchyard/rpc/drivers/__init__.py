@@ -2,20 +2,20 @@
 
 ``switchyard.rpc.ports`` holds the contract, one module per backend (``subprocess``, ``noop``, ``ecs``), and
 ``driver_from_env()`` picks one from the environment (read by ``switchyard.rpc.settings``:
-``DriverSettings`` and ``ecs_settings_from_env``):
+``DriverSettings``; ``ecs.EcsSettings.from_env`` for the ECS driver):
 
-* ``SWITCHYARD_DRIVER``: ``subprocess`` (default), ``noop`` or ``ecs``;
-* ``SWITCHYARD_WORKER_HANDLER``: ``module:function`` (default ``switchyard.rpc.examples:describe``);
-* ``SWITCHYARD_WORKER_COMMAND``: the whole command, shell-split (default
-  ``<sys.executable> -m switchyard worker --handler <SWITCHYARD_WORKER_HANDLER>``);
-* ``SWITCHYARD_MIN_WORKERS`` (1), ``SWITCHYARD_MAX_WORKERS`` (4), ``SWITCHYARD_TARGET_BACKLOG``
+* ``SWITCHYARD_RPC_DRIVER``: ``subprocess`` (default), ``noop`` or ``ecs``;
+* ``SWITCHYARD_RPC_WORKER_HANDLER``: ``module:function`` (default ``switchyard.rpc.examples:describe``);
+* ``SWITCHYARD_RPC_WORKER_COMMAND``: the whole command, shell-split (default
+  ``<sys.executable> -m switchyard worker --handler <SWITCHYARD_RPC_WORKER_HANDLER>``);
+* ``SWITCHYARD_RPC_MIN_WORKERS`` (1), ``SWITCHYARD_RPC_MAX_WORKERS`` (4), ``SWITCHYARD_RPC_TARGET_BACKLOG``
   (10 waiting requests per worker);
-* ``SWITCHYARD_WORKER_LOG_DIR`` (``.local/logs/workers``), ``SWITCHYARD_WORKER_STOP_TIMEOUT``
+* ``SWITCHYARD_RPC_WORKER_LOG_DIR`` (``.local/logs/workers``), ``SWITCHYARD_RPC_WORKER_STOP_TIMEOUT_S``
   (15 s between SIGTERM and SIGKILL).
-* ECS (``ecs.py``): ``SWITCHYARD_ECS_CLUSTER``, ``SWITCHYARD_ECS_SUBNETS`` and
-  ``SWITCHYARD_ECS_SECURITY_GROUPS`` (comma-separated), ``SWITCHYARD_ECS_TASK_DEFINITION``
-  (``switchyard-worker-{pool}``), ``SWITCHYARD_ECS_CONTAINER`` (``worker``),
-  ``SWITCHYARD_ECS_CAPACITY_PROVIDER`` (``FARGATE`` or ``FARGATE_SPOT``; default ``FARGATE``); the
+* ECS (``ecs.py``): ``SWITCHYARD_RPC_ECS_CLUSTER``, ``SWITCHYARD_RPC_ECS_SUBNETS`` and
+  ``SWITCHYARD_RPC_ECS_SECURITY_GROUPS`` (comma-separated), ``SWITCHYARD_RPC_ECS_TASK_DEFINITION``
+  (``switchyard-worker-{pool}``), ``SWITCHYARD_RPC_ECS_CONTAINER`` (``worker``),
+  ``SWITCHYARD_RPC_ECS_CAPACITY_PROVIDER`` (``FARGATE`` or ``FARGATE_SPOT``; default ``FARGATE``); the
   group lock lives in ``SWITCHYARD_REDIS_URL``.
 """
 
@@ -41,7 +41,7 @@ __all__ = [
 
 
 def driver_from_env(settings: DriverSettings | None = None) -> WorkerGroupDriver:
-    """The driver ``SWITCHYARD_DRIVER`` names, configured from the environment."""
+    """The driver ``SWITCHYARD_RPC_DRIVER`` names, configured from the environment."""
     settings = settings or DriverSettings.from_env()
     if settings.driver == "noop":
         return NoopDriver()
@@ -60,12 +60,11 @@ def driver_from_env(settings: DriverSettings | None = None) -> WorkerGroupDriver
 def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
     """The ECS driver (imported here: only the deployment needs boto3's ECS client)."""
     from switchyard.core.config import Connections
-    from switchyard.rpc.drivers.ecs import EcsDriver, ecs_client
-    from switchyard.rpc.settings import ecs_settings_from_env  # imports the ECS driver's module
+    from switchyard.rpc.drivers.ecs import EcsDriver, EcsSettings, ecs_client
     from switchyard.rpc.store import WorkerGroupLock
 
     connections = Connections.from_env()
-    ecs = ecs_settings_from_env()
+    ecs = EcsSettings.from_env()
     return EcsDriver(
         ecs,
         lock=WorkerGroupLock.from_connections(connections, ecs.lock_ttl_s, ecs.lock_wait_s),

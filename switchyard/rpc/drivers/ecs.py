@@ -1,4 +1,4 @@
-"""Worker groups as ECS tasks (the keyed RPC design's ECS driver): ``SWITCHYARD_DRIVER=ecs`` on AWS.
+"""Worker groups as ECS tasks (the keyed RPC design's ECS driver): ``SWITCHYARD_RPC_DRIVER=ecs`` on AWS.
 
 Each worker is one Fargate task of the pool's task definition, started with ``RunTask``:
 
@@ -45,10 +45,11 @@ import binascii
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from switchyard.core.config import build
 from switchyard.core.errors import ConfigError
 from switchyard.core.observability import logger
 from switchyard.rpc.errors import DriverError
@@ -59,6 +60,14 @@ from switchyard.rpc.ports import (
     check_sizes,
     desired_workers,
 )
+from switchyard.rpc.settings import (
+    ECS_CAPACITY_PROVIDER,
+    ECS_CLUSTER,
+    ECS_CONTAINER,
+    ECS_SECURITY_GROUPS,
+    ECS_SUBNETS,
+    ECS_TASK_DEFINITION,
+)
 
 TAG_POOL = "switchyard:pool"
 TAG_GROUP = "switchyard:group"
@@ -67,14 +76,14 @@ TAG_VALUE_CHARS = 256
 MAX_KEY_TAGS = 40  # ECS allows 50 tags per task; the rest are the pool, the group and spares
 DESCRIBE_TASKS_MAX = 100
 LISTING_TRUSTED_S = 10.0  # scale() trusts list_running's listing this long (the rest of its pass)
-DEFAULT_CONTAINER = "worker"
-DEFAULT_TASK_DEFINITION = "switchyard-worker-{pool}"
+DEFAULT_CONTAINER = ECS_CONTAINER.default
+DEFAULT_TASK_DEFINITION = ECS_TASK_DEFINITION.default
 # The capacity providers a pool may run its workers on (the deployment associates every one of them
 # with the cluster: RunTask may only name associated providers). FARGATE_SPOT costs ~70% less and
 # may interrupt a task with two minutes' warning: a worker group is restartable (the reconciler
 # starts a group with no live task on its next pass, and an interrupted request is redelivered).
 CAPACITY_PROVIDERS = ("FARGATE", "FARGATE_SPOT")
-DEFAULT_CAPACITY_PROVIDER = "FARGATE"
+DEFAULT_CAPACITY_PROVIDER = ECS_CAPACITY_PROVIDER.default
 
 
 @dataclass(frozen=True)
@@ -93,14 +102,22 @@ class EcsSettings:
 
     def __post_init__(self) -> None:
         if not self.cluster:
-            raise ConfigError("SWITCHYARD_ECS_CLUSTER must name the ECS cluster of the worker tasks")
+            raise ConfigError(f"{ECS_CLUSTER.name} must name the ECS cluster of the worker tasks")
         if not self.subnets:
-            raise ConfigError("SWITCHYARD_ECS_SUBNETS must list the worker tasks' subnets (comma-separated)")
+            raise ConfigError(f"{ECS_SUBNETS.name} must list the worker tasks' subnets (comma-separated)")
         if not self.security_groups:
-            raise ConfigError("SWITCHYARD_ECS_SECURITY_GROUPS must list the worker tasks' security groups")
+            raise ConfigError(f"{ECS_SECURITY_GROUPS.name} must list the worker tasks' security groups")
         if self.capacity_provider not in CAPACITY_PROVIDERS:
-            raise ConfigError(f"SWITCHYARD_ECS_CAPACITY_PROVIDER must be one of "
+            raise ConfigError(f"{ECS_CAPACITY_PROVIDER.name} must be one of "
                               f"{', '.join(CAPACITY_PROVIDERS)}, got {self.capacity_provider!r}")
+
+    @classmethod
+    def from_env(cls, source: Mapping[str, str] | None = None) -> EcsSettings:
+        """The ECS driver's settings (``SWITCHYARD_RPC_ECS_*``)."""
+        spec = {"cluster": ECS_CLUSTER, "subnets": ECS_SUBNETS, "security_groups": ECS_SECURITY_GROUPS,
+                "task_definition": ECS_TASK_DEFINITION, "container": ECS_CONTAINER,
+                "capacity_provider": ECS_CAPACITY_PROVIDER}
+        return build(cls, spec, source)
 
     def task_definition_for(self, pool: str) -> str:
         return self.task_definition.replace("{pool}", pool)

@@ -10,7 +10,7 @@ both sides and the CPU's attention on a busy machine). A keeper thread watches t
 one has run for ``_TAKEOVER_S`` it drives the connection's I/O (heartbeats included, and requests
 arriving meanwhile, which wait their turn) until the handler returns, so a handler may run however
 long. One lock orders the two threads' use of the connection (pika is not thread-safe; it never
-sees two threads at once). The heartbeat is ``SWITCHYARD_AMQP_HEARTBEAT``. Requests are handled
+sees two threads at once). The heartbeat is ``SWITCHYARD_AMQP_HEARTBEAT_S``. Requests are handled
 one at a time, in order.
 
 Replies go through the default exchange to ``reply-to`` with the request's correlation id and
