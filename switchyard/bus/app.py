@@ -15,7 +15,7 @@ from typing import Any
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver
 
 from switchyard.bus.auth import ANYONE, Credentials, header_username
-from switchyard.bus.errors import StorageError
+from switchyard.bus.errors import StoreError
 from switchyard.bus.ports import BusStorePort
 from switchyard.bus.publish import Publisher, proxy_text
 from switchyard.bus.routes import build_resolver, storage_unavailable, unauthorized_text
@@ -83,7 +83,7 @@ class BusApp:
         deeply to parse (an uncaught RecursionError was a 502 with a traceback), else None."""
         try:
             who = self.credentials.who(header_username(event.get("headers")))
-        except StorageError as exc:  # as the resolver's handler answers it
+        except StoreError as exc:  # as the resolver's handler answers it
             return proxy_text(503, storage_unavailable(exc))
         if who is None:
             return {**proxy_text(401, unauthorized_text(ANYONE)),

@@ -4,7 +4,7 @@ The caller's side (``caller.py``), the processing side (``processor.py``), the w
 (``watcher.py``) and the node API (``api.py``) only see these; ``store.py`` is the Redis adapter
 (keys and their hash tags, the Lua scripts of ``lua/``, blocking pops, the batched round trips).
 
-Errors: an operation raises ``QueueUnavailableError`` when Redis stayed unreachable for the retry
+Errors: an operation raises ``StoreUnavailableError`` when Redis stayed unreachable for the retry
 window, and ``PendingError`` when Redis refused it (out of memory, a key of the wrong type), the
 driver's error as its ``__cause__``: the adapter translates, so no service module knows the driver.
 State codes are ``StrEnum``s (``RequestState``, ``ProcessorState``, ``WaitOutcome``).

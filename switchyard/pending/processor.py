@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any, BinaryIO
 
 from switchyard.pending import metrics
-from switchyard.pending.errors import MessageTooLargeError, PendingError, QueueUnavailableError
+from switchyard.pending.errors import MessageTooLargeError, PendingError, StoreUnavailableError
 from switchyard.pending.model import (
     Delivery,
     Handler,
@@ -118,7 +118,7 @@ class Processor:
     def _check_processing(self, endpoint: str) -> None:
         check_endpoint(endpoint)
         if self._closed.is_set():
-            raise QueueUnavailableError("this node is shutting down")
+            raise StoreUnavailableError("this node is shutting down")
         if not self._started():
             raise PendingError("start() the PendingQueue before taking requests")
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from switchyard.pending.caller import Caller
-from switchyard.pending.errors import DataLossError, PendingError, QueueUnavailableError
+from switchyard.pending.errors import DataLossError, PendingError, StoreUnavailableError
 from switchyard.pending.model import (
     CANCEL_MESSAGE,
     ID_LENGTH,
@@ -137,7 +137,7 @@ class PendingQueue:
                 thread.start()
                 self._threads.append(thread)
             if not self._node_ready.wait(self.settings.retry_window_s):
-                raise QueueUnavailableError("could not subscribe this node's channel within the retry window")
+                raise StoreUnavailableError("could not subscribe this node's channel within the retry window")
         return self
 
     def close(self) -> None:
@@ -176,7 +176,7 @@ class PendingQueue:
         """Send ``body`` (JSON) to the polling service of ``endpoint``; block until it answers.
 
         Raises PickupTimeoutError, ProcessorLostError, DataLossError, CancelledError (``cancel``
-        fired), RemoteError (the service failed) or QueueUnavailableError.
+        fired), RemoteError (the service failed) or StoreUnavailableError.
         """
         if not self._threads:
             raise PendingError("start() the PendingQueue before calling")
@@ -191,7 +191,7 @@ class PendingQueue:
         ``track``: this node claims the request if it is still running after the claim delay,
         heartbeats for it and watches for cancellation until ``apply_response`` (an in-process
         service); the HTTP API passes False: its polling service's response or first heartbeat
-        (``processor_heartbeat``) claims it. Raises QueueUnavailableError (Redis unreachable for
+        (``processor_heartbeat``) claims it. Raises StoreUnavailableError (Redis unreachable for
         the retry window) or PendingError (Redis refused the pop: a key of the wrong type, OOM).
         """
         return self.processor.dequeue(endpoint, wait, track)

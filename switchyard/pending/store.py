@@ -32,7 +32,7 @@ from redis.retry import Retry
 
 from switchyard.core.redis_client import RedisClient, open_redis
 from switchyard.pending.batch import MOVED, ScriptBatcher, packed
-from switchyard.pending.errors import PendingError, QueueUnavailableError
+from switchyard.pending.errors import PendingError, StoreUnavailableError
 from switchyard.pending.ports import (
     Answer,
     AnswerWait,
@@ -167,7 +167,7 @@ class RedisStore(AdminOps):
                 now = time.monotonic()
                 give_up = give_up or now + (0 if self._cluster is None else self.settings.retry_window_s)
                 if now >= give_up or self._closed.is_set():
-                    raise QueueUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
+                    raise StoreUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
                 self._closed.wait(self.settings.retry_interval_s)
             except redis.RedisError as exc:  # refused (out of memory, a key of the wrong type...)
                 raise PendingError(f"Redis refused the command: {exc}") from exc
@@ -406,7 +406,7 @@ class RedisStore(AdminOps):
                 now = time.monotonic()
                 give_up = give_up or now + s.retry_window_s
                 if now >= give_up:
-                    raise QueueUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
+                    raise StoreUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
                 lost = True
                 self._closed.wait(s.retry_interval_s)
             finally:

@@ -14,7 +14,7 @@ from redis.crc import key_slot
 
 from switchyard.core.redis_client import RedisClient
 from switchyard.pending.batch import MOVED
-from switchyard.pending.errors import PendingError, QueueUnavailableError
+from switchyard.pending.errors import PendingError, StoreUnavailableError
 from switchyard.pending.settings import PendingSettings, check_endpoint
 
 
@@ -56,7 +56,7 @@ class AdminOps:
             except redis.RedisError as exc:  # refused (out of memory...)
                 raise PendingError(f"Redis refused the data-loss guard: {exc}") from exc
         if not replies and failure is not None:
-            raise QueueUnavailableError(f"Redis unreachable after retrying: {failure}") from failure
+            raise StoreUnavailableError(f"Redis unreachable after retrying: {failure}") from failure
         return replies
 
     def guard_keys(self) -> dict[str, tuple[int, int]]:
@@ -108,8 +108,8 @@ class AdminOps:
                 return True
             self.client.zrem(key, slot)
             return False
-        except (redis.RedisError, QueueUnavailableError) as exc:
-            raise QueueUnavailableError(f"Redis unavailable for the poll count: {exc}") from exc
+        except (redis.RedisError, StoreUnavailableError) as exc:
+            raise StoreUnavailableError(f"Redis unavailable for the poll count: {exc}") from exc
 
     def give_back_poll_slot(self, endpoint: str, slot: str) -> None:
         with contextlib.suppress(redis.RedisError):  # else it lapses by itself

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 
 from switchyard.pending import metrics
-from switchyard.pending.errors import PendingError, QueueUnavailableError
+from switchyard.pending.errors import PendingError, StoreUnavailableError
 from switchyard.pending.ports import PendingStore
 from switchyard.pending.settings import PendingSettings
 
@@ -65,7 +65,7 @@ class Watcher:
         cancelled, of the endpoints whose keys live where the guard vanished."""
         try:
             lost = self.check_guard()
-        except QueueUnavailableError:
+        except StoreUnavailableError:
             return False
         if lost:
             self.data_loss_events += 1

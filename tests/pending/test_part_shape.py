@@ -96,9 +96,11 @@ def test_only_settings_reads_the_environment() -> None:
     assert reading <= {"settings.py"}, reading
 
 
-def test_one_remote_error_the_cores() -> None:
+def test_the_remote_error_is_the_parts_and_the_cores_role() -> None:
     import switchyard.pending
     import switchyard.pending.errors
     from switchyard.core.errors import RemoteError
 
-    assert switchyard.pending.RemoteError is switchyard.pending.errors.RemoteError is RemoteError
+    assert switchyard.pending.RemoteError is switchyard.pending.errors.RemoteError
+    assert issubclass(switchyard.pending.RemoteError, RemoteError)  # one catch for every part's
+    assert issubclass(switchyard.pending.RemoteError, switchyard.pending.errors.PendingError)

@@ -15,7 +15,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 
 from switchyard import __version__
 from switchyard.bus.auth import ANYONE, Credentials
-from switchyard.bus.errors import BadInputError, StorageError, UnauthorizedError
+from switchyard.bus.errors import BadInputError, StoreError, UnauthorizedError
 from switchyard.bus.ports import BusStorePort
 from switchyard.bus.publish import Publisher
 from switchyard.bus.routes import health, subscriptions, tokens, topics
@@ -75,8 +75,8 @@ def _answer_refusals(app: APIGatewayRestResolver, bus: BusRequest) -> None:
                             for e in errors[:5])
         return text(400, redact(f"bad data in payload: {details}"))
 
-    @app.exception_handler(StorageError)
-    def _redis_down(exc: StorageError) -> Response[str]:
+    @app.exception_handler(StoreError)
+    def _redis_down(exc: StoreError) -> Response[str]:
         return text(503, storage_unavailable(exc))
 
 

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 
 from switchyard.bus.auth import Caller, Credentials, basic_username
-from switchyard.bus.errors import BadInputError, StorageError, UnauthorizedError
+from switchyard.bus.errors import BadInputError, StoreError, UnauthorizedError
 from switchyard.bus.ports import BusStorePort
 from switchyard.bus.publish import Publisher
 from switchyard.core.observability import logger
@@ -31,7 +31,7 @@ def unauthorized_text(exc: UnauthorizedError) -> str:
     return f"this endpoint requires authentication with {exc}"
 
 
-def storage_unavailable(exc: StorageError) -> str:
+def storage_unavailable(exc: StoreError) -> str:
     """Log a Redis error; the message a 503 says."""
     logger.warning("bus API: Redis error", extra={"error": str(exc)})
     return "storage unavailable"

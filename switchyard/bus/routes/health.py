@@ -5,7 +5,7 @@ from __future__ import annotations
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.router import APIGatewayRouter
 
-from switchyard.bus.errors import StorageError
+from switchyard.bus.errors import StoreError
 from switchyard.bus.routes.common import BusRequest, json_answer, text
 
 
@@ -21,7 +21,7 @@ def router(bus: BusRequest) -> APIGatewayRouter:
         bus.require("root", "client")
         try:
             bus.store.ping()
-        except StorageError:
+        except StoreError:
             return text(500)
         return text(204)
 
