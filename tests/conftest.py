@@ -153,3 +153,17 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.1, what: str 
                 return value
             raise AssertionError(f"timed out after {timeout}s waiting for {what}") from last
         time.sleep(interval)
+
+
+def blocked_in(thread, *functions: str) -> bool:
+    """Whether ``thread`` is now inside every one of ``functions`` (names on its Python stack): a
+    condition for ``wait_for`` where the event is "that thread is blocked there" (a poller in its pop,
+    a caller waiting for a slot), which a fixed sleep only guessed."""
+    import sys
+
+    frame = sys._current_frames().get(thread.ident)
+    names = set()
+    while frame is not None:
+        names.add(frame.f_code.co_name)
+        frame = frame.f_back
+    return set(functions) <= names

@@ -264,9 +264,7 @@ def test_a_crash_after_publishing_before_the_commit_gives_a_duplicate_never_a_lo
     thread = threading.Thread(target=bridge.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 60
-        while bridge.invocations < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: bridge.invocations >= 2, timeout=60, interval=0.05, required=False)
     finally:
         stop.set()
         thread.join(30)
@@ -465,7 +463,7 @@ def test_a_second_collector_of_a_reply_queue_finds_its_answer_while_another_wait
     waiting = threading.Thread(target=lambda: first.update(collect(settings, reply, ["a"], timeout=8)))
     waiting.start()
     try:
-        time.sleep(0.5)  # holds a window open: the first collector passed over "b" and waits for "a"
+        time.sleep(0.5)  # window: the first collector passed over "b" and waits for "a"
         started = time.monotonic()
         second = collect(settings, reply, ["b"], timeout=3)
         took = time.monotonic() - started
