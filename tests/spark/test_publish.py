@@ -80,7 +80,7 @@ def fail_once(marker: str, at_body: str, request: r.Request) -> None:
     which the rows before it are published and answered); the marker file makes it happen once."""
     if request.body.decode() == at_body and not os.path.exists(marker):
         Path(marker).write_text("failed once\n")
-        time.sleep(0.5)
+        time.sleep(0.5)  # pace: the task dies after a while, not at once
         raise RuntimeError("task killed half-way (test)")
 
 
