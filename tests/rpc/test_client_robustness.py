@@ -93,7 +93,8 @@ def test_calls_after_a_reconnect_are_not_delayed(pool, workers) -> None:
         published = client.stats.published
         thread.start()
         try:
-            wait_for(lambda: client.stats.published > published + 10, interval=0.01, what="the hammer submitting")
+            wait_for(lambda: client.stats.published > published + 10, interval=0.01,
+                     what="the hammer submitting")
             _kill_connection(settings, connection_name)
             wait_for(lambda: client.stats.responses > 0 and _call_ok(client), timeout=20,
                      what="the client answering again after the reconnect")
