@@ -349,8 +349,8 @@ def test_stopping_the_local_runtime_settles_what_it_holds(
     ids = [f"stop{i}" for i in range(400)]
     store.insert([message(i, in_ms(500 + 5 * n)) for n, i in enumerate(ids)])  # due over two seconds
     # Stop mid-stream: while rows are held, fired, or confirmed and waiting for their delete.
-    wait_for(lambda: len(set(output.poll(0.05) and output.ids()) & set(ids)) >= len(ids) // 4, interval=0.01,
-             what="a quarter of the rows fired")
+    wait_for(lambda: len(set(output.poll(0.05) and output.ids()) & set(ids)) >= len(ids) // 4, timeout=30,
+             interval=0.01, what="a quarter of the rows fired")
     local.join()
     waiting, readied = store.counts()
     assert readied == 0, "rows left readied would be fired again by failure detection"
