@@ -111,9 +111,10 @@ class OutputReader:
         return [dict(m.headers() or []).get("test-id", b"").decode() for m in self.messages]
 
     def wait_for_ids(self, expected: set[str], timeout: float) -> list[str]:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and not expected <= set(self.ids()):
-            self.poll(0.2)
+        def arrived() -> bool:  # the poll is the interval: it blocks on the topic
+            return expected <= set(self.ids()) or expected <= set(self.poll(0.2) and self.ids())
+
+        wait_for(arrived, timeout, interval=0, required=False)
         return self.ids()
 
     def close(self) -> None:

@@ -158,11 +158,14 @@ def test_bad_rows_go_to_errors_with_their_reasons_and_scheduled_rows_fire_at_the
 
 def wait_for_headers(reader, ids: set[str], timeout: float) -> dict:
     """Output messages by their ``x-switchyard-id`` header, once all of ``ids`` arrived."""
-    end = time.monotonic() + timeout
     found: dict = {}
-    while time.monotonic() < end and not ids <= set(found):
+
+    def arrived() -> bool:  # the poll is the interval: it blocks on the topic
         for message in reader.poll(0.2):
             found[dict(message.headers() or []).get(p.ID_HEADER, b"").decode()] = message
+        return ids <= set(found)
+
+    wait_for(arrived, timeout, interval=0, required=False)
     assert ids <= set(found), f"not on the delay output topic: {ids - set(found)}"
     return found
 
