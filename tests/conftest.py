@@ -126,15 +126,44 @@ def require_localstack(url: str = LOCALSTACK_URL) -> str:
     return url
 
 
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.1, what: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy; returns it, or fails the test."""
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.1, what: str = "condition", *,
+             ignoring: type[BaseException] | tuple[type[BaseException], ...] = (), required: bool = True):
+    """Poll ``predicate`` until it returns something truthy; returns it, or fails the test.
+
+    The tests' one wait for an event (tests/test_hygiene.py allows ``time.sleep`` here and, marked,
+    where a window is held open): a fixed sleep is a race on a loaded machine, or slow on an idle one.
+    ``ignoring``: exceptions that mean "not yet" (a service still starting); the last one is chained to
+    the timeout. ``required=False``: on timeout return the last (falsy) value instead of failing.
+    """
     import time
 
     deadline = time.monotonic() + timeout
+    last: BaseException | None = None
     while True:
-        value = predicate()
-        if value:
-            return value
+        value = None
+        try:
+            value = predicate()
+        except ignoring as exc:
+            last = exc
+        else:
+            if value:
+                return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            if not required:
+                return value
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}") from last
         time.sleep(interval)
+
+
+def blocked_in(thread, *functions: str) -> bool:
+    """Whether ``thread`` is now inside every one of ``functions`` (names on its Python stack): a
+    condition for ``wait_for`` where the event is "that thread is blocked there" (a poller in its pop,
+    a caller waiting for a slot), which a fixed sleep only guessed."""
+    import sys
+
+    frame = sys._current_frames().get(thread.ident)
+    names = set()
+    while frame is not None:
+        names.add(frame.f_code.co_name)
+        frame = frame.f_back
+    return set(functions) <= names

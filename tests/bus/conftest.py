@@ -25,7 +25,7 @@ from switchyard.bus.worker import BusWorker
 from switchyard.core.redis_client import connect_redis
 from switchyard.local.http_gateway import HttpGateway
 from tests.bus.servers import TestServer
-from tests.conftest import unique
+from tests.conftest import unique, wait_for
 
 ROOT_KEY = "root-key-for-tests"
 # The subscribers of the tests listen on 127.0.0.1: the one internal address their callbacks may
@@ -229,15 +229,8 @@ def private_redis() -> Iterator[str]:
                              "--appendonly", "no", "--dir", workdir], stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if connect_redis_url(url).ping():
-                    break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        wait_for(lambda: connect_redis_url(url).ping(), interval=0.05, ignoring=Exception,
+                 what=f"Redis at {url}")
         yield url
     finally:
         proc.terminate()

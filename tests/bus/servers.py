@@ -66,7 +66,7 @@ def drip(interval_s: float = 0.5, for_s: float = 8.0) -> Answer:
                 handler.wfile.write(head[i:i + 1])
                 handler.wfile.flush()
                 i += 1
-                time.sleep(interval_s)
+                time.sleep(interval_s)  # pace: drips the head a byte at a time
             handler.wfile.write(head[i:])
             handler.wfile.flush()
         except OSError:

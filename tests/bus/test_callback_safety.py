@@ -71,7 +71,7 @@ def test_a_redirect_is_a_failed_delivery_and_is_not_followed(bus, worker, make_s
     assert subscribe(sub, callback.url()).status_code == 204
     pub.post("/topics/parcels", json={"type": "create", "url": "https://x.example/1"})
     wait_for(lambda: callback.seen, timeout=5, what="the delivery")
-    time.sleep(0.5)  # a followed redirect would be under way by now
+    time.sleep(0.5)  # window: a followed redirect would be under way by now
     hp = bus.store.subscriber(sub.token).health_points
     print(code, "->", target_host, ": target saw", [(s.method, s.path) for s in target.seen], "hp", hp)
     assert target.seen == []

@@ -33,6 +33,7 @@ from switchyard.bus.callbacks import (
 from switchyard.bus.settings import BusSettings
 from switchyard.core.errors import ConfigError
 from tests.bus.servers import TestServer, no_content_then_close
+from tests.conftest import wait_for
 
 REFUSED = [
     "127.0.0.1", "127.255.255.254", "::1", "0.0.0.0", "::", "10.0.0.1", "10.255.255.255", "172.16.0.1",
@@ -260,13 +261,9 @@ def test_a_name_that_does_not_resolve_in_time_fails_the_delivery_within_its_dead
             AddressPolicy(Allowlist.parse("127.0.0.1"), dns).addresses("slow-dns.test", server.port, 0.2)
         assert dns.calls == 1, "a lookup still running is shared, not started again"
         dns.release.set()
-        end = time.monotonic() + 5
-        while time.monotonic() < end:  # the hung lookup ends; the next delivery resolves afresh
-            try:
-                assert c.post(target, b"[]", "u") == 204
-                break
-            except CallbackError:
-                time.sleep(0.05)
+        # the hung lookup ends; the next delivery resolves afresh
+        wait_for(lambda: c.post(target, b"[]", "u") == 204, timeout=5, interval=0.05, ignoring=CallbackError,
+                 what="a delivery after the hung lookup")
         assert len(server.seen) == 1 and dns.calls <= 2  # (the released lookup, or one after it)
     finally:
         dns.release.set()

@@ -54,7 +54,7 @@ def test_batching_by_max_and_by_timeout(bus, make_subscriber, worker):
     # The subscriber saw the second batch before its 2xx reached the worker, which removes the
     # batch: wait for that, then the 7th event alone waits (for a full batch or 60 s).
     wait_for(lambda: bus.store.queued(full.token)[0] == 1, what="the two batches acknowledged")
-    time.sleep(0.3)
+    time.sleep(0.3)  # window: the 7th event alone is not delivered (no full batch yet)
     assert bus.store.queued(full.token)[0] == 1 and len(by_max.deliveries) == 2
     wait_for(lambda: by_timeout.deliveries, what="the timed-out batch")
     assert [e["data"]["n"] for e in by_timeout.deliveries[0].events] == list(range(7))
@@ -78,7 +78,7 @@ def test_failing_subscriber_loses_health_backs_off_then_recovers(bus, subscriber
         assert len(subscriber.deliveries) >= 50  # 100 hp, -2 per failure
         # At 0 hp the backoff is round(2000 * 2^0) = 2 s (1 s at 1 hp): attempts are spaced.
         count = len(subscriber.deliveries)
-        time.sleep(1.0)
+        time.sleep(1.0)  # window: no more than one attempt within the backoff
         assert len(subscriber.deliveries) - count <= 1
         until = store.subscriber(sub.token).backoff_until_ms
         assert until > store.now_ms() - 2000

@@ -14,18 +14,10 @@ import requests
 from switchyard.bus.housekeeping import housekeep
 from switchyard.core.observability import logger as switchyard_logger
 from tests.bus.conftest import ROOT_KEY
+from tests.conftest import wait_for
 
 EVENT = {"type": "create", "url": "https://api.example/widgets/1"}
 DEEP = "[" * 100_000 + "]" * 100_000
-
-
-def _wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 # -- item 5: a revoked token's subscription ------------------------------------------------------
@@ -37,7 +29,7 @@ def test_revoking_a_token_removes_its_subscriber(bus, subscriber, worker):
     assert sub.post("/subscription", json={"topics": ["orders"], "callback": subscriber.url,
                                            "uuid": "u"}).status_code == 204
     assert publisher.post("/topics/orders", json={**EVENT, "timestamp": 1}).status_code == 200
-    assert _wait_for(lambda: len(subscriber.ok_events()) == 1)
+    assert wait_for(lambda: len(subscriber.ok_events()) == 1)
     assert publisher.post("/topics/orders", json={**EVENT, "timestamp": 2}).status_code == 200  # queued
     assert bus.root.delete(f"/api_tokens/{sub.token}").status_code == 204
     assert bus.store.subscriber(sub.token) is None
@@ -46,7 +38,7 @@ def test_revoking_a_token_removes_its_subscriber(bus, subscriber, worker):
     assert sub.token not in bus.root.get("/subscriptions").text
     for n in range(3):
         assert publisher.post("/topics/orders", json={**EVENT, "timestamp": 10 + n}).status_code == 200
-    time.sleep(1.0)  # a worker runs; nothing reaches the revoked subscriber
+    time.sleep(1.0)  # window: a worker runs; nothing reaches the revoked subscriber
     assert [d.events for d in subscriber.deliveries if any(e["t"] >= 10 for e in d.events)] == []
 
 
@@ -138,6 +130,13 @@ def test_a_client_may_delete_the_unclaimed_topics_it_created(bus, subscriber):
     assert [t["name"] for t in creator.get("/topics").json()] == []
 
 
+def past_ttl(store, ttl_ms: int = 300) -> None:
+    """Until the store's clock (Redis TIME: what housekeeping compares) is ``ttl_ms`` past now, so a
+    topic stamped before the call is old enough (the local clock is not the one that counts)."""
+    until = store.now_ms() + ttl_ms + 100
+    wait_for(lambda: store.now_ms() >= until, interval=0.05, what=f"{ttl_ms} ms on the store's clock")
+
+
 def test_unclaimed_topics_without_subscribers_are_cleaned_up(make_store, subscriber):
     """Housekeeping (autodrop's pass) removes unclaimed topics nobody subscribes to once they are
     SWITCHYARD_BUS_UNCLAIMED_TOPIC_TTL_MS old; subscribed or claimed topics stay."""
@@ -149,10 +148,10 @@ def test_unclaimed_topics_without_subscribers_are_cleaned_up(make_store, subscri
     housekeep(store)
     assert {t["name"] for t in store.topics()} == {"left", "kept", "claimed"}  # too young
     store.redis.hset(store.topics_key, "legacy", "")  # an unclaimed topic from before the bound
-    time.sleep(0.4)
+    past_ttl(store)
     housekeep(store)
     assert {t["name"] for t in store.topics()} == {"kept", "claimed", "legacy"}  # legacy: seen now
-    time.sleep(0.4)
+    past_ttl(store)
     outcome = housekeep(store)
     assert {t["name"] for t in store.topics()} == {"kept", "claimed"}
     assert outcome.topics_dropped == 1

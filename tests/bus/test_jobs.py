@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import requests
 from redis.crc import key_slot
@@ -35,8 +34,7 @@ def test_a_duplicate_enqueue_is_a_no_op(store):
     assert q.lengths() == q.lengths().__class__(instant=0, scheduled=0, pending=1)
     q.retry("w1", "deliver:a", 50)  # the job asks to run later: scheduled, still unique
     assert q.push("deliver:a", delay_ms=60_000) == 0
-    time.sleep(0.1)
-    assert q.promote_due() == 1
+    wait_for(lambda: q.promote_due() == 1, interval=0.02, what="the retried job due in 50 ms promoted")
     assert q.acquire("w1", 0.1) == "deliver:a"
     q.ack("w1", "deliver:a")
     assert q.push("deliver:a") == 1  # acked: a new copy may be queued
@@ -50,9 +48,13 @@ def test_scrubbing_puts_back_the_jobs_of_dead_workers_only(store):
     assert q.acquire("dead", 0.1) == "deliver:dead"
     assert q.acquire("alive", 0.1) == "deliver:alive"
     assert scrub(store, 60_000) == (0, 0)  # both seen just now
-    time.sleep(0.3)
-    heartbeat(store, ["alive"])
-    assert scrub(store, 200) == (1, 1)  # its job put back, the dead worker forgotten
+
+    def scrubbed() -> tuple[int, int] | bool:
+        heartbeat(store, ["alive"])
+        return (got := scrub(store, 200)) != (0, 0) and got
+
+    assert wait_for(scrubbed, interval=0.05, what="the dead worker unseen for 200 ms") == (1, 1)  # its job
+    # put back, the dead worker forgotten
     assert not store.redis.hexists(store.workers_key, "dead")
     assert q.acquire("other", 0.1) == "deliver:dead"
     assert q.acquire("alive", 0.1) == "deliver:alive"  # still its own
@@ -175,9 +177,12 @@ def test_every_key_of_a_bus_is_in_one_cluster_slot(bus, subscriber, worker):
                                            "timeout": 0}).status_code == 204
     pub.post("/topics/slots", json={"type": "noop", "url": "https://x.example/1"})
     wait_for(lambda: subscriber.deliveries, what="a delivery")
-    time.sleep(0.5)  # heartbeats and aux jobs too
-    keys = [k.decode() for k in bus.store.redis.scan_iter(match=f"*{bus.store.settings.name}*", count=1000)]
-    assert len(keys) > 8
+
+    def bus_keys() -> list[str]:
+        found = bus.store.redis.scan_iter(match=f"*{bus.store.settings.name}*", count=1000)
+        return [k.decode() for k in found]
+
+    keys = wait_for(lambda: len(found := bus_keys()) > 8 and found, what="heartbeats and aux jobs' keys too")
     assert all(k.startswith(bus.store.prefix) for k in keys)
     assert len({key_slot(k.encode()) for k in keys}) == 1
 

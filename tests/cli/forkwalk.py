@@ -82,7 +82,7 @@ def walk(cases: list[list[str]], parallel: int, timeout_s: float, scratch: Path)
             if now - started > timeout_s and index not in timed_out:
                 timed_out.add(index)
                 os.kill(pid, signal.SIGKILL)
-        time.sleep(POLL_S)
+        time.sleep(POLL_S)  # pace: the walker's turn (reap the exited, kill the overdue)
     return [{"rc": codes[i], "stdout": (scratch / f"{i}.out").read_text(errors="replace"),
              "stderr": (scratch / f"{i}.err").read_text(errors="replace"), "timed_out": i in timed_out}
             for i in range(len(cases))]

@@ -13,7 +13,7 @@ from switchyard.core.redis_client import connect_redis
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.store import PoolState
-from tests.conftest import subprocess_env, unique
+from tests.conftest import subprocess_env, unique, wait_for
 
 
 def _subcommands(parser, prefix=()):
@@ -76,7 +76,6 @@ def test_local_control_plane_serves_calls_from_the_command_line(tmp_path) -> Non
     """`switchyard local` starts groups on demand; `switchyard call` gets the answer and its trace,
     which `switchyard trace` follows through the hops the local runtime logged; SIGTERM ends it."""
     import signal
-    import time
 
     pool = unique("cli")
     settings = RpcSettings.from_env()
@@ -86,13 +85,12 @@ def test_local_control_plane_serves_calls_from_the_command_line(tmp_path) -> Non
         env=subprocess_env(SWITCHYARD_RPC_WORKER_HANDLER="switchyard.rpc.examples:echo", **log),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:  # `local` declares the pool; `call` refuses an uninitialized one
+        def declared() -> bool:  # `local` declares the pool; `call` refuses an uninitialized one
+            assert local.poll() is None, local.stderr.read()
             with PoolTopology(pool, settings) as topology:
-                if topology.exists():
-                    break
-            assert time.monotonic() < deadline and local.poll() is None, local.stderr.read()
-            time.sleep(0.2)
+                return topology.exists()
+
+        wait_for(declared, timeout=60, interval=0.2, what="`switchyard local` to declare the pool")
         result = run("call", "--pool", pool, "--key", "a key", "--body", "hi there", "--json",
                      "--timeout", "30", **log)
         assert result.returncode == 0, result.stderr

@@ -73,7 +73,7 @@ def test_delay_run_says_it_started_and_prints_no_metrics() -> None:
     guard.start()
     try:
         first = proc.stderr.readline()  # the line a person reads, once the loops run
-        time.sleep(3)  # a few loop passes: each used to print its metric blob
+        time.sleep(3)  # window: a few loop passes; none prints its metric blob (each used to)
     finally:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)

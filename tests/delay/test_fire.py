@@ -153,7 +153,7 @@ def test_idle_loop_sleeps_and_an_enqueue_wakes_it(make_service: ServiceFactory, 
     counting = CountingStore(connections.postgres_dsn, settings.schema, settings.application_name)
     counting.insert([message("later", in_ms(60_000))])  # waiting, far beyond the horizon
     background.start(FireLoop(counting, svc.publisher(), svc.settings, svc.node_id).run)
-    time.sleep(2.0)
+    time.sleep(2.0)  # window: no claim every poll interval while nothing is due
     idle_claims = counting.claims
     assert 1 <= idle_claims <= 3, idle_claims  # polling every 100 ms would be ~20
     svc.store.insert([message("soon", in_ms(700))])  # another connection: only the NOTIFY tells the loop
@@ -248,7 +248,7 @@ def test_output_broker_down_leaves_rows_then_fires_after_it_returns(
     svc.publisher()  # connect while the broker is up, as a running node would be
     private_tansu.kill()
     background.start(fire_loop(svc).run)
-    time.sleep(3.0)  # the deadlines pass while the broker is down
+    time.sleep(3.0)  # window: the deadlines pass while the broker is down; nothing is deleted
     waiting, ready = store.counts()
     assert waiting + ready == 30, "rows must stay in place while nothing is confirmed"
     private_tansu.start()  # memory storage: an empty broker, so recreate the topic
@@ -277,7 +277,7 @@ def test_postgres_connections_lost_mid_run_recovers_and_loses_nothing(
             for n, i in enumerate(ids)])
         killed = 0
         for _ in range(6):  # every half second while messages are enqueued, readied and fired
-            time.sleep(0.5)
+            time.sleep(0.5)  # pace: a kill every half second
             killed += terminate_backends(connections.postgres_dsn, settings.application_name)
         assert killed >= 3
         fired = output.wait_for_ids(set(ids), timeout=30)
@@ -348,7 +348,9 @@ def test_stopping_the_local_runtime_settles_what_it_holds(
     local.start()
     ids = [f"stop{i}" for i in range(400)]
     store.insert([message(i, in_ms(500 + 5 * n)) for n, i in enumerate(ids)])  # due over two seconds
-    time.sleep(1.5)  # stop while rows are held, fired, or confirmed and waiting for their delete
+    # Stop mid-stream: while rows are held, fired, or confirmed and waiting for their delete.
+    wait_for(lambda: len(set(output.poll(0.05) and output.ids()) & set(ids)) >= len(ids) // 4, timeout=30,
+             interval=0.01, what="a quarter of the rows fired")
     local.join()
     waiting, readied = store.counts()
     assert readied == 0, "rows left readied would be fired again by failure detection"

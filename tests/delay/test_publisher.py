@@ -101,7 +101,7 @@ def test_a_producer_the_restarted_broker_keeps_refusing_is_replaced_without_dupl
 
     private_tansu.start()
     create_topics(private_tansu.bootstrap, TOPIC)
-    time.sleep(1.5)  # it reconnects; then one message, alone in flight, until it is confirmed
+    # It reconnects; one message, alone in flight, until it is confirmed (resent while refused).
     confirmed, _ = send_until_confirmed(pub, during[:1], 20)
     confirmed |= send_until_confirmed(pub, during[1:], 10)[0]
     assert confirmed == set(during), (f"{len(during) - len(confirmed)} never confirmed after the restart "

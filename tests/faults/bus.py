@@ -78,7 +78,7 @@ class BusRig:
         with self._lock:
             self.busy += 1
             self.arrivals.extend((now, f"s{index}:{e['data']['n']}") for e in events)
-        time.sleep(BATCH_S)
+        time.sleep(BATCH_S)  # pace: the subscriber takes BATCH_S over a batch
         with self._lock:
             self.busy -= 1
         return 204
@@ -129,10 +129,8 @@ class BusRig:
     def wait_arrivals(self, expected: set[str], timeout: float = 90) -> tuple[Counter[str], dict[str, float]]:
         """Wait until everything ``expected`` arrived (or ``timeout``), then a second for late
         duplicates; how often each arrived, and when first."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and not expected <= {key for _, key in self.arrivals}:
-            time.sleep(0.2)
-        time.sleep(1.0)  # late duplicates
+        wait_for(lambda: expected <= {key for _, key in self.arrivals}, timeout, interval=0.2, required=False)
+        time.sleep(1.0)  # window: late duplicates arrive in it (counted, not wanted)
         arrived: dict[str, float] = {}
         for at, key in self.arrivals:
             arrived.setdefault(key, at)
@@ -151,7 +149,7 @@ def run_bus(scenario: str, size: BusSize, workdir: Path) -> Account:
         published: dict[int, float] = {}
         kill_at = [int(f * size.events) for f in size.kills]
         for n in range(size.events):
-            time.sleep(max(0.0, start + n / size.rate - time.monotonic()))
+            time.sleep(max(0.0, start + n / size.rate - time.monotonic()))  # pace: size.rate a second
             rig.publish(n)
             published[n] = time.monotonic()
             if n in kill_at:

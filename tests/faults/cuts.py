@@ -87,7 +87,7 @@ def rpc_cut(name: str, service: str, outage: Outage, sizes: dict[str, rpc.RpcSiz
             traffic.wait_progress(0.3)
             started = time.monotonic()
             over = outage.apply(proxy)
-            time.sleep(max(0.0, over - time.monotonic()))
+            time.sleep(max(0.0, over - time.monotonic()))  # pace: the outage lasts until over
             traffic.fault_over(started)
             return proxy.cuts
 
@@ -111,7 +111,7 @@ def _delay_fault(proxy: CuttableProxy, outage: Outage, after_production: bool = 
         traffic.at(CUT_AT * traffic.plan.last_due())
         started = time.time()
         over = outage.apply(proxy)
-        time.sleep(max(0.0, over - time.monotonic()))
+        time.sleep(max(0.0, over - time.monotonic()))  # pace: the outage lasts until over
         traffic.fault_over(started)
         return proxy.cuts
 

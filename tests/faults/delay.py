@@ -147,7 +147,7 @@ class DelayTraffic:
 
     def at(self, seconds: float) -> None:
         """Sleep until ``seconds`` after the start."""
-        time.sleep(max(0.0, self.start_s + seconds - time.time()))
+        time.sleep(max(0.0, self.start_s + seconds - time.time()))  # pace: the plan's clock
 
     def start(self) -> DelayTraffic:
         self.start_s = time.time()
@@ -234,7 +234,7 @@ def kill_fire_loop(rig: DelayRig, traffic: DelayTraffic) -> int:
         traffic.at(chunks[index][1] - 0.045)  # the chunk fires at its deadline minus the 50 ms advance
         rig.node.sigkill()
         kills += 1
-        time.sleep(0.5)
+        time.sleep(0.5)  # pace: down for half a second
         rig.node.start()
     return kills
 
@@ -271,7 +271,7 @@ def restart_kafka(broker: Tansu, kill_at: float) -> Fault:
         while time.time() < traffic.start_s + kill_at:
             rig.reader.poll(min(0.1, max(0.0, traffic.start_s + kill_at - time.time())))
         broker.kill()
-        time.sleep(2.0)
+        time.sleep(2.0)  # pace: the broker stays down 2 s
         broker.start()
         create_topics(rig.bootstrap, rig.input, rig.output)
         rig.new_reader()

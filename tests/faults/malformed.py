@@ -184,10 +184,10 @@ def counters(services: Iterable[str], since: datetime, timeout: float = 15.0) ->
     cw = cloudwatch_client()
     namespace = observability.metrics_namespace()
     since = since.replace(second=0, microsecond=0)
-    found: Counter[str] = Counter()
-    end = time.monotonic() + timeout
-    while True:
-        previous, found = found, Counter()
+    reads: list[Counter[str]] = [Counter()]
+
+    def two_reads_agree() -> bool:
+        found: Counter[str] = Counter()
         for service in services:
             listed = cw.list_metrics(Namespace=namespace, Dimensions=[{"Name": "service", "Value": service}])
             for metric in listed["Metrics"]:
@@ -198,9 +198,11 @@ def counters(services: Iterable[str], since: datetime, timeout: float = 15.0) ->
                     StartTime=since, EndTime=datetime.now(UTC) + timedelta(minutes=1), Period=60,
                     Statistics=["Sum"])["Datapoints"]
                 found[metric["MetricName"]] += int(sum(point["Sum"] for point in points))
-        if (found and found == previous) or time.monotonic() > end:
-            return +found
-        time.sleep(2.0)
+        reads.append(found)
+        return bool(found) and found == reads[-2]
+
+    wait_for(two_reads_agree, timeout, interval=2.0, required=False)
+    return +reads[-1]
 
 
 COUNTED = re.compile(r"Poison|Parked|Dropped|Malformed|WithoutKey|Unknown|Undecodable|InvalidKey|Expired")
@@ -247,12 +249,13 @@ def run_strangers(scenario: str, size: StrangerSize, workdir: Path, seed: int = 
         # machine's cold starts outlast the window below).
         cold = [p.request_queue(rpc.pool, f"stranger-{st.id}") for st in sender.sent if st.target == s.ORPHAN]
         bridged = [p.orphan_queue(rpc.pool), p.dl_queue(rpc.pool), p.activity_queue(rpc.pool), *cold]
-        while time.monotonic() < end:
-            handled = {k.decode(): int(v) for k, v in rpc.redis.hgetall(handled_key(rpc.pool)).items()}
-            if expected_scheduled <= handled.keys() and delay.waiting() == 0 and rpc.queued(bridged) == 0:
-                break
-            time.sleep(0.5)
-        time.sleep(2.0)  # holds a window open: what the bridges still do with the last strangers
+
+        def settled() -> bool:
+            handled.update({k.decode(): int(v) for k, v in rpc.redis.hgetall(handled_key(rpc.pool)).items()})
+            return expected_scheduled <= handled.keys() and delay.waiting() == 0 and rpc.queued(bridged) == 0
+
+        wait_for(settled, max(0.0, end - time.monotonic()), interval=0.5, required=False)
+        time.sleep(2.0)  # window: what the bridges still do with the last strangers
         seconds = time.monotonic() - start
         calls = rpc.account(scenario, traffic, seconds, len(sender.sent))
         return _settle(scenario, rpc, delay, sender, calls, scheduled, seconds, since)

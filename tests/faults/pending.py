@@ -68,7 +68,7 @@ class PendingRig:
         with self._lock:
             self.holding += 1
             self.handled[request.body] += 1
-        time.sleep(WORK_S)
+        time.sleep(WORK_S)  # pace: the service works WORK_S on a request
         with self._lock:
             self.holding -= 1
         return request.body

@@ -73,7 +73,7 @@ class Service:
         wait_for(holding, timeout=30, interval=0.005, what=what)
         self.sigkill()
         killed = time.monotonic()
-        time.sleep(down_s)
+        time.sleep(down_s)  # pace: the process stays down for down_s
         self.start()
         return killed, time.monotonic()
 

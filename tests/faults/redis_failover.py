@@ -97,7 +97,7 @@ class FailoverRig:
     def _handle(self, request: PendingRequest) -> object:
         with self._lock:
             self.handled[request.body] += 1
-        time.sleep(WORK_S)
+        time.sleep(WORK_S)  # pace: the service works WORK_S on a request
         return request.body
 
     def __enter__(self) -> FailoverRig:
@@ -176,12 +176,12 @@ class Traffic:
     def publish_all(self) -> None:
         start, bus = time.monotonic(), self.rig.bus
         for n in range(self.size.events):
-            time.sleep(max(0.0, start + n / self.size.rate - time.monotonic()))
+            time.sleep(max(0.0, start + n / self.size.rate - time.monotonic()))  # pace: the rate
             self.published_at[n] = time.monotonic()
             give_up = time.monotonic() + RESEND_WINDOW_S
             while (status := bus.post_event(n).status_code) == 503 and time.monotonic() < give_up:
                 self.count(self.resent, "bus 503")
-                time.sleep(RESEND_PAUSE_S)
+                time.sleep(RESEND_PAUSE_S)  # pace: a publisher's pause before it resends
             if status != 200:
                 self.count(self.failures, f"bus {status}")
 

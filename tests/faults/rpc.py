@@ -12,6 +12,7 @@ the note.
 
 from __future__ import annotations
 
+import math
 import queue
 import random
 import subprocess
@@ -35,7 +36,7 @@ from switchyard.rpc.client import Response
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.errors import ClientBusyError, ClientClosedError, PublishRejectedError
 from switchyard.rpc.settings import RpcSettings
-from tests.conftest import ROOT, unique
+from tests.conftest import ROOT, unique, wait_for
 from tests.faults.account import Account, recovery_after
 from tests.faults.handlers import FAULTS_REDIS_ENV, handled_key
 from tests.faults.procs import Service, kill_pids, pids_with_env
@@ -98,8 +99,7 @@ class RpcTraffic:
         return self.submitted / self.size.requests
 
     def wait_progress(self, fraction: float) -> None:
-        while self.progress() < fraction and self._thread.is_alive():
-            time.sleep(0.02)
+        wait_for(lambda: self.progress() >= fraction or not self._thread.is_alive(), math.inf, interval=0.02)
 
     def fault_over(self, started: float) -> None:
         """Mark a fault that began at ``started`` as over now (the service is back)."""
@@ -119,16 +119,11 @@ class RpcTraffic:
                     self._drain_retries(client)
                     delay = start + n / self.size.rate - time.monotonic()
                     if delay > 0:
-                        time.sleep(delay)
+                        time.sleep(delay)  # pace: size.rate requests a second
                     self._submit(client, rid)
                     self.submitted += 1
-                end = time.monotonic() + 3 * self.size.timeout
-                while time.monotonic() < end:
-                    self._drain_retries(client)
-                    with self._lock:
-                        if self._pending == 0 and self._retry.empty():
-                            return
-                    time.sleep(0.05)
+                wait_for(lambda: self._settled_all(client), 3 * self.size.timeout, interval=0.05,
+                         required=False)
         except BaseException as exc:
             self.error = exc
 
@@ -136,6 +131,12 @@ class RpcTraffic:
         while not self._retry.empty():
             self.resent += 1
             self._submit(client, self._retry.get())
+
+    def _settled_all(self, client: RpcClient) -> bool:
+        """Whether every request is answered or failed (retries sent again meanwhile)."""
+        self._drain_retries(client)
+        with self._lock:
+            return self._pending == 0 and self._retry.empty()
 
     def _submit(self, client: RpcClient, rid: str) -> None:
         with self._lock:
@@ -145,7 +146,7 @@ class RpcTraffic:
             future = client.submit(self.key(rid), rid)
         except RETRYABLE as exc:
             if self.retry:
-                time.sleep(0.2)
+                time.sleep(0.2)  # pace: a caller's pause before it retries
             else:
                 self.failures[rid] = f"{type(exc).__name__}: {exc}"
             self._settled(rid, None, retry=self.retry)
@@ -285,7 +286,7 @@ def kill_control_plane(rig: RpcRig, traffic: RpcTraffic) -> int:
         traffic.wait_progress(at)
         started = time.monotonic()
         rig.plane.sigkill()
-        time.sleep(1.0)
+        time.sleep(1.0)  # pace: down for a second
         rig.plane.start()
         traffic.fault_over(started)
     return 2

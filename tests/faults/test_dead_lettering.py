@@ -70,7 +70,7 @@ def test_deletions_right_after_a_restart_leave_new_pools_and_keys_working(broker
             for key in KEYS:
                 topology.delete_request_queue(key)
         delete_pools(broker4, doomed)
-        time.sleep(2)  # the crash loop, when there is one, ends the supervisor within milliseconds
+        time.sleep(2)  # window: a crash loop, when there is one, ends the supervisor within milliseconds
         assert rabbitmq4_dead_lettering() == "running"
         with PoolTopology(fresh, broker4) as topology:
             topology.declare()

@@ -47,7 +47,7 @@ def body() -> Response:
 
 @app.get("/wait")
 def wait() -> dict:
-    time.sleep(float(app.current_event.get_query_string_value("s", "1")))
+    time.sleep(float(app.current_event.get_query_string_value("s", "1")))  # pace: a long poll
     return {"ok": True}
 
 
@@ -185,7 +185,7 @@ def test_io_loop_does_not_spin_while_tasks_send() -> None:
     lock the sending task held: ~100 turns per request, most of the process's CPU under load. Now
     it turns at most about twice per request (a request in, a trigger out)."""
     def busy(event: dict, context: object) -> dict:
-        time.sleep(0.0005)  # a Redis round trip: the GIL goes to another thread...
+        time.sleep(0.0005)  # pace: a Redis round trip: the GIL goes to another thread...
         deadline = time.thread_time() + 0.0003  # ...and CPU with the GIL, like the resolver
         while time.thread_time() < deadline:
             pass
@@ -271,7 +271,7 @@ def test_a_head_that_arrives_in_time_is_served_however_long_the_request_runs(
     monkeypatch.setenv("SWITCHYARD_HTTP_HEAD_TIMEOUT_S", "1")
     with HttpGateway(app, threads=8) as gw, requests.Session() as session:
         assert session.get(f"{gw.url}/wait?s=2.5", timeout=10).json() == {"ok": True}
-        time.sleep(2.5)  # idle on the kept-alive connection
+        time.sleep(2.5)  # window: idle on the kept-alive connection past the head timeout; not cut
         assert session.get(f"{gw.url}/echo/again", timeout=10).status_code == 200
 
 

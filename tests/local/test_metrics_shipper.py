@@ -100,10 +100,14 @@ def settled(cw: Any, namespace: str, name: str, dims: dict[str, str], sum_: floa
             timeout: float = 30.0) -> dict[str, float]:
     """``statistics`` once its Sum reaches ``sum_`` (LocalStack may answer before it has aggregated
     a call it accepted, on a loaded machine), or as they are after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while (stats := statistics(cw, namespace, name, dims))["Sum"] < sum_ and time.monotonic() < deadline:
-        time.sleep(1.0)
-    return stats
+    stats: list[dict[str, float]] = []
+
+    def reached() -> bool:
+        stats.append(statistics(cw, namespace, name, dims))
+        return stats[-1]["Sum"] >= sum_
+
+    wait_for(reached, timeout, interval=1.0, required=False)
+    return stats[-1]
 
 
 def test_handler_metrics_reach_cloudwatch_through_switchyard_invoke(

@@ -154,7 +154,7 @@ class Recorder:
             if self.gate is not None:
                 self.gate.wait(10)
             if len(self.events) == 1:
-                time.sleep(self.first_call_s)  # a slow first invocation
+                time.sleep(self.first_call_s)  # pace: a slow first invocation
             if len(self.events) <= self.fail:
                 raise RuntimeError("handler failure on purpose")
         finally:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +17,7 @@ from switchyard.core.config import Connections
 from switchyard.core.redis_client import RedisClient, connect_redis
 from switchyard.pending import PendingQueue
 from switchyard.pending.settings import PendingSettings
-from tests.conftest import unique
+from tests.conftest import unique, wait_for
 
 # Fast timings: heartbeats every 0.2 s, a silent processor is lost after 1 s, a silent caller
 # after 1.5 s, data loss checked every 0.3 s. Seed 002's defaults are tested in test_settings.
@@ -113,15 +112,7 @@ class PrivateRedis:
              "--dir", str(self.workdir), "--maxclients", "10000"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        wait_for(client.ping, interval=0.05, ignoring=redis.ConnectionError, what=f"Redis on {self.port}")
 
     def stop(self) -> None:
         if self.proc is not None:

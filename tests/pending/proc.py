@@ -47,7 +47,7 @@ def main() -> int:
             print(json.dumps({"taken": request.id}), flush=True)
             deadline = time.monotonic() + args.hold
             while time.monotonic() < deadline and not request.cancel.is_cancelled():
-                time.sleep(0.05)
+                time.sleep(0.05)  # pace: the service holds its request (until cancelled)
             return {"answered_by": os.getpid()}
 
         if args.role == "server":

@@ -19,6 +19,7 @@ from switchyard.local.http_gateway import HttpGateway
 from switchyard.pending import CancelledError, CancelToken, PendingQueue, PendingSettings, RemoteError
 from switchyard.pending.api import TokenStore, build_app
 from switchyard.pending.client import PollingService, ServiceRequest
+from tests.conftest import blocked_in, wait_for
 from tests.pending.conftest import NodeFactory
 
 TOKENS = {"svc": "s3cret-svc", "other": "s3cret-other"}
@@ -73,9 +74,7 @@ def test_caller_cancel_reaches_the_handler_through_heartbeats(
                          daemon=True).start()
         with pytest.raises(CancelledError, match="after pickup"):
             make_node().queue_and_wait("svc", 1, cancel=cancel)
-        deadline = time.monotonic() + 10
-        while not seen and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: seen, interval=0.05, required=False)
     assert seen == ["the caller cancelled the request"]
 
 
@@ -161,9 +160,7 @@ def test_a_response_with_a_stale_take_is_refused(make_node: NodeFactory, gateway
     unknown = requests.post(f"{gateway.url}/endpoints/svc/requests/{REQUEST}/response",
                             json={"take": "t1", "ok": True}, headers=AUTH, timeout=10)
     assert unknown.status_code == 409 and unknown.json()["delivery"] == "not_taker"  # as a stale take
-    deadline = time.monotonic() + 5
-    while not outcome and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: outcome, timeout=5, interval=0.05, required=False)
     assert outcome == [2]
 
 
@@ -234,7 +231,8 @@ def test_concurrent_requests_keep_their_own_token_while_a_long_poll_waits(make_n
 
     waiter = threading.Thread(target=long_poll)
     waiter.start()
-    time.sleep(0.3)
+    wait_for(lambda: any(blocked_in(t, "next_request", "read_response") for t in threading.enumerate()),
+             interval=0.01, what="the long poll waiting in the gateway")
     started = time.monotonic()
     calls = [("other", TOKENS["other"], 204), ("other", "wrong", 401), ("svc", TOKENS["other"], 401)] * 8
 

@@ -16,6 +16,7 @@ import requests
 from switchyard.local.http_gateway import HttpGateway
 from switchyard.pending import PendingQueue
 from switchyard.pending.api import TokenStore, build_app
+from tests.conftest import wait_for
 from tests.pending.conftest import NodeFactory
 from tests.pending.test_api import AUTH, TOKENS
 
@@ -65,7 +66,9 @@ def test_one_endpoint_cannot_starve_another_or_health(served: Served) -> None:
     with ThreadPoolExecutor(60) as pool:
         polls = [pool.submit(idle_poll) for _ in range(60)]
         started.wait()
-        time.sleep(1.0)
+        cap = node.settings.max_polls_per_endpoint
+        wait_for(lambda: sum(status == 429 for status, _ in statuses) >= 60 - cap, interval=0.02,
+                 what="the polls over the endpoint's cap refused, the others held")
         t0 = time.monotonic()
         health = requests.get(f"{gateway.url}/health", timeout=30)
         other = requests.get(f"{gateway.url}/endpoints/other/next", params={"wait": 0}, headers=OTHER,
@@ -75,7 +78,6 @@ def test_one_endpoint_cannot_starve_another_or_health(served: Served) -> None:
             poll.result()
     assert health.status_code == 200 and other.status_code == 204
     assert answered_in < 1.0, f"/health and another endpoint waited {answered_in:.1f} s"
-    cap = node.settings.max_polls_per_endpoint
     refused = [took for status, took in statuses if status == 429]
     assert len(refused) == 60 - cap and max(refused) < 2.0
     assert sorted(status for status, _ in statuses if status != 429) == [204] * cap
@@ -146,5 +148,5 @@ def test_a_polling_service_backs_off_when_its_endpoint_has_too_many_polls(
 
     with HttpGateway(counting, threads=16) as gw, \
             PollingService(gw.url, "svc", TOKENS["svc"], lambda r: r.body, settings=settings, concurrency=4):
-        time.sleep(2.0)
+        time.sleep(2.0)  # window: refused pollers back off (Retry-After); they do not hammer
     assert 1 <= len(refused) <= 3 * 4, f"{len(refused)} refused polls in 2 s"

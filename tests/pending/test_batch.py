@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
 
 from switchyard.pending.batch import ScriptBatcher
+from tests.conftest import wait_for
 from tests.pending.conftest import PrivateRedis
 
 # Slow enough (a busy loop of ~2 ms) that calls arriving meanwhile pile up behind it.
@@ -102,8 +102,8 @@ def test_a_busy_node_shares_round_trips_and_unlinks_answered_states_in_batches(
             assert answers == [[2 * (i * 100 + j) for j in range(5)] for i in range(40)]
             assert caller.redis_store.batch.calls == 200
             assert caller.redis_store.batch.round_trips < 200, "concurrent enqueues did not share round trips"
-            time.sleep(REAP_INTERVAL_S * 3)
-            assert list(client.scan_iter(match=f"{settings.prefix}:{{busy}}:r:*")) == []
+            wait_for(lambda: list(client.scan_iter(match=f"{settings.prefix}:{{busy}}:r:*")) == [],
+                     interval=REAP_INTERVAL_S, what="the answered requests' keys reaped")
             unlinks = client.info("commandstats").get("cmdstat_unlink", {}).get("calls", 0)
             assert 1 <= unlinks < 100, unlinks
         finally:

@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 
 import requests
 
@@ -63,7 +62,6 @@ def test_status_shows_depth_in_flight_and_oldest_age(settings: PendingSettings,
     threading.Thread(target=_quiet, args=(caller.queue_and_wait, "waiting", 1),
                      kwargs={"cancel": cancel, "pickup_timeout": 120}, daemon=True).start()
     wait_for(lambda: caller.status().get("waiting"), what="the request to be queued")
-    time.sleep(0.3)
     try:
         status = json.loads(run(settings, "status", "--json").stdout)
         table = run(settings, "status").stdout

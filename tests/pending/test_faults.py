@@ -159,7 +159,7 @@ def test_redis_cut_for_5_s_mid_calls_every_call_completes(private_redis: Private
             stop = threading.Event()
 
             def handle(request: PendingRequest) -> dict:
-                time.sleep(0.3)
+                time.sleep(0.3)  # pace: the service works 0.3 s on a request
                 return {"echo": request.body}
 
             def serve() -> None:
@@ -282,7 +282,7 @@ def test_a_guard_that_merely_expired_is_not_data_loss(private_redis: PrivateRedi
     """A node frozen longer than the guard's TTL (a Lambda environment) finds it expired: no alarm."""
     settings = private_settings(private_redis, data_loss_guard_ttl_s=1.5, data_loss_check_s=60.0)
     with nodes(settings, 1) as [node]:
-        time.sleep(1.7)
+        time.sleep(1.7)  # pace: the node is frozen past the guard's 1.5 s TTL
         assert node.check_data_loss() is False
         private_redis.client().flushall()  # a real loss within the TTL is still seen
         assert node.check_data_loss() is True

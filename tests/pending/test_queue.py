@@ -26,7 +26,7 @@ from switchyard.pending import (
     RemoteError,
 )
 from switchyard.pending.streams import LocalDirectoryStore
-from tests.conftest import wait_for
+from tests.conftest import blocked_in, wait_for
 from tests.pending.conftest import (
     NodeFactory,
     PrivateRedis,
@@ -441,7 +441,8 @@ def test_close_ends_a_poll_blocked_in_its_pop_at_once(make_node: NodeFactory) ->
     poller = threading.Thread(target=lambda: outcome.append(node.dequeue("closing", 20)))
     poller.start()
     wait_for(lambda: len(node.redis_store._poll_connections) == 1, what="the poller's pop connection")
-    time.sleep(0.2)  # the poller is blocked in BLMOVE
+    wait_for(lambda: blocked_in(poller, "dequeue", "read_response"), interval=0.01,
+             what="the poller blocked in BLMOVE")
     closed_at = time.monotonic()
     node.close()
     poller.join(5)

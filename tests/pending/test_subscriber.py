@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from switchyard.pending import CancelToken, Delivery, PendingQueue, PendingSettings
+from tests.conftest import blocked_in, wait_for
 from tests.pending.conftest import NodeFactory, PrivateRedis, keys_without_ttl, private_settings
 from tests.pending.tcp_proxy import CuttableProxy
 from tests.pending.test_queue import _catch, serve
@@ -134,7 +135,8 @@ def test_a_lone_caller_reading_through_a_cut_connection_gets_its_lost_response(
             thread.start()
             request = service_node.dequeue("cut", 5)
             assert request is not None
-            time.sleep(0.2)  # the caller is waiting for its response, reading for itself
+            wait_for(lambda: blocked_in(thread, "_read_until"), interval=0.01,
+                     what="the caller waiting for its response, reading for itself")
             proxy.cut(1.5)
             cut_at = time.monotonic()
             service_node.apply_response(request, "after the cut")  # published to nobody
@@ -199,7 +201,8 @@ def test_a_poller_blocked_through_a_cut_connection_takes_the_request_queued_duri
             taken: list[object] = []
             poller = threading.Thread(target=lambda: taken.append(service_node.dequeue("cut-pop", 20)))
             poller.start()
-            time.sleep(0.3)  # the poller is blocked in its pop
+            wait_for(lambda: blocked_in(poller, "dequeue", "read_response"), interval=0.01,
+                     what="the poller blocked in its pop")
             proxy.cut(1.5)
             cut_at = time.monotonic()
             call = threading.Thread(target=_catch, args=(caller.queue_and_wait, "cut-pop", 1), daemon=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import SubprocessDriver, WorkerGroup
 from switchyard.rpc.settings import ControlSettings, Delays, PoolPolicy, RpcSettings
 from switchyard.rpc.store import PoolState
-from tests.conftest import subprocess_env, unique
+from tests.conftest import subprocess_env, unique, wait_for
 
 
 def delete_pool(settings: RpcSettings, pool: str) -> None:
@@ -84,19 +83,20 @@ class WorkerProcesses:
     ) -> None:
         """Block until ``queue`` has ``consumers`` consumers (passive declare is exact and immediate)."""
         connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+
+        def consuming() -> bool:
+            if connection.channel().queue_declare(queue, passive=True).method.consumer_count >= consumers:
+                return True
+            for proc in self.procs:
+                if proc.poll() is not None and proc.returncode not in (0, -15):
+                    error = proc.stderr.read().decode()
+                    raise AssertionError(f"worker exited {proc.returncode}: {error}")
+            return False
+
         try:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if connection.channel().queue_declare(queue, passive=True).method.consumer_count >= consumers:
-                    return
-                for proc in self.procs:
-                    if proc.poll() is not None and proc.returncode not in (0, -15):
-                        error = proc.stderr.read().decode()
-                        raise AssertionError(f"worker exited {proc.returncode}: {error}")
-                time.sleep(0.05)
+            wait_for(consuming, timeout, interval=0.05, what=f"{queue} to reach {consumers} consumers")
         finally:
             connection.close()
-        raise AssertionError(f"{queue} did not reach {consumers} consumers in {timeout}s")
 
     def stop_all(self) -> None:
         for proc in self.procs:
@@ -127,21 +127,29 @@ def drain(channel, queue: str) -> list[tuple[pika.BasicProperties, bytes]]:
         got.append((props, body))
 
 
+def ready_count(settings: RpcSettings, queue: str) -> int:
+    """Messages in ``queue`` not yet delivered to a consumer (passive declare: exact and immediate)."""
+    connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
+    try:
+        return connection.channel().queue_declare(queue, passive=True).method.message_count
+    finally:
+        connection.close()
+
+
 def get_message(settings: RpcSettings, queue: str, timeout: float = 10.0, keep: bool = False):
     """Poll ``queue`` with basic.get until a message arrives; returns (method, props, body) or None.
     ``keep``: the message is put back (nacked with requeue) instead of taken."""
     connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
     try:
         channel = connection.channel()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def got():
             method, props, body = channel.basic_get(queue, auto_ack=not keep)
-            if method is not None:
-                if keep:
-                    channel.basic_nack(method.delivery_tag, requeue=True)
-                return method, props, body
-            time.sleep(0.05)
-        return None
+            if method is not None and keep:
+                channel.basic_nack(method.delivery_tag, requeue=True)
+            return method is not None and (method, props, body)
+
+        return wait_for(got, timeout, interval=0.05, required=False) or None
     finally:
         connection.close()
 

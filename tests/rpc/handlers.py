@@ -37,7 +37,7 @@ def control_plane_echo(request: Request) -> bytes:
     if request.body == b"crash":
         os._exit(17)
     if request.body.startswith(b"slow:"):
-        time.sleep(float(request.body[5:]))
+        time.sleep(float(request.body[5:]))  # pace: a slow handler
     return request.body
 
 
@@ -52,7 +52,7 @@ def slow_logged(request: Request) -> bytes:
     """Appends a line to START_LOG when it starts, sleeps SLOW_SECONDS, then echoes the body."""
     with open(os.environ["START_LOG"], "a") as log:
         log.write(f"{request.worker_id} {request.text()}\n")
-    time.sleep(float(os.environ.get("SLOW_SECONDS", "1.0")))
+    time.sleep(float(os.environ.get("SLOW_SECONDS", "1.0")))  # pace: a slow handler
     return request.body
 
 

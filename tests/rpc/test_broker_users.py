@@ -149,14 +149,15 @@ def _take(deployed: Deployed, queue: str, count: int = 1, timeout: float = 10.0)
     connection = deployed.connect(BrokerRole.MAPPINGS)
     try:
         channel, taken = connection.channel(), []
-        deadline = time.monotonic() + timeout
-        while len(taken) < count and time.monotonic() < deadline:
+
+        def all_taken() -> bool:
             method, props, body = channel.basic_get(queue)
-            if method is None:
-                time.sleep(0.05)
-                continue
-            taken.append(AmqpMessage(body, props, method.redelivered, queue))
-            channel.basic_ack(method.delivery_tag)
+            if method is not None:
+                taken.append(AmqpMessage(body, props, method.redelivered, queue))
+                channel.basic_ack(method.delivery_tag)
+            return len(taken) >= count
+
+        wait_for(all_taken, timeout, interval=0.05, required=False)
         assert len(taken) == count, f"{queue}: {len(taken)} of {count} messages"
         return taken
     finally:

@@ -19,7 +19,7 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.control.management import ManagementApi
 from switchyard.rpc.errors import CallTimeoutError, ClientClosedError, ClientThreadError
-from tests.conftest import unique, wait_for
+from tests.conftest import blocked_in, unique, wait_for
 from tests.rpc.test_rpc import SLEEPY, H, bind
 
 MAX_KEY = "k" * p.MAX_KEY_BYTES
@@ -87,12 +87,14 @@ def test_calls_after_a_reconnect_are_not_delayed(pool, workers) -> None:
             while not stop.is_set():
                 with contextlib.suppress(Exception):
                     client.submit("k", "hammer", timeout=2)
-                time.sleep(0.002)
+                time.sleep(0.002)  # pace: a steady stream of submits
 
         thread = threading.Thread(target=hammer)
+        published = client.stats.published
         thread.start()
         try:
-            time.sleep(0.2)
+            wait_for(lambda: client.stats.published > published + 10, interval=0.01,
+                     what="the hammer submitting")
             _kill_connection(settings, connection_name)
             wait_for(lambda: client.stats.responses > 0 and _call_ok(client), timeout=20,
                      what="the client answering again after the reconnect")
@@ -157,7 +159,8 @@ def test_a_submit_waiting_for_a_slot_when_close_comes_fails_instead_of_hanging(p
 
     thread = threading.Thread(target=waiter)
     thread.start()
-    time.sleep(0.3)  # the waiter is blocked in the slot table
+    wait_for(lambda: blocked_in(thread, "acquire", "wait"), interval=0.01,
+             what="the waiter blocked in the slot table")
     client.close()
     thread.join(5)
     assert isinstance(first.exception(5), ClientClosedError)
@@ -185,7 +188,7 @@ def test_submits_racing_close_all_complete(pool) -> None:
         for t in threads:
             t.start()
         go.set()
-        time.sleep(0.01)
+        wait_for(lambda: futures, interval=0.001, what="submits under way")  # noqa: B023 - then close races
         client.close()
         for t in threads:
             t.join(30)

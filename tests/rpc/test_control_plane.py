@@ -224,14 +224,14 @@ def test_two_orphan_handlers_and_a_fast_reconciler_lose_nothing(make_pool, plane
                     body = f"{round_}/{n}"
                     futures.append((key, body, client.submit(key, body)))
                     if n % 5 == 4:
-                        time.sleep(0.05)  # bursts inside the round
+                        time.sleep(0.05)  # pace: bursts inside the round
                 sent += len(futures)
                 for key, body, future in futures:
                     response = future.result(70)
                     assert response.ok, (key, body, response)
                     assert served_by(response)[1:] == (key, body)  # this very request was delivered
                     answered += 1
-                time.sleep(0.4 + 0.3 * (round_ % 3))  # idle gaps: unbind, stop, or neither
+                time.sleep(0.4 + 0.3 * (round_ % 3))  # pace: idle gaps: unbind, stop, or neither
             assert client.stats.timeouts == 0
     finally:
         stop.set()
@@ -249,7 +249,9 @@ def test_expired_response_reaches_its_caller_only(make_pool, planes) -> None:
     with RpcClient(pool, settings, timeout=30) as client:
         assert client.call("slow", "warm").ok  # the group is up
         busy = client.submit("slow", "slow:2")
-        time.sleep(0.2)  # ``busy`` is the worker's one request in hand
+        slow = p.request_queue(pool, "slow")
+        wait_for(lambda: (queue_status(settings, slow) or (1,))[0] == 0, interval=0.02,
+                 what="``busy`` the worker's one request in hand")
         doomed = client.submit("slow", "late", expiration_ms=300, timeout=20)
         others = [client.submit("other", f"o{i}") for i in range(10)]
         response = doomed.result(25)
@@ -304,7 +306,7 @@ def test_a_busy_group_stays_up_past_the_unbind_delay(make_pool, planes) -> None:
         started = time.monotonic()
         gaps = [0.1] * 10 + [0.9] * 6  # often, then rarer than the activity interval (< UNBIND_DELAY)
         for i, gap in enumerate(gaps):
-            time.sleep(gap)
+            time.sleep(gap)  # pace: the calls' cadence is what the test varies
             assert client.call("busy", str(i)).ok
             group = state.get("busy")
             assert group is not None and group.status is GroupStatus.ACTIVE, group
@@ -405,7 +407,9 @@ def reply_on(channel, reply_queue: str):
 
 def test_a_queue_holding_a_request_is_bound_again_not_deleted(stranded) -> None:
     pool, settings, plane, channel, reply_queue = stranded
-    time.sleep(0.5)  # past STOP_DELAY: the next pass would stop the group and delete its queue
+    since_ms = plane.plane.state.get("s").since_ms  # unbound then; the reconciler reads this clock
+    wait_for(lambda: time.time() * 1000 > since_ms + 500, interval=0.05,
+             what="past STOP_DELAY: the next pass would stop the group and delete its queue")
     outcome = plane.plane.reconcile()
     assert outcome.kept_nonempty == 1 and outcome.queues_deleted == 0, outcome
     assert plane.plane.state.get("s").status is GroupStatus.ACTIVE

@@ -72,7 +72,11 @@ def cluster() -> Iterator[str]:
 
 @pytest.fixture
 def pool() -> str:
-    pool = unique("ecspool")
+    return register_pool(unique("ecspool"))
+
+
+def register_pool(pool: str) -> str:
+    """``pool``, its worker task definition registered in moto's ECS (as the deployment does)."""
     ecs_client(MOTO).register_task_definition(
         family=f"switchyard-worker-{pool}",
         requiresCompatibilities=["FARGATE"],

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import threading
 import time
@@ -20,7 +22,7 @@ from switchyard.rpc.worker import runtime
 from switchyard.rpc.worker.request import WorkerConfig
 from switchyard.rpc.worker.runtime import Worker
 from tests.conftest import unique, wait_for
-from tests.rpc.conftest import get_message
+from tests.rpc.conftest import get_message, ready_count
 from tests.rpc.test_protocol import ODD_KEYS
 
 H = "tests.rpc.handlers"
@@ -268,14 +270,16 @@ def test_activity_reports_started_and_request_received(pool, workers) -> None:
     assert events == ["started", "request-received", "request-received", "request-received"]
 
 
-def test_sigterm_finishes_the_request_in_hand_then_exits(pool, workers) -> None:
+def test_sigterm_finishes_the_request_in_hand_then_exits(pool, workers, tmp_path) -> None:
     name, settings = pool
     bind(name, settings, "slow")
-    proc = workers.start(name, "slow", SLEEPY, SLEEPY_SECONDS="1.0", WORKER_PREFETCH="1")
+    log = tmp_path / "starts.log"
+    proc = workers.start(name, "slow", f"{H}:slow_logged", SLOW_SECONDS="1.0", START_LOG=str(log),
+                         WORKER_PREFETCH="1")
     workers.wait_consuming(settings, p.request_queue(name, "slow"))
     with RpcClient(name, settings, timeout=10) as client:
         future = client.submit("slow", "in hand")
-        time.sleep(0.3)
+        wait_for(log.exists, what="the handler to start: the request is in hand")
         proc.send_signal(signal.SIGTERM)
         assert future.result(10).body == b"in hand"
     assert proc.wait(10) == 0
@@ -330,7 +334,8 @@ def test_a_worker_killed_mid_request_loses_nothing(pool, workers) -> None:
     workers.wait_consuming(settings, p.request_queue(name, "k"))
     with RpcClient(name, settings, timeout=60) as client:
         future = client.submit("k", "survives")
-        time.sleep(0.5)  # the doomed worker holds the request (its handler sleeps 30 s)
+        wait_for(lambda: ready_count(settings, p.request_queue(name, "k")) == 0,  # its handler sleeps 30 s
+                 what="the doomed worker to hold the request")
         assert not future.done()
         doomed.send_signal(signal.SIGKILL)
         doomed.wait(10)
@@ -401,9 +406,18 @@ def test_a_worker_started_before_its_queue_waits_for_it(pool, workers) -> None:
     the group in between, and on a loaded machine the worker reaches its consume first. It must wait
     for the queue, not exit 1 (and be restarted by the driver)."""
     name, settings = pool
-    worker = workers.start(name, "late", f"{H}:whoami")
-    time.sleep(3)  # the worker is up and has tried its consume by now
-    assert worker.poll() is None, worker.stderr.read().decode()[-2000:]
+    worker = workers.start(name, "late", f"{H}:whoami", SWITCHYARD_LOG_LEVEL="INFO")
+    said = bytearray()
+
+    def refused_or_exited() -> bool:  # its log says when a consume was refused (404)
+        with contextlib.suppress(BlockingIOError):
+            said.extend(os.read(worker.stderr.fileno(), 1 << 16))
+        return b"request queue not declared yet" in said or worker.poll() is not None
+
+    os.set_blocking(worker.stderr.fileno(), False)
+    wait_for(refused_or_exited, timeout=30, interval=0.05, what="the worker's consume refused")
+    os.set_blocking(worker.stderr.fileno(), True)
+    assert worker.poll() is None, said.decode()[-2000:]
     bind(name, settings, "late")
     workers.wait_consuming(settings, p.request_queue(name, "late"), timeout=30)
     with RpcClient(name, settings, timeout=10) as client:

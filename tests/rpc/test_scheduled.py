@@ -29,7 +29,7 @@ from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
 from switchyard.rpc.service import build_relay
 from switchyard.rpc.settings import RpcSettings
-from tests.conftest import unique, wait_for
+from tests.conftest import blocked_in, unique, wait_for
 from tests.delay.conftest import create_topics, delete_topics, msk_event
 from tests.rpc.conftest import delete_pool, get_message
 
@@ -265,9 +265,7 @@ def test_a_crash_after_publishing_before_the_commit_gives_a_duplicate_never_a_lo
     thread = threading.Thread(target=bridge.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 60
-        while bridge.invocations < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: bridge.invocations >= 2, timeout=60, interval=0.05, required=False)
     finally:
         stop.set()
         thread.join(30)
@@ -465,7 +463,8 @@ def test_a_second_collector_of_a_reply_queue_finds_its_answer_while_another_wait
     waiting = threading.Thread(target=lambda: first.update(collect(settings, reply, ["a"], timeout=8)))
     waiting.start()
     try:
-        time.sleep(0.5)  # holds a window open: the first collector passed over "b" and waits for "a"
+        wait_for(lambda: blocked_in(waiting, "collect", "sleep"), interval=0.005,  # (it put "b" back first)
+                 what='the first collector to pass over "b" and wait for "a"')
         started = time.monotonic()
         second = collect(settings, reply, ["b"], timeout=3)
         took = time.monotonic() - started

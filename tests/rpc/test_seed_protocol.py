@@ -117,7 +117,7 @@ def test_plain_worker_reports_keep_its_group_active_past_the_unbind_delay(plain,
             assert client.wait({sent}, timeout=10)[sent][0] == "ok"
             group = state.get(key)
             assert group.status is GroupStatus.ACTIVE and group.generation == generation, group
-            time.sleep(0.3)
+            time.sleep(0.3)  # pace: a tick every 0.3 s, more often than UNBIND_DELAY
     finally:
         worker.terminate()
         worker.wait(10)
@@ -139,7 +139,7 @@ def test_an_orphans_remaining_ttl_is_honoured(plain, planes, with_header: bool) 
                 headers={p.KEY_HEADER: key}), mandatory=True)
     else:
         correlation_id = client.send(key, b"x", expiration="4000")
-    time.sleep(2.5)
+    time.sleep(2.5)  # pace: 2.5 s of its 4 s pass before any control plane runs
     planes.start(pool, settings, interval_s=0.1, driver=NoopDriver())
     status, _, arrived = client.wait({correlation_id}, timeout=10)[correlation_id]
     assert status == "expired"
@@ -149,7 +149,7 @@ def test_an_orphans_remaining_ttl_is_honoured(plain, planes, with_header: bool) 
 def test_an_orphan_whose_time_ran_out_before_forwarding_is_answered_expired_at_once(plain, planes) -> None:
     pool, settings, client = plain
     correlation_id = client.send("late", b"x", expiration="300")
-    time.sleep(1.5)
+    time.sleep(1.5)  # pace: its 300 ms run out before any control plane runs
     plane = planes.start(pool, settings, interval_s=0.1, driver=NoopDriver())
     status, _, _ = client.wait({correlation_id}, timeout=10)[correlation_id]
     assert status == "expired"

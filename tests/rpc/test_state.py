@@ -155,7 +155,7 @@ def test_a_second_locked_on_the_same_key_waits(state: PoolState) -> None:
     assert held.wait(5)
     t2 = threading.Thread(target=second)
     t2.start()
-    time.sleep(0.3)  # give the second holder time to (wrongly) get in
+    time.sleep(0.3)  # window: the second holder does not get in
     assert entered == [], "the second locked() entered while the first held the lock"
     released_at = time.monotonic()
     release.set()

@@ -58,7 +58,7 @@ def test_calls_one_at_a_time_are_acked_per_prefetch_minus_one_and_a_crash_redeli
             assert client.call("k", body).body == body.encode()
         crash_and_replace(workers, second, name, settings, env)
         wait_for(lambda: starts(log)["b2"] == 2, timeout=15, what="the unacked answers redelivered")
-        time.sleep(0.5)  # anything else redelivered would be handled by now
+        time.sleep(0.5)  # window: anything else redelivered would be handled by now
     assert starts(log) == Counter({"a1": 1, "a2": 1, "a3": 1, "b1": 2, "b2": 2})
 
 
@@ -76,7 +76,7 @@ def test_an_answer_is_acked_within_the_delay(pool, workers, tmp_path: Path, dela
     workers.wait_consuming(settings, p.request_queue(name, "k"))
     with RpcClient(name, settings, timeout=20) as client:
         assert client.call("k", "once").ok
-        time.sleep(wait_s)
+        time.sleep(wait_s)  # window: the 50 ms ack delay runs out (an ack is not visible from outside)
         crash_and_replace(workers, first, name, settings, env)
         assert client.call("k", "after").ok  # the new worker serves; "once" would come first
     assert starts(log) == Counter({"once": 1, "after": 1})
@@ -98,7 +98,7 @@ def test_a_shed_request_among_batched_answers_settles_once(pool, workers, tmp_pa
         futures = [client.submit("k", body) for body in bodies[:15]]  # in runs
         assert [f.result(20).text() for f in futures] == bodies[:15]
         assert [client.call("k", body).text() for body in bodies[15:]] == bodies[15:]  # one at a time
-        time.sleep(0.5)
+        time.sleep(0.5)  # window: no stale (duplicate) response arrives
         assert client.stats.stale_responses == 0
     assert worker.poll() is None, worker.stderr.read().decode() if worker.poll() is not None else ""
     worker.send_signal(signal.SIGTERM)

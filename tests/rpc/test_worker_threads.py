@@ -15,8 +15,8 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.settings import HEARTBEAT_ENV
 from tests.conftest import unique, wait_for
-from tests.rpc.conftest import get_message
-from tests.rpc.test_rpc import SLEEPY, H, bind
+from tests.rpc.conftest import get_message, ready_count
+from tests.rpc.test_rpc import H, bind
 
 LONG_S = 60  # the long handler: twelve heartbeats, six times what the broker lets a connection be silent
 
@@ -42,7 +42,7 @@ def test_a_one_minute_handler_is_answered_once_with_heartbeats_flowing(
         response = future.result(LONG_S + 90)
         assert response.ok and response.body == b"a minute"
         assert first.poll() is None, "the worker lost its connection and exited"
-        time.sleep(2)  # a duplicate answer would arrive now
+        time.sleep(2)  # window: a duplicate answer would arrive now
         assert client.stats.stale_responses == 0
     assert log.read_text().splitlines() == [f"{response.headers[p.WORKER_ID_HEADER]} a minute"]
     first.send_signal(signal.SIGTERM)
@@ -83,15 +83,18 @@ def test_a_shed_request_keeps_its_remaining_expiration(make_pool, workers) -> No
     assert 1.5 < elapsed < 6, elapsed
 
 
-def test_sigterm_sheds_prefetched_requests_without_counting_them(make_pool, workers) -> None:
+def test_sigterm_sheds_prefetched_requests_without_counting_them(make_pool, workers, tmp_path) -> None:
     """Two-stage shutdown: the request in hand is answered, prefetched ones go back uncounted."""
     name, settings = make_pool(delivery_limit=5)
     bind(name, settings, "k")
-    doomed = workers.start(name, "k", SLEEPY, SLEEPY_SECONDS="1.0", WORKER_PREFETCH="4")
+    log = tmp_path / "starts.log"
+    doomed = workers.start(name, "k", f"{H}:slow_logged", SLOW_SECONDS="1.0", START_LOG=str(log),
+                           WORKER_PREFETCH="4")
     workers.wait_consuming(settings, p.request_queue(name, "k"), timeout=60)
     with RpcClient(name, settings, timeout=30) as client:
         futures = [client.submit("k", str(i)) for i in range(4)]
-        time.sleep(0.4)
+        wait_for(lambda: log.exists() and ready_count(settings, p.request_queue(name, "k")) == 0,
+                 interval=0.02, what="the first request in hand, the others prefetched")
         doomed.send_signal(signal.SIGTERM)
         assert futures[0].result(10).body == b"0"
         assert doomed.wait(10) == 0
