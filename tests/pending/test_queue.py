@@ -115,7 +115,7 @@ def test_calls_beyond_the_answer_waits_get_their_response_on_the_node_channel(
         assert counts.get("blpop", 0) == 0 and counts["publish"] == 5, counts
         stop.set()
         caller.redis_store.answer_waiters = 4
-        slow = serve(service_node, "slow", lambda body: time.sleep(0.6) or body)
+        slow = serve(service_node, "slow", lambda body: time.sleep(0.6) or body)  # pace: past the 0.3 s wait
         try:
             assert caller.queue_and_wait("slow", "late").body == "late"  # wait timed out at 0.3 s
         finally:
