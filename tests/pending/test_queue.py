@@ -340,9 +340,10 @@ def test_a_pop_whose_reply_was_lost_finds_its_request_in_the_take_key(make_node:
     """The BLMOVE ran in Redis but its reply never arrived (the connection broke): the retry reads
     the take key first and gets the same request, instead of popping the next one."""
     caller, node = make_node(), make_node()
-    for n in range(2):
+    for n in range(2):  # one after the other: the first queued is request 0
         threading.Thread(target=_catch, args=(caller.queue_and_wait, "lost-reply", n), daemon=True).start()
-    wait_for(lambda: shared_redis.llen(node.pending_key("lost-reply")) == 2, what="two queued requests")
+        wait_for(lambda n=n: shared_redis.llen(node.pending_key("lost-reply")) == n + 1,
+                 what=f"{n + 1} queued requests")
     with first_pop_reply_lost(node, "lost-reply") as broken:
         request = node.dequeue("lost-reply", 5)
     assert broken and request is not None and request.body == 0  # the first request, not the second
