@@ -17,9 +17,9 @@ from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RabbitMQEventSource
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.topology import PoolTopology
-from switchyard.rpc.drivers import WorkerGroupDriver
+from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
 from switchyard.rpc.service import ControlPlane, install
-from switchyard.rpc.settings import ControlSettings, RpcSettings
+from switchyard.rpc.settings import DEMO_HANDLER, ControlSettings, DriverSettings, RpcSettings
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class LocalControlPlane:
                  driver: WorkerGroupDriver | None = None, bridges: BridgeSettings | None = None) -> None:
         self.control = control
         self.settings = settings or RpcSettings.from_env()
+        # Locally the workers answer with the demo handler unless one is set (a deployment must set it).
+        driver = driver or driver_from_env(DriverSettings.from_env(default_handler=DEMO_HANDLER))
         self.plane = ControlPlane(control, self.settings, driver)
         self.bridges = bridges or BridgeSettings()
         self.sources: list[RabbitMQEventSource] = []
