@@ -25,11 +25,12 @@ instructions per sequential call, which load does not move much, unlike times):
   --calls 100``, quorum queues; the same checkout with ``_coalesce_writes`` a no-op, run just before,
   load average 7-13 on 2 shared cores): client + worker 1,306,236 instructions per sequential call
   without (client 572,010, worker 734,226), 1,101,637 with (499,658 and 601,979): -16 % (client
-  -13 %, worker -18 %), before the system calls it saves, which callgrind does not count. Plain pika
-  in the same session: 943,659 (419,233 and 524,426).
+  -13 %, worker -18 %), before the system calls it saves, which callgrind does not count. Plain pika,
+  earlier that hour (load average 50): 943,659 (419,233 and 524,426); Switchyard then: 1,180,005.
 * ``buffered``: basic_publish, ack and reject on the underlying channel, without BlockingChannel's
   flush per message: about 10x cheaper per message in a batch publisher (the control plane's
-  forwards, the worker's replies), and the only kind safe inside frame processing (a callback).
+  forwards, the worker's replies; measured when ``publish_buffered`` was written, not re-measured),
+  and the only kind safe inside frame processing (a callback).
 * ``confirms``: publisher confirms with an ack/nack callback; BlockingChannel's ``confirm_delivery``
   blocks each publish until its confirm, serialising the client's pipeline (64 in flight) and the
   control plane's batches. No public alternative: a function, not a speed-up.
