@@ -27,6 +27,9 @@ instructions per sequential call, which load does not move much, unlike times):
   without (client 572,010, worker 734,226), 1,101,637 with (499,658 and 601,979): -16 % (client
   -13 %, worker -18 %), before the system calls it saves, which callgrind does not count. Plain pika,
   earlier that hour (load average 50): 943,659 (419,233 and 524,426); Switchyard then: 1,180,005.
+  In calls/s (``bench/rpc_bench.py --rounds 6``, ratio Switchyard / plain pika in the same run,
+  three runs each, alternating, load average 4-20): sequential 1.05, 1.06, 0.95 without, 1.33,
+  1.48, 1.26 with; 64 in flight 0.91, 1.00, 0.80 without, 1.31, 1.11, 1.05 with.
 * ``buffered``: basic_publish, ack and reject on the underlying channel, without BlockingChannel's
   flush per message: about 10x cheaper per message in a batch publisher (the control plane's
   forwards, the worker's replies; measured when ``publish_buffered`` was written, not re-measured),
