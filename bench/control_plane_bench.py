@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.stats import quiet_environment  # noqa: E402
+from switchyard.aws import services  # noqa: E402
 from switchyard.core.latency import LatencySummary  # noqa: E402
 from switchyard.local.functions import load_function  # noqa: E402
 from switchyard.local.lambda_context import FakeLambdaContext  # noqa: E402
@@ -34,7 +35,7 @@ from switchyard.rpc.client import RpcClient  # noqa: E402
 from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing  # noqa: E402
 from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
 from switchyard.rpc.drivers import NoopDriver  # noqa: E402
-from switchyard.rpc.service import ControlPlane, install  # noqa: E402
+from switchyard.rpc.service import ControlPlane  # noqa: E402
 from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings  # noqa: E402
 
 
@@ -80,7 +81,7 @@ def request_props(key: str, n: int, reply_to: str) -> pika.BasicProperties:
 def bench_orphans(settings: RpcSettings, batch: int, keys: int) -> dict[str, float]:
     pool = new_pool("borph")
     plane = ControlPlane(ControlSettings(pool, Delays()), settings, driver=NoopDriver())
-    install(plane)
+    services.control_plane.install(plane)
     handler = load_function("rpc_orphans").lambda_handler
     rates: dict[str, float] = {}
     try:
@@ -107,7 +108,7 @@ def bench_orphans(settings: RpcSettings, batch: int, keys: int) -> dict[str, flo
         rates[f"raw confirmed publishes ({batch}), the ceiling"] = batch / (time.perf_counter() - started)
         publisher.close()
     finally:
-        install(None)
+        services.control_plane.install(None)
         plane.close()
         cleanup(settings, pool, plane)
     return rates
@@ -116,7 +117,7 @@ def bench_orphans(settings: RpcSettings, batch: int, keys: int) -> dict[str, flo
 def bench_dead_letters(settings: RpcSettings, batch: int) -> float:
     pool = new_pool("bdl")
     plane = ControlPlane(ControlSettings(pool, Delays()), settings, driver=NoopDriver())
-    install(plane)
+    services.control_plane.install(plane)
     handler = load_function("rpc_dead_letters").lambda_handler
     connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
     try:
@@ -140,7 +141,7 @@ def bench_dead_letters(settings: RpcSettings, batch: int) -> float:
         return batch / elapsed
     finally:
         connection.close()
-        install(None)
+        services.control_plane.install(None)
         plane.close()
         cleanup(settings, pool, plane)
 

@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.control_plane_bench import first_calls  # noqa: E402
 from bench.stats import load_average, percentiles, quiet_environment  # noqa: E402
+from switchyard.aws import services  # noqa: E402
 from switchyard.core.redis_client import connect_redis  # noqa: E402
 from switchyard.local.functions import load_function  # noqa: E402
 from switchyard.local.lambda_context import FakeLambdaContext  # noqa: E402
@@ -54,7 +55,7 @@ from switchyard.rpc.client import RpcClient  # noqa: E402
 from switchyard.rpc.control.reconciler import DepthCadence  # noqa: E402
 from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
 from switchyard.rpc.ports import WorkerGroup, WorkerGroupDriver  # noqa: E402
-from switchyard.rpc.service import ControlPlane, install  # noqa: E402
+from switchyard.rpc.service import ControlPlane  # noqa: E402
 from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings  # noqa: E402
 from switchyard.rpc.store import PoolState  # noqa: E402
 from switchyard.rpc.worker import Worker  # noqa: E402
@@ -285,7 +286,7 @@ def cold_start_p50(settings: RpcSettings, pool: str, cold_keys: int) -> float:
         samples = first_calls(pool, settings, cold_keys, timeout=60)
     finally:
         runtime.stop()
-        install(None)
+        services.control_plane.install(None)
     return percentiles(samples)["p50"] * 1000
 
 
@@ -299,7 +300,7 @@ def measure(size: int, base: RpcSettings, vhost: str, queue_type: p.QueueType, p
         settings.connections.redis_url, connection_class=CountingConnection))
     driver = AnsweringDriver(settings, serve_prefix="hot-")
     plane = ControlPlane(ControlSettings(pool, LONG), settings, driver=driver, redis_client=redis_client)
-    install(plane)
+    services.control_plane.install(plane)
     row: dict[str, Any] = {"size": size, "queue_type": queue_type.value, "load_before": load_average()}
     try:
         with PoolTopology(pool, settings) as topology:
@@ -317,11 +318,11 @@ def measure(size: int, base: RpcSettings, vhost: str, queue_type: p.QueueType, p
         row["redis_bytes_per_group"] = (redis_client.memory_usage(plane.state.prefix + "groups") or 0) / size
         row["broker"] = broker_memory(settings, vhost)
         row["call_p50_ms"] = call_p50(settings, pool, driver, calls)
-        install(None)
+        services.control_plane.install(None)
         row["cold_start_p50_ms"] = cold_start_p50(settings, pool, cold_keys)
         row["load_after"] = load_average()
     finally:
-        install(None)
+        services.control_plane.install(None)
         plane.close()
         plane.state.clear()
         drop_vhost(base, vhost)

@@ -1,20 +1,12 @@
 """Event bus API: API Gateway (REST, proxy integration) -> this function -> the one Powertools
 resolver of ``switchyard.bus.api`` (through ``BusApp.resolve``): Routemaster's endpoints, validated,
 with an OpenAPI document. The app is built once per execution environment, on its first request
-(importing reads no setting and no secret)."""
+(importing reads no setting and no secret): ``switchyard.aws.services.bus_app``."""
 
-import functools
 from typing import Any
 
-from switchyard.bus.api import BusApp
-from switchyard.bus.service import BusService
+from switchyard.aws.services import bus_app
 from switchyard.core.observability import joins_traces, logger, metrics, tracer
-
-
-@functools.cache
-def bus_app() -> BusApp:
-    """This environment's API, on the bus of ``SWITCHYARD_BUS_*`` and ``SWITCHYARD_REDIS_URL``."""
-    return BusService.from_env().app()
 
 
 @metrics.log_metrics  # BusEventsPublished, flushed once per invocation

@@ -8,16 +8,16 @@ the mapping delivers its partition again from it; an unreachable Postgres fails 
 
 from aws_lambda_powertools.utilities.data_classes import KafkaEvent
 
+from switchyard.aws.services import delay
 from switchyard.core.observability import lambda_handler_for
 from switchyard.delay.metrics import report_enqueue
 from switchyard.delay.model import EnqueueOutcome
 from switchyard.delay.msk import partial_batch_response, records_from_kafka_event
-from switchyard.delay.service import service
 
 
 def enqueue(event: KafkaEvent, _context: object) -> EnqueueOutcome:
     """Store one batch: the work itself, which does not know it runs in Lambda."""
-    return service().enqueue(records_from_kafka_event(event))
+    return delay().enqueue(records_from_kafka_event(event))
 
 
 lambda_handler = lambda_handler_for(

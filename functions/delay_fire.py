@@ -6,12 +6,12 @@ the broker confirmed it.
 
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 
+from switchyard.aws.services import delay
 from switchyard.core.observability import lambda_handler_for
 from switchyard.delay.metrics import report_fire
-from switchyard.delay.service import service
 
 lambda_handler = lambda_handler_for(
-    lambda _event, context: service().fire(context.get_remaining_time_in_millis),
+    lambda _event, context: delay().fire(context.get_remaining_time_in_millis),
     data_class=EventBridgeEvent,
     report=report_fire,
 )

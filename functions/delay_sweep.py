@@ -5,12 +5,12 @@ Rows readied longer ago than the hold time are reset (compare-and-set) and the s
 
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 
+from switchyard.aws.services import delay
 from switchyard.core.observability import lambda_handler_for
 from switchyard.delay.metrics import report_sweep
-from switchyard.delay.service import service
 
 lambda_handler = lambda_handler_for(
-    lambda _event, context: service().sweep(context.get_remaining_time_in_millis),
+    lambda _event, context: delay().sweep(context.get_remaining_time_in_millis),
     data_class=EventBridgeEvent,
     report=report_sweep,
 )

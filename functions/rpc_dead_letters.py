@@ -4,10 +4,10 @@ Answers each dead-lettered request with its ``x-first-death-reason``, moves pois
 ``{pool}-poison``, and returns only once every publish is confirmed.
 """
 
+from switchyard.aws.services import control_plane
 from switchyard.core.observability import lambda_handler_for
 from switchyard.rpc import metrics
 from switchyard.rpc.control.rmq_event import RmqEvent, messages_from_event
-from switchyard.rpc.service import control_plane
 
 lambda_handler = lambda_handler_for(
     lambda event, _context: control_plane().respond_dead_letters(messages_from_event(event)),

@@ -4,10 +4,10 @@ Returns only when every orphan of the batch is forwarded and confirmed; raising 
 mapping redeliver the whole batch (duplicates are possible, losses are not).
 """
 
+from switchyard.aws.services import control_plane
 from switchyard.core.observability import lambda_handler_for
 from switchyard.rpc import metrics
 from switchyard.rpc.control.rmq_event import RmqEvent, messages_from_event
-from switchyard.rpc.service import control_plane
 
 lambda_handler = lambda_handler_for(
     lambda event, _context: control_plane().forward_orphans(messages_from_event(event)),

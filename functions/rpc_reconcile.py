@@ -7,10 +7,10 @@ from running two passes at once. Queue depth per worker group goes out as a metr
 
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 
+from switchyard.aws.services import control_plane
 from switchyard.core.observability import emit_gauge, lambda_handler_for
 from switchyard.rpc import metrics
 from switchyard.rpc.control.reconciler import ReconcileOutcome
-from switchyard.rpc.service import control_plane
 
 
 def reconcile(_event: EventBridgeEvent, _context: object) -> ReconcileOutcome:

@@ -9,11 +9,11 @@ from it (duplicates carry the same message id, nothing is lost).
 
 from aws_lambda_powertools.utilities.data_classes import KafkaEvent
 
+from switchyard.aws.services import scheduled_relay
 from switchyard.core.observability import lambda_handler_for
 from switchyard.delay.msk import partial_batch_response, records_from_kafka_event
 from switchyard.rpc import metrics
 from switchyard.rpc.control.scheduled import ScheduledOutcome
-from switchyard.rpc.service import scheduled_relay
 
 
 def relay(event: KafkaEvent, _context: object) -> ScheduledOutcome:

@@ -70,9 +70,11 @@ def rpc_worker() -> str:
 
 def bus_worker() -> str:
     """An event bus worker's start-up (``switchyard bus worker``): its store on Redis."""
-    from switchyard.bus.service import BusService  # what `switchyard bus worker` builds first
+    from switchyard.bus.service import build_service  # what `switchyard bus worker` builds first
+    from switchyard.bus.settings import BusSettings
+    from switchyard.core.config import Connections
 
-    return str(BusService.from_env().store.redis.ping())
+    return str(build_service(BusSettings.from_env(), Connections.from_env()).store.redis.ping())
 
 
 def emr_job(input_uri: str, output_uri: str) -> list[str]:

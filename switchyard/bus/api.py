@@ -1,6 +1,7 @@
 """The event bus's HTTP API: Routemaster's, as one Powertools REST resolver with request validation
 and an OpenAPI document (``GET /openapi.json``). This module is its face: ``build_app(store)``
-makes the API of one bus (``BusApp``: ``resolve(event, context)`` is the Lambda proxy handler).
+makes the API of one bus (``BusApp``: ``resolve(event, context)`` is the Lambda proxy handler);
+``openapi_document()`` is its document (``routes``, where the routes are).
 
 Served on AWS by API Gateway (REST) + Lambda (``functions/bus_api.py``) and locally by
 ``switchyard bus serve`` through ``switchyard.local.http_gateway``, both calling ``resolve``.
@@ -32,7 +33,7 @@ from switchyard.bus.app import BusApp, build_app
 from switchyard.bus.auth import basic_username
 from switchyard.bus.errors import BadInputError, UnauthorizedError
 from switchyard.bus.models import EventIn, SubscriptionBody, TokenIn, check_callback, check_url
-from switchyard.bus.settings import BusSettings
+from switchyard.bus.routes import openapi_document
 
 __all__ = [
     "BadInputError",
@@ -48,14 +49,3 @@ __all__ = [
     "openapi_document",
 ]
 
-
-def openapi_document(app: BusApp | None = None) -> str:
-    """The OpenAPI 3.1 document of the API (JSON); without ``app``, of one on a store it never calls
-    (the document depends on the routes alone)."""
-    if app is None:
-        import redis
-
-        from switchyard.bus.store import BusStore
-
-        app = build_app(BusStore(redis.Redis(), BusSettings()))
-    return app.openapi_document()

@@ -15,10 +15,10 @@ from typing import Any
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver
 
 from switchyard.bus.auth import ANYONE, Credentials, header_username
-from switchyard.bus.errors import StorageError
+from switchyard.bus.errors import StoreError
 from switchyard.bus.ports import BusStorePort
 from switchyard.bus.publish import Publisher, proxy_text
-from switchyard.bus.routes import build_resolver, openapi_document, storage_unavailable, unauthorized_text
+from switchyard.bus.routes import build_resolver, storage_unavailable, unauthorized_text
 
 # Powertools keeps the request being resolved in class attributes (``BaseRouter.current_event``,
 # shared by every resolver of the process), as Lambda runs one request at a time per environment;
@@ -44,10 +44,6 @@ class BusApp:
     def fast_publish(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """An accepted publish without the resolver (``publish.Publisher.fast_publish``), else None."""
         return self.publisher.fast_publish(event)
-
-    def openapi_document(self) -> str:
-        """The OpenAPI 3.1 document of this API (JSON)."""
-        return openapi_document(self.resolver)
 
     def resolve(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
         """An accepted publish by the fast path, anything else by the resolver with every body read
@@ -87,7 +83,7 @@ class BusApp:
         deeply to parse (an uncaught RecursionError was a 502 with a traceback), else None."""
         try:
             who = self.credentials.who(header_username(event.get("headers")))
-        except StorageError as exc:  # as the resolver's handler answers it
+        except StoreError as exc:  # as the resolver's handler answers it
             return proxy_text(503, storage_unavailable(exc))
         if who is None:
             return {**proxy_text(401, unauthorized_text(ANYONE)),

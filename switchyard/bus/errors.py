@@ -1,10 +1,11 @@
-"""Why a bus call failed: each cause its own error, under ``SwitchyardError``. The HTTP API maps
+"""Why a bus call failed: each cause its own error, under the bus's root ``BusError``. The HTTP API maps
 them to Routemaster's status codes (in ``routes``); Redis errors are wrapped at the store, ``from``
 the driver's, so nothing above the store catches a ``redis`` exception."""
 
 from __future__ import annotations
 
-from switchyard.core.errors import SwitchyardError
+from switchyard.core import errors as core_errors
+from switchyard.core.errors import SwitchyardError, deprecated_aliases
 
 
 class BusError(SwitchyardError):
@@ -39,11 +40,11 @@ class BadInputError(BusError):
     """A request the API refuses with this message (400, once the caller is authenticated)."""
 
 
-class StorageError(BusError):
+class StoreError(BusError, core_errors.StoreError):
     """Redis refused a command (a script error, OOM, WRONGTYPE): the API answers 503."""
 
 
-class StorageUnavailableError(StorageError):
+class StoreUnavailableError(StoreError, core_errors.StoreUnavailableError):
     """Redis could not be reached in time: a worker keeps its job and waits for Redis."""
 
 
@@ -58,3 +59,8 @@ class CallbackError(BusError):
 class CallbackRefusedError(CallbackError, ValueError):
     """The callback URL or an address it resolves to is not one the bus may call (a ValueError, so
     the API's validation answers 400 with the message)."""
+
+
+# The names before the error tree had one name per role (CHANGELOG.md), for one version.
+__getattr__ = deprecated_aliases(__name__, {"StorageError": StoreError,
+                                            "StorageUnavailableError": StoreUnavailableError})

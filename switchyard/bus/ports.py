@@ -1,6 +1,6 @@
 """What the bus needs from its storage: the ``BusStorePort`` the API, delivery, the job queue and
 housekeeping use, and the records it returns. ``store.BusStore`` (Redis, Lua) is the one adapter;
-its failures are ``errors.StorageError`` / ``StorageUnavailableError``, never a driver's."""
+its failures are ``errors.StoreError`` / ``StoreUnavailableError``, never a driver's."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
 from switchyard.bus.auth import Credentials, header_username
-from switchyard.bus.errors import BadInputError, StorageError, TopicClaimedError, UnknownTokenError
+from switchyard.bus.errors import BadInputError, StoreError, TopicClaimedError, UnknownTokenError
 from switchyard.bus.metrics import BUS_EVENTS_PUBLISHED
 from switchyard.bus.models import TOPIC_PATTERN, EventIn
 from switchyard.bus.ports import BusStorePort
@@ -86,6 +86,6 @@ class Publisher:
                 return None
             self.accept(topic, token, EventIn.model_validate(raw), header_traceparent(event.get("headers")))
         except (ValueError, RecursionError, BadInputError, UnknownTokenError, TopicClaimedError,
-                StorageError):
+                StoreError):
             return None  # ValueError: bad JSON or a ValidationError; RecursionError: JSON nested too deeply
         return proxy_text(200)

@@ -1,6 +1,8 @@
-"""The bus as a process composes it once: its settings, the Redis store behind the port, and what
-runs on them (the API, a worker). ``from_env`` is what ``switchyard bus ...`` and the Lambda
-functions use; tests and the demo pass their own settings."""
+"""Composition, as every part's: ``build_service(settings, connections)`` makes the bus of settings
+its caller has read (nothing here reads the environment): the Redis store behind the port, and what
+runs on them (the API, a worker). The adapters call it: ``switchyard bus ...`` and the Lambda
+functions (through ``switchyard.aws.services``); tests and the demo use ``connect`` with their own
+settings and client."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from switchyard.bus.settings import BusSettings
 from switchyard.bus.store import BusStore
+from switchyard.core.config import Connections
 
 if TYPE_CHECKING:
     from switchyard.bus.app import BusApp
@@ -34,11 +37,6 @@ class BusService:
 
         return cls(BusStore(client or connect_redis(), settings or BusSettings.from_env()))
 
-    @classmethod
-    def from_env(cls) -> BusService:
-        """The bus of ``SWITCHYARD_BUS_*`` on ``SWITCHYARD_REDIS_URL``."""
-        return cls.connect()
-
     def app(self) -> BusApp:
         """The HTTP API (its resolver and fast path) on this bus."""
         from switchyard.bus.app import build_app
@@ -50,3 +48,10 @@ class BusService:
         from switchyard.bus.worker import BusWorker
 
         return BusWorker(self.store, threads=threads)
+
+
+def build_service(settings: BusSettings, connections: Connections) -> BusService:
+    """The bus of ``settings`` on the Redis of ``connections`` (connected on first use)."""
+    from switchyard.core.redis_client import connect_redis
+
+    return BusService(BusStore(connect_redis(connections), settings))

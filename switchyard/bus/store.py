@@ -21,8 +21,8 @@ from typing import Any, TypeVar, overload
 import redis
 
 from switchyard.bus.errors import (
-    StorageError,
-    StorageUnavailableError,
+    StoreError,
+    StoreUnavailableError,
     TopicClaimedError,
     TopicLimitError,
     UnknownJobError,
@@ -53,9 +53,9 @@ def _wrapped(method: _Method) -> _Method:
         try:
             return method(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StorageUnavailableError(f"Redis unavailable: {exc}") from exc
+            raise StoreUnavailableError(f"Redis unavailable: {exc}") from exc
         except redis.RedisError as exc:
-            raise StorageError(f"Redis refused: {exc}") from exc
+            raise StoreError(f"Redis refused: {exc}") from exc
 
     return call  # type: ignore[return-value]
 
@@ -76,7 +76,7 @@ def as_text(value: bytes | str | None) -> str | None:
 
 class BusStore:
     """The ``BusStorePort`` on Redis: typed access to one bus's keys (``settings.key_prefix``) on one
-    Redis client, every failure a ``StorageError``."""
+    Redis client, every failure a ``StoreError``."""
 
     def __init__(self, client: RedisClient, settings: BusSettings) -> None:
         self.redis = client

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from switchyard.bus.delivery import HOST_BUSY_RETRY_MS, Deliverer, HostSlots
-from switchyard.bus.errors import StorageError, StorageUnavailableError
+from switchyard.bus.errors import StoreError, StoreUnavailableError
 from switchyard.bus.housekeeping import aux_intervals, run_aux_job
 from switchyard.bus.jobs import JobQueue, heartbeat
 from switchyard.bus.metrics import WORKER_COUNTERS
@@ -97,7 +97,7 @@ class BusWorker:
                 run_aux_job(self.store, job)
                 queue.ack(worker_id, job)
                 self.stats.add(aux_jobs=1)
-        except StorageUnavailableError:
+        except StoreUnavailableError:
             raise  # Redis is away: the job stays pending for this worker id, taken again once it answers
         except Exception:
             # Any other failure of one job: logged, counted, retried later; this thread goes on.
@@ -147,7 +147,7 @@ class BusWorker:
     def _deliver(self, worker_id: str) -> None:
         deliverer = Deliverer(self.store, hosts=self.hosts)
         try:
-            with contextlib.suppress(StorageError):  # else its first job's acquire waits for Redis
+            with contextlib.suppress(StoreError):  # else its first job's acquire waits for Redis
                 heartbeat(self.store, [worker_id])  # seen before it holds a job: never scrubbed as dead
             self._loop(self.main, worker_id, deliverer)
         finally:
@@ -164,7 +164,7 @@ class BusWorker:
         while not self._stop.is_set():
             try:
                 self.run_one(queue, worker_id, deliverer)
-            except StorageError as exc:
+            except StoreError as exc:
                 logger.warning("bus worker: Redis error", extra={"error": str(exc)})
                 self._stop.wait(REDIS_ERROR_PAUSE_S)
             if deliverer is not None and self._surplus(worker_id):
@@ -192,7 +192,7 @@ class BusWorker:
         while not self._stop.is_set():
             try:
                 self._tick_once(last)
-            except StorageError as exc:
+            except StoreError as exc:
                 logger.warning("bus ticker: Redis error", extra={"error": str(exc)})
             self._stop.wait(self.settings.schedule_interval_ms / 1000)
 

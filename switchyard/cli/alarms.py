@@ -226,9 +226,9 @@ def remove_rpc_traffic(pool: str, run: str, out: Callable[[str], None]) -> None:
 def delay_fire(backlog: int, budget_ms: int, out: Callable[[str], None]) -> int:
     """Leave ``backlog`` rows overdue (deadline 5 min ago), then invoke the fire handler with
     ``budget_ms`` of time: 0 leaves them unfired (counted overdue), a few seconds fires them."""
+    from switchyard.aws.services import delay as delay_service
     from switchyard.core.observability import DELAY_SERVICE, metrics
     from switchyard.delay.model import DelayedMessage
-    from switchyard.delay.service import service as delay_service
     from switchyard.local.functions import load_function, scheduled_event
     from switchyard.local.lambda_context import FakeLambdaContext
 

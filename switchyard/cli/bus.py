@@ -16,10 +16,12 @@ from switchyard.core.tracing import enable_trace_log
 
 def _bus():
     """The bus over Redis, which is checked first (a second, not the client's retries)."""
-    from switchyard.bus.service import BusService
+    from switchyard.bus.service import build_service
+    from switchyard.bus.settings import BusSettings
+    from switchyard.core.config import Connections
 
     require("redis")
-    return BusService.from_env()
+    return build_service(BusSettings.from_env(), Connections.from_env())
 
 
 def _stop_event() -> threading.Event:

@@ -19,10 +19,10 @@ from switchyard.cli.preflight import require
 from switchyard.core.config import KAFKA_BOOTSTRAP, Connections
 from switchyard.core.errors import ConfigError
 from switchyard.core.tracing import enable_trace_log
-from switchyard.delay.errors import PublishError
+from switchyard.delay.errors import BrokerError
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.parsing import format_deadline, parse_deadline
-from switchyard.delay.service import configure
+from switchyard.delay.service import build_service
 from switchyard.delay.settings import DELAY, DelaySettings, validate_topic
 from switchyard.local import delay_runtime as runtime
 from switchyard.local.lambda_context import FakeLambdaContext
@@ -64,7 +64,7 @@ def _store() -> Any:
     """The delay service over its store, Postgres checked first."""
     connections = Connections.from_env()
     require("postgres", connections=connections)
-    return configure(DelaySettings.from_env(), connections)
+    return build_service(DelaySettings.from_env(), connections)
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -115,8 +115,8 @@ def _send(args: argparse.Namespace) -> int:
                      value=args.value.encode() if args.value is not None else None, headers=headers,
                      on_delivery=lambda err, _msg: errors.append(err.str()) if err else None)
     if producer.flush(15) or errors:
-        raise PublishError(f"message {message_id} not confirmed by Kafka at {connections.kafka_bootstrap}: "
-                           f"{'; '.join(errors) or 'no answer'}; check {KAFKA_BOOTSTRAP.name}")
+        raise BrokerError(f"message {message_id} not confirmed by Kafka at {connections.kafka_bootstrap}: "
+                          f"{'; '.join(errors) or 'no answer'}; check {KAFKA_BOOTSTRAP.name}")
     print(json.dumps({"topic": topic, "chronosMessageId": message_id, "chronosDeadline": deadline}))
     return 0
 

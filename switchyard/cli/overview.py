@@ -111,11 +111,15 @@ class Overview:
         return self._clients[name]
 
     def _redis(self) -> Any:
-        from dataclasses import replace
-
         from switchyard.core.redis_client import connect_redis
 
-        return connect_redis(replace(self.connections, redis_timeout_s=READ_TIMEOUT_S))
+        return connect_redis(self._reading())
+
+    def _reading(self) -> Connections:
+        """The connections, with the status read's short Redis timeout."""
+        from dataclasses import replace
+
+        return replace(self.connections, redis_timeout_s=READ_TIMEOUT_S)
 
     def _rpc(self) -> PoolsStatus:
         from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
@@ -139,16 +143,21 @@ class Overview:
         return delay_status(store)
 
     def _bus(self) -> Any:
-        from switchyard.bus.service import BusService
+        from switchyard.bus.service import build_service
+        from switchyard.bus.settings import BusSettings
         from switchyard.bus.status import read_telemetry
 
-        return read_telemetry(self._client("bus", lambda: BusService.connect(client=self._redis())).store)
+        bus = self._client("bus", lambda: build_service(BusSettings.from_env(), self._reading()))
+        return read_telemetry(bus.store)
 
     def _pending(self) -> Any:
-        from switchyard.pending import PendingQueue
+        from switchyard.pending.service import build_service
+        from switchyard.pending.settings import PendingSettings
         from switchyard.pending.status import pending_status
 
-        return pending_status(self._client("pending", lambda: PendingQueue(client=self._redis())))
+        node = self._client("pending",
+                            lambda: build_service(PendingSettings.from_env(), client=self._redis()))
+        return pending_status(node)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -20,8 +20,9 @@ from switchyard.pending.settings import PENDING, TOKENS
 def _serve(args: argparse.Namespace) -> int:
     from switchyard.cli.local import quiet_metrics
     from switchyard.local.http_gateway import HttpGateway
-    from switchyard.pending import PendingQueue
     from switchyard.pending.api import TokenStore, build_app
+    from switchyard.pending.service import build_service
+    from switchyard.pending.settings import PendingSettings
 
     quiet_metrics()
     enable_trace_log()
@@ -30,7 +31,7 @@ def _serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    queue = PendingQueue().start()
+    queue = build_service(PendingSettings.from_env()).start()
     gateway = HttpGateway(build_app(queue, tokens), host=args.host, port=args.port, threads=args.threads,
                           function_name="pending-api").start()
     try:
@@ -54,13 +55,15 @@ def _parse_body(raw: str) -> object:
 
 
 def _call(args: argparse.Namespace) -> int:
-    from switchyard.pending import CancelToken, PendingQueue
+    from switchyard.pending import CancelToken
+    from switchyard.pending.service import build_service
+    from switchyard.pending.settings import PendingSettings
 
     require("redis")
     cancel = CancelToken()
     if args.timeout:
         cancel.cancel_after(args.timeout)
-    with PendingQueue() as queue:
+    with build_service(PendingSettings.from_env()) as queue:
         started = time.monotonic()
         response = queue.queue_and_wait(args.endpoint, _parse_body(args.body), cancel=cancel,
                                         pickup_timeout=args.pickup_timeout)
@@ -72,11 +75,13 @@ def _call(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from switchyard.cli.status import pending_lines
-    from switchyard.pending import PendingQueue
+    from switchyard.pending.service import build_service
+    from switchyard.pending.settings import PendingSettings
     from switchyard.pending.status import pending_status
 
     require("redis")
-    status = pending_status(PendingQueue())  # no background threads: status only reads
+    node = build_service(PendingSettings.from_env())
+    status = pending_status(node)  # no background threads: status only reads
     if args.json:
         json.dump(status.to_dict(), sys.stdout, indent=2)
         print()

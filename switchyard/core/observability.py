@@ -253,7 +253,8 @@ def use_metrics_provider(factory: Callable[..., AmazonCloudWatchEMFProvider] | N
     """
     global _provider_factory
     _provider_factory = factory
-    metrics.namespace = metrics_namespace()  # the stack's, if the process names one
+    if factory is not None:  # the local runtime's shipper: the stack's namespace, if the process names one
+        metrics.namespace = metrics_namespace()  # (not at import: that would read the deployed configuration)
     metrics.provider = (factory or EMFProvider)(
         namespace=metrics.namespace, service=metrics.service, metric_set=metrics.metric_set,
         dimension_set=metrics.dimension_set, metadata_set=metrics.metadata_set,

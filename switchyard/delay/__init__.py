@@ -5,12 +5,13 @@ the errors. The service (``switchyard.delay.service``) and its adapters (``store
 ``publisher``: Kafka) are imported where they run, so importing this package loads no driver.
 """
 
+from switchyard.core.errors import deprecated_aliases
 from switchyard.delay.errors import (
+    BrokerError,
+    BrokerUnavailableError,
     DelayError,
     InvalidMessageError,
     MessageRefusedError,
-    PublishError,
-    PublisherUnavailableError,
     StoreError,
     StoreUnavailableError,
     TransientStoreError,
@@ -32,6 +33,8 @@ __all__ = [
     "DEADLINE_HEADER",
     "MESSAGE_ID_HEADER",
     "OUTPUT_CONSUMER_SETTINGS",
+    "BrokerError",
+    "BrokerUnavailableError",
     "DelayError",
     "DelaySettings",
     "DelayedMessage",
@@ -41,11 +44,13 @@ __all__ = [
     "InputRecord",
     "InvalidMessageError",
     "MessageRefusedError",
-    "PublishError",
-    "PublisherUnavailableError",
     "StoreError",
     "StoreUnavailableError",
     "SweepOutcome",
     "TransientStoreError",
     "UnstorableMessageError",
 ]
+
+# The names before the error tree had one name per role (CHANGELOG.md), for one version.
+__getattr__ = deprecated_aliases(__name__, {"PublishError": BrokerError,
+                                            "PublisherUnavailableError": BrokerUnavailableError})

@@ -16,8 +16,8 @@ from typing import Any
 from switchyard.core import tracing
 from switchyard.core.observability import logger
 from switchyard.delay.errors import (
+    BrokerError,
     InvalidMessageError,
-    PublishError,
     StoreError,
     StoreUnavailableError,
     UnstorableMessageError,
@@ -100,7 +100,7 @@ def _fire_now(messages: list[DelayedMessage], publisher: Publisher[str],
         try:
             publisher.send(m.key, m.value, m.headers, m.id)
             sent.append(m)
-        except PublishError as exc:  # refused at once (e.g. too large): it goes to the store like the others
+        except BrokerError as exc:  # refused at once (e.g. too large): it goes to the store like the others
             logger.warning("immediate fire refused; storing the message instead",
                            extra={"message_id": m.id, "error": str(exc)})
     confirmed: set[str] = set()

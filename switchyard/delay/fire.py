@@ -31,7 +31,7 @@ from typing import Generic, TypeVar
 from switchyard.core import tracing
 from switchyard.core.latency import LatencySamples
 from switchyard.core.observability import logger
-from switchyard.delay.errors import MessageRefusedError, PublishError, StoreError
+from switchyard.delay.errors import BrokerError, MessageRefusedError, StoreError
 from switchyard.delay.model import FireOutcome, LatenessWindow, ReadyMessage
 from switchyard.delay.ports import DelayStore, Delivery, Publisher
 from switchyard.delay.settings import DelaySettings
@@ -231,7 +231,7 @@ class FireLoop:
                 sent += 1
             except MessageRefusedError as exc:
                 self._refused(row, str(exc))
-            except PublishError as exc:
+            except BrokerError as exc:
                 self._outcome.publish_failures += 1
                 self._to_release.append(row)
                 with tracing.scope_if(tracing.in_pairs(row.headers)):

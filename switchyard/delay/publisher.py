@@ -32,7 +32,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from switchyard.core.msk_auth import kafka_security_config
 from switchyard.core.observability import logger
-from switchyard.delay.errors import MessageRefusedError, PublishError
+from switchyard.delay.errors import BrokerError, MessageRefusedError
 from switchyard.delay.model import Header
 from switchyard.delay.ports import Delivery, Token
 from switchyard.delay.settings import validate_topic
@@ -229,7 +229,7 @@ class KafkaPublisher(Generic[Token]):
                     self._fail("fatal error", str(exc))
                 if isinstance(error, KafkaError) and error.code() in REFUSED_CODES:
                     raise MessageRefusedError(f"{self.topic} refuses this message: {error.str()}") from exc
-                raise PublishError(f"cannot produce to {self.topic}: {exc}") from exc
+                raise BrokerError(f"cannot produce to {self.topic}: {exc}") from exc
 
     def poll(self, timeout_s: float) -> list[Delivery[Token]]:
         try:

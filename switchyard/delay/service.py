@@ -1,7 +1,9 @@
-"""Composition: one DelayService per process (connections made once, lazily).
+"""Composition, as every part's: ``build_service(settings, connections)`` makes a DelayService from
+settings its caller has read (nothing here reads the environment).
 
-Lambda handlers call ``service()``; the first call builds it from the environment. The local
-runtime (``switchyard.local.delay_runtime``) runs the same handlers against the same service.
+The adapters call it: the Lambda handlers through ``switchyard.aws.services`` (one per execution
+environment, connections made once, lazily), the CLI, and the local runtime
+(``switchyard.local.delay_runtime``), which installs its own so the same handlers run against it.
 """
 
 from __future__ import annotations
@@ -62,24 +64,8 @@ class DelayService:
         self.store.close()
 
 
-_service: DelayService | None = None
-_service_lock = threading.Lock()
 
-
-def service() -> DelayService:
-    """The process's DelayService, built from the environment on first use."""
-    global _service
-    with _service_lock:
-        if _service is None:
-            _service = DelayService(DelaySettings.from_env(), Connections.from_env())
-        return _service
-
-
-def configure(settings: DelaySettings, connections: Connections, node_id: str | None = None) -> DelayService:
-    """Replace the process's DelayService (local runtime, CLI and tests)."""
-    global _service
-    with _service_lock:
-        if _service is not None:
-            _service.close()
-        _service = DelayService(settings, connections, node_id)
-        return _service
+def build_service(settings: DelaySettings, connections: Connections, *,
+                  node_id: str | None = None) -> DelayService:
+    """A queuing node on ``connections`` (its store connects on first use)."""
+    return DelayService(settings, connections, node_id)

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import psycopg
 from psycopg import sql
@@ -163,8 +163,15 @@ class PostgresDelayStore:
                 except (OSError, psycopg.Error):
                     pass  # closed meanwhile: the operation ended anyway
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Close every connection this store opened, in any thread."""
+        """Close every connection this store opened, in any thread (a store left open keeps them:
+        its watchdog thread holds it)."""
         self._closed.set()
         with self._owners_lock:
             conns, self._owners = list(self._owners), {}

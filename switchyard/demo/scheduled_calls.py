@@ -78,5 +78,6 @@ def scheduled_calls_part(out: Printer) -> None:
         connection.channel().queue_delete(p.reply_queue(name))
         connection.close()
         PoolState(connect_redis(settings.connections), name).clear()
-        PostgresDelayStore(connections.postgres_dsn, name).drop_schema()
+        with PostgresDelayStore(connections.postgres_dsn, name) as dropping:
+            dropping.drop_schema()
         admin.delete_topics([delay.input_topic, delay.output_topic])

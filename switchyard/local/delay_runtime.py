@@ -13,9 +13,10 @@ from collections.abc import Iterable
 from functools import partial
 from types import ModuleType
 
+from switchyard.aws import services
 from switchyard.core.config import Connections
 from switchyard.core.observability import logger
-from switchyard.delay.service import configure
+from switchyard.delay.service import DelayService, build_service
 from switchyard.delay.settings import DelaySettings
 from switchyard.local import functions as local_functions
 from switchyard.local.functions import scheduled_event
@@ -33,6 +34,17 @@ RELAY_FETCH_WAIT_MS = 10  # tansu answers a fetch when this runs out, not at the
 def load_function(role: str) -> ModuleType:
     """``functions/delay_<role>.py`` (the Lambda code itself, not a copy)."""
     return local_functions.load_function(FUNCTIONS[role])
+
+
+def install_service(settings: DelaySettings, connections: Connections) -> DelayService:
+    """Build the delay service the handlers of ``functions/`` use in this process (the one they
+    used before is closed)."""
+    previous = services.delay() if services.delay.built else None
+    svc = build_service(settings, connections)
+    services.delay.install(svc)
+    if previous is not None:
+        previous.close()
+    return svc
 
 
 class LocalRuntime:
@@ -75,7 +87,7 @@ class LocalRuntime:
                 self.stop.wait(1.0)
 
     def start(self) -> None:
-        svc = configure(self.settings, self.connections)
+        svc = install_service(self.settings, self.connections)
         svc.store.migrate()
         for role in self.roles:
             target = partial(self._bridge if role in BRIDGED else self._ticks, role)

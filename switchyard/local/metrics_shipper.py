@@ -33,7 +33,7 @@ from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import Ama
 
 from switchyard.core import observability
 from switchyard.core.config import build
-from switchyard.core.errors import ConfigError
+from switchyard.core.errors import ConfigError, SwitchyardError
 from switchyard.core.observability import logger
 from switchyard.core.settings import METRICS_FLUSH_INTERVAL, METRICS_MAX_BACKLOG, SHIP_METRICS
 
@@ -50,7 +50,7 @@ SHIP_ENV = SHIP_METRICS.name
 TRUE_VALUES = ("1", "true", "yes", "on")
 
 
-class MalformedEMFError(ValueError):
+class MalformedEMFError(SwitchyardError, ValueError):
     """A blob that is not the Embedded Metric Format Powertools writes."""
 
 

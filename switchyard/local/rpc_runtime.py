@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from switchyard.aws import services
 from switchyard.core.observability import logger
 from switchyard.local.functions import load_function, scheduled_event
 from switchyard.local.lambda_context import FakeLambdaContext
@@ -18,7 +19,7 @@ from switchyard.local.rmq_bridge import RabbitMQEventSource
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
-from switchyard.rpc.service import ControlPlane, install
+from switchyard.rpc.service import build_service
 from switchyard.rpc.settings import DEMO_HANDLER, ControlSettings, DriverSettings, RpcSettings
 
 
@@ -39,7 +40,7 @@ class LocalControlPlane:
         self.settings = settings or RpcSettings.from_env()
         # Locally the workers answer with the demo handler unless one is set (a deployment must set it).
         driver = driver or driver_from_env(DriverSettings.from_env(default_handler=DEMO_HANDLER))
-        self.plane = ControlPlane(control, self.settings, driver)
+        self.plane = build_service(control, self.settings, driver=driver)
         self.bridges = bridges or BridgeSettings()
         self.sources: list[RabbitMQEventSource] = []
         self.reconcile_passes = 0
@@ -55,7 +56,7 @@ class LocalControlPlane:
         pool = self.control.pool
         with PoolTopology(pool, self.settings) as topology:
             topology.declare()
-        install(self.plane)
+        services.control_plane.install(self.plane)
         b = self.bridges
         for queue, function, batch in (
             (p.orphan_queue(pool), "rpc_orphans", b.orphan_batch),
@@ -89,7 +90,7 @@ class LocalControlPlane:
         self._stop.set()
         for thread in self._threads:
             thread.join(30)
-        install(None)
+        services.control_plane.install(None)
         self.plane.close()
 
     def __enter__(self) -> LocalControlPlane:

@@ -1,5 +1,6 @@
 """The pending request queue (Halibut's design): RPC from any node to polling services, through Redis."""
 
+from switchyard.core.errors import deprecated_aliases
 from switchyard.pending.errors import (
     CancelledError,
     DataLossError,
@@ -7,8 +8,8 @@ from switchyard.pending.errors import (
     PendingError,
     PickupTimeoutError,
     ProcessorLostError,
-    QueueUnavailableError,
     RemoteError,
+    StoreUnavailableError,
 )
 from switchyard.pending.model import CancelToken, Delivery, PendingRequest, ProcessorBeat, Reply, Response
 from switchyard.pending.service import PendingQueue
@@ -27,8 +28,11 @@ __all__ = [
     "PickupTimeoutError",
     "ProcessorBeat",
     "ProcessorLostError",
-    "QueueUnavailableError",
     "RemoteError",
     "Reply",
     "Response",
+    "StoreUnavailableError",
 ]
+
+# The name before the error tree had one name per role (CHANGELOG.md), for one version.
+__getattr__ = deprecated_aliases(__name__, {"QueueUnavailableError": StoreUnavailableError})

@@ -306,7 +306,7 @@ def build_app(queue: PendingQueue, tokens: TokenStore) -> TurnTakingResolver:
                                              "message": NOT_HELD}))
         return _json_answer({"delivery": delivery.value})
 
-    @app.exception_handler(PendingError)  # QueueUnavailableError, or Redis refusing (WRONGTYPE, OOM)
+    @app.exception_handler(PendingError)  # StoreUnavailableError, or Redis refusing (WRONGTYPE, OOM)
     def unavailable(exc: PendingError) -> Response:
         return Response(status_code=503, content_type="application/json",
                         body=json.dumps({"statusCode": 503, "message": str(exc)}))

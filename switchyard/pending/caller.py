@@ -1,8 +1,12 @@
 """The caller's side of a node: ``queue_and_wait`` sends a request and waits for its response.
 
-A call enqueues its request (one script), then waits on the node's pub/sub connection for the
-response (``subscriber.py``: the waiting thread reads it itself when no other thread does, so a
-call made one at a time crosses no thread hand-off). Nothing periodic happens before
+A call enqueues its request (one script) and, in the same write, waits for the response in a
+blocking pop on its own answer list, until the first heartbeat is due: the raw lists' way, one
+round trip from the enqueue to the response (when a waiting connection is free, else as below).
+A call still unanswered then (or a call beyond the waiting connections) waits on the node's
+pub/sub connection (``subscriber.py``: the waiting thread reads it itself when no other thread
+does, so a call crosses no thread hand-off); its first beat moves the response to the node
+channel. A cancel or a failure of the node ends an answer-list wait at once. Nothing periodic happens before
 ``heartbeat_initial_delay_s`` (the fast-RPC shortcut); after it, the caller's heartbeat (one
 command) is also its pickup check and its response poll, so a lost pub/sub message costs latency,
 never a call. The pickup timeout withdraws a request nobody took; a cancel token withdraws it or
@@ -29,7 +33,7 @@ from switchyard.pending.errors import (
     ProcessorLostError,
 )
 from switchyard.pending.model import CancelToken, Response, decode_response, encode_message, store_streams
-from switchyard.pending.ports import NodeContext
+from switchyard.pending.ports import NodeContext, RequestState, WaitOutcome, WithdrawOutcome
 from switchyard.pending.settings import check_endpoint
 from switchyard.pending.streams import StreamRef, StreamStore
 from switchyard.pending.wakeup import Signal
@@ -85,7 +89,7 @@ class Caller:
             calls = list(self._calls.values())
         for call in calls:
             call.recheck = True
-            call.event.set()
+            call.event.set()  # (a call in an answer-list wait reads no node channel: nothing missed)
 
     def fail_all(self, error: Callable[[Call], PendingError], *, keep_first: bool = False,
                  only: Callable[[str], bool] | None = None) -> None:
@@ -96,6 +100,7 @@ class Caller:
         for call in calls:
             call.error = (call.error if keep_first else None) or error(call)
             call.event.set()
+            self._node.store.interrupt_wait(call.id)
 
     # ------------------------------------------------------------- calling
 
@@ -135,16 +140,23 @@ class Caller:
         def on_cancel(reason: str) -> None:
             call.cancel_reason = reason
             call.event.set()
+            self._node.store.interrupt_wait(call.id)
 
         if cancel is not None:
             cancel.on_cancel(on_cancel)
         try:
             self._node.step("before_enqueue")
-            self._node.store.enqueue(endpoint, request_id, element, pickup_timeout)
-            self._node.step("enqueued")
             started = time.monotonic()
             pickup_deadline: float | None = started + pickup_timeout
             next_beat = started + s.heartbeat_initial_delay_s
+            first_wait = min(s.heartbeat_initial_delay_s, pickup_timeout)
+            store = self._node.store
+            waited = store.enqueue_and_wait(endpoint, request_id, element, pickup_timeout, first_wait,
+                                            call.ready, lambda: self._node.step("enqueued"))
+            if waited.outcome is WaitOutcome.ANSWERED:
+                return self._collect(call, waited.response or b"")
+            if waited.outcome is WaitOutcome.BROKEN:
+                next_beat = time.monotonic()  # the response may be on the answer list: the beat tells
             while True:
                 wake_at = min(next_beat, pickup_deadline or next_beat)
                 self._node.subscriber.wait(call.event, max(0.0, wake_at - time.monotonic()), call.ready)
@@ -189,13 +201,13 @@ class Caller:
         """Heartbeat + pickup check + response poll, one command; raises when the call is lost."""
         s = self.settings
         reply = self._node.store.caller_beat(call.endpoint, call.id, call.element)
-        if reply.state == "missing":
+        if reply.state is RequestState.MISSING:
             self._state_vanished(call)
-        if reply.state == "a":
+        if reply.state is RequestState.ANSWERED:
             return self._collect(call, reply.response)
-        if reply.state == "t":
+        if reply.state is RequestState.TAKEN:
             call.taken = True
-        if reply.state == "requeued":
+        if reply.state is RequestState.REQUEUED:
             # Popped and never claimed for the processor timeout: the node that popped it died
             # before handing it over (SIGKILL mid long poll), so it was put back for another.
             logger.warning("request %s to %r: popped and never claimed for %g s; back in the queue",
@@ -221,19 +233,19 @@ class Caller:
     def _withdraw(self, call: Call, mode: str) -> Response | None:
         reply = self._node.store.withdraw(call.endpoint, call.id, call.element, mode)
         self._node.step(f"withdraw_{mode}")
-        if reply.outcome == "answered":
+        if reply.outcome is WithdrawOutcome.ANSWERED:
             return decode_response(call.id, reply.response or b"")
-        if reply.outcome == "missing":
+        if reply.outcome is WithdrawOutcome.MISSING:
             self._state_vanished(call)
         if mode == "timeout":
-            if reply.outcome == "withdrawn":
+            if reply.outcome is WithdrawOutcome.WITHDRAWN:
                 metrics.count(metrics.PENDING_PICKUP_TIMEOUTS, call.endpoint)
                 raise PickupTimeoutError(
                     f"request {call.id} to {call.endpoint!r}: no polling service took it within the pickup "
                     "timeout; it was taken back from the queue")
             call.taken = True
             return None
-        if reply.outcome == "withdrawn":
+        if reply.outcome is WithdrawOutcome.WITHDRAWN:
             when = "before pickup (taken back)"
         else:
             when = "after pickup (the processor was told)"

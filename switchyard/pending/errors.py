@@ -1,13 +1,10 @@
-"""Why a pending-queue call did not return a response: each cause its own error, with a clear message."""
+"""Why a pending-queue call did not return a response: each cause its own error, with a clear
+message, all under the part's root ``PendingError``."""
 
 from __future__ import annotations
 
-from switchyard.core.errors import RemoteError, SwitchyardError
-
-# ``RemoteError`` (the polling service answered with an error) is the core's, raised with status
-# "request <id>: the service failed" and the service's error as its body: one class for every
-# part's "the other side failed", re-exported here so ``switchyard.pending.errors.RemoteError``
-# still imports. (It is an ``RpcError``, no longer a ``PendingError``.)
+from switchyard.core import errors as core_errors
+from switchyard.core.errors import SwitchyardError, deprecated_aliases
 
 
 class PendingError(SwitchyardError):
@@ -30,8 +27,13 @@ class CancelledError(PendingError):
     """The caller cancelled the request (before or after pickup)."""
 
 
-class QueueUnavailableError(PendingError):
+class StoreUnavailableError(PendingError, core_errors.StoreUnavailableError):
     """Redis could not be reached within the retry window."""
+
+
+class RemoteError(PendingError, core_errors.RemoteError):
+    """The polling service answered with an error: status "request <id>: the service failed", its
+    error the body (the core's ``RemoteError`` role, as the rpc part's worker errors)."""
 
 
 class MessageTooLargeError(PendingError, ValueError):
@@ -49,7 +51,10 @@ __all__ = [
     "PendingError",
     "PickupTimeoutError",
     "ProcessorLostError",
-    "QueueUnavailableError",
     "RemoteError",
+    "StoreUnavailableError",
     "StreamError",
 ]
+
+# The name before the error tree had one name per role (CHANGELOG.md), for one version.
+__getattr__ = deprecated_aliases(__name__, {"QueueUnavailableError": StoreUnavailableError})

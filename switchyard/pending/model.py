@@ -18,8 +18,7 @@ from enum import StrEnum
 from typing import Any, BinaryIO
 
 from switchyard.core import tracing
-from switchyard.core.errors import RemoteError
-from switchyard.pending.errors import MessageTooLargeError, PendingError
+from switchyard.pending.errors import MessageTooLargeError, PendingError, RemoteError
 from switchyard.pending.settings import PENDING
 from switchyard.pending.streams import StreamRef, StreamStore
 

@@ -4,27 +4,63 @@ The caller's side (``caller.py``), the processing side (``processor.py``), the w
 (``watcher.py``) and the node API (``api.py``) only see these; ``store.py`` is the Redis adapter
 (keys and their hash tags, the Lua scripts of ``lua/``, blocking pops, the batched round trips).
 
-Errors: an operation raises ``QueueUnavailableError`` when Redis stayed unreachable for the retry
-window (and ``PendingError`` for a refused pop); a command Redis refuses otherwise (out of memory, a
-key of the wrong type) raises one of ``PendingStore.refused``, the driver's own errors, as it did
-before the store had a port: callers of the queue see the same exceptions.
+Errors: an operation raises ``StoreUnavailableError`` when Redis stayed unreachable for the retry
+window, and ``PendingError`` when Redis refused it (out of memory, a key of the wrong type), the
+driver's error as its ``__cause__``: the adapter translates, so no service module knows the driver.
+State codes are ``StrEnum``s (``RequestState``, ``ProcessorState``, ``WaitOutcome``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, NamedTuple, Protocol
 
 from switchyard.pending.settings import PendingSettings
 from switchyard.pending.wakeup import Signal
 
 
-class CallerBeatReply(NamedTuple):
-    """A caller's heartbeat: the request's state (``q``, ``t``, ``a``, ``requeued`` or ``missing``),
-    ms since its processor's last beat (taken, else 0), and the response (answered, else empty)."""
+class RequestState(StrEnum):
+    """A request's state as a caller's beat reports it (the codes the Lua scripts write in ``s``,
+    and what the beat itself did or found)."""
 
-    state: str
+    QUEUED = "q"
+    TAKEN = "t"
+    ANSWERED = "a"
+    REQUEUED = "requeued"  # popped and never claimed for the processor timeout: back in the queue
+    MISSING = "missing"  # the state is gone (expired or lost)
+
+
+class ProcessorState(StrEnum):
+    """What a processor's beat found: the request taken (by it) or why it holds none."""
+
+    TAKEN = "t"
+    MISSING = "missing"
+    NOT_TAKER = "not_taker"
+
+
+class WaitOutcome(StrEnum):
+    """How a caller's wait on its answer list ended (``PendingStore.enqueue_and_wait``)."""
+
+    ANSWERED = "answered"  # the response came within the wait
+    TIMED_OUT = "timed_out"  # none within the wait: the caller's next beat ends the list wait
+    NOT_WAITED = "not_waited"  # queued without a list wait: the response comes on the node channel
+    BROKEN = "broken"  # the wait failed or was interrupted (queued all the same): beat now
+
+
+class AnswerWait(NamedTuple):
+    """A caller's enqueue and its wait on its answer list; ``response`` when ``ANSWERED``."""
+
+    outcome: WaitOutcome
+    response: bytes | None = None
+
+
+class CallerBeatReply(NamedTuple):
+    """A caller's heartbeat: the request's state, ms since its processor's last beat (taken, else
+    0), and the response (answered, else empty)."""
+
+    state: RequestState
     processor_silence_ms: int
     response: bytes
 
@@ -33,17 +69,36 @@ class ProcessorBeatReply(NamedTuple):
     """A processor's heartbeat: the state (``missing`` or ``not_taker`` when it holds no request),
     ms since the caller's last beat, and whether the caller cancelled."""
 
-    state: str
+    state: ProcessorState
     caller_silence_ms: int
     cancelled: bool
 
 
-class WithdrawReply(NamedTuple):
-    """A withdrawal: ``withdrawn``, ``answered`` (with the response), ``taken``, ``cancelled`` or
-    ``missing``."""
+class WithdrawOutcome(StrEnum):
+    """What a withdrawal did (withdraw.lua's replies)."""
 
-    outcome: str
+    WITHDRAWN = "withdrawn"  # it was still waiting: gone now
+    ANSWERED = "answered"  # a response beat the withdrawal (with the response)
+    TAKEN = "taken"  # a timeout's: left to its processor
+    CANCELLED = "cancelled"  # a cancel's after pickup: the processor told
+    MISSING = "missing"
+
+
+class WithdrawReply(NamedTuple):
+    """A withdrawal's outcome, with the response when ``ANSWERED``."""
+
+    outcome: WithdrawOutcome
     response: bytes | None
+
+
+class Answer(NamedTuple):
+    """A response to send with a poller's next pop; ``told`` gets a function returning what
+    became of it (``Delivery``'s values) or raising why it could not be stored."""
+
+    request_id: str
+    take_id: str
+    raw: bytes
+    told: Callable[[Callable[[], str]], None]
 
 
 class Subscriber(Protocol):
@@ -65,7 +120,6 @@ class PendingStore(Protocol):
 
     node_id: str
     node_channel: str
-    refused: tuple[type[Exception], ...]
 
     def endpoint_channel(self, endpoint: str) -> str:
         """Where cancellations of an endpoint's popped, unclaimed requests are published."""
@@ -77,6 +131,18 @@ class PendingStore(Protocol):
 
     # caller's side
     def enqueue(self, endpoint: str, request_id: str, element: bytes, pickup_timeout_s: float) -> None: ...
+
+    def enqueue_and_wait(self, endpoint: str, request_id: str, element: bytes, pickup_timeout_s: float,
+                         wait_s: float, ready: Callable[[], bool], queued: Callable[[], None]) -> AnswerWait:
+        """Enqueue and wait up to ``wait_s`` for the response in the same write (a blocking pop on
+        the call's answer list), when a waiting connection is free; else just enqueue
+        (``NOT_WAITED``). ``queued`` runs once the request is queued; ``ready``: the call has
+        something to act on (``interrupt_wait`` ends a wait begun after it was checked)."""
+        ...
+
+    def interrupt_wait(self, request_id: str) -> None:
+        """End the answer-list wait of ``request_id`` now, if one runs (a cancel, an error)."""
+        ...
 
     def caller_beat(self, endpoint: str, request_id: str, element: bytes) -> CallerBeatReply: ...
 
@@ -90,9 +156,10 @@ class PendingStore(Protocol):
         ...
 
     # processing side
-    def pop(self, endpoint: str, take_id: str, deadline: float) -> bytes | None:
+    def pop(self, endpoint: str, take_id: str, deadline: float, answer: Answer | None = None) -> bytes | None:
         """The next request's element of ``endpoint``, moved into the take key, waiting until
-        ``deadline`` (monotonic); None when none came or the node closes."""
+        ``deadline`` (monotonic); None when none came or the node closes. ``answer``: a response
+        of the previous request, sent in the same write as the pop (its outcome told first)."""
         ...
 
     def interrupt_pops(self) -> None:

@@ -17,10 +17,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, BinaryIO
 
 from switchyard.pending import metrics
-from switchyard.pending.errors import MessageTooLargeError, PendingError, QueueUnavailableError
+from switchyard.pending.errors import MessageTooLargeError, PendingError, StoreUnavailableError
 from switchyard.pending.model import (
     Delivery,
     Handler,
@@ -30,7 +31,7 @@ from switchyard.pending.model import (
     handler_message,
     store_streams,
 )
-from switchyard.pending.ports import NodeContext
+from switchyard.pending.ports import Answer, NodeContext, ProcessorState
 from switchyard.pending.settings import check_endpoint
 from switchyard.pending.streams import StreamRef, StreamStore
 
@@ -96,10 +97,9 @@ class Processor:
         for item in due:
             item.next_beat = now + self.settings.heartbeat_interval_s
             request = item.request
-            retryable: tuple[type[Exception], ...] = (QueueUnavailableError, *self._node.store.refused)
             try:
                 beat = self.processor_heartbeat(request.endpoint, request.id, request.take_id)
-            except retryable as exc:  # the next beat tries again
+            except PendingError as exc:  # unreachable or refused: the next beat tries again
                 logger.warning("heartbeat for %s failed: %s", request.id, exc)
                 continue
             if beat.cancelled:
@@ -118,7 +118,7 @@ class Processor:
     def _check_processing(self, endpoint: str) -> None:
         check_endpoint(endpoint)
         if self._closed.is_set():
-            raise QueueUnavailableError("this node is shutting down")
+            raise StoreUnavailableError("this node is shutting down")
         if not self._started():
             raise PendingError("start() the PendingQueue before taking requests")
 
@@ -127,17 +127,26 @@ class Processor:
         or the node closes; Redis unreachable or refusing is logged and retried (see PendingQueue)."""
         self._check_processing(endpoint)
         stop = stop or threading.Event()
+        answer: Answer | None = None  # the previous request's response: it goes with the next pop
         while not (stop.is_set() or self._closed.is_set()):
             try:
-                request = self._next(endpoint, time.monotonic() + self.settings.poll_wait_s, True)
+                request = self._next(endpoint, time.monotonic() + self.settings.poll_wait_s, True, answer)
             except PendingError as exc:  # Redis down for the retry window, or refusing: keep serving
                 logger.error("serving %s: %s; polling again", endpoint, exc)
                 self._closed.wait(self.settings.retry_interval_s)
                 continue
+            finally:
+                answer = None  # (the store sends it on every path, or tells why it could not)
             if request is not None:
-                self._answer(request, handler_message(handler, request, self.streams))
+                raw = self._encoded(request, handler_message(handler, request, self.streams))
+                answer = Answer(request.id, request.take_id, raw, partial(self._told, request))
+                if stop.is_set() or self._closed.is_set():
+                    answer = None  # (no next pop: sent alone)
+                    self._told(request, partial(self._node.store.respond, request.endpoint, request.id,
+                                                request.take_id, raw))
 
-    def _next(self, endpoint: str, deadline: float, track: bool) -> PendingRequest | None:
+    def _next(self, endpoint: str, deadline: float, track: bool,
+              answer: Answer | None = None) -> PendingRequest | None:
         channel = self._node.store.endpoint_channel(endpoint)
         subscribed = self._cancel_channels.get(channel)
         if subscribed is None:
@@ -149,9 +158,10 @@ class Processor:
         if not subscribed.is_set():  # a first poll: cancellations of what it pops should reach us
             # (no longer than the claim delay: a cancellation is seen at the claim anyway)
             subscribed.wait(max(0.0, min(CLAIM_DELAY_S, deadline - time.monotonic())))
-        while not self._closed.is_set():
+        while not self._closed.is_set() or answer is not None:
             take_id = self._node.new_id()
-            element = self._node.store.pop(endpoint, take_id, deadline)
+            element = self._node.store.pop(endpoint, take_id, deadline, answer)
+            answer = None
             if element is None:
                 return None
             request = self._request(endpoint, take_id, element)
@@ -189,21 +199,24 @@ class Processor:
 
     # ----------------------------------------------------------- answering
 
-    def _answer(self, request: PendingRequest, message: dict[str, Any]) -> None:
-        """Send a handler's answer; one that cannot be sent is logged and counted, not raised: it
-        is that request's problem, not the serving loop's."""
+    def _encoded(self, request: PendingRequest, message: dict[str, Any]) -> bytes:
+        """A handler's answer as a response message (untracked: no more heartbeats for it)."""
         with self._lock:
             self._tracked.pop(request.id, None)
         limit = self.settings.max_message_bytes
         try:
-            raw = encode_message(message, "response", limit)
+            return encode_message(message, "response", limit)
         except (ValueError, MessageTooLargeError) as exc:
             logger.error("response to %s on %s replaced by an error: %s", request.id, request.endpoint, exc)
-            raw = encode_message({"ok": False, "error": str(exc)}, "response", limit)
-        undelivered: tuple[type[Exception], ...] = (*self._node.store.refused, PendingError)
+            return encode_message({"ok": False, "error": str(exc)}, "response", limit)
+
+    def _told(self, request: PendingRequest, outcome: Callable[[], str]) -> None:
+        """What became of a handler's answer (``outcome`` raises if it could not be stored): one
+        that could not is logged and counted, not raised: it is that request's problem, not the
+        serving loop's."""
         try:
-            self._send_response(request.endpoint, request.id, request.take_id, raw)
-        except undelivered as exc:
+            self._delivered(request.endpoint, request.id, Delivery(outcome()))
+        except PendingError as exc:
             metrics.count(metrics.PENDING_RESPONSES_UNDELIVERED, request.endpoint)
             logger.error("could not store the response to %s on %s: %s", request.id, request.endpoint, exc)
 
@@ -225,7 +238,10 @@ class Processor:
         return self._send_response(endpoint, request_id, take_id, raw)
 
     def _send_response(self, endpoint: str, request_id: str, take_id: str, raw: bytes) -> Delivery:
-        outcome = Delivery(self._node.store.respond(endpoint, request_id, take_id, raw))
+        return self._delivered(endpoint, request_id, Delivery(self._node.store.respond(endpoint, request_id,
+                                                                                        take_id, raw)))
+
+    def _delivered(self, endpoint: str, request_id: str, outcome: Delivery) -> Delivery:
         self._node.step("responded")
         if outcome is not Delivery.DELIVERED:
             metrics.count(metrics.PENDING_RESPONSES_UNDELIVERED, endpoint)
@@ -237,11 +253,11 @@ class Processor:
         should stop (cancelled, caller gone, lost)."""
         s = self.settings
         reply = self._node.store.processor_beat(endpoint, request_id, take_id)
-        if reply.state == "missing":
+        if reply.state is ProcessorState.MISSING:
             if self._node.check_data_loss():
                 return ProcessorBeat(True, "Redis lost its data")
             return ProcessorBeat(True, "the request is gone from Redis (expired)")
-        if reply.state == "not_taker":
+        if reply.state is ProcessorState.NOT_TAKER:
             return ProcessorBeat(True, "this take no longer holds the request")
         if reply.cancelled:
             return ProcessorBeat(True, "the caller cancelled the request")

@@ -1,4 +1,6 @@
-"""Composition: ``PendingQueue``, one node of the pending request queue, made once per process.
+"""Composition: ``PendingQueue``, one node of the pending request queue, made once per process by
+``build_service(settings)`` from settings its caller has read (the shape every part has; the
+adapters call it: the CLI, ``functions/pending_api.py`` through ``switchyard.aws.services``).
 
 A caller anywhere runs ``queue_and_wait(endpoint, ...)``; the node a polling service is connected
 to runs ``dequeue(endpoint)`` for it and, once the service answered, ``apply_response(...)``. The
@@ -18,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from switchyard.pending.caller import Caller
-from switchyard.pending.errors import DataLossError, PendingError, QueueUnavailableError
+from switchyard.pending.errors import DataLossError, PendingError, StoreUnavailableError
 from switchyard.pending.model import (
     CANCEL_MESSAGE,
     ID_LENGTH,
@@ -135,7 +137,7 @@ class PendingQueue:
                 thread.start()
                 self._threads.append(thread)
             if not self._node_ready.wait(self.settings.retry_window_s):
-                raise QueueUnavailableError("could not subscribe this node's channel within the retry window")
+                raise StoreUnavailableError("could not subscribe this node's channel within the retry window")
         return self
 
     def close(self) -> None:
@@ -174,7 +176,7 @@ class PendingQueue:
         """Send ``body`` (JSON) to the polling service of ``endpoint``; block until it answers.
 
         Raises PickupTimeoutError, ProcessorLostError, DataLossError, CancelledError (``cancel``
-        fired), RemoteError (the service failed) or QueueUnavailableError.
+        fired), RemoteError (the service failed) or StoreUnavailableError.
         """
         if not self._threads:
             raise PendingError("start() the PendingQueue before calling")
@@ -189,7 +191,7 @@ class PendingQueue:
         ``track``: this node claims the request if it is still running after the claim delay,
         heartbeats for it and watches for cancellation until ``apply_response`` (an in-process
         service); the HTTP API passes False: its polling service's response or first heartbeat
-        (``processor_heartbeat``) claims it. Raises QueueUnavailableError (Redis unreachable for
+        (``processor_heartbeat``) claims it. Raises StoreUnavailableError (Redis unreachable for
         the retry window) or PendingError (Redis refused the pop: a key of the wrong type, OOM).
         """
         return self.processor.dequeue(endpoint, wait, track)
@@ -270,3 +272,9 @@ class PendingQueue:
     def status(self) -> dict[str, Any]:
         """Queue depth, in-flight requests by state and oldest age, per endpoint (SCAN: an admin view)."""
         return self.redis_store.status()
+
+
+def build_service(settings: PendingSettings, *, client: RedisClient | None = None,
+                  store: StreamStore | None = None, node_id: str | None = None) -> PendingQueue:
+    """A node on ``settings`` (not started: ``start()`` subscribes and starts its threads)."""
+    return PendingQueue(settings, client=client, store=store, node_id=node_id)

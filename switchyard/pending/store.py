@@ -21,20 +21,31 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from importlib import resources
 from typing import Any, cast
 
 import redis
 from redis.backoff import ConstantBackoff
 from redis.cluster import RedisCluster
-from redis.crc import key_slot
 from redis.retry import Retry
 
 from switchyard.core.redis_client import RedisClient, open_redis
 from switchyard.pending.batch import MOVED, ScriptBatcher, packed
-from switchyard.pending.errors import PendingError, QueueUnavailableError
-from switchyard.pending.ports import CallerBeatReply, ProcessorBeatReply, WithdrawReply
+from switchyard.pending.errors import PendingError, StoreUnavailableError
+from switchyard.pending.ports import (
+    Answer,
+    AnswerWait,
+    CallerBeatReply,
+    ProcessorBeatReply,
+    ProcessorState,
+    RequestState,
+    WaitOutcome,
+    WithdrawOutcome,
+    WithdrawReply,
+)
 from switchyard.pending.settings import PendingSettings, check_endpoint
+from switchyard.pending.store_admin import AdminOps, _ms, _text
 from switchyard.pending.subscriber import SharedSubscriber
 
 logger = logging.getLogger(__name__)
@@ -70,20 +81,38 @@ def _script(client: RedisClient, name: str, claims: bool = False) -> Any:
 
 
 TAGS_KEPT = 4096  # endpoints whose key tag a node keeps made
+ANSWER_WAITERS = 4  # connections per Redis node for callers' answer-list waits (more: the node channel)
+MIN_ANSWER_WAIT_S = 0.01  # a shorter wait is not worth a connection (and BLPOP's 0 is "for ever")
 
 
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
+def _raise(error: Exception) -> Any:
+    raise error
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+def _reply(connection: Any) -> Any:
+    """The next reply on ``connection``; an error reply returned, not raised (the replies after
+    it are still to be read)."""
+    try:
+        return connection.read_response()
+    except redis.ResponseError as exc:
+        return exc
 
 
-class RedisStore:
-    """One node's pending-queue state in Redis; ``closed`` is the node's (set when it closes)."""
+def _cut(connection: Any) -> None:
+    """End a blocked read on ``connection`` now (redis-py has no public way): its own thread then
+    sees the connection fail and disconnects it."""
+    sock = connection._sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
-    refused: tuple[type[Exception], ...] = (redis.RedisError,)
+
+class RedisStore(AdminOps):
+    """One node's pending-queue state in Redis; ``closed`` is the node's (set when it closes).
+    ``answer_waiters``: connections per Redis node for answer-list waits (0: every call waits on
+    the node channel, as concurrent calls beyond them do)."""
+
+    answer_waiters = ANSWER_WAITERS
 
     def __init__(self, settings: PendingSettings, node_id: str, closed: threading.Event,
                  client: RedisClient | None = None) -> None:
@@ -115,6 +144,13 @@ class RedisStore:
         self._lock = threading.Lock()
         self._poll_connections: weakref.WeakSet[Any] = weakref.WeakSet()  # interrupt_pops() cuts them
         self._tags: dict[str, str] = {}  # endpoint -> its key tag
+        # Answer-list waits: a caller's enqueue and its blocking pop for the response go in one
+        # write on a connection of these (idle ones by node name; how many each node has made);
+        # ``_waits``: request id -> the connection its wait blocks on (``interrupt_wait``).
+        self._answer_timeout_s = settings.heartbeat_initial_delay_s + settings.connections.redis_timeout_s
+        self._idle_waiters: dict[str, list[Any]] = {}
+        self._waiters_made: dict[str, int] = {}
+        self._waits: dict[str, Any] = {}
 
     def _available(self, operation: Callable[[], Any]) -> Any:
         """Run a Redis operation; map its failure. On one server redis-py already retried it for
@@ -127,12 +163,14 @@ class RedisStore:
                 return operation()
             except (redis.ConnectionError, redis.TimeoutError, *MOVED) as exc:
                 if self._cluster is None and isinstance(exc, MOVED):
-                    raise
+                    raise PendingError(f"Redis refused the command: {exc}") from exc
                 now = time.monotonic()
                 give_up = give_up or now + (0 if self._cluster is None else self.settings.retry_window_s)
                 if now >= give_up or self._closed.is_set():
-                    raise QueueUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
+                    raise StoreUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
                 self._closed.wait(self.settings.retry_interval_s)
+            except redis.RedisError as exc:  # refused (out of memory, a key of the wrong type...)
+                raise PendingError(f"Redis refused the command: {exc}") from exc
 
     # ------------------------------------------------------------------ keys
 
@@ -158,6 +196,9 @@ class RedisStore:
     def polls_key(self, endpoint: str) -> str:
         return f"{self.key_tag(endpoint)}:polls"
 
+    def answer_key(self, endpoint: str, request_id: str) -> str:
+        return f"{self.key_tag(endpoint)}:a:{request_id}"
+
     def endpoint_channel(self, endpoint: str) -> str:
         """Cancellations of an endpoint's popped, not yet claimed requests (processor unknown)."""
         return f"{self.settings.prefix}:ep:{endpoint}"
@@ -174,16 +215,92 @@ class RedisStore:
         self._available(lambda: self.batch.call(
             self._enqueue, [self.state_key(endpoint, request_id), self.pending_key(endpoint)],
             [element, self.node_id, _ms(pickup_timeout_s + s.request_ttl_extra_s),
-             _ms(s.pending_list_ttl_s)]))
+             _ms(s.pending_list_ttl_s), "0"]))
+
+    def enqueue_and_wait(self, endpoint: str, request_id: str, element: bytes, pickup_timeout_s: float,
+                         wait_s: float, ready: Callable[[], bool], queued: Callable[[], None]) -> AnswerWait:
+        """The enqueue script and a BLPOP on the call's answer list in one write: the response
+        comes back on this connection (respond.lua pushes it there), the way the raw lists' caller
+        gets its reply, with no pub/sub read. Anything unusual (no waiting connection free, a
+        failure, an interruption) falls back to the plain enqueue (idempotent), which retries."""
+        s = self.settings
+        pending = self.pending_key(endpoint)
+        waiter = self._waiter(pending) if wait_s >= MIN_ANSWER_WAIT_S else None
+        if waiter is None:
+            self.enqueue(endpoint, request_id, element, pickup_timeout_s)
+            queued()
+            return AnswerWait(WaitOutcome.NOT_WAITED)
+        name, connection = waiter
+        outcome, response, enqueued = WaitOutcome.NOT_WAITED, None, False
+        with self._lock:
+            self._waits[request_id] = connection
+        try:
+            if not ready():  # (an interruption from now on cuts the connection: the pop ends)
+                outcome = WaitOutcome.BROKEN
+                args = (element, self.node_id, _ms(pickup_timeout_s + s.request_ttl_extra_s),
+                        _ms(s.pending_list_ttl_s), "1")
+                state = self.state_key(endpoint, request_id)
+                connection.send_packed_command(packed(
+                    connection, ("EVALSHA", self._enqueue.sha, 2, state, pending, *args),
+                    ("BLPOP", self.answer_key(endpoint, request_id), f"{wait_s:.3f}")))
+                if isinstance(_reply(connection), Exception):  # (not loaded, moved...): the pop ends
+                    connection.disconnect()
+                else:
+                    enqueued = True
+                    queued()
+                    popped = _reply(connection)
+                    if popped is None:
+                        outcome = WaitOutcome.TIMED_OUT
+                    elif not isinstance(popped, Exception):
+                        outcome, response = WaitOutcome.ANSWERED, popped[1]
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            connection.disconnect()  # (the next wait connects it again)
+        finally:
+            with self._lock:
+                self._waits.pop(request_id, None)
+                self._idle_waiters[name].append(connection)
+        if not enqueued:
+            self.enqueue(endpoint, request_id, element, pickup_timeout_s)
+            queued()
+        return AnswerWait(outcome, response)
+
+    def interrupt_wait(self, request_id: str) -> None:
+        with self._lock:
+            connection = self._waits.get(request_id)
+            if connection is not None:
+                _cut(connection)
+
+    def _waiter(self, key: str) -> tuple[str, Any] | None:
+        """A connection for an answer-list wait on ``key``'s node, connected; None if all are busy."""
+        name, pool = self._node_pool(key)
+        with self._lock:
+            idle = self._idle_waiters.setdefault(name, [])
+            if idle:
+                connection = idle.pop()
+            elif self._waiters_made.get(name, 0) < self.answer_waiters:
+                self._waiters_made[name] = self._waiters_made.get(name, 0) + 1
+                connection = pool.connection_class(
+                    **{**pool.connection_kwargs, "socket_timeout": self._answer_timeout_s})
+            else:
+                return None
+        if connection._sock is None:  # (connected before an interruption may look for its socket)
+            try:
+                connection.connect()
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                with self._lock:
+                    idle.append(connection)
+                return None
+        return name, connection
 
     def caller_beat(self, endpoint: str, request_id: str, element: bytes) -> CallerBeatReply:
         s = self.settings
         reply = self._available(lambda: self._heartbeat(
-            keys=[self.state_key(endpoint, request_id), self.pending_key(endpoint)],
+            keys=[self.state_key(endpoint, request_id), self.pending_key(endpoint),
+                  self.answer_key(endpoint, request_id)],
             args=["c", "", _ms(s.in_flight_ttl_s), element, _ms(s.processor_timeout_s),
                   _ms(s.pending_list_ttl_s)]))
-        state = _text(reply[0])
-        if state == "missing":
+        state = RequestState(_text(reply[0]))
+        if state is RequestState.MISSING:
             return CallerBeatReply(state, 0, b"")
         return CallerBeatReply(state, int(reply[1]), reply[2])
 
@@ -191,7 +308,7 @@ class RedisStore:
         reply = self._available(lambda: self._withdraw(
             keys=[self.state_key(endpoint, request_id), self.pending_key(endpoint)],
             args=[request_id, mode, self.node_channel_prefix, element, self.endpoint_channel(endpoint)]))
-        return WithdrawReply(_text(reply[0]), reply[1] if len(reply) > 1 else None)
+        return WithdrawReply(WithdrawOutcome(_text(reply[0])), reply[1] if len(reply) > 1 else None)
 
     def unlink_answered(self, answered: Mapping[str, Sequence[str]]) -> None:
         """One UNLINK per endpoint (its keys share one cluster slot), all in one round trip."""
@@ -201,36 +318,43 @@ class RedisStore:
                     # (execute_command: a cluster pipeline's unlink() splits keys by slot, not queued)
                     pipe.execute_command("UNLINK", *(self.state_key(endpoint, r) for r in request_ids))
                 pipe.execute()
-        except (redis.ConnectionError, redis.TimeoutError):
+        except redis.RedisError:
             logger.warning("could not unlink %d answered states; their TTL will",
                            sum(map(len, answered.values())))
 
     # ------------------------------------------------------- processing side
 
     def respond(self, endpoint: str, request_id: str, take_id: str, raw: bytes) -> str:
-        s = self.settings
         return _text(self._available(lambda: self.batch.call(
-            self._respond, [self.state_key(endpoint, request_id), self.take_key(endpoint, take_id)],
-            [take_id, raw, _ms(s.response_ttl_s), self.node_channel_prefix, _ms(s.sender_timeout_s),
-             request_id, self.node_id, self._take_ttl_ms])))
+            self._respond, *self._respond_keys_args(endpoint, request_id, take_id, raw))))
+
+    def _respond_keys_args(self, endpoint: str, request_id: str, take_id: str,
+                           raw: bytes) -> tuple[list[Any], list[Any]]:
+        s = self.settings
+        return ([self.state_key(endpoint, request_id), self.take_key(endpoint, take_id),
+                 self.answer_key(endpoint, request_id)],
+                [take_id, raw, _ms(s.response_ttl_s), self.node_channel_prefix, _ms(s.sender_timeout_s),
+                 request_id, self.node_id, self._take_ttl_ms])
 
     def processor_beat(self, endpoint: str, request_id: str, take_id: str) -> ProcessorBeatReply:
         reply = self._available(lambda: self._heartbeat(
             keys=[self.state_key(endpoint, request_id), self.take_key(endpoint, take_id)],
             args=["p", take_id, _ms(self.settings.in_flight_ttl_s), request_id, self.node_id,
                   self._take_ttl_ms]))
-        state = _text(reply[0])
-        if state in ("missing", "not_taker"):
+        state = ProcessorState(_text(reply[0]))
+        if state is not ProcessorState.TAKEN:
             return ProcessorBeatReply(state, 0, False)
         return ProcessorBeatReply(state, int(reply[1]), bool(int(reply[2])))
 
-    def pop(self, endpoint: str, take_id: str, deadline: float) -> bytes | None:
+    def pop(self, endpoint: str, take_id: str, deadline: float, answer: Answer | None = None) -> bytes | None:
         """Move the next request of ``endpoint`` into the take key (blocking until ``deadline``).
 
         BLMOVE and the take key's PEXPIRE go in one write: Redis runs the PEXPIRE right after the
-        move, so the moved request is never in a key without a TTL. Retried here for the retry
-        window, not by redis-py: after a lost connection the take key is read first, since a pop
-        whose reply was lost may have moved a request into it.
+        move, so the moved request is never in a key without a TTL. ``answer`` (the serving loop's
+        response to its previous request) goes in the same write, first: one round trip where
+        respond + pop took two, and the pop is waiting again the moment the response is stored.
+        Retried here for the retry window, not by redis-py: after a lost connection the take key
+        is read first, since a pop whose reply was lost may have moved a request into it.
         """
         s = self.settings
         pending, take = self.pending_key(endpoint), self.take_key(endpoint, take_id)
@@ -254,22 +378,51 @@ class RedisStore:
                 if wait > 0:
                     pop = ("BLMOVE", pending, take, "LEFT", "RIGHT", f"{wait:.3f}")
                 # (a connection idle past its health-check interval is pinged, and replaced if stale)
-                connection.send_packed_command(packed(connection, pop, ("PEXPIRE", take, ttl)))
+                if answer is None:
+                    connection.send_packed_command(packed(connection, pop, ("PEXPIRE", take, ttl)))
+                else:
+                    keys, args = self._respond_keys_args(endpoint, *answer[:3])
+                    connection.send_packed_command(packed(
+                        connection, ("EVALSHA", self._respond.sha, len(keys), *keys, *args), pop,
+                        ("PEXPIRE", take, ttl)))
+                    told = _reply(connection)
+                    sent, answer = answer, None
+                    if isinstance(told, Exception):  # (not loaded, moved...): the client's own way
+                        self._tell(sent, endpoint)
+                    else:
+                        sent.told(partial(_text, told))
                 element = self._read_pop(connection, endpoint)
                 if element is not None or deadline - time.monotonic() <= 0:
                     return element
             except (redis.ConnectionError, redis.TimeoutError, OSError, *MOVED) as exc:
                 connection.disconnect()
                 self._refresh_slots()
+                if answer is not None:  # it may have been stored (respond.lua is idempotent)
+                    sent, answer = answer, None
+                    self._tell(sent, endpoint)
                 if self._closed.is_set():  # the node's close interrupted the pop: it may have moved one
                     self._give_back_popped(pending, take)
                     return None
                 now = time.monotonic()
                 give_up = give_up or now + s.retry_window_s
                 if now >= give_up:
-                    raise QueueUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
+                    raise StoreUnavailableError(f"Redis unreachable after retrying: {exc}") from exc
                 lost = True
                 self._closed.wait(s.retry_interval_s)
+            finally:
+                if answer is not None:  # not sent (the node closes): sent the usual way
+                    sent, answer = answer, None
+                    self._tell(sent, endpoint)
+
+    def _tell(self, answer: Answer, endpoint: str) -> None:
+        """Send ``answer`` the usual way (batched, retried) and tell its outcome, or its failure."""
+        try:
+            outcome = self.respond(endpoint, answer.request_id, answer.take_id, answer.raw)
+        except PendingError as exc:
+            failure = exc
+            answer.told(lambda: _raise(failure))
+        else:
+            answer.told(lambda: outcome)
 
     @staticmethod
     def _read_pop(connection: Any, endpoint: str) -> bytes | None:
@@ -302,11 +455,7 @@ class RedisStore:
         connections = getattr(self._poller, "connections", None)
         if connections is None:
             connections = self._poller.connections = {}
-        if self._cluster is None:
-            name, pool = "", cast("redis.Redis", self.client).connection_pool
-        else:
-            node = self._cluster.get_node_from_key(key)
-            name, pool = node.name, node.redis_connection.connection_pool
+        name, pool = self._node_pool(key)
         connection = connections.get(name)
         if connection is None:
             connection = connections[name] = pool.connection_class(
@@ -314,6 +463,13 @@ class RedisStore:
             with self._lock:
                 self._poll_connections.add(connection)
         return connection
+
+    def _node_pool(self, key: str) -> tuple[str, Any]:
+        """The name and connection pool of the node owning ``key`` ("" on one server)."""
+        if self._cluster is None:
+            return "", cast("redis.Redis", self.client).connection_pool
+        node = self._cluster.get_node_from_key(key)
+        return node.name, node.redis_connection.connection_pool
 
     def _refresh_slots(self) -> None:
         """(Cluster) Re-read the slot map: a pop's node failed or its slot moved."""
@@ -325,115 +481,13 @@ class RedisStore:
         with self._lock:
             polling = list(self._poll_connections)
         for connection in polling:  # a poller blocked in a pop ends now, not after its wait
-            sock = connection._sock  # redis-py has no public way to interrupt a blocked read
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)  # the poller's own thread then disconnects
-
-    # ------------------------------------------------------------- watcher
-
-    def swap_guards(self, token: str, ttl_s: float) -> dict[str, bytes | None]:
-        """Swap ``token`` into every guard (one per shard on a cluster); a shard that does not
-        answer is left out (checked next time), unless none does."""
-        replies: dict[str, bytes | None] = {}
-        failure: Exception | None = None
-        for key in self.guard_keys():
-            try:
-                replies[key] = cast("bytes | None", self.client.set(key, token, px=_ms(ttl_s), get=True))
-            except (redis.ConnectionError, redis.TimeoutError, *MOVED) as exc:
-                failure = exc
-        if not replies and failure is not None:
-            raise QueueUnavailableError(f"Redis unreachable after retrying: {failure}") from failure
-        return replies
-
-    def guard_keys(self) -> dict[str, tuple[int, int]]:
-        """The data-loss guard keys: one on a single server; on a cluster one per shard's slot
-        range, tagged into it (a master that lost its data loses its guard). Recomputed when the
-        slot map changes; a failover keeps the slots, so the same keys."""
-        if self._cluster is None:
-            return {self.guard_key: (0, 16383)}
-        slots_cache = self._cluster.nodes_manager.slots_cache
-        cached, keys = self._guards
-        if cached is not slots_cache:
-            keys = {}
-            ranges: list[list[Any]] = []
-            for slot in range(16384):
-                nodes = slots_cache.get(slot)
-                owner = nodes[0].name if nodes else None
-                if ranges and ranges[-1][2] == owner and ranges[-1][1] == slot - 1:
-                    ranges[-1][1] = slot
-                else:
-                    ranges.append([slot, slot, owner])
-            for low, high, owner in ranges:
-                if owner is not None:
-                    tag = next(t for t in (f"{low}.{i}" for i in range(1 << 20))
-                               if low <= key_slot(t.encode()) <= high)
-                    keys[f"{self.guard_key}:{{{tag}}}"] = (low, high)
-            self._guards = (slots_cache, keys)
-        return keys
-
-    def endpoint_in(self, endpoint: str, slots: tuple[int, int]) -> bool:
-        """Whether ``endpoint``'s keys live in the slot range ``slots``."""
-        low, high = slots
-        return low <= key_slot(check_endpoint(endpoint).encode()) <= high
-
-    # ------------------------------------------------------------ node API
-
-    def take_poll_slot(self, endpoint: str, slot: str, lapses_at: float, key_ttl_ms: int, limit: int) -> bool:
-        key, now = self.polls_key(endpoint), time.time()
-
-        def count() -> int:
-            pipe = self.client.pipeline(transaction=True)
-            pipe.zremrangebyscore(key, "-inf", now)
-            pipe.zadd(key, {slot: lapses_at})
-            pipe.zcard(key)
-            pipe.pexpire(key, key_ttl_ms)
-            return int(pipe.execute()[2])
-
-        try:
-            if self._available(count) <= limit:
-                return True
-            self.client.zrem(key, slot)
-            return False
-        except (redis.RedisError, QueueUnavailableError) as exc:
-            raise QueueUnavailableError(f"Redis unavailable for the poll count: {exc}") from exc
-
-    def give_back_poll_slot(self, endpoint: str, slot: str) -> None:
-        with contextlib.suppress(redis.RedisError):  # else it lapses by itself
-            self.client.zrem(self.polls_key(endpoint), slot)
-
-    # --------------------------------------------------------------- admin
-
-    def status(self) -> dict[str, Any]:
-        """Queue depth, in-flight requests by state and oldest age, per endpoint (SCAN: an admin view)."""
-        now_ms = int(self._available(self.client.time)[0]) * 1000
-        prefix = f"{self.settings.prefix}:{{"
-        endpoints: dict[str, dict[str, Any]] = {}
-
-        def entry(endpoint: str) -> dict[str, Any]:
-            return endpoints.setdefault(endpoint, {"waiting": 0, "queued": 0, "taken": 0, "answered": 0,
-                                                   "oldest_age_s": 0.0})
-
-        for key in self._scan(f"{prefix}*}}:r:*"):
-            text = _text(key)
-            endpoint = text[len(prefix):text.rindex("}:r:")]
-            state, at = self.client.hmget(key, "s", "at")
-            if state is None:
-                continue
-            item = entry(endpoint)
-            item[{"q": "queued", "t": "taken", "a": "answered"}[_text(state)]] += 1
-            # "at" is written with "s" (in one HSET), so it is there when the state is.
-            item["oldest_age_s"] = max(item["oldest_age_s"], (now_ms - int(cast("bytes", at))) / 1000)
-        for key in self._scan(f"{prefix}*}}:pending"):
-            text = _text(key)
-            entry(text[len(prefix):text.rindex("}:pending")])["waiting"] = self.client.llen(key)
-        return dict(sorted(endpoints.items()))
-
-    def _scan(self, pattern: str) -> list[Any]:
-        """Every key matching ``pattern`` (on a cluster: SCAN on every master)."""
-        keys = self._available(lambda: list(self.client.scan_iter(match=pattern, count=1000)))
-        return cast("list[Any]", keys)
+            _cut(connection)
 
     def close(self) -> None:
-        """Give the batcher's held connection back (after the node's threads ended)."""
+        """Give the batcher's held connection back, close the answer-list waits' connections
+        (after the node's threads ended)."""
         self.batch.close()
+        with self._lock:
+            idle = [c for connections in self._idle_waiters.values() for c in connections]
+        for connection in idle:
+            connection.disconnect()

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 
 from switchyard.pending import metrics
-from switchyard.pending.errors import QueueUnavailableError
+from switchyard.pending.errors import PendingError, StoreUnavailableError
 from switchyard.pending.ports import PendingStore
 from switchyard.pending.settings import PendingSettings
 
@@ -65,7 +65,7 @@ class Watcher:
         cancelled, of the endpoints whose keys live where the guard vanished."""
         try:
             lost = self.check_guard()
-        except QueueUnavailableError:
+        except StoreUnavailableError:
             return False
         if lost:
             self.data_loss_events += 1
@@ -86,7 +86,7 @@ class Watcher:
                 next_guard = now + s.data_loss_check_s
                 try:
                     self.check_data_loss()
-                except self._store.refused as exc:  # refused (OOM...): the next check tries again
+                except PendingError as exc:  # refused (OOM...): the next check tries again
                     logger.warning("data-loss check failed: %s", exc)
             self._beat_due()
 

@@ -20,8 +20,9 @@ from pika.adapters.blocking_connection import BlockingChannel
 from pika.adapters.utils.io_services_utils import _TRY_IO_AGAIN_SOCK_ERROR_CODES, _AsyncPlaintextTransport
 
 from switchyard.core.config import AMQP_URL, service_urls
-from switchyard.core.errors import BrokerUnavailableError, ConfigError
+from switchyard.core.errors import ConfigError
 from switchyard.rpc import amqp_decode
+from switchyard.rpc.errors import BrokerUnavailableError
 from switchyard.rpc.settings import heartbeat_from_env
 
 # struct tcp_info up to tcpi_last_ack_recv: 8 one-byte fields, 9 u32, then last_data_sent,

@@ -28,6 +28,7 @@ from typing import Any
 
 import pika.spec
 
+from switchyard.core.errors import RpcError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.frames import SHORT_STRING_PROPERTIES
 
@@ -39,7 +40,7 @@ _FIXED = {b"t": ">B", b"b": ">b", b"B": ">B", b"U": ">h", b"u": ">H", b"s": ">h"
 _SIZES = {kind: struct.calcsize(fmt) for kind, fmt in _FIXED.items()}
 
 
-class HeaderDecodeError(ValueError):
+class HeaderDecodeError(RpcError, ValueError):
     """A header table Switchyard will not decode (the reason is the message)."""
 
 

@@ -1,11 +1,29 @@
-"""The rpc part's errors, under the core's tree (``BrokerError`` and ``RpcError`` live in the core:
-the delay scheduler raises broker errors too, and ``RemoteError``, which pending raises, is an
-``RpcError``). Driver errors (pika, redis, boto3) are wrapped with ``from``.
+"""The rpc part's errors, all under its root ``RpcError`` (declared in the core, so spark catches
+it through its port); a call that failed is a ``CallError``. ``BrokerError``,
+``BrokerUnavailableError`` and ``RemoteError`` are the part's own of the core's roles of those
+names (docs/errors.md). Driver errors (pika, redis, boto3) are wrapped with ``from``.
 """
 
 from __future__ import annotations
 
-from switchyard.core.errors import BrokerError, BrokerUnavailableError, RpcError, SwitchyardError
+from switchyard.core import errors as core_errors
+from switchyard.core.errors import RpcError
+
+
+class CallError(RpcError):
+    """A keyed RPC call did not produce a usable response."""
+
+
+class RemoteError(CallError, core_errors.RemoteError):
+    """A response whose status is not ``ok``: a worker error or a dead-letter reason."""
+
+
+class BrokerError(RpcError, core_errors.BrokerError):
+    """The broker refused or lost an operation of the part (a publish, a declare, a collect)."""
+
+
+class BrokerUnavailableError(BrokerError, core_errors.BrokerUnavailableError):
+    """The broker could not be reached (connection refused, closed, timed out)."""
 
 
 class TopologyError(BrokerError):
@@ -45,50 +63,65 @@ class ManagementApiError(BrokerError):
         self.body = body
 
 
-class CallTimeoutError(RpcError, TimeoutError):
+class CallTimeoutError(CallError, TimeoutError):
     """No response arrived within the call's timeout; the slot was freed."""
 
 
-class UnroutableError(RpcError):
+class UnroutableError(CallError):
     """The broker returned the request (basic.return): nothing could route it."""
 
 
-class PublishRejectedError(RpcError):
+class PublishRejectedError(CallError):
     """The broker nacked the request under publisher confirms: it was not stored."""
 
 
-class ClientBusyError(RpcError):
+class ClientBusyError(CallError):
     """Every slot of the client stayed taken until the caller's wait ran out."""
 
 
-class ClientThreadError(RpcError):
+class ClientThreadError(CallError):
     """A blocking call from the thread that drives the client (a done-callback): it would wait for
     a response only that thread can take in."""
 
 
-class ClientClosedError(RpcError):
+class ClientClosedError(CallError):
     """The client was closed while the call was in flight (a lost connection re-sends it instead)."""
 
 
-class CallInterruptedError(RpcError, BrokerUnavailableError):
+class CallInterruptedError(CallError, BrokerUnavailableError):
     """The connection died with the call in flight, and no new one could re-send it before the
     call's deadline. Retryable: whether a worker handled it is unknown (its answer, if any, went to
     the lost connection's reply queue), so a retry is at-least-once, as the client's own re-send."""
 
 
-class DriverError(SwitchyardError):
+class DriverError(RpcError):
     """A driver could not start, stop or inspect workers; the control loop retries on its next tick."""
 
 
-class LockTimeoutError(SwitchyardError):
+class LockTimeoutError(RpcError):
     """A per-key lock stayed taken too long; the caller fails so its batch is redelivered."""
 
 
+
+
+class ScheduledCallError(RpcError):
+    """A fired record that names a pool but cannot be made into its call (``reason`` says how)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
 __all__ = [
+    "BrokerError",
+    "BrokerUnavailableError",
+    "CallError",
     "CallInterruptedError",
     "CallTimeoutError",
     "ClientBusyError",
     "ClientClosedError",
+    "ClientThreadError",
     "DeadLetteringStrandedError",
     "DriverError",
     "LockTimeoutError",
@@ -96,15 +129,9 @@ __all__ = [
     "PoolNotEmptyError",
     "PoolNotFoundError",
     "PublishRejectedError",
+    "RemoteError",
+    "RpcError",
+    "ScheduledCallError",
     "TopologyError",
     "UnroutableError",
 ]
-
-
-class ScheduledCallError(SwitchyardError):
-    """A fired record that names a pool but cannot be made into its call (``reason`` says how)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail

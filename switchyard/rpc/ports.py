@@ -1,4 +1,7 @@
-"""What the rpc part needs from outside: a worker group driver and the pool-state store.
+"""What the rpc part needs from outside: a worker group driver, the pool-state store, the pool's
+queues on the broker and the broker's dead-lettering probe. The control logic sees only these
+(``store.PoolState``, ``control.topology.PoolTopology`` and ``control.topology.BrokerProbe`` are the
+adapters; the reconciler's unit tests run on fakes of them).
 
 The worker group driver contract (the keyed RPC design, "Worker group" and "Worker groups control loop").
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -34,6 +38,11 @@ from switchyard.rpc.settings import MAX_WORKERS, MIN_WORKERS, TARGET_BACKLOG
 
 GROUP_ID_DIGEST_CHARS = 24
 GROUP_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+
+
+def now_ms() -> int:
+    """The control plane's clock (epoch milliseconds), as the pool store stamps its groups."""
+    return int(time.time() * 1000)
 
 
 # The pool store's vocabulary: what a group's state is, and what a touch did to it.
@@ -228,3 +237,51 @@ class PoolStore(Protocol):
     def locked(self, keys: Iterable[str], wait: float = 30.0) -> AbstractContextManager[None]: ...
 
     def reconciler_turn(self, ttl_ms: int = 60_000) -> AbstractContextManager[bool]: ...
+
+
+class RequestQueues(Protocol):
+    """One pool's request queues on the broker, as the control loops see them (``PoolTopology``).
+
+    Operations are idempotent and raise Switchyard's errors only (the adapter translates its
+    client's): a broker's refusal ``TopologyError``, a lost connection ``BrokerUnavailableError``, a
+    management API failure ``ManagementApiError``.
+    """
+
+    pool: str
+
+    @property
+    def queue_type(self) -> p.QueueType: ...
+
+    def list_request_queues(self, columns: str) -> list[dict[str, Any]]:
+        """The pool's ``{pool}-req-*`` queues with the management API's ``columns`` (sampled stats)."""
+        ...
+
+    def queue_status(self, queue: str) -> tuple[int, int] | None:
+        """``(ready messages, consumers)``, exact, or None when the queue does not exist."""
+        ...
+
+    def ensure_request_queue(self, key: str, bind: bool = True) -> str: ...
+
+    def ensure_request_queues(self, keys: Iterable[str], likely_new: Iterable[str] = (),
+                              parallel: int = 8) -> None: ...
+
+    def unbind_request_queue(self, key: str) -> None: ...
+
+    def delete_request_queue(self, key: str) -> None: ...
+
+    def answers_consume(self, queue: str, timeout_s: float) -> bool:
+        """Whether the broker answers a consume on ``queue`` in time (False: silence, no leader)."""
+        ...
+
+
+class DeadLetteringProbe(Protocol):
+    """Whether the broker can still start an at-least-once dead-lettering queue (``BrokerProbe``)."""
+
+    @property
+    def broker(self) -> str:
+        """Names the broker and vhost probed: the probe's turn is shared by every pool on it."""
+        ...
+
+    def stranded(self) -> bool:
+        """Probe now: True when the broker's dead-letter supervisor is gone; a failure raises."""
+        ...

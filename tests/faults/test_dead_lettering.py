@@ -26,7 +26,7 @@ from switchyard.core.config import Connections
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.management import ManagementApi
 from switchyard.rpc.control.reconciler import Reconciler
-from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.control.topology import BrokerProbe, PoolTopology
 from switchyard.rpc.errors import DeadLetteringStrandedError
 from switchyard.rpc.settings import Delays, RpcSettings
 from switchyard.rpc.store import PoolState
@@ -131,7 +131,8 @@ def test_a_stranded_broker_is_detected_named_and_alarmed(broker4: RpcSettings) -
             topology.declare()
     state = PoolState(redis.Redis.from_url(broker4.connections.redis_url), pool)
     with PoolTopology(pool, broker4) as topology:
-        outcome = Reconciler(state, topology, _NoDriver(), Delays(), probe_interval_s=0.001).run_pass()
+        outcome = Reconciler(state, topology, _NoDriver(), Delays(), probe=BrokerProbe(topology),
+                             probe_interval_s=0.001).run_pass()
     assert outcome.dead_lettering_stranded == 1
     restart_rabbitmq4()
     with PoolTopology(pool, broker4) as topology:

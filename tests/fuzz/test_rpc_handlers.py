@@ -17,9 +17,10 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from switchyard.aws import services
 from switchyard.rpc import protocol as p
 from switchyard.rpc.drivers import NoopDriver
-from switchyard.rpc.service import ControlPlane, install
+from switchyard.rpc.service import ControlPlane
 from switchyard.rpc.settings import ControlSettings, Delays
 from tests.fuzz.conftest import examples
 from tests.fuzz.events import rmq_event, rmq_message, scheduled_event
@@ -34,12 +35,12 @@ def rpc_fuzz(make_pool: PoolFactory, redis_client: redis.Redis) -> Iterator[Env]
     """A pool (classic queues: thousands of generated messages) whose control plane has no workers."""
     pool, settings = make_pool(queue_type=p.QueueType.CLASSIC)
     plane = ControlPlane(ControlSettings(pool, Delays(30, 30), 1.0), settings, NoopDriver(), redis_client)
-    install(plane)
+    services.control_plane.install(plane)
     env = Env(pool, settings, plane)
     yield env
     with contextlib.suppress(pika.exceptions.AMQPError):  # idle through a long test: heartbeats missed
         env.connection.close()
-    install(None)
+    services.control_plane.install(None)
     plane.close()
     flush_pool_state(redis_client, pool)
 

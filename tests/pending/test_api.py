@@ -14,6 +14,7 @@ from dataclasses import asdict
 import pytest
 import requests
 
+from switchyard.aws import services
 from switchyard.local.http_gateway import HttpGateway
 from switchyard.pending import CancelledError, CancelToken, PendingQueue, PendingSettings, RemoteError
 from switchyard.pending.api import TokenStore, build_app
@@ -194,7 +195,9 @@ def test_the_lambda_handler_behind_the_gateway(monkeypatch: pytest.MonkeyPatch, 
             assert make_node().queue_and_wait("svc", 21).body == 42
             assert requests.get(f"{gw.url}/endpoints/x/next", timeout=10).status_code == 401
     finally:
-        module.queue.close()
+        if services.pending_node.built:
+            services.pending_node()[0].close()
+        services.pending_node.install(None)
         sys.modules.pop("functions.pending_api", None)
 
 

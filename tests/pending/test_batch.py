@@ -93,6 +93,7 @@ def test_a_busy_node_shares_round_trips_and_unlinks_answered_states_in_batches(
     client = private_redis.client()
     with PendingQueue(settings).start() as caller, PendingQueue(settings).start() as service:
         stop = serve(service, "busy", lambda body: body * 2, pollers=8)
+        caller.redis_store.answer_waiters = 0  # every enqueue through the batcher
         try:
             client.config_resetstat()
             with ThreadPoolExecutor(40) as pool:

@@ -25,7 +25,7 @@ from switchyard.pending import (
     PendingRequest,
     PendingSettings,
     ProcessorLostError,
-    QueueUnavailableError,
+    StoreUnavailableError,
 )
 from tests.conftest import subprocess_env, wait_for
 from tests.pending.conftest import PrivateRedis, keys_without_ttl, ownerless_requests, private_settings
@@ -290,7 +290,7 @@ def test_a_guard_that_merely_expired_is_not_data_loss(private_redis: PrivateRedi
 
 
 def test_a_call_while_redis_is_gone_fails_after_the_retry_window(tmp_path: Path) -> None:
-    """Redis gone for longer than the retry window: the call fails with QueueUnavailableError
+    """Redis gone for longer than the retry window: the call fails with StoreUnavailableError
     once its enqueue has been retried for the window, not after its pickup timeout (30 s here)."""
     server = PrivateRedis(tmp_path)  # its own: this test stops it
     server.start()
@@ -300,7 +300,7 @@ def test_a_call_while_redis_is_gone_fails_after_the_retry_window(tmp_path: Path)
         with nodes(settings, 1) as [caller]:
             server.stop()
             started = time.monotonic()
-            with pytest.raises(QueueUnavailableError, match="unreachable"):
+            with pytest.raises(StoreUnavailableError, match="unreachable"):
                 caller.queue_and_wait("ep", 1)
             assert time.monotonic() - started < 10, "the call waited for something else"
     finally:

@@ -11,8 +11,8 @@ from switchyard.pending import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 PART = ROOT / "switchyard" / "pending"
-# The Redis adapter: the store and the two helpers only it uses.
-REDIS_MODULES = {"store.py", "batch.py", "subscriber.py"}
+# The Redis adapter: the store, its admin operations and the two helpers only it uses.
+REDIS_MODULES = {"store.py", "store_admin.py", "batch.py", "subscriber.py"}
 
 
 def _upper_snake(name: str) -> str:
@@ -69,15 +69,38 @@ def test_only_the_store_talks_to_redis() -> None:
     assert talking <= REDIS_MODULES, talking - REDIS_MODULES
 
 
+def test_no_service_module_knows_the_driver_or_its_errors() -> None:
+    """The services (caller, processor, watcher, the API...) see ports only: no import of redis at
+    all (type-checking ones included), no driver error caught (the adapter translates them into
+    pending's errors), no state code compared as a bare string (``ports``' StrEnums)."""
+    codes = {"q", "t", "a", "missing", "requeued", "not_taker", "withdrawn", "answered", "taken", "cancelled"}
+    for path in sorted(PART.glob("*.py")):
+        if path.name in REDIS_MODULES:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] == "redis" for a in node.names), path.name
+            elif isinstance(node, ast.ImportFrom):
+                assert (node.module or "").split(".")[0] != "redis", path.name
+            elif isinstance(node, ast.Attribute):
+                assert node.attr not in ("RedisError", "ResponseError", "refused"), (path.name, node.attr)
+            elif isinstance(node, ast.Compare):
+                compared = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+                assert not codes & set(compared), (path.name, node.lineno, compared)
+
+
 def test_only_settings_reads_the_environment() -> None:
     reading = {path.name for path in PART.glob("*.py")
                if re.search(r"\bos\.(environ|getenv)", path.read_text())}
     assert reading <= {"settings.py"}, reading
 
 
-def test_one_remote_error_the_cores() -> None:
+def test_the_remote_error_is_the_parts_and_the_cores_role() -> None:
     import switchyard.pending
     import switchyard.pending.errors
     from switchyard.core.errors import RemoteError
 
-    assert switchyard.pending.RemoteError is switchyard.pending.errors.RemoteError is RemoteError
+    assert switchyard.pending.RemoteError is switchyard.pending.errors.RemoteError
+    assert issubclass(switchyard.pending.RemoteError, RemoteError)  # one catch for every part's
+    assert issubclass(switchyard.pending.RemoteError, switchyard.pending.errors.PendingError)

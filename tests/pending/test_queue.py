@@ -73,11 +73,12 @@ def test_cross_node_call(make_node: NodeFactory, shared_redis: RedisClient,
     assert keys_without_ttl(shared_redis, settings.prefix) == []
 
 
-def test_fast_call_costs_two_scripts_a_pop_and_sixteen_commands(private_redis: PrivateRedis) -> None:
+def test_fast_call_is_two_writes_two_scripts_two_pops_eighteen_commands(private_redis: PrivateRedis) -> None:
     """The fast-RPC shortcut and a call's cost in Redis, as Redis counts it (INFO commandstats, the
-    commands inside scripts too): two scripts (enqueue; respond, which also claims: no claiming
-    heartbeat, nothing periodic before the initial delay), one pop, 16 commands in all (the raw
-    lists' LPUSH, BRPOP each way: 4)."""
+    commands inside scripts too): the caller's enqueue script with its BLPOP for the response, the
+    service's respond script (which also claims: no claiming heartbeat, nothing periodic before
+    the initial delay) with its next pop; 18 commands in all (the raw lists' LPUSH, BRPOP each
+    way: 4), no pub/sub message."""
     calls = 50
     settings = private_settings(private_redis, heartbeat_initial_delay_s=7.0, data_loss_check_s=3600.0)
     with PendingQueue(settings) as caller, PendingQueue(settings) as service_node:
@@ -91,9 +92,35 @@ def test_fast_call_costs_two_scripts_a_pop_and_sixteen_commands(private_redis: P
     counts = {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()
               if name != "cmdstat_config|resetstat"}
     assert counts["evalsha"] == 2 * calls, counts
+    assert counts["blpop"] == calls, counts  # each caller waits on its answer list ...
+    assert "publish" not in counts, counts  # ... so no response goes over pub/sub
     assert counts["blmove"] <= calls + 1, counts  # (+ the pop waiting for the next request)
     # (+ the waiting pop and its PEXPIRE, the reaper's UNLINK, a connection's health-check PING)
-    assert sum(counts.values()) <= 16 * calls + 5, counts
+    assert sum(counts.values()) <= 18 * calls + 5, counts
+
+
+def test_calls_beyond_the_answer_waits_get_their_response_on_the_node_channel(
+        private_redis: PrivateRedis) -> None:
+    """With no answer-list connection free, a call waits on its node's channel (the response
+    published), and a call whose answer-list wait timed out (the initial delay) gets its response
+    from its first beat, then the channel: each way answers."""
+    settings = private_settings(private_redis, heartbeat_initial_delay_s=0.3, data_loss_check_s=3600.0)
+    with PendingQueue(settings) as caller, PendingQueue(settings) as service_node:
+        stop = serve(service_node, "chan", lambda body: body)
+        client = private_redis.client()
+        caller.redis_store.answer_waiters = 0  # (the first call's made none yet)
+        client.config_resetstat()
+        assert [caller.queue_and_wait("chan", i).body for i in range(5)] == list(range(5))
+        counts = {n.removeprefix("cmdstat_"): int(v["calls"]) for n, v in client.info("commandstats").items()}
+        assert counts.get("blpop", 0) == 0 and counts["publish"] == 5, counts
+        stop.set()
+        caller.redis_store.answer_waiters = 4
+        slow = serve(service_node, "slow", lambda body: time.sleep(0.6) or body)
+        try:
+            assert caller.queue_and_wait("slow", "late").body == "late"  # wait timed out at 0.3 s
+        finally:
+            slow.set()
+    assert keys_without_ttl(client, settings.prefix) == []
 
 
 def test_service_error_reaches_the_caller(make_node: NodeFactory) -> None:

@@ -13,9 +13,9 @@ from switchyard.pending import (
     PendingError,
     PendingQueue,
     PendingRequest,
-    QueueUnavailableError,
     RemoteError,
     Reply,
+    StoreUnavailableError,
 )
 from switchyard.pending.streams import LocalDirectoryStore
 from tests.conftest import wait_for
@@ -196,7 +196,7 @@ def test_serve_on_a_node_not_started_or_closed_says_so(settings: Any) -> None:
         node.serve("svc", lambda request: None)
     node.start()
     node.close()
-    with pytest.raises(QueueUnavailableError, match="shutting down"):
+    with pytest.raises(StoreUnavailableError, match="shutting down"):
         node.serve("svc", lambda request: None)
     with pytest.raises(ValueError, match="endpoint must match"):
         PendingQueue(settings).serve("bad endpoint{}", lambda request: None)

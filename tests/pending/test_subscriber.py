@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from switchyard.pending import CancelToken, PendingQueue, PendingSettings
-from tests.pending.conftest import NodeFactory, PrivateRedis, private_settings
+from switchyard.pending import CancelToken, Delivery, PendingQueue, PendingSettings
+from tests.pending.conftest import NodeFactory, PrivateRedis, keys_without_ttl, private_settings
 from tests.pending.tcp_proxy import CuttableProxy
 from tests.pending.test_queue import _catch, serve
 
@@ -50,8 +50,10 @@ def call_one_at_a_time(caller: PendingQueue, endpoint: str, count: int) -> None:
 
 def test_one_call_at_a_time_is_read_by_the_calling_thread_and_needs_no_pulse(make_node: NodeFactory) -> None:
     """No thread hand-off: the caller reads its response; the pollers' blocking pops hand them
-    the requests (both serve), with no message on the service node's pub/sub at all."""
+    the requests (both serve), with no message on the service node's pub/sub at all. (Calls beyond
+    the answer-list waits': none here.)"""
     caller, service_node = make_node(), make_node()
+    caller.redis_store.answer_waiters = 0
     served: list[str] = []
 
     def echo(body: Any) -> Any:
@@ -76,6 +78,7 @@ def test_one_call_at_a_time_is_read_by_the_calling_thread_and_needs_no_pulse(mak
 def test_the_listener_reads_when_nobody_waits_and_the_role_moves_between_concurrent_callers(
         make_node: NodeFactory) -> None:
     caller, service_node = make_node(), make_node()
+    caller.redis_store.answer_waiters = 0  # every call waits on the node channel
     at_service = record_dispatches(service_node)
     cancel = CancelToken()
     threading.Thread(target=_catch, args=(caller.queue_and_wait, "busy", 1), kwargs={"cancel": cancel},
@@ -121,6 +124,7 @@ def test_a_lone_caller_reading_through_a_cut_connection_gets_its_lost_response(
     proxy, settings = _through_cuttable_proxy(private_redis)
     try:
         caller = PendingQueue(settings).start()
+        caller.redis_store.answer_waiters = 0  # it waits on the node channel
         service_node = PendingQueue(direct(settings, private_redis)).start()
         try:
             at_caller = record_dispatches(caller)
@@ -147,6 +151,40 @@ def test_a_lone_caller_reading_through_a_cut_connection_gets_its_lost_response(
     resubscribed = [thread for kind, channel, thread in at_caller
                     if kind == "subscribe" and channel == caller.node_channel]
     assert resubscribed == ["the-caller"], at_caller
+
+
+def test_a_caller_waiting_on_its_answer_list_through_a_cut_connection_gets_its_response(
+        private_redis: PrivateRedis) -> None:
+    """The response is pushed to the answer list while the caller's blocking pop is cut off: the
+    caller's wait breaks, and its beat right after (retried through the cut) returns the response
+    from the request's state, long before the first heartbeat was due (30 s)."""
+    proxy, settings = _through_cuttable_proxy(private_redis)
+    try:
+        caller = PendingQueue(settings).start()
+        service_node = PendingQueue(direct(settings, private_redis)).start()
+        try:
+            outcome: list[object] = []
+            def call() -> None:
+                outcome.append(_catch(caller.queue_and_wait, "cut-a", 7))
+
+            thread = threading.Thread(target=call, daemon=True)
+            thread.start()
+            request = service_node.dequeue("cut-a", 5)
+            assert request is not None
+            time.sleep(0.2)  # the caller is blocked in its answer-list pop
+            proxy.cut(1.5)
+            cut_at = time.monotonic()
+            assert service_node.apply_response(request, "after the cut") is Delivery.DELIVERED
+            thread.join(15)
+            elapsed = time.monotonic() - cut_at
+        finally:
+            caller.close()
+            service_node.close()
+    finally:
+        proxy.close()
+    assert getattr(outcome[0], "body", outcome[0]) == "after the cut"
+    assert 1.4 < elapsed < 10, elapsed
+    assert keys_without_ttl(private_redis.client(), settings.prefix) == []
 
 
 def test_a_poller_blocked_through_a_cut_connection_takes_the_request_queued_during_the_cut(

@@ -18,6 +18,7 @@ import pika
 import pytest
 import redis
 
+from switchyard.aws import services
 from switchyard.core.observability import logger
 from switchyard.local.functions import load_function
 from switchyard.local.rmq_bridge import RabbitMQEventSource
@@ -26,7 +27,7 @@ from switchyard.rpc.client import Response, RpcClient
 from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroup
-from switchyard.rpc.service import ControlPlane, install
+from switchyard.rpc.service import ControlPlane
 from switchyard.rpc.settings import ControlSettings, Delays
 from switchyard.rpc.store import GroupStatus
 from tests.conftest import wait_for
@@ -166,7 +167,7 @@ def test_orphan_handler_killed_after_forwarding_duplicates_but_loses_nothing(
     pool, settings = make_pool()
     driver = worker_driver(tmp_path, WHOAMI)
     plane = ControlPlane(ControlSettings(pool, Delays(60, 60)), settings, driver, redis_client)
-    install(plane)
+    services.control_plane.install(plane)
     real = load_function("rpc_orphans").lambda_handler
     crashed: list[int] = []
 
@@ -197,7 +198,7 @@ def test_orphan_handler_killed_after_forwarding_duplicates_but_loses_nothing(
     finally:
         stop.set()
         thread.join(30)
-        install(None)
+        services.control_plane.install(None)
         plane.close()
         flush_pool_state(redis_client, pool)
 

@@ -17,6 +17,7 @@ import pika
 import pytest
 import redis
 
+from switchyard.aws import services
 from switchyard.core import tracing
 from switchyard.core.errors import MalformedEventError
 from switchyard.local.functions import load_function
@@ -24,7 +25,7 @@ from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event, rmq_message
 from switchyard.rpc import protocol as p
 from switchyard.rpc.drivers import NoopDriver
-from switchyard.rpc.service import ControlPlane, install
+from switchyard.rpc.service import ControlPlane
 from switchyard.rpc.settings import ControlSettings, Delays
 from switchyard.rpc.store import GroupStatus, PoolState
 from tests.conftest import wait_for
@@ -76,12 +77,12 @@ class Env:
 def env(pool, redis_client: redis.Redis) -> Iterator[Env]:
     name, settings = pool
     plane = ControlPlane(ControlSettings(name, Delays(30, 30)), settings, NoopDriver(), redis_client)
-    install(plane)
+    services.control_plane.install(plane)
     e = Env(name, settings, plane)
     try:
         yield e
     finally:
-        install(None)
+        services.control_plane.install(None)
         plane.close()
         e.connection.close()
         flush_pool_state(redis_client, name)

@@ -11,8 +11,10 @@ from datetime import UTC, datetime, timedelta
 import pika
 import pytest
 
+from switchyard.aws import services
 from switchyard.core.config import Connections
 from switchyard.delay.model import Drop, DropReason, InputRecord
+from switchyard.delay.service import build_service as build_delay
 from switchyard.delay.settings import DelaySettings
 from switchyard.delay.store import PostgresDelayStore
 from switchyard.local.delay_runtime import LocalRuntime
@@ -25,6 +27,7 @@ from switchyard.rpc.control.publisher import ConfirmingPublisher
 from switchyard.rpc.control.scheduled import relay_scheduled
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
+from switchyard.rpc.service import build_relay
 from switchyard.rpc.settings import RpcSettings
 from tests.conftest import unique, wait_for
 from tests.delay.conftest import create_topics, delete_topics, msk_event
@@ -43,7 +46,8 @@ def delay_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[DelaySettings]:
     create_topics(bootstrap, s.input_topic, s.output_topic)
     monkeypatch.setenv("SWITCHYARD_DELAY_INPUT_TOPIC", s.input_topic)
     yield s
-    PostgresDelayStore(Connections.from_env().postgres_dsn, s.schema).drop_schema()
+    with PostgresDelayStore(Connections.from_env().postgres_dsn, s.schema) as dropping:
+        dropping.drop_schema()
     delete_topics(bootstrap, s.input_topic, s.output_topic)
 
 
@@ -134,14 +138,11 @@ def test_a_broker_that_is_not_there_fails_the_records_for_redelivery(pool, store
 
 def test_handler_answers_a_partial_batch_response(pool, delay_settings, store, monkeypatch) -> None:
     """The Lambda handler itself: a failed record is named, the others settle."""
-    from switchyard.delay import service as delay_service
-    from switchyard.rpc import service as rpc_service
-
     monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
     name, settings = pool
-    svc = delay_service.configure(delay_settings, Connections.from_env())
-    relay = rpc_service.ScheduledRelay(settings)
-    monkeypatch.setattr(rpc_service, "_relay", relay)
+    svc = build_delay(delay_settings, Connections.from_env())
+    relay = build_relay(settings, parked=svc.store)
+    services.scheduled_relay.install(relay)
     try:
         call = ScheduledCall("id-h", name, "hk", b"body")
         records = [{"key": b"hk", "value": b"body", "headers": fired(0, call).headers}, {"value": b"x"}]
@@ -154,6 +155,7 @@ def test_handler_answers_a_partial_batch_response(pool, delay_settings, store, m
         got = get_message(settings, p.orphan_queue(name))
         assert got is not None and got[1].message_id == "id-h"
     finally:
+        services.scheduled_relay.install(None)
         relay.close()
         svc.close()
 
@@ -227,7 +229,7 @@ def test_a_call_parked_for_a_pool_not_there_yet_is_answered_once_replayed(
 
 
 def test_a_crash_after_publishing_before_the_commit_gives_a_duplicate_never_a_loss(
-        pool, delay_settings, monkeypatch) -> None:
+        pool, delay_settings, store, monkeypatch) -> None:
     """The relay's invocation dies after its publish was confirmed, before the mapping committed the
     offset: the record comes again and is published again, with the same message id."""
     import threading
@@ -235,12 +237,11 @@ def test_a_crash_after_publishing_before_the_commit_gives_a_duplicate_never_a_lo
     from confluent_kafka import Producer
 
     from switchyard.local.msk_bridge import MskBridge, MskBridgeConfig
-    from switchyard.rpc import service as rpc_service
 
     monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
     name, settings = pool
-    relay = rpc_service.ScheduledRelay(settings)
-    monkeypatch.setattr(rpc_service, "_relay", relay)
+    relay = build_relay(settings, parked=store)
+    services.scheduled_relay.install(relay)
     bootstrap = Connections.from_env().kafka_bootstrap
     producer = Producer({"bootstrap.servers": bootstrap})
     record = fired(0, ScheduledCall("id-crash", name, "crash-key", b"once"))
@@ -270,6 +271,7 @@ def test_a_crash_after_publishing_before_the_commit_gives_a_duplicate_never_a_lo
     finally:
         stop.set()
         thread.join(30)
+        services.scheduled_relay.install(None)
         relay.close()
     assert crashes and bridge.failures == 1 and bridge.invocations == 2
     copies = []
@@ -391,13 +393,10 @@ def test_a_scheduled_call_amqp_cannot_carry_is_refused_by_the_client(pool, delay
 def test_the_handler_fails_no_good_offset_for_records_amqp_cannot_carry(
         pool, delay_settings, store, monkeypatch) -> None:
     """The Lambda handler on an MSK event: every bad shape between good calls, one batch."""
-    from switchyard.delay import service as delay_service
-    from switchyard.rpc import service as rpc_service
-
     name, settings = pool
-    svc = delay_service.configure(delay_settings, Connections.from_env())
-    relay = rpc_service.ScheduledRelay(settings)
-    monkeypatch.setattr(rpc_service, "_relay", relay)
+    svc = build_delay(delay_settings, Connections.from_env())
+    relay = build_relay(settings, parked=svc.store)
+    services.scheduled_relay.install(relay)
     records = [fired(0, ScheduledCall("good-0", name, "k0", b"a"))]
     for n, bad in enumerate(UNCARRIABLE.values(), start=1):
         records.append(fired(2 * n - 1, ScheduledCall(bad.get("call_id", f"bad-{n}"), name, f"b{n}", b"b"),
@@ -412,6 +411,7 @@ def test_the_handler_fails_no_good_offset_for_records_amqp_cannot_carry(
         assert set(taken(settings, p.orphan_queue(name))) == good
         assert len(taken(settings, p.poison_queue(name))) + len(store.parked()) == len(UNCARRIABLE)
     finally:
+        services.scheduled_relay.install(None)
         relay.close()
         svc.close()
 

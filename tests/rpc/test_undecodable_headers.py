@@ -21,6 +21,7 @@ import pika.frame
 import pytest
 import redis
 
+from switchyard.aws import services
 from switchyard.local.functions import load_function
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event
@@ -29,7 +30,7 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.drivers import NoopDriver
 from switchyard.rpc.ports import WorkerGroup
-from switchyard.rpc.service import ControlPlane, install
+from switchyard.rpc.service import ControlPlane
 from switchyard.rpc.settings import ControlSettings, Delays
 from tests.conftest import wait_for
 from tests.rpc.conftest import drain, flush_pool_state
@@ -333,9 +334,9 @@ class RecordingDriver(NoopDriver):
 def plane(pool, redis_client: redis.Redis) -> Iterator[ControlPlane]:
     name, settings = pool
     control = ControlPlane(ControlSettings(name, Delays(30, 30)), settings, RecordingDriver(), redis_client)
-    install(control)
+    services.control_plane.install(control)
     yield control
-    install(None)
+    services.control_plane.install(None)
     control.close()
     flush_pool_state(redis_client, name)
 

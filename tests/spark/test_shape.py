@@ -42,7 +42,7 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_errors_are_in_the_tree() -> None:
     assert issubclass(errors.SparkError, SwitchyardError)
     assert issubclass(errors.PublishOptionsError, ConfigError)  # what the job raised before
-    for cls in (errors.EmrJobError, errors.JobStoreError, errors.PackagingError, errors.InvalidJobInputError):
+    for cls in (errors.EmrJobError, errors.StoreError, errors.PackagingError, errors.InvalidJobInputError):
         assert issubclass(cls, errors.SparkError)
 
 

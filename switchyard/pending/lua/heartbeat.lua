@@ -3,6 +3,7 @@
 --
 -- KEYS[1]  {prefix:endpoint}:r:<id>        the request's state (see enqueue.lua)
 -- KEYS[2]  processor: {prefix:endpoint}:t:<take id>, the take key; caller: the pending list
+-- KEYS[3]  caller: its answer list {prefix:endpoint}:a:<id> (see respond.lua)
 -- ARGV[1]  role: 'c' (the caller) or 'p' (the processor)
 -- ARGV[2]  take id (processor) or '' (caller)
 -- ARGV[3]  state TTL in ms while taken (refreshed here, so a live request never expires)
@@ -20,13 +21,15 @@
 -- claimed it: the beat stamps mv, and once it has stayed so for ARGV[5] ms the request goes back
 -- to the head of the pending list (the node died before handing it over, or its processor could
 -- reach no node to claim it for that long: at least once), and the beat returns 'requeued'.
+-- A caller's beat ends its answer-list wait (w): from then on a response is published on its node
+-- channel, and a response pushed to the list meanwhile (returned here from the state) is removed.
 -- (A list longer than POPPED_SCAN is not searched, for the cost: the pickup timeout's withdrawal
 -- finds a popped request then.)
 -- Returns {'missing'} when the state is gone; for the caller {state ('requeued' when it went
 -- back), ms since the processor's last beat (taken), else 0, response or ''}; for the processor
 -- {'not_taker'} when it does not hold the request, else {state, ms since the caller's last beat,
 -- 1 if cancelled}.
-local v = redis.call('HMGET', KEYS[1], 's', 'taker', 'hc', 'hp', 'x', 'resp', 'mv')
+local v = redis.call('HMGET', KEYS[1], 's', 'taker', 'hc', 'hp', 'x', 'resp', 'mv', 'w')
 if not v[1] then
   if ARGV[1] == 'p' then
     take_out(KEYS[2], ARGV[4], ARGV[6])  -- drops the element it held
@@ -38,6 +41,10 @@ local now = now_ms()
 local stamp = string.format('%d', now)
 if ARGV[1] == 'c' then
   redis.call('HSET', KEYS[1], 'hc', stamp)
+  if v[8] then
+    redis.call('HDEL', KEYS[1], 'w')
+    redis.call('UNLINK', KEYS[3])
+  end
   local silence = 0
   if v[1] == 't' then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])

@@ -35,7 +35,7 @@ import pika.exceptions
 import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
-from switchyard.core.errors import BrokerUnavailableError, RpcError
+from switchyard.core.errors import BrokerUnavailableError
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import (
@@ -56,6 +56,7 @@ from switchyard.rpc.client.resend import interrupt_overdue, published_in_flight
 from switchyard.rpc.client.response import ClientStats, Response, status_of
 from switchyard.rpc.client.slots import SlotTable
 from switchyard.rpc.errors import (
+    CallError,
     CallTimeoutError,
     ClientBusyError,
     ClientClosedError,
@@ -252,7 +253,7 @@ class _ClientCore:
                 self._resend_in_flight(exc)
             except Exception as exc:  # a bug must not end the loop: fail what is in flight, go on
                 logger.exception("client I/O failed; reopening the channel", extra={"pool": self.pool})
-                self._fail_all(RpcError(f"the client's I/O failed: {type(exc).__name__}: {exc}"))
+                self._fail_all(CallError(f"the client's I/O failed: {type(exc).__name__}: {exc}"))
         self._fail_all(ClientClosedError("the client was closed while the call was in flight"))
         self._shutdown_connection()
 
@@ -364,7 +365,7 @@ class _ClientCore:
                 if isinstance(exc, pika.exceptions.AMQPError) and not channel.is_open:
                     raise
                 if self.slots.complete(call.slot, call.seq) is not None:
-                    call.future.set_exception(RpcError(f"request for key {call.key!r} could not be sent: "
+                    call.future.set_exception(CallError(f"request for key {call.key!r} could not be sent: "
                                                        f"{type(exc).__name__}: {exc}"))
                 continue
             self.stats.published += 1

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from switchyard.core.errors import RemoteError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp_decode import undecodable
+from switchyard.rpc.errors import RemoteError
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,6 @@ import pika
 import pika.exceptions
 from confluent_kafka import KafkaError, Producer
 
-from switchyard.core.errors import BrokerError
 from switchyard.core.msk_auth import kafka_security_config
 from switchyard.delay.parsing import parse_deadline
 from switchyard.delay.settings import DelaySettings, validate_topic
@@ -30,6 +29,7 @@ from switchyard.rpc import frames
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import connect
 from switchyard.rpc.client.response import Response, status_of
+from switchyard.rpc.errors import BrokerError
 from switchyard.rpc.scheduling import ScheduledCall, request_properties, scheduled_headers, validate_call_id
 from switchyard.rpc.settings import RpcSettings
 

@@ -23,9 +23,7 @@ from dataclasses import dataclass, replace
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.rmq_event import AmqpMessage
-from switchyard.rpc.control.topology import PoolTopology
-from switchyard.rpc.ports import LatencyReport, PoolStore
-from switchyard.rpc.store import TouchMode, now_ms
+from switchyard.rpc.ports import LatencyReport, PoolStore, RequestQueues, TouchMode, now_ms
 
 _EVENTS = {e.value for e in p.Event}
 
@@ -59,7 +57,7 @@ def parse_latency(raw: object) -> LatencyReport | None:
 
 
 def track_activity(
-    messages: Iterable[AmqpMessage], *, state: PoolStore, topology: PoolTopology, at_ms: int | None = None
+    messages: Iterable[AmqpMessage], *, state: PoolStore, topology: RequestQueues, at_ms: int | None = None
 ) -> ActivityOutcome:
     outcome = ActivityOutcome()
     keys: set[str] = set()

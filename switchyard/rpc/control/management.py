@@ -14,9 +14,8 @@ from urllib.parse import quote, unquote, urlsplit
 import requests
 
 from switchyard.core.config import service_urls
-from switchyard.core.errors import BrokerUnavailableError
 from switchyard.core.observability import logger
-from switchyard.rpc.errors import ManagementApiError
+from switchyard.rpc.errors import BrokerUnavailableError, ManagementApiError
 
 PAGE_SIZE = 500  # the management API refuses larger pages
 # Listing a whole vhost takes the broker about 1 ms per queue when it is busy: 10,000 queues need

@@ -37,9 +37,7 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp_decode import TolerantProperties
 from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
 from switchyard.rpc.control.rmq_event import AmqpMessage, timestamp_seconds
-from switchyard.rpc.control.topology import PoolTopology
-from switchyard.rpc.ports import PoolStore, WorkerGroup, WorkerGroupDriver
-from switchyard.rpc.store import now_ms
+from switchyard.rpc.ports import PoolStore, RequestQueues, WorkerGroup, WorkerGroupDriver, now_ms
 
 
 @dataclass
@@ -119,7 +117,7 @@ def forward_orphans(
     messages: Iterable[AmqpMessage],
     *,
     state: PoolStore,
-    topology: PoolTopology,
+    topology: RequestQueues,
     publisher: ConfirmingPublisher,
     driver: WorkerGroupDriver,
 ) -> OrphanOutcome:

@@ -18,7 +18,6 @@ import pika
 import pika.exceptions
 import pika.spec
 
-from switchyard.core.errors import BrokerError
 from switchyard.rpc.amqp import (
     connect,
     enable_async_confirms,
@@ -27,7 +26,7 @@ from switchyard.rpc.amqp import (
     publish_buffered,
     url_parameters,
 )
-from switchyard.rpc.errors import PublishRejectedError, UnroutableError
+from switchyard.rpc.errors import BrokerError, PublishRejectedError, UnroutableError
 from switchyard.rpc.protocol import NOT_FOUND
 
 

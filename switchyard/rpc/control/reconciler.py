@@ -14,6 +14,9 @@ that late activity cannot start it again.
 A lost state (no ``initialized`` marker) is rebuilt from the broker's ``{pool}-req-*`` queues and
 the driver's running groups, all marked Active: the normal delays then apply and nothing that
 holds work is deleted. Queue names Switchyard would not have made are skipped, logged and counted.
+The reconciler sees its collaborators through ``rpc.ports`` only (the pool store, the pool's
+request queues, the dead-lettering probe, the driver), so its unit tests run on fakes
+(tests/rpc/test_reconciler_unit.py) and its integration tests on a broker.
 Broker health: one pass per ``probe_interval_s`` (across every pool on the broker) probes whether
 the broker can still start an at-least-once dead-lettering queue (switchyard/rpc/control/dead_lettering.py);
 ``dead_lettering_stranded`` is the alarm's metric.
@@ -35,13 +38,18 @@ from dataclasses import dataclass, field
 
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.amqp import consume_answered
-from switchyard.rpc.control.dead_lettering import broker_id
 from switchyard.rpc.control.leaderless import LeaderlessWatch, members_away
-from switchyard.rpc.control.topology import PoolTopology
-from switchyard.rpc.ports import PoolStore, WorkerGroup, WorkerGroupDriver
-from switchyard.rpc.settings import Delays, RpcSettings
-from switchyard.rpc.store import GroupState, GroupStatus, now_ms
+from switchyard.rpc.ports import (
+    DeadLetteringProbe,
+    GroupState,
+    GroupStatus,
+    PoolStore,
+    RequestQueues,
+    WorkerGroup,
+    WorkerGroupDriver,
+    now_ms,
+)
+from switchyard.rpc.settings import Delays
 
 
 @dataclass
@@ -92,17 +100,16 @@ class DepthCadence:
 
 
 class Reconciler:
-    def __init__(self, state: PoolStore, topology: PoolTopology, driver: WorkerGroupDriver,
-                 delays: Delays, probe_interval_s: float = 0.0,
-                 leaderless: LeaderlessWatch | None = None, cadence: DepthCadence | None = None,
-                 probe_settings: RpcSettings | None = None) -> None:
+    def __init__(self, state: PoolStore, queues: RequestQueues, driver: WorkerGroupDriver,
+                 delays: Delays, *, probe: DeadLetteringProbe | None = None, probe_interval_s: float = 0.0,
+                 leaderless: LeaderlessWatch | None = None, cadence: DepthCadence | None = None) -> None:
         self.state = state
-        self.topology = topology
+        self.queues = queues
         self.driver = driver
         self.delays = delays
-        self.probe_interval_s = probe_interval_s  # 0: no probe
-        self.probe_settings = probe_settings  # the probe's own vhost and user; None: the topology's
-        self.pool = topology.pool
+        self.probe = probe
+        self.probe_interval_s = probe_interval_s  # 0 (or no probe): not probed
+        self.pool = queues.pool
         self.leaderless = leaderless  # None: not watched (its memory must outlive the pass)
         self.cadence = cadence  # None: depths on every pass
         self._revived: set[str] = set()  # groups this pass made Active again (_keep)
@@ -140,19 +147,19 @@ class Reconciler:
 
     def _probe_dead_lettering(self, outcome: ReconcileOutcome) -> None:
         """Classic-queue pools never dead-letter at least once: nothing to probe for them."""
-        if self.probe_interval_s <= 0 or self.topology.policy.queue_type is not p.QueueType.QUORUM:
+        probe = self.probe
+        if probe is None or self.probe_interval_s <= 0 or self.queues.queue_type is not p.QueueType.QUORUM:
             return
-        broker = broker_id(self.topology.settings.connections.amqp_url)
-        if not self.state.probe_turn(broker, self.probe_interval_s):
+        if not self.state.probe_turn(probe.broker, self.probe_interval_s):
             return
         try:
-            result = self.topology.probe_dead_lettering(self.probe_settings)
+            stranded = probe.stranded()
         except Exception:  # observability must not break the pass
             outcome.queue_errors += 1
             logger.exception("dead-lettering probe failed", extra={"pool": self.pool})
             return
         outcome.dead_lettering_probes += 1
-        outcome.dead_lettering_stranded += int(result.stranded)
+        outcome.dead_lettering_stranded += int(stranded)
 
     # -- request queues -----------------------------------------------------------------------
     def _step_queue(self, group: GroupState, now: int, outcome: ReconcileOutcome) -> None:
@@ -163,7 +170,7 @@ class Reconciler:
         elif group.status is GroupStatus.ACTIVE and idle_ms >= self.delays.unbind_s * 1000:
             with self.state.locked([group.key]):
                 if self.state.set_status(group, GroupStatus.UNBOUND, now):
-                    self.topology.unbind_request_queue(group.key)
+                    self.queues.unbind_request_queue(group.key)
                     outcome.unbound += 1
                     logger.info("request queue unbound", extra={"pool": self.pool, "key": group.key})
         elif group.status is GroupStatus.UNBOUND and idle_ms >= self.delays.stop_s * 1000:
@@ -181,7 +188,7 @@ class Reconciler:
         wg = WorkerGroup(self.pool, group.key)
         self.driver.stop(wg)
         outcome.stopped += 1
-        status = self.topology.queue_status(queue)
+        status = self.queues.queue_status(queue)
         if status is not None:
             messages, consumers = status
             if consumers:
@@ -190,14 +197,14 @@ class Reconciler:
             if messages:
                 self._keep(group, queue, outcome)  # a stopped worker handed a request back
                 return
-            self.topology.delete_request_queue(group.key)
+            self.queues.delete_request_queue(group.key)
             outcome.queues_deleted += 1
         self.state.set_status(group, GroupStatus.STOPPED)
         logger.info("worker group stopped and request queue deleted",
                     extra={"pool": self.pool, "key": group.key})
 
     def _holds_work(self, group: GroupState, queue: str, outcome: ReconcileOutcome) -> bool:
-        status = self.topology.queue_status(queue)
+        status = self.queues.queue_status(queue)
         if status is not None and status[0] > 0:
             self._keep(group, queue, outcome)
             return True
@@ -207,7 +214,7 @@ class Reconciler:
         """Work is waiting in an unbound queue: serve it (bind, Active) rather than drop it."""
         self.state.touch([group.key])
         self._revived.add(group.key)
-        self.topology.ensure_request_queue(group.key)
+        self.queues.ensure_request_queue(group.key)
         outcome.kept_nonempty += 1
         logger.warning("unbound queue still holds requests: bound again", extra={"pool": self.pool,
                                                                                   "queue": queue})
@@ -269,8 +276,7 @@ class Reconciler:
 
     def _request_queues(self, outcome: ReconcileOutcome) -> list[tuple[str, dict]]:
         """``(key, queue)`` for every request queue of the pool; foreign names skipped and counted."""
-        queues = self.topology.management.list_queues(
-            f"^{p.request_queue_prefix(self.pool)}", columns="name,messages,arguments,members,online,state")
+        queues = self.queues.list_request_queues(columns="name,messages,arguments,members,online,state")
         found = []
         for queue in queues:
             key = p.key_from_request_queue(self.pool, queue["name"], queue.get("arguments"))
@@ -305,7 +311,7 @@ class Reconciler:
 
     def _redeclare_leaderless(self, queues: list[tuple[str, dict]], outcome: ReconcileOutcome) -> None:
         """Delete and declare again each request queue that stays silent and does not answer a probe."""
-        if self.leaderless is None or self.topology.policy.queue_type is not p.QueueType.QUORUM:
+        if self.leaderless is None or self.queues.queue_type is not p.QueueType.QUORUM:
             return
         listed = dict(queues)
         for key in self.leaderless.suspects(queues):
@@ -323,7 +329,7 @@ class Reconciler:
     def _redeclare(self, watch: LeaderlessWatch, key: str, queue: str, outcome: ReconcileOutcome) -> None:
         """Probe one silent queue; if the broker does not answer, delete it and declare it again."""
         try:
-            if consume_answered(self.topology.settings.connections.amqp_url, queue, watch.probe_timeout_s):
+            if self.queues.answers_consume(queue, watch.probe_timeout_s):
                 watch.cleared(key)
                 return
             # Not under the key's lock: the orphan handler holds it while its publish to this
@@ -331,8 +337,8 @@ class Reconciler:
             # matters: the queue's messages are gone, and a bind lost to the race sends the
             # next requests to the orphan handler, which binds the queue again.
             group = self.state.get(key)
-            self.topology.delete_request_queue(key)
-            self.topology.ensure_request_queue(
+            self.queues.delete_request_queue(key)
+            self.queues.ensure_request_queue(
                 key, bind=group is not None and group.status is GroupStatus.ACTIVE)
         except Exception:  # the next pass tries again
             outcome.queue_errors += 1
@@ -356,7 +362,7 @@ class Reconciler:
         if keys:
             with self.state.locked(keys):
                 self.state.touch(keys)
-                self.topology.ensure_request_queues(keys)
+                self.queues.ensure_request_queues(keys)
         self.state.mark_initialized()
         outcome.rebuilt_groups = len(keys)
         if keys:  # state was lost while groups existed: worth a look (why did Redis lose it?)

@@ -7,19 +7,28 @@ same entity with the same arguments are no-ops in RabbitMQ, and policies are PUT
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
+from switchyard.core.errors import BrokerUnavailableError
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
-from switchyard.rpc.amqp import connect, is_alive
-from switchyard.rpc.control.dead_lettering import ProbeResult, is_stranding, probe, retired, stranded_error
+from switchyard.rpc.amqp import connect, consume_answered, is_alive
+from switchyard.rpc.control.dead_lettering import (
+    ProbeResult,
+    broker_id,
+    is_stranding,
+    probe,
+    retired,
+    stranded_error,
+)
 from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
 from switchyard.rpc.errors import PoolNotEmptyError, PoolNotFoundError, TopologyError
 from switchyard.rpc.settings import PoolPolicy, RpcSettings
@@ -65,8 +74,33 @@ def staging_policy_definition(policy: PoolPolicy, target_queue: str, strategy: s
     return definition
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+Method = Callable[Concatenate["PoolTopology", P], R]
+
+
+def _broker_errors(method: Method[P, R]) -> Method[P, R]:
+    """A ``ports.RequestQueues`` method raises Switchyard's errors only: a refusal is already a
+    ``TopologyError``; a connection lost under it (pika's ``AMQPError``) becomes
+    ``BrokerUnavailableError``, raised from it."""
+
+    @functools.wraps(method)
+    def translated(self: PoolTopology, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(self, *args, **kwargs)
+        except pika.exceptions.AMQPError as exc:
+            raise BrokerUnavailableError(f"{method.__name__} on pool {self.pool!r}: {exc!r}") from exc
+
+    return translated
+
+
 class PoolTopology:
-    """The broker-side shape of one pool. Use as a context manager; it owns one connection."""
+    """The broker-side shape of one pool. Use as a context manager; it owns one connection.
+
+    The adapter behind ``ports.RequestQueues``: the control loops' view of the pool's queues.
+    """
 
     def __init__(self, pool: str, settings: RpcSettings | None = None) -> None:
         self.pool = p.validate_pool(pool)
@@ -77,6 +111,10 @@ class PoolTopology:
         self._connection: pika.BlockingConnection | None = None
         self._chan: BlockingChannel | None = None
         self._helpers: list[PoolTopology] = []
+
+    @property
+    def queue_type(self) -> p.QueueType:
+        return self.policy.queue_type
 
     # -- connection -------------------------------------------------------------------------
     def __enter__(self) -> PoolTopology:
@@ -173,8 +211,7 @@ class PoolTopology:
         """The queues that are this pool's by name: the fixed ones and every request queue whose
         name Switchyard could have made (other applications' ``{pool}-...`` queues are not)."""
         names = [q for q in p.pool_queue_names(self.pool) if self.queue_status(q) is not None]
-        listed = self.management.list_queues(f"^{p.request_queue_prefix(self.pool)}",
-                                             columns="name,arguments")
+        listed = self.list_request_queues(columns="name,arguments")
         names += [q["name"] for q in listed
                   if p.key_from_request_queue(self.pool, q["name"], q.get("arguments")) is not None]
         return names
@@ -236,6 +273,7 @@ class PoolTopology:
             )
 
     # -- request queues ---------------------------------------------------------------------
+    @_broker_errors
     def ensure_request_queue(self, key: str, bind: bool = True) -> str:
         """Declare ``{pool}-req-{key}`` and (by default) bind it to the request exchange by key."""
         queue = p.request_queue(self.pool, key)
@@ -244,6 +282,7 @@ class PoolTopology:
             self.bind_request_queue(key)
         return queue
 
+    @_broker_errors
     def ensure_request_queues(self, keys: Iterable[str], likely_new: Iterable[str] = (),
                               parallel: int = 8) -> None:
         """``ensure_request_queue`` for many keys, fast: a batch of orphans may name 100 keys.
@@ -291,6 +330,7 @@ class PoolTopology:
                                      routing_key=p.routing_key(key)),
         )
 
+    @_broker_errors
     def unbind_request_queue(self, key: str) -> None:
         self._guard(
             f"unbinding {p.request_queue(self.pool, key)!r}",
@@ -298,11 +338,23 @@ class PoolTopology:
                                        routing_key=p.routing_key(key)),
         )
 
+    @_broker_errors
     def delete_request_queue(self, key: str) -> None:
         """Delete unconditionally: callers check emptiness first (quorum queues refuse if-empty)."""
         self._guard(f"deleting {p.request_queue(self.pool, key)!r}",
                     lambda ch: ch.queue_delete(p.request_queue(self.pool, key)))
 
+    @_broker_errors
+    def list_request_queues(self, columns: str) -> list[dict[str, Any]]:
+        """The pool's ``{pool}-req-*`` queues from the management API, with ``columns``."""
+        return self.management.list_queues(f"^{p.request_queue_prefix(self.pool)}", columns=columns)
+
+    @_broker_errors
+    def answers_consume(self, queue: str, timeout_s: float) -> bool:
+        """``amqp.consume_answered`` on a connection of its own (a leaderless queue blocks a channel)."""
+        return consume_answered(self.settings.connections.amqp_url, queue, timeout_s)
+
+    @_broker_errors
     def queue_status(self, queue: str) -> tuple[int, int] | None:
         """``(ready messages, consumers)`` by passive declare (exact, unlike the management
         API's sampled stats), or None if the queue does not exist."""
@@ -361,6 +413,18 @@ class PoolTopology:
             operation(self._channel())
         except pika.exceptions.ChannelClosedByBroker as exc:
             raise TopologyError(f"{what}: {exc.reply_text}") from exc
+
+
+class BrokerProbe:
+    """The ``ports.DeadLetteringProbe`` of a pool's broker: ``PoolTopology.probe_dead_lettering`` with
+    the topology's connection, or in ``where`` (the probe's own vhost and user)."""
+
+    def __init__(self, topology: PoolTopology, where: RpcSettings | None = None) -> None:
+        self._topology, self._where = topology, where
+        self.broker = broker_id(topology.settings.connections.amqp_url)
+
+    def stranded(self) -> bool:
+        return self._topology.probe_dead_lettering(self._where).stranded
 
 
 def init_pool(pool: str, settings: RpcSettings | None = None) -> None:
