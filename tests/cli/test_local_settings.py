@@ -49,3 +49,12 @@ def test_local_workers_run_the_demo_handler_unless_one_is_set(monkeypatch: pytes
     assert handler() == DEMO_HANDLER
     monkeypatch.setenv("SWITCHYARD_RPC_WORKER_HANDLER", "tests.rpc.handlers:whoami")
     assert handler() == "tests.rpc.handlers:whoami"
+
+
+def test_invoke_gives_every_control_plane_function_the_local_plane() -> None:
+    """``switchyard invoke`` installs the local plane (demo handler default) for exactly these."""
+    from switchyard.cli.local import CONTROL_PLANE_FUNCTIONS
+    from switchyard.local.functions import FUNCTIONS_DIR
+
+    using = {path.stem for path in FUNCTIONS_DIR.glob("*.py") if "control_plane()" in path.read_text()}
+    assert using == CONTROL_PLANE_FUNCTIONS
