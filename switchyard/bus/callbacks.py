@@ -44,7 +44,6 @@ _SPECIAL = tuple(ipaddress.ip_network(n) for n in ("100.64.0.0/10", "192.0.0.0/2
 _GLOBAL_V6 = ipaddress.IPv6Network("2000::/3")  # every other IPv6 range is local, reserved or special
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # well-known prefix: a public IPv4 address, translated
 _COMPATIBLE_V6 = ipaddress.IPv6Network("::/96")  # deprecated IPv4-compatible form
-_LOOPBACK_NAMES = ("localhost", ".localhost")  # RFC 6761: always loopback, whatever DNS says
 
 
 def refusal(ip: IPAddress) -> str | None:
@@ -175,7 +174,12 @@ def parse_callback(url: str, *, allow_http: bool) -> CallbackTarget:
 
 def _is_loopback_host(host: str) -> bool:
     ip = literal_address(host)
-    return ip.is_loopback if ip is not None else host == "localhost" or host.endswith(".localhost")
+    return ip.is_loopback if ip is not None else _is_loopback_name(host)
+
+
+def _is_loopback_name(host: str) -> bool:
+    """RFC 6761: ``localhost`` and its subdomains are always loopback, whatever DNS says."""
+    return host == "localhost" or host.endswith(".localhost")
 
 
 def literal_address(host: str) -> IPAddress | None:
@@ -198,7 +202,7 @@ def check_subscription(url: str, *, allow_http: bool, allowlist: Allowlist) -> C
     address (or a name that is always loopback). Names are resolved only at delivery, where it counts."""
     target = parse_callback(url, allow_http=allow_http)
     ip = literal_address(target.host)
-    if ip is None and (target.host == "localhost" or target.host.endswith(".localhost")):
+    if ip is None and _is_loopback_name(target.host):
         ip = ipaddress.IPv4Address("127.0.0.1")
     if ip is not None and not allowlist.admits(target.host, target.port, ip):
         reason = refusal(ip)

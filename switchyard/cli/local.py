@@ -79,6 +79,9 @@ def cmd_local(args: argparse.Namespace) -> int:
     return 0
 
 
+CONTROL_PLANE_FUNCTIONS = frozenset({"rpc_activity", "rpc_dead_letters", "rpc_orphans", "rpc_reconcile"})
+
+
 def cmd_invoke(args: argparse.Namespace) -> int:
     name = args.function.removesuffix(".py")
     from switchyard.local.metrics_shipper import service_for_function
@@ -88,6 +91,11 @@ def cmd_invoke(args: argparse.Namespace) -> int:
         available = ", ".join(sorted(p.stem for p in FUNCTIONS_DIR.glob("*.py")))
         raise ConfigError(f"no function {name!r}; available: {available}")
     event = read_event(args.event)
+    if name in CONTROL_PLANE_FUNCTIONS:  # locally, workers it starts run the demo handler if none is set
+        from switchyard.aws import services
+        from switchyard.local.rpc_runtime import local_plane
+
+        services.control_plane.install(local_plane())
     result = invoke_handler(load_function(name), name, event, args.event,
                             FakeLambdaContext(name, args.timeout_ms))
     json.dump(result, sys.stdout, indent=2, default=str)

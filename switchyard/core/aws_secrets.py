@@ -65,11 +65,12 @@ def _secret_values(service: str, environ: Mapping[str, str]) -> dict[str, str]:
     arn = environ.get(source_variable(service, "secret_arn"))
     if not arn:
         return injected
-    return {**_fetch(arn), **injected}
+    return {**fetch_secret(arn), **injected}
 
 
-def _fetch(arn: str) -> dict[str, str]:
-    """The secret's JSON object, through Powertools' Parameters cache (one call per max age)."""
+def fetch_secret(arn: str) -> dict[str, str]:
+    """A JSON secret's fields, through Powertools' Parameters cache (one call per max age): the
+    services' secrets, the pools custom resource's broker users, pending's endpoint tokens."""
     from aws_lambda_powertools.utilities import parameters
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -82,11 +83,6 @@ def _fetch(arn: str) -> dict[str, str]:
     if not isinstance(values, dict):
         raise ConfigError(f"secret {arn} is not a JSON object")
     return {str(k): str(v) for k, v in values.items()}
-
-
-def fetch_secret(arn: str) -> dict[str, str]:
-    """A JSON secret's fields, read the same way (the pools custom resource reads the broker users')."""
-    return _fetch(arn)
 
 
 def fill(template: str, values: dict[str, str], name: str) -> str:

@@ -92,7 +92,8 @@ def _validate(records: Iterable[InputRecord | Drop],
     return received, valid, sources, drops, repeats
 
 
-def _fire_now(messages: list[DelayedMessage], publisher: Publisher, timeout_s: float) -> list[DelayedMessage]:
+def _fire_now(messages: list[DelayedMessage], publisher: Publisher[str],
+              timeout_s: float) -> list[DelayedMessage]:
     """Publish lapsed messages and wait for confirmations; returns those NOT confirmed."""
     sent: list[DelayedMessage] = []
     for m in messages:
@@ -102,7 +103,7 @@ def _fire_now(messages: list[DelayedMessage], publisher: Publisher, timeout_s: f
         except BrokerError as exc:  # refused at once (e.g. too large): it goes to the store like the others
             logger.warning("immediate fire refused; storing the message instead",
                            extra={"message_id": m.id, "error": str(exc)})
-    confirmed: set[object] = set()
+    confirmed: set[str] = set()
     deadline = time.monotonic() + timeout_s
     while len(confirmed) < len(sent) and time.monotonic() < deadline:
         for d in publisher.poll(min(0.05, max(0.0, deadline - time.monotonic()))):
@@ -160,7 +161,8 @@ def _isolate(messages: Sequence[DelayedMessage], error: StoreError, sources: dic
 
 
 def enqueue_records(
-    records: Iterable[InputRecord | Drop], store: DelayStore, publisher: Publisher, settings: DelaySettings,
+    records: Iterable[InputRecord | Drop], store: DelayStore, publisher: Publisher[str],
+    settings: DelaySettings,
 ) -> EnqueueOutcome:
     """Schedule one batch of input records.
 

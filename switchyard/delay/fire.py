@@ -26,10 +26,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Generic, TypeVar
 
 from switchyard.core import tracing
-from switchyard.core.latency import percentile
+from switchyard.core.latency import LatencySamples
 from switchyard.core.observability import logger
 from switchyard.delay.errors import BrokerError, MessageRefusedError, StoreError
 from switchyard.delay.model import FireOutcome, LatenessWindow, ReadyMessage
@@ -53,23 +53,58 @@ LATENESS_WINDOW_S = 10.0
 LATENESS_SAMPLES = 4096
 
 Claim = tuple[list[ReadyMessage], float | None]  # rows claimed; if none, the next waiting deadline (epoch s)
+_Row = TypeVar("_Row", ReadyMessage, tuple[ReadyMessage, str])
 
 
-@dataclass
+@dataclass(frozen=True)
+class Settled(Generic[_Row]):
+    """One phase-2 store call: its rows, and the ids it returned or the StoreError it raised.
+    ``ran`` is False when there were no rows, so no call (neither ids nor an error then)."""
+
+    rows: list[_Row]
+    ids: frozenset[str] = frozenset()
+    error: StoreError | None = None
+
+    @property
+    def ran(self) -> bool:
+        return bool(self.rows)
+
+    @property
+    def done(self) -> bool:
+        """The call ran and succeeded."""
+        return self.ran and self.error is None
+
+
+def _settle(rows: list[_Row], call: Callable[[list[_Row]], set[str]]) -> Settled[_Row]:
+    """``call(rows)``'s result, a StoreError kept for the firing thread rather than raised."""
+    if not rows:
+        return Settled(rows)
+    try:
+        return Settled(rows, frozenset(call(rows)))
+    except StoreError as exc:
+        return Settled(rows, error=exc)
+
+
+@dataclass(frozen=True)
 class Phase2:
-    """One round of phase-2 store work (delete fired, release unfired, park refused) and its results:
-    the ids each call returned, or the StoreError it raised (None: nothing to do)."""
+    """One round of phase-2 store work: delete fired, release unfired, park refused rows."""
 
     to_delete: list[ReadyMessage]
     to_release: list[ReadyMessage]
     to_park: list[tuple[ReadyMessage, str]]
     lateness: LatenessWindow | None = None  # a window to record (its failure is only logged)
-    deleted: set[str] | StoreError | None = None
-    released: set[str] | StoreError | None = None
-    parked: set[str] | StoreError | None = None
 
     def __bool__(self) -> bool:
         return bool(self.to_delete or self.to_release or self.to_park or self.lateness)
+
+
+@dataclass(frozen=True)
+class Phase2Done:
+    """What the store did with a ``Phase2``, call by call."""
+
+    deleted: Settled[ReadyMessage]
+    released: Settled[ReadyMessage]
+    parked: Settled[tuple[ReadyMessage, str]]
 
 
 class FireLoop:
@@ -82,7 +117,7 @@ class FireLoop:
     """
 
     def __init__(
-        self, store: DelayStore, publisher: Publisher, settings: DelaySettings, node_id: str
+        self, store: DelayStore, publisher: Publisher[ReadyMessage], settings: DelaySettings, node_id: str
     ) -> None:
         self.store = store
         self.publisher = publisher
@@ -103,13 +138,11 @@ class FireLoop:
         self._notified = math.inf  # earliest deadline the listener was told of since the last claim
         self._notified_lock = threading.Lock()
         self._last_delete = 0.0
-        self._c = FireOutcome()
-        self._late_ms: list[float] = []  # lateness of this window's rows (LATENESS_SAMPLES, overwritten)
-        self._late_fired = 0
+        self._outcome = FireOutcome()  # the run's counters, returned by ``outcome``
+        self._lateness = LatencySamples(LATENESS_SAMPLES)  # this window's rows' lateness (ms)
         self._window_start = time.time()
-        self._worker: ThreadPoolExecutor | None = None
         self._claiming: Future[Claim] | None = None
-        self._phase2: Future[Phase2] | None = None
+        self._phase2: Future[Phase2Done] | None = None
 
     # -- phase 1 -----------------------------------------------------------------------------
 
@@ -128,7 +161,7 @@ class FireLoop:
         advance, push, heap, order = self._advance_s, heapq.heappush, self._heap, self._order
         for row in rows:
             push(heap, (row.deadline.timestamp() - advance, next(order), row))
-        self._c.readied += len(rows)
+        self._outcome.readied += len(rows)
         # Randomised so nodes started together do not query in unison (seed).
         paced = now + self._poll_s * random.uniform(0.9, 1.1)
         if len(rows) >= self.settings.ready_batch_size:
@@ -143,7 +176,7 @@ class FireLoop:
         return len(rows)
 
     def _claim_failed(self, now: float, exc: StoreError) -> None:
-        self._c.store_errors += 1
+        self._outcome.store_errors += 1
         self._next_ready = now + min(1.0, 2 * self._poll_s)
         logger.warning("ready failed; retrying", extra={"error": str(exc), "node_id": self.node_id})
 
@@ -190,33 +223,28 @@ class FireLoop:
         while heap and heap[0][0] <= now:
             fire_at, _, row = heapq.heappop(heap)
             late_ms = (now - fire_at) * 1000
-            if late_ms > self._c.max_late_ms:
-                self._c.max_late_ms = late_ms
-            if self._late_fired < LATENESS_SAMPLES:
-                self._late_ms.append(late_ms)
-            else:
-                self._late_ms[self._late_fired % LATENESS_SAMPLES] = late_ms
-            self._late_fired += 1
+            if late_ms > self._outcome.max_late_ms:
+                self._outcome.max_late_ms = late_ms
+            self._lateness.add(late_ms)
             try:
                 self.publisher.send(row.key, row.value, row.headers, row)
                 sent += 1
             except MessageRefusedError as exc:
                 self._refused(row, str(exc))
             except BrokerError as exc:
-                self._c.publish_failures += 1
+                self._outcome.publish_failures += 1
                 self._to_release.append(row)
                 with tracing.scope_if(tracing.in_pairs(row.headers)):
                     logger.error("publish refused", extra={"message_id": row.id, "error": str(exc)})
         return sent
 
-    def collect(self, deliveries: list[Delivery]) -> None:
+    def collect(self, deliveries: list[Delivery[ReadyMessage]]) -> None:
         """Sort confirmations: delivered rows are to be deleted, failed ones released."""
-        failed: list[Delivery] = []
+        failed: list[Delivery[ReadyMessage]] = []
         to_delete = self._to_delete
         hops = tracing.trace_log_path() is not None  # the local trace log's (``switchyard trace``)
         for d in deliveries:
             row = d.token
-            assert isinstance(row, ReadyMessage)
             if d.error is None:
                 to_delete.append(row)
                 if hops:
@@ -227,17 +255,17 @@ class FireLoop:
             else:
                 failed.append(d)
                 self._to_release.append(row)
-        self._c.fired += len(deliveries) - len(failed)
+        self._outcome.fired += len(deliveries) - len(failed)
 
         if failed:  # one line per batch: a broker outage must not flood the log
-            self._c.publish_failures += len(failed)
+            self._outcome.publish_failures += len(failed)
             logger.error(f"{len(failed)} publications not confirmed; releasing their rows",
-                         extra={"message_ids": [d.token.id for d in failed[:10]],  # type: ignore[attr-defined]
+                         extra={"message_ids": [d.token.id for d in failed[:10]],
                                 "error": failed[0].error, "node_id": self.node_id})
 
     def _refused(self, row: ReadyMessage, reason: str) -> None:
         """The broker will never take this message: park it (phase 2), do not release it to retry."""
-        self._c.publish_failures += 1
+        self._outcome.publish_failures += 1
         self._to_park.append((row, reason))
         with tracing.scope_if(tracing.in_pairs(row.headers)):
             logger.error("message refused by the output broker for good; parking it",
@@ -256,65 +284,55 @@ class FireLoop:
     def _lateness_window(self, now: float, force: bool) -> LatenessWindow | None:
         """The window's lateness once it is over (or the loop ends), then a new window; None if
         nothing was fired in it."""
-        if not (force or now - self._window_start >= LATENESS_WINDOW_S) or not self._late_fired:
+        if not (force or now - self._window_start >= LATENESS_WINDOW_S):
             return None
-        late = sorted(self._late_ms)
-        window = LatenessWindow(self._late_fired, round(percentile(late, 50), 3),
-                                round(percentile(late, 99), 3), round(late[-1], 3))
-        self._late_ms, self._late_fired, self._window_start = [], 0, now
-        return window
+        late = self._lateness.take()
+        if late is None:
+            return None
+        self._window_start = now
+        return LatenessWindow(late.count, round(late.p50_ms, 3), round(late.p99_ms, 3), round(late.max_ms, 3))
 
-    def _run_phase2(self, batch: Phase2) -> Phase2:
-        """Store calls of phase 2; errors are kept in ``batch`` for the caller's thread, not raised."""
-        steps: tuple[tuple[list[Any], Callable[[Any], set[str]], str], ...] = (
-            (batch.to_delete, self.store.delete, "deleted"),
-            (batch.to_release, partial(self.store.release, self.node_id), "released"),
-            (batch.to_park, partial(self.store.park, self.node_id), "parked"))
-        for rows, call, result in steps:
-            if rows:
-                try:
-                    setattr(batch, result, call(rows))
-                except StoreError as exc:
-                    setattr(batch, result, exc)
+    def _run_phase2(self, batch: Phase2) -> Phase2Done:
+        """Store calls of phase 2; errors are kept in the result for the caller's thread, not raised."""
+        done = Phase2Done(_settle(batch.to_delete, self.store.delete),
+                          _settle(batch.to_release, partial(self.store.release, self.node_id)),
+                          _settle(batch.to_park, partial(self.store.park, self.node_id)))
         if batch.lateness is not None:
             try:
                 self.store.record_lateness(self.node_id, batch.lateness)
             except StoreError as exc:  # a figure for people: the firing goes on without it
                 logger.warning("recording the fire lateness failed", extra={"error": str(exc)})
-        return batch
+        return done
 
-    def _phase2_done(self, now: float, batch: Phase2) -> None:
-        to_delete, deleted = batch.to_delete, batch.deleted
-        to_release, released = batch.to_release, batch.released
-        if isinstance(batch.parked, StoreError):
-            self._c.store_errors += 1
-            self._to_park.extend(batch.to_park)  # still readied by us: park them on the next turn
+    def _phase2_done(self, now: float, done: Phase2Done) -> None:
+        counts, parked, deleted, released = self._outcome, done.parked, done.deleted, done.released
+        if parked.error is not None:
+            counts.store_errors += 1
+            self._to_park.extend(parked.rows)  # still readied by us: park them on the next turn
             logger.warning("park failed; retrying",
-                           extra={"error": str(batch.parked), "rows": len(batch.to_park)})
-        elif isinstance(batch.parked, set):
-            self._c.parked += len(batch.parked)
-        if isinstance(deleted, StoreError):
-            self._c.store_errors += 1
+                           extra={"error": str(parked.error), "rows": len(parked.rows)})
+        counts.parked += len(parked.ids)
+        if deleted.error is not None:
+            counts.store_errors += 1
             self._last_delete = now + self._poll_s  # back off before retrying
             logger.warning("delete failed; retrying",
-                           extra={"error": str(deleted), "pending": len(to_delete)})
-        elif isinstance(deleted, set):
-            del self._to_delete[:len(to_delete)]  # only this loop removes from the front
+                           extra={"error": str(deleted.error), "pending": len(deleted.rows)})
+        elif deleted.done:
+            del self._to_delete[:len(deleted.rows)]  # only this loop removes from the front
             self._last_delete = now
-            self._c.deleted += len(deleted)
-            if len(deleted) < len(to_delete):
-                for row in to_delete:
-                    if row.id not in deleted:
-                        self._c.gone_at_delete += 1
+            counts.deleted += len(deleted.ids)
+            if len(deleted.ids) < len(deleted.rows):
+                for row in deleted.rows:
+                    if row.id not in deleted.ids:
+                        counts.gone_at_delete += 1
                         logger.warning(f"message {row.id} already gone at delete time (a peer took it over?)",
                                        extra={"message_id": row.id, "node_id": self.node_id})
-        if isinstance(released, StoreError):
+        if released.error is not None:
             # Still readied by us: failure detection resets them after the hold time.
-            self._c.store_errors += 1
+            counts.store_errors += 1
             logger.warning("release failed; failure detection will reset the rows",
-                           extra={"error": str(released), "rows": len(to_release)})
-        elif isinstance(released, set):
-            self._c.released += len(released)
+                           extra={"error": str(released.error), "rows": len(released.rows)})
+        counts.released += len(released.ids)
 
     def delete_confirmed(self, now: float, force: bool = False) -> None:
         """Delete confirmed rows in batches; keep them for a retry if Postgres is unavailable."""
@@ -336,10 +354,8 @@ class FireLoop:
             settled, self._phase2 = self._phase2, None
             self._phase2_done(time.time(), settled.result())
 
-    def _submit(self, now: float, accepting: bool) -> None:
+    def _submit(self, worker: ThreadPoolExecutor, now: float, accepting: bool) -> None:
         """Hand the worker a claim and a phase-2 batch when due, one of each at a time."""
-        worker = self._worker
-        assert worker is not None
         if (self._claiming is None and accepting and now >= self._claim_due_at()
                 and self._held() < self._capacity):
             with self._notified_lock:
@@ -369,13 +385,13 @@ class FireLoop:
         # becomes poll(0) and the loop spins. Firing is thus at most ~1 ms late, never early.
         return math.ceil(max(0.0, wake - now) * 1000) / 1000
 
-    def step(self, accepting: bool) -> None:
+    def step(self, worker: ThreadPoolExecutor, accepting: bool) -> None:
         """One turn: fire what is due, hand store work to the worker, handle confirmations, then wait."""
         self.fire_due(time.time())
         self._reap()
         self.fire_due(time.time())
         self.collect(self.publisher.poll(0))
-        self._submit(time.time(), accepting)
+        self._submit(worker, time.time(), accepting)
         self.collect(self.publisher.poll(self._idle_timeout(accepting)))
 
     def busy(self) -> bool:
@@ -386,23 +402,22 @@ class FireLoop:
     def run(self, remaining_ms: Callable[[], int]) -> FireOutcome:
         """Loop until less than the stop margin remains, then fire and confirm what is held, and return."""
         margin = self.settings.stop_margin_ms
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delay-store")
+        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delay-store")
         stop_listening = threading.Event()
         listener = threading.Thread(target=self._listen, args=(stop_listening,), name="delay-listen",
                                     daemon=True)
         listener.start()
         try:
             while remaining_ms() > margin:
-                self.step(accepting=True)
+                self.step(worker, accepting=True)
             drain_until = time.monotonic() + margin / 1000
             while self.busy() and remaining_ms() > HARD_STOP_MS and time.monotonic() < drain_until:
-                self.step(accepting=False)
+                self.step(worker, accepting=False)
         finally:
             stop_listening.set()
-            self._worker.shutdown(wait=True)  # a query in flight finishes (its rows are taken in below)
+            worker.shutdown(wait=True)  # a query in flight finishes (its rows are taken in below)
             listener.join(LISTEN_WAIT_S + 5.0)  # it closes its connection as it ends
             self._reap()
-            self._worker = None
         if self.busy():
             logger.warning("stopping with rows still held; failure detection will reset them",
                            extra={"held": self._held(), "node_id": self.node_id})
@@ -413,10 +428,10 @@ class FireLoop:
         """The backlog, for its alarm: rows due over ``OVERDUE_AFTER_S`` ago that nobody claimed."""
         before = datetime.now(UTC) - timedelta(seconds=OVERDUE_AFTER_S)
         try:
-            self._c.overdue = self.store.overdue(before)
+            self._outcome.overdue = self.store.overdue(before)
         except StoreError:
-            self._c.overdue = -1
+            self._outcome.overdue = -1
             logger.exception("counting overdue messages failed")
 
     def outcome(self) -> FireOutcome:
-        return replace(self._c, max_late_ms=round(self._c.max_late_ms, 3))
+        return replace(self._outcome, max_late_ms=round(self._outcome.max_late_ms, 3))

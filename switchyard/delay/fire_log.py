@@ -46,6 +46,6 @@ class FireLog:
                       else "; the overdue backlog grew (is the fire loop running and keeping up?)")
         write = {logging.DEBUG: logger.debug, logging.INFO: logger.info}.get(level, logger.warning)
         write(f"delay fire: fired {outcome.fired}, overdue at the end {overdue}, worst lateness "
-                          f"{outcome.max_late_ms:.0f} ms{reason}",
-                   extra={"fired": outcome.fired, "overdue": outcome.overdue,
-                          "max_late_ms": outcome.max_late_ms, "lateness_sla_ms": self.lateness_sla_ms})
+              f"{outcome.max_late_ms:.0f} ms{reason}",
+              extra={"fired": outcome.fired, "overdue": outcome.overdue,
+                     "max_late_ms": outcome.max_late_ms, "lateness_sla_ms": self.lateness_sla_ms})

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from switchyard.delay.model import DelayedMessage, Header, LatenessWindow, ReadyMessage, StuckMessage
 
@@ -57,32 +57,36 @@ class DelayStore(Protocol):
     def reset_stuck(self, stuck: Sequence[StuckMessage]) -> list[StuckMessage]: ...
 
 
+Token = TypeVar("Token")  # what a sender passes with a message, handed back with its Delivery
+
+
 @dataclass(frozen=True)
-class Delivery:
+class Delivery(Generic[Token]):
     """The broker's answer for one sent message: ``error`` is None when delivery was confirmed.
 
     ``refused``: the broker (or the client, before sending) rejected this very message for good (too
     large, an invalid record); sending it again cannot succeed, unlike a timeout or an outage.
     """
 
-    token: object
+    token: Token
     error: str | None
     refused: bool = False
 
 
-class Publisher(Protocol):
-    """Asynchronous publishing with explicit confirmations (nothing counts until delivered)."""
+class Publisher(Protocol[Token]):
+    """Asynchronous publishing with explicit confirmations (nothing counts until delivered); each
+    Delivery carries the token its message was sent with (the fire loop's row, enqueue's id)."""
 
     def send(
-        self, key: bytes | None, value: bytes | None, headers: Sequence[Header], token: object
+        self, key: bytes | None, value: bytes | None, headers: Sequence[Header], token: Token
     ) -> None: ...
 
-    def poll(self, timeout_s: float) -> list[Delivery]:
+    def poll(self, timeout_s: float) -> list[Delivery[Token]]:
         """Wait up to ``timeout_s`` for confirmations; return those that arrived since the last call."""
         ...
 
     def in_flight(self) -> int: ...
 
-    def flush(self, timeout_s: float) -> list[Delivery]:
+    def flush(self, timeout_s: float) -> list[Delivery[Token]]:
         """Wait up to ``timeout_s`` for every outstanding confirmation and return them."""
         ...

@@ -26,6 +26,7 @@ import itertools
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Generic
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -33,7 +34,7 @@ from switchyard.core.msk_auth import kafka_security_config
 from switchyard.core.observability import logger
 from switchyard.delay.errors import BrokerError, MessageRefusedError
 from switchyard.delay.model import Header
-from switchyard.delay.ports import Delivery
+from switchyard.delay.ports import Delivery, Token
 from switchyard.delay.settings import validate_topic
 
 # Errors about one message itself: another attempt fails the same way (anything else may pass).
@@ -86,15 +87,15 @@ class _LibrdkafkaLog:
             self._on_debug(facility, text.partition("]: ")[2] or text)  # without "[thrd:...]: "
 
 
-class KafkaPublisher:
+class KafkaPublisher(Generic[Token]):
     """Publishes to one topic and reports which messages the broker confirmed."""
 
     def __init__(self, bootstrap: str, topic: str, timeout_ms: int, linger_ms: int = 1,
                  max_message_bytes: int = 1_000_000, overdue_after_s: float | None = None) -> None:
         self.topic = validate_topic(topic)
-        self._deliveries: list[Delivery] = []
+        self._deliveries: list[Delivery[Token]] = []
         # number -> (token, when sent), in send order: the first is the oldest outstanding
-        self._outstanding: dict[int, tuple[object, float]] = {}
+        self._outstanding: dict[int, tuple[Token, float]] = {}
         self._next_overdue_check = 0.0
         self._sequence = itertools.count()
         self._fatal = False
@@ -207,7 +208,7 @@ class KafkaPublisher:
             self._deliveries.append(Delivery(token, None if err is None else str(err), refused))
         return callback
 
-    def send(self, key: bytes | None, value: bytes | None, headers: Sequence[Header], token: object) -> None:
+    def send(self, key: bytes | None, value: bytes | None, headers: Sequence[Header], token: Token) -> None:
         """Queue a message; its Delivery comes back from a later poll()."""
         self._replace_if_fatal()
         number = next(self._sequence)
@@ -230,7 +231,7 @@ class KafkaPublisher:
                     raise MessageRefusedError(f"{self.topic} refuses this message: {error.str()}") from exc
                 raise BrokerError(f"cannot produce to {self.topic}: {exc}") from exc
 
-    def poll(self, timeout_s: float) -> list[Delivery]:
+    def poll(self, timeout_s: float) -> list[Delivery[Token]]:
         try:
             self._producer.poll(max(0.0, timeout_s))
         except KafkaException as exc:  # a fatal error is raised here too, not only to error_cb
@@ -250,7 +251,7 @@ class KafkaPublisher:
     def in_flight(self) -> int:
         return len(self._outstanding)
 
-    def flush(self, timeout_s: float) -> list[Delivery]:
+    def flush(self, timeout_s: float) -> list[Delivery[Token]]:
         """Wait for every outstanding confirmation (up to ``timeout_s``) and return them."""
         self._producer.flush(max(0.0, timeout_s))
         return self.poll(0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from switchyard.core.config import Connections
 from switchyard.core.observability import logger
@@ -37,8 +38,9 @@ class DelayService:
         self.fire_log = FireLog(settings.lateness_sla_ms)
         logger.info(f"delay node {self.node_id} started", extra={"node_id": self.node_id})
 
-    def publisher(self) -> KafkaPublisher:
-        """This thread's producer for the output topic."""
+    def publisher(self) -> KafkaPublisher[Any]:
+        """This thread's producer for the output topic. Enqueue (tokens: ids) and fire (tokens: rows)
+        share it; each waits for its own deliveries before the other runs on this thread."""
         pub = getattr(self._local, "publisher", None)
         if pub is None:
             pub = KafkaPublisher(self.connections.kafka_bootstrap, self.settings.output_topic,

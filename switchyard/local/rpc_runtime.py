@@ -19,8 +19,19 @@ from switchyard.local.rmq_bridge import RabbitMQEventSource
 from switchyard.rpc import protocol as p
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
-from switchyard.rpc.service import build_service
-from switchyard.rpc.settings import ControlSettings, RpcSettings
+from switchyard.rpc.service import ControlPlane, build_service
+from switchyard.rpc.settings import DEMO_HANDLER, ControlSettings, DriverSettings, RpcSettings
+
+
+def local_driver() -> WorkerGroupDriver:
+    """The environment's driver, whose workers locally answer with the demo handler unless one is
+    set (a deployment must set it: production has no default)."""
+    return driver_from_env(DriverSettings.from_env(default_handler=DEMO_HANDLER))
+
+
+def local_plane() -> ControlPlane:
+    """The environment's control plane with ``local_driver`` (``switchyard invoke``'s)."""
+    return build_service(ControlSettings.from_env(), RpcSettings.from_env(), driver=local_driver())
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,7 @@ class LocalControlPlane:
                  driver: WorkerGroupDriver | None = None, bridges: BridgeSettings | None = None) -> None:
         self.control = control
         self.settings = settings or RpcSettings.from_env()
-        self.plane = build_service(control, self.settings, driver=driver or driver_from_env())
+        self.plane = build_service(control, self.settings, driver=driver or local_driver())
         self.bridges = bridges or BridgeSettings()
         self.sources: list[RabbitMQEventSource] = []
         self.reconcile_passes = 0

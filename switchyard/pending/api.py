@@ -89,9 +89,9 @@ class TokenStore:
     def from_env(cls) -> TokenStore:
         arn, raw = token_sources()
         if arn:
-            from switchyard.core.aws_secrets import _fetch
+            from switchyard.core.aws_secrets import fetch_secret
 
-            return cls(lambda: _fetch(arn))
+            return cls(lambda: fetch_secret(arn))
         try:
             tokens = json.loads(raw) if raw else {}
         except ValueError as exc:

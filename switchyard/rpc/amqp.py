@@ -1,4 +1,7 @@
-"""pika connection helpers shared by the client, the worker and the topology code."""
+"""pika connection helpers shared by the client, the worker and the topology code.
+
+The one module (with ``amqp_decode``) that reaches into pika's internals; each name it uses is in
+``pika_internals.INTERNALS`` with what it buys, and pika is pinned to that module's version."""
 
 from __future__ import annotations
 
@@ -382,6 +385,18 @@ def send_now(connection: pika.BlockingConnection) -> None:
 def close_reason(channel: BlockingChannel) -> Exception | None:
     """Why a closed channel was closed (e.g. ChannelClosedByBroker with reply code 404)."""
     return getattr(channel, "_closing_reason", None)
+
+
+def on_return_direct(channel: BlockingChannel, on_return: Callable[..., None]) -> None:
+    """Take the broker's returns of mandatory messages on the underlying channel, as their frames
+    arrive (BlockingChannel queues them until ``process_data_events`` dispatches): the broker sends
+    a return before the ack, and a send settled by the ack must see it first."""
+    channel._impl.add_on_return_callback(on_return)
+
+
+def close_soon(channel: BlockingChannel) -> None:
+    """Start closing the channel without waiting for the close-ok (safe inside frame processing)."""
+    channel._impl.close()
 
 
 def reject_buffered(channel: BlockingChannel, delivery_tag: int, requeue: bool) -> None:

@@ -19,7 +19,9 @@ from switchyard.core.errors import ConfigError
 from switchyard.rpc import protocol as p
 from switchyard.rpc.protocol import QueueType
 
-DEFAULT_HANDLER = "switchyard.rpc.examples:describe"
+# The handler local runs (``switchyard local``, the demos) give their workers when none is set; a
+# deployed or production control plane has no default: a worker answering with a demo is no answer.
+DEMO_HANDLER = "switchyard.rpc.examples:describe"
 DRIVERS = ("subprocess", "noop", "ecs")
 DEFAULT_WORKER_LOG_DIR = ".local/logs/workers"
 
@@ -104,8 +106,10 @@ ECS_SECURITY_GROUPS = _rpc("ECS_SECURITY_GROUPS", (),
                            "ECS driver: the worker tasks' security groups (comma-separated ids)")
 ECS_CONTAINER = _rpc("ECS_CONTAINER", "worker",
                      "ECS driver: the container that gets the worker protocol's variables")
-WORKER_HANDLER = _rpc("WORKER_HANDLER", DEFAULT_HANDLER,
-                      "`module:function` the subprocess driver's workers run")
+WORKER_HANDLER = _rpc("WORKER_HANDLER", "",
+                      "`module:function` the subprocess driver's workers run (required by it unless "
+                      "`SWITCHYARD_RPC_WORKER_COMMAND` is set; `switchyard local`: "
+                      "`switchyard.rpc.examples:describe`)", shown="none")
 WORKER_COMMAND = _rpc("WORKER_COMMAND", "", "the whole worker command (shell-split)",
                       shown="`python -m switchyard worker --handler $SWITCHYARD_RPC_WORKER_HANDLER`")
 MIN_WORKERS = _rpc("MIN_WORKERS", 1, "workers per group at least (subprocess driver)")
@@ -227,15 +231,22 @@ class DriverSettings:
     stop_timeout: float = 15.0
 
     @classmethod
-    def from_env(cls, source: Mapping[str, str] | None = None) -> DriverSettings:
+    def from_env(cls, source: Mapping[str, str] | None = None, default_handler: str = "") -> DriverSettings:
+        """``default_handler``: the workers' handler when none is set (local runs: ``DEMO_HANDLER``);
+        without one the subprocess driver refuses to start."""
         source = config_source() if source is None else source
         raw_command = WORKER_COMMAND.read(source)
+        handler = WORKER_HANDLER.read(source) or default_handler
         try:
             command = tuple(shlex.split(raw_command)) if raw_command else (
-                sys.executable, "-m", "switchyard", "worker", "--handler", WORKER_HANDLER.read(source))
+                (sys.executable, "-m", "switchyard", "worker", "--handler", handler) if handler else ())
         except ValueError as exc:
             raise ConfigError(f"{WORKER_COMMAND.name} cannot be split: {exc}") from exc
-        return build(cls, DRIVER_SETTINGS, source, command=command)
+        settings = build(cls, DRIVER_SETTINGS, source, command=command)
+        if settings.driver == "subprocess" and not command:
+            raise ConfigError(f"{WORKER_HANDLER.name} is not set: name the handler the workers run "
+                              f"(module:function), or the whole command in {WORKER_COMMAND.name}")
+        return settings
 
 
 POOL_POLICY = {"message_ttl_ms": REQUEST_TTL, "delivery_limit": DELIVERY_LIMIT, "priority": POLICY_PRIORITY,

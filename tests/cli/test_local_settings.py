@@ -27,3 +27,34 @@ def test_without_flags_the_defaults_hold(monkeypatch: pytest.MonkeyPatch) -> Non
                  "SWITCHYARD_RPC_TOMBSTONE_TTL_S"):
         monkeypatch.delenv(name, raising=False)
     assert control_settings("plain").delays == Delays()
+
+
+def test_local_workers_run_the_demo_handler_unless_one_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Production has no default handler (the driver refuses to start); ``switchyard local`` keeps one."""
+    from switchyard.local.rpc_runtime import LocalControlPlane
+    from switchyard.rpc.drivers import SubprocessDriver
+    from switchyard.rpc.settings import DEMO_HANDLER, ControlSettings
+
+    for name in ("SWITCHYARD_RPC_DRIVER", "SWITCHYARD_RPC_WORKER_COMMAND", "SWITCHYARD_RPC_WORKER_HANDLER"):
+        monkeypatch.delenv(name, raising=False)
+
+    def handler() -> str:
+        runtime = LocalControlPlane(ControlSettings("local_handler", Delays()))
+        try:
+            assert isinstance(runtime.driver, SubprocessDriver)
+            return runtime.driver.command[-1]
+        finally:
+            runtime.plane.close()
+
+    assert handler() == DEMO_HANDLER
+    monkeypatch.setenv("SWITCHYARD_RPC_WORKER_HANDLER", "tests.rpc.handlers:whoami")
+    assert handler() == "tests.rpc.handlers:whoami"
+
+
+def test_invoke_gives_every_control_plane_function_the_local_plane() -> None:
+    """``switchyard invoke`` installs the local plane (demo handler default) for exactly these."""
+    from switchyard.cli.local import CONTROL_PLANE_FUNCTIONS
+    from switchyard.local.functions import FUNCTIONS_DIR
+
+    using = {path.stem for path in FUNCTIONS_DIR.glob("*.py") if "control_plane()" in path.read_text()}
+    assert using == CONTROL_PLANE_FUNCTIONS

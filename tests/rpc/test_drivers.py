@@ -29,7 +29,7 @@ from switchyard.rpc.drivers import (
     driver_from_env,
 )
 from switchyard.rpc.ports import GROUP_ID_RE
-from switchyard.rpc.settings import RpcSettings
+from switchyard.rpc.settings import DEMO_HANDLER, RpcSettings
 from switchyard.rpc.worker.examples import INTENDED_CRASH_EXIT
 from tests.conftest import subprocess_env, wait_for
 from tests.rpc.test_protocol import ODD_KEYS
@@ -85,7 +85,10 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("SWITCHYARD_RPC_DRIVER", "SWITCHYARD_RPC_WORKER_COMMAND", "SWITCHYARD_RPC_WORKER_HANDLER",
                  "SWITCHYARD_RPC_MIN_WORKERS", "SWITCHYARD_RPC_MAX_WORKERS", "SWITCHYARD_RPC_TARGET_BACKLOG"):
         monkeypatch.delenv(name, raising=False)
-    default = DriverSettings.from_env()
+    with pytest.raises(ConfigError, match="SWITCHYARD_RPC_WORKER_HANDLER is not set") as refused:
+        DriverSettings.from_env()  # no demo in production: a worker must be told what to run
+    assert "\n" not in str(refused.value)
+    default = DriverSettings.from_env(default_handler=DEMO_HANDLER)  # switchyard local's
     assert default.command == COMMAND
     assert (default.driver, default.min_workers, default.max_workers, default.target_backlog) == (
         "subprocess", 1, 4, 10)
@@ -97,6 +100,9 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert DriverSettings.from_env().command == ("my-worker", "--flag", "a b")
     monkeypatch.setenv("SWITCHYARD_RPC_DRIVER", "noop")
     assert isinstance(driver_from_env(), NoopDriver)
+    monkeypatch.delenv("SWITCHYARD_RPC_WORKER_COMMAND")
+    monkeypatch.delenv("SWITCHYARD_RPC_WORKER_HANDLER")
+    assert DriverSettings.from_env().command == ()  # no handler needed where no worker is started
     monkeypatch.setenv("SWITCHYARD_RPC_DRIVER", "kubernetes")
     with pytest.raises(ConfigError, match="SWITCHYARD_RPC_DRIVER"):
         DriverSettings.from_env()

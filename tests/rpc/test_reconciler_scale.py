@@ -66,7 +66,7 @@ class _OrphanArrivesWhileListing(NoopDriver):
 
 def test_a_group_revived_after_the_pass_read_the_state_is_not_stopped(make_pool) -> None:
     pool, settings = make_pool()
-    plane = ControlPlane(ControlSettings(pool, Delays()), settings)
+    plane = ControlPlane(ControlSettings(pool, Delays()), settings, NoopDriver())
     driver = _OrphanArrivesWhileListing(plane, "k")
     plane.driver = driver
     try:

@@ -41,10 +41,12 @@ from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import (
     LoopPasses,
     close_reason,
+    close_soon,
     connect,
     consume_direct,
     enable_async_confirms,
     frame_max,
+    on_return_direct,
     publish_buffered,
     wake_threadsafe,
     written_together,
@@ -276,10 +278,7 @@ class _ClientCore:
         self._reply_queue = result.method.queue
         consume_direct(channel, self._reply_queue, self._on_response, auto_ack=True,
                        on_cancel=lambda: self._on_reply_queue_lost(channel))
-        # On the underlying channel, so that returns run as their frames arrive, like confirms: the
-        # broker sends a mandatory message's return before its ack, and a send settled by the ack
-        # must see it (BlockingChannel would queue the return until process_data_events dispatches).
-        channel._impl.add_on_return_callback(self._on_return)
+        on_return_direct(channel, self._on_return)  # run as they arrive: before the ack that settles
         self._publish_seq = 0
         self._unconfirmed.clear()
         if self.confirm:
@@ -415,7 +414,7 @@ class _ClientCore:
         Closing the channel makes the turn fail what is in flight and open a new reply queue."""
         logger.warning("reply queue deleted by someone else; reopening", extra={"pool": self.pool})
         if channel.is_open:
-            channel._impl.close()
+            close_soon(channel)
 
     def _on_return(self, _channel: object, method: pika.spec.Basic.Return,
                    props: pika.BasicProperties, _body: bytes) -> None:

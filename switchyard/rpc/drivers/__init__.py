@@ -5,7 +5,8 @@
 ``DriverSettings``; ``ecs.EcsSettings.from_env`` for the ECS driver):
 
 * ``SWITCHYARD_RPC_DRIVER``: ``subprocess`` (default), ``noop`` or ``ecs``;
-* ``SWITCHYARD_RPC_WORKER_HANDLER``: ``module:function`` (default ``switchyard.rpc.examples:describe``);
+* ``SWITCHYARD_RPC_WORKER_HANDLER``: ``module:function``, required (``switchyard local`` defaults it to
+  ``switchyard.rpc.examples:describe``);
 * ``SWITCHYARD_RPC_WORKER_COMMAND``: the whole command, shell-split (default
   ``<sys.executable> -m switchyard worker --handler <SWITCHYARD_RPC_WORKER_HANDLER>``);
 * ``SWITCHYARD_RPC_MIN_WORKERS`` (1), ``SWITCHYARD_RPC_MAX_WORKERS`` (4), ``SWITCHYARD_RPC_TARGET_BACKLOG``

@@ -62,7 +62,7 @@ import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
 from switchyard.core import tracing
-from switchyard.core.latency import percentile
+from switchyard.core.latency import LatencySamples
 from switchyard.core.observability import logger
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import (
@@ -141,8 +141,7 @@ class Worker:
         self._keeper_error: BaseException | None = None
         self._done = False
         # Latencies (ms) of the requests answered since the last report; used under the I/O lock.
-        self._latencies: list[float] = []
-        self._answered = 0
+        self._latencies = LatencySamples(LATENCY_SAMPLES)
 
     def stop(self) -> None:
         """Finish the request in hand, then return from ``run()`` (safe from a signal handler)."""
@@ -307,7 +306,7 @@ class Worker:
                     answered = self._finish(delivery, status, reply_body, context.traceparent)
                 # The bookkeeping comes after the send: the caller's wait does not include it.
                 if answered:
-                    self._note_latency((time.monotonic() - delivery.received_s) * 1000)
+                    self._latencies.add((time.monotonic() - delivery.received_s) * 1000)
 
     def _keep_io(self, connection: pika.BlockingConnection) -> None:
         """Keeper thread: while a handler runs longer than ``_TAKEOVER_S``, drive the I/O.
@@ -390,23 +389,12 @@ class Worker:
         else:
             self._acks.add(self._channel, tag, time.monotonic(), waiting=bool(self._inbox))
 
-    def _note_latency(self, latency_ms: float) -> None:
-        """Keep an answered request's latency for the next activity report (under the I/O lock)."""
-        if self._answered < LATENCY_SAMPLES:
-            self._latencies.append(latency_ms)
-        else:
-            self._latencies[self._answered % LATENCY_SAMPLES] = latency_ms
-        self._answered += 1
-
     def _latency_summary(self) -> str | None:
         """``count p50 p99 max`` of the requests answered since the last call (None: none)."""
-        if not self._answered:
+        taken = self._latencies.take()
+        if taken is None:
             return None
-        ordered = sorted(self._latencies)
-        summary = (f"{self._answered} {percentile(ordered, 50):.3f} {percentile(ordered, 99):.3f} "
-                   f"{ordered[-1]:.3f}")
-        self._latencies, self._answered = [], 0
-        return summary
+        return f"{taken.count} {taken.p50_ms:.3f} {taken.p99_ms:.3f} {taken.max_ms:.3f}"
 
     def _shed(self, delivery: _Delivery) -> None:
         """Republish to the request's own queue; the original is acked when the copy is confirmed."""
