@@ -9,17 +9,17 @@ that reached it.
 from __future__ import annotations
 
 import os
-
-import redis
+from dataclasses import replace
 
 from switchyard.core.config import Connections
+from switchyard.core.redis_client import RedisClient, connect_redis
 from switchyard.rpc import protocol as p
 from switchyard.rpc.worker import Request, Requeue
 from tests.faults.strangers import FORGED_USER_ID, SHED_HEADER
 
 # The Redis the counts go to, straight (the pool's own may be cut by a scenario's proxy).
 FAULTS_REDIS_ENV = "SWITCHYARD_FAULTS_REDIS_URL"
-_redis: redis.Redis | None = None
+_redis: RedisClient | None = None
 
 
 def handled_key(pool: str, what: str = "handled") -> str:
@@ -31,7 +31,9 @@ def handled_key(pool: str, what: str = "handled") -> str:
 def count(request: Request) -> bytes:
     global _redis
     if _redis is None:
-        _redis = redis.Redis.from_url(os.environ.get(FAULTS_REDIS_ENV) or Connections.from_env().redis_url)
+        connections = Connections.from_env()  # a Redis Cluster's flag with it
+        _redis = connect_redis(replace(connections,
+                                       redis_url=os.environ.get(FAULTS_REDIS_ENV) or connections.redis_url))
     pool = os.environ["WORKER_POOL"]
     if request.headers.get(SHED_HEADER) and _redis.hincrby(handled_key(pool, "shed"), request.text(), 1) == 1:
         raise Requeue

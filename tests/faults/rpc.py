@@ -25,10 +25,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pika.exceptions
-import redis
 
 from switchyard.core.config import Connections
 from switchyard.core.errors import BrokerUnavailableError
+from switchyard.core.redis_client import connect_redis
 from switchyard.rpc import RpcClient
 from switchyard.rpc import protocol as p
 from switchyard.rpc.amqp import connect
@@ -182,7 +182,7 @@ class RpcRig:
         self.settings = replace(base, connections=connections or base.connections)
         c = self.settings.connections
         self.pool = unique("faults")
-        self.redis = redis.Redis.from_url(c.redis_url)
+        self.redis = connect_redis(c)
         self.plane = Service(
             ["local", "--pool", self.pool, "--status-every", "3600"],
             {"SWITCHYARD_AMQP_URL": c.amqp_url, "SWITCHYARD_MANAGEMENT_URL": c.management_url,
