@@ -293,3 +293,33 @@ def test_the_checker_reports_missing_part_files_and_long_modules(synthetic: Path
     too_long = [line.rsplit("/", 1)[-1] for line in long_modules(modules, {})]
     assert too_long == [f"big.py: {MAX_LINES + 1} lines"]
     assert long_modules(modules, {"stacks.big": "allowed, with a reason"}) == []
+
+
+CLIENT_LIBRARIES = {"redis", "pika", "psycopg", "psycopg_pool", "confluent_kafka", "boto3", "botocore",
+                    "pyspark", "requests", "urllib3"}
+
+
+def client_libraries_imported(path: Path) -> set[str]:
+    """The client libraries a module imports (under TYPE_CHECKING too: a name in a signature counts)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found & CLIENT_LIBRARIES
+
+
+def test_no_port_names_a_client_librarys_type() -> None:
+    """A part's ports are its contract with its adapters: they speak the part's own types and errors
+    (the adapter translates, ``raise ... from``), so a service and its fakes never import a driver."""
+    ports = sorted((ROOT / "switchyard").glob("*/ports.py"))
+    assert len(ports) >= 5, ports
+    leaking = {str(p.relative_to(ROOT)): sorted(client_libraries_imported(p)) for p in ports}
+    assert {name: libs for name, libs in leaking.items() if libs} == {}
+
+
+def test_the_port_check_sees_a_driver_import(tmp_path: Path) -> None:
+    leaky = tmp_path / "ports.py"
+    leaky.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import redis.exceptions\n")
+    assert client_libraries_imported(leaky) == {"redis"}
