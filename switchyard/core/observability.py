@@ -253,8 +253,9 @@ def use_metrics_provider(factory: Callable[..., AmazonCloudWatchEMFProvider] | N
     """
     global _provider_factory
     _provider_factory = factory
-    if factory is not None:  # the local runtime's shipper: the stack's namespace, if the process names one
-        metrics.namespace = metrics_namespace()  # (not at import: that would read the deployed configuration)
+    # The local runtime's shipper: the stack's namespace, if the process names one; stdout (at import
+    # too): the environment's alone, as at import, where the deployed configuration is not read.
+    metrics.namespace = metrics_namespace() if factory is not None else metrics_namespace(os.environ)
     metrics.provider = (factory or EMFProvider)(
         namespace=metrics.namespace, service=metrics.service, metric_set=metrics.metric_set,
         dimension_set=metrics.dimension_set, metadata_set=metrics.metadata_set,
