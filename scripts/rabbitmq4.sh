@@ -135,11 +135,23 @@ in_chroot() {
 
 ctl() { in_chroot /usr/lib/rabbitmq/bin/rabbitmqctl "$@"; }
 
-# The node's Erlang VM: the beam.smp whose root directory is this chroot.
-node_pid() {
+# The Erlang VMs whose root directory is this chroot: this node's and the cluster's
+# (scripts/rabbitmq-cluster.sh runs its three nodes from the same chroot).
+chroot_pids() {
     local pid
     for pid in $(pgrep -x beam.smp); do
-        [ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$DIR" ] && { echo "$pid"; return 0; }
+        [ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$DIR" ] && echo "$pid"
+    done
+    return 0
+}
+
+# The node's Erlang VM: the one of the chroot's whose environment names no node (the cluster's nodes
+# are started with RABBITMQ_NODENAME; this one reads its name from rabbitmq-env.conf). A restart
+# --kill must never take a cluster node instead.
+node_pid() {
+    local pid
+    for pid in $(chroot_pids); do
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q '^RABBITMQ_NODENAME=' || { echo "$pid"; return 0; }
     done
     return 1
 }
@@ -184,7 +196,7 @@ stop() {
     # The node's own epmd (port $EPMD_PORT, not the system's 4369).
     in_chroot /usr/bin/epmd -port "$EPMD_PORT" -kill >/dev/null 2>&1 || true
     wait_for 10 bash -c "! (exec 3<>/dev/tcp/$HOST/$AMQP_PORT) 2>/dev/null" || die "$HOST:$AMQP_PORT still listens after the stop"
-    if [ "$kill_it" != --kill ]; then
+    if [ "$kill_it" != --kill ] && [ -z "$(chroot_pids)" ]; then  # (the cluster's nodes use it too)
         unmount_below "$DIR/proc"
     fi
     say "stopped${pid:+ (pid $pid${kill_it:+, SIGKILL})}"
