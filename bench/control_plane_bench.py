@@ -30,7 +30,7 @@ from switchyard.local.functions import load_function  # noqa: E402
 from switchyard.local.lambda_context import FakeLambdaContext  # noqa: E402
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event  # noqa: E402
 from switchyard.local.rpc_runtime import LocalControlPlane  # noqa: E402
-from switchyard.rpc import protocol as p  # noqa: E402
+from switchyard.rpc import protocol  # noqa: E402
 from switchyard.rpc.client import RpcClient  # noqa: E402
 from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing  # noqa: E402
 from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
@@ -75,7 +75,7 @@ def bench_cold_start(settings: RpcSettings, keys: int) -> LatencySummary:
 
 def request_props(key: str, n: int, reply_to: str) -> pika.BasicProperties:
     return pika.BasicProperties(correlation_id=f"bench.{n}", reply_to=reply_to, expiration="60000",
-                                message_id=f"m{n}", delivery_mode=2, headers={p.KEY_HEADER: key})
+                                message_id=f"m{n}", delivery_mode=2, headers={protocol.KEY_HEADER: key})
 
 
 def bench_orphans(settings: RpcSettings, batch: int, keys: int) -> dict[str, float]:
@@ -91,7 +91,7 @@ def bench_orphans(settings: RpcSettings, batch: int, keys: int) -> dict[str, flo
         for label in ("new keys", "existing queues"):
             deliveries = [RmqDelivery(b"x" * 100, request_props(f"key-{n % keys}", n, "bench-replies"))
                           for n in range(batch)]
-            event = build_rmq_event(p.orphan_queue(pool), vhost, deliveries)
+            event = build_rmq_event(protocol.orphan_queue(pool), vhost, deliveries)
             started = time.perf_counter()
             outcome = handler(event, FakeLambdaContext("rpc_orphans", 60_000))
             elapsed = time.perf_counter() - started
@@ -100,7 +100,7 @@ def bench_orphans(settings: RpcSettings, batch: int, keys: int) -> dict[str, flo
         # The ceiling in the same run: the same confirmed publishes, no parsing, locks or declares.
         publisher = ConfirmingPublisher(settings.connections.amqp_url, "bench-raw")
         publisher.publish_all([Outgoing("", "bench-nowhere", b"warm", pika.BasicProperties())])  # connected
-        outgoing = [Outgoing(p.req_exchange(pool), p.routing_key(f"key-{n % keys}"), b"x" * 100,
+        outgoing = [Outgoing(protocol.req_exchange(pool), protocol.routing_key(f"key-{n % keys}"), b"x" * 100,
                              request_props(f"key-{n % keys}", n, "bench-replies"), mandatory=True)
                     for n in range(batch)]
         started = time.perf_counter()
@@ -127,11 +127,11 @@ def bench_dead_letters(settings: RpcSettings, batch: int) -> float:
         deliveries = []
         for n in range(batch):
             props = request_props("k", n, reply_queue)
-            props.headers = {**props.headers, p.FIRST_DEATH_REASON_HEADER: "expired",
-                             "x-first-death-queue": p.request_queue(pool, "k")}
+            props.headers = {**props.headers, protocol.FIRST_DEATH_REASON_HEADER: "expired",
+                             "x-first-death-queue": protocol.request_queue(pool, "k")}
             deliveries.append(RmqDelivery(b"x" * 100, props))
         vhost = pika.URLParameters(settings.connections.amqp_url).virtual_host
-        event = build_rmq_event(p.dl_queue(pool), vhost, deliveries)
+        event = build_rmq_event(protocol.dl_queue(pool), vhost, deliveries)
         started = time.perf_counter()
         outcome = handler(event, FakeLambdaContext("rpc_dead_letters", 60_000))
         elapsed = time.perf_counter() - started

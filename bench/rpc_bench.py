@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from bench.plain_pika import PlainClient, connect  # noqa: E402
 from bench.stats import BUSY_CORE, busy_load  # noqa: E402
 from switchyard.core.latency import LatencySummary  # noqa: E402
-from switchyard.rpc import protocol as p  # noqa: E402
+from switchyard.rpc import protocol  # noqa: E402
 from switchyard.rpc.client import RpcClient  # noqa: E402
 from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
 from switchyard.rpc.drivers import WorkerGroup  # noqa: E402
@@ -135,7 +135,7 @@ def main() -> int:
         if value:
             os.environ[variable] = value  # the workers this starts read them too
     base = RpcSettings.from_env()
-    policy = PoolPolicy(**{**vars(base.policy), "queue_type": p.QueueType(args.queue_type)})
+    policy = PoolPolicy(**{**vars(base.policy), "queue_type": protocol.QueueType(args.queue_type)})
     settings = RpcSettings(**{**vars(base), "policy": policy})
     url = settings.connections.amqp_url
     pool = f"bench_{uuid.uuid4().hex[:6]}"
@@ -177,7 +177,7 @@ def run_all(args: argparse.Namespace, settings: RpcSettings, pool: str, url: str
     ]
     try:
         wait_consumers(url, plain_queue)
-        wait_consumers(url, p.request_queue(pool, "k"))
+        wait_consumers(url, protocol.request_queue(pool, "k"))
         summary = {mode: run_mode(mode, args, settings, pool, url, plain_queue)
                    for mode in args.modes.split(",")}
     finally:

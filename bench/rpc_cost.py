@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.rpc_bench import wait_consumers  # noqa: E402
-from switchyard.rpc import protocol as p  # noqa: E402
+from switchyard.rpc import protocol  # noqa: E402
 from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
 from switchyard.rpc.drivers import WorkerGroup  # noqa: E402
 from switchyard.rpc.settings import PoolPolicy, RpcSettings  # noqa: E402
@@ -76,7 +76,8 @@ def run_once(impl: str, calls: int, pool: str, plain_queue: str, url: str, tmp: 
         env = {**env, **WorkerGroup(pool, "k").environment("cost-worker")}
     worker = subprocess.Popen(callgrind(worker_out) + worker_cmd, env=env)
     try:
-        wait_consumers(url, plain_queue if impl == "plain" else p.request_queue(pool, "k"), timeout=300)
+        wait_consumers(url, plain_queue if impl == "plain" else protocol.request_queue(pool, "k"),
+                       timeout=300)
         client = [sys.executable, "-c", CLIENT, impl, pool, plain_queue, url, str(calls)]
         subprocess.run(callgrind(client_out) + client, env=env, check=True, timeout=1800)
     finally:
@@ -96,7 +97,7 @@ def main() -> int:
     url = RpcSettings.from_env().connections.amqp_url.split("?")[0] + "?stack_timeout=300&socket_timeout=120"
     os.environ["SWITCHYARD_AMQP_URL"] = url
     base = RpcSettings.from_env()
-    policy = PoolPolicy(**{**vars(base.policy), "queue_type": p.QueueType(args.queue_type)})
+    policy = PoolPolicy(**{**vars(base.policy), "queue_type": protocol.QueueType(args.queue_type)})
     settings = RpcSettings(**{**vars(base), "policy": policy})
     pool = f"cost_{uuid.uuid4().hex[:6]}"
     plain_queue = f"{pool}-plain"

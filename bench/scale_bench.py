@@ -50,7 +50,7 @@ from switchyard.local.functions import load_function  # noqa: E402
 from switchyard.local.lambda_context import FakeLambdaContext  # noqa: E402
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event  # noqa: E402
 from switchyard.local.rpc_runtime import LocalControlPlane  # noqa: E402
-from switchyard.rpc import protocol as p  # noqa: E402
+from switchyard.rpc import protocol  # noqa: E402
 from switchyard.rpc.client import RpcClient  # noqa: E402
 from switchyard.rpc.control.reconciler import DepthCadence  # noqa: E402
 from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
@@ -90,8 +90,8 @@ class AnsweringDriver(WorkerGroupDriver):
                 return
             worker = Worker(echo, WorkerConfig(
                 worker_id=f"scale-{uuid.uuid4().hex[:6]}", key=group.key, pool=group.pool,
-                requests_queue=p.request_queue(group.pool, group.key),
-                activity_exchange=p.activity_exchange(group.pool)), self.settings)
+                requests_queue=protocol.request_queue(group.pool, group.key),
+                activity_exchange=protocol.activity_exchange(group.pool)), self.settings)
             self.workers[group.key] = worker
             thread = threading.Thread(target=worker.run, daemon=True)
             self._threads.append(thread)
@@ -164,7 +164,7 @@ def mgmt(settings: RpcSettings, method: str, path: str, **kwargs: Any) -> reques
     return response
 
 
-def with_vhost(settings: RpcSettings, vhost: str, queue_type: p.QueueType) -> RpcSettings:
+def with_vhost(settings: RpcSettings, vhost: str, queue_type: protocol.QueueType) -> RpcSettings:
     base = settings.connections.amqp_url.rsplit("/", 1)[0]
     connections = dataclasses.replace(settings.connections, amqp_url=f"{base}/{vhost}")
     return dataclasses.replace(settings, connections=connections,
@@ -207,14 +207,15 @@ def broker_memory(settings: RpcSettings, vhost: str) -> dict[str, float]:
 def orphan_event(pool: str, vhost: str, keys: list[str], n0: int) -> dict:
     deliveries = [RmqDelivery(b"x" * 100, pika.BasicProperties(
         correlation_id=f"scale.{n0 + i}", message_id=f"m{n0 + i}", delivery_mode=2,
-        headers={p.KEY_HEADER: key})) for i, key in enumerate(keys)]
-    return build_rmq_event(p.orphan_queue(pool), vhost, deliveries)
+        headers={protocol.KEY_HEADER: key})) for i, key in enumerate(keys)]
+    return build_rmq_event(protocol.orphan_queue(pool), vhost, deliveries)
 
 
 def activity_event(pool: str, vhost: str, keys: list[str]) -> dict:
     deliveries = [RmqDelivery(b"", pika.BasicProperties(headers={
-        p.KEY_HEADER: key, p.EVENT_HEADER: p.Event.REQUEST_RECEIVED.value})) for key in keys]
-    return build_rmq_event(p.activity_queue(pool), vhost, deliveries)
+        protocol.KEY_HEADER: key, protocol.EVENT_HEADER: protocol.Event.REQUEST_RECEIVED.value}))
+        for key in keys]
+    return build_rmq_event(protocol.activity_queue(pool), vhost, deliveries)
 
 
 def through_handler(function: str, events: list[dict], field: str, expected: int) -> float:
@@ -290,8 +291,8 @@ def cold_start_p50(settings: RpcSettings, pool: str, cold_keys: int) -> float:
     return percentiles(samples)["p50"] * 1000
 
 
-def measure(size: int, base: RpcSettings, vhost: str, queue_type: p.QueueType, passes: int, cold_keys: int,
-            calls: int) -> dict[str, Any]:
+def measure(size: int, base: RpcSettings, vhost: str, queue_type: protocol.QueueType, passes: int,
+            cold_keys: int, calls: int) -> dict[str, Any]:
     settings = with_vhost(base, vhost, queue_type)
     pool = f"scale{uuid.uuid4().hex[:6]}"
     drop_vhost(base, vhost)  # a run that was killed may have left it
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_environment()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000], help="keys on the pool")
-    parser.add_argument("--queue-type", choices=[t.value for t in p.QueueType], default="classic",
+    parser.add_argument("--queue-type", choices=[t.value for t in protocol.QueueType], default="classic",
                         help="request queue type (10,000 quorum queues may not fit a small broker)")
     parser.add_argument("--passes", type=int, default=20, help="reconciler passes measured per size")
     parser.add_argument("--cold-keys", type=int, default=10, help="new keys timed for the cold start")
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for size in args.sizes:
-            row = measure(size, base, args.vhost, p.QueueType(args.queue_type), args.passes,
+            row = measure(size, base, args.vhost, protocol.QueueType(args.queue_type), args.passes,
                           args.cold_keys, args.calls)
             row["mode"] = "busy" if args.busy else "quiet"
             print_row(row)

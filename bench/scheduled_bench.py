@@ -43,8 +43,7 @@ from bench.stats import load_average, percentiles  # noqa: E402
 from switchyard.core.config import Connections  # noqa: E402
 from switchyard.delay.settings import OUTPUT_CONSUMER_SETTINGS  # noqa: E402
 from switchyard.delay.store import PostgresDelayStore  # noqa: E402
-from switchyard.rpc import RpcClient  # noqa: E402
-from switchyard.rpc import protocol as p  # noqa: E402
+from switchyard.rpc import RpcClient, protocol  # noqa: E402
 from switchyard.rpc.client.schedule import declare_reply_queue  # noqa: E402
 from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
 from switchyard.rpc.settings import RpcSettings  # noqa: E402
@@ -106,7 +105,7 @@ class Fired:
             if msg is None or msg.error():
                 continue
             headers = dict(msg.headers() or [])
-            call_id = (headers.get(p.ID_HEADER) or b"").decode()
+            call_id = (headers.get(protocol.ID_HEADER) or b"").decode()
             self.late[call_id] = msg.timestamp()[1] - float(msg.value() or b"0")
         self._consumer.close()
 
@@ -174,7 +173,7 @@ def measure(args: argparse.Namespace, pool: str, reply: str, env: dict[str, str]
     procs = [start(["delay", "run", "--roles", "enqueue", "fire", "sweep"], env, logs / "delay.log"),
              start(["delay", "run", "--roles", "scheduled"], env, logs / "relay.log"),
              start(["local", "--pool", pool], env, logs / "local.log")]
-    answers = Answers(settings, p.reply_queue(reply))
+    answers = Answers(settings, protocol.reply_queue(reply))
     fired = Fired(Connections.from_env().kafka_bootstrap, env["SWITCHYARD_DELAY_OUTPUT_TOPIC"])
     results = []
     try:
@@ -237,7 +236,7 @@ def main() -> int:
         with PoolTopology(pool, settings) as topology:
             topology.delete(force=True)
         connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
-        connection.channel().queue_delete(p.reply_queue(reply))
+        connection.channel().queue_delete(protocol.reply_queue(reply))
         connection.close()
         PostgresDelayStore(connections.postgres_dsn, env["SWITCHYARD_DELAY_SCHEMA"]).drop_schema()
         for future in admin.delete_topics(topics).values():

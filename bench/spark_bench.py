@@ -43,7 +43,7 @@ os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 
 from switchyard.core.redis_client import connect_redis  # noqa: E402
 from switchyard.local.rpc_runtime import LocalControlPlane  # noqa: E402
-from switchyard.rpc import protocol as p  # noqa: E402
+from switchyard.rpc import protocol  # noqa: E402
 from switchyard.rpc.client import RpcClient  # noqa: E402
 from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
 from switchyard.rpc.drivers import SubprocessDriver  # noqa: E402
@@ -59,8 +59,8 @@ def write_rows(path: Path, rows: int, keys: list[str]) -> None:
 
 def _requests(rows: int, keys: list[str]) -> list[tuple[str, bytes, pika.BasicProperties]]:
     """What the job sends with --no-reply: (routing key, body, properties) per row, keys in turn."""
-    return [(p.routing_key(keys[n % len(keys)]), f"row {n}".encode(),
-             pika.BasicProperties(delivery_mode=2, headers={p.KEY_HEADER: keys[n % len(keys)]}))
+    return [(protocol.routing_key(keys[n % len(keys)]), f"row {n}".encode(),
+             pika.BasicProperties(delivery_mode=2, headers={protocol.KEY_HEADER: keys[n % len(keys)]}))
             for n in range(rows)]
 
 
@@ -74,7 +74,7 @@ def raw_sequential(url: str, pool: str, rows: int, keys: list[str]) -> float:
         requests = _requests(rows, keys)
         started = time.perf_counter()
         for routing_key, body, props in requests:
-            channel.basic_publish(p.req_exchange(pool), routing_key, body, props, mandatory=True)
+            channel.basic_publish(protocol.req_exchange(pool), routing_key, body, props, mandatory=True)
         return rows / (time.perf_counter() - started)
     finally:
         connection.close()
@@ -86,7 +86,7 @@ def raw_pipelined(url: str, pool: str, rows: int, keys: list[str], window: int =
     requests = iter(_requests(rows, keys))
     state = {"sent": 0, "acked": 0, "started": 0.0, "elapsed": 0.0}
     unconfirmed: set[int] = set()  # delivery tags: confirms of different queues come in any order
-    exchange = p.req_exchange(pool)
+    exchange = protocol.req_exchange(pool)
 
     def publish_more(channel) -> None:
         while len(unconfirmed) < window:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from stacks import constants as c
+from stacks import constants
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CDK_CLI = REPO_ROOT / "node_modules" / ".bin" / "cdk"
@@ -104,7 +104,8 @@ def synthesize(outdir: Path, context: Mapping[str, Any] | None = None) -> tuple[
     """Synthesize the ``localstack`` target into ``outdir``: its stack name and template path."""
     from stacks.application import build_app
 
-    app, stack = build_app(context={**(context or {}), c.CTX_TARGET: c.TARGET_LOCALSTACK}, outdir=str(outdir))
+    app, stack = build_app(context={**(context or {}), constants.CTX_TARGET: constants.TARGET_LOCALSTACK},
+                           outdir=str(outdir))
     app.synth()
     return stack.stack_name, outdir / f"{stack.stack_name}.template.json"
 

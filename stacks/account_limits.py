@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from stacks import constants as c
+from stacks import constants
 
 
 def account_concurrency(client: Any = None) -> int:
@@ -57,7 +57,7 @@ def main() -> int:
         return refuse(f"could not read the account's Lambda and API Gateway settings (apigateway "
                       f"get-account, lambda get-account-settings): {first}; check the AWS credentials "
                       "and region")
-    print(f"{c.CTX_ACCOUNT_CONCURRENCY}={limit}")
+    print(f"{constants.CTX_ACCOUNT_CONCURRENCY}={limit}")
     return 0
 
 

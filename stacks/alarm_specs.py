@@ -10,9 +10,9 @@ from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_lambda as lambda_
 
-from stacks import constants as c
+from stacks import constants
 
-PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
+PERIOD = Duration.minutes(constants.ALARM_PERIOD_MINUTES)
 
 
 @dataclass(frozen=True)

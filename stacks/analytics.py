@@ -14,7 +14,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks import constants as c
+from stacks import constants
 from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig
 from stacks.data import DataConstruct
@@ -38,7 +38,7 @@ def pipeline_bucket(scope: Construct, construct_id: str) -> s3.Bucket:
         # Versioning keeps every overwritten result (``--resume`` rewrites them): old versions and
         # failed multipart uploads are paid for until they expire.
         lifecycle_rules=[s3.LifecycleRule(
-            noncurrent_version_expiration=Duration.days(c.PIPELINE_OLD_VERSIONS_DAYS),
+            noncurrent_version_expiration=Duration.days(constants.PIPELINE_OLD_VERSIONS_DAYS),
             abort_incomplete_multipart_upload_after=Duration.days(1))],
     )
 
@@ -62,8 +62,8 @@ class AnalyticsConstruct(Construct):
         self.application = emr.CfnApplication(
             self,
             "Spark",
-            name=physical_name(self, "pipeline", max_length=c.EMR_APPLICATION_NAME_CHARS),
-            release_label=c.EMR_RELEASE,
+            name=physical_name(self, "pipeline", max_length=constants.EMR_APPLICATION_NAME_CHARS),
+            release_label=constants.EMR_RELEASE,
             type="SPARK",
             network_configuration=emr.CfnApplication.NetworkConfigurationProperty(
                 subnet_ids=network.vpc.select_subnets(

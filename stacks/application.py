@@ -9,8 +9,7 @@ from typing import Any
 
 from aws_cdk import App, Stack
 
-from stacks import constants as c
-from stacks import nag
+from stacks import constants, nag
 from stacks.config import ConfigError
 from stacks.localstack_stack import LocalStackTargetStack
 from stacks.switchyard_stack import SwitchyardStack
@@ -38,15 +37,15 @@ def build_app(
     names derive from their stack names); the first is returned, ``stacks_of(app)`` gives all.
     """
     app = App(context={**cdk_json_context(), **(context or {})}, outdir=outdir)
-    target = app.node.try_get_context(c.CTX_TARGET) or c.TARGET_AWS
-    if target not in c.TARGETS:
-        raise ConfigError(f"{c.CTX_TARGET} must be one of {c.TARGETS}, got {target!r}")
+    target = app.node.try_get_context(constants.CTX_TARGET) or constants.TARGET_AWS
+    if target not in constants.TARGETS:
+        raise ConfigError(f"{constants.CTX_TARGET} must be one of {constants.TARGETS}, got {target!r}")
     stack: SwitchyardStack | LocalStackTargetStack
-    if target == c.TARGET_LOCALSTACK:
+    if target == constants.TARGET_LOCALSTACK:
         stack = LocalStackTargetStack(app)
         nag.acknowledge_localstack(stack)
     else:
-        names = stack_names(app.node.try_get_context(c.CTX_STACKS))
+        names = stack_names(app.node.try_get_context(constants.CTX_STACKS))
         aws_stacks = [SwitchyardStack(app, name) for name in names]
         for each in aws_stacks:
             nag.acknowledge(each)
@@ -58,17 +57,17 @@ def build_app(
 def stack_names(raw: Any) -> list[str]:
     """The ``switchyard:stacks`` context: a list of distinct stack names (a JSON string from ``-c``)."""
     if raw is None:
-        return [c.STACK_ID]
+        return [constants.STACK_ID]
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
         except ValueError as exc:
-            raise ConfigError(f"{c.CTX_STACKS}: not valid JSON ({exc})") from exc
+            raise ConfigError(f"{constants.CTX_STACKS}: not valid JSON ({exc})") from exc
     names = raw if isinstance(raw, list) else []
     valid = all(isinstance(n, str) and STACK_NAME_RE.match(n) for n in names)
     if not names or not valid or len(set(names)) != len(names):
-        raise ConfigError(f"{c.CTX_STACKS} must be a list of distinct stack names (letters, digits and "
-                          f"hyphens, starting with a letter), got {raw!r}")
+        raise ConfigError(f"{constants.CTX_STACKS} must be a list of distinct stack names (letters, digits "
+                          f"and hyphens, starting with a letter), got {raw!r}")
     return list(names)
 
 

@@ -17,7 +17,7 @@ import hashlib
 import sys
 from pathlib import Path
 
-from stacks import constants as c
+from stacks import constants
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOCAL_REPOSITORY = "switchyard-worker"
@@ -42,7 +42,7 @@ def base_inputs(root: Path = REPO_ROOT) -> list[Path]:
 
 def local_tag(root: Path = REPO_ROOT) -> str:
     """``switchyard-worker:<12 hex digits>``: the tag ``./dev deploy`` builds the root Dockerfile as."""
-    digest = hashlib.sha256(f"{c.PYTHON_VERSION} {c.CPU_ARCHITECTURE}\n".encode())
+    digest = hashlib.sha256(f"{constants.PYTHON_VERSION} {constants.CPU_ARCHITECTURE}\n".encode())
     for path in base_inputs(root):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
@@ -51,8 +51,8 @@ def local_tag(root: Path = REPO_ROOT) -> str:
 
 def build_command(root: Path = REPO_ROOT) -> list[str]:
     """The ``docker build`` of the base, as the CDK builds the default pools' asset (platform, Python)."""
-    return ["docker", "build", "--platform", DOCKER_PLATFORMS[c.CPU_ARCHITECTURE],
-            "--build-arg", f"PYTHON_VERSION={c.PYTHON_VERSION}", "--tag", local_tag(root), str(root)]
+    return ["docker", "build", "--platform", DOCKER_PLATFORMS[constants.CPU_ARCHITECTURE],
+            "--build-arg", f"PYTHON_VERSION={constants.PYTHON_VERSION}", "--tag", local_tag(root), str(root)]
 
 
 if __name__ == "__main__":

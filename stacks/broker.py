@@ -12,7 +12,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from stacks import constants as c
+from stacks import constants
 from stacks.names import broker_users_secret_prefix, physical_name
 from stacks.network import allow_from
 from switchyard.rpc.control.access import BrokerRole, BrokerUser, deployment_users
@@ -23,18 +23,18 @@ from switchyard.rpc.protocol import validate_application
 class BrokerSettings:
     """What differs between deployments, read from CDK context (see ``from_context``)."""
 
-    engine_version: str = c.DEFAULT_BROKER_ENGINE_VERSION
-    instance_type: str = c.DEFAULT_BROKER_INSTANCE_TYPE
-    deployment_mode: str = c.DEFAULT_BROKER_DEPLOYMENT_MODE
+    engine_version: str = constants.DEFAULT_BROKER_ENGINE_VERSION
+    instance_type: str = constants.DEFAULT_BROKER_INSTANCE_TYPE
+    deployment_mode: str = constants.DEFAULT_BROKER_DEPLOYMENT_MODE
     # Applications with a clients user of their own, limited to their own durable reply queues.
     applications: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for application in self.applications:
             validate_application(application)
-        if self.deployment_mode not in c.BROKER_DEPLOYMENT_MODES:
+        if self.deployment_mode not in constants.BROKER_DEPLOYMENT_MODES:
             raise ValueError(
-                f"{c.CTX_BROKER_DEPLOYMENT_MODE} must be one of {c.BROKER_DEPLOYMENT_MODES}, "
+                f"{constants.CTX_BROKER_DEPLOYMENT_MODE} must be one of {constants.BROKER_DEPLOYMENT_MODES}, "
                 f"got {self.deployment_mode!r}"
             )
         if self.engine_version.startswith("4.") and not self.instance_type.startswith("mq.m7g."):
@@ -50,10 +50,11 @@ class BrokerSettings:
             return default if value in (None, "") else str(value)
 
         return cls(
-            engine_version=ctx(c.CTX_BROKER_ENGINE_VERSION, c.DEFAULT_BROKER_ENGINE_VERSION),
-            instance_type=ctx(c.CTX_BROKER_INSTANCE_TYPE, c.DEFAULT_BROKER_INSTANCE_TYPE),
-            deployment_mode=ctx(c.CTX_BROKER_DEPLOYMENT_MODE, c.DEFAULT_BROKER_DEPLOYMENT_MODE),
-            applications=_names(scope.node.try_get_context(c.CTX_BROKER_APPLICATIONS)),
+            engine_version=ctx(constants.CTX_BROKER_ENGINE_VERSION, constants.DEFAULT_BROKER_ENGINE_VERSION),
+            instance_type=ctx(constants.CTX_BROKER_INSTANCE_TYPE, constants.DEFAULT_BROKER_INSTANCE_TYPE),
+            deployment_mode=ctx(constants.CTX_BROKER_DEPLOYMENT_MODE,
+                                constants.DEFAULT_BROKER_DEPLOYMENT_MODE),
+            applications=_names(scope.node.try_get_context(constants.CTX_BROKER_APPLICATIONS)),
         )
 
 
@@ -63,7 +64,7 @@ def _names(value: object) -> tuple[str, ...]:
         return ()
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list | tuple):
-        raise ValueError(f"{c.CTX_BROKER_APPLICATIONS} must be a list of names, got {value!r}")
+        raise ValueError(f"{constants.CTX_BROKER_APPLICATIONS} must be a list of names, got {value!r}")
     return tuple(str(item).strip() for item in items)
 
 
@@ -109,17 +110,17 @@ class BrokerConstruct(Construct):
     def _build_security_group(self) -> ec2.SecurityGroup:
         group = ec2.SecurityGroup(
             self,
-            c.BROKER_SECURITY_GROUP_ID,
+            constants.BROKER_SECURITY_GROUP_ID,
             vpc=self.vpc,
             description="Amazon MQ for RabbitMQ: AMQPS and the management API from the Switchyard parts",
             allow_all_outbound=True,
         )
-        allow_from(group, c.AMQPS_PORT, "AMQPS", *self.clients, group)
-        allow_from(group, c.HTTPS_PORT, "RabbitMQ management API", *self.clients, group)
+        allow_from(group, constants.AMQPS_PORT, "AMQPS", *self.clients, group)
+        allow_from(group, constants.HTTPS_PORT, "RabbitMQ management API", *self.clients, group)
         return group
 
     def _build_secret(self) -> secretsmanager.Secret:
-        return self._credentials(c.BROKER_SECRET_ID, c.BROKER_ADMIN_USERNAME,
+        return self._credentials(constants.BROKER_SECRET_ID, constants.BROKER_ADMIN_USERNAME,
                                  "Amazon MQ for RabbitMQ admin user (username/password JSON)")
 
     def _build_user_secret(self, user: BrokerUser) -> secretsmanager.Secret:
@@ -139,9 +140,9 @@ class BrokerConstruct(Construct):
             generate_secret_string=secretsmanager.SecretStringGenerator(
                 secret_string_template=json.dumps({"username": username}),
                 generate_string_key="password",
-                exclude_characters=c.BROKER_PASSWORD_EXCLUDED_CHARACTERS,
+                exclude_characters=constants.BROKER_PASSWORD_EXCLUDED_CHARACTERS,
                 include_space=False,
-                password_length=c.BROKER_PASSWORD_LENGTH,
+                password_length=constants.BROKER_PASSWORD_LENGTH,
             ),
             removal_policy=RemovalPolicy.DESTROY,
         )
@@ -158,15 +159,16 @@ class BrokerConstruct(Construct):
     @property
     def instances(self) -> int:
         """The broker instances (nodes) the deployment mode runs, and bills."""
-        return c.BROKER_INSTANCES[self.settings.deployment_mode]
+        return constants.BROKER_INSTANCES[self.settings.deployment_mode]
 
     def _build_broker(self) -> amazonmq.CfnBroker:
         s = self.settings
         return amazonmq.CfnBroker(
             self,
-            c.BROKER_ID,
-            broker_name=physical_name(self, c.BROKER_NAME_SUFFIX, max_length=c.BROKER_NAME_CHARS),
-            engine_type=c.BROKER_ENGINE,
+            constants.BROKER_ID,
+            broker_name=physical_name(self, constants.BROKER_NAME_SUFFIX,
+                                      max_length=constants.BROKER_NAME_CHARS),
+            engine_type=constants.BROKER_ENGINE,
             engine_version=s.engine_version,
             host_instance_type=s.instance_type,
             deployment_mode=s.deployment_mode,
@@ -176,9 +178,9 @@ class BrokerConstruct(Construct):
             # Amazon MQ requires automatic minor upgrades from RabbitMQ 3.13 on.
             auto_minor_version_upgrade=True,
             maintenance_window_start_time=amazonmq.CfnBroker.MaintenanceWindowProperty(
-                day_of_week=c.BROKER_MAINTENANCE_DAY,
-                time_of_day=c.BROKER_MAINTENANCE_TIME,
-                time_zone=c.BROKER_MAINTENANCE_TIME_ZONE,
+                day_of_week=constants.BROKER_MAINTENANCE_DAY,
+                time_of_day=constants.BROKER_MAINTENANCE_TIME,
+                time_zone=constants.BROKER_MAINTENANCE_TIME_ZONE,
             ),
             logs=amazonmq.CfnBroker.LogListProperty(general=True),
             users=[

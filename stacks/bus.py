@@ -24,8 +24,7 @@ from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_scheduler_targets as targets
 from constructs import Construct
 
-from stacks import constants as c
-from stacks import nag
+from stacks import constants, nag
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.grants import read_secrets
@@ -87,12 +86,12 @@ class BusConstruct(Construct):
         self.housekeeping = functions.add_function(
             "BusHousekeeping", "bus_housekeeping", service=BUS_SERVICE, environment=env,
             timeout_s=BUS_HOUSEKEEPING_TIMEOUT_S,
-            reserved_concurrency=c.BUS_HOUSEKEEPING_RESERVED_CONCURRENCY)
+            reserved_concurrency=constants.BUS_HOUSEKEEPING_RESERVED_CONCURRENCY)
         read_secrets(self.housekeeping, data.redis_secret)
         self.schedule = scheduler.Schedule(
             self,
             "bus-housekeeping-schedule",
-            schedule=scheduler.ScheduleExpression.rate(Duration.minutes(c.SCHEDULE_RATE_MINUTES)),
+            schedule=scheduler.ScheduleExpression.rate(Duration.minutes(constants.SCHEDULE_RATE_MINUTES)),
             target=targets.LambdaInvoke(self.housekeeping, retry_attempts=0,
                                         max_event_age=Duration.minutes(1)),
             description="Switchyard event bus housekeeping: every minute (EventBridge Scheduler's finest)",
@@ -148,11 +147,11 @@ class BusConstruct(Construct):
             command=["bus", "worker"],  # the image's entrypoint is `switchyard`
             essential=True,
             memory_limit_mib=BUS_WORKER_MEMORY_MIB,
-            stop_timeout=Duration.seconds(c.WORKER_STOP_TIMEOUT_S),  # in-flight deliveries finish
+            stop_timeout=Duration.seconds(constants.WORKER_STOP_TIMEOUT_S),  # in-flight deliveries finish
             logging=ecs.LogDrivers.aws_logs(stream_prefix="bus", log_group=self.workers.log_group),
             environment={
                 **self.functions.endpoints.redis_settings(),  # the password: an ECS secret, below
-                **environment({bus.NAME: BUS_NAME, LOG_LEVEL: c.LOG_LEVEL}),
+                **environment({bus.NAME: BUS_NAME, LOG_LEVEL: constants.LOG_LEVEL}),
                 "POWERTOOLS_SERVICE_NAME": BUS_SERVICE,
                 "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace(self),
                 "POWERTOOLS_METRICS_DISABLED": "false",  # the CLI turns EMF off unless told otherwise
@@ -164,7 +163,8 @@ class BusConstruct(Construct):
         group = ec2.SecurityGroup(
             self, "DeliverySecurityGroup", vpc=self.network.vpc, allow_all_outbound=True,
             description="Switchyard event bus workers: Redis and the subscribers callbacks")
-        allow_from(self.network.redis_sg, c.REDIS_PORT, "Redis over TLS from the event bus workers", group)
+        allow_from(self.network.redis_sg, constants.REDIS_PORT, "Redis over TLS from the event bus workers",
+                   group)
         return ecs.FargateService(
             self,
             "Workers",
@@ -194,14 +194,14 @@ class BusConstruct(Construct):
                 f"A subscriber's health points fell below {UNHEALTHY_SUBSCRIBER_HP} (-2 per failed "
                 "delivery, +1 per success): its callback has failed for a while and its events pile up.",
                 comparison=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
-            ),
+                ),
             AlarmSpec(
                 "bus-autodrop",
                 dropped,
                 1,
                 "Redis ran short of memory and the oldest batches were deleted: those events are lost for "
                 "their subscribers. Unsubscribe the dead subscriber or give Redis more memory.",
-            ),
+                ),
             AlarmSpec(
                 "bus-backlog-age",
                 self._bus_metric(bus_metrics.BUS_MAX_OLDEST_EVENT_AGE_MS, "Maximum"),
@@ -209,7 +209,7 @@ class BusConstruct(Construct):
                 "An event has waited 5 minutes for delivery: a subscriber is down (see the health alarm) "
                 "or the workers cannot keep up (scale the service).",
                 periods=2,
-            ),
+                ),
             errors_or_throttles("bus-api", self.api_function),
             errors_or_throttles("bus-housekeeping", self.housekeeping),
         ]

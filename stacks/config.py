@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from constructs import Construct
 
-from stacks import constants as c
+from stacks import constants
 from stacks.base_image import BUILD_ARG, REPO_ROOT, local_tag
 from switchyard.core import errors
 from switchyard.core.errors import InvalidNameError
@@ -163,7 +163,7 @@ class PoolConfig:
     capacity_provider: str = DEFAULT_CAPACITY_PROVIDER  # FARGATE_SPOT: ~70% cheaper, may be interrupted
 
     def __post_init__(self) -> None:
-        where = f"{c.CTX_POOLS}[{self.name!r}]"
+        where = f"{constants.CTX_POOLS}[{self.name!r}]"
         _check(len(self.name) <= MAX_POOL_NAME_CHARS, where,
                f"pool names are at most {MAX_POOL_NAME_CHARS} characters (switchyard.rpc.protocol)")
         validate_pool(self.name)
@@ -199,8 +199,8 @@ class PoolConfig:
     @property
     def first_call_s(self) -> int:
         """How long a new key's first request may wait for its worker (the estimate in constants.py)."""
-        orphan_handled = self.batch_window_seconds + c.ORPHAN_HANDLER_START_S
-        return orphan_handled + c.FARGATE_TASK_START_S + c.WORKER_START_S
+        orphan_handled = self.batch_window_seconds + constants.ORPHAN_HANDLER_START_S
+        return orphan_handled + constants.FARGATE_TASK_START_S + constants.WORKER_START_S
 
     @property
     def queue_depth_threshold(self) -> int:
@@ -224,7 +224,7 @@ class DelayConfig:
     offset_lag_alarm: int = 10_000  # records behind on the input topic
 
     def __post_init__(self) -> None:
-        where = c.CTX_DELAY
+        where = constants.CTX_DELAY
         validate_topic(self.input_topic)
         validate_topic(self.output_topic)
         validate_schema(self.schema)
@@ -252,13 +252,11 @@ class MskConfig:
     volume_gib: int = 20
 
     def __post_init__(self) -> None:
-        _check(
-            self.broker_nodes % c.VPC_MAX_AZS == 0,
-            c.CTX_MSK,
-            f"brokerNodes must be a multiple of the {c.VPC_MAX_AZS} availability zones",
-        )
-        _check(self.instance_type.startswith("kafka."), c.CTX_MSK, "instanceType must be a kafka.* type")
-        _check(self.volume_gib >= 1, c.CTX_MSK, "volumeGib must be at least 1")
+        _check(self.broker_nodes % constants.VPC_MAX_AZS == 0, constants.CTX_MSK,
+               f"brokerNodes must be a multiple of the {constants.VPC_MAX_AZS} availability zones")
+        _check(self.instance_type.startswith("kafka."), constants.CTX_MSK,
+               "instanceType must be a kafka.* type")
+        _check(self.volume_gib >= 1, constants.CTX_MSK, "volumeGib must be at least 1")
 
     @property
     def replication_factor(self) -> int:
@@ -276,13 +274,11 @@ class PostgresConfig:
     deletion_protection: bool = False
 
     def __post_init__(self) -> None:
-        _check(
-            self.engine_version in c.POSTGRES_VERSIONS,
-            c.CTX_POSTGRES,
-            f"engineVersion must be one of {sorted(c.POSTGRES_VERSIONS)}",
-        )
-        _check(self.allocated_storage_gib >= 20, c.CTX_POSTGRES, "allocatedStorageGib must be at least 20")
-        _check(self.max_connections >= 20, c.CTX_POSTGRES, "maxConnections must be at least 20")
+        _check(self.engine_version in constants.POSTGRES_VERSIONS, constants.CTX_POSTGRES,
+               f"engineVersion must be one of {sorted(constants.POSTGRES_VERSIONS)}")
+        _check(self.allocated_storage_gib >= 20, constants.CTX_POSTGRES,
+               "allocatedStorageGib must be at least 20")
+        _check(self.max_connections >= 20, constants.CTX_POSTGRES, "maxConnections must be at least 20")
 
 
 @dataclass(frozen=True)
@@ -300,17 +296,17 @@ class RedisConfig:
     shards: int = 1
 
     def __post_init__(self) -> None:
-        _check(self.engine in ("redis", "valkey"), c.CTX_REDIS, "engine must be redis or valkey")
+        _check(self.engine in ("redis", "valkey"), constants.CTX_REDIS, "engine must be redis or valkey")
         # The pending queue's blocking pop (BLMOVE) and guard swap (SET ... GET) need Redis 6.2
         # (every Valkey has them)
         version = re.fullmatch(r"(\d+)\.(\d+)(?:\.\d+)?", self.engine_version)
         recent = version is not None and (
             self.engine == "valkey" or tuple(map(int, version.groups())) >= (6, 2))
-        _check(recent, c.CTX_REDIS,
+        _check(recent, constants.CTX_REDIS,
                f"engineVersion {self.engine_version!r}: Redis 6.2 or later is needed (BLMOVE)")
-        _check(self.node_type.startswith("cache."), c.CTX_REDIS, "nodeType must be a cache.* type")
-        _check(0 <= self.replicas <= 5, c.CTX_REDIS, "replicas must be 0-5")
-        _check(1 <= self.memory_alarm_percent <= 100, c.CTX_REDIS, "memoryAlarmPercent must be 1-100")
+        _check(self.node_type.startswith("cache."), constants.CTX_REDIS, "nodeType must be a cache.* type")
+        _check(0 <= self.replicas <= 5, constants.CTX_REDIS, "replicas must be 0-5")
+        _check(1 <= self.memory_alarm_percent <= 100, constants.CTX_REDIS, "memoryAlarmPercent must be 1-100")
         self._check_cluster_mode()
 
     def _check_cluster_mode(self) -> None:
@@ -318,17 +314,19 @@ class RedisConfig:
         requires automatic failover in cluster mode, and a shard without a replica takes its slots
         (its keys' pending requests, bus events, locks) down with its node until the node is replaced,
         so N shards without replicas would fail N times as often as the one node they replace."""
-        _check(1 <= self.shards <= c.REDIS_MAX_SHARDS, c.CTX_REDIS, f"shards must be 1-{c.REDIS_MAX_SHARDS}")
-        _check(self.cluster_mode or self.shards == 1, c.CTX_REDIS,
+        _check(1 <= self.shards <= constants.REDIS_MAX_SHARDS, constants.CTX_REDIS,
+               f"shards must be 1-{constants.REDIS_MAX_SHARDS}")
+        _check(self.cluster_mode or self.shards == 1, constants.CTX_REDIS,
                f"shards {self.shards} needs clusterMode true (cluster mode off is one shard)")
         if not self.cluster_mode:
             return
-        _check(self.replicas >= 1, c.CTX_REDIS,
+        _check(self.replicas >= 1, constants.CTX_REDIS,
                "clusterMode needs replicas >= 1 per shard: a shard's replica is what takes over when its "
                "primary fails (automatic failover, Multi-AZ); without one the shard's keys are unavailable "
                "until ElastiCache replaces the node")
-        _check(self.nodes <= c.REDIS_MAX_NODES, c.CTX_REDIS,
-               f"shards x (1 + replicas) = {self.nodes} nodes, more than ElastiCache's {c.REDIS_MAX_NODES}")
+        _check(self.nodes <= constants.REDIS_MAX_NODES, constants.CTX_REDIS,
+               f"shards x (1 + replicas) = {self.nodes} nodes, more than ElastiCache's "
+               f"{constants.REDIS_MAX_NODES}")
 
     @property
     def nodes(self) -> int:
@@ -351,34 +349,35 @@ class ConcurrencyConfig:
     The reconcilers (one per pool) and bus housekeeping reserve 1 each by design: one pass at a time.
     """
 
-    account_limit: int = c.DEFAULT_ACCOUNT_CONCURRENCY
-    fire: int = c.FIRE_RESERVED_CONCURRENCY  # 2: the next invocation starts before the last one ends
-    sweep: int = c.SWEEP_RESERVED_CONCURRENCY
-    pending_api: int = c.PENDING_API_RESERVED_CONCURRENCY  # caps the node API's long polls
-    bus_api: int = c.BUS_API_RESERVED_CONCURRENCY  # caps what a flood of requests runs (and costs)
+    account_limit: int = constants.DEFAULT_ACCOUNT_CONCURRENCY
+    fire: int = constants.FIRE_RESERVED_CONCURRENCY  # 2: the next invocation starts before the last one ends
+    sweep: int = constants.SWEEP_RESERVED_CONCURRENCY
+    pending_api: int = constants.PENDING_API_RESERVED_CONCURRENCY  # caps the node API's long polls
+    bus_api: int = constants.BUS_API_RESERVED_CONCURRENCY  # caps what a flood of requests runs (and costs)
 
     def __post_init__(self) -> None:
-        _check(min(self.fire, self.sweep, self.pending_api, self.bus_api) >= 1, c.CTX_CONCURRENCY,
+        _check(min(self.fire, self.sweep, self.pending_api, self.bus_api) >= 1, constants.CTX_CONCURRENCY,
                "fire, sweep, pendingApi and busApi must be at least 1 (0 would throttle every invocation)")
-        _check(self.account_limit >= 1, c.CTX_CONCURRENCY, "accountLimit must be positive")
+        _check(self.account_limit >= 1, constants.CTX_CONCURRENCY, "accountLimit must be positive")
 
     def check_reserved(self, reserved: dict[str, int], account: int = 0) -> None:
         """Fail synth unless ``reserved`` (function -> executions) leaves Lambda's minimum unreserved
         of the account's limit: ``account`` (read from the account by ./dev deploy), else accountLimit."""
         total = sum(reserved.values())
         limit = account or self.account_limit
-        budget = limit - c.LAMBDA_MIN_UNRESERVED
+        budget = limit - constants.LAMBDA_MIN_UNRESERVED
         source = (f"the account's limit, {limit} (lambda get-account-settings, read by ./dev deploy),"
                   if account else f"accountLimit {limit}")
         _check(
             total <= budget,
-            c.CTX_CONCURRENCY,
+            constants.CTX_CONCURRENCY,
             f"the stack would reserve {total} concurrent executions "
             f"({', '.join(f'{name} {n}' for name, n in sorted(reserved.items()))}), but Lambda keeps at "
-            f"least {c.LAMBDA_MIN_UNRESERVED} unreserved of the account's limit, so with {source} "
+            f"least {constants.LAMBDA_MIN_UNRESERVED} unreserved of the account's limit, so with {source} "
             f"at most {max(0, budget)} can be reserved and the deploy would fail. Raise "
             "the account's 'Concurrent executions' quota (Service Quotas, AWS Lambda) and set accountLimit "
-            f"in {c.CTX_CONCURRENCY} to it, or reserve less (fire, sweep, pendingApi, busApi; fewer pools).",
+            f"in {constants.CTX_CONCURRENCY} to it, or reserve less (fire, sweep, pendingApi, busApi; "
+            "fewer pools).",
         )
 
 
@@ -394,41 +393,38 @@ class DeploymentConfig:
     base_image: str = ""  # what pools' own images start FROM; empty: ./dev deploy's local build
     concurrency: ConcurrencyConfig = field(default_factory=ConcurrencyConfig)
     # the callers' default (SWITCHYARD_RPC_CALL_TIMEOUT_S)
-    call_timeout_seconds: int = c.DEFAULT_AWS_CALL_TIMEOUT_S
+    call_timeout_seconds: int = constants.DEFAULT_AWS_CALL_TIMEOUT_S
     # Production keeps the data: RDS deletion protection, snapshots of RDS and ElastiCache on delete.
     production: bool = False
-    nat_gateways: int = c.VPC_NAT_GATEWAYS  # one per AZ (VPC_MAX_AZS) survives the loss of an AZ
+    nat_gateways: int = constants.VPC_NAT_GATEWAYS  # one per AZ (VPC_MAX_AZS) survives the loss of an AZ
     account_concurrency: int = 0  # the account's Lambda limit as ./dev deploy read it (0: not read)
 
     def __post_init__(self) -> None:
-        _check(1 <= self.nat_gateways <= c.VPC_MAX_AZS, c.CTX_NAT_GATEWAYS,
-               f"natGateways must be 1-{c.VPC_MAX_AZS} (one per availability zone at most)")
+        _check(1 <= self.nat_gateways <= constants.VPC_MAX_AZS, constants.CTX_NAT_GATEWAYS,
+               f"natGateways must be 1-{constants.VPC_MAX_AZS} (one per availability zone at most)")
         names = [p.name for p in self.pools]
-        _check(bool(names), c.CTX_POOLS, "configure at least one pool")
+        _check(bool(names), constants.CTX_POOLS, "configure at least one pool")
         dupes = sorted({n for n in names if names.count(n) > 1})
-        _check(not dupes, c.CTX_POOLS, f"pool names must be unique, repeated: {dupes}")
-        _check(self.msk.replication_factor <= self.msk.broker_nodes, c.CTX_MSK, "too few brokers")
-        _check(
-            self.alarm_email == "" or "@" in self.alarm_email,
-            c.CTX_ALARM_EMAIL,
-            f"not an e-mail address: {self.alarm_email!r}",
-        )
+        _check(not dupes, constants.CTX_POOLS, f"pool names must be unique, repeated: {dupes}")
+        _check(self.msk.replication_factor <= self.msk.broker_nodes, constants.CTX_MSK, "too few brokers")
+        _check(self.alarm_email == "" or "@" in self.alarm_email, constants.CTX_ALARM_EMAIL,
+               f"not an e-mail address: {self.alarm_email!r}")
         _check(
             self.emr_image == "" or _ECR_IMAGE.fullmatch(self.emr_image) is not None,
-            c.CTX_EMR_IMAGE,
+            constants.CTX_EMR_IMAGE,
             f"not an ECR image URI (ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME:TAG or @sha256:...): "
             f"{self.emr_image!r}",
         )
         self._check_call_timeout()
         budget = self.postgres_connection_budget
-        limit = self.postgres.max_connections * c.POSTGRES_BUDGET_SHARE // 100
+        limit = self.postgres.max_connections * constants.POSTGRES_BUDGET_SHARE // 100
         _check(
             budget <= limit,
-            c.CTX_POSTGRES,
+            constants.CTX_POSTGRES,
             f"the delay functions may open {budget} connections (enqueue and the scheduled-call relay: "
             f"one per partition each, "
             f"fire and sweep: reserved concurrency x connections each, migration: 1), more than "
-            f"{c.POSTGRES_BUDGET_SHARE}% of maxConnections {self.postgres.max_connections}: "
+            f"{constants.POSTGRES_BUDGET_SHARE}% of maxConnections {self.postgres.max_connections}: "
             "use fewer partitions or a larger instance",
         )
 
@@ -438,15 +434,16 @@ class DeploymentConfig:
         for pool in self.pools:
             _check(
                 timeout >= pool.first_call_s,
-                c.CTX_CALL_TIMEOUT,
+                constants.CTX_CALL_TIMEOUT,
                 f"a call timeout of {timeout} s expires a new key's first call in pool {pool.name!r} before "
                 f"its worker can answer: about {pool.first_call_s} s (the orphan handler "
-                f"{c.ORPHAN_HANDLER_START_S} s after batchWindowSeconds {pool.batch_window_seconds}, a "
-                f"Fargate task's start {c.FARGATE_TASK_START_S} s, the worker's {c.WORKER_START_S} s). "
+                f"{constants.ORPHAN_HANDLER_START_S} s after batchWindowSeconds "
+                f"{pool.batch_window_seconds}, a Fargate task's start {constants.FARGATE_TASK_START_S} s, "
+                f"the worker's {constants.WORKER_START_S} s). "
                 "Raise callTimeoutSeconds or lower the pool's batchWindowSeconds.",
             )
         ttl_s = PoolPolicy().message_ttl_ms // 1000
-        _check(timeout <= ttl_s, c.CTX_CALL_TIMEOUT,
+        _check(timeout <= ttl_s, constants.CTX_CALL_TIMEOUT,
                f"callTimeoutSeconds {timeout} is longer than the request queues' TTL ({ttl_s} s): the queue "
                "would expire a request its caller still waits for")
 
@@ -459,10 +456,10 @@ class DeploymentConfig:
     def postgres_connection_budget(self) -> int:
         """Connections the delay functions can hold at once (each warm environment keeps its own)."""
         return (
-            self.delay.partitions * c.CONNECTIONS_PER_ENQUEUE
-            + self.concurrency.fire * c.CONNECTIONS_PER_FIRE
-            + self.concurrency.sweep * c.CONNECTIONS_PER_SWEEP
-            + self.delay.partitions * c.CONNECTIONS_PER_RELAY
+            self.delay.partitions * constants.CONNECTIONS_PER_ENQUEUE
+            + self.concurrency.fire * constants.CONNECTIONS_PER_FIRE
+            + self.concurrency.sweep * constants.CONNECTIONS_PER_SWEEP
+            + self.delay.partitions * constants.CONNECTIONS_PER_RELAY
             + 1
         )
 
@@ -471,30 +468,33 @@ class DeploymentConfig:
         def ctx(key: str) -> Any:
             return scope.node.try_get_context(key)
 
-        raw_pools = ctx(c.CTX_POOLS)
+        raw_pools = ctx(constants.CTX_POOLS)
         if isinstance(raw_pools, str):
             try:
                 raw_pools = json.loads(raw_pools)
             except ValueError as exc:
-                raise ConfigError(f"{c.CTX_POOLS}: not valid JSON ({exc})") from exc
+                raise ConfigError(f"{constants.CTX_POOLS}: not valid JSON ({exc})") from exc
         if raw_pools is None:
-            raw_pools = [{"name": c.EXAMPLE_POOL}]
+            raw_pools = [{"name": constants.EXAMPLE_POOL}]
         if not isinstance(raw_pools, list) or not all(isinstance(p, dict) and "name" in p for p in raw_pools):
-            raise ConfigError(f'{c.CTX_POOLS} must be a list of objects with a "name", got {raw_pools!r}')
-        pools = tuple(_build(PoolConfig, p, f"{c.CTX_POOLS}[{p['name']!r}]") for p in raw_pools)
+            raise ConfigError(f'{constants.CTX_POOLS} must be a list of objects with a "name", '
+                              f'got {raw_pools!r}')
+        pools = tuple(_build(PoolConfig, p, f"{constants.CTX_POOLS}[{p['name']!r}]") for p in raw_pools)
         return cls(
             pools=pools,
-            delay=_build(DelayConfig, ctx(c.CTX_DELAY), c.CTX_DELAY),
-            msk=_build(MskConfig, ctx(c.CTX_MSK), c.CTX_MSK),
-            postgres=_build(PostgresConfig, ctx(c.CTX_POSTGRES), c.CTX_POSTGRES),
-            redis=_build(RedisConfig, ctx(c.CTX_REDIS), c.CTX_REDIS),
-            alarm_email=str(ctx(c.CTX_ALARM_EMAIL) or ""),
-            emr_image=str(ctx(c.CTX_EMR_IMAGE) or ""),
-            base_image=str(ctx(c.CTX_BASE_IMAGE) or ""),
-            concurrency=_build(ConcurrencyConfig, ctx(c.CTX_CONCURRENCY), c.CTX_CONCURRENCY),
-            call_timeout_seconds=_count(ctx(c.CTX_CALL_TIMEOUT), c.CTX_CALL_TIMEOUT,
-                                        c.DEFAULT_AWS_CALL_TIMEOUT_S),
-            production=_flag(ctx(c.CTX_PRODUCTION), c.CTX_PRODUCTION),
-            nat_gateways=_count(ctx(c.CTX_NAT_GATEWAYS), c.CTX_NAT_GATEWAYS, c.VPC_NAT_GATEWAYS),
-            account_concurrency=_count(ctx(c.CTX_ACCOUNT_CONCURRENCY), c.CTX_ACCOUNT_CONCURRENCY, 0),
+            delay=_build(DelayConfig, ctx(constants.CTX_DELAY), constants.CTX_DELAY),
+            msk=_build(MskConfig, ctx(constants.CTX_MSK), constants.CTX_MSK),
+            postgres=_build(PostgresConfig, ctx(constants.CTX_POSTGRES), constants.CTX_POSTGRES),
+            redis=_build(RedisConfig, ctx(constants.CTX_REDIS), constants.CTX_REDIS),
+            alarm_email=str(ctx(constants.CTX_ALARM_EMAIL) or ""),
+            emr_image=str(ctx(constants.CTX_EMR_IMAGE) or ""),
+            base_image=str(ctx(constants.CTX_BASE_IMAGE) or ""),
+            concurrency=_build(ConcurrencyConfig, ctx(constants.CTX_CONCURRENCY), constants.CTX_CONCURRENCY),
+            call_timeout_seconds=_count(ctx(constants.CTX_CALL_TIMEOUT), constants.CTX_CALL_TIMEOUT,
+                                        constants.DEFAULT_AWS_CALL_TIMEOUT_S),
+            production=_flag(ctx(constants.CTX_PRODUCTION), constants.CTX_PRODUCTION),
+            nat_gateways=_count(ctx(constants.CTX_NAT_GATEWAYS), constants.CTX_NAT_GATEWAYS,
+                                constants.VPC_NAT_GATEWAYS),
+            account_concurrency=_count(ctx(constants.CTX_ACCOUNT_CONCURRENCY),
+                                       constants.CTX_ACCOUNT_CONCURRENCY, 0),
         )

@@ -31,7 +31,7 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
-from stacks import constants as c
+from stacks import constants
 from stacks.config import DeploymentConfig
 from stacks.names import physical_name
 from stacks.network import NetworkConstruct
@@ -122,7 +122,7 @@ class DataConstruct(Construct):
     # -- RDS --------------------------------------------------------------------------------------
     def _build_postgres(self) -> rds.DatabaseInstance:
         cfg = self.config.postgres
-        version = getattr(rds.PostgresEngineVersion, c.POSTGRES_VERSIONS[cfg.engine_version])
+        version = getattr(rds.PostgresEngineVersion, constants.POSTGRES_VERSIONS[cfg.engine_version])
         return rds.DatabaseInstance(
             self,
             "Postgres",
@@ -134,7 +134,7 @@ class DataConstruct(Construct):
             credentials=rds.Credentials.from_generated_secret(POSTGRES_USER),
             database_name=POSTGRES_DATABASE,
             allocated_storage=cfg.allocated_storage_gib,
-            max_allocated_storage=cfg.allocated_storage_gib * c.POSTGRES_STORAGE_GROWTH,
+            max_allocated_storage=cfg.allocated_storage_gib * constants.POSTGRES_STORAGE_GROWTH,
             storage_type=rds.StorageType.GP3,  # 3,000 IOPS baseline at any size, cheaper per GB than gp2
             ca_certificate=rds.CaCertificate.RDS_CA_RSA2048_G1,  # its roots are in switchyard/core/certs
             storage_encrypted=True,
@@ -185,7 +185,7 @@ class DataConstruct(Construct):
             auth_token=secret.secret_value_from_json("password").unsafe_unwrap(),
             cache_subnet_group_name=subnets.ref,
             security_group_ids=[self.network.redis_sg.security_group_id],
-            port=c.REDIS_PORT,
+            port=constants.REDIS_PORT,
             snapshot_retention_limit=1,
         )
         group.apply_removal_policy(self.data_removal_policy)  # DeletionPolicy: Snapshot or Delete

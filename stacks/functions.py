@@ -27,7 +27,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
-from stacks import constants as c
+from stacks import constants
 from stacks.broker import BrokerConstruct
 from stacks.config import ConfigError, DeploymentConfig, PoolConfig
 from stacks.data import DataConstruct
@@ -139,10 +139,9 @@ class FunctionsConstruct(Construct):
         path = Path(layer_dir)
         path = path if path.is_absolute() else REPO_ROOT / path
         if not (path / "python").is_dir():
-            raise ConfigError(
-                f"the Lambda layer is not built at {path}: run ./dev deploy (it builds the layer, then "
-                f"deploys), or layers/build.sh first, or point -c {c.CTX_LAYER_DIR}=DIR at a built layer"
-            )
+            raise ConfigError(f"the Lambda layer is not built at {path}: run ./dev deploy (it builds the "
+                              "layer, then deploys), or layers/build.sh first, or point -c "
+                              f"{constants.CTX_LAYER_DIR}=DIR at a built layer")
         return lambda_.LayerVersion(
             self,
             "Layer",
@@ -157,7 +156,7 @@ class FunctionsConstruct(Construct):
         """The functions' code (functions/) for a function in ``scope``'s stack."""
         path = Stack.of(scope).node.path
         if path not in self._code:
-            self._code[path] = lambda_.Code.from_asset(str(REPO_ROOT / c.FUNCTIONS_DIR),
+            self._code[path] = lambda_.Code.from_asset(str(REPO_ROOT / constants.FUNCTIONS_DIR),
                                                        exclude=["__pycache__", "*.pyc"])
         return self._code[path]
 
@@ -194,7 +193,7 @@ class FunctionsConstruct(Construct):
             code=self.code(scope),
             handler=f"{module}.{handler}",
             layers=[self.layer],
-            memory_size=c.LAMBDA_MEMORY_MB,
+            memory_size=constants.LAMBDA_MEMORY_MB,
             timeout=Duration.seconds(timeout_s),
             tracing=lambda_.Tracing.ACTIVE,
             vpc=self.network.vpc,
@@ -205,8 +204,8 @@ class FunctionsConstruct(Construct):
             environment={
                 "POWERTOOLS_SERVICE_NAME": service,
                 "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace(self),
-                "POWERTOOLS_LOG_LEVEL": c.LOG_LEVEL,
-                LOG_LEVEL.name: c.LOG_LEVEL,
+                "POWERTOOLS_LOG_LEVEL": constants.LOG_LEVEL,
+                LOG_LEVEL.name: constants.LOG_LEVEL,
                 CONFIG_PATH_ENV: self.parameters.path,
                 **environment,
             },
@@ -239,7 +238,7 @@ class FunctionsConstruct(Construct):
             handler="on_event",
             service=DEPLOY_SERVICE,
             environment=environment,
-            timeout_s=c.DEPLOY_TIMEOUT_S,
+            timeout_s=constants.DEPLOY_TIMEOUT_S,
         )
         provider = cr.Provider(
             self,
@@ -338,8 +337,9 @@ class FunctionsConstruct(Construct):
                 f"rpc_{role}",
                 service=service,
                 environment=self._pool_env(pool, "ecs" if starts_groups else "noop", broker_user),
-                timeout_s=c.RECONCILE_TIMEOUT_S if role == "reconcile" else c.ESM_TIMEOUT_S,
-                reserved_concurrency=c.RECONCILE_RESERVED_CONCURRENCY if role == "reconcile" else None,
+                timeout_s=constants.RECONCILE_TIMEOUT_S if role == "reconcile" else constants.ESM_TIMEOUT_S,
+                reserved_concurrency=(constants.RECONCILE_RESERVED_CONCURRENCY if role == "reconcile"
+                                      else None),
                 scope=scope,
             )
             read_secrets(fn, broker_user, self.data.redis_secret)
@@ -398,8 +398,9 @@ class FunctionsConstruct(Construct):
                **environment({DELAY["lateness_sla_ms"]: d.lateness_sla_ms})}
         # role -> (timeout, reserved concurrency): enqueue runs per batch, fire and sweep loop.
         reserved = self.config.concurrency
-        roles = {"enqueue": (c.ESM_TIMEOUT_S, None), "fire": (c.LOOP_TIMEOUT_S, reserved.fire),
-                 "sweep": (c.LOOP_TIMEOUT_S, reserved.sweep)}
+        roles = {"enqueue": (constants.ESM_TIMEOUT_S, None),
+                 "fire": (constants.LOOP_TIMEOUT_S, reserved.fire),
+                 "sweep": (constants.LOOP_TIMEOUT_S, reserved.sweep)}
         enqueue, fire, sweep = (
             self.add_function(f"delay-{role}", f"delay_{role}", service=DELAY_SERVICE, environment=env,
                            timeout_s=timeout_s, reserved_concurrency=reserved)
@@ -417,8 +418,9 @@ class FunctionsConstruct(Construct):
     def _build_kafka_failures(self) -> sqs.Queue:
         """Where the MSK mappings send a batch that exhausted its retries: its topic, partition and
         offsets (the records stay in the topic for its retention, to read and produce again)."""
-        return sqs.Queue(self, c.KAFKA_FAILURES_QUEUE_ID, encryption=sqs.QueueEncryption.SQS_MANAGED,
-                         enforce_ssl=True, retention_period=Duration.days(c.KAFKA_FAILURES_RETENTION_DAYS))
+        return sqs.Queue(self, constants.KAFKA_FAILURES_QUEUE_ID, encryption=sqs.QueueEncryption.SQS_MANAGED,
+                         enforce_ssl=True,
+                         retention_period=Duration.days(constants.KAFKA_FAILURES_RETENTION_DAYS))
 
     def _msk_source(self, fn: lambda_.Function, construct_id: str, topic: str, group: str,
                     window_s: int, after: tuple[str, ...]) -> None:
@@ -439,15 +441,16 @@ class FunctionsConstruct(Construct):
             batch_size=d.batch_size,
             maximum_batching_window_in_seconds=window_s,
             function_response_types=["ReportBatchItemFailures"],
-            maximum_retry_attempts=c.KAFKA_RETRY_ATTEMPTS,
+            maximum_retry_attempts=constants.KAFKA_RETRY_ATTEMPTS,
             destination_config=lambda_.CfnEventSourceMapping.DestinationConfigProperty(
                 on_failure=lambda_.CfnEventSourceMapping.OnFailureProperty(
                     destination=self.kafka_failures.queue_arn)),
             provisioned_poller_config=lambda_.CfnEventSourceMapping.ProvisionedPollerConfigProperty(
-                minimum_pollers=c.DELAY_MIN_POLLERS,
-                maximum_pollers=max(c.DELAY_MIN_POLLERS, -(-d.partitions // c.KAFKA_INVOCATIONS_PER_POLLER)),
+                minimum_pollers=constants.DELAY_MIN_POLLERS,
+                maximum_pollers=max(constants.DELAY_MIN_POLLERS,
+                                    -(-d.partitions // constants.KAFKA_INVOCATIONS_PER_POLLER)),
                 # Both MSK mappings share one group's event poller units (billed per EPU-hour).
-                poller_group_name=physical_name(self, c.MSK_POLLER_GROUP_SUFFIX),
+                poller_group_name=physical_name(self, constants.MSK_POLLER_GROUP_SUFFIX),
             ),
             amazon_managed_kafka_event_source_config=(
                 lambda_.CfnEventSourceMapping.AmazonManagedKafkaEventSourceConfigProperty(consumer_group_id=group)
@@ -466,7 +469,7 @@ class FunctionsConstruct(Construct):
         d = self.config.delay
         user = self.broker.user_secret(BrokerRole.SCHEDULED)
         fn = self.add_function(
-            "scheduled-relay", "rpc_scheduled", service=SCHEDULED_SERVICE, timeout_s=c.ESM_TIMEOUT_S,
+            "scheduled-relay", "rpc_scheduled", service=SCHEDULED_SERVICE, timeout_s=constants.ESM_TIMEOUT_S,
             environment={**self._kafka_env(), **self._postgres_env(), **self._amqp_env(user)},
         )
         read_secrets(fn, user, self.data.postgres_secret)
@@ -487,7 +490,7 @@ class FunctionsConstruct(Construct):
             schedules[name] = scheduler.Schedule(
                 scope,
                 f"{name}-schedule",
-                schedule=scheduler.ScheduleExpression.rate(Duration.minutes(c.SCHEDULE_RATE_MINUTES)),
+                schedule=scheduler.ScheduleExpression.rate(Duration.minutes(constants.SCHEDULE_RATE_MINUTES)),
                 # A missed tick is not retried: the next one comes within the minute.
                 target=targets.LambdaInvoke(fn, retry_attempts=0, max_event_age=Duration.minutes(1)),
                 description=f"Switchyard {name}: every minute (EventBridge Scheduler's finest rate)",

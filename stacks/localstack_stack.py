@@ -24,7 +24,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from stacks import constants as c
+from stacks import constants
 from stacks.analytics import pipeline_bucket
 from stacks.config import DeploymentConfig
 from stacks.monitoring import MonitoringConstruct
@@ -59,19 +59,20 @@ def local_endpoints(broker_secret: secretsmanager.ISecret) -> ServiceEndpoints:
 class LocalStackTargetStack(Stack):
     """``broker_secret``, ``endpoints``, ``parameters``, ``runtime_role``, ``monitoring``, ``bucket``."""
 
-    def __init__(self, scope: Construct, construct_id: str = c.LOCALSTACK_STACK_ID, **kwargs: Any) -> None:
-        kwargs.setdefault("description", c.LOCALSTACK_STACK_DESCRIPTION)
+    def __init__(self, scope: Construct, construct_id: str = constants.LOCALSTACK_STACK_ID,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("description", constants.LOCALSTACK_STACK_DESCRIPTION)
         super().__init__(scope, construct_id, **kwargs)
         self.config = DeploymentConfig.from_context(self)
         self.broker_secret = secretsmanager.Secret(
             self,
-            c.BROKER_SECRET_ID,
+            constants.BROKER_SECRET_ID,
             description="The local RabbitMQ's user (username/password JSON), as Amazon MQ's admin secret",
             secret_string_value=SecretValue.unsafe_plain_text(json.dumps(LOCAL_BROKER_CREDENTIALS)),
             removal_policy=RemovalPolicy.DESTROY,
         )
         self.endpoints = local_endpoints(self.broker_secret)
-        self.parameters = ConfigParametersConstruct(self, c.CONFIG_CONSTRUCT_ID,
+        self.parameters = ConfigParametersConstruct(self, constants.CONFIG_CONSTRUCT_ID,
                                                     values=self.endpoints.shared_env(self.config.delay))
         self.runtime_role = iam.Role(
             self,
@@ -82,8 +83,8 @@ class LocalStackTargetStack(Stack):
         self.parameters.grant_read(self.runtime_role)
         for secret in self.endpoints.secrets():
             secret.grant_read(self.runtime_role)
-        self.monitoring = MonitoringConstruct(self, c.MONITORING_CONSTRUCT_ID, config=self.config,
-                                              period=Duration.seconds(c.LOCALSTACK_ALARM_PERIOD_S),
+        self.monitoring = MonitoringConstruct(self, constants.MONITORING_CONSTRUCT_ID, config=self.config,
+                                              period=Duration.seconds(constants.LOCALSTACK_ALARM_PERIOD_S),
                                               encrypt_topic=False, dashboard=False)
         self.bucket = pipeline_bucket(self, "Pipeline")
         outputs = {

@@ -21,7 +21,7 @@ from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from constructs import Construct
 
-from stacks import constants as c
+from stacks import constants
 from stacks.alarm_specs import PERIOD, AlarmSpec, errors_or_throttles
 from stacks.alarm_topic import build_alarm_topic
 from stacks.broker import BrokerConstruct
@@ -182,7 +182,7 @@ class MonitoringConstruct(Construct):
             AlarmSpec(
                 "delay-backlog-overdue",
                 self._emf(delay_metrics.DELAY_MAX_TIMER_LATENESS, DELAY_SERVICE, "Maximum"),
-                c.DELAY_BACKLOG_LATENESS_MS,
+                constants.DELAY_BACKLOG_LATENESS_MS,
                 "A message fired a whole minute after its deadline: the fire loop is behind (or was "
                 "down) and due messages are piling up.",
             ),
@@ -271,8 +271,8 @@ class MonitoringConstruct(Construct):
         specs.append(AlarmSpec(
             "kafka-batches-failed",
             aws.functions.kafka_failures.metric_approximate_number_of_messages_visible(period=PERIOD), 1,
-            f"An MSK mapping gave up a batch after {c.KAFKA_RETRY_ATTEMPTS} retries: the message names its "
-            "topic, partition and offsets; produce those records again once the outage is over.",
+            f"An MSK mapping gave up a batch after {constants.KAFKA_RETRY_ATTEMPTS} retries: the message "
+            "names its topic, partition and offsets; produce those records again once the outage is over.",
         ))
         delay = self.config.delay
         specs += [
@@ -287,8 +287,8 @@ class MonitoringConstruct(Construct):
             AlarmSpec(
                 "postgres-connections-near-limit",
                 aws.data.postgres.metric_database_connections(statistic="Maximum", period=PERIOD),
-                self.config.postgres.max_connections * c.POSTGRES_CONNECTIONS_ALARM_PERCENT // 100,
-                f"{c.POSTGRES_CONNECTIONS_ALARM_PERCENT}% of max_connections "
+                self.config.postgres.max_connections * constants.POSTGRES_CONNECTIONS_ALARM_PERCENT // 100,
+                f"{constants.POSTGRES_CONNECTIONS_ALARM_PERCENT}% of max_connections "
                 f"({self.config.postgres.max_connections}): new connections will soon be refused; the "
                 f"functions' budget is {self.config.postgres_connection_budget}: something else holds them.",
             ),

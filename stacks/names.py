@@ -18,7 +18,7 @@ import re
 
 from constructs import Construct
 
-from stacks import constants as c
+from stacks import constants
 from stacks.pool_stacks import root_stack
 from switchyard.core.deployed_config import ALARM_PREFIX_ENV, METRICS_NAMESPACE_ENV
 from switchyard.core.deployed_config import metrics_namespace as stack_metrics_namespace
@@ -43,7 +43,7 @@ def physical_name(scope: Construct, suffix: str, *, max_length: int = 255, lower
 def broker_users_secret_prefix(scope: Construct) -> str:
     """What the names of the stack's broker role users' secrets start with: a stack name has no ``/``,
     so no other stack's secret starts so."""
-    return f"{root_stack(scope).stack_name}/{c.BROKER_USERS_SECRET_PATH}/"
+    return f"{root_stack(scope).stack_name}/{constants.BROKER_USERS_SECRET_PATH}/"
 
 
 def alarm_prefix(scope: Construct) -> str:

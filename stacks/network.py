@@ -7,7 +7,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks import constants as c
+from stacks import constants
 
 
 def allow_from(group: ec2.ISecurityGroup, port: int, what: str, *clients: ec2.ISecurityGroup) -> None:
@@ -34,7 +34,7 @@ class NetworkConstruct(Construct):
     """
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, nat_gateways: int = c.VPC_NAT_GATEWAYS
+        self, scope: Construct, construct_id: str, *, nat_gateways: int = constants.VPC_NAT_GATEWAYS
     ) -> None:
         """``nat_gateways``: 1 is cheapest; one per AZ keeps egress when an AZ fails."""
         super().__init__(scope, construct_id)
@@ -44,29 +44,35 @@ class NetworkConstruct(Construct):
         # Free (no hourly or per-GB charge): S3 traffic (the pipeline's and the streams' buckets, ECR's
         # image layers) skips the NAT gateway's per-GB processing.
         self.s3_endpoint = self.vpc.add_gateway_endpoint(
-            c.S3_ENDPOINT_ID, service=ec2.GatewayVpcEndpointAwsService.S3)
-        self.functions_sg = self._group(c.FUNCTIONS_SG_ID, "Switchyard Lambda functions: clients only")
+            constants.S3_ENDPOINT_ID, service=ec2.GatewayVpcEndpointAwsService.S3)
+        self.functions_sg = self._group(constants.FUNCTIONS_SG_ID,
+                                        "Switchyard Lambda functions: clients only")
         # The functions behind the public APIs run whatever an unauthenticated request makes them run
         # until its token is checked: their group is admitted by Redis only (not RDS, MSK, the broker).
-        self.api_sg = self._group(c.API_SG_ID, "Switchyard public API functions: Redis clients only")
-        self.workers_sg = self._group(c.WORKERS_SG_ID, "Switchyard ECS worker tasks: clients only")
-        self.emr_sg = self._group(c.EMR_SG_ID, "EMR Serverless jobs: clients only")
-        self.redis_sg = self._group(c.REDIS_SG_ID, "ElastiCache: TLS Redis protocol from the control plane")
-        self.postgres_sg = self._group(c.POSTGRES_SG_ID, "RDS Postgres: the delay store, from the functions")
-        self.msk_sg = self._group(c.MSK_SG_ID, "MSK: SASL/IAM over TLS from the functions and EMR")
-        allow_from(self.redis_sg, c.REDIS_PORT, "Redis over TLS", self.functions_sg, self.api_sg)
-        allow_from(self.postgres_sg, c.POSTGRES_PORT, "Postgres", self.functions_sg)
+        self.api_sg = self._group(constants.API_SG_ID, "Switchyard public API functions: Redis clients only")
+        self.workers_sg = self._group(constants.WORKERS_SG_ID, "Switchyard ECS worker tasks: clients only")
+        self.emr_sg = self._group(constants.EMR_SG_ID, "EMR Serverless jobs: clients only")
+        self.redis_sg = self._group(constants.REDIS_SG_ID,
+                                    "ElastiCache: TLS Redis protocol from the control plane")
+        self.postgres_sg = self._group(constants.POSTGRES_SG_ID,
+                                       "RDS Postgres: the delay store, from the functions")
+        self.msk_sg = self._group(constants.MSK_SG_ID, "MSK: SASL/IAM over TLS from the functions and EMR")
+        allow_from(self.redis_sg, constants.REDIS_PORT, "Redis over TLS", self.functions_sg, self.api_sg)
+        allow_from(self.postgres_sg, constants.POSTGRES_PORT, "Postgres", self.functions_sg)
         # The MSK event source's pollers run in the cluster's subnets with the cluster's group.
-        allow_from(self.msk_sg, c.MSK_IAM_PORT, "Kafka SASL/IAM", self.functions_sg, self.emr_sg, self.msk_sg)
+        allow_from(self.msk_sg, constants.MSK_IAM_PORT, "Kafka SASL/IAM",
+                   self.functions_sg, self.emr_sg, self.msk_sg)
         self.sqs_endpoint = self._build_sqs_endpoint()
 
     def _build_sqs_endpoint(self) -> ec2.InterfaceVpcEndpoint:
         """SQS from the cluster's (isolated) subnets: the MSK mappings' on-failure destination is an
         SQS queue, which AWS asks to be reachable through an endpoint in the cluster's VPC."""
-        group = self._group(c.SQS_ENDPOINT_SG_ID, "SQS endpoint: the MSK mappings on-failure destination")
+        group = self._group(constants.SQS_ENDPOINT_SG_ID,
+                            "SQS endpoint: the MSK mappings on-failure destination")
         allow_from(group, 443, "SQS over TLS", self.msk_sg)
         return self.vpc.add_interface_endpoint(
-            c.SQS_ENDPOINT_ID, service=ec2.InterfaceVpcEndpointAwsService.SQS, subnets=self.isolated_subnets,
+            constants.SQS_ENDPOINT_ID, service=ec2.InterfaceVpcEndpointAwsService.SQS,
+            subnets=self.isolated_subnets,
             security_groups=[group], private_dns_enabled=True, open=False)  # admits only the cluster's group
 
     def _group(self, construct_id: str, description: str) -> ec2.SecurityGroup:
@@ -76,7 +82,7 @@ class NetworkConstruct(Construct):
     @property
     def cidr(self) -> str:
         """The VPC's IPv4 CIDR as a plain string (not a token)."""
-        return c.VPC_CIDR
+        return constants.VPC_CIDR
 
     @property
     def egress_subnets(self) -> ec2.SubnetSelection:
@@ -89,7 +95,7 @@ class NetworkConstruct(Construct):
     def _build_flow_log_group(self) -> logs.LogGroup:
         return logs.LogGroup(
             self,
-            c.FLOW_LOG_GROUP_ID,
+            constants.FLOW_LOG_GROUP_ID,
             retention=logs.RetentionDays.ONE_MONTH,
             removal_policy=RemovalPolicy.DESTROY,
         )
@@ -97,27 +103,29 @@ class NetworkConstruct(Construct):
     def _build_vpc(self, nat_gateways: int) -> ec2.Vpc:
         return ec2.Vpc(
             self,
-            c.VPC_ID,
-            ip_addresses=ec2.IpAddresses.cidr(c.VPC_CIDR),
-            max_azs=c.VPC_MAX_AZS,
+            constants.VPC_ID,
+            ip_addresses=ec2.IpAddresses.cidr(constants.VPC_CIDR),
+            max_azs=constants.VPC_MAX_AZS,
             nat_gateways=nat_gateways,
             restrict_default_security_group=True,
             subnet_configuration=[
                 ec2.SubnetConfiguration(
-                    name=c.PUBLIC_SUBNET_NAME, subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24
+                    name=constants.PUBLIC_SUBNET_NAME, subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24
                 ),
                 ec2.SubnetConfiguration(
-                    name=c.EGRESS_SUBNET_NAME, subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=22
+                    name=constants.EGRESS_SUBNET_NAME, subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
+                    cidr_mask=22
                 ),
                 ec2.SubnetConfiguration(
-                    name=c.ISOLATED_SUBNET_NAME, subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=24
+                    name=constants.ISOLATED_SUBNET_NAME, subnet_type=ec2.SubnetType.PRIVATE_ISOLATED,
+                    cidr_mask=24
                 ),
             ],
         )
 
     def _build_flow_log(self) -> ec2.FlowLog:
         return self.vpc.add_flow_log(
-            c.FLOW_LOG_ID,
+            constants.FLOW_LOG_ID,
             destination=ec2.FlowLogDestination.to_cloud_watch_logs(self.flow_log_group),
             traffic_type=ec2.FlowLogTrafficType.ALL,
         )

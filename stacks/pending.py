@@ -18,8 +18,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks import constants as c
-from stacks import nag
+from stacks import constants, nag
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.grants import read_secrets
@@ -121,7 +120,7 @@ class PendingConstruct(Construct):
         return cw.MathExpression(
             expression=f'SELECT SUM({metric}) FROM SCHEMA("{metrics_namespace(self)}", Endpoint)',
             label=label,
-            period=Duration.minutes(c.ALARM_PERIOD_MINUTES),
+            period=Duration.minutes(constants.ALARM_PERIOD_MINUTES),
         )
 
     def _specs(self) -> list[AlarmSpec]:
@@ -132,28 +131,28 @@ class PendingConstruct(Construct):
                 1,
                 "A request waited the whole pickup timeout (2 min by default) and was taken back: its "
                 "polling service is not polling (down, wrong token, connected to no node).",
-            ),
+                ),
             AlarmSpec(
                 "pending-abandoned-responses",
                 self._sum(pending_metrics.PENDING_RESPONSES_UNDELIVERED, "responses with no caller left"),
                 5,
                 "Responses dropped because the caller cancelled, stopped heartbeating or the request was "
                 "lost: a few happen when callers give up; five in a period means callers die or time out.",
-            ),
+                ),
             AlarmSpec(
                 "pending-processors-lost",
                 self._sum(pending_metrics.PENDING_PROCESSORS_LOST,
                           "requests whose processing node went silent"),
                 1,
                 "A node processing a request stopped heartbeating for 60 s: the caller got an error.",
-            ),
+                ),
             AlarmSpec(
                 "pending-data-loss",
                 self._sum(pending_metrics.PENDING_DATA_LOSS_EVENTS, "Redis data-loss detections"),
                 1,
                 "A node's data-loss guard vanished from Redis (failover without replication, flush, "
                 "eviction): every in-flight pending request failed.",
-            ),
+                ),
             errors_or_throttles("pending-api", self.function),
         ]
 

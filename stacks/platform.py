@@ -17,7 +17,7 @@ from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_lambda as lambda_
 
-from stacks import constants as c
+from stacks import constants
 from stacks.base_image import BUILD_ARG
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -29,16 +29,16 @@ _ARCHITECTURES = {
 
 def lambda_runtime() -> lambda_.Runtime:
     """``python{PYTHON_VERSION}``, CDK's own Runtime object (what cdk-nag compares with the latest)."""
-    return getattr(lambda_.Runtime, "PYTHON_" + c.PYTHON_VERSION.replace(".", "_"))
+    return getattr(lambda_.Runtime, "PYTHON_" + constants.PYTHON_VERSION.replace(".", "_"))
 
 
 def lambda_architecture() -> lambda_.Architecture:
-    return _ARCHITECTURES[c.CPU_ARCHITECTURE][0]
+    return _ARCHITECTURES[constants.CPU_ARCHITECTURE][0]
 
 
 def fargate_platform() -> ecs.RuntimePlatform:
     return ecs.RuntimePlatform(
-        cpu_architecture=_ARCHITECTURES[c.CPU_ARCHITECTURE][1],
+        cpu_architecture=_ARCHITECTURES[constants.CPU_ARCHITECTURE][1],
         operating_system_family=ecs.OperatingSystemFamily.LINUX,
     )
 
@@ -48,8 +48,8 @@ def worker_image() -> ecs.ContainerImage:
     return ecs.ContainerImage.from_asset(
         str(REPO_ROOT),
         file="Dockerfile",
-        platform=_ARCHITECTURES[c.CPU_ARCHITECTURE][2],
-        build_args={"PYTHON_VERSION": c.PYTHON_VERSION},
+        platform=_ARCHITECTURES[constants.CPU_ARCHITECTURE][2],
+        build_args={"PYTHON_VERSION": constants.PYTHON_VERSION},
     )
 
 
@@ -58,6 +58,6 @@ def pool_image(directory: Path, base_image: str) -> ecs.ContainerImage:
     build arg, part of the asset hash: a new base rebuilds it) for the tasks' CPU."""
     return ecs.ContainerImage.from_asset(
         str(directory),
-        platform=_ARCHITECTURES[c.CPU_ARCHITECTURE][2],
+        platform=_ARCHITECTURES[constants.CPU_ARCHITECTURE][2],
         build_args={BUILD_ARG: base_image},
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 from aws_cdk import NestedStack, Stack
 from constructs import Construct
 
-from stacks import constants as c
+from stacks import constants
 
 
 def root_stack(scope: Construct) -> Stack:
@@ -28,18 +28,18 @@ def root_stack(scope: Construct) -> Stack:
 def pool_stacks(stack: Stack) -> list[NestedStack]:
     """The nested stacks of ``stack``'s pools, in the order they were made."""
     return [child for child in stack.node.children if isinstance(child, NestedStack)
-            and child.node.id.startswith(c.POOL_STACK_PREFIX)]
+            and child.node.id.startswith(constants.POOL_STACK_PREFIX)]
 
 
 def pool_scope(construct: Construct, pool: str) -> Construct:
     """Where ``construct`` (a child of the stack) makes ``pool``'s resources: its twin in the pool's
     nested stack, or ``construct`` itself in a stack that does not nest pools (the localstack target)."""
     root = root_stack(construct)
-    if not getattr(root, c.NESTS_POOLS_ATTR, False):
+    if not getattr(root, constants.NESTS_POOLS_ATTR, False):
         return construct
-    nested = root.node.try_find_child(f"{c.POOL_STACK_PREFIX}{pool}")
+    nested = root.node.try_find_child(f"{constants.POOL_STACK_PREFIX}{pool}")
     if nested is None:
-        nested = NestedStack(root, f"{c.POOL_STACK_PREFIX}{pool}",
+        nested = NestedStack(root, f"{constants.POOL_STACK_PREFIX}{pool}",
                              description=f"Switchyard pool {pool}: its functions, workers and alarms")
     twin = nested.node.try_find_child(construct.node.id)
     return twin if twin is not None else Construct(nested, construct.node.id)

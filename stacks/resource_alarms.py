@@ -13,7 +13,7 @@ from __future__ import annotations
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cw
 
-from stacks import constants as c
+from stacks import constants
 from stacks.alarm_specs import PERIOD, AlarmSpec
 from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig
@@ -25,7 +25,7 @@ BROKER_MEMORY_ALARM_PERCENT = 80  # of RabbitMQ's memory high watermark (RabbitM
 BROKER_DISK_ALARM_MULTIPLE = 2  # free disk under twice RabbitMQ's free disk limit
 POSTGRES_FREE_STORAGE_ALARM_GIB = 2
 MSK_DISK_ALARM_PERCENT = 80
-HEARTBEAT_PERIOD = Duration.minutes(c.ALARM_PERIOD_MINUTES)
+HEARTBEAT_PERIOD = Duration.minutes(constants.ALARM_PERIOD_MINUTES)
 
 
 def _metric(namespace: str, name: str, dimensions: dict[str, str], statistic: str = "Maximum") -> cw.Metric:
@@ -70,7 +70,8 @@ def redis_memory(data: DataConstruct) -> list[tuple[str, cw.IMetric]]:
     suffix of the shards it covers when there are several. The fullest matters: keys sharing a hash
     tag (the bus's) fill one shard."""
     members = data.redis_member_ids
-    groups = [members[i:i + c.ALARM_MATH_METRICS] for i in range(0, len(members), c.ALARM_MATH_METRICS)]
+    groups = [members[i:i + constants.ALARM_MATH_METRICS]
+              for i in range(0, len(members), constants.ALARM_MATH_METRICS)]
 
     def node(member: str) -> cw.Metric:
         return _metric("AWS/ElastiCache", "DatabaseMemoryUsagePercentage", {"CacheClusterId": member})
@@ -79,7 +80,7 @@ def redis_memory(data: DataConstruct) -> list[tuple[str, cw.IMetric]]:
         return [("", node(members[0]))]
     found: list[tuple[str, cw.IMetric]] = []
     for n, group in enumerate(groups):
-        first, last = n * c.ALARM_MATH_METRICS + 1, n * c.ALARM_MATH_METRICS + len(group)
+        first, last = n * constants.ALARM_MATH_METRICS + 1, n * constants.ALARM_MATH_METRICS + len(group)
         shards = {f"s{first + i}": node(member) for i, member in enumerate(group)}
         found.append((f"-shards-{first}-{last}" if len(groups) > 1 else "", cw.MathExpression(
             expression=f"MAX([{', '.join(shards)}])", using_metrics=shards, period=PERIOD,
@@ -105,8 +106,8 @@ def _postgres(data: DataConstruct) -> AlarmSpec:
         data.postgres.metric_free_storage_space(statistic="Minimum", period=PERIOD),
         POSTGRES_FREE_STORAGE_ALARM_GIB * GIB,
         f"Postgres has under {POSTGRES_FREE_STORAGE_ALARM_GIB} GiB free: storage autoscaling (up to "
-        f"{c.POSTGRES_STORAGE_GROWTH}x the allocated size) has run out or cannot keep up, and a full disk "
-        "stops the delay store (nothing is enqueued or fired).",
+        f"{constants.POSTGRES_STORAGE_GROWTH}x the allocated size) has run out or cannot keep up, and a "
+        "full disk stops the delay store (nothing is enqueued or fired).",
         comparison=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
     )
 
@@ -134,7 +135,7 @@ def _heartbeats(functions: FunctionsConstruct) -> list[AlarmSpec]:
         f"{name}-heartbeat",
         fn.metric_invocations(statistic="Sum", period=HEARTBEAT_PERIOD),
         1,
-        f"{name} ran no invocation for {c.ALARM_PERIOD_MINUTES} minutes: its schedule (every minute) "
+        f"{name} ran no invocation for {constants.ALARM_PERIOD_MINUTES} minutes: its schedule (every minute) "
         "stopped, or the function cannot start. No data counts as this alarm: a stopped loop reports "
         "nothing.",
         comparison=cw.ComparisonOperator.LESS_THAN_THRESHOLD,

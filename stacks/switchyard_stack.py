@@ -8,7 +8,7 @@ from aws_cdk import CfnOutput, CfnResource, Stack
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from stacks import constants as c
+from stacks import constants
 from stacks.analytics import AnalyticsConstruct
 from stacks.broker import BrokerConstruct
 from stacks.bus import BUS_CONSTRUCT_ID, BusConstruct
@@ -33,19 +33,20 @@ class SwitchyardStack(Stack):
     bad value fails synth before any construct is made.
     """
 
-    def __init__(self, scope: Construct, construct_id: str = c.STACK_ID, **kwargs: Any) -> None:
-        kwargs.setdefault("description", c.STACK_DESCRIPTION)
+    def __init__(self, scope: Construct, construct_id: str = constants.STACK_ID, **kwargs: Any) -> None:
+        kwargs.setdefault("description", constants.STACK_DESCRIPTION)
         super().__init__(scope, construct_id, **kwargs)
         self.nests_pools = True  # each pool's resources in a nested stack of its own (stacks/pool_stacks.py)
         self.config = DeploymentConfig.from_context(self)
-        layer_dir = self.node.try_get_context(c.CTX_LAYER_DIR) or c.LAYER_DIR
-        self.network = NetworkConstruct(self, c.NETWORK_CONSTRUCT_ID, nat_gateways=self.config.nat_gateways)
+        layer_dir = self.node.try_get_context(constants.CTX_LAYER_DIR) or constants.LAYER_DIR
+        self.network = NetworkConstruct(self, constants.NETWORK_CONSTRUCT_ID,
+                                        nat_gateways=self.config.nat_gateways)
         self.broker = BrokerConstruct(
-            self, c.BROKER_CONSTRUCT_ID, vpc=self.network.vpc, subnets=self.network.egress_subnets,
+            self, constants.BROKER_CONSTRUCT_ID, vpc=self.network.vpc, subnets=self.network.egress_subnets,
             clients=[self.network.functions_sg, self.network.workers_sg, self.network.emr_sg],
             pools=[pool.name for pool in self.config.pools])
-        self.data = DataConstruct(self, c.DATA_CONSTRUCT_ID, network=self.network, config=self.config)
-        self.workers = WorkersConstruct(self, c.WORKERS_CONSTRUCT_ID, network=self.network,
+        self.data = DataConstruct(self, constants.DATA_CONSTRUCT_ID, network=self.network, config=self.config)
+        self.workers = WorkersConstruct(self, constants.WORKERS_CONSTRUCT_ID, network=self.network,
                                         broker=self.broker, config=self.config)
         self.endpoints = ServiceEndpoints(
             amqp_url=self.broker.amqp_url_template, management_url=self.broker.management_url_template,
@@ -56,17 +57,17 @@ class SwitchyardStack(Stack):
             amqp_secret=self.broker.user_secret(BrokerRole.CLIENTS), redis_secret=self.data.redis_secret,
             postgres_secret=self.data.postgres_secret, redis_cluster=self.config.redis.cluster_mode)
         # The callers' default timeout on AWS outlives a new key's wait for a Fargate task.
-        self.parameters = ConfigParametersConstruct(self, c.CONFIG_CONSTRUCT_ID, values={
+        self.parameters = ConfigParametersConstruct(self, constants.CONFIG_CONSTRUCT_ID, values={
             **self.endpoints.shared_env(self.config.delay), **self.workers.rpc_env})
         self.functions = FunctionsConstruct(
-            self, c.FUNCTIONS_CONSTRUCT_ID, network=self.network, broker=self.broker, data=self.data,
+            self, constants.FUNCTIONS_CONSTRUCT_ID, network=self.network, broker=self.broker, data=self.data,
             workers=self.workers, config=self.config, endpoints=self.endpoints, parameters=self.parameters,
             layer_dir=str(layer_dir))
         self.monitoring = MonitoringConstruct(
-            self, c.MONITORING_CONSTRUCT_ID, config=self.config,
+            self, constants.MONITORING_CONSTRUCT_ID, config=self.config,
             aws=AwsResources(functions=self.functions, data=self.data, workers=self.workers,
                              broker=self.broker))
-        self.analytics = AnalyticsConstruct(self, c.ANALYTICS_CONSTRUCT_ID, network=self.network,
+        self.analytics = AnalyticsConstruct(self, constants.ANALYTICS_CONSTRUCT_ID, network=self.network,
                                             broker=self.broker, data=self.data, functions=self.functions,
                                             config=self.config)
         self.bus = BusConstruct(self, BUS_CONSTRUCT_ID, network=self.network, data=self.data,
@@ -94,16 +95,17 @@ class SwitchyardStack(Stack):
     def check_resource_count(self) -> None:
         """Fail synth with the number of pools that fit, rather than CloudFormation's bare count."""
         total = self.resource_counts()[self.node.id]  # a pool's nested stack holds a few dozen
-        if total <= c.CFN_MAX_RESOURCES:
+        if total <= constants.CFN_MAX_RESOURCES:
             return
         pools = len(self.config.pools)
         per_pool = self.pool_resources_here()
-        fit = (c.CFN_MAX_RESOURCES - (total - per_pool * pools)) // per_pool
+        fit = (constants.CFN_MAX_RESOURCES - (total - per_pool * pools)) // per_pool
         raise ConfigError(
-            f"{c.CTX_POOLS}: {pools} pools make {total} resources in this stack, over CloudFormation's "
-            f"{c.CFN_MAX_RESOURCES}: each pool adds {per_pool} here (its nested stack and broker user "
+            f"{constants.CTX_POOLS}: {pools} pools make {total} resources in this stack, over "
+            f"CloudFormation's {constants.CFN_MAX_RESOURCES}: each pool adds {per_pool} here (its nested "
+            "stack and broker user "
             f"secrets), so one stack holds at most {max(0, fit)} pools; deploy the others as a second "
-            f"stack ({c.CTX_STACKS}, docs/deployment.md \"Two stacks in one account\")")
+            f"stack ({constants.CTX_STACKS}, docs/deployment.md \"Two stacks in one account\")")
 
     def reserved_concurrency(self) -> dict[str, int]:
         """Each function's reserved concurrency, by construct path: every reservation, whoever made it."""

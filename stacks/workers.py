@@ -16,7 +16,7 @@ from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks import constants as c
+from stacks import constants
 from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig, ImageDirectory, PoolConfig
 from stacks.names import metrics_namespace, physical_name
@@ -35,7 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def worker_family(scope: Construct, pool: str) -> str:
     """The task definition family of a pool (``SWITCHYARD_RPC_ECS_TASK_DEFINITION`` of its control plane)."""
-    return physical_name(scope, f"{c.WORKER_FAMILY_SUFFIX}{pool}")
+    return physical_name(scope, f"{constants.WORKER_FAMILY_SUFFIX}{pool}")
 
 
 class WorkersConstruct(Construct):
@@ -92,15 +92,15 @@ class WorkersConstruct(Construct):
             runtime_platform=fargate_platform(),
         )
         task.add_container(
-            c.WORKER_CONTAINER,
+            constants.WORKER_CONTAINER,
             image=self._image(pool),
             command=["worker", "--handler", pool.handler],  # the image's entrypoint is `switchyard`
             essential=True,
             memory_limit_mib=pool.memory_mib,
-            stop_timeout=Duration.seconds(c.WORKER_STOP_TIMEOUT_S),
+            stop_timeout=Duration.seconds(constants.WORKER_STOP_TIMEOUT_S),
             logging=ecs.LogDrivers.aws_logs(stream_prefix=pool.name, log_group=self.log_group),
             environment={
-                **environment({AMQP_URL: self.broker.amqp_url_template, LOG_LEVEL: c.LOG_LEVEL}),
+                **environment({AMQP_URL: self.broker.amqp_url_template, LOG_LEVEL: constants.LOG_LEVEL}),
                 **self.rpc_env,  # a handler that calls another pool waits as long as any caller
                 "POWERTOOLS_SERVICE_NAME": f"switchyard-{pool.name}-worker",
                 "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace(self),

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from stacks import constants as c
+from stacks import constants
 from stacks.base_image import local_tag
 from tests.conftest import ROOT
 
@@ -56,7 +56,8 @@ def test_cdk_without_the_layer_says_so_in_one_line(tmp_path) -> None:
     """What `npx cdk deploy` shows when the layer was never built: app.py's one line, not a traceback."""
     done = subprocess.run([sys.executable, "app.py"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "CDK_OUTDIR": str(tmp_path),
-                               "CDK_CONTEXT_JSON": json.dumps({c.CTX_LAYER_DIR: str(tmp_path / "no-layer")})})
+                               "CDK_CONTEXT_JSON": json.dumps(
+                                   {constants.CTX_LAYER_DIR: str(tmp_path / "no-layer")})})
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1:] == [done.stderr.strip()], done.stderr
     assert done.stderr.startswith("switchyard: error: the Lambda layer is not built at"), done.stderr
@@ -76,7 +77,7 @@ def test_the_account_limit_is_read_from_lambda_and_printed_as_the_context_value(
     assert account_concurrency(client) == limit
     done = subprocess.run([sys.executable, "-m", "stacks.account_limits"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, env={**os.environ, "AWS_ENDPOINT_URL": LOCALSTACK})
-    assert done.returncode == 0 and done.stdout == f"{c.CTX_ACCOUNT_CONCURRENCY}={limit}\n", done
+    assert done.returncode == 0 and done.stdout == f"{constants.CTX_ACCOUNT_CONCURRENCY}={limit}\n", done
 
 
 def test_an_unreadable_limit_stops_the_deploy_with_one_line() -> None:

@@ -323,3 +323,36 @@ def test_the_port_check_sees_a_driver_import(tmp_path: Path) -> None:
     leaky = tmp_path / "ports.py"
     leaky.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import redis.exceptions\n")
     assert client_libraries_imported(leaky) == {"redis"}
+
+
+ALIAS_DIRECTORIES = ("switchyard", "stacks", "functions", "bench", "scripts", "tests")
+
+
+def one_letter_aliases(root: Path) -> list[str]:
+    """Imports renamed to one lower-case letter (``protocol as p``): a reader then has to find the
+    import to learn what ``p.KEY_HEADER`` is, and the letter clashes with locals. PySpark's own
+    upper-case idiom (``functions as F``, ``types as T``) is not one of them."""
+    found = []
+    for top in ALIAS_DIRECTORIES:
+        for path in sorted((root / top).rglob("*.py")) if (root / top).is_dir() else []:
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    found += [f"{path.relative_to(root)}:{node.lineno}: {alias.name} as {alias.asname}"
+                              for alias in node.names
+                              if alias.asname and len(alias.asname) == 1 and alias.asname.islower()]
+    return found
+
+
+def test_no_module_is_imported_under_a_one_letter_alias() -> None:
+    assert one_letter_aliases(ROOT) == []
+
+
+def test_the_alias_check_sees_one_letter_aliases(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "from switchyard.rpc import protocol as p\nimport json as j  # noqa\n"
+        "from pyspark.sql import functions as F\nfrom stacks import constants\n"
+        "def f():\n    from stacks import constants as c\n")
+    assert one_letter_aliases(tmp_path) == ["tests/test_x.py:1: protocol as p",
+                                            "tests/test_x.py:2: json as j",
+                                            "tests/test_x.py:6: constants as c"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from switchyard.bus import metrics as m
+from switchyard.bus import metrics
 from switchyard.bus.errors import UnknownJobError
 from switchyard.bus.jobs import JobQueue, scrub
 from switchyard.bus.ports import BusStorePort
@@ -38,7 +38,7 @@ def autodrop(store: BusStorePort) -> AutodropOutcome:
         logger.info("bus autodrop: unclaimed topics without subscribers removed",
                     extra={"topics": outcome.topics_dropped})
     if outcome.used_memory <= s.max_mem - s.min_free:
-        emit_gauge(m.BUS_EVENTS_AUTODROPPED, 0, "Bus", "all")
+        emit_gauge(metrics.BUS_EVENTS_AUTODROPPED, 0, "Bus", "all")
         return outcome
     low_mark = s.max_mem - 2 * s.min_free
     used = outcome.used_memory
@@ -51,7 +51,7 @@ def autodrop(store: BusStorePort) -> AutodropOutcome:
         outcome.events_dropped += count
         outcome.dropped_by_subscriber[token] = outcome.dropped_by_subscriber.get(token, 0) + count
         used = store.used_memory()
-    emit_gauge(m.BUS_EVENTS_AUTODROPPED, outcome.events_dropped, "Bus", "all")
+    emit_gauge(metrics.BUS_EVENTS_AUTODROPPED, outcome.events_dropped, "Bus", "all")
     logger.warning("bus autodrop", extra={"batches": outcome.batches_dropped,
                                           "events": outcome.events_dropped,
                                           "used_memory": outcome.used_memory, "now": used})
@@ -67,21 +67,21 @@ def telemetry(store: BusStorePort) -> Telemetry:
 
 def _emit(t: Telemetry) -> None:
     for g in t.subscribers:
-        emit_gauge(m.BUS_EVENTS_QUEUED, g.events, "Subscriber", g.name)
-        emit_gauge(m.BUS_BATCHES_QUEUED, g.batches, "Subscriber", g.name)
-        emit_gauge(m.BUS_OLDEST_EVENT_AGE_MS, g.oldest_age_ms, "Subscriber", g.name)
-        emit_gauge(m.BUS_SUBSCRIBER_HEALTH, g.health_points, "Subscriber", g.name)
+        emit_gauge(metrics.BUS_EVENTS_QUEUED, g.events, "Subscriber", g.name)
+        emit_gauge(metrics.BUS_BATCHES_QUEUED, g.batches, "Subscriber", g.name)
+        emit_gauge(metrics.BUS_OLDEST_EVENT_AGE_MS, g.oldest_age_ms, "Subscriber", g.name)
+        emit_gauge(metrics.BUS_SUBSCRIBER_HEALTH, g.health_points, "Subscriber", g.name)
     for q, states in t.jobs.items():
         for state, n in states.items():
-            emit_gauge(m.BUS_JOBS, n, "QueueState", f"{q}:{state}")
+            emit_gauge(metrics.BUS_JOBS, n, "QueueState", f"{q}:{state}")
     # Bus-wide figures without dimensions: what the alarms watch.
-    emit_gauge(m.BUS_REDIS_USED_MEMORY, t.used_memory, "Bus", "all")
+    emit_gauge(metrics.BUS_REDIS_USED_MEMORY, t.used_memory, "Bus", "all")
     lowest_health = min((g.health_points for g in t.subscribers), default=100)
-    emit_gauge(m.BUS_MIN_SUBSCRIBER_HEALTH, lowest_health, "Bus", "all")
+    emit_gauge(metrics.BUS_MIN_SUBSCRIBER_HEALTH, lowest_health, "Bus", "all")
     oldest_age = max((g.oldest_age_ms for g in t.subscribers), default=0)
-    emit_gauge(m.BUS_MAX_OLDEST_EVENT_AGE_MS, oldest_age, "Bus", "all")
+    emit_gauge(metrics.BUS_MAX_OLDEST_EVENT_AGE_MS, oldest_age, "Bus", "all")
     # Cumulative (Redis counters): whoever dropped, the alarm sees the increase (metric math DIFF).
-    emit_gauge(m.BUS_EVENTS_AUTODROPPED_TOTAL, t.autodropped, "Bus", "all")
+    emit_gauge(metrics.BUS_EVENTS_AUTODROPPED_TOTAL, t.autodropped, "Bus", "all")
 
 
 def run_aux_job(store: BusStorePort, job: str) -> object:

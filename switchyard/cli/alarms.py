@@ -155,7 +155,7 @@ def rpc_traffic(pool: str, run: str, good_calls: int, poison_calls: int, out: Ca
     """Good calls, then ``poison_calls`` requests whose worker dies, through the local control plane."""
     from switchyard.core.observability import metrics, pool_service
     from switchyard.local.rpc_runtime import LocalControlPlane
-    from switchyard.rpc import protocol as p
+    from switchyard.rpc import protocol
     from switchyard.rpc.client import RpcClient
     from switchyard.rpc.drivers import SubprocessDriver
     from switchyard.rpc.settings import ControlSettings, Delays, RpcSettings
@@ -175,11 +175,12 @@ def rpc_traffic(pool: str, run: str, good_calls: int, poison_calls: int, out: Ca
         if poison_calls:
             poisoned = [client.submit(POISON_PREFIX + run, f"crash {run} {i}") for i in range(poison_calls)]
             statuses = [f.result(130).status for f in poisoned]
-            limited = statuses.count(p.Status.DELIVERY_LIMIT)
+            limited = statuses.count(protocol.Status.DELIVERY_LIMIT)
             out(f"  {limited}/{poison_calls} poison requests dead-lettered at the delivery limit "
                 f"({settings.policy.delivery_limit} deliveries each)")
             if limited != poison_calls:
-                raise ScenarioFailed(f"poison requests ended as {statuses}, not {p.Status.DELIVERY_LIMIT}")
+                raise ScenarioFailed(f"poison requests ended as {statuses}, "
+                                     f"not {protocol.Status.DELIVERY_LIMIT}")
 
 
 def remove_rpc_traffic(pool: str, run: str, out: Callable[[str], None]) -> None:
@@ -188,7 +189,7 @@ def remove_rpc_traffic(pool: str, run: str, out: Callable[[str], None]) -> None:
     import pika
 
     from switchyard.core.redis_client import connect_redis
-    from switchyard.rpc import protocol as p
+    from switchyard.rpc import protocol
     from switchyard.rpc.amqp import connect
     from switchyard.rpc.control.topology import PoolTopology
     from switchyard.rpc.settings import RpcSettings
@@ -208,9 +209,9 @@ def remove_rpc_traffic(pool: str, run: str, out: Callable[[str], None]) -> None:
     removed = 0
     try:
         channel = connection.channel()
-        waiting = channel.queue_declare(p.poison_queue(pool), passive=True).method.message_count
+        waiting = channel.queue_declare(protocol.poison_queue(pool), passive=True).method.message_count
         for _ in range(waiting):
-            method, _props, body = channel.basic_get(p.poison_queue(pool))
+            method, _props, body = channel.basic_get(protocol.poison_queue(pool))
             if method is None:
                 break
             if body.startswith(f"crash {run} ".encode()):

@@ -22,7 +22,7 @@ from switchyard.cli.options import (
 from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
 from switchyard.core.tracing import TRACEPARENT_HEADER, parse
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.client.schedule import collect
 from switchyard.rpc.control.topology import PoolTopology
@@ -41,7 +41,7 @@ def _settings(args: argparse.Namespace) -> RpcSettings:
     settings = RpcSettings.from_env()
     overrides = {}
     if getattr(args, "queue_type", None):
-        overrides["queue_type"] = p.QueueType(args.queue_type)
+        overrides["queue_type"] = protocol.QueueType(args.queue_type)
     if getattr(args, "ttl_ms", None):
         overrides["message_ttl_ms"] = args.ttl_ms
     if getattr(args, "delivery_limit", None):
@@ -74,10 +74,10 @@ def cmd_pool_init(args: argparse.Namespace) -> int:
     with _pool_topology(args) as (settings, topology):
         topology.declare()
     policy = settings.policy
-    return _result(args, {"pool": args.pool, "exchange": p.req_exchange(args.pool),
+    return _result(args, {"pool": args.pool, "exchange": protocol.req_exchange(args.pool),
                           "queue_type": policy.queue_type.value, "ttl_ms": policy.message_ttl_ms,
                           "delivery_limit": policy.delivery_limit},
-                   f"pool {args.pool!r} ready: exchange {p.req_exchange(args.pool)}, request queues "
+                   f"pool {args.pool!r} ready: exchange {protocol.req_exchange(args.pool)}, request queues "
                    f"{policy.queue_type.value}, ttl {policy.message_ttl_ms} ms, "
                    f"delivery limit {policy.delivery_limit}")
 
@@ -86,8 +86,8 @@ def cmd_pool_bind(args: argparse.Namespace) -> int:
     with _pool_topology(args) as (_, topology):
         topology.require()
         queue = topology.ensure_request_queue(args.key)
-    return _result(args, {"queue": queue, "exchange": p.req_exchange(args.pool), "key": args.key},
-                   f"queue {queue} bound to {p.req_exchange(args.pool)} by key {args.key!r}")
+    return _result(args, {"queue": queue, "exchange": protocol.req_exchange(args.pool), "key": args.key},
+                   f"queue {queue} bound to {protocol.req_exchange(args.pool)} by key {args.key!r}")
 
 
 def cmd_pool_status(args: argparse.Namespace) -> int:
@@ -198,7 +198,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-POOL_RULE = f"1-{p.MAX_POOL_NAME_CHARS} of A-Z a-z 0-9 _"
+POOL_RULE = f"1-{protocol.MAX_POOL_NAME_CHARS} of A-Z a-z 0-9 _"
 
 
 def _pool_arg(parser: argparse.ArgumentParser) -> None:
@@ -211,7 +211,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     init = pool_sub.add_parser("init", help="declare a pool (idempotent; safe from several processes)")
     _pool_arg(init)
-    init.add_argument("--queue-type", choices=[t.value for t in p.QueueType],
+    init.add_argument("--queue-type", choices=[t.value for t in protocol.QueueType],
                       help=f"request queue type (default {QUEUE_TYPE.name} or quorum)")
     init.add_argument("--ttl-ms", type=AT_LEAST_ONE,
                       help=f"request TTL in ms (default {REQUEST_TTL.name})")

@@ -17,7 +17,7 @@ from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_json_option
 from switchyard.cli.overview import PARTS, Overview, SystemStatus
 from switchyard.core.errors import ConfigError
 from switchyard.core.observability import printable
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 
 if TYPE_CHECKING:
     from switchyard.bus.status import Telemetry
@@ -103,7 +103,7 @@ def render(status: SystemStatus, max_groups: int = 20) -> list[str]:
         if part.unreachable is not None:
             body = [f"unreachable: {part.unreachable}"]
         elif name == "rpc":
-            body = [line for pool in part.figures.pools for line in pool_lines(pool, status.at, max_groups)] \
+            body = [line for pool in part.figures.pools for line in pool_lines(pool, status.at, max_groups)]\
                 or ["no pools"]
         elif name == "delay":
             body = delay_lines(part.figures)
@@ -128,7 +128,7 @@ def _frames(overview: Overview, count: int | None, interval: float,
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    pools = [p.validate_pool(pool) for pool in args.pool or ()]
+    pools = [protocol.validate_pool(pool) for pool in args.pool or ()]
     overview = Overview(pools)
     count = args.count if args.watch else 1
     last: SystemStatus | None = None
@@ -157,7 +157,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_console(args: argparse.Namespace) -> int:
     from switchyard.local.console import Console
 
-    overview = Overview([p.validate_pool(pool) for pool in args.pool or ()])
+    overview = Overview([protocol.validate_pool(pool) for pool in args.pool or ()])
     first = overview.read()
     if not first.reachable:
         overview.close()

@@ -24,7 +24,7 @@ def scheduled_calls_part(out: Printer) -> None:
     from switchyard.delay.store import PostgresDelayStore
     from switchyard.local.delay_runtime import LocalRuntime
     from switchyard.local.rpc_runtime import LocalControlPlane
-    from switchyard.rpc import protocol as p
+    from switchyard.rpc import protocol
     from switchyard.rpc.amqp import connect
     from switchyard.rpc.client import RpcClient
     from switchyard.rpc.client.schedule import CallScheduler, collect, declare_reply_queue
@@ -37,7 +37,7 @@ def scheduled_calls_part(out: Printer) -> None:
                           consumer_group=f"{name}-g", application_name=name)
     connections, settings = Connections.from_env(), RpcSettings.from_env()
     out.section(f"Scheduled calls: {len(DELAYS_S)} calls of pool {name} due {DELAYS_S[0]:g}-{DELAYS_S[-1]:g} "
-                f"s from now, through the delay scheduler, answered into {p.reply_queue(name)}")
+                f"s from now, through the delay scheduler, answered into {protocol.reply_queue(name)}")
     admin = AdminClient({"bootstrap.servers": connections.kafka_bootstrap})
     for future in admin.create_topics([NewTopic(t, 2, 1) for t in (delay.input_topic,
                                                                    delay.output_topic)]).values():
@@ -75,7 +75,7 @@ def scheduled_calls_part(out: Printer) -> None:
         with PoolTopology(name, settings) as topology:
             topology.delete(force=True)
         connection = connect(settings.connections.amqp_url, "switchyard-demo")
-        connection.channel().queue_delete(p.reply_queue(name))
+        connection.channel().queue_delete(protocol.reply_queue(name))
         connection.close()
         PoolState(connect_redis(settings.connections), name).clear()
         with PostgresDelayStore(connections.postgres_dsn, name) as dropping:

@@ -45,7 +45,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from switchyard.core.errors import BrokerError, ConfigError
 from switchyard.core.observability import logger
 from switchyard.local.lambda_context import FakeLambdaContext
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.amqp import connect, url_parameters
 from switchyard.rpc.control.rmq_event import CALENDAR_CYCLE_S
 
@@ -137,7 +137,7 @@ def rmq_message(delivery: RmqDelivery) -> dict[str, Any]:
     except Exception as exc:  # one message never stops the mapping: its handler poisons it
         reason = f"properties not representable in an aws:rmq event: {type(exc).__name__}: {exc}"
         props = basic_properties(pika.BasicProperties(**{**vars(delivery.properties), "timestamp": None,
-                                                          "headers": {p.UNDECODABLE_HEADER: reason}}),
+                                                          "headers": {protocol.UNDECODABLE_HEADER: reason}}),
                                  len(delivery.body))
     return {
         "basicProperties": props,

@@ -16,7 +16,7 @@ from switchyard.core.observability import logger
 from switchyard.local.functions import load_function, scheduled_event
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RabbitMQEventSource
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import WorkerGroupDriver, driver_from_env
 from switchyard.rpc.service import ControlPlane, build_service
@@ -68,9 +68,9 @@ class LocalControlPlane:
         services.control_plane.install(self.plane)
         b = self.bridges
         for queue, function, batch in (
-            (p.orphan_queue(pool), "rpc_orphans", b.orphan_batch),
-            (p.dl_queue(pool), "rpc_dead_letters", b.dead_letter_batch),
-            (p.activity_queue(pool), "rpc_activity", b.activity_batch),
+            (protocol.orphan_queue(pool), "rpc_orphans", b.orphan_batch),
+            (protocol.dl_queue(pool), "rpc_dead_letters", b.dead_letter_batch),
+            (protocol.activity_queue(pool), "rpc_activity", b.activity_batch),
         ):
             source = RabbitMQEventSource(
                 queue, load_function(function).lambda_handler, amqp_url=self.settings.connections.amqp_url,

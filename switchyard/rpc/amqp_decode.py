@@ -29,7 +29,7 @@ from typing import Any
 import pika.spec
 
 from switchyard.core.errors import RpcError
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.frames import SHORT_STRING_PROPERTIES
 
 _FLAGS_BEFORE_HEADERS = (pika.spec.BasicProperties.FLAG_CONTENT_TYPE,
@@ -78,8 +78,8 @@ def decode_value(encoded: bytes, offset: int, depth: int) -> tuple[Any, int]:
     if kind == b"V":
         return None, offset
     if kind in (b"A", b"F"):
-        if depth >= p.MAX_HEADER_DEPTH:
-            raise HeaderDecodeError(f"tables and arrays nested deeper than {p.MAX_HEADER_DEPTH}")
+        if depth >= protocol.MAX_HEADER_DEPTH:
+            raise HeaderDecodeError(f"tables and arrays nested deeper than {protocol.MAX_HEADER_DEPTH}")
         if kind == b"F":
             return decode_table(encoded, offset, depth + 1)
         length = struct.unpack_from(">I", encoded, offset)[0]
@@ -146,13 +146,13 @@ def encode_value(value: Any, depth: int = 0) -> bytes:
         return b"T" + struct.pack(">Q", int(value.timestamp()))
     if value is None:
         return b"V"
-    if depth < p.MAX_HEADER_DEPTH and isinstance(value, Mapping):
+    if depth < protocol.MAX_HEADER_DEPTH and isinstance(value, Mapping):
         return b"F" + encode_table(value, depth + 1)
-    if depth < p.MAX_HEADER_DEPTH and isinstance(value, list | tuple):
+    if depth < protocol.MAX_HEADER_DEPTH and isinstance(value, list | tuple):
         items = b"".join(encode_value(item, depth + 1) for item in value)
         return b"A" + struct.pack(">I", len(items)) + items
     if isinstance(value, Mapping | list | tuple):
-        return encode_value(f"nested deeper than {p.MAX_HEADER_DEPTH}")
+        return encode_value(f"nested deeper than {protocol.MAX_HEADER_DEPTH}")
     return encode_value(repr(value))
 
 
@@ -199,7 +199,7 @@ class TolerantProperties(pika.spec.BasicProperties):
             headers, end = decode_table(encoded, start)
         except (HeaderDecodeError, struct.error, IndexError, RecursionError) as exc:
             end = start + 4 + struct.unpack_from(">I", encoded, start)[0]
-            headers = {p.UNDECODABLE_HEADER: f"headers not decodable: {exc}"}
+            headers = {protocol.UNDECODABLE_HEADER: f"headers not decodable: {exc}"}
         rest = struct.pack(">H", flags & ~self.FLAG_HEADERS) + encoded[offset + 2:start] + encoded[end:]
         super().decode(rest)
         return self._checked(headers)
@@ -210,7 +210,7 @@ class TolerantProperties(pika.spec.BasicProperties):
         for name in SHORT_STRING_PROPERTIES:
             if isinstance(getattr(self, name), bytes):
                 setattr(self, name, None)
-                headers = {**(headers or {}), p.UNDECODABLE_HEADER: f"property {name} is not UTF-8"}
+                headers = {**(headers or {}), protocol.UNDECODABLE_HEADER: f"property {name} is not UTF-8"}
         self.headers = headers
         return self
 
@@ -223,5 +223,5 @@ def install() -> None:
 def undecodable(headers: Mapping[str, Any] | None) -> str | None:
     """Why a message's headers could not be decoded (None: they were). A producer setting the header
     itself only gets its own message poisoned."""
-    reason = (headers or {}).get(p.UNDECODABLE_HEADER)
+    reason = (headers or {}).get(protocol.UNDECODABLE_HEADER)
     return reason if isinstance(reason, str) and reason else None

@@ -33,7 +33,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from switchyard.core.errors import ConfigError, InvalidNameError
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.settings import MAX_WORKERS, MIN_WORKERS, TARGET_BACKLOG
 
 GROUP_ID_DIGEST_CHARS = 24
@@ -118,8 +118,8 @@ class WorkerGroup:
     key: str
 
     def __post_init__(self) -> None:
-        p.validate_pool(self.pool)
-        p.key_digest(self.key)  # rejects non-strings and strings that are not valid UTF-8
+        protocol.validate_pool(self.pool)
+        protocol.key_digest(self.key)  # rejects non-strings and strings that are not valid UTF-8
 
     @property
     def group_id(self) -> str:
@@ -128,14 +128,14 @@ class WorkerGroup:
         Pools are ``[A-Za-z0-9_]{1,64}``, so the id is at most 89 characters of ``[A-Za-z0-9_-]``;
         96 bits of digest make a collision between two keys of one pool negligible.
         """
-        group_id = f"{self.pool}-{p.key_digest(self.key)[:GROUP_ID_DIGEST_CHARS]}"
+        group_id = f"{self.pool}-{protocol.key_digest(self.key)[:GROUP_ID_DIGEST_CHARS]}"
         if not GROUP_ID_RE.match(group_id):  # cannot happen with a valid pool; guards future edits
             raise InvalidNameError(f"unsafe worker group id {group_id!r}")
         return group_id
 
     @property
     def requests_queue(self) -> str:
-        return p.request_queue(self.pool, self.key)
+        return protocol.request_queue(self.pool, self.key)
 
     def environment(self, worker_id: str) -> dict[str, str]:
         """The worker protocol's variables (the keyed RPC design, "Worker protocol") for one worker."""
@@ -144,7 +144,7 @@ class WorkerGroup:
             "WORKER_KEY": self.key,
             "WORKER_POOL": self.pool,
             "WORKER_REQUESTS_QUEUE": self.requests_queue,
-            "WORKER_ACTIVITY_EXCHANGE": p.activity_exchange(self.pool),
+            "WORKER_ACTIVITY_EXCHANGE": protocol.activity_exchange(self.pool),
         }
 
 
@@ -250,7 +250,7 @@ class RequestQueues(Protocol):
     pool: str
 
     @property
-    def queue_type(self) -> p.QueueType: ...
+    def queue_type(self) -> protocol.QueueType: ...
 
     def list_request_queues(self, columns: str) -> list[dict[str, Any]]:
         """The pool's ``{pool}-req-*`` queues with the management API's ``columns`` (sampled stats)."""

@@ -32,13 +32,12 @@ from switchyard.delay.model import (
     InputRecord,
 )
 from switchyard.delay.parsing import format_deadline
-from switchyard.rpc import frames
-from switchyard.rpc import protocol as p
+from switchyard.rpc import frames, protocol
 from switchyard.rpc.errors import ScheduledCallError
 
 # The headers the relay reads itself; every other header goes on into the request's AMQP headers.
-_CALL_HEADERS = frozenset({p.POOL_HEADER, p.KEY_HEADER, p.ID_HEADER, p.REPLY_QUEUE_HEADER,
-                           p.DEADLINE_HEADER})
+_CALL_HEADERS = frozenset({protocol.POOL_HEADER, protocol.KEY_HEADER, protocol.ID_HEADER,
+                           protocol.REPLY_QUEUE_HEADER, protocol.DEADLINE_HEADER})
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +61,7 @@ class ScheduledCall:
 def validate_call_id(call_id: str) -> str:
     """A call id the delay scheduler accepts as ``chronosMessageId`` (1-128 characters, no NUL) and
     AMQP carries as message and correlation id (a short string: 255 bytes of UTF-8)."""
-    if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_MESSAGE_ID_LENGTH \
+    if not isinstance(call_id, str) or not call_id or len(call_id) > MAX_MESSAGE_ID_LENGTH\
             or "\x00" in call_id or frames.utf8_len(call_id) > frames.SHORTSTR_BYTES:
         raise InvalidNameError(f"a call id must be 1-{MAX_MESSAGE_ID_LENGTH} characters and at most 255 "
                                f"bytes of UTF-8, without NUL, got {str(call_id)[:40]!r}")
@@ -72,7 +71,7 @@ def validate_call_id(call_id: str) -> str:
 def validate_expiry(expires_ms: int) -> int:
     """An expiry (epoch ms) the request's ``x-switchyard-deadline-ms`` header can carry (a long-long)."""
     if expires_ms not in frames.LONG_LONG:
-        raise InvalidNameError(f"{p.DEADLINE_HEADER} {str(expires_ms)[:40]} is past what AMQP carries "
+        raise InvalidNameError(f"{protocol.DEADLINE_HEADER} {str(expires_ms)[:40]} is past what AMQP carries "
                                "(a 64-bit signed integer of epoch milliseconds)")
     return expires_ms
 
@@ -91,9 +90,9 @@ def as_amqp(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, Any]:
 def request_properties(call: ScheduledCall, now_ms: int) -> pika.BasicProperties:
     """The AMQP properties of the request ``call`` becomes: its id as message and correlation id."""
     headers = as_amqp(call.headers)
-    headers[p.KEY_HEADER] = call.key
+    headers[protocol.KEY_HEADER] = call.key
     if call.expires_ms is not None:
-        headers[p.DEADLINE_HEADER] = call.expires_ms
+        headers[protocol.DEADLINE_HEADER] = call.expires_ms
     expiration = None if call.expires_ms is None else str(max(1, call.expires_ms - now_ms))
     return pika.BasicProperties(message_id=call.id, correlation_id=call.id, reply_to=call.reply_queue,
                                 expiration=expiration, headers=headers,
@@ -103,12 +102,12 @@ def request_properties(call: ScheduledCall, now_ms: int) -> pika.BasicProperties
 def scheduled_headers(call: ScheduledCall, deadline: datetime) -> list[tuple[str, bytes]]:
     """The Kafka headers of ``call``'s record on the delay scheduler's input topic."""
     headers = [(MESSAGE_ID_HEADER, call.id.encode()), (DEADLINE_HEADER, format_deadline(deadline).encode()),
-               (p.POOL_HEADER, call.pool.encode()), (p.KEY_HEADER, call.key.encode()),
-               (p.ID_HEADER, call.id.encode())]
+               (protocol.POOL_HEADER, call.pool.encode()), (protocol.KEY_HEADER, call.key.encode()),
+               (protocol.ID_HEADER, call.id.encode())]
     if call.reply_queue is not None:
-        headers.append((p.REPLY_QUEUE_HEADER, call.reply_queue.encode()))
+        headers.append((protocol.REPLY_QUEUE_HEADER, call.reply_queue.encode()))
     if call.expires_ms is not None:
-        headers.append((p.DEADLINE_HEADER, str(call.expires_ms).encode()))
+        headers.append((protocol.DEADLINE_HEADER, str(call.expires_ms).encode()))
     headers.extend((name, value) for name, value in call.headers if value is not None)
     if not any(name == tracing.TRACEPARENT_HEADER for name, _ in call.headers):
         # the request in hand's trace, else a new one: relayed with the record into the request
@@ -128,7 +127,7 @@ def _text(name: str, value: bytes | None) -> str:
 def fired_pool(record: InputRecord) -> str | None:
     """The pool a fired record names, as sent (None: not a scheduled call; it stays on the topic)."""
     for name, value in record.headers:
-        if name == p.POOL_HEADER:
+        if name == protocol.POOL_HEADER:
             return None if value is None else value.decode("utf-8", "replace")
     return None
 
@@ -146,26 +145,27 @@ def read_fired(record: InputRecord) -> ScheduledCall:
         else:
             others.append((name, value))
     try:
-        pool = p.validate_pool(_text(p.POOL_HEADER, found.get(p.POOL_HEADER)))
-        if p.KEY_HEADER not in found:
-            raise ScheduledCallError("malformed", f"no {p.KEY_HEADER} header")
-        key = p.validate_key(_text(p.KEY_HEADER, found[p.KEY_HEADER]))
-        if p.ID_HEADER not in found:
-            raise ScheduledCallError("malformed", f"no {p.ID_HEADER} header")
-        call_id = validate_call_id(_text(p.ID_HEADER, found[p.ID_HEADER]))
-        reply = found.get(p.REPLY_QUEUE_HEADER)
+        pool = protocol.validate_pool(_text(protocol.POOL_HEADER, found.get(protocol.POOL_HEADER)))
+        if protocol.KEY_HEADER not in found:
+            raise ScheduledCallError("malformed", f"no {protocol.KEY_HEADER} header")
+        key = protocol.validate_key(_text(protocol.KEY_HEADER, found[protocol.KEY_HEADER]))
+        if protocol.ID_HEADER not in found:
+            raise ScheduledCallError("malformed", f"no {protocol.ID_HEADER} header")
+        call_id = validate_call_id(_text(protocol.ID_HEADER, found[protocol.ID_HEADER]))
+        reply = found.get(protocol.REPLY_QUEUE_HEADER)
         reply_queue = None
         if reply is not None:
-            reply_queue = _text(p.REPLY_QUEUE_HEADER, reply)
-            p.reply_queue(reply_queue.removeprefix(p.REPLY_QUEUE_PREFIX))  # only a durable reply queue
-            if not reply_queue.startswith(p.REPLY_QUEUE_PREFIX):
+            reply_queue = _text(protocol.REPLY_QUEUE_HEADER, reply)
+            # only a durable reply queue
+            protocol.reply_queue(reply_queue.removeprefix(protocol.REPLY_QUEUE_PREFIX))
+            if not reply_queue.startswith(protocol.REPLY_QUEUE_PREFIX):
                 raise InvalidNameError(f"reply queue {reply_queue[:80]!r} is not a durable reply queue")
-        expires = found.get(p.DEADLINE_HEADER)
+        expires = found.get(protocol.DEADLINE_HEADER)
         expires_ms = None
         if expires is not None:
-            text = _text(p.DEADLINE_HEADER, expires)
+            text = _text(protocol.DEADLINE_HEADER, expires)
             if not (text.isascii() and text.isdigit()):
-                raise ScheduledCallError("malformed", f"{p.DEADLINE_HEADER} is not epoch milliseconds")
+                raise ScheduledCallError("malformed", f"{protocol.DEADLINE_HEADER} is not epoch milliseconds")
             expires_ms = validate_expiry(int(text))
     except InvalidNameError as exc:
         raise ScheduledCallError("malformed", str(exc)) from exc

@@ -16,7 +16,7 @@ from typing import Any
 
 from switchyard.core.config import AMQP_HEARTBEAT, Connections, Setting, build, config_source
 from switchyard.core.errors import ConfigError
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.protocol import QueueType
 
 # The handler local runs (``switchyard local``, the demos) give their workers when none is set; a
@@ -215,7 +215,8 @@ class ControlSettings:
         pool = pool or POOL.read(source)
         if not pool:
             raise ConfigError(f"{POOL.name} must name the pool this control plane manages")
-        return build(cls, CONTROL, source, pool=p.validate_pool(pool), delays=build(Delays, DELAYS, source))
+        return build(cls, CONTROL, source, pool=protocol.validate_pool(pool),
+                     delays=build(Delays, DELAYS, source))
 
 
 @dataclass(frozen=True)

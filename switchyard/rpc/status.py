@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from switchyard.core.redis_client import RedisClient
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.management import ManagementApi
 from switchyard.rpc.ports import LatencyReport
 from switchyard.rpc.store import PoolState
@@ -63,7 +63,7 @@ def known_pools(client: RedisClient, management: ManagementApi) -> list[str]:
     """The pools the control plane knows: a state in Redis, or a declared ``{pool}-orphan`` queue."""
     declared = {q["name"][:-len("-orphan")] for q in management.list_queues(r"^[A-Za-z0-9_]{1,64}-orphan$",
                                                                              columns="name")}
-    return sorted(PoolState.known_pools(client) | {n for n in declared if p.POOL_NAME_RE.match(n)})
+    return sorted(PoolState.known_pools(client) | {n for n in declared if protocol.POOL_NAME_RE.match(n)})
 
 
 def latency_series(reports: list[LatencyReport], now_s: float) -> tuple[LatencyPoint, ...]:
@@ -92,11 +92,11 @@ def pool_figures(pool: str, client: RedisClient, management: ManagementApi,
     by_name = {q["name"]: q for q in queues}
     by_key: dict[str, GroupFigures] = {}
     for q in queues:
-        key = p.key_from_request_queue(pool, q["name"], q.get("arguments"))
+        key = protocol.key_from_request_queue(pool, q["name"], q.get("arguments"))
         if key is not None and key not in groups:
             by_key[key] = GroupFigures(key, NO_STATE, _count(q, "consumers"), _count(q, "messages"), None)
     for key, group in groups.items():
-        q = by_name.get(p.request_queue(pool, key), {})
+        q = by_name.get(protocol.request_queue(pool, key), {})
         by_key[key] = GroupFigures(key, group.status.value, _count(q, "consumers"), _count(q, "messages"),
                                    max(group.seen_ms, group.since_ms))
 
@@ -105,9 +105,9 @@ def pool_figures(pool: str, client: RedisClient, management: ManagementApi,
 
     series = latency_series(state.latency(), now_s)
     recent = [pt.p99_ms for pt in series if pt.at >= now_s - RECENT_S]
-    return PoolFigures(pool, tuple(by_key[k] for k in sorted(by_key)), depth(p.orphan_queue(pool)),
-                       depth(p.dl_queue(pool)), depth(p.poison_queue(pool)), max(recent) if recent else None,
-                       series)
+    return PoolFigures(pool, tuple(by_key[k] for k in sorted(by_key)), depth(protocol.orphan_queue(pool)),
+                       depth(protocol.dl_queue(pool)), depth(protocol.poison_queue(pool)),
+                       max(recent) if recent else None, series)
 
 
 def _count(queue: dict[str, Any], field: str) -> int:

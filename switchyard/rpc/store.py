@@ -44,7 +44,7 @@ import redis
 from switchyard.core.config import Connections
 from switchyard.core.observability import logger
 from switchyard.core.redis_client import RedisClient, connect_redis
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.errors import DriverError, LockTimeoutError
 from switchyard.rpc.ports import GroupState, GroupStatus, LatencyReport, Touch, TouchMode, WorkerGroup, now_ms
 
@@ -160,7 +160,7 @@ class PoolState:
     """The expected state of one pool's worker groups. Thread-safe (redis-py pools connections)."""
 
     def __init__(self, client: RedisClient, pool: str) -> None:
-        self.pool = p.validate_pool(pool)
+        self.pool = protocol.validate_pool(pool)
         self.redis = client
         self.prefix = self.key_prefix(pool)
         self._groups = self.prefix + "groups"
@@ -172,7 +172,7 @@ class PoolState:
 
     @staticmethod
     def key_prefix(pool: str) -> str:
-        return f"switchyard:rpc:{{{p.validate_pool(pool)}}}:"
+        return f"switchyard:rpc:{{{protocol.validate_pool(pool)}}}:"
 
     # -- state ------------------------------------------------------------------------------
     def touch(self, keys: Iterable[str], at_ms: int | None = None,
@@ -253,7 +253,7 @@ class PoolState:
         pools = set()
         for raw in client.scan_iter(match="switchyard:rpc:{*}:groups", count=1000):
             name = (raw.decode() if isinstance(raw, bytes) else raw)[len("switchyard:rpc:{"):-len("}:groups")]
-            if p.POOL_NAME_RE.match(name):
+            if protocol.POOL_NAME_RE.match(name):
                 pools.add(name)
         return pools
 
@@ -273,7 +273,7 @@ class PoolState:
 
     # -- locks ------------------------------------------------------------------------------
     def _lock_key(self, key: str) -> str:
-        return f"{self.prefix}lock:{p.key_digest(key)[:32]}"
+        return f"{self.prefix}lock:{protocol.key_digest(key)[:32]}"
 
     @contextmanager
     def locked(self, keys: Iterable[str], wait: float = 30.0) -> Iterator[None]:

@@ -21,17 +21,19 @@ from typing import Any, cast
 
 from switchyard.core.errors import BrokerError, RpcError, SwitchyardError
 from switchyard.core.tracing import TRACEPARENT_HEADER
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.client import Response
 from switchyard.rpc.errors import CallTimeoutError
 from switchyard.spark.ports import ConnectPool, PoolCaller
 from switchyard.spark.rows import Request, Status, result_row
 
 _BACKOFF_S = (0.1, 0.5, 1.0, 2.0)
-# Looked up by a response's status, a str (p.Status is a StrEnum: its members hash as their values).
-_RETRIED_ANSWERS: dict[str, Status] = {p.Status.EXPIRED: Status.EXPIRED, p.Status.MAXLEN: Status.MAXLEN}
-_FINAL_ANSWERS: dict[str, Status] = {p.Status.OK: Status.OK, p.Status.ERROR: Status.ERROR,
-                  p.Status.DELIVERY_LIMIT: Status.DELIVERY_LIMIT, p.Status.REJECTED: Status.REJECTED}
+# Looked up by a response's status, a str (protocol.Status is a StrEnum: its members hash as their values).
+_RETRIED_ANSWERS: dict[str, Status] = {protocol.Status.EXPIRED: Status.EXPIRED,
+                                       protocol.Status.MAXLEN: Status.MAXLEN}
+_FINAL_ANSWERS: dict[str, Status] = {protocol.Status.OK: Status.OK, protocol.Status.ERROR: Status.ERROR,
+                                     protocol.Status.DELIVERY_LIMIT: Status.DELIVERY_LIMIT,
+                                     protocol.Status.REJECTED: Status.REJECTED}
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,7 @@ if TYPE_CHECKING:
 from switchyard.rpc.client.schedule import collect, declare_reply_queue
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.settings import RpcSettings
-from switchyard.spark import rows as r
-from switchyard.spark import store
+from switchyard.spark import rows, store
 from switchyard.spark.calls import CallOptions
 from switchyard.spark.errors import PublishOptionsError
 from switchyard.spark.service import PartitionPublisher
@@ -65,21 +64,22 @@ def _column(name: str, data_type: T.DataType, nullable: bool, docs: dict[str, st
 
 
 RESULT_SCHEMA = T.StructType([
-    _column("id", T.StringType(), False, r.RESULT_COLUMNS),
-    _column("pool", T.StringType(), False, r.RESULT_COLUMNS),
-    _column("key", T.StringType(), False, r.RESULT_COLUMNS),
-    _column("status", T.StringType(), False, r.RESULT_COLUMNS),
-    _column("attempts", T.IntegerType(), False, r.RESULT_COLUMNS),
-    _column("latency_ms", T.DoubleType(), True, r.RESULT_COLUMNS),
-    _column("response", T.BinaryType(), True, r.RESULT_COLUMNS),
-    _column("error", T.StringType(), True, r.RESULT_COLUMNS),
-    _column("deadline", T.StringType(), True, r.RESULT_COLUMNS),
+    _column("id", T.StringType(), False, rows.RESULT_COLUMNS),
+    _column("pool", T.StringType(), False, rows.RESULT_COLUMNS),
+    _column("key", T.StringType(), False, rows.RESULT_COLUMNS),
+    _column("status", T.StringType(), False, rows.RESULT_COLUMNS),
+    _column("attempts", T.IntegerType(), False, rows.RESULT_COLUMNS),
+    _column("latency_ms", T.DoubleType(), True, rows.RESULT_COLUMNS),
+    _column("response", T.BinaryType(), True, rows.RESULT_COLUMNS),
+    _column("error", T.StringType(), True, rows.RESULT_COLUMNS),
+    _column("deadline", T.StringType(), True, rows.RESULT_COLUMNS),
 ])
 ERROR_SCHEMA = T.StructType([
-    _column(name, T.LongType() if name == "input_row" else T.StringType(), name != "reason", r.ERROR_COLUMNS)
-    for name in r.ERROR_FIELDS])
+    _column(name, T.LongType() if name == "input_row" else T.StringType(), name != "reason",
+            rows.ERROR_COLUMNS)
+    for name in rows.ERROR_FIELDS])
 INPUT_FILE_COLUMN = "_switchyard_input_file"  # added to the input to say where each row came from
-assert tuple(RESULT_SCHEMA.names) == r.RESULT_FIELDS
+assert tuple(RESULT_SCHEMA.names) == rows.RESULT_FIELDS
 
 
 @dataclass(frozen=True)
@@ -170,16 +170,16 @@ def read_input(spark: SparkSession, path: str, fmt: str) -> DataFrame:
     df = {"parquet": lambda: reader.parquet(path), "json": lambda: reader.json(path),
           "csv": lambda: reader.option("header", True).csv(path)}[fmt]()
     types = {f.name: f.dataType for f in df.schema.fields}
-    if r.KEY not in types:
-        raise PublishOptionsError(f"{path}: the input has no {r.KEY!r} column "
+    if rows.KEY not in types:
+        raise PublishOptionsError(f"{path}: the input has no {rows.KEY!r} column "
                                   f"(columns: {', '.join(types) or 'none'})")
     columns = []
-    for name in r.INPUT_COLUMNS:
+    for name in rows.INPUT_COLUMNS:
         if name not in types:
             column = F.lit(None).cast("string")
-        elif name == r.BODY and isinstance(types[name], T.BinaryType):
+        elif name == rows.BODY and isinstance(types[name], T.BinaryType):
             column = F.col(name)
-        elif name == r.DEADLINE and isinstance(types[name], T.TimestampType | T.TimestampNTZType):
+        elif name == rows.DEADLINE and isinstance(types[name], T.TimestampType | T.TimestampNTZType):
             column = F.date_format(F.col(name), "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'")
         else:
             column = F.col(name).cast("string")
@@ -216,7 +216,7 @@ def _final_ids(spark: SparkSession, options: PublishOptions) -> DataFrame | None
         if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
             return None
         raise
-    return previous.where(F.col("status").isin(sorted(r.FINAL_STATUSES))).select("id").distinct()
+    return previous.where(F.col("status").isin(sorted(rows.FINAL_STATUSES))).select("id").distinct()
 
 
 class Progress:
@@ -256,7 +256,7 @@ class Progress:
 
 
 def run(spark: SparkSession, options: PublishOptions, *, report: Callable[[str], None] | None = None,
-        before_send: Callable[[r.Request], None] | None = None) -> PublishSummary:
+        before_send: Callable[[rows.Request], None] | None = None) -> PublishSummary:
     """Run the job on ``spark``; ``before_send`` runs in the tasks before each row's first call.
 
     With a local master, ``s3://`` input and output go through a local directory (``store``).
@@ -313,7 +313,7 @@ def numbered_rows(rdd: RDD[Any]) -> RDD[tuple[dict[str, Any], str, int]]:
 
 
 def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], None],
-         before_send: Callable[[r.Request], None] | None,
+         before_send: Callable[[rows.Request], None] | None,
          shown_input: tuple[str, str] | None = None) -> PublishSummary:
     """``shown_input``: (local copy, the s3:// input it copies), to name input files as given."""
     if options.output_format not in OUTPUT_FORMATS:
@@ -333,20 +333,20 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
     located = numbered_rows(frame.withColumn(INPUT_FILE_COLUMN, F.input_file_name()).rdd)
     local_input, given_input = shown_input or (None, None)
 
-    def prepare(item: tuple[dict[str, Any], str, int]) -> r.Request | r.Rejected:
+    def prepare(item: tuple[dict[str, Any], str, int]) -> rows.Request | rows.Rejected:
         row, file, number = item
-        return r.located(r.prepare(row, default_pool), r.shown_input_file(file, local_input, given_input),
-                         number)
+        return rows.located(rows.prepare(row, default_pool),
+                            rows.shown_input_file(file, local_input, given_input), number)
 
     prepared = located.map(prepare).persist()
     # RDD.filter does not narrow the element type: these casts say what the predicates keep.
-    valid = cast("RDD[r.Request]", prepared.filter(lambda x: isinstance(x, r.Request)))
+    valid = cast("RDD[rows.Request]", prepared.filter(lambda x: isinstance(x, rows.Request)))
     unknown = _unknown_pools(valid.map(lambda x: x.pool).distinct().collect(), settings.rpc)
-    rejected = cast("RDD[r.Rejected]", prepared.filter(lambda x: isinstance(x, r.Rejected))).union(
+    rejected = cast("RDD[rows.Rejected]", prepared.filter(lambda x: isinstance(x, rows.Rejected))).union(
         valid.filter(lambda x: x.pool in unknown).map(
-            lambda x: r.rejected_later(x, r.Reason.UNKNOWN_POOL,
-                                       f"pool {x.pool!r} does not exist on the broker; "
-                                       f"run: switchyard pool init --pool {x.pool}")))
+            lambda x: rows.rejected_later(x, rows.Reason.UNKNOWN_POOL,
+                                          f"pool {x.pool!r} does not exist on the broker; "
+                                          f"run: switchyard pool init --pool {x.pool}")))
     valid = valid.filter(lambda x: x.pool not in unknown)
 
     skipped = 0
@@ -373,7 +373,7 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
 
     def counted(row: tuple) -> None:
         done_acc.add(1)
-        if row[3] not in r.FINAL_STATUSES:
+        if row[3] not in rows.FINAL_STATUSES:
             unfinished_acc.add(1)
 
     called = calls.keyBy(lambda x: x.key).partitionBy(partitions, _key_partition).values().mapPartitions(
@@ -387,7 +387,7 @@ def _run(spark: SparkSession, options: PublishOptions, report: Callable[[str], N
 
     with progress:
         write(called.union(produced), RESULT_SCHEMA, "results")
-    write(rejected.map(r.error_row), ERROR_SCHEMA, "errors")
+    write(rejected.map(rows.error_row), ERROR_SCHEMA, "errors")
     elapsed = time.monotonic() - started
     prepared.unpersist()
     valid.unpersist()  # persisted by --resume's filter; a no-op otherwise
@@ -405,14 +405,17 @@ def _collect(spark: SparkSession, options: PublishOptions, settings: SparkSettin
     if options.reply_queue is None:
         raise PublishOptionsError("--collect reads the answers from a reply queue: give --reply-queue NAME")
     results = spark.read.format(options.output_format).load(_path(options.output, "results"))
-    rows = results.where(F.col("deadline").isNotNull()).select("id", "pool", "key", "status", "deadline")
-    answered = {row.id for row in rows.where(F.col("status") != r.Status.SCHEDULED.value).collect()}
-    waiting = {row.id: row for row in rows.where(F.col("status") == r.Status.SCHEDULED.value).collect()
+    dated = results.where(F.col("deadline").isNotNull()).select("id", "pool", "key", "status", "deadline")
+    answered = {row.id
+                for row in dated.where(F.col("status") != rows.Status.SCHEDULED.value).collect()}
+    waiting = {row.id: row
+               for row in dated.where(F.col("status") == rows.Status.SCHEDULED.value).collect()
                if row.id not in answered}
     answers = collect(settings.rpc, options.reply_queue, waiting, options.timeout_s)
-    written = [r.result_row(r.Request(cid, waiting[cid].pool, waiting[cid].key, b"", waiting[cid].deadline),
-                            response.status, 1, None, response.body,
-                            None if response.ok else response.text()[:1000])
+    written = [rows.result_row(rows.Request(cid, waiting[cid].pool, waiting[cid].key, b"",
+                                            waiting[cid].deadline),
+                               response.status, 1, None, response.body,
+                               None if response.ok else response.text()[:1000])
                for cid, response in answers.items()]
     frame = spark.createDataFrame(written, RESULT_SCHEMA).withColumn("run_id", F.lit(run_id))
     frame.write.mode("append").format(options.output_format).save(_path(options.output, "results"))
@@ -422,7 +425,8 @@ def _collect(spark: SparkSession, options: PublishOptions, settings: SparkSettin
     return summary
 
 
-_TIMED = [r.Status.OK.value, r.Status.SENT.value]  # latency: to the answer, or (--no-reply) to the confirm
+# latency: to the answer, or (--no-reply) to the confirm
+_TIMED = [rows.Status.OK.value, rows.Status.SENT.value]
 
 
 def _summarize(spark: SparkSession, options: PublishOptions, run_id: str, total: int, skipped: int,
@@ -452,5 +456,5 @@ def main(options: PublishOptions, master: str | None = None) -> int:
     finally:
         if active is None:
             spark.stop()
-    unfinished = sum(n for (_, status), n in summary.counts.items() if status not in r.FINAL_STATUSES)
+    unfinished = sum(n for (_, status), n in summary.counts.items() if status not in rows.FINAL_STATUSES)
     return 0 if unfinished == 0 else 1

@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlparse
 from switchyard.core import tracing
 from switchyard.core.errors import InvalidNameError
 from switchyard.delay.parsing import format_deadline, parse_deadline
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.scheduling import validate_call_id
 
 # Input columns (every one but ``key`` optional). ``traceparent``: the row's W3C trace context, the
@@ -110,17 +110,17 @@ def prepare(row: dict[str, Any], default_pool: str | None) -> Request | Rejected
     if key_text is None:  # None exactly when key is
         return reject(Reason.MISSING_KEY, "the row has no key")
     try:
-        p.validate_key(key_text)
+        protocol.validate_key(key_text)
     except InvalidNameError as exc:
         return reject(Reason.INVALID_KEY, str(exc))
     if pool is None:
         return reject(Reason.MISSING_POOL, "the row has no pool and no --pool was given")
     try:
-        p.validate_pool(pool)
+        protocol.validate_pool(pool)
     except InvalidNameError as exc:
         return reject(Reason.INVALID_POOL, str(exc))
     try:
-        body = p.body_bytes(row.get(BODY), "body must be a string or bytes")
+        body = protocol.body_bytes(row.get(BODY), "body must be a string or bytes")
     except TypeError as exc:
         return reject(Reason.INVALID_BODY, str(exc))
     deadline = row.get(DEADLINE)

@@ -89,22 +89,23 @@ def test_delay_run_says_it_started_and_prints_no_metrics() -> None:
 def test_log_lines_are_text_locally_and_json_on_aws_or_when_asked(monkeypatch) -> None:
     import logging
 
-    from switchyard.core import observability as o
+    from switchyard.core import observability
 
-    for variable in (o.LOG_FORMAT_ENV, "AWS_LAMBDA_FUNCTION_NAME", "ECS_CONTAINER_METADATA_URI_V4"):
+    for variable in (observability.LOG_FORMAT_ENV, "AWS_LAMBDA_FUNCTION_NAME",
+                     "ECS_CONTAINER_METADATA_URI_V4"):
         monkeypatch.delenv(variable, raising=False)
-    assert o.log_format() == "text"
+    assert observability.log_format() == "text"
     monkeypatch.setenv("ECS_CONTAINER_METADATA_URI_V4", "http://169.254.170.2/v4/x")
-    assert o.log_format() == "json"
-    monkeypatch.setenv(o.LOG_FORMAT_ENV, "text")
-    assert o.log_format() == "text"
+    assert observability.log_format() == "json"
+    monkeypatch.setenv(observability.LOG_FORMAT_ENV, "text")
+    assert observability.log_format() == "text"
     monkeypatch.delenv("ECS_CONTAINER_METADATA_URI_V4")
-    monkeypatch.setenv(o.LOG_FORMAT_ENV, "JSON")
-    assert o.log_format() == "json"
+    monkeypatch.setenv(observability.LOG_FORMAT_ENV, "JSON")
+    assert observability.log_format() == "json"
 
     record = logging.LogRecord("switchyard", logging.WARNING, __file__, 1, "worker exited", None, None)
     record.pool, record.reason = "core", "exit code 1"
-    assert o.TextFormatter(service="switchyard").format(record) == \
+    assert observability.TextFormatter(service="switchyard").format(record) == \
         'WARNING switchyard: worker exited pool=core reason="exit code 1"'
 
 

@@ -54,19 +54,19 @@ def test_delay_parked_prints_a_message_id_and_reason_escaped(parked_schema: str)
 
 
 def test_the_text_log_escapes_the_message_and_every_field() -> None:
-    from switchyard.core import observability as o
+    from switchyard.core import observability
 
     record = logging.LogRecord("switchyard", logging.WARNING, __file__, 1, "no worker for key %s", (FORGED,),
                                None)
     record.key, record.call_id = FORGED, "\x1b]0;title\x07"
-    line = o.TextFormatter(service="switchyard").format(record)
+    line = observability.TextFormatter(service="switchyard").format(record)
     assert line == (f"WARNING switchyard: no worker for key {ESCAPED} key=\"{ESCAPED}\" "
                     "call_id=\\x1b]0;title\\x07")
     try:
         raise ValueError(FORGED)
     except ValueError:
         record.exc_info = sys.exc_info()
-    lines = o.TextFormatter(service="switchyard").format(record).splitlines()
+    lines = observability.TextFormatter(service="switchyard").format(record).splitlines()
     assert "\x1b" not in "".join(lines) and lines[-1] == f"ValueError: {ESCAPED}"
     assert lines[1] == "Traceback (most recent call last):"  # the traceback keeps its own lines
 
@@ -92,7 +92,7 @@ def test_every_human_output_of_the_commands_goes_through_show() -> None:
         if path.name == "options.py":  # show and print_error themselves
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print" \
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"\
                     and node.args and not _prints_json(node.args[0]):
                 raw.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert raw == [], "print a person's lines with show(...): " + ", ".join(raw)

@@ -39,7 +39,7 @@ from switchyard.delay.store import PostgresDelayStore
 from switchyard.local.console import Console
 from switchyard.pending import CancelToken, PendingQueue
 from switchyard.pending.settings import PendingSettings
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.ports import GroupStatus, LatencyReport
 from switchyard.rpc.settings import RpcSettings
@@ -75,11 +75,12 @@ def system() -> Iterator[System]:
     amqp = pika.BlockingConnection(pika.URLParameters(connections.amqp_url))
     channel = amqp.channel()
     for i in range(3):
-        channel.basic_publish(p.req_exchange(pool), p.routing_key(BUSY_KEY), f"r{i}".encode())
-    channel.basic_consume(p.request_queue(pool, EVIL_KEY), lambda *_: None)
+        channel.basic_publish(protocol.req_exchange(pool), protocol.routing_key(BUSY_KEY), f"r{i}".encode())
+    channel.basic_consume(protocol.request_queue(pool, EVIL_KEY), lambda *_: None)
     wait_for(lambda: {(q["name"], q.get("messages"), q.get("consumers"))
                       for q in topology.management.list_queues(f"^{pool}-req-")}
-             == {(p.request_queue(pool, BUSY_KEY), 3, 0), (p.request_queue(pool, EVIL_KEY), 0, 1)},
+             == {(protocol.request_queue(pool, BUSY_KEY), 3, 0),
+                 (protocol.request_queue(pool, EVIL_KEY), 0, 1)},
              timeout=20, what="the broker's statistics of the request queues")
     # delay: 2 waiting in the future, 1 waiting overdue, 1 ready (claimed), 1 parked
     store = PostgresDelayStore(connections.postgres_dsn, schema)

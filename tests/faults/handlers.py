@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from switchyard.core.config import Connections
 from switchyard.core.redis_client import RedisClient, connect_redis
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.worker import Request, Requeue
 from tests.faults.strangers import FORGED_USER_ID, SHED_HEADER
 
@@ -37,7 +37,7 @@ def count(request: Request) -> bytes:
     pool = os.environ["WORKER_POOL"]
     if request.headers.get(SHED_HEADER) and _redis.hincrby(handled_key(pool, "shed"), request.text(), 1) == 1:
         raise Requeue
-    if request.headers.get(p.ORIGINAL_USER_ID_HEADER) == FORGED_USER_ID:
+    if request.headers.get(protocol.ORIGINAL_USER_ID_HEADER) == FORGED_USER_ID:
         _redis.hincrby(handled_key(pool, "forged"), request.text(), 1)
     _redis.hincrby(handled_key(pool), request.text(), 1)
     return request.body

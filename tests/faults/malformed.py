@@ -39,10 +39,10 @@ from confluent_kafka import Producer
 from switchyard.core import observability
 from switchyard.delay.parsing import format_deadline
 from switchyard.local.metrics_shipper import cloudwatch_client
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.scheduling import ScheduledCall, scheduled_headers
 from tests.conftest import wait_for
-from tests.faults import strangers as s
+from tests.faults import strangers
 from tests.faults.account import Account
 from tests.faults.delay import DelayRig
 from tests.faults.handlers import handled_key
@@ -73,7 +73,7 @@ class Strangers:
 
     def __init__(self, rpc: RpcRig, delay: DelayRig) -> None:
         self.rpc, self.delay = rpc, delay
-        self.sent: list[s.Stranger] = []
+        self.sent: list[strangers.Stranger] = []
         self.refused: Counter[str] = Counter()  # shape -> the broker would not take it
         self.positions: dict[tuple[int, int], str] = {}  # (partition, offset) on the input topic -> id
         self._connection: pika.BlockingConnection | None = None
@@ -86,14 +86,15 @@ class Strangers:
             self._amqp.confirm_delivery()
         return self._amqp
 
-    def send_amqp(self, batch: Iterable[s.Stranger], warm_key: str) -> None:
+    def send_amqp(self, batch: Iterable[strangers.Stranger], warm_key: str) -> None:
         pool = self.rpc.pool
         for stranger in batch:
             exchange, routing_key = {
-                s.WORKER: (p.req_exchange(pool), p.routing_key(warm_key)),
-                s.ORPHAN: (p.req_exchange(pool), f"stranger-{stranger.id}"),  # a new key: a cold start
-                s.DEAD_LETTER: (p.dl_exchange(pool), warm_key),
-                s.ACTIVITY: (p.activity_exchange(pool), warm_key),
+                strangers.WORKER: (protocol.req_exchange(pool), protocol.routing_key(warm_key)),
+                # a new key: a cold start
+                strangers.ORPHAN: (protocol.req_exchange(pool), f"stranger-{stranger.id}"),
+                strangers.DEAD_LETTER: (protocol.dl_exchange(pool), warm_key),
+                strangers.ACTIVITY: (protocol.activity_exchange(pool), warm_key),
             }[stranger.target]
             try:
                 user = urlsplit(self.rpc.settings.connections.amqp_url).username or "guest"
@@ -104,11 +105,11 @@ class Strangers:
                 self.refused[f"{stranger.shape}: {type(exc).__name__}"] += 1
                 self._connection = None
 
-    def send_kafka(self, batch: Iterable[s.Stranger]) -> None:
+    def send_kafka(self, batch: Iterable[strangers.Stranger]) -> None:
         producer = Producer({"bootstrap.servers": self.delay.bootstrap, "acks": "all",
                              "message.max.bytes": 2_000_000, "message.timeout.ms": 10_000})
 
-        def delivered(stranger: s.Stranger, err: object, msg: Any) -> None:
+        def delivered(stranger: strangers.Stranger, err: object, msg: Any) -> None:
             if err is not None:
                 self.refused[f"{stranger.shape}: {err}"[:80]] += 1
                 return
@@ -117,7 +118,7 @@ class Strangers:
                 self.positions[(msg.partition(), msg.offset())] = stranger.id
 
         for stranger in batch:
-            topic = self.delay.output if stranger.target == s.RELAY else self.delay.input
+            topic = self.delay.output if stranger.target == strangers.RELAY else self.delay.input
             value = stranger.id.encode() if stranger.value is None else stranger.value
             producer.produce(topic, key=stranger.id.encode(), value=value, headers=stranger.kafka,
                              on_delivery=lambda err, msg, st=stranger: delivered(st, err, msg))
@@ -145,8 +146,8 @@ def schedule_calls(rig: DelayRig, pool: str, count: int, over_s: float) -> list[
 
 def poison_messages(amqp_url: str, queue: str) -> dict[str, str]:
     """Body -> poison reason of every message in ``queue`` (taken)."""
-    return {body.decode("utf-8", "replace"): str(headers.get(p.POISON_REASON_HEADER, ""))
-            for body, headers in s.read_queue(amqp_url, queue)}
+    return {body.decode("utf-8", "replace"): str(headers.get(protocol.POISON_REASON_HEADER, ""))
+            for body, headers in strangers.read_queue(amqp_url, queue)}
 
 
 def parked_reasons(rig: DelayRig) -> dict[str, str]:
@@ -229,9 +230,9 @@ def run_strangers(scenario: str, size: StrangerSize, workdir: Path, seed: int = 
         run_s = size.calls.requests / size.calls.rate
         scheduled = schedule_calls(delay, rpc.pool, size.scheduled, run_s)
         sender = Strangers(rpc, delay)
-        amqp = s.amqp_strangers(rng, size.amqp)
+        amqp = strangers.amqp_strangers(rng, size.amqp)
         deadline = lambda: format_deadline(datetime.now(UTC) + timedelta(seconds=1))  # noqa: E731
-        kafka = s.kafka_strangers(rng, rpc.pool, size.kafka, deadline)
+        kafka = strangers.kafka_strangers(rng, rpc.pool, size.kafka, deadline)
         # The first burst once a worker answers: the warm key's strangers are then a worker's.
         wait_for(lambda: traffic.answers or not traffic.progress() < 0.5, timeout=60, what="a first answer")
         try:
@@ -247,8 +248,10 @@ def run_strangers(scenario: str, size: StrangerSize, workdir: Path, seed: int = 
         handled: dict[str, int] = {}
         # The orphan strangers forwarded start a group each: their queues wait for it (a loaded
         # machine's cold starts outlast the window below).
-        cold = [p.request_queue(rpc.pool, f"stranger-{st.id}") for st in sender.sent if st.target == s.ORPHAN]
-        bridged = [p.orphan_queue(rpc.pool), p.dl_queue(rpc.pool), p.activity_queue(rpc.pool), *cold]
+        cold = [protocol.request_queue(rpc.pool, f"stranger-{st.id}")
+                for st in sender.sent if st.target == strangers.ORPHAN]
+        bridged = [protocol.orphan_queue(rpc.pool), protocol.dl_queue(rpc.pool),
+                   protocol.activity_queue(rpc.pool), *cold]
 
         def settled() -> bool:
             handled.update({k.decode(): int(v) for k, v in rpc.redis.hgetall(handled_key(rpc.pool)).items()})
@@ -271,19 +274,19 @@ def _settle(scenario: str, rpc: RpcRig, delay: DelayRig, sender: Strangers, call
     forged = Counter(st.target for st in sender.sent if st.id in forged_ids)
     rpc.redis.delete(handled_key(rpc.pool, "forged"), handled_key(rpc.pool, "shed"))
     sched = Account.settle(scenario, scheduled, handled, seconds)
-    poisoned = poison_messages(rpc.settings.connections.amqp_url, p.poison_queue(rpc.pool))
+    poisoned = poison_messages(rpc.settings.connections.amqp_url, protocol.poison_queue(rpc.pool))
     parked = parked_reasons(delay)
     assert delay.reader is not None
     fired = set(delay.reader.poll(1.0) and delay.reader.ids())
     dropped = {sender.positions[at] for at in _dropped(delay.node.log, delay.input) if at in sender.positions}
-    activity_left = rpc.queued([p.activity_queue(rpc.pool)])
+    activity_left = rpc.queued([protocol.activity_queue(rpc.pool)])
     fates: Counter[str] = Counter()
     lost: Counter[str] = Counter()
     for stranger in sender.sent:
         sid = stranger.id
         fate = ("poisoned" if poisoned.get(sid) else "parked" if parked.get(sid) else
                 "dropped" if sid in dropped else "handled" if sid in handled else "fired" if sid in fired else
-                "consumed" if stranger.target == s.ACTIVITY and not activity_left else "")
+                "consumed" if stranger.target == strangers.ACTIVITY and not activity_left else "")
         if fate:
             fates[fate] += 1
         else:

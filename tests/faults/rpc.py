@@ -29,8 +29,7 @@ import pika.exceptions
 from switchyard.core.config import Connections
 from switchyard.core.errors import BrokerUnavailableError
 from switchyard.core.redis_client import connect_redis
-from switchyard.rpc import RpcClient
-from switchyard.rpc import protocol as p
+from switchyard.rpc import RpcClient, protocol
 from switchyard.rpc.amqp import connect
 from switchyard.rpc.client import Response
 from switchyard.rpc.control.topology import PoolTopology
@@ -242,8 +241,8 @@ class RpcRig:
         failures = Counter(traffic.failures.get(rid, "?").split(":")[0] for rid in traffic.ids
                            if not seen[rid])
         lost_keys = {traffic.key(rid) for rid in traffic.ids if not seen[rid]}
-        queued = self.queued([p.request_queue(self.pool, k) for k in lost_keys] +
-                             [p.orphan_queue(self.pool), p.dl_queue(self.pool)])
+        queued = self.queued([protocol.request_queue(self.pool, k) for k in lost_keys] +
+                             [protocol.orphan_queue(self.pool), protocol.dl_queue(self.pool)])
         notes = [f"{traffic.resent} re-sent after a lost connection" if traffic.resent else "",
                  f"{queued} still queued at the end" if queued else "",
                  f"{late} handled, answered after the {traffic.size.timeout:g} s timeout" if late else "",

@@ -22,7 +22,7 @@ from typing import Any
 import pika
 
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 
 # Where a stranger is sent: the request exchange with a warm key (workers), with a new key (the
 # orphan bridge), the dead-letter exchange (the dead-letter bridge), the activity exchange, the
@@ -234,16 +234,16 @@ UNDECODABLE: dict[str, AmqpShape] = {
 }
 ODD: dict[str, AmqpShape] = {
     "timestamp property in ms": lambda rng: ([], {"timestamp": _millis_now(rng)}),
-    "redeliveries zz, shed": lambda rng: ([(p.REDELIVERIES_HEADER.encode(), rng.choice([
+    "redeliveries zz, shed": lambda rng: ([(protocol.REDELIVERIES_HEADER.encode(), rng.choice([
         long_string(b"zz"), long_string(b""), long_string(b"1e9"), long_string(b"-1"),
         long_string(_utf8_mangled(rng, b"7")), b"t\x01", double(1.5), b"V"])),
         (SHED_HEADER.encode(), long_string(b"1"))], {}),
-    "NUL in x-switchyard-key": lambda rng: ([(p.KEY_HEADER.encode(),
+    "NUL in x-switchyard-key": lambda rng: ([(protocol.KEY_HEADER.encode(),
                                              long_string(rng.choice([b"a\x00b", b"\x00", b"k\x00\x00",
                                                                      b"stranger\x00-key"])))], {}),
-    "forged x-switchyard-user-id": lambda rng: ([(p.ORIGINAL_USER_ID_HEADER.encode(),
+    "forged x-switchyard-user-id": lambda rng: ([(protocol.ORIGINAL_USER_ID_HEADER.encode(),
                                                  long_string(FORGED_USER_ID.encode()))], {}),
-    "forged x-switchyard-user-id beside user_id": lambda rng: ([(p.ORIGINAL_USER_ID_HEADER.encode(),
+    "forged x-switchyard-user-id beside user_id": lambda rng: ([(protocol.ORIGINAL_USER_ID_HEADER.encode(),
                                                                 long_string(FORGED_USER_ID.encode()))],
                                                                {"user_id": CONNECTION_USER}),
 }
@@ -263,10 +263,11 @@ def amqp_strangers(rng: random.Random, count: int, start: int = 0) -> list[Stran
             extra = rng.choice([b"x-extra", _utf8_mangled(rng, b"x-name"), b"x" * 255])
             headers.append((extra, _odd_value(rng)))
         if target == DEAD_LETTER:  # as the broker writes it: the dead-letter path poisons these
-            reason = long_string(p.Status.DELIVERY_LIMIT.encode())
-            headers.append((p.FIRST_DEATH_REASON_HEADER.encode(), reason))
+            reason = long_string(protocol.Status.DELIVERY_LIMIT.encode())
+            headers.append((protocol.FIRST_DEATH_REASON_HEADER.encode(), reason))
         if target == ACTIVITY:
-            headers.append((p.EVENT_HEADER.encode(), long_string(p.Event.REQUEST_RECEIVED.encode())))
+            headers.append((protocol.EVENT_HEADER.encode(),
+                            long_string(protocol.Event.REQUEST_RECEIVED.encode())))
         rng.shuffle(headers)
         found.append(Stranger(f"x{n}", name, target, headers, props))
     return found
@@ -277,7 +278,7 @@ KafkaHeaders = list[tuple[str, bytes | None]]
 
 
 def _big_id(rng: random.Random) -> str:
-    return rng.choice(["\U0001f600", "\u00e9\u00e9", "\x1b[2J", "\u200b"]) * rng.randrange(100, 128) if \
+    return rng.choice(["\U0001f600", "\u00e9\u00e9", "\x1b[2J", "\u200b"]) * rng.randrange(100, 128) if\
         rng.random() < 0.5 else "\U0001f600" * 100
 
 
@@ -292,9 +293,10 @@ def relay_headers(rng: random.Random, pool: str, sid: str, shape: str) -> KafkaH
         extra = [("x-big", b"v" * rng.randrange(140_000, 260_000))]
     else:
         deadline = rng.choice([2**63, 2**63 + rng.randrange(2**40), 2**64, 10**30, -(2**63) - 1])
-        extra = [(p.DEADLINE_HEADER, str(deadline).encode())]
-    return [(p.POOL_HEADER, pool.encode()), (p.KEY_HEADER, f"relay-{rng.randrange(2)}".encode()),
-            (p.ID_HEADER, call_id.encode()), *extra]
+        extra = [(protocol.DEADLINE_HEADER, str(deadline).encode())]
+    return [(protocol.POOL_HEADER, pool.encode()),
+            (protocol.KEY_HEADER, f"relay-{rng.randrange(2)}".encode()),
+            (protocol.ID_HEADER, call_id.encode()), *extra]
 
 
 RELAY_SHAPES = ("call id of 400 bytes", "header name over 255 bytes", "header value of 200 KB",

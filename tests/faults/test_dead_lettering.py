@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from switchyard.core.config import Connections
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.management import ManagementApi
 from switchyard.rpc.control.reconciler import Reconciler
 from switchyard.rpc.control.topology import BrokerProbe, PoolTopology
@@ -75,13 +75,13 @@ def test_deletions_right_after_a_restart_leave_new_pools_and_keys_working(broker
         with PoolTopology(fresh, broker4) as topology:
             topology.declare()
             topology.ensure_request_queue("new-key")
-            assert topology.queue_status(p.request_queue(fresh, "new-key")) == (0, 0)
+            assert topology.queue_status(protocol.request_queue(fresh, "new-key")) == (0, 0)
         with pika.BlockingConnection(pika.URLParameters(broker4.connections.amqp_url)) as connection:
             channel = connection.channel()
             channel.confirm_delivery()
-            channel.basic_publish(p.req_exchange(fresh), "nobody-serves-this", b"orphan",
+            channel.basic_publish(protocol.req_exchange(fresh), "nobody-serves-this", b"orphan",
                                   pika.BasicProperties(delivery_mode=2))
-            orphans = p.orphan_queue(fresh)
+            orphans = protocol.orphan_queue(fresh)
             wait_for(lambda: channel.queue_declare(orphans, passive=True).method.message_count == 1,
                      timeout=10, what="the orphan to cross the staging hop")
     finally:
@@ -97,7 +97,7 @@ def strand(settings: RpcSettings) -> None:
     prefix = unique("dlx-victim")
     management.put_policy(prefix, f"^{prefix}-", {"dead-letter-exchange": "amq.fanout",
                                                  "overflow": "reject-publish",
-                                                 p.DEAD_LETTER_STRATEGY: p.AT_LEAST_ONCE}, 0)
+                                                 protocol.DEAD_LETTER_STRATEGY: protocol.AT_LEAST_ONCE}, 0)
     victims = [f"{prefix}-{i}" for i in range(5)]
     try:
         for _ in range(3):
@@ -138,7 +138,7 @@ def test_a_stranded_broker_is_detected_named_and_alarmed(broker4: RpcSettings) -
     with PoolTopology(pool, broker4) as topology:
         assert not topology.probe_dead_lettering().stranded
     delete_pools(broker4, pool)
-    assert management.list_queues(f"^{p.DEAD_LETTER_PROBE_PREFIX}") == []
+    assert management.list_queues(f"^{protocol.DEAD_LETTER_PROBE_PREFIX}") == []
 
 
 class _NoDriver:

@@ -10,13 +10,13 @@ import pytest
 
 from switchyard.core.config import Connections
 from tests.conftest import unique
-from tests.faults import strangers as s
+from tests.faults import strangers
 from tests.faults.malformed import SEED
 
 
 def test_the_broker_takes_every_shape_and_the_skimmer_reads_them_back() -> None:
     url = Connections.from_env().amqp_url
-    sent = s.amqp_strangers(random.Random(SEED), 48)
+    sent = strangers.amqp_strangers(random.Random(SEED), 48)
     queue = unique("strangers")
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
@@ -24,9 +24,10 @@ def test_the_broker_takes_every_shape_and_the_skimmer_reads_them_back() -> None:
         channel.confirm_delivery()
         channel.queue_declare(queue, auto_delete=False)
         for stranger in sent:
-            stranger.headers.append((b"x-switchyard-poison-reason", s.long_string(stranger.shape.encode())))
+            stranger.headers.append((b"x-switchyard-poison-reason",
+                                     strangers.long_string(stranger.shape.encode())))
             channel.basic_publish("", queue, stranger.id.encode(), stranger.properties("guest"))  # confirmed
-        back = s.read_queue(url, queue)
+        back = strangers.read_queue(url, queue)
         channel.queue_delete(queue)
     finally:
         connection.close()
@@ -34,12 +35,14 @@ def test_the_broker_takes_every_shape_and_the_skimmer_reads_them_back() -> None:
     assert [headers["x-switchyard-poison-reason"] for _, headers in back] == [st.shape for st in sent]
 
 
-@pytest.mark.parametrize("shape", sorted(s.UNDECODABLE))
+@pytest.mark.parametrize("shape", sorted(strangers.UNDECODABLE))
 def test_pika_cannot_decode_the_undecodable_shapes(shape: str) -> None:
-    headers, props = s.UNDECODABLE[shape](random.Random(SEED))
+    headers, props = strangers.UNDECODABLE[shape](random.Random(SEED))
     if shape == "odd header value":  # one of many values: the two the issue names
-        headers = [(b"sent-at", s.timestamp(1_764_640_000_000)), (b"path", s.nested_array(1_200))]
-    encoded = b"".join(s.Stranger("x", shape, s.WORKER, headers, props).properties("guest").encode())
+        headers = [(b"sent-at", strangers.timestamp(1_764_640_000_000)),
+                   (b"path", strangers.nested_array(1_200))]
+    encoded = b"".join(
+        strangers.Stranger("x", shape, strangers.WORKER, headers, props).properties("guest").encode())
     with pytest.raises((ValueError, OverflowError, RecursionError)):
         pika.BasicProperties().decode(encoded)
-    assert s.SkimmedProperties().decode(encoded).message_id == "x"
+    assert strangers.SkimmedProperties().decode(encoded).message_id == "x"

@@ -20,7 +20,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 
 
 def java_bytes(data: bytes) -> list[int]:
@@ -79,13 +79,14 @@ def rmq_message(draw: st.DrawFn, *, reply_to: str, keys: list[str], dead_letter:
     """A request (orphan), a dead letter or an activity report, good or with broken fields."""
     ident = uuid.uuid4().hex
     key = draw(st.sampled_from(keys))
-    headers: dict[str, Any] = {p.KEY_HEADER: rmq_str(key)}
+    headers: dict[str, Any] = {protocol.KEY_HEADER: rmq_str(key)}
     if dead_letter:
-        headers[p.FIRST_DEATH_REASON_HEADER] = rmq_str(draw(st.sampled_from(
-            [p.Status.EXPIRED, p.Status.REJECTED, p.Status.MAXLEN, p.Status.DELIVERY_LIMIT])))
+        headers[protocol.FIRST_DEATH_REASON_HEADER] = rmq_str(draw(st.sampled_from(
+            [protocol.Status.EXPIRED, protocol.Status.REJECTED, protocol.Status.MAXLEN,
+             protocol.Status.DELIVERY_LIMIT])))
     if activity:
-        headers[p.EVENT_HEADER] = rmq_str(draw(st.sampled_from(list(p.Event))))
-        headers[p.WORKER_ID_HEADER] = rmq_str("w-" + ident[:8])
+        headers[protocol.EVENT_HEADER] = rmq_str(draw(st.sampled_from(list(protocol.Event))))
+        headers[protocol.WORKER_ID_HEADER] = rmq_str("w-" + ident[:8])
     headers.update(draw(st.dictionaries(header_names, legal_header_values, max_size=4)))
     props: dict[str, Any] = {"correlationId": ident, "replyTo": reply_to, "deliveryMode": 2,
                              "contentType": "application/octet-stream", "headers": headers,

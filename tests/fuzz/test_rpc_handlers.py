@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from switchyard.aws import services
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.drivers import NoopDriver
 from switchyard.rpc.service import ControlPlane
 from switchyard.rpc.settings import ControlSettings, Delays
@@ -33,7 +33,7 @@ KEYS = ["plain", "clé à espaces", "", "k" * 300]
 @pytest.fixture
 def rpc_fuzz(make_pool: PoolFactory, redis_client: redis.Redis) -> Iterator[Env]:  # noqa: F811
     """A pool (classic queues: thousands of generated messages) whose control plane has no workers."""
-    pool, settings = make_pool(queue_type=p.QueueType.CLASSIC)
+    pool, settings = make_pool(queue_type=protocol.QueueType.CLASSIC)
     plane = ControlPlane(ControlSettings(pool, Delays(30, 30), 1.0), settings, NoopDriver(), redis_client)
     services.control_plane.install(plane)
     env = Env(pool, settings, plane)
@@ -50,18 +50,18 @@ def rpc_fuzz(make_pool: PoolFactory, redis_client: redis.Redis) -> Iterator[Env]
 def test_orphans_forwards_every_good_orphan_and_counts_every_broken_one(rpc_fuzz: Env, data) -> None:
     f = rpc_fuzz
     cases = data.draw(st.lists(rmq_message(reply_to=f.reply_queue, keys=KEYS), min_size=1, max_size=8))
-    outcome = f.call("rpc_orphans", rmq_event(cases, p.orphan_queue(f.pool)))
+    outcome = f.call("rpc_orphans", rmq_event(cases, protocol.orphan_queue(f.pool)))
     assert outcome["orphans"] == len(cases)
     assert outcome["malformed_fields"] == sum(not c.good for c in cases)
     assert outcome["without_key"] == sum(c.key is None for c in cases)
     assert outcome["forwarded"] == sum(c.key is not None for c in cases)
     forwarded = {props.correlation_id: (props, body) for key in {c.key for c in cases if c.key is not None}
-                 for props, body in f.drain(p.request_queue(f.pool, key))}
+                 for props, body in f.drain(protocol.request_queue(f.pool, key))}
     for case in cases:
         if case.good:
             props, body = forwarded[case.ident]
             assert body == case.extra["body"]
-            assert props.headers[p.KEY_HEADER] == case.key
+            assert props.headers[protocol.KEY_HEADER] == case.key
     f.drain(f.reply_queue)  # MissingKey answers of the keyless ones
 
 
@@ -71,13 +71,14 @@ def test_dead_letters_answers_every_good_one_and_counts_every_broken_one(rpc_fuz
     f = rpc_fuzz
     cases = data.draw(st.lists(rmq_message(reply_to=f.reply_queue, keys=KEYS, dead_letter=True),
                                min_size=1, max_size=8))
-    outcome = f.call("rpc_dead_letters", rmq_event(cases, p.dl_queue(f.pool)))
+    outcome = f.call("rpc_dead_letters", rmq_event(cases, protocol.dl_queue(f.pool)))
     assert outcome["dead_letters"] == len(cases)
     assert outcome["malformed_fields"] == sum(not c.good for c in cases)
-    answers = {props.correlation_id: props.headers[p.STATUS_HEADER] for props, _ in f.drain(f.reply_queue)}
+    answers = {props.correlation_id: props.headers[protocol.STATUS_HEADER]
+               for props, _ in f.drain(f.reply_queue)}
     for case in cases:
         if case.good:
-            reason = case.message["basicProperties"]["headers"][p.FIRST_DEATH_REASON_HEADER]
+            reason = case.message["basicProperties"]["headers"][protocol.FIRST_DEATH_REASON_HEADER]
             assert answers[case.ident] == bytes(b & 0xFF for b in reason["bytes"]).decode()
 
 
@@ -87,7 +88,7 @@ def test_activity_counts_every_good_report_and_every_broken_one(rpc_fuzz: Env, d
     f = rpc_fuzz
     cases = data.draw(st.lists(rmq_message(reply_to=f.reply_queue, keys=KEYS, activity=True),
                                min_size=1, max_size=8))
-    outcome = f.call("rpc_activity", rmq_event(cases, p.activity_queue(f.pool)))
+    outcome = f.call("rpc_activity", rmq_event(cases, protocol.activity_queue(f.pool)))
     assert outcome["events"] == len(cases)
     assert outcome["keys"] == len({c.key for c in cases if c.key is not None})
     assert outcome["without_key"] == sum(c.key is None for c in cases)

@@ -14,7 +14,7 @@ from typing import Any
 import pika
 
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 
 EVENTS_DIR = Path(__file__).resolve().parents[2] / "events"
 BROKER_ARN = "arn:aws:mq:us-east-1:123456789012:broker:switchyard:b-00000000-aaaa-bbbb-cccc-000000000000"
@@ -31,9 +31,9 @@ def orphan_event() -> dict[str, Any]:
     """
     props = pika.BasicProperties(
         delivery_mode=2, correlation_id="9f3c1a2b.3.1", reply_to=REPLY_TO, expiration="30000",
-        headers={p.KEY_HEADER: KEY},
+        headers={protocol.KEY_HEADER: KEY},
     )
-    return build_rmq_event(p.orphan_queue(POOL), "/", [RmqDelivery(b'{"train":"TGV 6611"}', props)],
+    return build_rmq_event(protocol.orphan_queue(POOL), "/", [RmqDelivery(b'{"train":"TGV 6611"}', props)],
                            broker_arn=BROKER_ARN)
 
 
@@ -43,25 +43,25 @@ def dead_letter_event() -> dict[str, Any]:
     props = pika.BasicProperties(
         delivery_mode=2, correlation_id="9f3c1a2b.5.2", reply_to=REPLY_TO,
         headers={
-            p.KEY_HEADER: KEY,
-            p.FIRST_DEATH_REASON_HEADER: "expired",
-            "x-first-death-queue": p.request_queue(POOL, KEY),
-            "x-first-death-exchange": p.req_exchange(POOL),
+            protocol.KEY_HEADER: KEY,
+            protocol.FIRST_DEATH_REASON_HEADER: "expired",
+            "x-first-death-queue": protocol.request_queue(POOL, KEY),
+            "x-first-death-exchange": protocol.req_exchange(POOL),
             "x-last-death-reason": "expired",
-            "x-last-death-queue": p.request_queue(POOL, KEY),
-            "x-last-death-exchange": p.req_exchange(POOL),
-            p.DEATH_HEADER: [{
+            "x-last-death-queue": protocol.request_queue(POOL, KEY),
+            "x-last-death-exchange": protocol.req_exchange(POOL),
+            protocol.DEATH_HEADER: [{
                 "count": 1,
                 "reason": "expired",
-                "queue": p.request_queue(POOL, KEY),
+                "queue": protocol.request_queue(POOL, KEY),
                 "time": died,
-                "exchange": p.req_exchange(POOL),
+                "exchange": protocol.req_exchange(POOL),
                 "routing-keys": [KEY],
                 "original-expiration": "30000",
             }],
         },
     )
-    return build_rmq_event(p.dl_queue(POOL), "/", [RmqDelivery(b'{"train":"TGV 6611"}', props)],
+    return build_rmq_event(protocol.dl_queue(POOL), "/", [RmqDelivery(b'{"train":"TGV 6611"}', props)],
                            broker_arn=BROKER_ARN)
 
 
@@ -69,10 +69,11 @@ def activity_event() -> dict[str, Any]:
     """A worker's ``request-received`` report, as published to ``demo-activity-xchg`` (key in a header)."""
     props = pika.BasicProperties(
         timestamp=SENT,
-        headers={p.EVENT_HEADER: p.Event.REQUEST_RECEIVED.value, p.WORKER_ID_HEADER: "demo-4a1f-7c2e9d10",
-                 p.KEY_HEADER: KEY},
+        headers={protocol.EVENT_HEADER: protocol.Event.REQUEST_RECEIVED.value,
+                 protocol.WORKER_ID_HEADER: "demo-4a1f-7c2e9d10", protocol.KEY_HEADER: KEY},
     )
-    return build_rmq_event(p.activity_queue(POOL), "/", [RmqDelivery(b"", props)], broker_arn=BROKER_ARN)
+    return build_rmq_event(protocol.activity_queue(POOL), "/", [RmqDelivery(b"", props)],
+                           broker_arn=BROKER_ARN)
 
 
 SAMPLES = {

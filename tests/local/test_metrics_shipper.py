@@ -32,7 +32,7 @@ from switchyard.local.metrics_shipper import (
     uninstall_metrics_shipper,
 )
 from switchyard.local.rmq_bridge import rmq_message
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from tests.conftest import ROOT, require_localstack, subprocess_env, unique, wait_for
 from tests.rpc.conftest import make_pool  # noqa: F401 - fixture
 from tests.rpc.test_handlers_malformed import dead, event_of
@@ -118,7 +118,7 @@ def test_handler_metrics_reach_cloudwatch_through_switchyard_invoke(
     poison = [rmq_message(dead(f"k{n}", "delivery_limit", f"d{n}", None)) for n in range(2)]
     expired = [rmq_message(dead("k9", "expired", "e1", None))]
     event_file = tmp_path / "poison.json"
-    event_file.write_text(json.dumps(event_of(p.dl_queue(pool), [*poison, *expired])))
+    event_file.write_text(json.dumps(event_of(protocol.dl_queue(pool), [*poison, *expired])))
     env = subprocess_env(SWITCHYARD_SHIP_METRICS="1", SWITCHYARD_RPC_POOL=pool,
                          AWS_ENDPOINT_URL_CLOUDWATCH=localstack, AWS_ACCESS_KEY_ID="test",
                          AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1")

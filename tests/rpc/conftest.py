@@ -14,7 +14,7 @@ import pytest
 from switchyard.core.config import Connections
 from switchyard.core.redis_client import RedisClient, connect_redis
 from switchyard.local.rpc_runtime import BridgeSettings, LocalControlPlane
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import SubprocessDriver, WorkerGroup
 from switchyard.rpc.settings import ControlSettings, Delays, PoolPolicy, RpcSettings
@@ -67,8 +67,8 @@ class WorkerProcesses:
             WORKER_POOL=pool,
             WORKER_KEY=key,
             WORKER_ID=worker_id or unique("w"),
-            WORKER_REQUESTS_QUEUE=p.request_queue(pool, key),
-            WORKER_ACTIVITY_EXCHANGE=p.activity_exchange(pool),
+            WORKER_REQUESTS_QUEUE=protocol.request_queue(pool, key),
+            WORKER_ACTIVITY_EXCHANGE=protocol.activity_exchange(pool),
             **env,
         )
         proc = subprocess.Popen(

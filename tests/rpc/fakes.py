@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.errors import TopologyError
 from switchyard.rpc.ports import WorkerGroup, WorkerGroupDriver
 
@@ -27,7 +27,7 @@ class FakeQueue:
 class FakeQueues:
     """``ports.RequestQueues`` in memory; ``fail`` names the operations that raise ``TopologyError``."""
 
-    def __init__(self, pool: str, queue_type: p.QueueType = p.QueueType.QUORUM) -> None:
+    def __init__(self, pool: str, queue_type: protocol.QueueType = protocol.QueueType.QUORUM) -> None:
         self.pool = pool
         self._queue_type = queue_type
         self.queues: dict[str, FakeQueue] = {}  # queue name -> queue
@@ -36,17 +36,17 @@ class FakeQueues:
         self.calls: list[tuple[str, str]] = []  # (operation, key or queue), in order
 
     @property
-    def queue_type(self) -> p.QueueType:
+    def queue_type(self) -> protocol.QueueType:
         return self._queue_type
 
     def add(self, key: str, *, messages: int = 0, consumers: int = 0, bound: bool = True,
             **listed: Any) -> FakeQueue:
         queue = FakeQueue(key, messages, consumers, bound, dict(listed))
-        self.queues[p.request_queue(self.pool, key)] = queue
+        self.queues[protocol.request_queue(self.pool, key)] = queue
         return queue
 
     def get(self, key: str) -> FakeQueue | None:
-        return self.queues.get(p.request_queue(self.pool, key))
+        return self.queues.get(protocol.request_queue(self.pool, key))
 
     def _call(self, operation: str, what: str) -> None:
         self.calls.append((operation, what))
@@ -55,7 +55,7 @@ class FakeQueues:
 
     def list_request_queues(self, columns: str) -> list[dict[str, Any]]:
         self._call("list", self.pool)
-        listed = [{"name": name, "messages": q.messages, "arguments": {p.KEY_QUEUE_ARGUMENT: q.key},
+        listed = [{"name": name, "messages": q.messages, "arguments": {protocol.KEY_QUEUE_ARGUMENT: q.key},
                    **q.listed} for name, q in self.queues.items()]
         return listed + [{"name": name, "messages": 0, "arguments": {}} for name in self.foreign]
 
@@ -66,7 +66,7 @@ class FakeQueues:
 
     def ensure_request_queue(self, key: str, bind: bool = True) -> str:
         self._call("ensure", key)
-        name = p.request_queue(self.pool, key)
+        name = protocol.request_queue(self.pool, key)
         queue = self.queues.setdefault(name, FakeQueue(key))
         queue.bound = queue.bound or bind
         return name
@@ -84,7 +84,7 @@ class FakeQueues:
 
     def delete_request_queue(self, key: str) -> None:
         self._call("delete", key)
-        self.queues.pop(p.request_queue(self.pool, key), None)
+        self.queues.pop(protocol.request_queue(self.pool, key), None)
 
     def answers_consume(self, queue: str, timeout_s: float) -> bool:
         self._call("consume", queue)

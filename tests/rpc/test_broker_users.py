@@ -28,7 +28,7 @@ import requests
 from switchyard.aws import deploy
 from switchyard.core.config import Connections, service_urls
 from switchyard.delay.model import InputRecord
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.amqp import consume_answered
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.client.schedule import collect, declare_reply_queue
@@ -170,7 +170,7 @@ def test_every_role_does_its_job_as_its_own_user(deployed: Deployed, workers: Wo
     with RpcClient(pool, deployed.settings(BrokerRole.CLIENTS), timeout=60) as client:
         answer = client.submit(key, b"hello")
         # The orphan handler, fed by the mappings user, declares, binds and forwards as the orphans user.
-        orphans = _take(deployed, p.orphan_queue(pool))
+        orphans = _take(deployed, protocol.orphan_queue(pool))
         outcome = _as(deployed, BrokerRole.ORPHANS, redis_client, lambda cp: cp.forward_orphans(orphans))
         assert (outcome.forwarded, outcome.new_groups) == (1, 1)
         # A worker as ECS starts it: the workers user's credentials injected into a placeholder URL.
@@ -183,7 +183,7 @@ def test_every_role_does_its_job_as_its_own_user(deployed: Deployed, workers: Wo
 
     # The activity tracker finds the group unknown (state lost): it declares and binds the queue again.
     flush_pool_state(redis_client, pool)
-    reports = _take(deployed, p.activity_queue(pool), count=2)  # started, request-received
+    reports = _take(deployed, protocol.activity_queue(pool), count=2)  # started, request-received
     tracked = _as(deployed, BrokerRole.ACTIVITY, redis_client, lambda plane: plane.track_activity(reports))
     assert tracked.reactivated == 1
 
@@ -202,18 +202,18 @@ def test_every_role_does_its_job_as_its_own_user(deployed: Deployed, workers: Wo
         # And its leaderless-queue probe, a consume on a request queue: a refusal would read as silence.
         topology.ensure_request_queue("k2")
     assert consume_answered(deployed.settings(BrokerRole.RECONCILE).connections.amqp_url,
-                            p.request_queue(pool, "k2"), 10.0)
+                            protocol.request_queue(pool, "k2"), 10.0)
 
     # The dead-letter responder answers a dead letter on the caller's reply queue and keeps the poison.
     connection = deployed.connect(BrokerRole.CLIENTS)
     reply_queue = connection.channel().queue_declare("", exclusive=True).method.queue
     _dead_letter(deployed, reply_queue)
-    dead = _take(deployed, p.dl_queue(pool))
+    dead = _take(deployed, protocol.dl_queue(pool))
     outcome = _as(deployed, BrokerRole.DEAD_LETTERS, redis_client, lambda cp: cp.respond_dead_letters(dead))
     assert (outcome.responses, outcome.poisoned) == (1, 1)
     method, props, _ = connection.channel().basic_get(reply_queue, auto_ack=True)
     connection.close()
-    assert method is not None and props.headers[p.STATUS_HEADER] == p.Status.DELIVERY_LIMIT
+    assert method is not None and props.headers[protocol.STATUS_HEADER] == protocol.Status.DELIVERY_LIMIT
 
 
 def test_scheduled_calls_go_through_the_relay_and_clients_users(deployed: Deployed) -> None:
@@ -232,7 +232,7 @@ def test_scheduled_calls_go_through_the_relay_and_clients_users(deployed: Deploy
         outcome = relay_scheduled(records, publisher=publisher, parked=_NoParking(), now_ms=now)
         assert (outcome.published, outcome.expired, outcome.parked, outcome.failed) == (1, 1, 1, ())
         answers = collect(deployed.settings(BrokerRole.CLIENTS), reply, ["c-late"], timeout=10)
-        assert answers["c-late"].status == p.Status.EXPIRED
+        assert answers["c-late"].status == protocol.Status.EXPIRED
     finally:
         publisher.close()
         connection = pika.BlockingConnection(pika.URLParameters(deployed.admin.connections.amqp_url))
@@ -252,8 +252,9 @@ def _dead_letter(deployed: Deployed, reply_to: str) -> None:
     connection = pika.BlockingConnection(pika.URLParameters(deployed.admin.connections.amqp_url))
     try:
         props = pika.BasicProperties(reply_to=reply_to, correlation_id="c1", headers={
-            p.FIRST_DEATH_REASON_HEADER: p.Status.DELIVERY_LIMIT.value, p.KEY_HEADER: "k1"})
-        connection.channel().basic_publish(p.dl_exchange(deployed.pool), "k1", b"x", props)
+            protocol.FIRST_DEATH_REASON_HEADER: protocol.Status.DELIVERY_LIMIT.value,
+            protocol.KEY_HEADER: "k1"})
+        connection.channel().basic_publish(protocol.dl_exchange(deployed.pool), "k1", b"x", props)
     finally:
         connection.close()
 
@@ -286,56 +287,57 @@ def _delete_exchange(exchange: Callable[[Deployed], str]) -> Operation:
 
 
 def _own_request_queue(d: Deployed) -> str:
-    return p.request_queue(d.pool, "k1")
+    return protocol.request_queue(d.pool, "k1")
 
 
 def _other_request_queue(d: Deployed) -> str:
-    return p.request_queue(d.other, "k1")
+    return protocol.request_queue(d.other, "k1")
 
 
 REFUSED: list[tuple[BrokerRole, str, Operation]] = [
     (BrokerRole.WORKERS, "read another pool's request queue", _consume(_other_request_queue)),
     (BrokerRole.WORKERS, "publish to another pool's request exchange",
-     _publish(lambda d: p.req_exchange(d.other), lambda d: "k1")),
+     _publish(lambda d: protocol.req_exchange(d.other), lambda d: "k1")),
     (BrokerRole.WORKERS, "publish to its own pool's request exchange",
-     _publish(lambda d: p.req_exchange(d.pool), lambda d: "k1")),
+     _publish(lambda d: protocol.req_exchange(d.pool), lambda d: "k1")),
     (BrokerRole.WORKERS, "publish to another pool's activity exchange",
-     _publish(lambda d: p.activity_exchange(d.other), lambda d: "k1")),
-    (BrokerRole.WORKERS, "read its pool's orphans", _consume(lambda d: p.orphan_queue(d.pool))),
-    (BrokerRole.WORKERS, "declare a queue", _declare(lambda d: p.request_queue(d.pool, "mine"))),
+     _publish(lambda d: protocol.activity_exchange(d.other), lambda d: "k1")),
+    (BrokerRole.WORKERS, "read its pool's orphans", _consume(lambda d: protocol.orphan_queue(d.pool))),
+    (BrokerRole.WORKERS, "declare a queue", _declare(lambda d: protocol.request_queue(d.pool, "mine"))),
     (BrokerRole.WORKERS, "delete its request queue", _delete(_own_request_queue)),
     (BrokerRole.CLIENTS, "read a request queue", _consume(_own_request_queue)),
     (BrokerRole.CLIENTS, "publish through the default exchange",
      _publish(lambda d: "", _own_request_queue)),
     (BrokerRole.CLIENTS, "publish to an activity exchange",
-     _publish(lambda d: p.activity_exchange(d.pool), lambda d: "k1")),
-    (BrokerRole.CLIENTS, "declare a named queue", _declare(lambda d: p.request_queue(d.pool, "k2"))),
-    (BrokerRole.CLIENTS, "read another durable queue", _consume(lambda d: p.poison_queue(d.pool))),
+     _publish(lambda d: protocol.activity_exchange(d.pool), lambda d: "k1")),
+    (BrokerRole.CLIENTS, "declare a named queue", _declare(lambda d: protocol.request_queue(d.pool, "k2"))),
+    (BrokerRole.CLIENTS, "read another durable queue", _consume(lambda d: protocol.poison_queue(d.pool))),
     (BrokerRole.SCHEDULED, "read a request queue", _consume(_own_request_queue)),
-    (BrokerRole.SCHEDULED, "declare a queue", _declare(lambda d: p.reply_queue("mine"))),
+    (BrokerRole.SCHEDULED, "declare a queue", _declare(lambda d: protocol.reply_queue("mine"))),
     (BrokerRole.SCHEDULED, "publish to an activity exchange",
-     _publish(lambda d: p.activity_exchange(d.pool), lambda d: "k1")),
+     _publish(lambda d: protocol.activity_exchange(d.pool), lambda d: "k1")),
     (BrokerRole.MAPPINGS, "read a request queue", _consume(_own_request_queue)),
-    (BrokerRole.MAPPINGS, "read another pool's orphans", _consume(lambda d: p.orphan_queue(d.other))),
-    (BrokerRole.MAPPINGS, "publish", _publish(lambda d: "", lambda d: p.orphan_queue(d.pool))),
-    (BrokerRole.ORPHANS, "read its orphan queue", _consume(lambda d: p.orphan_queue(d.pool))),
+    (BrokerRole.MAPPINGS, "read another pool's orphans", _consume(lambda d: protocol.orphan_queue(d.other))),
+    (BrokerRole.MAPPINGS, "publish", _publish(lambda d: "", lambda d: protocol.orphan_queue(d.pool))),
+    (BrokerRole.ORPHANS, "read its orphan queue", _consume(lambda d: protocol.orphan_queue(d.pool))),
     (BrokerRole.ORPHANS, "declare another pool's request queue", _declare(_other_request_queue)),
     (BrokerRole.ORPHANS, "publish to another pool's request exchange",
-     _publish(lambda d: p.req_exchange(d.other), lambda d: "k1")),
+     _publish(lambda d: protocol.req_exchange(d.other), lambda d: "k1")),
     (BrokerRole.DEAD_LETTERS, "publish to the request exchange",
-     _publish(lambda d: p.req_exchange(d.pool), lambda d: "k1")),
-    (BrokerRole.DEAD_LETTERS, "declare a request queue", _declare(lambda d: p.request_queue(d.pool, "k2"))),
+     _publish(lambda d: protocol.req_exchange(d.pool), lambda d: "k1")),
+    (BrokerRole.DEAD_LETTERS, "declare a request queue",
+     _declare(lambda d: protocol.request_queue(d.pool, "k2"))),
     (BrokerRole.ACTIVITY, "publish to another pool's request exchange",
-     _publish(lambda d: p.req_exchange(d.other), lambda d: "k1")),
+     _publish(lambda d: protocol.req_exchange(d.other), lambda d: "k1")),
     (BrokerRole.ACTIVITY, "publish through the default exchange", _publish(lambda d: "", _own_request_queue)),
     (BrokerRole.ACTIVITY, "read a request queue", _consume(_own_request_queue)),
     (BrokerRole.RECONCILE, "read another pool's request queue", _consume(_other_request_queue)),
-    (BrokerRole.RECONCILE, "delete its orphan queue", _delete(lambda d: p.orphan_queue(d.pool))),
+    (BrokerRole.RECONCILE, "delete its orphan queue", _delete(lambda d: protocol.orphan_queue(d.pool))),
     (BrokerRole.RECONCILE, "delete another pool's request queue", _delete(_other_request_queue)),
     (BrokerRole.RECONCILE, "publish through the default exchange",
      _publish(lambda d: "", _own_request_queue)),
     # Last: allowed, they would take the exchange the rows above publish to.
-    *((role, "delete its pool's request exchange", _delete_exchange(lambda d: p.req_exchange(d.pool)))
+    *((role, "delete its pool's request exchange", _delete_exchange(lambda d: protocol.req_exchange(d.pool)))
       for role in (BrokerRole.ORPHANS, BrokerRole.ACTIVITY, BrokerRole.RECONCILE)),
 ]
 
@@ -398,7 +400,7 @@ def test_no_run_time_user_may_put_or_list_policies(deployed: Deployed) -> None:
     list the policies but the reconciler."""
     base = urlsplit(service_urls(deployed.admin.connections.management_url)[0])
     api = f"{base.scheme}://{base.hostname}:{base.port}/api"
-    policy = {"pattern": f"^{p.request_queue_prefix(deployed.other)}", "definition": {"max-length": 0},
+    policy = {"pattern": f"^{protocol.request_queue_prefix(deployed.other)}", "definition": {"max-length": 0},
               "apply-to": "queues", "priority": 99}
     admin, granted = ManagementApi(deployed.admin.connections.management_url), []
     try:
@@ -413,7 +415,7 @@ def test_no_run_time_user_may_put_or_list_policies(deployed: Deployed) -> None:
         granted.remove("reconcile: list 200")
         name, password = deployed.passwords[BrokerUser(BrokerRole.PROBE)]
         vhost = quote(deployed.probe_vhost, safe="")
-        probe = {**policy, "pattern": f"^{p.DEAD_LETTER_PROBE_PREFIX}"}
+        probe = {**policy, "pattern": f"^{protocol.DEAD_LETTER_PROBE_PREFIX}"}
         assert requests.put(f"{api}/policies/{vhost}/{name}", json=probe, auth=(name, password),
                             timeout=10).status_code == 201  # its own vhost: the probe's policies
     finally:
@@ -425,14 +427,15 @@ def test_no_run_time_user_may_put_or_list_policies(deployed: Deployed) -> None:
 def test_an_application_reads_and_deletes_only_its_own_reply_queues(deployed: Deployed) -> None:
     mine, theirs = deployed.applications
     owner = deployed.connect_application(mine)
-    queue = p.reply_queue(f"{mine}.r1")
+    queue = protocol.reply_queue(f"{mine}.r1")
     owner.channel().queue_declare(queue, durable=True)
     refused = []
     try:
         for what, operation in (("read", lambda ch: ch.basic_consume(queue, lambda *_: None)),
                                 ("delete", lambda ch: ch.queue_delete(queue)),
-                                ("declare its own", lambda ch: ch.queue_declare(p.reply_queue(f"{mine}.x"),
-                                                                                durable=True))):
+                                ("declare its own",
+                                 lambda ch: ch.queue_declare(protocol.reply_queue(f"{mine}.x"),
+                                                             durable=True))):
             other = deployed.connect_application(theirs)
             try:
                 operation(other.channel())
@@ -451,13 +454,13 @@ def test_answers_go_only_to_reply_queues(request_queues: Deployed, workers: Work
                                          redis_client: redis.Redis) -> None:
     """A ``reply_to`` naming a queue the caller may not write (another pool's request queue) gets no
     answer from the worker nor the dead-letter responder; the direct reply-to form does."""
-    deployed, target = request_queues, p.request_queue(request_queues.other, "k1")
+    deployed, target = request_queues, protocol.request_queue(request_queues.other, "k1")
     connection = deployed.connect(BrokerRole.CLIENTS)
     channel, answers = connection.channel(), []
-    channel.basic_consume(p.DIRECT_REPLY_TO, auto_ack=True,
+    channel.basic_consume(protocol.DIRECT_REPLY_TO, auto_ack=True,
                           on_message_callback=lambda _c, _m, props, _b: answers.append(props.correlation_id))
-    for correlation, reply_to in (("aimed", target), ("direct", p.DIRECT_REPLY_TO)):
-        channel.basic_publish(p.req_exchange(deployed.pool), p.routing_key("k1"), b"x",
+    for correlation, reply_to in (("aimed", target), ("direct", protocol.DIRECT_REPLY_TO)):
+        channel.basic_publish(protocol.req_exchange(deployed.pool), protocol.routing_key("k1"), b"x",
                               pika.BasicProperties(correlation_id=correlation, reply_to=reply_to))
     name, password = deployed.passwords[BrokerUser(BrokerRole.WORKERS, deployed.pool)]
     workers.start(deployed.pool, "k1", "tests.rpc.handlers:whoami", "w1",
@@ -470,7 +473,7 @@ def test_answers_go_only_to_reply_queues(request_queues: Deployed, workers: Work
     with PoolTopology(deployed.other, deployed.admin) as topology:
         assert topology.queue_status(target) == (0, 0), "the worker answered into another pool's queue"
     _dead_letter(deployed, target)
-    dead = _take(deployed, p.dl_queue(deployed.pool))
+    dead = _take(deployed, protocol.dl_queue(deployed.pool))
     outcome = _as(deployed, BrokerRole.DEAD_LETTERS, redis_client, lambda cp: cp.respond_dead_letters(dead))
     assert (outcome.responses, outcome.without_reply_to) == (0, 1)
     with PoolTopology(deployed.other, deployed.admin) as topology:
@@ -489,13 +492,13 @@ def test_another_pools_workers_cannot_have_this_pools_handler_answer_them(
     answers: list[tuple[str, str]] = []
     for who, connection in (("client", client), ("stranger", stranger)):
         channel = connection.channel()
-        channel.basic_consume(p.DIRECT_REPLY_TO, auto_ack=True,
+        channel.basic_consume(protocol.DIRECT_REPLY_TO, auto_ack=True,
                               on_message_callback=lambda _c, _m, props, _b, who=who: answers.append(
                                   (who, props.correlation_id)))
-        exchange, routing_key = ((p.req_exchange(deployed.pool), p.routing_key("k1")) if who == "client"
-                                 else ("", p.request_queue(deployed.pool, "k1")))
+        exchange, routing_key = ((protocol.req_exchange(deployed.pool), protocol.routing_key("k1"))
+                                 if who == "client" else ("", protocol.request_queue(deployed.pool, "k1")))
         channel.basic_publish(exchange, routing_key, b"x",
-                              pika.BasicProperties(correlation_id=who, reply_to=p.DIRECT_REPLY_TO))
+                              pika.BasicProperties(correlation_id=who, reply_to=protocol.DIRECT_REPLY_TO))
     name, password = deployed.passwords[BrokerUser(BrokerRole.WORKERS, deployed.pool)]
     workers.start(deployed.pool, "k1", "tests.rpc.handlers:whoami", "w1",
                   SWITCHYARD_AMQP_URL=deployed.template(deployed.admin.connections.amqp_url),
@@ -507,7 +510,7 @@ def test_another_pools_workers_cannot_have_this_pools_handler_answer_them(
     def settled() -> bool:
         for connection in (client, stranger):
             connection.process_data_events(0.05)
-        method, props, _body = admin.channel().basic_get(p.poison_queue(deployed.pool), auto_ack=True)
+        method, props, _body = admin.channel().basic_get(protocol.poison_queue(deployed.pool), auto_ack=True)
         if method is not None:
             poisoned.append(props)
         return bool(answers) and bool(poisoned)
@@ -520,4 +523,4 @@ def test_another_pools_workers_cannot_have_this_pools_handler_answer_them(
     assert answers == [("client", "client")]
     (props,) = poisoned
     assert props.correlation_id == "stranger"
-    assert "not through the pool's request exchange" in props.headers[p.POISON_REASON_HEADER]
+    assert "not through the pool's request exchange" in props.headers[protocol.POISON_REASON_HEADER]

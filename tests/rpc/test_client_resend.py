@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import pytest
 
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.client import Response, RpcClient
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.errors import CallInterruptedError
@@ -57,7 +57,7 @@ def test_calls_in_flight_on_a_connection_that_dies_are_sent_again(pool, workers)
     name, settings = pool
     bind(name, settings, "k")
     workers.start(name, "k", SLEEPY, SLEEPY_SECONDS="0.1")
-    workers.wait_consuming(settings, p.request_queue(name, "k"), timeout=60)
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"), timeout=60)
     for confirm in (False, True):
         with RpcClient(name, settings, confirm=confirm) as client:
             futures = _in_flight(client)
@@ -90,7 +90,7 @@ def _serve(pool: str, workers: WorkerProcesses, node: int) -> None:
     settings = replace(RpcSettings.from_env(), connections=cluster.connections(cluster.node_url(node)))
     bind(pool, settings, "k")
     workers.start(pool, "k", SLEEPY, SLEEPY_SECONDS="0.1", SWITCHYARD_AMQP_URL=cluster.node_url(node))
-    workers.wait_consuming(settings, p.request_queue(pool, "k"), timeout=60)
+    workers.wait_consuming(settings, protocol.request_queue(pool, "k"), timeout=60)
 
 
 def test_a_killed_node_fails_no_call_in_flight_on_it(cluster_pool, workers) -> None:

@@ -15,14 +15,14 @@ from urllib.parse import quote
 import pytest
 
 from switchyard.core.errors import InvalidNameError
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.control.management import ManagementApi
 from switchyard.rpc.errors import CallTimeoutError, ClientClosedError, ClientThreadError
 from tests.conftest import blocked_in, unique, wait_for
 from tests.rpc.test_rpc import SLEEPY, H, bind
 
-MAX_KEY = "k" * p.MAX_KEY_BYTES
+MAX_KEY = "k" * protocol.MAX_KEY_BYTES
 
 BAD_CALLS = {
     "float header": ({"key": "k", "body": b"x", "headers": {"x-weight": 0.5}}, ValueError, "encoded"),
@@ -43,8 +43,8 @@ def test_each_bad_call_fails_alone_and_the_shared_client_goes_on(pool, workers) 
     bind(name, settings, "k", MAX_KEY)
     workers.start(name, "k", SLEEPY, SLEEPY_SECONDS="0.3")
     workers.start(name, MAX_KEY, f"{H}:whoami")
-    workers.wait_consuming(settings, p.request_queue(name, "k"), timeout=60)
-    workers.wait_consuming(settings, p.request_queue(name, MAX_KEY), timeout=60)
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"), timeout=60)
+    workers.wait_consuming(settings, protocol.request_queue(name, MAX_KEY), timeout=60)
     with RpcClient(name, settings, timeout=15) as client:
         for label, (kwargs, error, message) in BAD_CALLS.items():
             in_flight = client.submit("k", f"before {label}")
@@ -77,7 +77,7 @@ def test_calls_after_a_reconnect_are_not_delayed(pool, workers) -> None:
     name, settings = pool
     bind(name, settings, "k")
     workers.start(name, "k", f"{H}:whoami")
-    workers.wait_consuming(settings, p.request_queue(name, "k"), timeout=60)
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"), timeout=60)
     connection_name = unique("reconnecting-client")
     with RpcClient(name, settings, timeout=5, name=connection_name) as client:
         client.call("k", "warm")

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from switchyard.core.redis_client import connect_redis
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.leaderless import LeaderlessWatch
 from switchyard.rpc.control.management import ManagementApi
 from switchyard.rpc.control.reconciler import Reconciler
@@ -84,7 +84,7 @@ def test_queues_declared_on_one_connection_are_led_by_every_node(on_cluster: Clu
     behind = sum(max(before.values()) - count for count in before.values())
     pool = declared(cluster_pool, on_cluster.settings, [f"k{i}" for i in range(behind + 6)])
     queues = on_cluster.api().list_queues(f"^{pool}-", columns="name,type,leader,members")
-    led = Counter(q["leader"] for q in queues if q["name"].startswith(p.request_queue_prefix(pool)))
+    led = Counter(q["leader"] for q in queues if q["name"].startswith(protocol.request_queue_prefix(pool)))
     assert set(led) == set(on_cluster.nodes), f"leaders {dict(led)}, the cluster's before {dict(before)}"
     quorum = [q for q in queues if q["type"] == "quorum"]
     assert quorum and all(sorted(q["members"]) == sorted(on_cluster.nodes) for q in quorum)
@@ -96,7 +96,8 @@ def test_new_quorum_queues_get_the_initial_group_size_of_the_settings(on_cluster
     pool = declared(cluster_pool, settings, ["k"])
     quorum = [q for q in on_cluster.api().list_queues(f"^{pool}-", columns="name,type,members")
               if q["type"] == "quorum"]
-    assert len(quorum) == len(p.pool_queue_names(pool)) + 1 and {len(q["members"]) for q in quorum} == {2}
+    assert (len(quorum) == len(protocol.pool_queue_names(pool)) + 1
+            and {len(q["members"]) for q in quorum} == {2})
 
 
 @pytest.mark.parametrize("node", [1, 2], ids=["the node the probe reached", "another node"])
@@ -111,7 +112,7 @@ def test_the_probe_finds_the_stranded_node(on_cluster: Cluster, node: int) -> No
             result = topology.probe_dead_lettering()
         assert result.stranded and result.nodes == (stranded,)
         assert stranded in result.detail and "reboot" in result.detail.lower()
-        assert on_cluster.api().list_queues(f"^{p.DEAD_LETTER_PROBE_PREFIX}") == []
+        assert on_cluster.api().list_queues(f"^{protocol.DEAD_LETTER_PROBE_PREFIX}") == []
     finally:
         cluster.ctl(node, "eval", DLX_SUP.format("restart_child"))
     assert cluster.heal_dead_lettering() == "running"
@@ -125,7 +126,7 @@ def test_a_queue_whose_members_nodes_are_down_is_reported_and_kept(on_cluster: C
     with its request when the node does. (Two of three nodes down pauses the third too.)"""
     settings = replace(on_cluster.settings, policy=replace(on_cluster.settings.policy, initial_group_size=2))
     pool = declared(cluster_pool, settings, ["k"])
-    queue = p.request_queue(pool, "k")
+    queue = protocol.request_queue(pool, "k")
     with pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url)) as connection:
         channel = connection.channel()
         channel.confirm_delivery()

@@ -22,7 +22,7 @@ from switchyard.aws import services
 from switchyard.core.observability import logger
 from switchyard.local.functions import load_function
 from switchyard.local.rmq_bridge import RabbitMQEventSource
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.client import Response, RpcClient
 from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
 from switchyard.rpc.control.topology import PoolTopology
@@ -47,9 +47,9 @@ def is_bound(settings, pool: str, key: str) -> bool:
     vhost_name = vhost_from_amqp_url(settings.connections.amqp_url)
     api = ManagementApi(settings.connections.management_url, vhost_name)
     vhost = quote(vhost_name, safe="")
-    path = (f"/bindings/{vhost}/e/{quote(p.req_exchange(pool), safe='')}"
-            f"/q/{quote(p.request_queue(pool, key), safe='')}")
-    return any(b["routing_key"] == p.routing_key(key) for b in api._request("GET", path).json())
+    path = (f"/bindings/{vhost}/e/{quote(protocol.req_exchange(pool), safe='')}"
+            f"/q/{quote(protocol.request_queue(pool, key), safe='')}")
+    return any(b["routing_key"] == protocol.routing_key(key) for b in api._request("GET", path).json())
 
 
 def passes_after(plane, extra: int, timeout: float = 15) -> None:
@@ -67,8 +67,9 @@ def send_activity(settings, pool: str, key: str, event: str, worker_id: str = "b
     connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
     try:
         connection.channel().basic_publish(
-            p.activity_exchange(pool), key, b"",
-            pika.BasicProperties(headers={p.EVENT_HEADER: event, p.WORKER_ID_HEADER: worker_id}))
+            protocol.activity_exchange(pool), key, b"",
+            pika.BasicProperties(headers={protocol.EVENT_HEADER: event,
+                                          protocol.WORKER_ID_HEADER: worker_id}))
     finally:
         connection.close()
 
@@ -104,7 +105,7 @@ def test_cold_path_end_to_end(make_pool, planes) -> None:
     assert (key, body) == ("infra=42", "hello")
     state = plane.plane.state.get("infra=42")
     assert state is not None and state.status is GroupStatus.ACTIVE
-    assert queue_status(settings, p.request_queue(pool, "infra=42")) is not None
+    assert queue_status(settings, protocol.request_queue(pool, "infra=42")) is not None
     assert is_bound(settings, pool, "infra=42")
     assert plane.driver.list_running(pool) == {"infra=42"}
     assert worker_id in {w.worker_id for w in plane.driver.workers(WorkerGroup(pool, "infra=42"))}
@@ -179,7 +180,7 @@ def test_orphan_handler_killed_after_forwarding_duplicates_but_loses_nothing(
         return outcome
 
     stop = threading.Event()
-    source = RabbitMQEventSource(p.orphan_queue(pool), crash_once_after_forwarding,
+    source = RabbitMQEventSource(protocol.orphan_queue(pool), crash_once_after_forwarding,
                                  amqp_url=settings.connections.amqp_url, function_name="orphans-crash",
                                  batch_size=1000, batching_window_s=0.3, retry_backoff_s=0.1)
     thread = source.run_in_thread(stop)
@@ -209,7 +210,7 @@ def test_two_orphan_handlers_and_a_fast_reconciler_lose_nothing(make_pool, plane
     plane = planes.start(pool, settings, handler=WHOAMI, unbind_s=0.3, stop_s=0.5, interval_s=0.05)
     # A second orphan handler on the same queue, as a second mapping (or host) would run it.
     stop = threading.Event()
-    second = RabbitMQEventSource(p.orphan_queue(pool), load_function("rpc_orphans").lambda_handler,
+    second = RabbitMQEventSource(protocol.orphan_queue(pool), load_function("rpc_orphans").lambda_handler,
                                  amqp_url=settings.connections.amqp_url, function_name="orphans-2",
                                  batch_size=50, batching_window_s=0.02)
     thread = second.run_in_thread(stop)
@@ -249,19 +250,19 @@ def test_expired_response_reaches_its_caller_only(make_pool, planes) -> None:
     with RpcClient(pool, settings, timeout=30) as client:
         assert client.call("slow", "warm").ok  # the group is up
         busy = client.submit("slow", "slow:2")
-        slow = p.request_queue(pool, "slow")
+        slow = protocol.request_queue(pool, "slow")
         wait_for(lambda: (queue_status(settings, slow) or (1,))[0] == 0, interval=0.02,
                  what="``busy`` the worker's one request in hand")
         doomed = client.submit("slow", "late", expiration_ms=300, timeout=20)
         others = [client.submit("other", f"o{i}") for i in range(10)]
         response = doomed.result(25)
-        assert response.status == p.Status.EXPIRED, response
+        assert response.status == protocol.Status.EXPIRED, response
         assert busy.result(25).body == b"slow:2"
         assert [f.result(25).body for f in others] == [f"o{i}".encode() for i in range(10)]
         assert all(f.result().ok for f in others)
         assert client.stats.stale_responses == 0 and client.stats.malformed_responses == 0
     # The responder's batch was acked (the public osrdyne never acked its dead letters).
-    [dead_letters] = [s for s in plane.sources if s.queue == p.dl_queue(pool)]
+    [dead_letters] = [s for s in plane.sources if s.queue == protocol.dl_queue(pool)]
     assert dead_letters.stats.acked >= 1 and dead_letters.stats.failures == 0
     assert dead_letters.stats.requeued == 0
 
@@ -274,13 +275,13 @@ def test_poison_request_gets_delivery_limit_and_lands_in_the_poison_inventory(ma
         poison = client.submit("poison", "crash", headers={"x-trace": "p1"})
         others = [client.submit("fine", f"f{i}") for i in range(10)]
         response = poison.result(70)
-        assert response.status == p.Status.DELIVERY_LIMIT, response
+        assert response.status == protocol.Status.DELIVERY_LIMIT, response
         assert [f.result(30).body for f in others] == [f"f{i}".encode() for i in range(10)]
     conn = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
     channel = conn.channel()
     try:
         _, props, body = wait_for(
-            lambda: (m := channel.basic_get(p.poison_queue(pool), auto_ack=True))[0] and m,
+            lambda: (m := channel.basic_get(protocol.poison_queue(pool), auto_ack=True))[0] and m,
             timeout=10, what="the poison inventory")
     finally:
         conn.close()
@@ -288,10 +289,10 @@ def test_poison_request_gets_delivery_limit_and_lands_in_the_poison_inventory(ma
     assert props.correlation_id == response.correlation_id
     headers = props.headers
     assert headers["x-first-death-reason"] == "delivery_limit"
-    assert headers[p.KEY_HEADER] == "poison" and headers["x-trace"] == "p1"
+    assert headers[protocol.KEY_HEADER] == "poison" and headers["x-trace"] == "p1"
     deaths = headers["x-death"]
     assert deaths and deaths[0]["reason"] == "delivery_limit"
-    assert deaths[0]["queue"] == p.request_queue(pool, "poison")
+    assert deaths[0]["queue"] == protocol.request_queue(pool, "poison")
 
 
 # -- group lifetime ---------------------------------------------------------------------------------
@@ -324,7 +325,7 @@ def test_an_idle_group_unbinds_then_stops_and_stays_stopped(make_pool, planes, t
                              env=worker_driver(tmp_path, WHOAMI)._base_env, max_workers=1)
     plane = planes.start(pool, settings, unbind_s=0.5, stop_s=0.5, interval_s=0.1, driver=driver)
     state = plane.plane.state
-    queue = p.request_queue(pool, "idle")
+    queue = protocol.request_queue(pool, "idle")
     with RpcClient(pool, settings, timeout=30) as client:
         assert client.call("idle", "x").ok
     # The state says Unbound a moment before the binding is removed (the same pass, under the lock).
@@ -335,8 +336,8 @@ def test_an_idle_group_unbinds_then_stops_and_stays_stopped(make_pool, planes, t
     wait_for(lambda: not plane.driver.list_running(pool), timeout=10, what="the workers to be gone")
     # A report that lands after the stop (a worker's last request-received, delayed in the queue):
     # forced here, in seed 000's shape (key as routing key only), rather than hoped for.
-    send_activity(settings, pool, "idle", p.Event.REQUEST_RECEIVED)
-    wait_for(lambda: queue_status(settings, p.activity_queue(pool)) == (0, 1), timeout=10,
+    send_activity(settings, pool, "idle", protocol.Event.REQUEST_RECEIVED)
+    wait_for(lambda: queue_status(settings, protocol.activity_queue(pool)) == (0, 1), timeout=10,
              what="the late report to be consumed")
     passes_after(plane, 10)
     assert plane.driver.spawns == {"idle": 1}, "a stopped group was started again"
@@ -380,7 +381,7 @@ def stranded(make_pool, planes) -> Iterator:
     wait_for(lambda: plane.sources[2].stats.acked >= 2, what="the worker's activity to be tracked")
     wait_for(lambda: plane.plane.reconcile().unbound, timeout=10, what="the reconciler to unbind")
     plane.driver.stop(WorkerGroup(pool, "s"))
-    queue = p.request_queue(pool, "s")
+    queue = protocol.request_queue(pool, "s")
     wait_for(lambda: queue_status(settings, queue) == (0, 0), what="no consumer on the queue")
     conn = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
     channel = conn.channel()
@@ -389,8 +390,8 @@ def stranded(make_pool, planes) -> Iterator:
     # Straight into the queue, as a worker's own shed copy comes (its checked user_id the worker's).
     user = pika.URLParameters(settings.connections.amqp_url).credentials.username
     channel.basic_publish("", queue, b"stranded", pika.BasicProperties(
-        reply_to=reply_queue, correlation_id="stranded-1", headers={p.KEY_HEADER: "s"}, delivery_mode=2,
-        user_id=user))
+        reply_to=reply_queue, correlation_id="stranded-1", headers={protocol.KEY_HEADER: "s"},
+        delivery_mode=2, user_id=user))
     assert queue_status(settings, queue) == (1, 0)
     try:
         yield pool, settings, plane, channel, reply_queue
@@ -416,7 +417,7 @@ def test_a_queue_holding_a_request_is_bound_again_not_deleted(stranded) -> None:
     assert is_bound(settings, pool, "s")
     props, body = reply_on(channel, reply_queue)
     assert props.correlation_id == "stranded-1" and body.decode().endswith("|s|stranded")
-    assert queue_status(settings, p.request_queue(pool, "s")) is not None
+    assert queue_status(settings, protocol.request_queue(pool, "s")) is not None
 
 
 def test_flushed_state_is_rebuilt_and_nothing_is_lost(stranded, redis_client: redis.Redis,

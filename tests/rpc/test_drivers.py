@@ -16,7 +16,7 @@ import pytest
 from switchyard.core import tracing
 from switchyard.core.errors import ConfigError, InvalidNameError
 from switchyard.core.observability import logger
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import (
@@ -60,8 +60,8 @@ def test_environment_is_the_worker_protocol() -> None:
         "WORKER_ID": "w1",
         "WORKER_KEY": "a key",
         "WORKER_POOL": "core",
-        "WORKER_REQUESTS_QUEUE": p.request_queue("core", "a key"),
-        "WORKER_ACTIVITY_EXCHANGE": p.activity_exchange("core"),
+        "WORKER_REQUESTS_QUEUE": protocol.request_queue("core", "a key"),
+        "WORKER_ACTIVITY_EXCHANGE": protocol.activity_exchange("core"),
     }
 
 

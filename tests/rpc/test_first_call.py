@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.errors import CallTimeoutError
 from tests.conftest import subprocess_env
@@ -39,7 +39,7 @@ def test_a_first_call_is_answered_when_its_expiration_outlives_the_start(make_po
             short = client.call("short-lived", "hello", timeout=START_S / 3)
         except CallTimeoutError:
             short = None
-        assert short is None or short.status == p.Status.EXPIRED, short  # never a worker's answer
+        assert short is None or short.status == protocol.Status.EXPIRED, short  # never a worker's answer
         answered = client.call("long-lived", "hello", timeout=START_S * 4)
     assert answered.ok, answered
     assert answered.text().split("|", 2)[1:] == ["long-lived", "hello"]

@@ -23,7 +23,7 @@ from switchyard.core.errors import MalformedEventError
 from switchyard.local.functions import load_function
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event, rmq_message
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.drivers import NoopDriver
 from switchyard.rpc.service import ControlPlane
 from switchyard.rpc.settings import ControlSettings, Delays
@@ -92,7 +92,7 @@ def request(key: str | None, body: bytes = b"x", *, reply_to: str | None = None,
             headers: dict[str, Any] | None = None) -> RmqDelivery:
     hdrs = dict(headers or {})
     if key is not None:
-        hdrs[p.KEY_HEADER] = key
+        hdrs[protocol.KEY_HEADER] = key
     props = pika.BasicProperties(reply_to=reply_to, correlation_id=correlation_id, headers=hdrs,
                                  delivery_mode=2, content_type="application/octet-stream")
     return RmqDelivery(body, props)
@@ -114,11 +114,12 @@ def garbage_messages() -> list[dict[str, Any]]:
         {"basicProperties": {**good_props}, "data": "%%% not base64 %%%"},
         {"basicProperties": {**good_props, "headers": "not a table"}, "data": ""},
         {"basicProperties": {**good_props, "headers": None}, "data": ""},
-        {"basicProperties": {**good_props, "headers": {p.KEY_HEADER: 42}}, "data": ""},
-        {"basicProperties": {**good_props, "headers": {p.KEY_HEADER: {"bytes": [255, 254]}}}, "data": ""},
-        {"basicProperties": {**good_props, "headers": {p.KEY_HEADER: {"bytes": "oops"}}}, "data": ""},
-        {"basicProperties": {**good_props, "headers": {p.KEY_HEADER: [1, 2]}}, "data": ""},
-        {"basicProperties": {**good_props, "headers": {p.KEY_HEADER: None}}, "data": ""},
+        {"basicProperties": {**good_props, "headers": {protocol.KEY_HEADER: 42}}, "data": ""},
+        {"basicProperties": {**good_props, "headers": {protocol.KEY_HEADER: {"bytes": [255, 254]}}},
+         "data": ""},
+        {"basicProperties": {**good_props, "headers": {protocol.KEY_HEADER: {"bytes": "oops"}}}, "data": ""},
+        {"basicProperties": {**good_props, "headers": {protocol.KEY_HEADER: [1, 2]}}, "data": ""},
+        {"basicProperties": {**good_props, "headers": {protocol.KEY_HEADER: None}}, "data": ""},
         {"basicProperties": {**good_props, "timestamp": "yesterday-ish", "deliveryMode": "two",
                              "priority": "high", "headers": {}}, "data": ""},
         "not even a dict",
@@ -136,7 +137,7 @@ def hostile_messages(key: str, reply_to: str) -> list[dict[str, Any]]:
         {"basicProperties": {**base, "priority": 1000}, "data": ""},
         {"basicProperties": {**base, "headers": {**base["headers"], "huge": 10**30}}, "data": ""},
         {"basicProperties": {**base, "headers": {**base["headers"], "s": "\ud800"}}, "data": ""},
-        {"basicProperties": {**base, "headers": {p.KEY_HEADER: "\ud800"}}, "data": ""},
+        {"basicProperties": {**base, "headers": {protocol.KEY_HEADER: "\ud800"}}, "data": ""},
         {"basicProperties": {**base, "headers": {**base["headers"], "x-first-death-queue": {"bytes": [255]},
                                                  "x-first-death-reason": {"bytes": list(b"expired")}}},
          "data": ""},
@@ -153,7 +154,7 @@ def test_orphan_handler_survives_garbage_and_forwards_the_good(env: Env) -> None
     no_reply = request("fire-and-forget", b"f", correlation_id="ff")
     messages = [rmq_message(d) for d in (*good, big, empty, lost_key, no_reply)]
     garbage = garbage_messages()
-    outcome = env.call("rpc_orphans", event_of(p.orphan_queue(env.pool), [*garbage, *messages]))
+    outcome = env.call("rpc_orphans", event_of(protocol.orphan_queue(env.pool), [*garbage, *messages]))
 
     # Of the garbage only the bad-base64 one carries a key ("g"): it is forwarded as it came.
     without_key = len(garbage) - 1 + 1  # + the keyless request
@@ -165,34 +166,35 @@ def test_orphan_handler_survives_garbage_and_forwards_the_good(env: Env) -> None
 
     # Every good request sits in its own bound queue, body and properties intact.
     for i, key in enumerate(ODD_KEYS):
-        got = env.drain(p.request_queue(env.pool, key))
+        got = env.drain(protocol.request_queue(env.pool, key))
         assert [(props.correlation_id, body) for props, body in got] == [(f"good-{i}", f"body {i}".encode())]
-        assert got[0][0].headers[p.KEY_HEADER] == key and got[0][0].reply_to == env.reply_queue
+        assert got[0][0].headers[protocol.KEY_HEADER] == key and got[0][0].reply_to == env.reply_queue
         assert env.state.get(key).status is GroupStatus.ACTIVE
-    assert [b for _, b in env.drain(p.request_queue(env.pool, "big"))] == [b"B" * (1024 * 1024)]
-    assert [b for _, b in env.drain(p.request_queue(env.pool, "empty"))] == [b""]
-    assert [b for _, b in env.drain(p.request_queue(env.pool, "fire-and-forget"))] == [b"f"]
+    assert [b for _, b in env.drain(protocol.request_queue(env.pool, "big"))] == [b"B" * (1024 * 1024)]
+    assert [b for _, b in env.drain(protocol.request_queue(env.pool, "empty"))] == [b""]
+    assert [b for _, b in env.drain(protocol.request_queue(env.pool, "fire-and-forget"))] == [b"f"]
 
     # The keyless request got a negative response and went to the poison inventory with the rest.
     (props, body), = env.replies(1)
-    assert props.correlation_id == "no-key" and props.headers[p.STATUS_HEADER] == p.Status.ERROR
+    assert props.correlation_id == "no-key" and props.headers[protocol.STATUS_HEADER] == protocol.Status.ERROR
     assert json.loads(body)["error"] == "MissingKey"
-    poisoned = env.drain(p.poison_queue(env.pool))
+    poisoned = env.drain(protocol.poison_queue(env.pool))
     assert len(poisoned) == without_key
-    assert all(props.headers[p.POISON_REASON_HEADER] for props, _ in poisoned)
+    assert all(props.headers[protocol.POISON_REASON_HEADER] for props, _ in poisoned)
     assert b"who am I" in [body for _, body in poisoned]
 
 
 def test_orphan_handler_survives_fields_pika_cannot_publish(env: Env) -> None:
     good = request("ok", b"fine", reply_to=env.reply_queue, correlation_id="fine")
-    event = event_of(p.orphan_queue(env.pool), [*hostile_messages("h", env.reply_queue), rmq_message(good)])
+    event = event_of(protocol.orphan_queue(env.pool),
+                     [*hostile_messages("h", env.reply_queue), rmq_message(good)])
     outcome = env.call("rpc_orphans", event)
     assert outcome["orphans"] == 10
     assert outcome["malformed_fields"] >= 8
-    assert [(props.correlation_id, body) for props, body in env.drain(p.request_queue(env.pool, "ok"))] == [
-        ("fine", b"fine")]
-    forwarded_h = env.drain(p.request_queue(env.pool, "h"))
-    poisoned = env.drain(p.poison_queue(env.pool))
+    assert [(props.correlation_id, body)
+            for props, body in env.drain(protocol.request_queue(env.pool, "ok"))] == [("fine", b"fine")]
+    forwarded_h = env.drain(protocol.request_queue(env.pool, "h"))
+    poisoned = env.drain(protocol.poison_queue(env.pool))
     assert outcome["forwarded"] == 1 + len(forwarded_h)
     assert len(forwarded_h) + len(poisoned) == 9  # nothing vanished
 
@@ -220,7 +222,8 @@ def test_dead_letter_handler_survives_garbage_and_answers_the_good(env: Env) -> 
     messages = [rmq_message(d) for d in (*good, only_x_death, no_reason, no_reply, big)]
     garbage = garbage_messages()
     hostile = hostile_messages("h", rq)
-    outcome = env.call("rpc_dead_letters", event_of(p.dl_queue(env.pool), [*garbage, *hostile, *messages]))
+    outcome = env.call("rpc_dead_letters",
+                       event_of(protocol.dl_queue(env.pool), [*garbage, *hostile, *messages]))
 
     assert outcome["dead_letters"] == len(garbage) + len(hostile) + len(messages)
     assert outcome["without_reply_to"] >= 1 and outcome["without_reason"] >= 1
@@ -232,11 +235,11 @@ def test_dead_letter_handler_survives_garbage_and_answers_the_good(env: Env) -> 
     expected = {"e1": "expired", "d1": "delivery_limit", "m1": "maxlen", "r1": "rejected", "xd": "expired",
                 "nr": "dead_lettered", "big": "expired"}
     replies = env.replies_with(set(expected))
-    statuses = {props.correlation_id: props.headers[p.STATUS_HEADER] for props, _ in replies}
+    statuses = {props.correlation_id: props.headers[protocol.STATUS_HEADER] for props, _ in replies}
     assert {cid: statuses.get(cid) for cid in expected} == expected
     detail = json.loads(next(body for props, body in replies if props.correlation_id == "e1"))
     assert detail["reason"] == "expired" and detail["key"] == "k1"
-    poisoned = env.drain(p.poison_queue(env.pool))
+    poisoned = env.drain(protocol.poison_queue(env.pool))
     assert [props.correlation_id for props, _ in poisoned] == ["d1"]
     assert poisoned[0][0].headers["x-first-death-reason"] == "delivery_limit"
 
@@ -253,10 +256,11 @@ def test_the_orphan_path_and_the_dead_letter_responder_keep_the_trace(env: Env) 
                request("tk", b"bad", reply_to=rq, correlation_id="f2",
                        headers={tracing.TRACEPARENT_HEADER: "00-" + "x" * 500}),
                request(None, b"nokey", reply_to=rq, correlation_id="n1", headers=traced)]
-    outcome = env.call("rpc_orphans", event_of(p.orphan_queue(env.pool), [rmq_message(o) for o in orphans]))
+    outcome = env.call("rpc_orphans",
+                       event_of(protocol.orphan_queue(env.pool), [rmq_message(o) for o in orphans]))
     assert outcome["forwarded"] == 2 and outcome["without_key"] == 1
     forwarded = {props.correlation_id: tracing.parse(props.headers[tracing.TRACEPARENT_HEADER])
-                 for props, _ in env.drain(p.request_queue(env.pool, "tk"))}
+                 for props, _ in env.drain(protocol.request_queue(env.pool, "tk"))}
     assert forwarded["f1"].trace_id == trace_id and forwarded["f1"].span_id != TRACE.split("-")[2]
     assert forwarded["f2"].trace_id != trace_id  # a new trace, and still forwarded
     (reply, _), = env.replies_with({"n1"})
@@ -265,23 +269,25 @@ def test_the_orphan_path_and_the_dead_letter_responder_keep_the_trace(env: Env) 
     dead_letters = [dead("tk", "expired", "e1", rq), dead("tk", "delivery_limit", "d1", rq)]
     for delivery in dead_letters:
         delivery.properties.headers[tracing.TRACEPARENT_HEADER] = TRACE
-    env.call("rpc_dead_letters", event_of(p.dl_queue(env.pool), [rmq_message(d) for d in dead_letters]))
+    env.call("rpc_dead_letters",
+             event_of(protocol.dl_queue(env.pool), [rmq_message(d) for d in dead_letters]))
     replies = env.replies_with({"e1", "d1"})
     assert {tracing.parse(props.headers[tracing.TRACEPARENT_HEADER]).trace_id for props, _ in replies} == {
         trace_id}
-    poisoned = {props.correlation_id: props.headers for props, _ in env.drain(p.poison_queue(env.pool))}
+    poisoned = {props.correlation_id: props.headers
+                for props, _ in env.drain(protocol.poison_queue(env.pool))}
     assert poisoned["d1"][tracing.TRACEPARENT_HEADER] == poisoned["n1"][tracing.TRACEPARENT_HEADER] == TRACE
 
 
 # -- activity ---------------------------------------------------------------------------------------
 def activity(key: str | None, event: Any = "request-received", latency: Any = None) -> RmqDelivery:
-    headers: dict[str, Any] = {p.WORKER_ID_HEADER: "w1"}
+    headers: dict[str, Any] = {protocol.WORKER_ID_HEADER: "w1"}
     if latency is not None:
-        headers[p.LATENCY_HEADER] = latency
+        headers[protocol.LATENCY_HEADER] = latency
     if event is not None:
-        headers[p.EVENT_HEADER] = event
+        headers[protocol.EVENT_HEADER] = event
     if key is not None:
-        headers[p.KEY_HEADER] = key
+        headers[protocol.KEY_HEADER] = key
     return RmqDelivery(b"", pika.BasicProperties(headers=headers, timestamp=1_700_000_000))
 
 
@@ -294,7 +300,8 @@ def test_activity_handler_survives_garbage_and_tracks_the_good(env: Env) -> None
     messages = [rmq_message(d) for d in (*good, *odd_events, activity(None))]
     garbage = garbage_messages()
     hostile = hostile_messages("h", env.reply_queue)
-    outcome = env.call("rpc_activity", event_of(p.activity_queue(env.pool), [*garbage, *hostile, *messages]))
+    outcome = env.call("rpc_activity",
+                       event_of(protocol.activity_queue(env.pool), [*garbage, *hostile, *messages]))
 
     assert outcome["events"] == len(garbage) + len(hostile) + len(messages)
     assert outcome["unknown_events"] >= 3
@@ -306,15 +313,16 @@ def test_activity_handler_survives_garbage_and_tracks_the_good(env: Env) -> None
         assert groups[key].status is GroupStatus.ACTIVE
     # The revived groups' queues are bound again: a request routed by key lands in the queue.
     env.channel.confirm_delivery()
-    env.channel.basic_publish(p.req_exchange(env.pool), p.routing_key("b1"), b"to b1", mandatory=True)
-    assert [b for _, b in env.drain(p.request_queue(env.pool, "b1"))] == [b"to b1"]
+    env.channel.basic_publish(protocol.req_exchange(env.pool), protocol.routing_key("b1"), b"to b1",
+                              mandatory=True)
+    assert [b for _, b in env.drain(protocol.request_queue(env.pool, "b1"))] == [b"to b1"]
 
 
 def test_activity_keeps_latency_reports_and_counts_malformed_ones(env: Env) -> None:
     good = [activity("a", latency="3 1.5 4.25 5"), activity("b", latency="1 2 2 2")]
     bad = [activity("a", latency=value) for value in ("", "x 1 2 3", "3 1 2", "0 1 2 3", "3 -1 2 3",
                                                        "3 1 2 inf", "3 1 2 3 4", 7, b"\xff\xfe")]
-    outcome = env.call("rpc_activity", event_of(p.activity_queue(env.pool),
+    outcome = env.call("rpc_activity", event_of(protocol.activity_queue(env.pool),
                                                 [rmq_message(d) for d in (*good, *bad)]))
     assert (outcome["latency_reports"], outcome["malformed_latency"]) == (2, len(bad))
     reports = {(r.key, r.count, r.p50_ms, r.p99_ms, r.max_ms) for r in env.state.latency()}
@@ -340,11 +348,11 @@ def test_a_malformed_event_is_a_clear_error_and_a_malformed_entry_one_bad_messag
             with pytest.raises(MalformedEventError, match="not an aws:rmq event"):
                 env.call(function, {"eventSource": "aws:rmq", "rmqMessagesByQueue": bad})
     good = request("fine", b"ok", reply_to=env.reply_queue, correlation_id="fine")
-    event = event_of(p.orphan_queue(env.pool), [rmq_message(good)])
+    event = event_of(protocol.orphan_queue(env.pool), [rmq_message(good)])
     event["rmqMessagesByQueue"] = {"bad::/": 5, **event["rmqMessagesByQueue"], "worse::/": {"a": 1}}
     outcome = env.call("rpc_orphans", event)
     assert (outcome["orphans"], outcome["forwarded"], outcome["without_key"]) == (3, 1, 2)
-    assert [body for _, body in env.drain(p.request_queue(env.pool, "fine"))] == [b"ok"]
+    assert [body for _, body in env.drain(protocol.request_queue(env.pool, "fine"))] == [b"ok"]
 
 
 # -- hardening: inputs that once broke a handler for good ------------------------------------------
@@ -353,33 +361,35 @@ def test_an_orphan_with_another_users_user_id_is_forwarded_not_refused_forever(e
     as it was, the batch failed on every redelivery and the orphan queue filled with duplicates."""
     props = request("u", b"mine", reply_to=env.reply_queue, correlation_id="u1").properties
     props.user_id = "someone-else"
-    event = event_of(p.orphan_queue(env.pool), [rmq_message(RmqDelivery(b"mine", props))])
+    event = event_of(protocol.orphan_queue(env.pool), [rmq_message(RmqDelivery(b"mine", props))])
     outcome = env.call("rpc_orphans", event)
     assert outcome["forwarded"] == 1
-    (got, body), = env.drain(p.request_queue(env.pool, "u"))
+    (got, body), = env.drain(protocol.request_queue(env.pool, "u"))
     # The forward carries the orphan handler's own user, which the broker checks (workers believe
     # x-switchyard-user-id from it); the request's user_id is kept in that header.
     publisher = pika.URLParameters(env.settings.connections.amqp_url).credentials.username
     assert body == b"mine" and got.user_id == publisher
-    assert got.headers[p.ORIGINAL_USER_ID_HEADER] == "someone-else"
+    assert got.headers[protocol.ORIGINAL_USER_ID_HEADER] == "someone-else"
 
 
 def test_a_staged_orphan_is_forwarded_clean_with_its_key_and_remaining_expiration(env: Env) -> None:
     """What the staging hop added is undone: a later death must read as the request's own."""
     died = datetime.now(UTC).replace(microsecond=0)
-    staged = {p.DEATH_HEADER: [{"count": 1, "reason": "expired", "queue": p.orphan_staging_queue(env.pool),
-                                "time": died, "exchange": p.req_exchange(env.pool),
-                                "routing-keys": ["plain key"], "original-expiration": "60000"}],
-              "x-first-death-reason": "expired", "x-first-death-queue": p.orphan_staging_queue(env.pool),
-              "x-first-death-exchange": p.req_exchange(env.pool), "app": "kept"}
+    staged = {protocol.DEATH_HEADER: [{"count": 1, "reason": "expired",
+                                       "queue": protocol.orphan_staging_queue(env.pool),
+                                       "time": died, "exchange": protocol.req_exchange(env.pool),
+                                       "routing-keys": ["plain key"], "original-expiration": "60000"}],
+              "x-first-death-reason": "expired",
+              "x-first-death-queue": protocol.orphan_staging_queue(env.pool),
+              "x-first-death-exchange": protocol.req_exchange(env.pool), "app": "kept"}
     props = pika.BasicProperties(correlation_id="s1", reply_to=env.reply_queue, headers=staged)
-    event = event_of(p.orphan_queue(env.pool), [rmq_message(RmqDelivery(b"s", props))])
+    event = event_of(protocol.orphan_queue(env.pool), [rmq_message(RmqDelivery(b"s", props))])
     outcome = env.call("rpc_orphans", event)
     assert outcome["forwarded"] == 1 and outcome["without_key"] == 0
-    (got, _), = env.drain(p.request_queue(env.pool, "plain key"))
-    headers = {k: v for k, v in got.headers.items() if k != p.DELIVERY_COUNT_HEADER}  # this delivery's
+    (got, _), = env.drain(protocol.request_queue(env.pool, "plain key"))
+    headers = {k: v for k, v in got.headers.items() if k != protocol.DELIVERY_COUNT_HEADER}  # this delivery's
     assert tracing.parse(headers.pop(tracing.TRACEPARENT_HEADER))  # it had none: a new trace starts here
-    assert headers == {p.KEY_HEADER: "plain key", "app": "kept"}
+    assert headers == {protocol.KEY_HEADER: "plain key", "app": "kept"}
     assert 55_000 <= int(got.expiration) <= 60_000
 
 
@@ -390,11 +400,12 @@ def test_activity_never_starts_a_stopped_group_but_keeps_others_alive(env: Env) 
     assert env.state.set_status(env.state.get("stopped"), GroupStatus.STOPPED)
     assert env.state.set_status(env.state.get("unbound"), GroupStatus.UNBOUND)
     reports = [rmq_message(activity(k)) for k in ("stopped", "unbound", "stopped")]
-    outcome = env.call("rpc_activity", event_of(p.activity_queue(env.pool), reports))
+    outcome = env.call("rpc_activity", event_of(protocol.activity_queue(env.pool), reports))
     assert outcome["late_for_stopped"] == 1 and outcome["reactivated"] == 1
     assert env.state.get("stopped").status is GroupStatus.STOPPED
     assert env.state.get("unbound").status is GroupStatus.ACTIVE
-    outcome = env.call("rpc_orphans", event_of(p.orphan_queue(env.pool), [rmq_message(request("stopped"))]))
+    outcome = env.call("rpc_orphans",
+                       event_of(protocol.orphan_queue(env.pool), [rmq_message(request("stopped"))]))
     assert outcome["new_groups"] == 1 and env.state.get("stopped").status is GroupStatus.ACTIVE
 
 

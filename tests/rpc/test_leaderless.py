@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.amqp import consume_answered
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.control.leaderless import LeaderlessWatch, members_away
@@ -59,12 +59,12 @@ def test_the_probe_hears_a_consume_ok_or_a_refusal_and_leaves_the_message(pool) 
     """Only silence reads as leaderless: a missing queue's 404 is an answer, not a reason to delete."""
     name, settings = pool
     url = settings.connections.amqp_url
-    queue = p.request_queue(name, "probed")
+    queue = protocol.request_queue(name, "probed")
     with PoolTopology(name, settings) as topology:
         topology.ensure_request_queue("probed")
     with RpcClient(name, settings) as client:
         client.send("probed", "kept").result(10)
     assert consume_answered(url, queue, timeout=5)
-    assert consume_answered(url, p.request_queue(name, "never-declared"), timeout=5)
+    assert consume_answered(url, protocol.request_queue(name, "never-declared"), timeout=5)
     with PoolTopology(name, settings) as topology:
         assert topology.queue_status(queue) == (1, 0)  # the message went back

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from switchyard.core.redis_client import RedisClient
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.leaderless import LeaderlessWatch
 from switchyard.rpc.control.reconciler import DepthCadence, Reconciler
 from switchyard.rpc.ports import GroupStatus, WorkerGroup, now_ms
@@ -27,7 +27,7 @@ DELAYS = Delays(unbind_s=10, stop_s=20, tombstone_s=60)
 
 
 class Rig:
-    def __init__(self, state: PoolState, queue_type: p.QueueType = p.QueueType.QUORUM) -> None:
+    def __init__(self, state: PoolState, queue_type: protocol.QueueType = protocol.QueueType.QUORUM) -> None:
         self.state = state
         self.queues = FakeQueues(state.pool, queue_type)
         self.driver = FakeDriver()
@@ -99,7 +99,7 @@ def test_a_queue_whose_stopped_workers_still_consume_waits_for_the_next_pass(rig
 
 def test_a_lost_state_is_rebuilt_from_the_queues_and_the_running_groups(rig: Rig) -> None:
     rig.queues.add("queued")
-    rig.queues.foreign.append(p.request_queue_prefix(rig.state.pool) + "not~ours")
+    rig.queues.foreign.append(protocol.request_queue_prefix(rig.state.pool) + "not~ours")
     rig.driver.running.add("running")
     outcome = rig.reconciler().run_pass(T0)
     assert outcome.rebuilt_groups == 2 and outcome.foreign_queues >= 1
@@ -154,7 +154,7 @@ def test_a_silent_queue_not_answering_is_declared_again_one_whose_nodes_are_down
     watch = LeaderlessWatch(silent_s=0.0)
     outcome = rig.reconciler(leaderless=watch).run_pass(T0 + 1_000)
     assert (outcome.leaderless_redeclared, outcome.leaderless_waiting) == (1, 1)
-    lost = p.request_queue(rig.state.pool, "lost")
+    lost = protocol.request_queue(rig.state.pool, "lost")
     assert ("delete", "lost") in rig.queues.calls and rig.queues.get("lost").bound  # type: ignore[union-attr]
     assert ("consume", lost) in rig.queues.calls
     assert ("delete", "away") not in rig.queues.calls
@@ -162,7 +162,7 @@ def test_a_silent_queue_not_answering_is_declared_again_one_whose_nodes_are_down
 
 def test_a_classic_pool_is_neither_probed_nor_watched_for_leaderless_queues(
         redis_client: RedisClient) -> None:
-    rig = Rig(PoolState(redis_client, unique("recunit")), p.QueueType.CLASSIC)
+    rig = Rig(PoolState(redis_client, unique("recunit")), protocol.QueueType.CLASSIC)
     try:
         rig.active("k", messages=None)
         probe = FakeProbe(broker=unique("broker"), stranded=True)

@@ -14,7 +14,7 @@ import pika.frame
 import pika.spec
 import pytest
 
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.errors import CallTimeoutError, ClientBusyError, PoolNotFoundError, UnroutableError
@@ -42,7 +42,7 @@ def test_fast_path_for_every_odd_key(pool, workers) -> None:
     for key in keys:
         workers.start(name, key, f"{H}:whoami")
     for key in keys:
-        workers.wait_consuming(settings, p.request_queue(name, key), timeout=60)  # 9 starts at once
+        workers.wait_consuming(settings, protocol.request_queue(name, key), timeout=60)  # 9 starts at once
     with RpcClient(name, settings, timeout=10) as client:
         futures = {key: client.submit(key, f"hello {len(key)}") for key in keys}
         for key, future in futures.items():
@@ -58,7 +58,7 @@ def test_late_response_never_completes_the_call_reusing_its_slot(pool, workers) 
     name, settings = pool
     bind(name, settings, "slow")
     workers.start(name, "slow", SLEEPY, SLEEPY_SECONDS="0.6", WORKER_PREFETCH="4")
-    workers.wait_consuming(settings, p.request_queue(name, "slow"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "slow"))
     with RpcClient(name, settings, concurrency=1) as client:
         with pytest.raises(CallTimeoutError):
             client.call("slow", "A", timeout=0.2, expiration_ms=10_000)
@@ -73,7 +73,7 @@ def test_all_slots_taken_waits_then_reports_busy(pool, workers) -> None:
     name, settings = pool
     bind(name, settings, "slow")
     workers.start(name, "slow", SLEEPY, SLEEPY_SECONDS="1.0")
-    workers.wait_consuming(settings, p.request_queue(name, "slow"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "slow"))
     with RpcClient(name, settings, concurrency=2, timeout=5) as client:
         first = [client.submit("slow", str(i)) for i in range(2)]
         assert client.in_flight == 2
@@ -91,12 +91,12 @@ def test_handler_exception_is_a_negative_response(pool, workers) -> None:
     name, settings = pool
     bind(name, settings, "bad")
     workers.start(name, "bad", f"{H}:fail")
-    workers.wait_consuming(settings, p.request_queue(name, "bad"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "bad"))
     with RpcClient(name, settings, timeout=10) as client:
         started = time.monotonic()
         response = client.call("bad", "x")
         assert time.monotonic() - started < 5
-    assert response.status == p.Status.ERROR and not response.ok
+    assert response.status == protocol.Status.ERROR and not response.ok
     assert json.loads(response.body) == {"error": "ValueError", "message": "cannot handle x"}
     with pytest.raises(Exception, match="cannot handle"):
         response.raise_for_status()
@@ -108,10 +108,10 @@ def test_requeued_request_is_answered_by_another_worker(make_pool, workers) -> N
     answerer = unique("answerer")
     workers.start(name, "k", f"{H}:requeue_unless_named", worker_id=unique("refuser"), ANSWERER=answerer)
     workers.start(name, "k", f"{H}:requeue_unless_named", worker_id=answerer, ANSWERER=answerer)
-    workers.wait_consuming(settings, p.request_queue(name, "k"), consumers=2)
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"), consumers=2)
     with RpcClient(name, settings, timeout=15) as client:
         responses = [f.result(20) for f in [client.submit("k", str(i)) for i in range(6)]]
-    assert all(r.ok and r.headers[p.WORKER_ID_HEADER] == answerer for r in responses)
+    assert all(r.ok and r.headers[protocol.WORKER_ID_HEADER] == answerer for r in responses)
     # Deliveries alternate between the two consumers: some requests went to the refuser first.
     counts = [int(r.text().split("|")[1]) for r in responses]
     assert max(counts) >= 1, counts
@@ -130,13 +130,13 @@ def test_request_that_crashes_every_worker_is_dead_lettered_after_the_limit(make
             except Exception:
                 break
             assert proc.returncode == 17
-            dead = get_message(settings, p.dl_queue(name), timeout=0.5)
+            dead = get_message(settings, protocol.dl_queue(name), timeout=0.5)
             if dead:
                 break
         assert dead is not None, "the poison request never reached the dead-letter queue"
         _, props, body = dead
         assert body == b"crash"
-        assert props.headers[p.FIRST_DEATH_REASON_HEADER] == p.Status.DELIVERY_LIMIT
+        assert props.headers[protocol.FIRST_DEATH_REASON_HEADER] == protocol.Status.DELIVERY_LIMIT
         assert props.correlation_id and props.reply_to  # enough for the dead-letter responder
         assert not future.done()
 
@@ -146,7 +146,7 @@ def serve_whoami(pool, workers) -> tuple:
     name, settings = pool
     bind(name, settings, "k")
     workers.start(name, "k", f"{H}:whoami")
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
     return name, settings
 
 
@@ -155,11 +155,11 @@ def test_expired_request_without_worker_is_dead_lettered_as_expired(pool) -> Non
     bind(name, settings, "nobody")
     with RpcClient(name, settings) as client, pytest.raises(CallTimeoutError):
         client.call("nobody", "too late", timeout=0.3)
-    dead = get_message(settings, p.dl_queue(name), timeout=10)
+    dead = get_message(settings, protocol.dl_queue(name), timeout=10)
     assert dead is not None
     _, props, body = dead
     assert body == b"too late"
-    assert props.headers[p.FIRST_DEATH_REASON_HEADER] == p.Status.EXPIRED
+    assert props.headers[protocol.FIRST_DEATH_REASON_HEADER] == protocol.Status.EXPIRED
 
 
 def test_pool_never_initialized_is_a_clear_error_not_a_timeout() -> None:
@@ -173,7 +173,7 @@ def test_pool_deleted_under_a_live_client_fails_calls_clearly(pool) -> None:
     name, settings = pool
     with RpcClient(name, settings, timeout=30) as client:
         connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
-        connection.channel().exchange_delete(p.req_exchange(name))
+        connection.channel().exchange_delete(protocol.req_exchange(name))
         connection.close()
         with pytest.raises(PoolNotFoundError):
             client.call("k", "x", timeout=30)
@@ -187,7 +187,7 @@ def test_a_worker_whose_request_queue_is_deleted_stops_cleanly(pool, workers) ->
         assert client.call("k", "before").ok
     worker = workers.procs[-1]
     connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
-    connection.channel().queue_delete(p.request_queue(name, "k"))
+    connection.channel().queue_delete(protocol.request_queue(name, "k"))
     connection.close()
     assert worker.wait(20) == 0
 
@@ -215,7 +215,7 @@ def test_unroutable_request_is_an_error_not_a_timeout(pool) -> None:
     name, settings = pool
     connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
     # No alternate exchange to fall back on: nothing routes a key without a bound queue.
-    connection.channel().exchange_delete(p.orphan_exchange(name))
+    connection.channel().exchange_delete(protocol.orphan_exchange(name))
     connection.close()
     with RpcClient(name, settings, timeout=30) as client:
         started = time.monotonic()
@@ -254,19 +254,19 @@ def test_activity_reports_started_and_request_received(pool, workers) -> None:
     bind(name, settings, "act")
     worker_id = unique("w")
     workers.start(name, "act", f"{H}:whoami", worker_id=worker_id, WORKER_ACTIVITY_INTERVAL="0")
-    workers.wait_consuming(settings, p.request_queue(name, "act"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "act"))
     with RpcClient(name, settings, timeout=10) as client:
         for i in range(3):
             client.call("act", str(i))
     events = []
-    while (msg := get_message(settings, p.activity_queue(name), timeout=2)) is not None:
+    while (msg := get_message(settings, protocol.activity_queue(name), timeout=2)) is not None:
         method, props, _ = msg
-        deaths = props.headers.get(p.DEATH_HEADER)  # dead-lettered in from a staging queue
+        deaths = props.headers.get(protocol.DEATH_HEADER)  # dead-lettered in from a staging queue
         assert (deaths[-1]["routing-keys"][0] if deaths else method.routing_key) == "act"
-        assert props.headers[p.WORKER_ID_HEADER] == worker_id
-        assert props.headers[p.KEY_HEADER] == "act"
+        assert props.headers[protocol.WORKER_ID_HEADER] == worker_id
+        assert props.headers[protocol.KEY_HEADER] == "act"
         assert props.timestamp is not None
-        events.append(props.headers[p.EVENT_HEADER])
+        events.append(props.headers[protocol.EVENT_HEADER])
     assert events == ["started", "request-received", "request-received", "request-received"]
 
 
@@ -276,7 +276,7 @@ def test_sigterm_finishes_the_request_in_hand_then_exits(pool, workers, tmp_path
     log = tmp_path / "starts.log"
     proc = workers.start(name, "slow", f"{H}:slow_logged", SLOW_SECONDS="1.0", START_LOG=str(log),
                          WORKER_PREFETCH="1")
-    workers.wait_consuming(settings, p.request_queue(name, "slow"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "slow"))
     with RpcClient(name, settings, timeout=10) as client:
         future = client.submit("slow", "in hand")
         wait_for(log.exists, what="the handler to start: the request is in hand")
@@ -311,7 +311,7 @@ def test_worker_keeps_answering_with_prefetch_one_and_an_activity_report_per_req
     name, settings = pool
     bind(name, settings, "k")
     workers.start(name, "k", f"{H}:whoami", WORKER_PREFETCH="1", WORKER_ACTIVITY_INTERVAL="0")
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
     with RpcClient(name, settings, concurrency=64, timeout=60) as client:
         futures = [client.submit("k", str(i)) for i in range(600)]
         bodies = [f.result(90).text().split("|")[2] for f in futures]
@@ -331,10 +331,11 @@ def test_a_worker_killed_mid_request_loses_nothing(pool, workers) -> None:
     name, settings = pool
     bind(name, settings, "k")
     doomed = workers.start(name, "k", SLEEPY, worker_id=unique("doomed"), SLEEPY_SECONDS="30")
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
     with RpcClient(name, settings, timeout=60) as client:
         future = client.submit("k", "survives")
-        wait_for(lambda: ready_count(settings, p.request_queue(name, "k")) == 0,  # its handler sleeps 30 s
+        # its handler sleeps 30 s
+        wait_for(lambda: ready_count(settings, protocol.request_queue(name, "k")) == 0,
                  what="the doomed worker to hold the request")
         assert not future.done()
         doomed.send_signal(signal.SIGKILL)
@@ -353,13 +354,13 @@ def test_send_publishes_without_reply_to_and_resolves_on_the_confirm(pool) -> No
         futures = [client.send("k", f"n{i}") for i in range(20)]
         assert [f.result(15) for f in futures] == [None] * 20
         assert (client.stats.sent, client.stats.responses) == (20, 0)
-    first = get_message(settings, p.request_queue(name, "k"))
+    first = get_message(settings, protocol.request_queue(name, "k"))
     assert first is not None
     _, props, body = first
     assert body == b"n0"
     assert props.reply_to is None  # a worker answers nobody
     assert props.expiration is None  # waits for a worker however long (expiration_ms=0)
-    assert props.headers[p.KEY_HEADER] == "k"
+    assert props.headers[protocol.KEY_HEADER] == "k"
 
 
 def test_send_without_confirms_resolves_once_written(pool) -> None:
@@ -368,14 +369,14 @@ def test_send_without_confirms_resolves_once_written(pool) -> None:
     with RpcClient(name, settings, timeout=10) as client:
         assert client.send("k", "once", expiration_ms=60_000).result(10) is None
         assert client.stats.sent == 1
-    _, props, body = get_message(settings, p.request_queue(name, "k"))
+    _, props, body = get_message(settings, protocol.request_queue(name, "k"))
     assert (body, props.reply_to, props.expiration) == (b"once", None, "60000")
 
 
 def test_unroutable_send_fails_with_the_return_not_a_confirm(pool) -> None:
     name, settings = pool
     connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
-    connection.channel().exchange_delete(p.orphan_exchange(name))
+    connection.channel().exchange_delete(protocol.orphan_exchange(name))
     connection.close()
     with RpcClient(name, settings, timeout=10, confirm=True) as client:
         with pytest.raises(UnroutableError, match="NO_ROUTE"):
@@ -395,7 +396,7 @@ def test_worker_handles_sent_requests_and_answers_calls_after_them(pool, workers
         assert client.stats.responses == 1  # the 30 sent requests got no response
     connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
     try:
-        queue = connection.channel().queue_declare(p.request_queue(name, "k"), passive=True)
+        queue = connection.channel().queue_declare(protocol.request_queue(name, "k"), passive=True)
         assert queue.method.message_count == 0  # taken in order, before the call behind them
     finally:
         connection.close()
@@ -419,7 +420,7 @@ def test_a_worker_started_before_its_queue_waits_for_it(pool, workers) -> None:
     os.set_blocking(worker.stderr.fileno(), True)
     assert worker.poll() is None, said.decode()[-2000:]
     bind(name, settings, "late")
-    workers.wait_consuming(settings, p.request_queue(name, "late"), timeout=30)
+    workers.wait_consuming(settings, protocol.request_queue(name, "late"), timeout=30)
     with RpcClient(name, settings, timeout=10) as client:
         assert client.call("late", "hello").ok
     assert worker.poll() is None
@@ -437,8 +438,8 @@ def test_a_consume_racing_the_queues_creation_connects_again(pool, monkeypatch) 
     for attempt in range(120):
         key = f"race-{attempt}"
         worker = Worker(lambda _request: b"", WorkerConfig(
-            worker_id=unique("w"), key=key, pool=name, requests_queue=p.request_queue(name, key),
-            activity_exchange=p.activity_exchange(name), queue_wait=10), settings)
+            worker_id=unique("w"), key=key, pool=name, requests_queue=protocol.request_queue(name, key),
+            activity_exchange=protocol.activity_exchange(name), queue_wait=10), settings)
         failed: list[BaseException] = []
         thread = threading.Thread(target=lambda w=worker, f=failed: _run_catching(w, f))
         thread.start()

@@ -20,8 +20,7 @@ from switchyard.delay.store import PostgresDelayStore
 from switchyard.local.delay_runtime import LocalRuntime
 from switchyard.local.functions import load_function
 from switchyard.local.lambda_context import FakeLambdaContext
-from switchyard.rpc import RpcClient
-from switchyard.rpc import protocol as p
+from switchyard.rpc import RpcClient, protocol
 from switchyard.rpc.client.schedule import collect, deadline_of, declare_reply_queue
 from switchyard.rpc.control.publisher import ConfirmingPublisher
 from switchyard.rpc.control.scheduled import relay_scheduled
@@ -95,7 +94,7 @@ def test_calls_go_into_their_pool_and_refusals_are_parked_with_their_reason(
             fired(1, good, extra=(("traceparent", b"00-abc-def-01"),)),
             fired(2, expired),
             fired(3, unknown),
-            fired(4, ScheduledCall("id-nokey", name, "k4", b"b"), drop=(p.KEY_HEADER,)),
+            fired(4, ScheduledCall("id-nokey", name, "k4", b"b"), drop=(protocol.KEY_HEADER,)),
             not_a_call,
             Drop("out", 0, 6, DropReason.MALFORMED_RECORD, "bad base64"),
         ]
@@ -105,20 +104,20 @@ def test_calls_go_into_their_pool_and_refusals_are_parked_with_their_reason(
         assert outcome.failed == ()
 
         # A new key: the request exchange's alternate exchange takes it to the orphan path (cold start).
-        got = get_message(settings, p.orphan_queue(name))
+        got = get_message(settings, protocol.orphan_queue(name))
         assert got is not None
         _, props, body = got
         assert body == b"hello" and props.message_id == props.correlation_id == "id-good"
-        assert props.reply_to == queue and props.headers[p.KEY_HEADER] == "fresh-key"
+        assert props.reply_to == queue and props.headers[protocol.KEY_HEADER] == "fresh-key"
         assert props.headers["traceparent"] == "00-abc-def-01"
 
         poisoned = {}
-        while (got := get_message(settings, p.poison_queue(name), timeout=1)) is not None:
-            poisoned[got[1].message_id] = got[1].headers[p.POISON_REASON_HEADER]
+        while (got := get_message(settings, protocol.poison_queue(name), timeout=1)) is not None:
+            poisoned[got[1].message_id] = got[1].headers[protocol.POISON_REASON_HEADER]
         assert poisoned["id-late"].startswith("expired:")
-        assert poisoned["out/0/4"].startswith("malformed:") and p.KEY_HEADER in poisoned["out/0/4"]
+        assert poisoned["out/0/4"].startswith("malformed:") and protocol.KEY_HEADER in poisoned["out/0/4"]
         answers = collect(settings, reply)
-        assert answers["id-late"].status == p.Status.EXPIRED
+        assert answers["id-late"].status == protocol.Status.EXPIRED
 
         parked = {row[0]: row[3] for row in store.parked()}
         assert parked[unknown.id].startswith("unknown_pool:")
@@ -152,7 +151,7 @@ def test_handler_answers_a_partial_batch_response(pool, delay_settings, store, m
         handler = load_function("rpc_scheduled").lambda_handler
         response = handler(event, FakeLambdaContext("rpc_scheduled", 60_000))
         assert response == {"batchItemFailures": []}
-        got = get_message(settings, p.orphan_queue(name))
+        got = get_message(settings, protocol.orphan_queue(name))
         assert got is not None and got[1].message_id == "id-h"
     finally:
         services.scheduled_relay.install(None)
@@ -167,8 +166,8 @@ def test_deadline_forms() -> None:
     assert deadline_of(datetime(2026, 1, 1, 0, 0, 3), now) == now + timedelta(seconds=3)
     with pytest.raises(TypeError):
         deadline_of(True, now)
-    with pytest.raises(p.InvalidNameError):
-        p.reply_queue("a/b")
+    with pytest.raises(protocol.InvalidNameError):
+        protocol.reply_queue("a/b")
 
 
 def test_scheduled_calls_run_at_their_time_and_answer_into_a_durable_queue(
@@ -186,7 +185,7 @@ def test_scheduled_calls_run_at_their_time_and_answer_into_a_durable_queue(
             ids = {client.schedule("later", f"in {s}", at=s, reply=reply).result(30): s for s in (2, 3)}
             ids[client.schedule("now", "past", at=-60, reply=reply).result(30)] = 0
             client.schedule("later", "no answer wanted", at=1).result(30)
-        first = get_message(settings, p.reply_queue(reply), timeout=30, keep=True)
+        first = get_message(settings, protocol.reply_queue(reply), timeout=30, keep=True)
         assert first is not None and first[1].delivery_mode == 2  # persistent, as its queue is durable
         with RpcClient(name, settings) as fresh:
             answers = fresh.collect(reply, ids, timeout=60)
@@ -198,7 +197,7 @@ def test_scheduled_calls_run_at_their_time_and_answer_into_a_durable_queue(
             ["later|in 2", "later|in 3", "now|past"])
     finally:
         runtime.join()
-        delete_queue(settings, p.reply_queue(reply))
+        delete_queue(settings, protocol.reply_queue(reply))
 
 
 def test_a_call_parked_for_a_pool_not_there_yet_is_answered_once_replayed(
@@ -273,7 +272,7 @@ def test_a_crash_after_publishing_before_the_commit_gives_a_duplicate_never_a_lo
         relay.close()
     assert crashes and bridge.failures == 1 and bridge.invocations == 2
     copies = []
-    while (got := get_message(settings, p.orphan_queue(name), timeout=2)) is not None:
+    while (got := get_message(settings, protocol.orphan_queue(name), timeout=2)) is not None:
         copies.append((got[1].message_id, got[2]))
     assert copies == [("id-crash", b"once"), ("id-crash", b"once")]
 
@@ -311,7 +310,7 @@ def test_call_at_and_collect_on_the_command_line(make_pool, planes, delay_settin
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "+5s" in bad.stderr
     finally:
         runtime.join()
-        delete_queue(settings, p.reply_queue(reply))
+        delete_queue(settings, protocol.reply_queue(reply))
 
 
 def test_a_scheduled_call_carries_its_trace_into_the_record() -> None:
@@ -342,7 +341,7 @@ UNCARRIABLE = {  # a shape a plain Kafka producer can write that no AMQP message
     "call id of 400 bytes": dict(call_id=EMOJI * 100),
     "header name of 300 bytes": dict(extra=(("h" * 300, b"v"),)),
     "header value of 200 KB": dict(extra=(("big", b"x" * 200_000),)),
-    "deadline ms of 2**63": dict(extra=((p.DEADLINE_HEADER, str(2**63).encode()),)),
+    "deadline ms of 2**63": dict(extra=((protocol.DEADLINE_HEADER, str(2**63).encode()),)),
 }
 
 
@@ -350,7 +349,7 @@ def taken(settings: RpcSettings, queue: str) -> dict[str, str | None]:
     """Every message of ``queue``, taken: message id -> poison reason."""
     found = {}
     while (got := get_message(settings, queue, timeout=0.5)) is not None:
-        found[got[1].message_id] = (got[1].headers or {}).get(p.POISON_REASON_HEADER)
+        found[got[1].message_id] = (got[1].headers or {}).get(protocol.POISON_REASON_HEADER)
     return found
 
 
@@ -366,8 +365,8 @@ def test_a_record_amqp_cannot_carry_is_parked_alone_and_the_calls_behind_it_go_o
     outcome = relay_scheduled(records, publisher=publisher, parked=store, now_ms=int(time.time() * 1000))
     assert outcome.failed == (), f"failed offsets {[f.offset for f in outcome.failed]}"
     assert (outcome.published, outcome.malformed, outcome.parked) == (2, 1, 1)
-    assert set(taken(settings, p.orphan_queue(name))) == {"good-10", "good-12"}
-    reasons = [reason for reason in taken(settings, p.poison_queue(name)).values()]
+    assert set(taken(settings, protocol.orphan_queue(name))) == {"good-10", "good-12"}
+    reasons = [reason for reason in taken(settings, protocol.poison_queue(name)).values()]
     reasons += [row[3] for row in store.parked()]
     assert len(reasons) == 1 and reasons[0].startswith("malformed:") and "\n" not in reasons[0], reasons
     # the publisher's connection survived: the next batch goes through on it
@@ -379,7 +378,7 @@ def test_a_record_amqp_cannot_carry_is_parked_alone_and_the_calls_behind_it_go_o
 def test_a_scheduled_call_amqp_cannot_carry_is_refused_by_the_client(pool, delay_settings) -> None:
     name, settings = pool
     with RpcClient(name, settings) as client:
-        with pytest.raises(p.InvalidNameError, match="255 bytes") as refused:
+        with pytest.raises(protocol.InvalidNameError, match="255 bytes") as refused:
             client.schedule("k", call_id=EMOJI * 100)
         assert "\n" not in str(refused.value)
         with pytest.raises(ValueError, match="expiration_ms") as refused:
@@ -406,8 +405,8 @@ def test_the_handler_fails_no_good_offset_for_records_amqp_cannot_carry(
         handler = load_function("rpc_scheduled").lambda_handler
         assert handler(event, FakeLambdaContext("rpc_scheduled", 60_000)) == {"batchItemFailures": []}
         good = {f"good-{2 * n}" for n in range(len(UNCARRIABLE) + 1)}
-        assert set(taken(settings, p.orphan_queue(name))) == good
-        assert len(taken(settings, p.poison_queue(name))) + len(store.parked()) == len(UNCARRIABLE)
+        assert set(taken(settings, protocol.orphan_queue(name))) == good
+        assert len(taken(settings, protocol.poison_queue(name))) + len(store.parked()) == len(UNCARRIABLE)
     finally:
         services.scheduled_relay.install(None)
         relay.close()
@@ -426,12 +425,12 @@ def reply_queue() -> Iterator[tuple[RpcSettings, str]]:
 
 def answer(channel, queue: str, call_id: str) -> None:
     channel.basic_publish("", queue, b"{}", pika.BasicProperties(correlation_id=call_id,
-                                                                 headers={p.STATUS_HEADER: "ok"}))
+                                                                 headers={protocol.STATUS_HEADER: "ok"}))
 
 
 def test_collect_returns_near_its_timeout_with_many_answers_for_other_ids_queued(reply_queue) -> None:
     settings, reply = reply_queue
-    queue = p.reply_queue(reply)
+    queue = protocol.reply_queue(reply)
     connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
     channel = connection.channel()
     answer(channel, queue, "mine")
@@ -455,7 +454,7 @@ def test_a_second_collector_of_a_reply_queue_finds_its_answer_while_another_wait
     import threading
 
     settings, reply = reply_queue
-    queue = p.reply_queue(reply)
+    queue = protocol.reply_queue(reply)
     connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
     answer(connection.channel(), queue, "b")
     connection.close()
@@ -494,7 +493,7 @@ def test_the_relays_expired_answer_carries_the_calls_trace(pool, publisher, stor
         outcome = relay_scheduled([fired(1, late)], publisher=publisher, parked=store, now_ms=now)
         assert outcome.expired == 1 and outcome.failed == ()
         got = collect(settings, reply, ["id-late-traced"], timeout=10)["id-late-traced"]
-        assert got.status == p.Status.EXPIRED
+        assert got.status == protocol.Status.EXPIRED
         context = tracing.parse(got.headers.get(tracing.TRACEPARENT_HEADER))
         assert context is not None, f"no traceparent on the expired answer: {got.headers}"
         assert context.trace_id == tracing.parse(TRACED).trace_id and context.span_id != "00f067aa0ba902b7"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import NoopDriver
 from switchyard.rpc.store import GroupStatus
@@ -42,7 +42,7 @@ class PlainClient:
     def send(self, key: str, body: bytes, expiration: str | None = None) -> str:
         correlation_id = uuid.uuid4().hex
         self.channel.basic_publish(
-            p.req_exchange(self.pool), key, body,
+            protocol.req_exchange(self.pool), key, body,
             pika.BasicProperties(correlation_id=correlation_id, reply_to=self.reply_queue,
                                  expiration=expiration),
             mandatory=True)
@@ -58,7 +58,8 @@ class PlainClient:
             if method is None:
                 self.connection.sleep(0.01)
                 continue
-            got[props.correlation_id] = ((props.headers or {}).get(p.STATUS_HEADER), body, time.monotonic())
+            got[props.correlation_id] = ((props.headers or {}).get(protocol.STATUS_HEADER), body,
+                                         time.monotonic())
         return got
 
     def close(self) -> None:
@@ -106,8 +107,8 @@ def test_plain_worker_reports_keep_its_group_active_past_the_unbind_delay(plain,
              timeout=20, what="the group to be created")
     worker = subprocess.Popen([sys.executable, str(PLAIN_WORKER)], env=subprocess_env(
         AMQP_URL=settings.connections.amqp_url, WORKER_ID="hand-1", WORKER_KEY=key, WORKER_POOL=pool,
-        WORKER_REQUESTS_QUEUE=p.request_queue(pool, key),
-        WORKER_ACTIVITY_EXCHANGE=p.activity_exchange(pool)))
+        WORKER_REQUESTS_QUEUE=protocol.request_queue(pool, key),
+        WORKER_ACTIVITY_EXCHANGE=protocol.activity_exchange(pool)))
     try:
         assert client.wait({first}, timeout=30)[first][0] == "ok"
         generation = state.get(key).generation
@@ -134,9 +135,9 @@ def test_an_orphans_remaining_ttl_is_honoured(plain, planes, with_header: bool) 
     if with_header:
         correlation_id = uuid.uuid4().hex
         client.channel.basic_publish(
-            p.req_exchange(pool), key, b"x", pika.BasicProperties(
+            protocol.req_exchange(pool), key, b"x", pika.BasicProperties(
                 correlation_id=correlation_id, reply_to=client.reply_queue, expiration="4000",
-                headers={p.KEY_HEADER: key}), mandatory=True)
+                headers={protocol.KEY_HEADER: key}), mandatory=True)
     else:
         correlation_id = client.send(key, b"x", expiration="4000")
     time.sleep(2.5)  # pace: 2.5 s of its 4 s pass before any control plane runs
@@ -155,4 +156,4 @@ def test_an_orphan_whose_time_ran_out_before_forwarding_is_answered_expired_at_o
     assert status == "expired"
     assert plane.plane.state.get("late") is None, "an expired orphan must not start a group"
     with PoolTopology(pool, settings) as topology:
-        assert topology.queue_status(p.request_queue(pool, "late")) is None
+        assert topology.queue_status(protocol.request_queue(pool, "late")) is None

@@ -12,7 +12,7 @@ import pytest
 from switchyard.core import tracing
 from switchyard.demo import Printer, follow_one_request
 from switchyard.demo.rpc_pool import demo_driver
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.client import RpcClient
 from tests.rpc.test_rpc import bind
 
@@ -27,7 +27,7 @@ def test_a_call_carries_its_trace_to_the_worker_and_back(make_pool, workers, tmp
     name, settings = make_pool(delivery_limit=50)
     bind(name, settings, "k")
     workers.start(name, "k", f"{H}:traced", SHED_TIMES="2", **{tracing.TRACE_LOG_ENV: str(log)})
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
     with RpcClient(name, settings, timeout=15) as client:
         generated = client.call("k", "x")
         given = client.call("k", "x", headers={tracing.TRACEPARENT_HEADER: GIVEN,

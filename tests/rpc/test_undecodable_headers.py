@@ -25,8 +25,7 @@ from switchyard.aws import services
 from switchyard.local.functions import load_function
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event
-from switchyard.rpc import amqp_decode
-from switchyard.rpc import protocol as p
+from switchyard.rpc import amqp_decode, protocol
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.drivers import NoopDriver
 from switchyard.rpc.ports import WorkerGroup
@@ -95,7 +94,7 @@ class Producer:
                 **fields: Any) -> None:
         fields = {"reply_to": self.reply_queue, "correlation_id": correlation_id, **fields}
         props = RawHeaders(raw_table, **fields) if raw_table is not None else pika.BasicProperties(**fields)
-        self.publish(p.req_exchange(pool), p.routing_key(key), body, props)
+        self.publish(protocol.req_exchange(pool), protocol.routing_key(key), body, props)
 
     def drain(self, queue: str) -> list[tuple[pika.BasicProperties, bytes]]:
         return drain(self.channel, queue)
@@ -115,7 +114,7 @@ class Producer:
         got: list[tuple[pika.BasicProperties, bytes]] = []
 
         def arrived() -> bool:
-            got.extend(self.drain(p.poison_queue(pool)))
+            got.extend(self.drain(protocol.poison_queue(pool)))
             return len(got) >= expected
 
         wait_for(arrived, timeout=timeout, what=f"{expected} poisoned messages")
@@ -134,7 +133,7 @@ def producer(pool) -> Iterator[Producer]:
 
 def answer(reply: tuple[pika.BasicProperties, bytes]) -> tuple[str, Any]:
     props, body = reply
-    return props.headers[p.STATUS_HEADER], json.loads(body)
+    return props.headers[protocol.STATUS_HEADER], json.loads(body)
 
 
 # -- the decoder alone --------------------------------------------------------------------------
@@ -167,17 +166,17 @@ def test_a_reply_the_client_cannot_decode_reads_as_an_error_not_ok(pool, produce
         request: list[tuple[pika.BasicProperties, bytes]] = []
 
         def taken() -> bool:
-            request.extend(producer.drain(p.request_queue(name, "k")))
+            request.extend(producer.drain(protocol.request_queue(name, "k")))
             return bool(request)
 
         wait_for(taken, timeout=10, what="the request in its queue")
         (props, _body), = request
-        reply = table(entry(p.STATUS_HEADER, string("ok")), entry("a", deep_array()))
+        reply = table(entry(protocol.STATUS_HEADER, string("ok")), entry("a", deep_array()))
         reply_props = RawHeaders(reply, correlation_id=props.correlation_id)
         producer.publish("", props.reply_to, b"answer", reply_props)
         response = future.result(timeout=10)
-        assert (response.status, response.body) == (p.Status.ERROR, b"answer")
-        assert "nested deeper than" in response.headers[p.UNDECODABLE_HEADER]
+        assert (response.status, response.body) == (protocol.Status.ERROR, b"answer")
+        assert "nested deeper than" in response.headers[protocol.UNDECODABLE_HEADER]
 
 
 # -- item 1: the worker -------------------------------------------------------------------------
@@ -190,10 +189,10 @@ def test_a_worker_poisons_a_request_pika_cannot_decode_and_serves_the_rest(pool,
     name, settings = pool
     bind(name, settings, "k")
     worker = workers.start(name, "k", SHOW, WORKER_PREFETCH="4")
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
     for i in range(3):
         producer.request(name, "k", b"good", f"before-{i}")
-    deep = table(entry(p.KEY_HEADER, string("k")), entry("a", deep_array()))
+    deep = table(entry(protocol.KEY_HEADER, string("k")), entry("a", deep_array()))
     producer.request(name, "k", b"deep", "deep", deep)
     producer.request(name, "k", b"ms", "ms", table(entry("when", ms_timestamp())))
     for i in range(3):
@@ -204,10 +203,10 @@ def test_a_worker_poisons_a_request_pika_cannot_decode_and_serves_the_rest(pool,
     assert goods == [("ok", {"user": None, "when": "NoneType", "count": 0})] * 6  # never redelivered
     assert answer(replies["ms"]) == ("ok", {"user": None, "when": "int", "count": 0})
     status, detail = answer(replies["deep"])
-    assert status == p.Status.ERROR and detail["error"] == "UndecodableHeaders", detail
+    assert status == protocol.Status.ERROR and detail["error"] == "UndecodableHeaders", detail
     (props, body), = producer.poisoned(name, 1)
     assert body == b"deep" and props.correlation_id == "deep"
-    assert "nested deeper than 64" in props.headers[p.POISON_REASON_HEADER]
+    assert "nested deeper than 64" in props.headers[protocol.POISON_REASON_HEADER]
     assert worker.poll() is None
     worker.terminate()
     assert worker.wait(15) == 0
@@ -219,13 +218,14 @@ def test_a_worker_poisons_a_request_whose_reply_to_is_not_utf8(pool, workers, pr
     name, settings = pool
     bind(name, settings, "k")
     worker = workers.start(name, "k", SHOW)
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
     props = pika.BasicProperties(reply_to=b"\xff\xfe", correlation_id="bytes")
-    producer.publish(p.req_exchange(name), p.routing_key("k"), b"bytes", props)
+    producer.publish(protocol.req_exchange(name), protocol.routing_key("k"), b"bytes", props)
     producer.request(name, "k", b"good", "good")
-    assert answer(producer.replies(1)["good"])[0] == p.Status.OK
+    assert answer(producer.replies(1)["good"])[0] == protocol.Status.OK
     (props, body), = producer.poisoned(name, 1)
-    assert body == b"bytes" and props.headers[p.POISON_REASON_HEADER] == "property reply_to is not UTF-8"
+    assert (body == b"bytes"
+            and props.headers[protocol.POISON_REASON_HEADER] == "property reply_to is not UTF-8")
     assert worker.poll() is None
 
 
@@ -236,8 +236,8 @@ def test_a_shed_request_whose_count_is_not_a_number_is_shed_and_answered(pool, w
     name, settings = pool
     bind(name, settings, "k")
     worker = workers.start(name, "k", SHOW)
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
-    counts = {p.REDELIVERIES_HEADER: "zz", p.DELIVERY_COUNT_HEADER: "?"}
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
+    counts = {protocol.REDELIVERIES_HEADER: "zz", protocol.DELIVERY_COUNT_HEADER: "?"}
     producer.request(name, "k", b"shed", "zz", headers=counts)
     assert answer(producer.replies(1)["zz"]) == ("ok", {"user": None, "when": "NoneType", "count": 1})
     assert worker.poll() is None
@@ -253,7 +253,7 @@ def test_a_shed_copy_carries_every_header_it_was_given(when: bytes, pool, worker
     name, settings = pool
     bind(name, settings, "k")
     worker = workers.start(name, "k", SHOW)
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
     producer.request(name, "k", b"shed", "copy", table(entry("when", when)))
     kind = "float" if when[:1] == b"d" else "int"
     assert answer(producer.replies(1)["copy"]) == ("ok", {"user": None, "when": kind, "count": 1})
@@ -270,8 +270,8 @@ def test_a_producers_user_id_header_never_reads_as_the_broker_checked_user(pool,
     user = pika.URLParameters(settings.connections.amqp_url).credentials.username
     bind(name, settings, "k")
     workers.start(name, "k", SHOW)
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
-    claim = {p.ORIGINAL_USER_ID_HEADER: "admin"}
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
+    claim = {protocol.ORIGINAL_USER_ID_HEADER: "admin"}
     producer.request(name, "k", b"me", "claim", user_id=user, headers=claim)
     producer.request(name, "k", b"shed", "shed", user_id=user, headers=claim)  # its copy has no user_id
     producer.request(name, "k", b"me", "unchecked", headers=claim)  # no user_id: nothing to believe
@@ -296,11 +296,11 @@ def test_the_orphan_bridge_goes_on_after_a_cold_start_it_cannot_decode(shape, po
         assert client.call("later", "x").ok
     status, detail = answer(producer.replies(1)["first"])
     if shape == "timestamp in ms":
-        assert status == p.Status.OK
+        assert status == protocol.Status.OK
         return
-    assert status == p.Status.ERROR and detail["error"] == "UndecodableHeaders", detail
+    assert status == protocol.Status.ERROR and detail["error"] == "UndecodableHeaders", detail
     (props, body), = producer.poisoned(name, 1)
-    assert body == b"deep" and "nested deeper than 64" in props.headers[p.POISON_REASON_HEADER]
+    assert body == b"deep" and "nested deeper than 64" in props.headers[protocol.POISON_REASON_HEADER]
 
 
 def test_the_dead_letter_bridge_goes_on_after_an_undecodable_dead_letter(pool, planes, producer) -> None:
@@ -308,16 +308,16 @@ def test_the_dead_letter_bridge_goes_on_after_an_undecodable_dead_letter(pool, p
     delivery limit is 1,000,000): no later dead letter was answered."""
     name, settings = pool
     planes.start(name, settings)
-    bad = table(entry(p.FIRST_DEATH_REASON_HEADER, string("expired")), entry("when", deep_array()))
-    producer.publish("", p.dl_queue(name), b"dead", RawHeaders(bad, reply_to=producer.reply_queue,
+    bad = table(entry(protocol.FIRST_DEATH_REASON_HEADER, string("expired")), entry("when", deep_array()))
+    producer.publish("", protocol.dl_queue(name), b"dead", RawHeaders(bad, reply_to=producer.reply_queue,
                                                                    correlation_id="deep"))
     bind(name, settings, "nobody")  # no worker: the call expires and is dead-lettered
     with RpcClient(name, settings, timeout=30) as client:
-        assert client.call("nobody", "x", expiration_ms=50).status == p.Status.EXPIRED
+        assert client.call("nobody", "x", expiration_ms=50).status == protocol.Status.EXPIRED
     props, _body = producer.replies(1)["deep"]
-    assert props.headers[p.STATUS_HEADER] == "dead_lettered"
+    assert props.headers[protocol.STATUS_HEADER] == "dead_lettered"
     (props, body), = producer.poisoned(name, 1)
-    assert body == b"dead" and "nested deeper than 64" in props.headers[p.POISON_REASON_HEADER]
+    assert body == b"dead" and "nested deeper than 64" in props.headers[protocol.POISON_REASON_HEADER]
 
 
 # -- item 6: a NUL in a key ---------------------------------------------------------------------
@@ -342,7 +342,7 @@ def plane(pool, redis_client: redis.Redis) -> Iterator[ControlPlane]:
 
 
 def orphans(pool: str, *deliveries: RmqDelivery) -> dict[str, Any]:
-    event = build_rmq_event(p.orphan_queue(pool), "/", deliveries)
+    event = build_rmq_event(protocol.orphan_queue(pool), "/", deliveries)
     return load_function("rpc_orphans").lambda_handler(event, FakeLambdaContext("rpc_orphans", 60_000))
 
 
@@ -350,16 +350,16 @@ def test_a_key_with_a_nul_is_refused_at_the_orphan_path(pool, plane, producer, c
     """A NUL reached the driver's ``Popen`` (``embedded null byte``), retried and logged with a
     traceback at every reconciler pass, the raw NUL in the log."""
     name, _settings = pool
-    headers = {p.KEY_HEADER: "a\x00b"}
+    headers = {protocol.KEY_HEADER: "a\x00b"}
     props = pika.BasicProperties(headers=headers, reply_to=producer.reply_queue, correlation_id="nul")
     outcome = orphans(name, RmqDelivery(b"nul", props))
     assert outcome["invalid_key"] == 1 and outcome["forwarded"] == 0, outcome
     assert plane.driver.started == []
     assert plane.state.get("a\x00b") is None
     status, detail = answer(producer.replies(1)["nul"])
-    assert status == p.Status.ERROR and detail["error"] == "InvalidKey"
+    assert status == protocol.Status.ERROR and detail["error"] == "InvalidKey"
     (poisoned, body), = producer.poisoned(name, 1)
-    assert body == b"nul" and "NUL" in poisoned.headers[p.POISON_REASON_HEADER]
+    assert body == b"nul" and "NUL" in poisoned.headers[protocol.POISON_REASON_HEADER]
     out, err = capfd.readouterr()
     assert "\x00" not in out + err
 
@@ -367,12 +367,14 @@ def test_a_key_with_a_nul_is_refused_at_the_orphan_path(pool, plane, producer, c
 def test_the_orphan_handler_keeps_only_the_broker_checked_user_id(pool, plane, producer) -> None:
     """A producer's own ``x-switchyard-user-id`` was forwarded as if the broker had checked it."""
     name, _settings = pool
-    claim = pika.BasicProperties(headers={p.KEY_HEADER: "u", p.ORIGINAL_USER_ID_HEADER: "admin"})
-    checked = pika.BasicProperties(headers={p.KEY_HEADER: "u", p.ORIGINAL_USER_ID_HEADER: "admin"},
+    claim = pika.BasicProperties(headers={protocol.KEY_HEADER: "u",
+                                          protocol.ORIGINAL_USER_ID_HEADER: "admin"})
+    checked = pika.BasicProperties(headers={protocol.KEY_HEADER: "u",
+                                            protocol.ORIGINAL_USER_ID_HEADER: "admin"},
                                    user_id="guest")
     assert orphans(name, RmqDelivery(b"claim", claim), RmqDelivery(b"checked", checked))["forwarded"] == 2
-    got = {body: props.headers.get(p.ORIGINAL_USER_ID_HEADER)
-           for props, body in producer.drain(p.request_queue(name, "u"))}
+    got = {body: props.headers.get(protocol.ORIGINAL_USER_ID_HEADER)
+           for props, body in producer.drain(protocol.request_queue(name, "u"))}
     assert got == {b"claim": None, b"checked": "guest"}
 
 
@@ -384,22 +386,22 @@ def test_the_handlers_poison_an_aws_event_message_nested_too_deep(pool, plane, p
     deep: Any = []
     for _ in range(500):
         deep = [deep]
-    good = pika.BasicProperties(headers={p.KEY_HEADER: "fine"}, correlation_id="fine")
-    event = build_rmq_event(p.orphan_queue(name), "/", [RmqDelivery(b"fine", good)])
-    message = {**event["rmqMessagesByQueue"][f"{p.orphan_queue(name)}::/"][0]}
+    good = pika.BasicProperties(headers={protocol.KEY_HEADER: "fine"}, correlation_id="fine")
+    event = build_rmq_event(protocol.orphan_queue(name), "/", [RmqDelivery(b"fine", good)])
+    message = {**event["rmqMessagesByQueue"][f"{protocol.orphan_queue(name)}::/"][0]}
     message["basicProperties"] = {**message["basicProperties"], "correlationId": "deep",
                                   "replyTo": producer.reply_queue,
                                   "headers": {"x-switchyard-key": {"bytes": [107]}, "a": deep}}
-    event["rmqMessagesByQueue"][f"{p.orphan_queue(name)}::/"].insert(0, message)
+    event["rmqMessagesByQueue"][f"{protocol.orphan_queue(name)}::/"].insert(0, message)
     context = FakeLambdaContext("rpc_orphans", 60_000)
     outcome = load_function("rpc_orphans").lambda_handler(event, context)
     assert outcome["undecodable"] == 1 and outcome["forwarded"] == 1, outcome
     assert answer(producer.replies(1)["deep"])[1]["error"] == "UndecodableHeaders"
     (props, _body), = producer.poisoned(name, 1)
-    assert "nested deeper than" in props.headers[p.POISON_REASON_HEADER]
-    dead = {p.dl_queue(name) + "::/": [message]}
+    assert "nested deeper than" in props.headers[protocol.POISON_REASON_HEADER]
+    dead = {protocol.dl_queue(name) + "::/": [message]}
     outcome = load_function("rpc_dead_letters").lambda_handler({**event, "rmqMessagesByQueue": dead}, context)
     assert outcome["undecodable"] == 1 and outcome["responses"] == 1, outcome
-    activity = {p.activity_queue(name) + "::/": [message]}
+    activity = {protocol.activity_queue(name) + "::/": [message]}
     outcome = load_function("rpc_activity").lambda_handler({**event, "rmqMessagesByQueue": activity}, context)
     assert (outcome["undecodable"], outcome["without_key"], outcome["keys"]) == (1, 0, 0), outcome

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from switchyard.core.errors import ConfigError
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.settings import RpcSettings
 from switchyard.rpc.worker import WorkerConfig
@@ -35,7 +35,7 @@ def crash_and_replace(workers, proc, name: str, settings: RpcSettings, env: dict
     proc.wait(10)
     workers.procs.remove(proc)  # killed on purpose: not a failure to report
     workers.start(name, "k", LOGGED, worker_id=unique("next"), **env)
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
 
 
 def test_calls_one_at_a_time_are_acked_per_prefetch_minus_one_and_a_crash_redelivers_the_rest(
@@ -48,7 +48,7 @@ def test_calls_one_at_a_time_are_acked_per_prefetch_minus_one_and_a_crash_redeli
     log = tmp_path / "starts.log"
     env = {"START_LOG": str(log), "WORKER_PREFETCH": "4", "WORKER_ACK_DELAY_MS": "60000"}
     first = workers.start(name, "k", LOGGED, worker_id=unique("first"), **env)
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
     with RpcClient(name, settings, timeout=20) as client:
         for body in ("a1", "a2", "a3"):  # the third answer sends the batch's one ack
             assert client.call("k", body).body == body.encode()
@@ -73,7 +73,7 @@ def test_an_answer_is_acked_within_the_delay(pool, workers, tmp_path: Path, dela
     log = tmp_path / "starts.log"
     env = {"START_LOG": str(log), "WORKER_PREFETCH": "4", "WORKER_ACK_DELAY_MS": delay_ms}
     first = workers.start(name, "k", LOGGED, worker_id=unique("first"), **env)
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
     with RpcClient(name, settings, timeout=20) as client:
         assert client.call("k", "once").ok
         time.sleep(wait_s)  # window: the 50 ms ack delay runs out (an ack is not visible from outside)
@@ -92,7 +92,7 @@ def test_a_shed_request_among_batched_answers_settles_once(pool, workers, tmp_pa
     log = tmp_path / "starts.log"
     env = {"START_LOG": str(log), "WORKER_PREFETCH": "4", "WORKER_ACK_DELAY_MS": "60000"}
     worker = workers.start(name, "k", LOGGED, **env)
-    workers.wait_consuming(settings, p.request_queue(name, "k"))
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"))
     bodies = [f"{'shed' if i % 3 == 1 else 'ok'}-{i}" for i in range(30)]
     with RpcClient(name, settings, timeout=20) as client:
         futures = [client.submit("k", body) for body in bodies[:15]]  # in runs

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.settings import HEARTBEAT_ENV
 from tests.conftest import unique, wait_for
@@ -34,7 +34,7 @@ def test_a_one_minute_handler_is_answered_once_with_heartbeats_flowing(
     log = tmp_path / "starts.log"
     env = {"SLOW_SECONDS": str(LONG_S), "START_LOG": str(log), "WORKER_PREFETCH": "1", HEARTBEAT_ENV: "5"}
     first = workers.start(name, "long", f"{H}:slow_logged", worker_id=unique("first"), **env)
-    workers.wait_consuming(settings, p.request_queue(name, "long"), timeout=60)
+    workers.wait_consuming(settings, protocol.request_queue(name, "long"), timeout=60)
     with RpcClient(name, settings, timeout=LONG_S + 80) as client:
         future = client.submit("long", "a minute", expiration_ms=(LONG_S + 110) * 1000)
         wait_for(log.exists, timeout=60, what="the handler to start")
@@ -44,7 +44,7 @@ def test_a_one_minute_handler_is_answered_once_with_heartbeats_flowing(
         assert first.poll() is None, "the worker lost its connection and exited"
         time.sleep(2)  # window: a duplicate answer would arrive now
         assert client.stats.stale_responses == 0
-    assert log.read_text().splitlines() == [f"{response.headers[p.WORKER_ID_HEADER]} a minute"]
+    assert log.read_text().splitlines() == [f"{response.headers[protocol.WORKER_ID_HEADER]} a minute"]
     first.send_signal(signal.SIGTERM)
     assert first.wait(15) == 0
 
@@ -54,11 +54,11 @@ def test_shedding_six_times_leaves_the_request_healthy(make_pool, workers) -> No
     name, settings = make_pool(delivery_limit=5)
     bind(name, settings, "k")
     workers.start(name, "k", f"{H}:shed_until", SHED_TIMES="8")
-    workers.wait_consuming(settings, p.request_queue(name, "k"), timeout=60)
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"), timeout=60)
     with RpcClient(name, settings, timeout=20) as client:
         response = client.call("k", "healthy")
     assert response.ok and response.text() == "8"  # shed 8 times, then answered
-    assert get_message(settings, p.dl_queue(name), timeout=0.5) is None
+    assert get_message(settings, protocol.dl_queue(name), timeout=0.5) is None
 
 
 def test_a_shed_request_keeps_its_remaining_expiration(make_pool, workers) -> None:
@@ -66,11 +66,11 @@ def test_a_shed_request_keeps_its_remaining_expiration(make_pool, workers) -> No
     name, settings = make_pool(delivery_limit=5)
     bind(name, settings, "k")
     workers.start(name, "k", f"{H}:shed_until", SHED_TIMES="1000000000")
-    workers.wait_consuming(settings, p.request_queue(name, "k"), timeout=60)
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"), timeout=60)
     with RpcClient(name, settings, timeout=1) as client:
         sent = time.monotonic()
         future = client.submit("k", "shed forever", timeout=30, expiration_ms=2000)
-        dead = get_message(settings, p.dl_queue(name), timeout=15)
+        dead = get_message(settings, protocol.dl_queue(name), timeout=15)
         elapsed = time.monotonic() - sent
         future.cancel()
     assert dead is not None, "a request shed forever never expired"
@@ -78,7 +78,8 @@ def test_a_shed_request_keeps_its_remaining_expiration(make_pool, workers) -> No
     assert body == b"shed forever"
     # Shed past its deadline, it is dead-lettered (a copy with expiration 0 would be delivered
     # straight back to the waiting worker).
-    assert props.headers[p.FIRST_DEATH_REASON_HEADER] in (p.Status.EXPIRED, p.Status.REJECTED)
+    assert props.headers[protocol.FIRST_DEATH_REASON_HEADER] in (protocol.Status.EXPIRED,
+                                                                 protocol.Status.REJECTED)
     assert props.correlation_id and props.reply_to
     assert 1.5 < elapsed < 6, elapsed
 
@@ -90,10 +91,10 @@ def test_sigterm_sheds_prefetched_requests_without_counting_them(make_pool, work
     log = tmp_path / "starts.log"
     doomed = workers.start(name, "k", f"{H}:slow_logged", SLOW_SECONDS="1.0", START_LOG=str(log),
                            WORKER_PREFETCH="4")
-    workers.wait_consuming(settings, p.request_queue(name, "k"), timeout=60)
+    workers.wait_consuming(settings, protocol.request_queue(name, "k"), timeout=60)
     with RpcClient(name, settings, timeout=30) as client:
         futures = [client.submit("k", str(i)) for i in range(4)]
-        wait_for(lambda: log.exists() and ready_count(settings, p.request_queue(name, "k")) == 0,
+        wait_for(lambda: log.exists() and ready_count(settings, protocol.request_queue(name, "k")) == 0,
                  interval=0.02, what="the first request in hand, the others prefetched")
         doomed.send_signal(signal.SIGTERM)
         assert futures[0].result(10).body == b"0"

@@ -20,9 +20,9 @@ from switchyard import cli
 from switchyard.delay.model import CHRONOS_HEADERS
 from switchyard.delay.parsing import format_deadline
 from switchyard.local.delay_runtime import LocalRuntime
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.client import RpcClient
-from switchyard.spark import rows as r
+from switchyard.spark import rows
 from switchyard.spark.job import PublishOptions, run
 from tests.conftest import ROOT, subprocess_env, unique, wait_for
 
@@ -42,15 +42,15 @@ def test_ten_thousand_rows_over_a_hundred_new_keys_are_all_answered_once(
         spark, make_pool, planes, tmp_path: Path) -> None:
     pool, settings = make_pool()
     planes.start(pool, settings, handler=ECHO)
-    rows = [{"key": f"key-{i % 100}", "body": f"row-{i}"} for i in range(10_000)]
-    source = write_jsonl(tmp_path / "rows.jsonl", rows)
+    input_rows = [{"key": f"key-{i % 100}", "body": f"row-{i}"} for i in range(10_000)]
+    source = write_jsonl(tmp_path / "rows.jsonl", input_rows)
     lines: list[str] = []
     started = time.monotonic()
     summary = run(spark, PublishOptions(source, str(tmp_path / "out"), pool=pool, timeout_s=60,
                                         progress_interval_s=2), report=lines.append)
     elapsed = time.monotonic() - started
     written = results(spark, tmp_path / "out")
-    expected = {r.stable_id(pool, row["key"], row["body"].encode(), None): row for row in rows}
+    expected = {rows.stable_id(pool, row["key"], row["body"].encode(), None): row for row in input_rows}
     assert len(written) == 10_000
     assert {row.id for row in written} == set(expected)
     for row in written:
@@ -75,7 +75,7 @@ def logged_pool(make_pool, planes, tmp_path: Path) -> tuple[str, Path]:
     return pool, log
 
 
-def fail_once(marker: str, at_body: str, request: r.Request) -> None:
+def fail_once(marker: str, at_body: str, request: rows.Request) -> None:
     """A ``before_send`` hook: the first time ``at_body`` comes up, the task dies (after a pause in
     which the rows before it are published and answered); the marker file makes it happen once."""
     if request.body.decode() == at_body and not os.path.exists(marker):
@@ -149,7 +149,8 @@ def test_bad_rows_go_to_errors_with_their_reasons_and_scheduled_rows_fire_at_the
     deadlines = {"sched-1": soon, "sched-2": soon + timedelta(seconds=1)}
     for row_id, message in fired.items():
         headers = dict(message.headers())
-        assert headers[p.POOL_HEADER] == pool.encode() and message.key() == headers[p.KEY_HEADER]
+        assert (headers[protocol.POOL_HEADER] == pool.encode()
+                and message.key() == headers[protocol.KEY_HEADER])
         assert message.value() in (b"scheduled", b"naive")
         assert not CHRONOS_HEADERS & set(headers)  # the scheduler consumed its own headers
         fired_ms = message.timestamp()[1]
@@ -162,7 +163,7 @@ def wait_for_headers(reader, ids: set[str], timeout: float) -> dict:
 
     def arrived() -> bool:  # the poll is the interval: it blocks on the topic
         for message in reader.poll(0.2):
-            found[dict(message.headers() or []).get(p.ID_HEADER, b"").decode()] = message
+            found[dict(message.headers() or []).get(protocol.ID_HEADER, b"").decode()] = message
         return ids <= set(found)
 
     wait_for(arrived, timeout, interval=0, required=False)
@@ -257,11 +258,11 @@ def test_parquet_input_keeps_binary_bodies_and_reads_timestamp_deadlines_as_utc(
     path = str(tmp_path / "rows.parquet")
     spark.createDataFrame([(7, b"\x00\xff", when), (8, None, None)], schema).write.parquet(path)
     assert input_format(path, None) == "parquet"
-    prepared = [r.prepare(row.asDict(), "p") for row in read_input(spark, path, "parquet").collect()]
+    prepared = [rows.prepare(row.asDict(), "p") for row in read_input(spark, path, "parquet").collect()]
     assert sorted(prepared, key=lambda x: x.key) == [
-        r.Request(r.stable_id("p", "7", b"\x00\xff", "2030-05-06T07:08:09.123Z"), "p", "7", b"\x00\xff",
-                  "2030-05-06T07:08:09.123Z"),
-        r.Request(r.stable_id("p", "8", b"", None), "p", "8", b"", None)]
+        rows.Request(rows.stable_id("p", "7", b"\x00\xff", "2030-05-06T07:08:09.123Z"), "p", "7", b"\x00\xff",
+                     "2030-05-06T07:08:09.123Z"),
+        rows.Request(rows.stable_id("p", "8", b"", None), "p", "8", b"", None)]
 
 
 def test_the_spark_submit_entry_point_takes_the_same_options() -> None:
@@ -326,5 +327,5 @@ def delete_reply_queue(settings, name: str) -> None:
     import pika
 
     connection = pika.BlockingConnection(pika.URLParameters(settings.connections.amqp_url))
-    connection.channel().queue_delete(p.reply_queue(name))
+    connection.channel().queue_delete(protocol.reply_queue(name))
     connection.close()

@@ -13,8 +13,7 @@ import pytest
 from switchyard.core.errors import ConfigError, SwitchyardError
 from switchyard.rpc.client import Response
 from switchyard.rpc.errors import CallTimeoutError
-from switchyard.spark import errors, metrics
-from switchyard.spark import rows as r
+from switchyard.spark import errors, metrics, rows
 from switchyard.spark.calls import CallOptions, call_partition
 from switchyard.spark.schedule import schedule_partition
 from switchyard.spark.settings import EmrSettings, SparkSettings
@@ -86,10 +85,10 @@ class FakeCaller:
 
 def test_a_partition_calls_through_the_pool_port() -> None:
     closed: list[str] = []
-    requests = [r.Request("1", "a", "k1", b"x", None), r.Request("2", "b", "slow", b"y", None)]
-    rows = list(call_partition(requests, CallOptions(timeout_s=1, retries=1, concurrency=4),
-                               lambda pool: FakeCaller(pool, closed)))
-    by_id = {row[0]: row for row in rows}
+    requests = [rows.Request("1", "a", "k1", b"x", None), rows.Request("2", "b", "slow", b"y", None)]
+    batch_rows = list(call_partition(requests, CallOptions(timeout_s=1, retries=1, concurrency=4),
+                                     lambda pool: FakeCaller(pool, closed)))
+    by_id = {row[0]: row for row in batch_rows}
     assert (by_id["1"][3], by_id["1"][6]) == ("ok", b"X")
     assert (by_id["2"][3], by_id["2"][4]) == ("timeout", 2)  # retried once, then final
     assert sorted(closed) == ["a", "b"]
@@ -122,8 +121,8 @@ def test_a_partition_schedules_through_the_producer_port() -> None:
         return made[-1]
 
     assert list(schedule_partition([], connect, "delay-in")) == [] and not made  # no row: no producer
-    rows = list(schedule_partition([r.Request("1", "a", "k", b"v", "2030-01-01T00:00:00Z")], connect,
-                                   "delay-in"))
-    assert [row[3] for row in rows] == ["scheduled"]
+    batch_rows = list(schedule_partition([rows.Request("1", "a", "k", b"v", "2030-01-01T00:00:00Z")], connect,
+                                         "delay-in"))
+    assert [row[3] for row in batch_rows] == ["scheduled"]
     (topic, key, headers), = made[0].sent
     assert (topic, key) == ("delay-in", b"k") and ("chronosMessageId", b"1") in headers

@@ -15,7 +15,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 from aws_cdk import Stack
 from aws_cdk.assertions import Template
 
-from stacks import constants as c
+from stacks import constants
 from stacks.application import build_app, stacks_of
 from tests.stacks.nested import template_of
 
@@ -37,7 +37,7 @@ def layer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 def synth(layer_dir: str, outdir: Path, **context: Any) -> tuple[Template, Path, Any]:
     """Synthesize with cdk.json's context plus ``context``; fails if cdk-nag finds anything. The
     template is the stack's with its pools' nested templates folded in (tests/stacks/nested.py)."""
-    app, stack = build_app(context={c.CTX_LAYER_DIR: layer_dir, **context}, outdir=str(outdir))
+    app, stack = build_app(context={constants.CTX_LAYER_DIR: layer_dir, **context}, outdir=str(outdir))
     app.synth()
     return template_of(stack), outdir, stack
 
@@ -59,8 +59,9 @@ def resources(template: Template) -> dict[str, dict[str, Any]]:
 
 # The cluster forms of the broker and of ElastiCache in one app (docs/deployment.md, "Cluster forms"),
 # on RabbitMQ 3.13, the other engine the stack offers.
-CLUSTER_FORMS = {c.CTX_BROKER_ENGINE_VERSION: "3.13", c.CTX_BROKER_DEPLOYMENT_MODE: "CLUSTER_MULTI_AZ",
-                 c.CTX_REDIS: {"clusterMode": True, "shards": 2, "replicas": 1}}
+CLUSTER_FORMS = {constants.CTX_BROKER_ENGINE_VERSION: "3.13",
+                 constants.CTX_BROKER_DEPLOYMENT_MODE: "CLUSTER_MULTI_AZ",
+                 constants.CTX_REDIS: {"clusterMode": True, "shards": 2, "replicas": 1}}
 
 
 @pytest.fixture(scope="session")
@@ -71,13 +72,15 @@ def cluster_forms(layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> t
 @pytest.fixture(scope="session")
 def local(layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Template, Path, Any]:
     """The ``localstack`` target's app."""
-    return synth(layer_dir, tmp_path_factory.mktemp("cdk.out.local"), **{c.CTX_TARGET: c.TARGET_LOCALSTACK})
+    return synth(layer_dir, tmp_path_factory.mktemp("cdk.out.local"),
+                 **{constants.CTX_TARGET: constants.TARGET_LOCALSTACK})
 
 
 @pytest.fixture(scope="session")
 def two_stacks(layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> list[Stack]:
     """Production and staging in one app (``switchyard:stacks``), synthesized with cdk-nag."""
-    app, first = build_app(context={c.CTX_LAYER_DIR: layer_dir, c.CTX_STACKS: json.dumps(TWO_STACKS)},
+    app, first = build_app(context={constants.CTX_LAYER_DIR: layer_dir,
+                                    constants.CTX_STACKS: json.dumps(TWO_STACKS)},
                            outdir=str(tmp_path_factory.mktemp("cdk.out")))
     app.synth()
     stacks = stacks_of(app)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Template
 
-from stacks import constants as c
+from stacks import constants
 from switchyard.bus import metrics as bus_metrics
 from switchyard.core.deployed_config import metrics_namespace
 from switchyard.delay import metrics as delay_metrics
@@ -82,14 +82,14 @@ def test_every_alarm_of_the_aws_target_watches_an_emitted_metric(template: Templ
 
 def test_every_alarm_of_the_localstack_target_watches_an_emitted_metric(
         local_template: dict[str, Any]) -> None:
-    namespace = metrics_namespace(c.LOCALSTACK_STACK_ID)
+    namespace = metrics_namespace(constants.LOCALSTACK_STACK_ID)
     assert watched(local_template, namespace)
     assert not_emitted(local_template, namespace) == {}
 
 
 def test_an_alarm_on_a_metric_nobody_emits_is_found(local_template: dict[str, Any]) -> None:
     """The check above fails when an alarm names an unknown metric: plain, math input or query."""
-    namespace = metrics_namespace(c.LOCALSTACK_STACK_ID)
+    namespace = metrics_namespace(constants.LOCALSTACK_STACK_ID)
     body = copy.deepcopy(local_template)
     alarms = [r for r in body["Resources"].values() if r["Type"] == "AWS::CloudWatch::Alarm"]
     plain = next(a["Properties"] for a in alarms if "MetricName" in a["Properties"])

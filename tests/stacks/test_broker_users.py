@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from stacks import constants as c
+from stacks import constants
 from stacks.broker import BrokerSettings
 from switchyard.rpc.control.access import BrokerRole, BrokerUser, deployment_users
 from switchyard.rpc.protocol import DEAD_LETTER_PROBE_VHOST
@@ -213,7 +213,7 @@ def test_each_application_named_gets_a_clients_user_of_its_own(
         layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """``switchyard:brokerApplications``: a secret and a user each, limited to its own reply queues."""
     template, _, _ = synth(layer_dir, tmp_path_factory.mktemp("cdk.out.apps"),
-                           **{c.CTX_BROKER_APPLICATIONS: "billing,etl"})
+                           **{constants.CTX_BROKER_APPLICATIONS: "billing,etl"})
     resources = template.to_json()["Resources"]
     (pools,) = _of_kind(resources, "Custom::SwitchyardPools").values()
     apps = {u["Application"]: u["SecretArn"]["Ref"] for u in pools["Properties"]["Users"] if u["Application"]}

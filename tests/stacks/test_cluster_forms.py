@@ -12,7 +12,7 @@ import pytest
 from aws_cdk import App, Stack
 from aws_cdk.assertions import Template
 
-from stacks import constants as c
+from stacks import constants
 from stacks.config import DeploymentConfig, RedisConfig
 from stacks.data import DataConstruct
 from stacks.network import NetworkConstruct
@@ -75,7 +75,7 @@ def test_every_redis_user_reaches_the_form_s_endpoint_with_the_cluster_switch_on
 
 def test_the_memory_alarm_watches_the_fullest_shard(clustered: Resources) -> None:
     (alarm,) = [a for a in of_type(clustered, "AWS::CloudWatch::Alarm")
-                if a["AlarmName"] == f"{c.STACK_ID}-elasticache-memory"]
+                if a["AlarmName"] == f"{constants.STACK_ID}-elasticache-memory"]
     expression = next(m["Expression"] for m in alarm["Metrics"] if "Expression" in m)
     members = [d["Value"] for m in alarm["Metrics"] if "MetricStat" in m
                for d in m["MetricStat"]["Metric"]["Dimensions"]]
@@ -99,7 +99,7 @@ def test_the_broker_cluster_spans_the_availability_zones(clustered: Resources, r
     assert (broker["DeploymentMode"], broker["EngineVersion"]) == ("CLUSTER_MULTI_AZ", "3.13")
     zones = [json.dumps(clustered[subnet["Ref"]]["Properties"]["AvailabilityZone"])
              for subnet in broker["SubnetIds"]]
-    assert len(set(zones)) == len(zones) == c.VPC_MAX_AZS  # its three nodes spread over every AZ
+    assert len(set(zones)) == len(zones) == constants.VPC_MAX_AZS  # its three nodes spread over every AZ
     (single,) = of_type(resources, "AWS::AmazonMQ::Broker")
     assert single["DeploymentMode"] == "SINGLE_INSTANCE" and len(single["SubnetIds"]) == 1
 

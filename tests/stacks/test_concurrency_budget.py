@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from stacks import constants as c
+from stacks import constants
 from stacks.config import ConfigError
 from tests.stacks.conftest import synth
 
 pytestmark = pytest.mark.slow
 
 Resources = dict[str, dict[str, Any]]
-CTX_CONCURRENCY = c.CTX_CONCURRENCY
+CTX_CONCURRENCY = constants.CTX_CONCURRENCY
 
 
 def reserved_total(resources: Resources) -> int:
@@ -37,8 +37,8 @@ def test_default_reservations_fit_the_default_account_limit(
     assert 0 < total <= limit - 100
     # reconcile 1 per pool, fire 2, sweep 2, bus housekeeping 1, the pending node API 100, the bus API
     # 100 (the README says the same)
-    assert total == (1 * len(stack.config.pools) + 2 + 2 + 1 + c.PENDING_API_RESERVED_CONCURRENCY
-                     + c.BUS_API_RESERVED_CONCURRENCY)
+    assert total == (1 * len(stack.config.pools) + 2 + 2 + 1 + constants.PENDING_API_RESERVED_CONCURRENCY
+                     + constants.BUS_API_RESERVED_CONCURRENCY)
 
 
 def test_reservations_are_context_settings(layer_dir: str, tmp_path: Path) -> None:
@@ -51,14 +51,14 @@ def test_reservations_are_context_settings(layer_dir: str, tmp_path: Path) -> No
         if r["Type"] == "AWS::Lambda::Function" and "Handler" in r["Properties"]
     }
     assert (by_handler["delay_fire"], by_handler["delay_sweep"], by_handler["pending_api"]) == (3, 1, 20)
-    assert reserved_total(resources) == 1 + 3 + 1 + 1 + 20 + c.BUS_API_RESERVED_CONCURRENCY
+    assert reserved_total(resources) == 1 + 3 + 1 + 1 + 20 + constants.BUS_API_RESERVED_CONCURRENCY
 
 
 @pytest.mark.parametrize("limit", [10, 205])
 def test_reservations_beyond_the_account_budget_fail_synth_with_the_reason(
     layer_dir: str, tmp_path: Path, limit: int
 ) -> None:
-    reserved = 6 + c.PENDING_API_RESERVED_CONCURRENCY + c.BUS_API_RESERVED_CONCURRENCY
+    reserved = 6 + constants.PENDING_API_RESERVED_CONCURRENCY + constants.BUS_API_RESERVED_CONCURRENCY
     reason = rf"(?s)reserve {reserved} .*at least 100 unreserved.*{CTX_CONCURRENCY}"
     with pytest.raises(ConfigError, match=reason):
         synth(layer_dir, tmp_path, **{CTX_CONCURRENCY: {"accountLimit": limit}})
@@ -71,4 +71,4 @@ def test_the_limit_read_from_the_account_wins_and_fails_synth_when_the_stack_doe
     the limit ./dev deploy read refuses the stack before anything is created."""
     reason = r"(?s)the account's limit, 50 \(lambda get-account-settings, read by ./dev deploy\).*at most 0"
     with pytest.raises(ConfigError, match=reason):
-        synth(layer_dir, tmp_path, **{c.CTX_ACCOUNT_CONCURRENCY: "50"})
+        synth(layer_dir, tmp_path, **{constants.CTX_ACCOUNT_CONCURRENCY: "50"})

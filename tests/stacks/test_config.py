@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from aws_cdk import App, Stack
 
-from stacks import constants as c
+from stacks import constants
 from stacks.config import ConfigError, DeploymentConfig, PoolConfig
 from switchyard.rpc.protocol import MAX_POOL_NAME_CHARS, validate_pool
 
@@ -19,14 +19,15 @@ def config(**context: Any) -> DeploymentConfig:
 
 def test_defaults_give_one_example_pool_and_a_connection_budget_within_the_limit() -> None:
     cfg = config()
-    assert [p.name for p in cfg.pools] == [c.EXAMPLE_POOL]
+    assert [p.name for p in cfg.pools] == [constants.EXAMPLE_POOL]
     assert cfg.postgres_connection_budget == 3 * 1 + 2 * 2 + 2 * 1 + 3 * 1 + 1
     assert cfg.postgres_connection_budget <= cfg.postgres.max_connections // 2
 
 
 def test_context_from_the_command_line_is_json() -> None:
     cfg = config(
-        **{c.CTX_POOLS: json.dumps([{"name": "a"}, {"name": "b"}]), c.CTX_DELAY: '{"partitions": 6}'}
+        **{constants.CTX_POOLS: json.dumps([{"name": "a"}, {"name": "b"}]),
+           constants.CTX_DELAY: '{"partitions": 6}'}
     )
     assert [p.name for p in cfg.pools] == ["a", "b"]
     assert cfg.delay.partitions == 6
@@ -35,36 +36,40 @@ def test_context_from_the_command_line_is_json() -> None:
 @pytest.mark.parametrize(
     ("context", "message"),
     [
-        ({c.CTX_POOLS: [{"name": "bad-name"}]}, "invalid pool name 'bad-name'"),
-        ({c.CTX_POOLS: [{"name": "x" * (MAX_POOL_NAME_CHARS + 1)}]}, f"at most {MAX_POOL_NAME_CHARS} char"),
-        ({c.CTX_POOLS: [{"name": "a"}, {"name": "a"}]}, r"repeated: \['a'\]"),
-        ({c.CTX_POOLS: []}, "at least one pool"),
-        ({c.CTX_POOLS: [{"handler": "x:y"}]}, 'objects with a "name"'),
-        ({c.CTX_POOLS: [{"name": "a", "cpu": 256, "memoryMib": 4096}]}, "not a Fargate size for cpu 256"),
-        ({c.CTX_POOLS: [{"name": "a", "minWorkers": 3, "maxWorkers": 2}]}, "minWorkers <= maxWorkers"),
-        ({c.CTX_POOLS: [{"name": "a", "batchSize": 20000}]}, "batchSize must be 1-10,000"),
-        ({c.CTX_POOLS: [{"name": "a", "handler": "nocolon"}]}, "module:function"),
-        ({c.CTX_POOLS: [{"name": "a", "maxWorkerz": 3}]}, r"unknown setting\(s\) \['maxWorkerz'\]"),
-        ({c.CTX_POOLS: [{"name": "a", "maxWorkers": "3"}]}, "maxWorkers must be an integer"),
-        ({c.CTX_DELAY: {"inputTopic": "bad topic"}}, "invalid Kafka topic name"),
-        ({c.CTX_DELAY: {"inputTopic": "t", "outputTopic": "t"}}, "must differ"),
-        ({c.CTX_DELAY: {"schema": "Bad-Schema"}}, "invalid Postgres schema name"),
-        ({c.CTX_DELAY: {"startingPosition": "AT_TIMESTAMP"}}, "LATEST or TRIM_HORIZON"),
-        ({c.CTX_DELAY: {"partitions": 200}}, "may open 407 connections"),
-        ({c.CTX_MSK: {"brokerNodes": 3}}, "multiple of the 2 availability zones"),
-        ({c.CTX_POSTGRES: {"engineVersion": "12"}}, "engineVersion must be one of"),
-        ({c.CTX_REDIS: {"engine": "memcached"}}, "redis or valkey"),
-        ({c.CTX_REDIS: {"engine": "redis", "engineVersion": "6.0"}}, "Redis 6.2 or later"),
-        ({c.CTX_REDIS: {"engineVersion": "latest"}}, "Redis 6.2 or later"),
-        ({c.CTX_REDIS: {"shards": 2}}, "shards 2 needs clusterMode true"),
-        ({c.CTX_REDIS: {"clusterMode": True}}, "clusterMode needs replicas >= 1"),
-        ({c.CTX_REDIS: {"clusterMode": True, "replicas": 1, "shards": 0}}, "shards must be 1-500"),
-        ({c.CTX_REDIS: {"clusterMode": True, "replicas": 5, "shards": 100}}, "600 nodes, more than"),
-        ({c.CTX_REDIS: {"clusterMode": "yes"}}, "clusterMode must be true or false"),
-        ({c.CTX_DELAY: "{not json"}, "not valid JSON"),
-        ({c.CTX_ALARM_EMAIL: "nobody"}, "not an e-mail address"),
-        ({c.CTX_EMR_IMAGE: "docker.io/library/python:3.11"}, "not an ECR image URI"),
-        ({c.CTX_EMR_IMAGE: "123456789012.dkr.ecr.eu-west-1.amazonaws.com/x:1 ; rm"}, "not an ECR image URI"),
+        ({constants.CTX_POOLS: [{"name": "bad-name"}]}, "invalid pool name 'bad-name'"),
+        ({constants.CTX_POOLS: [{"name": "x" * (MAX_POOL_NAME_CHARS + 1)}]},
+         f"at most {MAX_POOL_NAME_CHARS} char"),
+        ({constants.CTX_POOLS: [{"name": "a"}, {"name": "a"}]}, r"repeated: \['a'\]"),
+        ({constants.CTX_POOLS: []}, "at least one pool"),
+        ({constants.CTX_POOLS: [{"handler": "x:y"}]}, 'objects with a "name"'),
+        ({constants.CTX_POOLS: [{"name": "a", "cpu": 256, "memoryMib": 4096}]},
+         "not a Fargate size for cpu 256"),
+        ({constants.CTX_POOLS: [{"name": "a", "minWorkers": 3, "maxWorkers": 2}]},
+         "minWorkers <= maxWorkers"),
+        ({constants.CTX_POOLS: [{"name": "a", "batchSize": 20000}]}, "batchSize must be 1-10,000"),
+        ({constants.CTX_POOLS: [{"name": "a", "handler": "nocolon"}]}, "module:function"),
+        ({constants.CTX_POOLS: [{"name": "a", "maxWorkerz": 3}]}, r"unknown setting\(s\) \['maxWorkerz'\]"),
+        ({constants.CTX_POOLS: [{"name": "a", "maxWorkers": "3"}]}, "maxWorkers must be an integer"),
+        ({constants.CTX_DELAY: {"inputTopic": "bad topic"}}, "invalid Kafka topic name"),
+        ({constants.CTX_DELAY: {"inputTopic": "t", "outputTopic": "t"}}, "must differ"),
+        ({constants.CTX_DELAY: {"schema": "Bad-Schema"}}, "invalid Postgres schema name"),
+        ({constants.CTX_DELAY: {"startingPosition": "AT_TIMESTAMP"}}, "LATEST or TRIM_HORIZON"),
+        ({constants.CTX_DELAY: {"partitions": 200}}, "may open 407 connections"),
+        ({constants.CTX_MSK: {"brokerNodes": 3}}, "multiple of the 2 availability zones"),
+        ({constants.CTX_POSTGRES: {"engineVersion": "12"}}, "engineVersion must be one of"),
+        ({constants.CTX_REDIS: {"engine": "memcached"}}, "redis or valkey"),
+        ({constants.CTX_REDIS: {"engine": "redis", "engineVersion": "6.0"}}, "Redis 6.2 or later"),
+        ({constants.CTX_REDIS: {"engineVersion": "latest"}}, "Redis 6.2 or later"),
+        ({constants.CTX_REDIS: {"shards": 2}}, "shards 2 needs clusterMode true"),
+        ({constants.CTX_REDIS: {"clusterMode": True}}, "clusterMode needs replicas >= 1"),
+        ({constants.CTX_REDIS: {"clusterMode": True, "replicas": 1, "shards": 0}}, "shards must be 1-500"),
+        ({constants.CTX_REDIS: {"clusterMode": True, "replicas": 5, "shards": 100}}, "600 nodes, more than"),
+        ({constants.CTX_REDIS: {"clusterMode": "yes"}}, "clusterMode must be true or false"),
+        ({constants.CTX_DELAY: "{not json"}, "not valid JSON"),
+        ({constants.CTX_ALARM_EMAIL: "nobody"}, "not an e-mail address"),
+        ({constants.CTX_EMR_IMAGE: "docker.io/library/python:3.11"}, "not an ECR image URI"),
+        ({constants.CTX_EMR_IMAGE: "123456789012.dkr.ecr.eu-west-1.amazonaws.com/x:1 ; rm"},
+         "not an ECR image URI"),
     ],
 )
 def test_bad_values_fail_synth_with_a_message_naming_the_key(context: dict[str, Any], message: str) -> None:
@@ -80,8 +85,8 @@ def test_bad_values_fail_synth_with_a_message_naming_the_key(context: dict[str, 
     ("redis", "6.2", "default.redis6.x.cluster.on"),
 ])
 def test_cluster_mode_takes_the_cluster_on_parameter_group(engine: str, version: str, group: str) -> None:
-    redis = config(**{c.CTX_REDIS: {"clusterMode": True, "shards": 3, "replicas": 2, "engine": engine,
-                                    "engineVersion": version}}).redis
+    redis = config(**{constants.CTX_REDIS: {"clusterMode": True, "shards": 3, "replicas": 2, "engine": engine,
+                                            "engineVersion": version}}).redis
     assert (redis.cluster_parameter_group, redis.nodes) == (group, 9)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from aws_cdk.assertions import Template
 
-from stacks import constants as c
+from stacks import constants
 from tests.conftest import ROOT
 
 HOURS = 730  # a month, as the table prices it
@@ -63,7 +63,7 @@ def form_rows(resources: dict[str, Any]) -> list[str]:
     (broker,) = _of(resources, "AWS::AmazonMQ::Broker")
     (group,) = _of(resources, "AWS::ElastiCache::ReplicationGroup")
     mode, mq_type, node_type = broker["DeploymentMode"], broker["HostInstanceType"], group["CacheNodeType"]
-    instances = c.BROKER_INSTANCES[mode]
+    instances = constants.BROKER_INSTANCES[mode]
     shards = int(group.get("NumNodeGroups", 1))
     replicas = int(group.get("ReplicasPerNodeGroup", int(group.get("NumCacheClusters", 1)) - 1))
     nodes = shards * (1 + replicas)

@@ -17,7 +17,7 @@ from switchyard.core import aws_secrets, deployed_config
 from switchyard.core.config import Connections
 from switchyard.core.errors import ConfigError
 from switchyard.core.msk_auth import kafka_security_config
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.management import ManagementApi
 from switchyard.rpc.settings import RpcSettings
 from tests.conftest import unique
@@ -52,7 +52,7 @@ def test_pools_are_declared_with_their_policies_idempotently_and_kept_on_delete(
     for pool in pools:
         for queue in (f"{pool}-orphan", f"{pool}-dl", f"{pool}-activity"):
             assert api.get_queue(queue) is not None, queue
-        assert api.get_exchange(p.req_exchange(pool)) is not None
+        assert api.get_exchange(protocol.req_exchange(pool)) is not None
     deploy.declare_pools(event("Delete", Pools=pools))
     assert api.get_queue(f"{pools[0]}-orphan") is not None  # delete keeps queues that may hold requests
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Template
 
-from stacks import constants as c
+from stacks import constants
 from stacks.config import ConfigError
 from switchyard.rpc.drivers import WorkerGroup, driver_from_env
 from switchyard.rpc.drivers import ecs as ecs_driver
@@ -85,12 +85,12 @@ def test_runtask_names_only_capacity_providers_of_the_cluster(
     resources: Resources, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     associated = cluster_capacity_providers(resources)
-    (cluster,) = [k for k in associated if k.startswith(c.WORKERS_CONSTRUCT_ID)]
+    (cluster,) = [k for k in associated if k.startswith(constants.WORKERS_CONSTRUCT_ID)]
     envs = control_plane_env(resources)
     assert envs
     for logical, env in envs.items():
         assert env["SWITCHYARD_RPC_ECS_CLUSTER"] == {"Ref": cluster}, logical
-        call = run_task_as_deployed(env, c.EXAMPLE_POOL, monkeypatch)
+        call = run_task_as_deployed(env, constants.EXAMPLE_POOL, monkeypatch)
         assert "launchType" not in call  # ECS refuses a launch type together with a strategy
         named = {s["capacityProvider"] for s in call["capacityProviderStrategy"]}
         assert named <= associated[cluster], (
@@ -99,7 +99,7 @@ def test_runtask_names_only_capacity_providers_of_the_cluster(
 
 def test_every_capacity_provider_the_driver_can_name_is_associated(resources: Resources) -> None:
     associated = cluster_capacity_providers(resources)
-    (cluster,) = [k for k in associated if k.startswith(c.WORKERS_CONSTRUCT_ID)]
+    (cluster,) = [k for k in associated if k.startswith(constants.WORKERS_CONSTRUCT_ID)]
     assert set(ecs_driver.CAPACITY_PROVIDERS) <= associated[cluster]
     assert ecs_driver.DEFAULT_CAPACITY_PROVIDER in ecs_driver.CAPACITY_PROVIDERS
 
@@ -108,7 +108,7 @@ def test_the_capacity_provider_is_a_pool_setting_with_fargate_the_default(
     layer_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pools = [{"name": "core"}, {"name": "batch", "capacityProvider": "FARGATE_SPOT"}]
-    template: Template = synth(layer_dir, tmp_path, **{c.CTX_POOLS: pools})[0]
+    template: Template = synth(layer_dir, tmp_path, **{constants.CTX_POOLS: pools})[0]
     resources = template.to_json()["Resources"]
     sent = {}
     for env in control_plane_env(resources).values():
@@ -120,4 +120,4 @@ def test_the_capacity_provider_is_a_pool_setting_with_fargate_the_default(
 
 def test_an_unknown_capacity_provider_fails_synth(layer_dir: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="capacityProvider"):
-        synth(layer_dir, tmp_path, **{c.CTX_POOLS: [{"name": "core", "capacityProvider": "EC2"}]})
+        synth(layer_dir, tmp_path, **{constants.CTX_POOLS: [{"name": "core", "capacityProvider": "EC2"}]})

@@ -16,7 +16,7 @@ import boto3
 import pytest
 from aws_cdk import App, Stack
 
-from stacks import constants as c
+from stacks import constants
 from stacks.config import ConfigError, DeploymentConfig
 from switchyard.core import deployed_config
 from switchyard.core.deployed_config import CONFIG_PATH_ENV, config_path
@@ -48,7 +48,7 @@ def test_the_deployed_call_timeout_outlives_a_new_keys_first_call(
     timeout = deployed_call_timeout(resources)
     for pool in stack_config.pools:
         assert timeout >= pool.first_call_s, (pool.name, timeout, pool.first_call_s)
-    assert pool.first_call_s >= c.FARGATE_TASK_START_S + pool.batch_window_seconds
+    assert pool.first_call_s >= constants.FARGATE_TASK_START_S + pool.batch_window_seconds
     assert timeout <= PoolPolicy().message_ttl_ms / 1000  # the queues' own TTL would cut it short
 
 
@@ -56,7 +56,8 @@ def test_the_deployed_call_timeout_outlives_a_new_keys_first_call(
 def test_workers_calling_other_pools_get_the_same_default(resources: Resources) -> None:
     timeout = deployed_call_timeout(resources)
     workers = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::ECS::TaskDefinition"
-               and r["Properties"]["Family"].startswith(f"{c.STACK_ID}-{c.WORKER_FAMILY_SUFFIX}")]
+               and r["Properties"]["Family"].startswith(
+                   f"{constants.STACK_ID}-{constants.WORKER_FAMILY_SUFFIX}")]
     assert workers
     for task in workers:
         (container,) = task["ContainerDefinitions"]
@@ -66,14 +67,14 @@ def test_workers_calling_other_pools_get_the_same_default(resources: Resources) 
 
 @pytest.mark.slow
 def test_the_call_timeout_is_a_context_setting(layer_dir: str, tmp_path: Path) -> None:
-    resources = synth(layer_dir, tmp_path, **{c.CTX_CALL_TIMEOUT: 180})[0].to_json()["Resources"]
+    resources = synth(layer_dir, tmp_path, **{constants.CTX_CALL_TIMEOUT: 180})[0].to_json()["Resources"]
     assert deployed_call_timeout(resources) == 180
 
 
 @pytest.mark.parametrize(("context", "message"), [
-    ({c.CTX_CALL_TIMEOUT: 30}, r"30 s.*new key's first call.*'core'.*Fargate"),
-    ({c.CTX_POOLS: [{"name": "slow", "batchWindowSeconds": 120}]}, r"'slow'.*batchWindowSeconds 120"),
-    ({c.CTX_CALL_TIMEOUT: 400}, r"longer than the request queues' TTL"),
+    ({constants.CTX_CALL_TIMEOUT: 30}, r"30 s.*new key's first call.*'core'.*Fargate"),
+    ({constants.CTX_POOLS: [{"name": "slow", "batchWindowSeconds": 120}]}, r"'slow'.*batchWindowSeconds 120"),
+    ({constants.CTX_CALL_TIMEOUT: 400}, r"longer than the request queues' TTL"),
 ])
 def test_a_call_timeout_a_first_call_cannot_meet_fails_synth(context: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stacks import constants as c
+from stacks import constants
 from stacks.config import ConfigError
 from tests.stacks.conftest import synth
 from tests.stacks.test_switchyard_stack import Resources, of_type, only
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def production(layer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Resources:
     """The stack as production deploys it, with a NAT gateway in each AZ (-c as the CLI passes them)."""
     template, _, _ = synth(layer_dir, tmp_path_factory.mktemp("production"),
-                           **{c.CTX_PRODUCTION: "true", c.CTX_NAT_GATEWAYS: "2"})
+                           **{constants.CTX_PRODUCTION: "true", constants.CTX_NAT_GATEWAYS: "2"})
     return template.to_json()["Resources"]
 
 
@@ -44,7 +44,7 @@ def test_otherwise_destroy_removes_both_stores_and_keeps_no_snapshot(resources: 
 
 def test_the_production_flag_must_be_a_boolean(layer_dir: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="switchyard:production: must be true or false"):
-        synth(layer_dir, tmp_path, **{c.CTX_PRODUCTION: "yes"})
+        synth(layer_dir, tmp_path, **{constants.CTX_PRODUCTION: "yes"})
 
 
 def test_postgres_storage_is_gp3(resources: Resources) -> None:
@@ -91,15 +91,15 @@ def test_one_nat_gateway_by_default_one_per_az_when_asked(
 ) -> None:
     assert len(of_type(resources, "AWS::EC2::NatGateway")) == 1
     assert len(set(_nat_of_each_egress_table(resources).values())) == 1
-    assert len(of_type(production, "AWS::EC2::NatGateway")) == c.VPC_MAX_AZS
+    assert len(of_type(production, "AWS::EC2::NatGateway")) == constants.VPC_MAX_AZS
     per_table = _nat_of_each_egress_table(production)
-    assert len(per_table) == c.VPC_MAX_AZS and len(set(per_table.values())) == c.VPC_MAX_AZS
+    assert len(per_table) == constants.VPC_MAX_AZS and len(set(per_table.values())) == constants.VPC_MAX_AZS
 
 
 @pytest.mark.parametrize("count", ["0", "3", "two"])
 def test_nat_gateways_outside_one_to_the_azs_fail_synth(layer_dir: str, tmp_path: Path, count: str) -> None:
     with pytest.raises(ConfigError, match="switchyard:natGateways"):
-        synth(layer_dir, tmp_path, **{c.CTX_NAT_GATEWAYS: count})
+        synth(layer_dir, tmp_path, **{constants.CTX_NAT_GATEWAYS: count})
 
 
 def test_only_this_accounts_emr_serverless_may_assume_the_job_role(resources: Resources) -> None:

@@ -314,11 +314,11 @@ def _orphan_event(pool: str, broker: str) -> dict[str, Any]:
     import pika
 
     from switchyard.local.rmq_bridge import RmqDelivery, build_rmq_event
-    from switchyard.rpc import protocol as p
+    from switchyard.rpc import protocol
 
-    request = RmqDelivery(b"{}", pika.BasicProperties(headers={p.KEY_HEADER: "iam-probe-key"},
+    request = RmqDelivery(b"{}", pika.BasicProperties(headers={protocol.KEY_HEADER: "iam-probe-key"},
                                                        correlation_id="iam-probe", expiration="60000"))
-    return build_rmq_event(p.orphan_queue(pool), "/", [request], broker_arn=broker)
+    return build_rmq_event(protocol.orphan_queue(pool), "/", [request], broker_arn=broker)
 
 
 def _fired_event(pool: str, topic: str, kafka: object) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from stacks import constants as c
+from stacks import constants
 from tests.stacks.test_event_source_network import _endpoint_covers, _ref, _source_subnets
 from tests.stacks.test_switchyard_stack import (
     Resources,
@@ -54,4 +54,4 @@ def test_the_failure_queue_is_reachable_from_the_clusters_subnets_and_alarmed(re
     assert alarm["Namespace"] == "AWS/SQS" and alarm["MetricName"] == "ApproximateNumberOfMessagesVisible"
     assert alarm["Dimensions"] == [{"Name": "QueueName", "Value": {"Fn::GetAtt": [queue, "QueueName"]}}]
     assert alarm["Threshold"] == 1 and alarm["AlarmActions"]
-    assert c.KAFKA_RETRY_ATTEMPTS <= 10_000
+    assert constants.KAFKA_RETRY_ATTEMPTS <= 10_000

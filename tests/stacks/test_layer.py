@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import layer_imports
-from stacks import constants as c
+from stacks import constants
 from tests.stacks.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def test_layer_is_within_lambdas_unzipped_limit(built_layer: Path) -> None:
 def test_layer_ships_the_package_its_pins_and_bytecode(built_layer: Path) -> None:
     assert (built_layer / "switchyard" / "rpc" / "drivers" / "ecs.py").is_file()
     assert (built_layer / "switchyard" / "core" / "certs" / "rds-global-bundle.pem").is_file()
-    abi = "cpython-" + c.PYTHON_VERSION.replace(".", "")  # the Lambda runtime's bytecode
+    abi = "cpython-" + constants.PYTHON_VERSION.replace(".", "")  # the Lambda runtime's bytecode
     assert list((built_layer / "switchyard" / "__pycache__").glob(f"__init__.{abi}.pyc"))
     shipped = {p.name.split("-")[0].lower() for p in built_layer.glob("*.dist-info")}
     for pinned in (ROOT / "requirements.txt").read_text().splitlines():
@@ -57,8 +57,8 @@ def test_every_handler_imports_from_the_layer_alone(built_layer: Path, module: s
 def test_the_layers_compiled_code_is_for_the_runtimes_python_and_cpu(built_layer: Path) -> None:
     """Every C extension in the layer is built for the Lambda runtime's CPython and CPU (stacks/platform.py):
     a wheel for another interpreter or architecture imports nowhere but fails only in Lambda."""
-    arch = {"x86_64": "x86_64", "arm64": "aarch64"}[c.CPU_ARCHITECTURE]
-    abi = "cpython-" + c.PYTHON_VERSION.replace(".", "")
+    arch = {"x86_64": "x86_64", "arm64": "aarch64"}[constants.CPU_ARCHITECTURE]
+    abi = "cpython-" + constants.PYTHON_VERSION.replace(".", "")
     extensions = [p for p in built_layer.rglob("*.so") if ".cpython-" in p.name]
     assert extensions, "no C extension found (psycopg_binary, pydantic_core, hiredis ship some)"
     wrong = [p.name for p in extensions if f".{abi}-{arch}-linux-gnu.so" not in p.name]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Template
 
-from stacks import constants as c
+from stacks import constants
 from stacks.application import build_app
 from stacks.config import ConfigError
 from switchyard.core.deployed_config import metrics_namespace
@@ -30,7 +30,7 @@ def _parameters(resources: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def test_only_what_localstack_hosts(local: tuple[Template, Path, Any]) -> None:
     template, _, stack = local
-    assert stack.stack_name == c.LOCALSTACK_STACK_ID
+    assert stack.stack_name == constants.LOCALSTACK_STACK_ID
     kinds = {r["Type"] for r in template.to_json()["Resources"].values()}
     assert not [k for k in kinds if k.startswith(NOT_ON_LOCALSTACK)], kinds
     assert {"AWS::SSM::Parameter", "AWS::SecretsManager::Secret", "AWS::IAM::Role", "AWS::CloudWatch::Alarm",
@@ -59,7 +59,8 @@ def test_alarm_periods_are_what_the_target_says(local: tuple[Template, Path, Any
     insights = {name: period for name, (kind, period) in periods.items() if kind == "insights"}
     assert insights == {"SwitchyardLocal-core-queue-depth-above-target": 60,
                         "SwitchyardLocal-rabbitmq-dead-lettering-stranded": 60}, periods
-    assert {period for kind, period in periods.values() if kind == "metric"} == {c.LOCALSTACK_ALARM_PERIOD_S}
+    assert ({period for kind, period in periods.values() if kind == "metric"}
+            == {constants.LOCALSTACK_ALARM_PERIOD_S})
 
 
 def test_parameters_point_at_the_local_services(local: tuple[Template, Path, Any]) -> None:
@@ -113,7 +114,7 @@ def _alarms(resources: dict[str, dict[str, Any]], stack: str) -> dict[str, dict[
 def test_switchyard_alarms_are_shared_and_aws_alarms_are_not(local: tuple[Template, Path, Any],
                                                              resources) -> None:
     here = _alarms(local[0].to_json()["Resources"], local[2].stack_name)
-    there = _alarms(resources, c.STACK_ID)
+    there = _alarms(resources, constants.STACK_ID)
     assert set(here) == set(local[2].monitoring.alarms)
     assert set(here) < set(there)
     for name, props in here.items():
@@ -124,10 +125,11 @@ def test_switchyard_alarms_are_shared_and_aws_alarms_are_not(local: tuple[Templa
         assert len(props["AlarmActions"]) == 1, name
     poison = here["core-poison-growing"]
     assert (poison["Namespace"], poison["Period"], there["core-poison-growing"]["Period"]) == (
-        metrics_namespace(local[2].stack_name), c.LOCALSTACK_ALARM_PERIOD_S, 300)  # each stack its own
+        # each stack its own
+        metrics_namespace(local[2].stack_name), constants.LOCALSTACK_ALARM_PERIOD_S, 300)
     assert not [n for n in here if "errors-or-throttles" in n or n.startswith(("postgres", "elasticache"))]
 
 
 def test_an_unknown_target_is_refused() -> None:
     with pytest.raises(ConfigError, match="switchyard:target"):
-        build_app(context={c.CTX_TARGET: "gcp"})
+        build_app(context={constants.CTX_TARGET: "gcp"})

@@ -6,7 +6,7 @@ from typing import Any
 
 from aws_cdk.assertions import Match, Template
 
-from stacks import constants as c
+from stacks import constants
 from stacks.constants import STACK_ID
 from stacks.pending import API_TIMEOUT_S
 from switchyard.pending.metrics import PENDING_DATA_LOSS_EVENTS
@@ -28,7 +28,7 @@ def test_the_node_api_function_fits_api_gateway(template: Template,
             "SWITCHYARD_PENDING_STORE"} <= set(env)
     assert fn["TracingConfig"] == {"Mode": "Active"} and "VpcConfig" in fn
     # one tenant's idle long polls cannot take the account's concurrency (issue 23 item 9)
-    assert fn["ReservedConcurrentExecutions"] == c.PENDING_API_RESERVED_CONCURRENCY == 100
+    assert fn["ReservedConcurrentExecutions"] == constants.PENDING_API_RESERVED_CONCURRENCY == 100
     assert int(env["SWITCHYARD_PENDING_RETRY_WINDOW_S"]) < API_TIMEOUT_S
     template.has_resource_properties("AWS::ApiGateway::Method", {
         "HttpMethod": "ANY",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aws_cdk import Stack
 
-from stacks import constants as c
+from stacks import constants
 from stacks.application import stack_names
 from stacks.config import ConfigError
 from tests.stacks.nested import merged_template
@@ -75,6 +75,6 @@ def test_the_scan_sees_a_fixed_name() -> None:
 
 @pytest.mark.parametrize("raw", ['["A", "A"]', "[]", '["1abc"]', "Staging", '{"a": 1}'])
 def test_stack_names_must_be_a_list_of_distinct_valid_names(raw: str) -> None:
-    with pytest.raises(ConfigError, match=c.CTX_STACKS):
+    with pytest.raises(ConfigError, match=constants.CTX_STACKS):
         stack_names(raw)
-    assert stack_names(None) == [c.STACK_ID]
+    assert stack_names(None) == [constants.STACK_ID]

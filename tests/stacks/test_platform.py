@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Template
 
-from stacks import constants as c
+from stacks import constants
 from tests.stacks.conftest import ROOT
 from tests.stacks.test_switchyard_stack import Resources, of_type, switchyard_functions
 
@@ -27,14 +27,14 @@ ECS_CPU = {"x86_64": "X86_64", "arm64": "ARM64"}
 
 
 def test_every_function_and_the_layer_run_the_one_runtime_and_cpu(resources: Resources) -> None:
-    runtime = f"python{c.PYTHON_VERSION}"
+    runtime = f"python{constants.PYTHON_VERSION}"
     for module, functions in switchyard_functions(resources).items():
         for fn in functions.values():
             assert fn["Properties"]["Runtime"] == runtime, module
-            assert fn["Properties"]["Architectures"] == [c.CPU_ARCHITECTURE], module
+            assert fn["Properties"]["Architectures"] == [constants.CPU_ARCHITECTURE], module
     ((_, layer),) = of_type(resources, "AWS::Lambda::LayerVersion").items()
     assert layer["Properties"]["CompatibleRuntimes"] == [runtime]
-    assert layer["Properties"]["CompatibleArchitectures"] == [c.CPU_ARCHITECTURE]
+    assert layer["Properties"]["CompatibleArchitectures"] == [constants.CPU_ARCHITECTURE]
 
 
 def test_every_task_definition_runs_on_that_cpu(resources: Resources) -> None:
@@ -42,7 +42,7 @@ def test_every_task_definition_runs_on_that_cpu(resources: Resources) -> None:
     assert tasks
     for name, task in tasks.items():
         assert task["Properties"]["RuntimePlatform"] == {
-            "CpuArchitecture": ECS_CPU[c.CPU_ARCHITECTURE], "OperatingSystemFamily": "LINUX"}, name
+            "CpuArchitecture": ECS_CPU[constants.CPU_ARCHITECTURE], "OperatingSystemFamily": "LINUX"}, name
 
 
 def test_every_docker_asset_is_built_for_that_cpu_and_python(synthesized: tuple[Template, Path, Any]) -> None:
@@ -52,17 +52,18 @@ def test_every_docker_asset_is_built_for_that_cpu_and_python(synthesized: tuple[
     images = manifest.get("dockerImages", {})
     assert images, "the worker image is a Docker asset"
     for asset in images.values():
-        assert asset["source"]["platform"] == DOCKER_PLATFORM[c.CPU_ARCHITECTURE]
-        assert asset["source"]["dockerBuildArgs"] == {"PYTHON_VERSION": c.PYTHON_VERSION}
+        assert asset["source"]["platform"] == DOCKER_PLATFORM[constants.CPU_ARCHITECTURE]
+        assert asset["source"]["dockerBuildArgs"] == {"PYTHON_VERSION": constants.PYTHON_VERSION}
 
 
 def test_the_dockerfile_defaults_to_the_same_python() -> None:
     """A plain `docker build .` (a pool's own image FROM this one) gets the runtime's Python too."""
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert re.search(rf"^ARG PYTHON_VERSION={re.escape(c.PYTHON_VERSION)}$", dockerfile, re.M)
+    assert re.search(rf"^ARG PYTHON_VERSION={re.escape(constants.PYTHON_VERSION)}$", dockerfile, re.M)
     assert "FROM python:${PYTHON_VERSION}-slim" in dockerfile
 
 
 def test_the_runtime_is_one_lambda_still_supports() -> None:
-    assert date.today() < LAMBDA_PYTHON_DEPRECATION[c.PYTHON_VERSION], (
-        f"python{c.PYTHON_VERSION} is deprecated on Lambda: move PYTHON_VERSION (stacks/constants.py)")
+    assert date.today() < LAMBDA_PYTHON_DEPRECATION[constants.PYTHON_VERSION], (
+        f"python{constants.PYTHON_VERSION} is deprecated on Lambda: move PYTHON_VERSION "
+        "(stacks/constants.py)")

@@ -15,7 +15,7 @@ import pytest
 from aws_cdk import App, Stack
 from aws_cdk.assertions import Template
 
-from stacks import constants as c
+from stacks import constants
 from stacks.base_image import BUILD_ARG, base_inputs, build_command, local_tag
 from stacks.config import ConfigError, DeploymentConfig, ImageDirectory
 from tests.stacks.conftest import ROOT, synth
@@ -35,9 +35,9 @@ def worker_images(example_synth: tuple[Template, Path, Any]) -> dict[str, tuple[
     template, outdir, stack = example_synth
     manifest = json.loads((outdir / f"{stack.artifact_id}.assets.json").read_text())["dockerImages"]
     found = {}
-    for pool in EXAMPLE_CONTEXT[c.CTX_POOLS]:
+    for pool in EXAMPLE_CONTEXT[constants.CTX_POOLS]:
         (task,) = [t for t in of_type(template.to_json()["Resources"], "AWS::ECS::TaskDefinition").values()
-                   if t["Properties"]["Family"].endswith(f"{c.WORKER_FAMILY_SUFFIX}{pool['name']}")]
+                   if t["Properties"]["Family"].endswith(f"{constants.WORKER_FAMILY_SUFFIX}{pool['name']}")]
         (container,) = task["Properties"]["ContainerDefinitions"]
         asset_hash = container["Image"]["Fn::Sub"].rsplit(":", 1)[1]
         found[pool["name"]] = (container, manifest[asset_hash])
@@ -67,14 +67,14 @@ def test_the_default_pool_still_builds_from_the_root_dockerfile(example_synth) -
     container, asset = worker_images(example_synth)["core"]
     assert container["Command"] == ["worker", "--handler", "switchyard.rpc.examples:describe"]
     assert asset["source"]["dockerFile"] == "Dockerfile"
-    assert asset["source"]["dockerBuildArgs"] == {"PYTHON_VERSION": c.PYTHON_VERSION}
+    assert asset["source"]["dockerBuildArgs"] == {"PYTHON_VERSION": constants.PYTHON_VERSION}
     staged = outdir / asset["source"]["directory"]
     assert (staged / "Dockerfile").read_bytes() == (ROOT / "Dockerfile").read_bytes()
     assert (staged / "switchyard" / "rpc" / "worker" / "runtime.py").is_file()
     # ./dev deploy builds the same Dockerfile as the base, for the same platform and Python.
     command = build_command()
     assert command[command.index("--platform") + 1] == asset["source"]["platform"]
-    assert command[command.index("--build-arg") + 1] == f"PYTHON_VERSION={c.PYTHON_VERSION}"
+    assert command[command.index("--build-arg") + 1] == f"PYTHON_VERSION={constants.PYTHON_VERSION}"
     assert command[-1] == str(ROOT)
 
 
@@ -106,16 +106,17 @@ def config(**context: Any) -> DeploymentConfig:
 def test_the_base_image_is_the_local_build_unless_the_context_names_one() -> None:
     assert config().base_image_ref == local_tag()
     published = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/switchyard-worker:1.4.0"
-    assert config(**{c.CTX_BASE_IMAGE: published}).base_image_ref == published
+    assert config(**{constants.CTX_BASE_IMAGE: published}).base_image_ref == published
 
 
 def test_an_image_directory_is_kept_relative_to_the_project() -> None:
-    (pool,) = config(**{c.CTX_POOLS: [{"name": "p", "image": {"directory": "examples/pricing/"}}]}).pools
+    (pool,) = config(
+        **{constants.CTX_POOLS: [{"name": "p", "image": {"directory": "examples/pricing/"}}]}).pools
     assert pool.image == ImageDirectory("examples/pricing")
 
 
 def pool_with_image(image: Any) -> dict[str, Any]:
-    return {c.CTX_POOLS: [{"name": "p", "handler": "m:f", "image": image}]}
+    return {constants.CTX_POOLS: [{"name": "p", "handler": "m:f", "image": image}]}
 
 
 @pytest.mark.parametrize(("image", "message"), [

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Template
 
-from stacks import constants as c
+from stacks import constants
 from stacks.application import build_app
 from stacks.config import ConfigError
 from stacks.pool_stacks import pool_stacks
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 
 def _pools(count: int) -> dict[str, str]:
-    return {c.CTX_POOLS: json.dumps([{"name": f"pool{i}"} for i in range(count)])}
+    return {constants.CTX_POOLS: json.dumps([{"name": f"pool{i}"} for i in range(count)])}
 
 
 def _counts(stack: Any) -> list[int]:
@@ -50,19 +50,19 @@ def test_twenty_pools_synthesize_each_template_under_the_limit(layer_dir: str, t
     _, _, stack = synth(layer_dir, tmp_path, **_pools(20))
     parent, *pools = _counts(stack)
     print(f"20 pools: the parent holds {parent} resources, each pool's nested stack {pools[0]}")
-    assert len(pools) == 20 and max(parent, *pools) < c.CFN_MAX_RESOURCES
+    assert len(pools) == 20 and max(parent, *pools) < constants.CFN_MAX_RESOURCES
 
 
 def test_past_the_limit_synth_names_how_many_pools_fit(layer_dir: str, tmp_path: Path,
                                                       one_and_two: tuple[Any, Any]) -> None:
     one, two = one_and_two
     per_pool = _counts(two)[0] - _counts(one)[0]
-    fit = (c.CFN_MAX_RESOURCES - (_counts(one)[0] - per_pool)) // per_pool
+    fit = (constants.CFN_MAX_RESOURCES - (_counts(one)[0] - per_pool)) // per_pool
     assert fit >= 30, f"one stack holds {fit} pools"
     message = (rf"{fit + 1} pools make \d+ resources in this stack, over CloudFormation's 500: "
                rf".* at most {fit} pools")
     with pytest.raises(ConfigError, match=message):  # raised while building, before any synth
-        build_app(context={c.CTX_LAYER_DIR: str(layer_dir), **_pools(fit + 1)}, outdir=str(tmp_path))
+        build_app(context={constants.CTX_LAYER_DIR: str(layer_dir), **_pools(fit + 1)}, outdir=str(tmp_path))
     # The limit is the real one: nothing synth adds (an IAM policy split in two) outgrows it.
     _, _, stack = synth(layer_dir, tmp_path / "fit", **_pools(fit))
-    assert c.CFN_MAX_RESOURCES - per_pool < _counts(stack)[0] <= c.CFN_MAX_RESOURCES
+    assert constants.CFN_MAX_RESOURCES - per_pool < _counts(stack)[0] <= constants.CFN_MAX_RESOURCES

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Match, Template
 
-from stacks import constants as c
+from stacks import constants
 from stacks.broker import BrokerSettings
 from stacks.config import DelayConfig
 from stacks.parameters import DELAY_CONSUMER_GROUP, SCHEDULED_CONSUMER_GROUP
@@ -97,7 +97,7 @@ def group_id(resources: Resources, construct_id: str) -> str:
 # -- network ------------------------------------------------------------------------------------
 def test_vpc_spans_two_azs_with_one_nat_and_private_subnets(template: Template) -> None:
     template.resource_count_is("AWS::EC2::NatGateway", 1)
-    template.resource_count_is("AWS::EC2::Subnet", 3 * c.VPC_MAX_AZS)
+    template.resource_count_is("AWS::EC2::Subnet", 3 * constants.VPC_MAX_AZS)
     template.has_resource_properties(
         "AWS::EC2::FlowLog",
         {"ResourceType": "VPC", "TrafficType": "ALL", "LogDestinationType": "cloud-watch-logs"},
@@ -122,14 +122,16 @@ def test_each_data_service_admits_its_port_from_exactly_its_clients(resources: R
         for n in ("BrokerSecurityGroup", "RedisSecurityGroup", "PostgresSecurityGroup", "MskSecurityGroup")
     )
     assert ingress(resources, broker) == {
-        (port, src) for port in (c.AMQPS_PORT, c.HTTPS_PORT) for src in (functions, workers, emr, broker)
+        (port, src) for port in (constants.AMQPS_PORT, constants.HTTPS_PORT)
+        for src in (functions, workers, emr, broker)
     }
     bus_workers = group_id(resources, "BusDeliverySecurityGroup")
     apis = group_id(resources, "PublicApiSecurityGroup")  # the public APIs' functions: Redis only
-    assert ingress(resources, redis) == {(c.REDIS_PORT, functions), (c.REDIS_PORT, bus_workers),
-                                         (c.REDIS_PORT, apis)}
-    assert ingress(resources, postgres) == {(c.POSTGRES_PORT, functions)}
-    assert ingress(resources, msk) == {(c.MSK_IAM_PORT, src) for src in (functions, emr, msk)}
+    assert ingress(resources, redis) == {(constants.REDIS_PORT, functions),
+                                         (constants.REDIS_PORT, bus_workers),
+                                         (constants.REDIS_PORT, apis)}
+    assert ingress(resources, postgres) == {(constants.POSTGRES_PORT, functions)}
+    assert ingress(resources, msk) == {(constants.MSK_IAM_PORT, src) for src in (functions, emr, msk)}
     for client in (functions, workers, emr, apis):
         assert ingress(resources, client) == set()
 
@@ -141,7 +143,7 @@ def test_broker_is_private_rabbitmq_4_2_by_default(template: Template) -> None:
         {
             "EngineType": "RABBITMQ",
             "EngineVersion": "4.2",
-            "HostInstanceType": c.DEFAULT_BROKER_INSTANCE_TYPE,
+            "HostInstanceType": constants.DEFAULT_BROKER_INSTANCE_TYPE,
             "DeploymentMode": "SINGLE_INSTANCE",
             "PubliclyAccessible": False,
             "AutoMinorVersionUpgrade": True,
@@ -165,7 +167,7 @@ def test_broker_user_comes_from_the_generated_secret(resources: Resources) -> No
 
 def test_the_emr_image_context_attaches_the_custom_image(layer_dir: str, tmp_path: Path) -> None:
     image = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/switchyard-emr:7.9.0-py311"
-    template, _, _ = synth(layer_dir, tmp_path, **{c.CTX_EMR_IMAGE: image})
+    template, _, _ = synth(layer_dir, tmp_path, **{constants.CTX_EMR_IMAGE: image})
     (application,) = template.find_resources("AWS::EMRServerless::Application").values()
     assert application["Properties"]["ImageConfiguration"] == {"ImageUri": image}
 
@@ -184,7 +186,7 @@ def test_broker_settings_reject_what_amazon_mq_would(settings: dict[str, str], m
 
 def test_pools_are_declared_on_deploy_by_a_custom_resource(resources: Resources) -> None:
     _, pools = only(resources, "Custom::SwitchyardPools")
-    assert pools["Properties"]["Pools"] == [c.EXAMPLE_POOL]
+    assert pools["Properties"]["Pools"] == [constants.EXAMPLE_POOL]
     assert re.fullmatch(r"[0-9a-f]{16}", pools["Properties"]["CodeVersion"])  # re-runs when the code changes
     _, fn = one_function(resources, "deploy_pools")
     env = fn["Properties"]["Environment"]["Variables"]
@@ -246,12 +248,14 @@ def test_every_handler_is_deployed_with_layer_tracing_vpc_and_powertools(resourc
     for module, fns in functions.items():
         for fn in fns.values():
             props = fn["Properties"]
-            assert props["Runtime"] == f"python{c.PYTHON_VERSION}", module  # tests/stacks/test_platform.py
+            # tests/stacks/test_platform.py
+            assert props["Runtime"] == f"python{constants.PYTHON_VERSION}", module
             assert props["Layers"] == [{"Ref": layer}], module
             assert props["TracingConfig"] == {"Mode": "Active"}, module  # X-Ray joins the W3C traces
             assert props["VpcConfig"]["SecurityGroupIds"], module
             env = props["Environment"]["Variables"]
-            assert env["POWERTOOLS_METRICS_NAMESPACE"] == f"Switchyard/{c.STACK_ID}", module  # its own
+            # its own
+            assert env["POWERTOOLS_METRICS_NAMESPACE"] == f"Switchyard/{constants.STACK_ID}", module
             assert env["POWERTOOLS_SERVICE_NAME"].startswith("switchyard-"), module
             assert env["POWERTOOLS_LOG_LEVEL"] == "INFO", module
             assert "POWERTOOLS_TRACE_DISABLED" not in env, module  # Powertools' Tracer records the segment
@@ -272,8 +276,8 @@ def test_reserved_concurrency_where_a_handler_must_not_pile_up(resources: Resour
         return one_function(resources, module)[1]["Properties"].get("ReservedConcurrentExecutions")
 
     assert reserved("rpc_reconcile") == 1
-    assert reserved("delay_fire") == c.FIRE_RESERVED_CONCURRENCY
-    assert reserved("delay_sweep") == c.SWEEP_RESERVED_CONCURRENCY
+    assert reserved("delay_fire") == constants.FIRE_RESERVED_CONCURRENCY
+    assert reserved("delay_sweep") == constants.SWEEP_RESERVED_CONCURRENCY
     # Amazon MQ mappings invoke one environment at a time anyway; enqueue scales with partitions.
     assert reserved("rpc_orphans") is None and reserved("delay_enqueue") is None
 
@@ -346,11 +350,12 @@ def test_amazon_mq_mappings_for_the_three_queues_of_every_pool(resources: Resour
         for m in of_type(resources, "AWS::Lambda::EventSourceMapping").values()
         if "Queues" in m["Properties"]
     }
-    assert set(mq) == {f"{c.EXAMPLE_POOL}-orphan", f"{c.EXAMPLE_POOL}-dl", f"{c.EXAMPLE_POOL}-activity"}
+    assert set(mq) == {f"{constants.EXAMPLE_POOL}-orphan", f"{constants.EXAMPLE_POOL}-dl",
+                       f"{constants.EXAMPLE_POOL}-activity"}
     handler_of = {
-        f"{c.EXAMPLE_POOL}-orphan": "rpc_orphans",
-        f"{c.EXAMPLE_POOL}-dl": "rpc_dead_letters",
-        f"{c.EXAMPLE_POOL}-activity": "rpc_activity",
+        f"{constants.EXAMPLE_POOL}-orphan": "rpc_orphans",
+        f"{constants.EXAMPLE_POOL}-dl": "rpc_dead_letters",
+        f"{constants.EXAMPLE_POOL}-activity": "rpc_activity",
     }
     for queue, props in mq.items():
         assert props["EventSourceArn"] == {"Fn::GetAtt": [broker, "Arn"]}
@@ -421,14 +426,15 @@ def test_schedules_invoke_reconcile_fire_and_sweep_every_minute(resources: Resou
 # -- ECS --------------------------------------------------------------------------------------------
 def test_worker_task_definition_injects_the_amqp_secret_and_stops_in_two_stages(resources: Resources) -> None:
     (props,) = [t["Properties"] for t in of_type(resources, "AWS::ECS::TaskDefinition").values()
-                if t["Properties"]["Family"].startswith(f"{c.STACK_ID}-{c.WORKER_FAMILY_SUFFIX}")]
-    assert props["Family"] == f"{c.STACK_ID}-worker-{c.EXAMPLE_POOL}"
+                if t["Properties"]["Family"].startswith(
+                    f"{constants.STACK_ID}-{constants.WORKER_FAMILY_SUFFIX}")]
+    assert props["Family"] == f"{constants.STACK_ID}-worker-{constants.EXAMPLE_POOL}"
     assert props["RequiresCompatibilities"] == ["FARGATE"] and props["NetworkMode"] == "awsvpc"
     assert (props["Cpu"], props["Memory"]) == ("256", "512")
     (container,) = props["ContainerDefinitions"]
-    assert container["Name"] == c.WORKER_CONTAINER
+    assert container["Name"] == constants.WORKER_CONTAINER
     assert container["Command"] == ["worker", "--handler", "switchyard.rpc.examples:describe"]
-    assert container["StopTimeout"] == c.WORKER_STOP_TIMEOUT_S
+    assert container["StopTimeout"] == constants.WORKER_STOP_TIMEOUT_S
     assert container["LogConfiguration"]["LogDriver"] == "awslogs"
     assert {s["Name"] for s in container["Secrets"]} == {
         "SWITCHYARD_AMQP_USERNAME",
@@ -443,7 +449,8 @@ def test_control_plane_drives_the_pools_task_definition_on_ecs(resources: Resour
     _, orphans = one_function(resources, "rpc_orphans")
     env = orphans["Properties"]["Environment"]["Variables"]
     assert env["SWITCHYARD_RPC_DRIVER"] == "ecs"
-    assert env["SWITCHYARD_RPC_ECS_TASK_DEFINITION"] == f"{c.STACK_ID}-worker-{c.EXAMPLE_POOL}"
+    assert (env["SWITCHYARD_RPC_ECS_TASK_DEFINITION"]
+            == f"{constants.STACK_ID}-worker-{constants.EXAMPLE_POOL}")
     assert (
         env["SWITCHYARD_RPC_MIN_WORKERS"],
         env["SWITCHYARD_RPC_MAX_WORKERS"],
@@ -477,13 +484,13 @@ def alarm(resources: Resources, name: str) -> dict[str, Any]:
     (found,) = [
         a["Properties"]
         for a in of_type(resources, "AWS::CloudWatch::Alarm").values()
-        if a["Properties"]["AlarmName"] == f"{c.STACK_ID}-{name}"
+        if a["Properties"]["AlarmName"] == f"{constants.STACK_ID}-{name}"
     ]
     return found
 
 
 def test_alarm_metrics_and_thresholds(resources: Resources) -> None:
-    pool = c.EXAMPLE_POOL
+    pool = constants.EXAMPLE_POOL
     poison = alarm(resources, f"{pool}-poison-growing")
     assert (poison["MetricName"], poison["Threshold"]) == ("DeadLetterPoisoned", 1)
     assert poison["Dimensions"] == [{"Name": "service", "Value": f"switchyard-{pool}"}]
@@ -529,7 +536,7 @@ def test_emr_serverless_application_bucket_and_job_role(template: Template, reso
         "AWS::EMRServerless::Application",
         {
             "Type": "SPARK",
-            "ReleaseLabel": c.EMR_RELEASE,
+            "ReleaseLabel": constants.EMR_RELEASE,
             "NetworkConfiguration": {"SecurityGroupIds": Match.any_value(), "SubnetIds": Match.any_value()},
             "ImageConfiguration": Match.absent(),  # EMR's own image unless switchyard:emrImage says
         },
@@ -572,7 +579,7 @@ def test_two_pools_get_their_own_functions_mappings_schedules_and_tasks(
         {"name": "core"},
         {"name": "gpu", "cpu": 1024, "memoryMib": 4096, "maxWorkers": 2, "batchSize": 50},
     ]
-    template, _, _ = synth(layer_dir, tmp_path, **{c.CTX_POOLS: pools})
+    template, _, _ = synth(layer_dir, tmp_path, **{constants.CTX_POOLS: pools})
     resources = template.to_json()["Resources"]
     assert len(switchyard_functions(resources)["rpc_orphans"]) == 2
     queues = {
@@ -593,8 +600,9 @@ def test_two_pools_get_their_own_functions_mappings_schedules_and_tasks(
         t["Properties"]["Family"]: t["Properties"]["Memory"]
         for t in of_type(resources, "AWS::ECS::TaskDefinition").values()
     }
-    assert families == {f"{c.STACK_ID}-worker-core": "512", f"{c.STACK_ID}-worker-gpu": "4096",
-                        f"{c.STACK_ID}-bus-worker": "1024"}
+    assert families == {f"{constants.STACK_ID}-worker-core": "512",
+                        f"{constants.STACK_ID}-worker-gpu": "4096",
+                        f"{constants.STACK_ID}-bus-worker": "1024"}
     (pools_cr,) = template.find_resources("Custom::SwitchyardPools").values()
     assert pools_cr["Properties"]["Pools"] == ["core", "gpu"]
 

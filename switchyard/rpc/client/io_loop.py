@@ -37,7 +37,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from switchyard.core.errors import BrokerUnavailableError
 from switchyard.core.observability import logger
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.amqp import (
     LoopPasses,
     close_reason,
@@ -76,14 +76,14 @@ class _ClientCore:
 
     def __init__(self, pool: str, settings: RpcSettings, concurrency: int | None, timeout: float | None,
                  confirm: bool, name: str) -> None:
-        self.pool = p.validate_pool(pool)
+        self.pool = protocol.validate_pool(pool)
         self.settings = settings
         self.default_timeout = timeout if timeout is not None else self.settings.call_timeout
         self.confirm = confirm
         self.stats = ClientStats()
         self.slots: SlotTable[Call] = SlotTable(concurrency or self.settings.client_concurrency)
         self._name = name
-        self._exchange = p.req_exchange(pool)
+        self._exchange = protocol.req_exchange(pool)
         self._tag = os.urandom(4).hex()
         self._outbox: deque[Call] = deque()
         self._submit_lock = threading.Lock()  # orders submit's enqueue against close
@@ -241,7 +241,7 @@ class _ClientCore:
             except pika.exceptions.ChannelClosedByBroker as exc:
                 error: Exception = (
                     PoolNotFoundError(f"pool {self.pool!r} is not initialized: {exc.reply_text}")
-                    if exc.reply_code == p.NOT_FOUND
+                    if exc.reply_code == protocol.NOT_FOUND
                     else BrokerUnavailableError(f"channel closed by the broker: {exc.reply_text}")
                 )
                 logger.warning("client channel closed; reopening", extra={"pool": self.pool,
@@ -268,7 +268,7 @@ class _ClientCore:
         try:
             channel.exchange_declare(self._exchange, passive=True)
         except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code == p.NOT_FOUND:
+            if exc.reply_code == protocol.NOT_FOUND:
                 raise PoolNotFoundError(
                     f"pool {self.pool!r} is not initialized (no exchange {self._exchange!r}); "
                     f"run: switchyard pool init --pool {self.pool}"

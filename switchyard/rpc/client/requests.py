@@ -11,8 +11,7 @@ from typing import Any
 import pika
 
 from switchyard.core import tracing
-from switchyard.rpc import frames
-from switchyard.rpc import protocol as p
+from switchyard.rpc import frames, protocol
 
 _CID_ROOM = 40  # bytes a correlation id may take: tag, slot and sequence number
 
@@ -39,14 +38,14 @@ def encode_request(key: str, body: bytes | str, timeout: float, expiration_ms: i
                    headers: Mapping[str, Any] | None, *, reply: bool, reply_queue: str,
                    frame_max: int) -> Call:
     """Validate a request and build its properties, so a bad one fails here, for its caller."""
-    p.validate_key(key)
+    protocol.validate_key(key)
     if isinstance(body, str):
         body = body.encode("utf-8")
     elif isinstance(body, bytearray | memoryview):
         body = bytes(body)
     elif not isinstance(body, bytes):
         raise TypeError(f"a request body must be bytes or str, not {type(body).__name__}")
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout) \
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout)\
             or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if expiration_ms is None:
@@ -55,7 +54,7 @@ def encode_request(key: str, body: bytes | str, timeout: float, expiration_ms: i
         raise ValueError(f"expiration_ms must be a non-negative integer, got {expiration_ms!r}")
     if headers is not None and not isinstance(headers, Mapping):
         raise TypeError(f"headers must be a mapping, not {type(headers).__name__}")
-    msg_headers = {**headers, p.KEY_HEADER: key} if headers else {p.KEY_HEADER: key}
+    msg_headers = {**headers, protocol.KEY_HEADER: key} if headers else {protocol.KEY_HEADER: key}
     if tracing.TRACEPARENT_HEADER not in msg_headers:  # the caller's trace, else the request in hand's
         msg_headers[tracing.TRACEPARENT_HEADER] = tracing.outgoing_traceparent()
     if tracing.trace_log_path() is not None:
@@ -73,7 +72,7 @@ def encode_request(key: str, body: bytes | str, timeout: float, expiration_ms: i
     if size + _CID_ROOM + frames.FRAME_OVERHEAD > frame_max:
         raise ValueError(f"request properties and headers take {size} bytes: more than the "
                          f"broker's frame size ({frame_max} bytes) can carry")
-    return Call(key, p.routing_key(key), body, timeout, props, Future(), reply=reply)
+    return Call(key, protocol.routing_key(key), body, timeout, props, Future(), reply=reply)
 
 
 def parse_correlation_id(tag: str, correlation_id: str | None) -> tuple[int, int] | None:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.amqp_decode import undecodable
 from switchyard.rpc.errors import RemoteError
 
@@ -22,7 +22,7 @@ class Response:
 
     @property
     def ok(self) -> bool:
-        return self.status == p.Status.OK
+        return self.status == protocol.Status.OK
 
     def text(self) -> str:
         return self.body.decode("utf-8", "replace")
@@ -37,8 +37,8 @@ def status_of(headers: Mapping[str, Any]) -> str:
     """A response's status: its ``x-status`` (``ok`` when a plain worker sets none), ``error`` when
     its headers could not be decoded (whatever they said is unknown, so it cannot read as ok)."""
     if undecodable(headers) is not None:
-        return p.Status.ERROR
-    value = headers.get(p.STATUS_HEADER, p.Status.OK)
+        return protocol.Status.ERROR
+    value = headers.get(protocol.STATUS_HEADER, protocol.Status.OK)
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 

@@ -25,8 +25,7 @@ from confluent_kafka import KafkaError, Producer
 from switchyard.core.msk_auth import kafka_security_config
 from switchyard.delay.parsing import parse_deadline
 from switchyard.delay.settings import DelaySettings, validate_topic
-from switchyard.rpc import frames
-from switchyard.rpc import protocol as p
+from switchyard.rpc import frames, protocol
 from switchyard.rpc.amqp import connect
 from switchyard.rpc.client.response import Response, status_of
 from switchyard.rpc.errors import BrokerError
@@ -53,12 +52,13 @@ def deadline_of(at: When, now: datetime | None = None) -> datetime:
 
 def declare_reply_queue(settings: RpcSettings, name: str) -> str:
     """Declare the durable reply queue ``name`` stands for (idempotent); returns its full name."""
-    queue = p.reply_queue(name)
+    queue = protocol.reply_queue(name)
     try:
         connection = connect(settings.connections.amqp_url, "switchyard-reply-queue")
         try:
-            connection.channel().queue_declare(queue, durable=True,
-                                               arguments={p.QUEUE_TYPE_ARGUMENT: p.QueueType.CLASSIC.value})
+            connection.channel().queue_declare(
+                queue, durable=True,
+                arguments={protocol.QUEUE_TYPE_ARGUMENT: protocol.QueueType.CLASSIC.value})
         finally:
             connection.close()
     except pika.exceptions.AMQPError as exc:
@@ -70,7 +70,7 @@ class CallScheduler:
     """One pool's scheduled calls; a producer and the thread that serves its delivery reports."""
 
     def __init__(self, pool: str, settings: RpcSettings, topic: str | None = None) -> None:
-        self.pool = p.validate_pool(pool)
+        self.pool = protocol.validate_pool(pool)
         self.settings = settings
         self.topic = validate_topic(topic or DelaySettings.from_env().input_topic)
         self._producer = Producer({"bootstrap.servers": settings.connections.kafka_bootstrap,
@@ -93,8 +93,8 @@ class CallScheduler:
         ``reply``: a durable reply queue's name (answers kept there for ``collect``); None: no answer.
         ``expiration_ms``: the call is not made if it fires more than this after its deadline.
         """
-        p.validate_key(key)
-        data = p.body_bytes(body, "a request body must be bytes or str")
+        protocol.validate_key(key)
+        data = protocol.body_bytes(body, "a request body must be bytes or str")
         deadline = deadline_of(at)
         call_id = validate_call_id(call_id) if call_id is not None else uuid.uuid4().hex
         if expiration_ms is not None and (isinstance(expiration_ms, bool)
@@ -102,7 +102,7 @@ class CallScheduler:
             raise ValueError(f"expiration_ms must be a positive integer, got {expiration_ms!r}")
         reply_queue = None
         if reply is not None:
-            reply_queue = p.reply_queue(reply)
+            reply_queue = protocol.reply_queue(reply)
             if reply not in self._declared:
                 declare_reply_queue(self.settings, reply)
                 self._declared.add(reply)
@@ -149,7 +149,7 @@ def collect(settings: RpcSettings, reply: str, ids: Iterable[str] | None = None,
     so an answer behind more than that stays for the next collect. The answers it passes over are
     held (unacked, invisible to others) only while it reads; before each wait they go back, so
     another collector of the same queue finds its own meanwhile."""
-    queue = p.reply_queue(reply)
+    queue = protocol.reply_queue(reply)
     wanted = None if ids is None else set(ids)
     found: dict[str, Response] = {}
     try:

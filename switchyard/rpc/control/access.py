@@ -44,7 +44,7 @@ from enum import StrEnum
 from typing import Any
 
 from switchyard.core.errors import ConfigError
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.management import ManagementApi
 
 USERNAME_PREFIX = "switchyard-"
@@ -71,9 +71,9 @@ DEPLOYMENT_WIDE = frozenset({BrokerRole.CLIENTS, BrokerRole.SCHEDULED, BrokerRol
 class Permissions:
     """A user's configure/write/read patterns in the vhost, and its management tags."""
 
-    configure: str = p.NOTHING_PATTERN
-    write: str = p.NOTHING_PATTERN
-    read: str = p.NOTHING_PATTERN
+    configure: str = protocol.NOTHING_PATTERN
+    write: str = protocol.NOTHING_PATTERN
+    read: str = protocol.NOTHING_PATTERN
     tags: tuple[str, ...] = ()
 
 
@@ -89,11 +89,11 @@ class BrokerUser:
         if (self.role in DEPLOYMENT_WIDE) != (self.pool is None):
             raise ConfigError(f"broker role {self.role} is {'not ' if self.pool is None else ''}per pool")
         if self.pool is not None:
-            p.validate_pool(self.pool)
+            protocol.validate_pool(self.pool)
         if self.application is not None:
             if self.role is not BrokerRole.CLIENTS:
                 raise ConfigError(f"broker role {self.role} has no per-application users; only clients has")
-            p.validate_application(self.application)
+            protocol.validate_application(self.application)
 
     @property
     def username(self) -> str:
@@ -104,32 +104,39 @@ class BrokerUser:
 
     def permissions(self, pools: Sequence[str]) -> Permissions:
         """What this user may do when the deployment has ``pools`` (the probe's: in its own vhost)."""
-        exchanges = map(p.req_exchange, pools)
+        exchanges = map(protocol.req_exchange, pools)
         if self.role is BrokerRole.SCHEDULED:
-            return Permissions(write=p.names_pattern(*exchanges, p.DEFAULT_EXCHANGE_RESOURCE))
+            return Permissions(write=protocol.names_pattern(*exchanges, protocol.DEFAULT_EXCHANGE_RESOURCE))
         if self.role is BrokerRole.PROBE:
-            return Permissions(configure=p.DEAD_LETTER_PROBE_PATTERN, tags=(POLICYMAKER,))
+            return Permissions(configure=protocol.DEAD_LETTER_PROBE_PATTERN, tags=(POLICYMAKER,))
         if self.pool is None:
-            replies = p.any_of(p.server_named_queues_pattern(), p.reply_queues_pattern(self.application))
-            return Permissions(configure=replies, write=p.names_pattern(*exchanges), read=replies)
+            replies = protocol.any_of(protocol.server_named_queues_pattern(),
+                                      protocol.reply_queues_pattern(self.application))
+            return Permissions(configure=replies, write=protocol.names_pattern(*exchanges), read=replies)
         return _pool_permissions(self.role, self.pool)
 
 
 def _pool_permissions(role: BrokerRole, pool: str) -> Permissions:
-    requests, exchange = p.request_queues_pattern(pool), p.names_pattern(p.req_exchange(pool))
+    requests, exchange = (protocol.request_queues_pattern(pool),
+                          protocol.names_pattern(protocol.req_exchange(pool)))
     binds = Permissions(configure=requests, write=requests, read=exchange)  # declare and bind queues
     return {
         BrokerRole.ORPHANS: Permissions(
             configure=requests, read=exchange,
-            write=p.any_of(requests, p.names_pattern(p.req_exchange(pool), p.DEFAULT_EXCHANGE_RESOURCE))),
-        BrokerRole.DEAD_LETTERS: Permissions(write=p.names_pattern(p.DEFAULT_EXCHANGE_RESOURCE)),
+            write=protocol.any_of(requests, protocol.names_pattern(protocol.req_exchange(pool),
+                                                                   protocol.DEFAULT_EXCHANGE_RESOURCE))),
+        BrokerRole.DEAD_LETTERS: Permissions(
+            write=protocol.names_pattern(protocol.DEFAULT_EXCHANGE_RESOURCE)),
         BrokerRole.ACTIVITY: binds,
         BrokerRole.RECONCILE: Permissions(configure=requests, write=requests,
-                                          read=p.any_of(requests, exchange), tags=(MANAGEMENT,)),
+                                          read=protocol.any_of(requests, exchange), tags=(MANAGEMENT,)),
         BrokerRole.MAPPINGS: Permissions(
-            read=p.names_pattern(p.orphan_queue(pool), p.dl_queue(pool), p.activity_queue(pool))),
+            read=protocol.names_pattern(protocol.orphan_queue(pool), protocol.dl_queue(pool),
+                                        protocol.activity_queue(pool))),
         BrokerRole.WORKERS: Permissions(
-            write=p.names_pattern(p.DEFAULT_EXCHANGE_RESOURCE, p.activity_exchange(pool)), read=requests),
+            write=protocol.names_pattern(protocol.DEFAULT_EXCHANGE_RESOURCE,
+                                         protocol.activity_exchange(pool)),
+            read=requests),
     }[role]
 
 

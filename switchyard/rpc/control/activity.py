@@ -21,11 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from switchyard.core.observability import logger
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.rmq_event import AmqpMessage
 from switchyard.rpc.ports import LatencyReport, PoolStore, RequestQueues, TouchMode, now_ms
 
-_EVENTS = {e.value for e in p.Event}
+_EVENTS = {e.value for e in protocol.Event}
 
 
 @dataclass
@@ -74,18 +74,19 @@ def track_activity(
         key = message.key
         if key is None:
             outcome.without_key += 1
-            worker_id = message.headers.get(p.WORKER_ID_HEADER)
+            worker_id = message.headers.get(protocol.WORKER_ID_HEADER)
             logger.warning("activity report without a usable key dropped",
                            extra={"pool": topology.pool, "worker_id": worker_id})
             continue
-        if message.header_str(p.EVENT_HEADER) not in _EVENTS:
+        if message.header_str(protocol.EVENT_HEADER) not in _EVENTS:
             outcome.unknown_events += 1
             logger.warning("activity report with an unknown x-event dropped",
-                           extra={"pool": topology.pool, "event": repr(message.headers.get(p.EVENT_HEADER))})
+                           extra={"pool": topology.pool,
+                                  "event": repr(message.headers.get(protocol.EVENT_HEADER))})
             continue
         keys.add(key)
-        if p.LATENCY_HEADER in message.headers:
-            report = parse_latency(message.headers[p.LATENCY_HEADER])
+        if protocol.LATENCY_HEADER in message.headers:
+            report = parse_latency(message.headers[protocol.LATENCY_HEADER])
             if report is None:
                 outcome.malformed_latency += 1
             else:

@@ -39,7 +39,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from switchyard.core.config import service_urls
 from switchyard.core.observability import logger
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
 from switchyard.rpc.errors import DeadLetteringStrandedError, ManagementApiError
 
@@ -74,7 +74,8 @@ def stranded_error(what: str) -> DeadLetteringStrandedError:
 
 def is_stranding(exc: BaseException) -> bool:
     """Whether a broker error is the stranded supervisor's ``INTERNAL_ERROR`` on a declare."""
-    return isinstance(exc, pika.exceptions.ConnectionClosedByBroker) and exc.reply_code == p.INTERNAL_ERROR
+    return (isinstance(exc, pika.exceptions.ConnectionClosedByBroker)
+            and exc.reply_code == protocol.INTERNAL_ERROR)
 
 
 def is_stranding_answer(exc: ManagementApiError) -> bool:
@@ -85,7 +86,7 @@ def is_stranding_answer(exc: ManagementApiError) -> bool:
 
 def retire_definition(definition: dict[str, Any]) -> dict[str, Any]:
     """``definition`` with at-most-once dead-lettering: what the queue gets for its last moments."""
-    return {**definition, p.DEAD_LETTER_STRATEGY: p.AT_MOST_ONCE}
+    return {**definition, protocol.DEAD_LETTER_STRATEGY: protocol.AT_MOST_ONCE}
 
 
 @contextlib.contextmanager
@@ -97,8 +98,9 @@ def retired(management: ManagementApi, queue: str, definition: dict[str, Any],
     management call returns (measured: no wait needed in 200 deletions right after restarts); the
     short settle is margin. The management API's ``policy`` field lags by seconds: not a signal.
     """
-    name = p.retire_policy_name(queue)
-    management.put_policy(name, p.exact_queue_pattern(queue), retire_definition(definition), priority + 1)
+    name = protocol.retire_policy_name(queue)
+    management.put_policy(name, protocol.exact_queue_pattern(queue), retire_definition(definition),
+                          priority + 1)
     try:
         time.sleep(RETIRE_SETTLE_S)
         yield
@@ -108,26 +110,26 @@ def retired(management: ManagementApi, queue: str, definition: dict[str, Any],
 
 def probe_definition() -> dict[str, Any]:
     """At-least-once dead-lettering into a queue nobody declares: the probe's queues hold nothing."""
-    return {"dead-letter-exchange": "", "dead-letter-routing-key": p.DEAD_LETTER_PROBE_PREFIX + "sink",
-            p.DEAD_LETTER_STRATEGY: p.AT_LEAST_ONCE, "overflow": "reject-publish"}
+    return {"dead-letter-exchange": "", "dead-letter-routing-key": protocol.DEAD_LETTER_PROBE_PREFIX + "sink",
+            protocol.DEAD_LETTER_STRATEGY: protocol.AT_LEAST_ONCE, "overflow": "reject-publish"}
 
 
 # The probe's queues. The first spans every node (a group larger than any cluster): its members name
 # the nodes, which the management API lists only to monitoring users, and the node that answered the
 # declare leads it. Each other node then declares one of a single member, which it leads.
 SPANNING_GROUP_SIZE = 255
-PROBE_QUEUE_ARGUMENTS = {p.QUEUE_TYPE_ARGUMENT: p.QueueType.QUORUM.value,
-                         p.LEADER_LOCATOR_ARGUMENT: p.CLIENT_LOCAL}
+PROBE_QUEUE_ARGUMENTS = {protocol.QUEUE_TYPE_ARGUMENT: protocol.QueueType.QUORUM.value,
+                         protocol.LEADER_LOCATOR_ARGUMENT: protocol.CLIENT_LOCAL}
 
 
 def probe(channel: Callable[[], BlockingChannel], management: ManagementApi, priority: int) -> ProbeResult:
     """On each running node, declare a fresh at-least-once quorum queue that the node leads (its leader
     starts a dead-letter worker under the node's supervisor), then retire and delete it. Costs a
     policy write, and per node a declare, a read, a delete and two policy writes."""
-    for leftover in management.list_queues(f"^{p.DEAD_LETTER_PROBE_PREFIX}", columns="name"):
+    for leftover in management.list_queues(f"^{protocol.DEAD_LETTER_PROBE_PREFIX}", columns="name"):
         _remove(channel, management, leftover["name"], priority)  # an earlier probe's, on a stranded broker
-    management.put_policy(p.DEAD_LETTER_PROBE_POLICY, f"^{p.DEAD_LETTER_PROBE_PREFIX}", probe_definition(),
-                          priority)
+    management.put_policy(protocol.DEAD_LETTER_PROBE_POLICY, f"^{protocol.DEAD_LETTER_PROBE_PREFIX}",
+                          probe_definition(), priority)
     started, first = _starts_on(channel, management, None, priority)
     leader = first.get("leader") or first.get("node") or "the node that answered"
     others = sorted(set(first.get("online") or ()) - {leader})
@@ -146,10 +148,11 @@ def _starts_on(channel: Callable[[], BlockingChannel], management: ManagementApi
     """Whether an at-least-once queue led by ``node`` starts (the declare runs there; None: a queue on
     every node, led by the node that answers), and the queue as listed. A stranded node refuses the
     declare but keeps the queue's record: removed either way."""
-    queue = p.DEAD_LETTER_PROBE_PREFIX + uuid.uuid4().hex[:16]
+    queue = protocol.DEAD_LETTER_PROBE_PREFIX + uuid.uuid4().hex[:16]
     size = SPANNING_GROUP_SIZE if node is None else 1
     try:
-        management.declare_queue(queue, {**PROBE_QUEUE_ARGUMENTS, p.INITIAL_GROUP_SIZE_ARGUMENT: size}, node)
+        management.declare_queue(queue, {**PROBE_QUEUE_ARGUMENTS, protocol.INITIAL_GROUP_SIZE_ARGUMENT: size},
+                                 node)
         started = True
     except ManagementApiError as exc:
         if not is_stranding_answer(exc):

@@ -17,13 +17,14 @@ from typing import Any
 
 from switchyard.core import tracing
 from switchyard.core.observability import logger
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.orphans import negative_response, poison_copy
 from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
 from switchyard.rpc.control.rmq_event import AmqpMessage
 
 UNKNOWN_REASON = "dead_lettered"
-_PER_REASON = frozenset({p.Status.EXPIRED, p.Status.DELIVERY_LIMIT, p.Status.REJECTED, p.Status.MAXLEN})
+_PER_REASON = frozenset({protocol.Status.EXPIRED, protocol.Status.DELIVERY_LIMIT, protocol.Status.REJECTED,
+                        protocol.Status.MAXLEN})
 
 
 @dataclass
@@ -44,10 +45,10 @@ class DeadLetterOutcome:
 
 def death_reason(message: AmqpMessage) -> str | None:
     """``x-first-death-reason``, else the reason of the first ``x-death`` entry."""
-    reason = message.header_str(p.FIRST_DEATH_REASON_HEADER)
+    reason = message.header_str(protocol.FIRST_DEATH_REASON_HEADER)
     if reason:
         return reason
-    deaths = message.headers.get(p.DEATH_HEADER)
+    deaths = message.headers.get(protocol.DEATH_HEADER)
     if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
         first = deaths[0].get("reason")
         return first if isinstance(first, str) and first else None
@@ -58,7 +59,7 @@ def _details(message: AmqpMessage, reason: str) -> dict[str, Any]:
     return {
         "reason": reason,
         "key": message.key,
-        "queue": message.header_str(p.FIRST_DEATH_QUEUE_HEADER),  # a str or None: always JSON
+        "queue": message.header_str(protocol.FIRST_DEATH_QUEUE_HEADER),  # a str or None: always JSON
         "detail": "the request was dead-lettered before a worker answered it",
     }
 
@@ -89,7 +90,7 @@ def _respond(message: AmqpMessage, pool: str, trace: tracing.TraceContext, outco
                        extra={"pool": pool, "amqp_correlation_id": message.properties.correlation_id})
     if reason in _PER_REASON:
         setattr(outcome, reason, getattr(outcome, reason) + 1)
-    poison_reason = message.undecodable or (reason if reason == p.Status.DELIVERY_LIMIT else None)
+    poison_reason = message.undecodable or (reason if reason == protocol.Status.DELIVERY_LIMIT else None)
     if poison_reason is not None:
         outcome.poisoned += 1
         outcome.undecodable += poison_reason is message.undecodable

@@ -33,7 +33,7 @@ import pika
 from switchyard.core import tracing
 from switchyard.core.errors import InvalidNameError
 from switchyard.core.observability import logger
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.amqp_decode import TolerantProperties
 from switchyard.rpc.control.publisher import ConfirmingPublisher, Outgoing
 from switchyard.rpc.control.rmq_event import AmqpMessage, timestamp_seconds
@@ -62,14 +62,15 @@ def republishable(props: pika.BasicProperties, headers: dict[str, Any],
     fields: dict[str, Any] = {**props.__dict__, "headers": headers, "expiration": expiration}
     user_id = fields.pop("user_id", None)
     if user_id is not None:
-        headers[p.ORIGINAL_USER_ID_HEADER] = user_id
+        headers[protocol.ORIGINAL_USER_ID_HEADER] = user_id
     return TolerantProperties(**fields)
 
 
 def poison_copy(pool: str, message: AmqpMessage, reason: str) -> Outgoing:
     """The message as it was, into the pool's poison inventory, with why it is there."""
-    headers = {**message.headers, p.POISON_REASON_HEADER: reason}
-    return Outgoing("", p.poison_queue(pool), message.body, republishable(message.properties, headers, None))
+    headers = {**message.headers, protocol.POISON_REASON_HEADER: reason}
+    return Outgoing("", protocol.poison_queue(pool), message.body,
+                    republishable(message.properties, headers, None))
 
 
 def remaining_expiration_ms(message: AmqpMessage, at_ms: int) -> int | None:
@@ -77,7 +78,7 @@ def remaining_expiration_ms(message: AmqpMessage, at_ms: int) -> int | None:
 
     Dead-lettering moved it into the staging death's ``original-expiration``; the time spent since
     is measured from that death's ``time`` (whole seconds: add half a second to centre it)."""
-    staged = message.death(p.STAGING_SUFFIX)
+    staged = message.death(protocol.STAGING_SUFFIX)
     original = staged.get("original-expiration") if staged else None
     if not (isinstance(original, str) and original.isascii() and original.isdigit()):
         own = message.properties.expiration  # validated digits, or None
@@ -92,8 +93,9 @@ def forwarded_properties(message: AmqpMessage, key: str, expiration: str | None,
                          trace: tracing.TraceContext | None = None) -> pika.BasicProperties:
     # A producer's own user-id header goes too: the header is this handler's, for the checked user_id.
     headers = {name: value for name, value in message.headers.items()
-               if not name.startswith(p.BROKER_BOOKKEEPING_PREFIXES) and name != p.ORIGINAL_USER_ID_HEADER}
-    headers[p.KEY_HEADER] = key
+               if not name.startswith(protocol.BROKER_BOOKKEEPING_PREFIXES)
+               and name != protocol.ORIGINAL_USER_ID_HEADER}
+    headers[protocol.KEY_HEADER] = key
     if trace is not None:
         headers[tracing.TRACEPARENT_HEADER] = trace.traceparent
     return republishable(message.properties, headers, expiration)
@@ -104,10 +106,10 @@ def negative_response(message: AmqpMessage, status: str, detail: dict,
     """A protocol response for the caller waiting on ``reply-to``, if there is one, in the
     request's trace (``trace``: this hop's span, else one under the request's ``traceparent``)."""
     reply_to = message.properties.reply_to
-    if not p.replyable(reply_to):  # none, or a queue no answer may go to
+    if not protocol.replyable(reply_to):  # none, or a queue no answer may go to
         return None
     trace = trace or tracing.from_headers(message.headers)
-    headers = {p.STATUS_HEADER: status, tracing.TRACEPARENT_HEADER: trace.traceparent}
+    headers = {protocol.STATUS_HEADER: status, tracing.TRACEPARENT_HEADER: trace.traceparent}
     props = pika.BasicProperties(correlation_id=message.properties.correlation_id, headers=headers,
                                  content_type="application/json")
     return Outgoing("", reply_to, json.dumps(detail).encode(), props)
@@ -145,7 +147,7 @@ def forward_orphans(
         outcome.new_groups = len(became_active)
         topology.ensure_request_queues(forwards, likely_new=became_active)
         for key, batch in forwards.items():
-            exchange, routing_key = p.req_exchange(pool), p.routing_key(key)
+            exchange, routing_key = protocol.req_exchange(pool), protocol.routing_key(key)
             for body, props in batch:
                 props.user_id = publisher.user  # checked: workers trust the user-id header from it
                 outgoing.append(Outgoing(exchange, routing_key, body, props, mandatory=True))
@@ -180,7 +182,7 @@ def _sort_orphan(message: AmqpMessage, pool: str, at_ms: int, trace: tracing.Tra
         logger.error("orphan sent to the poison inventory", extra={
             "pool": pool, "reason": counter, "amqp_correlation_id": message.properties.correlation_id})
         outgoing.append(poison_copy(pool, message, reason))
-        reply = negative_response(message, p.Status.ERROR, {"error": error, "message": detail}, trace)
+        reply = negative_response(message, protocol.Status.ERROR, {"error": error, "message": detail}, trace)
         if reply is not None:
             outgoing.append(reply)
         tracing.hop(trace, "rpc", f"orphan {counter.replace('_', ' ')}", pool=pool)
@@ -188,8 +190,8 @@ def _sort_orphan(message: AmqpMessage, pool: str, at_ms: int, trace: tracing.Tra
     left_ms = remaining_expiration_ms(message, at_ms)
     if left_ms is not None and left_ms <= 0:
         outcome.expired += 1
-        reply = negative_response(message, p.Status.EXPIRED, {
-            "reason": p.Status.EXPIRED, "key": key,
+        reply = negative_response(message, protocol.Status.EXPIRED, {
+            "reason": protocol.Status.EXPIRED, "key": key,
             "detail": "the request expired before a worker group could take it"}, trace)
         if reply is not None:
             outgoing.append(reply)
@@ -207,10 +209,10 @@ def _checked_key(message: AmqpMessage) -> str | tuple[str, str, str, str]:
         return "undecodable", undecodable, "UndecodableHeaders", undecodable
     if key is None:
         return ("without_key", "no key: no routing key or x-switchyard-key header", "MissingKey",
-                f"requests must carry their key as routing key (at most {p.MAX_NAME_BYTES} bytes) or in "
-                f"the {p.KEY_HEADER} header")
+                f"requests must carry their key as routing key (at most {protocol.MAX_NAME_BYTES} bytes) "
+                f"or in the {protocol.KEY_HEADER} header")
     try:
-        p.validate_key(key)
+        protocol.validate_key(key)
     except InvalidNameError as exc:  # its message shows the key escaped (no raw NUL in a log)
         return "invalid_key", f"invalid key: {exc}", "InvalidKey", str(exc)
     return key

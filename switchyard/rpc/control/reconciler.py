@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from switchyard.core.observability import logger
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.control.leaderless import LeaderlessWatch, members_away
 from switchyard.rpc.ports import (
     DeadLetteringProbe,
@@ -148,7 +148,8 @@ class Reconciler:
     def _probe_dead_lettering(self, outcome: ReconcileOutcome) -> None:
         """Classic-queue pools never dead-letter at least once: nothing to probe for them."""
         probe = self.probe
-        if probe is None or self.probe_interval_s <= 0 or self.queues.queue_type is not p.QueueType.QUORUM:
+        if (probe is None or self.probe_interval_s <= 0
+                or self.queues.queue_type is not protocol.QueueType.QUORUM):
             return
         if not self.state.probe_turn(probe.broker, self.probe_interval_s):
             return
@@ -182,7 +183,7 @@ class Reconciler:
         current = self.state.get(group.key)
         if current is None or current.raw != group.raw:
             return  # an orphan or activity arrived: the group lives on
-        queue = p.request_queue(self.pool, group.key)
+        queue = protocol.request_queue(self.pool, group.key)
         if self._holds_work(group, queue, outcome):
             return
         wg = WorkerGroup(self.pool, group.key)
@@ -279,7 +280,7 @@ class Reconciler:
         queues = self.queues.list_request_queues(columns="name,messages,arguments,members,online,state")
         found = []
         for queue in queues:
-            key = p.key_from_request_queue(self.pool, queue["name"], queue.get("arguments"))
+            key = protocol.key_from_request_queue(self.pool, queue["name"], queue.get("arguments"))
             if key is None:
                 outcome.foreign_queues += 1
                 logger.warning("queue under the pool's request prefix is not Switchyard's: skipped",
@@ -311,11 +312,11 @@ class Reconciler:
 
     def _redeclare_leaderless(self, queues: list[tuple[str, dict]], outcome: ReconcileOutcome) -> None:
         """Delete and declare again each request queue that stays silent and does not answer a probe."""
-        if self.leaderless is None or self.queues.queue_type is not p.QueueType.QUORUM:
+        if self.leaderless is None or self.queues.queue_type is not protocol.QueueType.QUORUM:
             return
         listed = dict(queues)
         for key in self.leaderless.suspects(queues):
-            queue = p.request_queue(self.pool, key)
+            queue = protocol.request_queue(self.pool, key)
             away = members_away(listed[key])
             if away:
                 self.leaderless.cleared(key)  # asked again after another silent window

@@ -22,7 +22,7 @@ import pika.data
 from aws_lambda_powertools.utilities.data_classes.common import DictWrapper
 
 from switchyard.core.errors import MalformedEventError
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.amqp_decode import undecodable
 
 _TIMESTAMP_FORMAT = "%b %d, %Y, %I:%M:%S %p"
@@ -76,11 +76,11 @@ class AmqpMessage:
         """The worker key: ``x-switchyard-key`` if set, else the routing key that dead-lettering
         recorded in ``x-death`` (the keyed RPC design's clients and workers send no header). None if neither
         carries a usable key."""
-        header = self.header_str(p.KEY_HEADER)
+        header = self.header_str(protocol.KEY_HEADER)
         if header is not None:
             return header
         routing = death_routing_key(self.headers)
-        return p.key_from_routing_key(routing) if routing is not None else None
+        return protocol.key_from_routing_key(routing) if routing is not None else None
 
     def death(self, queue_suffix: str = "") -> dict[str, Any] | None:
         """The newest ``x-death`` entry (of a queue ending in ``queue_suffix``), if any."""
@@ -88,7 +88,7 @@ class AmqpMessage:
 
 
 def _death_entry(headers: Mapping[str, Any], queue_suffix: str = "") -> dict[str, Any] | None:
-    deaths = headers.get(p.DEATH_HEADER)
+    deaths = headers.get(protocol.DEATH_HEADER)
     if not isinstance(deaths, list):
         return None
     for entry in deaths:  # RabbitMQ keeps the newest death first
@@ -101,7 +101,7 @@ def _death_entry(headers: Mapping[str, Any], queue_suffix: str = "") -> dict[str
 
 def death_routing_key(headers: Mapping[str, Any]) -> str | None:
     """The original routing key of the newest death: the staging hop's for orphans and reports."""
-    entry = _death_entry(headers, p.STAGING_SUFFIX) or _death_entry(headers)
+    entry = _death_entry(headers, protocol.STAGING_SUFFIX) or _death_entry(headers)
     keys = entry.get("routing-keys") if entry else None
     if isinstance(keys, list) and keys and isinstance(keys[0], str):
         return keys[0]
@@ -150,7 +150,7 @@ def _short_string(value: Any) -> bool:
     if not isinstance(value, str):
         return False
     try:
-        return len(value.encode("utf-8")) <= p.MAX_NAME_BYTES
+        return len(value.encode("utf-8")) <= protocol.MAX_NAME_BYTES
     except UnicodeEncodeError:
         return False
 
@@ -218,9 +218,10 @@ def to_amqp_message(queue: str, message: dict[str, Any]) -> AmqpMessage:
         else:
             problems.append(f"{aws_name} is not a valid AMQP value: dropped")
     headers = props.get("headers")
-    if isinstance(headers, dict) and _nested_deeper(headers, p.MAX_HEADER_DEPTH + 2):  # + {"bytes": [...]}
-        problems.append(reason := f"headers not decodable: nested deeper than {p.MAX_HEADER_DEPTH}")
-        headers = {p.UNDECODABLE_HEADER: reason}  # poisoned by the handlers, as amqp_decode's mark
+    if (isinstance(headers, dict)
+            and _nested_deeper(headers, protocol.MAX_HEADER_DEPTH + 2)):  # + {"bytes": [...]}
+        problems.append(reason := f"headers not decodable: nested deeper than {protocol.MAX_HEADER_DEPTH}")
+        headers = {protocol.UNDECODABLE_HEADER: reason}  # poisoned by the handlers, as amqp_decode's mark
     if isinstance(headers, dict):
         kwargs["headers"] = {}
         for name, raw_value in headers.items():

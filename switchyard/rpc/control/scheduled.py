@@ -37,8 +37,7 @@ from switchyard.core import tracing
 from switchyard.core.errors import BrokerError, SwitchyardError
 from switchyard.core.observability import logger
 from switchyard.delay.model import Drop, InputRecord, RecordPosition
-from switchyard.rpc import frames
-from switchyard.rpc import protocol as p
+from switchyard.rpc import frames, protocol
 from switchyard.rpc.control.publisher import Outgoing
 from switchyard.rpc.errors import ScheduledCallError
 from switchyard.rpc.scheduling import ScheduledCall, as_amqp, fired_pool, read_fired, request_properties
@@ -91,28 +90,29 @@ def _position(record: InputRecord | Drop) -> RecordPosition:
 
 def request_of(call: ScheduledCall, now_ms: int) -> Outgoing:
     """The request ``call`` becomes: mandatory, its id as message and correlation id."""
-    return Outgoing(p.req_exchange(call.pool), p.routing_key(call.key), call.body,
+    return Outgoing(protocol.req_exchange(call.pool), protocol.routing_key(call.key), call.body,
                     request_properties(call, now_ms), mandatory=True)
 
 
 def _poison(pool: str, record: InputRecord, reason: str, call_id: str | None) -> Outgoing:
     headers = as_amqp(record.headers)
-    headers[p.POISON_REASON_HEADER] = reason
+    headers[protocol.POISON_REASON_HEADER] = reason
     props = pika.BasicProperties(message_id=_parked_id(record, call_id), headers=headers,
                                  delivery_mode=pika.DeliveryMode.Persistent)
-    return Outgoing("", p.poison_queue(pool), record.value or b"", props, mandatory=True)
+    return Outgoing("", protocol.poison_queue(pool), record.value or b"", props, mandatory=True)
 
 
 def _expired_answer(call: ScheduledCall, trace: tracing.TraceContext | None) -> Outgoing | None:
     """The relay's own answer, in the call's trace as a worker's answer would be (its span: a child)."""
     if call.reply_queue is None:
         return None
-    headers: dict[str, str] = {p.STATUS_HEADER: p.Status.EXPIRED}
+    headers: dict[str, str] = {protocol.STATUS_HEADER: protocol.Status.EXPIRED}
     if trace is not None:
         headers[tracing.TRACEPARENT_HEADER] = trace.child().traceparent
     props = pika.BasicProperties(correlation_id=call.id, headers=headers,
                                  content_type="application/json", delivery_mode=pika.DeliveryMode.Persistent)
-    detail = {"reason": p.Status.EXPIRED, "key": call.key, "detail": "the call expired before it fired"}
+    detail = {"reason": protocol.Status.EXPIRED, "key": call.key,
+              "detail": "the call expired before it fired"}
     return Outgoing("", call.reply_queue, json.dumps(detail).encode(), props)
 
 
@@ -132,14 +132,14 @@ def relay_scheduled(records: Iterable[InputRecord | Drop], *, publisher: Settled
 
     def exists(pool: str) -> bool:
         if pool not in known:
-            known[pool] = publisher.exchange_exists(p.req_exchange(pool))
+            known[pool] = publisher.exchange_exists(protocol.req_exchange(pool))
         return known[pool]
 
     def refuse(record: InputRecord, pool: str | None, reason: str, detail: str, call_id: str | None) -> None:
         with tracing.scope_if(tracing.in_pairs(record.headers)):
             logger.warning("scheduled call refused", extra={"reason": reason, "detail": detail, "pool": pool,
                                                             "call_id": call_id, "position": record.position})
-        copy = _poison(pool, record, f"{reason}: {detail}", call_id) if pool is not None and exists(pool) \
+        copy = _poison(pool, record, f"{reason}: {detail}", call_id) if pool is not None and exists(pool)\
             else None
         if copy is not None and frames.fault(copy.properties, publisher.frame_max()) is None:
             poison.append((record, copy, True))
@@ -155,7 +155,7 @@ def relay_scheduled(records: Iterable[InputRecord | Drop], *, publisher: Settled
             call = read_fired(record)
         except ScheduledCallError as exc:
             outcome.malformed += 1
-            pool = named if p.POOL_NAME_RE.match(named) else None
+            pool = named if protocol.POOL_NAME_RE.match(named) else None
             refuse(record, pool, Refusal.MALFORMED, exc.detail, None)
             return
         if not exists(call.pool):
@@ -229,7 +229,7 @@ def _park_all(poison: list[tuple[InputRecord, Outgoing, bool]], to_park: list[tu
             results = ["failed"] * len(poison)
         for (record, out, copy), result in zip(poison, results, strict=True):
             if result == "returned" and copy:  # no poison queue (a pool half deleted): the store keeps it
-                reason = out.properties.headers[p.POISON_REASON_HEADER]
+                reason = out.properties.headers[protocol.POISON_REASON_HEADER]
                 to_park.append((record, str(out.properties.message_id), reason))
             elif result is not None:
                 outcome.publish_failures += 1

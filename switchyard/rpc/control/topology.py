@@ -19,7 +19,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from switchyard.core.errors import BrokerUnavailableError
 from switchyard.core.observability import logger
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.amqp import connect, consume_answered, is_alive
 from switchyard.rpc.control.dead_lettering import (
     ProbeResult,
@@ -42,10 +42,10 @@ def _dead_lettering(policy: PoolPolicy, pool: str, delivery_limit: int) -> dict[
     """At-most-once (see switchyard/rpc/control/dead_lettering.py): a request's dead letter is an answer about
     its failure, and its caller's own deadline stands behind it. Request queues come and go with
     their keys, and deleting an at-least-once queue can stop the broker's dead-letter supervisor."""
-    definition: dict[str, Any] = {"dead-letter-exchange": p.dl_exchange(pool)}
-    if policy.queue_type is p.QueueType.QUORUM:
+    definition: dict[str, Any] = {"dead-letter-exchange": protocol.dl_exchange(pool)}
+    if policy.queue_type is protocol.QueueType.QUORUM:
         definition["delivery-limit"] = delivery_limit
-        definition[p.DEAD_LETTER_STRATEGY] = p.AT_MOST_ONCE
+        definition[protocol.DEAD_LETTER_STRATEGY] = protocol.AT_MOST_ONCE
     return definition
 
 
@@ -67,9 +67,10 @@ def staging_policy_definition(policy: PoolPolicy, target_queue: str, strategy: s
     Activity reports are hints that the next report repeats: at-most-once."""
     definition: dict[str, Any] = {"message-ttl": 0, "dead-letter-exchange": "",
                                   "dead-letter-routing-key": target_queue}
-    if policy.queue_type is p.QueueType.QUORUM:
-        definition.update({p.DEAD_LETTER_STRATEGY: strategy, "delivery-limit": POOL_QUEUE_DELIVERY_LIMIT})
-        if strategy == p.AT_LEAST_ONCE:
+    if policy.queue_type is protocol.QueueType.QUORUM:
+        definition.update({protocol.DEAD_LETTER_STRATEGY: strategy,
+                           "delivery-limit": POOL_QUEUE_DELIVERY_LIMIT})
+        if strategy == protocol.AT_LEAST_ONCE:
             definition["overflow"] = "reject-publish"  # at-least-once requires it
     return definition
 
@@ -103,7 +104,7 @@ class PoolTopology:
     """
 
     def __init__(self, pool: str, settings: RpcSettings | None = None) -> None:
-        self.pool = p.validate_pool(pool)
+        self.pool = protocol.validate_pool(pool)
         self.settings = settings or RpcSettings.from_env()
         self.policy = self.settings.policy
         conn = self.settings.connections
@@ -113,7 +114,7 @@ class PoolTopology:
         self._helpers: list[PoolTopology] = []
 
     @property
-    def queue_type(self) -> p.QueueType:
+    def queue_type(self) -> protocol.QueueType:
         return self.policy.queue_type
 
     # -- connection -------------------------------------------------------------------------
@@ -147,18 +148,18 @@ class PoolTopology:
         return self._chan
 
     def _queue_arguments(self, key: str | None = None) -> dict[str, Any]:
-        arguments: dict[str, Any] = {p.QUEUE_TYPE_ARGUMENT: self.policy.queue_type.value}
+        arguments: dict[str, Any] = {protocol.QUEUE_TYPE_ARGUMENT: self.policy.queue_type.value}
         if key is not None:
-            arguments[p.KEY_QUEUE_ARGUMENT] = key
+            arguments[protocol.KEY_QUEUE_ARGUMENT] = key
         return arguments
 
     def _placement_arguments(self) -> dict[str, Any]:
         """Where a new quorum queue's members and leader go (protocol.LEADER_LOCATOR_ARGUMENT); a
         queue's creation only: redeclared, a queue made without them is used as it is."""
-        if self.policy.queue_type is not p.QueueType.QUORUM:
+        if self.policy.queue_type is not protocol.QueueType.QUORUM:
             return {}
-        return {p.LEADER_LOCATOR_ARGUMENT: p.BALANCED,
-                p.INITIAL_GROUP_SIZE_ARGUMENT: self.policy.initial_group_size}
+        return {protocol.LEADER_LOCATOR_ARGUMENT: protocol.BALANCED,
+                protocol.INITIAL_GROUP_SIZE_ARGUMENT: self.policy.initial_group_size}
 
     # -- pool -------------------------------------------------------------------------------
     def declare(self) -> None:
@@ -171,17 +172,18 @@ class PoolTopology:
         """
         pool = self.pool
         self._put_policies()
-        self._exchange(p.orphan_exchange(pool), "fanout")
-        self._exchange(p.dl_exchange(pool), "fanout")
-        self._exchange(p.activity_exchange(pool), "fanout")
-        self._exchange(p.req_exchange(pool), "direct", {"alternate-exchange": p.orphan_exchange(pool)})
-        for queue in p.pool_queue_names(pool):
+        self._exchange(protocol.orphan_exchange(pool), "fanout")
+        self._exchange(protocol.dl_exchange(pool), "fanout")
+        self._exchange(protocol.activity_exchange(pool), "fanout")
+        self._exchange(protocol.req_exchange(pool), "direct",
+                       {"alternate-exchange": protocol.orphan_exchange(pool)})
+        for queue in protocol.pool_queue_names(pool):
             self._queue(queue)
         channel = self._channel()
-        channel.queue_bind(p.dl_queue(pool), p.dl_exchange(pool))
-        for exchange, target in ((p.orphan_exchange(pool), p.orphan_queue(pool)),
-                                 (p.activity_exchange(pool), p.activity_queue(pool))):
-            channel.queue_bind(target + p.STAGING_SUFFIX, exchange)
+        channel.queue_bind(protocol.dl_queue(pool), protocol.dl_exchange(pool))
+        for exchange, target in ((protocol.orphan_exchange(pool), protocol.orphan_queue(pool)),
+                                 (protocol.activity_exchange(pool), protocol.activity_queue(pool))):
+            channel.queue_bind(target + protocol.STAGING_SUFFIX, exchange)
             channel.queue_unbind(target, exchange)
         logger.info("pool declared", extra={"pool": pool, "queue_type": self.policy.queue_type.value})
 
@@ -189,17 +191,18 @@ class PoolTopology:
         """Every policy of the pool: ``(name, pattern, definition)``."""
         pool = self.pool
         policies = [
-            (p.request_policy_name(pool), p.request_policy_pattern(pool),
+            (protocol.request_policy_name(pool), protocol.request_policy_pattern(pool),
              request_policy_definition(self.policy, pool)),
-            (p.orphan_policy_name(pool), p.orphan_policy_pattern(pool),
+            (protocol.orphan_policy_name(pool), protocol.orphan_policy_pattern(pool),
              orphan_policy_definition(self.policy, pool)),
-            *((p.staging_policy_name(pool, target), p.staging_policy_pattern(target),
+            *((protocol.staging_policy_name(pool, target), protocol.staging_policy_pattern(target),
                staging_policy_definition(self.policy, target, strategy))
-              for target, strategy in ((p.orphan_queue(pool), p.AT_LEAST_ONCE),
-                                       (p.activity_queue(pool), p.AT_MOST_ONCE))),
+              for target, strategy in ((protocol.orphan_queue(pool), protocol.AT_LEAST_ONCE),
+                                       (protocol.activity_queue(pool), protocol.AT_MOST_ONCE))),
         ]
-        if self.policy.queue_type is p.QueueType.QUORUM:
-            policies.append((p.pool_queues_policy_name(pool), p.pool_queues_policy_pattern(pool),
+        if self.policy.queue_type is protocol.QueueType.QUORUM:
+            policies.append((protocol.pool_queues_policy_name(pool),
+                             protocol.pool_queues_policy_pattern(pool),
                              {"delivery-limit": POOL_QUEUE_DELIVERY_LIMIT}))
         return policies
 
@@ -210,10 +213,10 @@ class PoolTopology:
     def own_queues(self) -> list[str]:
         """The queues that are this pool's by name: the fixed ones and every request queue whose
         name Switchyard could have made (other applications' ``{pool}-...`` queues are not)."""
-        names = [q for q in p.pool_queue_names(self.pool) if self.queue_status(q) is not None]
+        names = [q for q in protocol.pool_queue_names(self.pool) if self.queue_status(q) is not None]
         listed = self.list_request_queues(columns="name,arguments")
         names += [q["name"] for q in listed
-                  if p.key_from_request_queue(self.pool, q["name"], q.get("arguments")) is not None]
+                  if protocol.key_from_request_queue(self.pool, q["name"], q.get("arguments")) is not None]
         return names
 
     def delete(self, force: bool = False) -> int:
@@ -235,8 +238,8 @@ class PoolTopology:
                     dropped += self._channel().queue_delete(queue).method.message_count
             else:
                 dropped += self._channel().queue_delete(queue).method.message_count
-        for exchange in (p.req_exchange(self.pool), p.orphan_exchange(self.pool),
-                         p.dl_exchange(self.pool), p.activity_exchange(self.pool)):
+        for exchange in (protocol.req_exchange(self.pool), protocol.orphan_exchange(self.pool),
+                         protocol.dl_exchange(self.pool), protocol.activity_exchange(self.pool)):
             self._channel().exchange_delete(exchange)
         for name, _, _ in self._policies():
             self.management.delete_policy(name)
@@ -245,7 +248,7 @@ class PoolTopology:
     def _at_least_once_definitions(self) -> dict[str, dict[str, Any]]:
         """The pool's queues whose policy dead-letters at least once, with that policy's definition."""
         return {pattern[1:-1]: definition for _, pattern, definition in self._policies()
-                if definition.get(p.DEAD_LETTER_STRATEGY) == p.AT_LEAST_ONCE}
+                if definition.get(protocol.DEAD_LETTER_STRATEGY) == protocol.AT_LEAST_ONCE}
 
     def probe_dead_lettering(self, where: RpcSettings | None = None) -> ProbeResult:
         """Whether the broker can still start an at-least-once queue (see dead_lettering.probe), probed
@@ -258,9 +261,9 @@ class PoolTopology:
     def exists(self) -> bool:
         """Whether the pool's request exchange exists (passive declare)."""
         try:
-            self._channel().exchange_declare(p.req_exchange(self.pool), passive=True)
+            self._channel().exchange_declare(protocol.req_exchange(self.pool), passive=True)
         except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code == p.NOT_FOUND:
+            if exc.reply_code == protocol.NOT_FOUND:
                 return False
             raise TopologyError(f"checking pool {self.pool!r}: {exc.reply_text}") from exc
         return True
@@ -268,7 +271,7 @@ class PoolTopology:
     def require(self) -> None:
         if not self.exists():
             raise PoolNotFoundError(
-                f"pool {self.pool!r} is not initialized (no exchange {p.req_exchange(self.pool)!r}); "
+                f"pool {self.pool!r} is not initialized (no exchange {protocol.req_exchange(self.pool)!r}); "
                 f"run: switchyard pool init --pool {self.pool}"
             )
 
@@ -276,7 +279,7 @@ class PoolTopology:
     @_broker_errors
     def ensure_request_queue(self, key: str, bind: bool = True) -> str:
         """Declare ``{pool}-req-{key}`` and (by default) bind it to the request exchange by key."""
-        queue = p.request_queue(self.pool, key)
+        queue = protocol.request_queue(self.pool, key)
         self._queue(queue, key)
         if bind:
             self.bind_request_queue(key)
@@ -297,10 +300,11 @@ class PoolTopology:
         missing = []
         for key in known:
             try:
-                self._channel().queue_bind(p.request_queue(self.pool, key), p.req_exchange(self.pool),
-                                           routing_key=p.routing_key(key))
+                self._channel().queue_bind(protocol.request_queue(self.pool, key),
+                                           protocol.req_exchange(self.pool),
+                                           routing_key=protocol.routing_key(key))
             except pika.exceptions.ChannelClosedByBroker as exc:
-                if exc.reply_code != p.NOT_FOUND:
+                if exc.reply_code != protocol.NOT_FOUND:
                     raise TopologyError(f"binding the queue of {key!r}: {exc.reply_text}") from exc
                 missing.append(key)
         to_declare = new + missing
@@ -325,29 +329,30 @@ class PoolTopology:
 
     def bind_request_queue(self, key: str) -> None:
         self._guard(
-            f"binding {p.request_queue(self.pool, key)!r}",
-            lambda ch: ch.queue_bind(p.request_queue(self.pool, key), p.req_exchange(self.pool),
-                                     routing_key=p.routing_key(key)),
+            f"binding {protocol.request_queue(self.pool, key)!r}",
+            lambda ch: ch.queue_bind(protocol.request_queue(self.pool, key), protocol.req_exchange(self.pool),
+                                     routing_key=protocol.routing_key(key)),
         )
 
     @_broker_errors
     def unbind_request_queue(self, key: str) -> None:
         self._guard(
-            f"unbinding {p.request_queue(self.pool, key)!r}",
-            lambda ch: ch.queue_unbind(p.request_queue(self.pool, key), p.req_exchange(self.pool),
-                                       routing_key=p.routing_key(key)),
+            f"unbinding {protocol.request_queue(self.pool, key)!r}",
+            lambda ch: ch.queue_unbind(protocol.request_queue(self.pool, key),
+                                       protocol.req_exchange(self.pool),
+                                       routing_key=protocol.routing_key(key)),
         )
 
     @_broker_errors
     def delete_request_queue(self, key: str) -> None:
         """Delete unconditionally: callers check emptiness first (quorum queues refuse if-empty)."""
-        self._guard(f"deleting {p.request_queue(self.pool, key)!r}",
-                    lambda ch: ch.queue_delete(p.request_queue(self.pool, key)))
+        self._guard(f"deleting {protocol.request_queue(self.pool, key)!r}",
+                    lambda ch: ch.queue_delete(protocol.request_queue(self.pool, key)))
 
     @_broker_errors
     def list_request_queues(self, columns: str) -> list[dict[str, Any]]:
         """The pool's ``{pool}-req-*`` queues from the management API, with ``columns``."""
-        return self.management.list_queues(f"^{p.request_queue_prefix(self.pool)}", columns=columns)
+        return self.management.list_queues(f"^{protocol.request_queue_prefix(self.pool)}", columns=columns)
 
     @_broker_errors
     def answers_consume(self, queue: str, timeout_s: float) -> bool:
@@ -361,7 +366,7 @@ class PoolTopology:
         try:
             frame = self._channel().queue_declare(queue, passive=True)
         except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code == p.NOT_FOUND:
+            if exc.reply_code == protocol.NOT_FOUND:
                 return None
             raise TopologyError(f"inspecting {queue!r}: {exc.reply_text}") from exc
         return frame.method.message_count, frame.method.consumer_count
@@ -381,7 +386,7 @@ class PoolTopology:
         try:
             self._declare(name, {**arguments, **placement})
         except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code != p.PRECONDITION_FAILED:
+            if exc.reply_code != protocol.PRECONDITION_FAILED:
                 raise TopologyError(f"declaring queue {name!r}: {exc.reply_text}") from exc
             if placement and self._declared_as(name, arguments):
                 return
@@ -395,7 +400,7 @@ class PoolTopology:
         try:
             self._declare(name, arguments)
         except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code != p.PRECONDITION_FAILED:
+            if exc.reply_code != protocol.PRECONDITION_FAILED:
                 raise TopologyError(f"declaring queue {name!r}: {exc.reply_text}") from exc
             return False
         return True

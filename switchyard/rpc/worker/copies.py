@@ -9,7 +9,7 @@ from typing import Any
 
 import pika
 
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.amqp_decode import TolerantProperties
 from switchyard.rpc.worker.request import count_header
 
@@ -26,21 +26,21 @@ def shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int,
     that came straight into its queue only from that user (``bypassed``).
     """
     headers = dict(props.headers or {})
-    previous = count_header(headers, p.DELIVERY_COUNT_HEADER)
-    headers.pop(p.DELIVERY_COUNT_HEADER, None)
-    headers[p.REDELIVERIES_HEADER] = count_header(headers, p.REDELIVERIES_HEADER) + previous + 1
+    previous = count_header(headers, protocol.DELIVERY_COUNT_HEADER)
+    headers.pop(protocol.DELIVERY_COUNT_HEADER, None)
+    headers[protocol.REDELIVERIES_HEADER] = count_header(headers, protocol.REDELIVERIES_HEADER) + previous + 1
     expiration = props.expiration
     deadlines = []
     if props.expiration and props.expiration.isdigit():
         deadlines.append(received_ms + int(props.expiration))
     with contextlib.suppress(KeyError, TypeError, ValueError):
-        deadlines.append(int(headers[p.DEADLINE_HEADER]))
+        deadlines.append(int(headers[protocol.DEADLINE_HEADER]))
     if deadlines:
         deadline = min(deadlines)
-        headers[p.DEADLINE_HEADER] = deadline
+        headers[protocol.DEADLINE_HEADER] = deadline
         expiration = str(max(0, deadline - now_ms))
     if props.user_id:
-        headers[p.ORIGINAL_USER_ID_HEADER] = props.user_id
+        headers[protocol.ORIGINAL_USER_ID_HEADER] = props.user_id
     fields = {**vars(props), "headers": headers, "expiration": expiration, "user_id": worker_user}
     return TolerantProperties(**fields)
 
@@ -48,7 +48,7 @@ def shed_properties(props: pika.BasicProperties, received_ms: int, now_ms: int,
 def poison_properties(props: pika.BasicProperties, reason: str) -> pika.BasicProperties:
     """The request as it came, with why it is in the poison inventory (no ``user_id``: the broker
     checks it against the worker's user; no expiration: a person reads it later)."""
-    headers = {**(props.headers or {}), p.POISON_REASON_HEADER: reason}
+    headers = {**(props.headers or {}), protocol.POISON_REASON_HEADER: reason}
     return TolerantProperties(**{**vars(props), "headers": headers, "user_id": None, "expiration": None})
 
 
@@ -70,8 +70,8 @@ def handler_headers(props: pika.BasicProperties, republished: bool, forwarder: s
     whose checked ``user_id`` is the pool's orphans user (``forwarder``). Elsewhere a producer's own
     header is replaced by the ``user_id`` the broker checked, or dropped where there is none."""
     headers = props.headers or {}
-    if p.ORIGINAL_USER_ID_HEADER not in headers or republished or props.user_id == forwarder:
+    if protocol.ORIGINAL_USER_ID_HEADER not in headers or republished or props.user_id == forwarder:
         return headers
     if props.user_id:
-        return {**headers, p.ORIGINAL_USER_ID_HEADER: props.user_id}
-    return {name: value for name, value in headers.items() if name != p.ORIGINAL_USER_ID_HEADER}
+        return {**headers, protocol.ORIGINAL_USER_ID_HEADER: props.user_id}
+    return {name: value for name, value in headers.items() if name != protocol.ORIGINAL_USER_ID_HEADER}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from switchyard.core.errors import ConfigError
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.settings import RpcSettings
 
 
@@ -34,7 +34,8 @@ class Request:
     @property
     def delivery_count(self) -> int:
         """How many times this request was delivered before (quorum queues), sheds included."""
-        return sum(count_header(self.headers, h) for h in (p.DELIVERY_COUNT_HEADER, p.REDELIVERIES_HEADER))
+        return sum(count_header(self.headers, h)
+                   for h in (protocol.DELIVERY_COUNT_HEADER, protocol.REDELIVERIES_HEADER))
 
     def text(self) -> str:
         return self.body.decode("utf-8", "replace")
@@ -86,9 +87,9 @@ class WorkerConfig:
         return cls(
             worker_id=env.get("WORKER_ID") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
             key=key,
-            pool=p.validate_pool(pool),
-            requests_queue=env.get("WORKER_REQUESTS_QUEUE") or p.request_queue(pool, key),
-            activity_exchange=env.get("WORKER_ACTIVITY_EXCHANGE") or p.activity_exchange(pool),
+            pool=protocol.validate_pool(pool),
+            requests_queue=env.get("WORKER_REQUESTS_QUEUE") or protocol.request_queue(pool, key),
+            activity_exchange=env.get("WORKER_ACTIVITY_EXCHANGE") or protocol.activity_exchange(pool),
             prefetch=int(env.get("WORKER_PREFETCH") or settings.worker_prefetch),
             ack_delay_ms=ack_delay_ms,
             activity_interval=float(env.get("WORKER_ACTIVITY_INTERVAL") or settings.activity_interval),

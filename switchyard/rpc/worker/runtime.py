@@ -64,7 +64,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from switchyard.core import tracing
 from switchyard.core.latency import LatencySamples
 from switchyard.core.observability import logger
-from switchyard.rpc import protocol as p
+from switchyard.rpc import protocol
 from switchyard.rpc.amqp import (
     LoopPasses,
     ack_buffered,
@@ -212,7 +212,8 @@ class Worker:
                 enable_async_confirms(self._shed_channel, self._on_shed_confirm)
                 consuming = self._consume(connection, deadline)
             except pika.exceptions.ConnectionClosedByBroker as exc:
-                if exc.reply_code != p.INTERNAL_ERROR or time.monotonic() >= deadline or self._stopping:
+                if (exc.reply_code != protocol.INTERNAL_ERROR or time.monotonic() >= deadline
+                        or self._stopping):
                     raise
                 self.stats.queue_races += 1
                 logger.warning("the broker closed the connection on a consume (INTERNAL_ERROR: the request "
@@ -234,12 +235,12 @@ class Worker:
             self._channel = channel
             channel.basic_qos(prefetch_count=cfg.prefetch)
             if not self.stats.waited_for_queue:
-                self._report(p.Event.STARTED)
+                self._report(protocol.Event.STARTED)
             try:
                 return channel, consume_direct(channel, cfg.requests_queue, self._on_request,
                                                on_cancel=self._on_queue_deleted)
             except pika.exceptions.ChannelClosedByBroker as exc:
-                if exc.reply_code != p.NOT_FOUND:
+                if exc.reply_code != protocol.NOT_FOUND:
                     raise
                 if self._stopping:
                     return None
@@ -259,7 +260,7 @@ class Worker:
                     props: pika.BasicProperties, body: bytes) -> None:
         now = time.monotonic()
         if now - self._last_activity >= self.config.activity_interval:
-            self._report(p.Event.REQUEST_RECEIVED)
+            self._report(protocol.Event.REQUEST_RECEIVED)
             self._last_activity = now
         self._inbox.append(_Delivery(method.delivery_tag, props, body, method.redelivered,
                                      int(time.time() * 1000), now, method.exchange))
@@ -334,14 +335,14 @@ class Worker:
                 self._keeper_error = exc
                 return
 
-    def _finish(self, delivery: _Delivery, status: p.Status | None, reply_body: bytes,
+    def _finish(self, delivery: _Delivery, status: protocol.Status | None, reply_body: bytes,
                 traceparent: str) -> bool:
         """Publish the handler's reply (with the handling's ``traceparent``) and ack, or shed the
         request (``status`` None). Whether a reply was sent."""
         if status is None:
             self._shed(delivery)
             return False
-        if not p.replyable(delivery.props.reply_to):  # none, or a queue no answer may go to
+        if not protocol.replyable(delivery.props.reply_to):  # none, or a queue no answer may go to
             self.stats.no_reply_to += 1
             self._ack(delivery.tag)
             return False
@@ -349,15 +350,15 @@ class Worker:
         self._ack(delivery.tag)
         return True
 
-    def _reply(self, props: pika.BasicProperties, status: p.Status, reply_body: bytes,
+    def _reply(self, props: pika.BasicProperties, status: protocol.Status, reply_body: bytes,
                traceparent: str) -> None:
-        headers = {p.STATUS_HEADER: status.value, p.WORKER_ID_HEADER: self.config.worker_id,
+        headers = {protocol.STATUS_HEADER: status.value, protocol.WORKER_ID_HEADER: self.config.worker_id,
                    tracing.TRACEPARENT_HEADER: traceparent}
         if props.headers and tracing.TRACESTATE_HEADER in props.headers:  # vendors' state, passed through
             headers[tracing.TRACESTATE_HEADER] = props.headers[tracing.TRACESTATE_HEADER]
         # An answer to a durable reply queue (a scheduled call's) is persistent: it outlives a broker
         # restart as the queue does; a caller's own reply queue dies with the caller anyway.
-        persistent = props.reply_to.startswith(p.REPLY_QUEUE_PREFIX)
+        persistent = props.reply_to.startswith(protocol.REPLY_QUEUE_PREFIX)
         reply_props = pika.BasicProperties(correlation_id=props.correlation_id, headers=headers,
                                            delivery_mode=pika.DeliveryMode.Persistent if persistent else None)
         # The reply goes out before the ack (with it or in a later batch): a channel's frames are
@@ -374,11 +375,11 @@ class Worker:
                      extra={"worker_id": self.config.worker_id, "amqp_correlation_id": props.correlation_id,
                             "reason": reason})
         self._acks.flush(self._channel)  # before this request is settled otherwise (see acks)
-        if error is not None and p.replyable(props.reply_to):
+        if error is not None and protocol.replyable(props.reply_to):
             detail = {"error": error, "message": reason}
             trace = tracing.from_headers(None)  # the request's own traceparent is in the undecoded table
-            self._reply(props, p.Status.ERROR, json.dumps(detail).encode(), trace.traceparent)
-        self._publish_confirmed(delivery.tag, p.poison_queue(self.config.pool), delivery.body,
+            self._reply(props, protocol.Status.ERROR, json.dumps(detail).encode(), trace.traceparent)
+        self._publish_confirmed(delivery.tag, protocol.poison_queue(self.config.pool), delivery.body,
                                 poison_properties(props, reason))
 
     def _ack(self, tag: int) -> None:
@@ -431,17 +432,18 @@ class Worker:
             else:
                 ack_buffered(self._channel, tag)
 
-    def _report(self, event: p.Event) -> None:
-        headers = {p.EVENT_HEADER: event.value, p.WORKER_ID_HEADER: self.config.worker_id,
-                   p.KEY_HEADER: self.config.key}
-        if event is p.Event.REQUEST_RECEIVED and (latency := self._latency_summary()) is not None:
-            headers[p.LATENCY_HEADER] = latency
+    def _report(self, event: protocol.Event) -> None:
+        headers = {protocol.EVENT_HEADER: event.value, protocol.WORKER_ID_HEADER: self.config.worker_id,
+                   protocol.KEY_HEADER: self.config.key}
+        if event is protocol.Event.REQUEST_RECEIVED and (latency := self._latency_summary()) is not None:
+            headers[protocol.LATENCY_HEADER] = latency
         props = pika.BasicProperties(headers=headers, timestamp=int(time.time()))
-        publish_buffered(self._channel, self.config.activity_exchange, p.routing_key(self.config.key),
+        publish_buffered(self._channel, self.config.activity_exchange, protocol.routing_key(self.config.key),
                          b"", props)
 
     # -- the handler ------------------------------------------------------------------------
-    def _handle(self, delivery: _Delivery) -> tuple[tracing.TraceContext, p.Status | None, bytes, float]:
+    def _handle(self, delivery: _Delivery
+                ) -> tuple[tracing.TraceContext, protocol.Status | None, bytes, float]:
         """The handler's outcome under the request's trace (its id the logger's correlation id),
         with that trace's context and the handler's time in ms."""
         context = tracing.from_headers(delivery.props.headers)
@@ -450,7 +452,7 @@ class Worker:
             status, body = self._run_handler(delivery)
         return context, status, body, (time.perf_counter() - started) * 1000
 
-    def _run_handler(self, delivery: _Delivery) -> tuple[p.Status | None, bytes]:
+    def _run_handler(self, delivery: _Delivery) -> tuple[protocol.Status | None, bytes]:
         cfg = self.config
         props = delivery.props
         request = Request(
@@ -463,7 +465,8 @@ class Worker:
             worker_id=cfg.worker_id,
         )
         try:
-            reply_body = p.body_bytes(self.handler(request), "a handler must return bytes, str or None")
+            reply_body = protocol.body_bytes(self.handler(request),
+                                             "a handler must return bytes, str or None")
         except Requeue:
             self.stats.requeued += 1
             return None, b""
@@ -472,9 +475,10 @@ class Worker:
             self.stats.handled += 1
             logger.exception("handler failed", extra={"worker_id": cfg.worker_id,
                                                       "amqp_correlation_id": props.correlation_id})
-            return p.Status.ERROR, json.dumps({"error": type(exc).__name__, "message": str(exc)}).encode()
+            return (protocol.Status.ERROR,
+                    json.dumps({"error": type(exc).__name__, "message": str(exc)}).encode())
         self.stats.handled += 1
-        return p.Status.OK, reply_body
+        return protocol.Status.OK, reply_body
 
 
 def run_worker(handler_spec: str, settings: RpcSettings | None = None,
