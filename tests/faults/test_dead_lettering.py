@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 
 import pika
+import pika.exceptions
 import pytest
 import redis
 
@@ -88,6 +89,20 @@ def test_deletions_right_after_a_restart_leave_new_pools_and_keys_working(broker
         delete_pools(broker4, kept, fresh)
 
 
+def _delete_as_soon_as_it_can(connection: pika.BlockingConnection, name: str) -> None:
+    """Delete ``name`` right after the restart: while its leader is still coming up the broker answers
+    404 "may be stopping or being demoted" (and closes the channel); ask again at once, a new channel
+    each time, for at most 5 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            connection.channel().queue_delete(name)
+            return
+        except pika.exceptions.ChannelClosedByBroker as refused:
+            if refused.reply_code != 404 or "leader" not in refused.reply_text or time.monotonic() > deadline:
+                raise
+
+
 def strand(settings: RpcSettings) -> None:
     """The bug's own recipe, outside Switchyard: at-least-once quorum queues deleted right after a
     restart. What Switchyard cannot prevent (another application on the broker, a cluster's leader
@@ -108,7 +123,7 @@ def strand(settings: RpcSettings) -> None:
             restart_rabbitmq4()
             with pika.BlockingConnection(pika.URLParameters(connections.amqp_url)) as connection:
                 for name in victims:
-                    connection.channel().queue_delete(name)
+                    _delete_as_soon_as_it_can(connection, name)
             with contextlib.suppress(AssertionError):
                 wait_for(lambda: rabbitmq4_dead_lettering() == "stranded", timeout=3,
                          what="the supervisor to stop")
