@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -18,7 +19,7 @@ from switchyard.pending.errors import PendingError, StoreUnavailableError
 from switchyard.pending.settings import PendingSettings, check_endpoint
 
 
-def _ms(seconds: float) -> int:  # (store.py's too)
+def _ms(seconds: float) -> int:  # (store.py imports it)
     return max(1, int(seconds * 1000))
 
 
@@ -26,8 +27,9 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class AdminOps:
-    """What ``RedisStore`` does for the watcher, the node API and ``status``."""
+class AdminOps(ABC):
+    """What ``RedisStore`` does for the watcher, the node API and ``status``; it provides the two
+    abstract methods below."""
 
     settings: PendingSettings
     client: RedisClient
@@ -35,11 +37,13 @@ class AdminOps:
     _cluster: RedisCluster | None
     _guards: tuple[Any, dict[str, tuple[int, int]]]
 
+    @abstractmethod
     def _available(self, operation: Callable[[], Any]) -> Any:
-        raise NotImplementedError
+        """Run ``operation``, retrying an unreachable Redis for the retry window."""
 
+    @abstractmethod
     def polls_key(self, endpoint: str) -> str:
-        raise NotImplementedError
+        """The key counting ``endpoint``'s long polls."""
 
     # ------------------------------------------------------------- watcher
 
