@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from constructs import Construct
 
-from stacks import constants
+from stacks import constants, sizes
 from stacks.base_image import BUILD_ARG, REPO_ROOT, local_tag
 from switchyard.core import errors
 from switchyard.core.errors import InvalidNameError
@@ -55,15 +55,19 @@ def _camel(name: str) -> str:
     return head + "".join(part.capitalize() for part in rest)
 
 
+def _json(raw: str, where: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: not valid JSON ({exc})") from exc
+
+
 def _build(cls: type[T], raw: Any, where: str) -> T:
     """``cls`` from a JSON object whose keys are the camelCase field names; unknown keys are errors."""
     if raw is None:
         raw = {}
     if isinstance(raw, str):  # -c switchyard:delay='{"partitions": 6}'
-        try:
-            raw = json.loads(raw)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: not valid JSON ({exc})") from exc
+        raw = _json(raw, where)
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a JSON object, got {type(raw).__name__}")
     by_key = {_camel(f.name): f for f in fields(cls)}  # type: ignore[arg-type]
@@ -343,6 +347,43 @@ class RedisConfig:
 
 
 @dataclass(frozen=True)
+class BusConfig:
+    """The event bus's delivery workers: an ECS service of ``workers`` always-on tasks."""
+
+    workers: int = constants.BUS_WORKERS
+    capacity_provider: str = DEFAULT_CAPACITY_PROVIDER  # FARGATE_SPOT: cheaper, a task may be stopped
+
+    def __post_init__(self) -> None:
+        _check(self.workers >= 1, constants.CTX_BUS, "workers must be at least 1 (events wait for one)")
+        _check(self.capacity_provider in CAPACITY_PROVIDERS, constants.CTX_BUS,
+               f"capacityProvider must be one of {list(CAPACITY_PROVIDERS)}, got {self.capacity_provider!r}")
+
+
+def parse_parts(raw: Any) -> frozenset[str]:
+    """``switchyard:parts``: a list (or a comma-separated string) of part names, each part's needs
+    chosen too; unset: every part."""
+    where = constants.CTX_PARTS
+    if raw in (None, ""):
+        return frozenset(constants.PARTS)
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.lstrip().startswith("[") else raw.split(",")
+        except ValueError as exc:
+            raise ConfigError(f"{where}: not valid JSON ({exc})") from exc
+    _check(isinstance(raw, list) and bool(raw), where,
+           f"must be a list of parts from {list(constants.PARTS)}, got {raw!r}")
+    names = [str(name).strip() for name in raw]
+    unknown = sorted(set(names) - set(constants.PARTS))
+    _check(not unknown, where, f"unknown part(s) {unknown}; the parts: {list(constants.PARTS)}")
+    chosen = frozenset(names)
+    for part, (needs, why) in constants.PART_NEEDS.items():
+        missing = [need for need in needs if need not in chosen]
+        _check(part not in chosen or not missing, where,
+               f"{part} needs {' and '.join(needs)} ({why}): add {', '.join(missing)}, or leave {part} out")
+    return chosen
+
+
+@dataclass(frozen=True)
 class ConcurrencyConfig:
     """Reserved concurrency of the functions that loop (fire, sweep), and the account's Lambda limit.
 
@@ -398,12 +439,30 @@ class DeploymentConfig:
     production: bool = False
     nat_gateways: int = constants.VPC_NAT_GATEWAYS  # one per AZ (VPC_MAX_AZS) survives the loss of an AZ
     account_concurrency: int = 0  # the account's Lambda limit as ./dev deploy read it (0: not read)
+    parts: frozenset[str] = frozenset(constants.PARTS)  # what the stack deploys (switchyard:parts)
+    size: str = ""  # switchyard:size: dev, production, or "" (each key's own default)
+    bus: BusConfig = field(default_factory=BusConfig)
+
+    def has(self, *parts: str) -> bool:
+        """Whether every one of ``parts`` is deployed."""
+        return all(part in self.parts for part in parts)
+
+    @property
+    def redis_needed(self) -> bool:
+        """ElastiCache holds the rpc pools' state, the pending queue and the bus."""
+        return bool(self.parts & {constants.PART_RPC, constants.PART_PENDING, constants.PART_BUS})
+
+    @property
+    def ecs_needed(self) -> bool:
+        """The ECS cluster runs the rpc pools' workers and the bus's delivery workers."""
+        return bool(self.parts & {constants.PART_RPC, constants.PART_BUS})
 
     def __post_init__(self) -> None:
         _check(1 <= self.nat_gateways <= constants.VPC_MAX_AZS, constants.CTX_NAT_GATEWAYS,
                f"natGateways must be 1-{constants.VPC_MAX_AZS} (one per availability zone at most)")
         names = [p.name for p in self.pools]
-        _check(bool(names), constants.CTX_POOLS, "configure at least one pool")
+        _check(bool(names) or not self.has(constants.PART_RPC), constants.CTX_POOLS,
+               "configure at least one pool")
         dupes = sorted({n for n in names if names.count(n) > 1})
         _check(not dupes, constants.CTX_POOLS, f"pool names must be unique, repeated: {dupes}")
         _check(self.msk.replication_factor <= self.msk.broker_nodes, constants.CTX_MSK, "too few brokers")
@@ -419,7 +478,7 @@ class DeploymentConfig:
         budget = self.postgres_connection_budget
         limit = self.postgres.max_connections * constants.POSTGRES_BUDGET_SHARE // 100
         _check(
-            budget <= limit,
+            budget <= limit or not self.has(constants.PART_DELAY),
             constants.CTX_POSTGRES,
             f"the delay functions may open {budget} connections (enqueue and the scheduled-call relay: "
             f"one per partition each, "
@@ -465,8 +524,14 @@ class DeploymentConfig:
 
     @classmethod
     def from_context(cls, scope: Construct) -> DeploymentConfig:
-        def ctx(key: str) -> Any:
-            return scope.node.try_get_context(key)
+        def ctx(key: str) -> Any:  # the key's value over its size's (stacks/sizes.py)
+            return sizes.context(scope, key, parse=lambda raw: _json(raw, key))
+
+        try:
+            size = sizes.size_of(scope)
+        except sizes.SizeError as exc:
+            raise ConfigError(str(exc)) from exc
+        parts = parse_parts(scope.node.try_get_context(constants.CTX_PARTS))
 
         raw_pools = ctx(constants.CTX_POOLS)
         if isinstance(raw_pools, str):
@@ -479,9 +544,14 @@ class DeploymentConfig:
         if not isinstance(raw_pools, list) or not all(isinstance(p, dict) and "name" in p for p in raw_pools):
             raise ConfigError(f'{constants.CTX_POOLS} must be a list of objects with a "name", '
                               f'got {raw_pools!r}')
-        pools = tuple(_build(PoolConfig, p, f"{constants.CTX_POOLS}[{p['name']!r}]") for p in raw_pools)
+        provider = sizes.preset(scope, "pool.capacityProvider")
+        pools = tuple(_build(PoolConfig, {**({"capacityProvider": provider} if provider else {}), **p},
+                             f"{constants.CTX_POOLS}[{p['name']!r}]") for p in raw_pools)
         return cls(
-            pools=pools,
+            pools=pools if constants.PART_RPC in parts else (),
+            parts=parts,
+            size=size,
+            bus=_build(BusConfig, ctx(constants.CTX_BUS), constants.CTX_BUS),
             delay=_build(DelayConfig, ctx(constants.CTX_DELAY), constants.CTX_DELAY),
             msk=_build(MskConfig, ctx(constants.CTX_MSK), constants.CTX_MSK),
             postgres=_build(PostgresConfig, ctx(constants.CTX_POSTGRES), constants.CTX_POSTGRES),

@@ -30,7 +30,8 @@ from constructs import Construct
 from stacks import constants
 from stacks.broker import BrokerConstruct
 from stacks.config import ConfigError, DeploymentConfig, PoolConfig
-from stacks.data import DataConstruct
+from stacks.constants import PART_DELAY, PART_RPC
+from stacks.data import DataConstruct, chosen
 from stacks.grants import (
     ecs_pool_access,
     ecs_stop_access,
@@ -103,9 +104,9 @@ class FunctionsConstruct(Construct):
         construct_id: str,
         *,
         network: NetworkConstruct,
-        broker: BrokerConstruct,
+        broker: BrokerConstruct | None,
         data: DataConstruct,
-        workers: WorkersConstruct,
+        workers: WorkersConstruct | None,
         config: DeploymentConfig,
         endpoints: ServiceEndpoints,
         parameters: ConfigParametersConstruct,
@@ -115,24 +116,44 @@ class FunctionsConstruct(Construct):
         deployed configuration, which every function may read (its path in SWITCHYARD_CONFIG_PATH)."""
         super().__init__(scope, construct_id)
         self.endpoints, self.parameters = endpoints, parameters
-        self.network, self.broker, self.data, self.workers, self.config = (
-            network,
-            broker,
-            data,
-            workers,
-            config,
-        )
+        # The broker and the workers are the rpc part's (None without it: switchyard:parts).
+        self.network, self.data, self.config = network, data, config
+        self._broker, self._workers = broker, workers
         self.stack = Stack.of(self)
         self.layer = self._build_layer(layer_dir)
         self._code: dict[str, lambda_.Code] = {}  # one per stack: an asset belongs to one
         self.functions: dict[str, lambda_.Function] = {}
         self.providers: list[cr.Provider] = []
-        self.deploy = self._build_deploy_resources()
+        rpc, delay = config.has(PART_RPC), config.has(PART_DELAY)
+        self.deploy = {**(self._build_pools_resource() if rpc else {}),
+                       **(self._build_delay_resources() if delay else {})}
         self.pools = {pool.name: self._build_pool(pool) for pool in config.pools}
-        self.kafka_failures = self._build_kafka_failures()
-        self.delay = self._build_delay()
-        self.scheduled = self._build_scheduled()
+        self._kafka_failures = self._build_kafka_failures() if delay else None
+        self.delay = self._build_delay() if delay else {}
+        # Scheduled calls go from the delay scheduler into the pools: with both parts only.
+        self._scheduled = self._build_scheduled() if config.has(PART_RPC, PART_DELAY) else None
         self.schedules = self._build_schedules()
+
+    @property
+    def broker(self) -> BrokerConstruct:
+        return chosen(self._broker, PART_RPC)
+
+    @property
+    def workers(self) -> WorkersConstruct:
+        return chosen(self._workers, "rpc or bus")
+
+    @property
+    def kafka_failures(self) -> sqs.Queue:
+        return chosen(self._kafka_failures, PART_DELAY)
+
+    @property
+    def scheduled(self) -> lambda_.Function:
+        return chosen(self._scheduled, "rpc and delay")
+
+    @property
+    def has_scheduled(self) -> bool:
+        """The scheduled-call relay is deployed (rpc and delay both are)."""
+        return self._scheduled is not None
 
     # -- building blocks ------------------------------------------------------------------------
     def _build_layer(self, layer_dir: str) -> lambda_.LayerVersion:
@@ -264,8 +285,7 @@ class FunctionsConstruct(Construct):
         self.providers.append(provider)
         return fn, resource
 
-    def _build_deploy_resources(self) -> dict[str, CustomResource]:
-        d = self.config.delay
+    def _build_pools_resource(self) -> dict[str, CustomResource]:
         # The admin's one process: it declares the pools and makes every role's user from its secret.
         users = [{"Role": user.role.value, "Pool": user.pool or "", "Application": user.application or "",
                   "SecretArn": secret.secret_arn} for user, secret in self.broker.users.items()]
@@ -282,6 +302,10 @@ class FunctionsConstruct(Construct):
         read_secrets_named(pools_fn, broker_users_secret_prefix(self))
         ecs_stop_access(pools_fn, self.workers.cluster)
         pools.node.add_dependency(self.workers.cluster)  # its capacity provider associations too
+        return {"pools": pools}
+
+    def _build_delay_resources(self) -> dict[str, CustomResource]:
+        d = self.config.delay
         schema_fn, schema = self._custom_resource(
             "DelaySchema",
             "deploy_delay_schema",
@@ -301,7 +325,7 @@ class FunctionsConstruct(Construct):
             self._kafka_env(),
         )
         kafka_access(topics_fn, self.data.kafka.attr_arn, create=(d.input_topic, d.output_topic))
-        return {"pools": pools, "schema": schema, "topics": topics}
+        return {"schema": schema, "topics": topics}
 
     # -- RPC control plane, per pool -------------------------------------------------------------
     def _pool_env(self, pool: PoolConfig, driver: str, broker_user: secretsmanager.ISecret) -> dict[str, str]:
@@ -484,7 +508,8 @@ class FunctionsConstruct(Construct):
         """One minute each (EventBridge's finest); each function loops inside its invocation."""
         wanted = {f"{name}-reconcile": (pool_scope(self, name), fns.reconcile)
                   for name, fns in self.pools.items()}
-        wanted.update({"delay-fire": (self, self.delay["fire"]), "delay-sweep": (self, self.delay["sweep"])})
+        if self.delay:
+            wanted.update({f"delay-{role}": (self, self.delay[role]) for role in ("fire", "sweep")})
         schedules = {}
         for name, (scope, fn) in wanted.items():
             schedules[name] = scheduler.Schedule(
@@ -496,5 +521,6 @@ class FunctionsConstruct(Construct):
                 description=f"Switchyard {name}: every minute (EventBridge Scheduler's finest rate)",
             )
             # Deleted before the pools resource stops the workers: no tick starts a group after it.
-            schedules[name].node.add_dependency(self.deploy["pools"])
+            if "pools" in self.deploy:
+                schedules[name].node.add_dependency(self.deploy["pools"])
         return schedules

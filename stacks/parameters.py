@@ -59,11 +59,11 @@ SCHEDULED_CONSUMER_GROUP = "switchyard-delay-scheduled"  # the relay's, on the o
 class ServiceEndpoints:
     """Connection settings of one target; a secret fills the placeholders of its service's URLs."""
 
-    amqp_url: str
-    management_url: str
-    redis_url: str
-    postgres_dsn: str
-    kafka_bootstrap: str
+    amqp_url: str = ""  # "": the stack does not deploy the service (switchyard:parts)
+    management_url: str = ""
+    redis_url: str = ""
+    postgres_dsn: str = ""
+    kafka_bootstrap: str = ""
     kafka_auth: str = "none"
     amqp_secret: secretsmanager.ISecret | None = None
     redis_secret: secretsmanager.ISecret | None = None
@@ -104,8 +104,10 @@ class ServiceEndpoints:
         })
 
     def shared_env(self, delay: DelayConfig) -> dict[str, str]:
-        """Every setting the parts share: what the configuration parameters hold."""
-        return {**self.amqp_env(), **self.redis_env(), **self.postgres_env(), **self.kafka_env(delay)}
+        """Every setting the deployed parts share: what the configuration parameters hold."""
+        return {**(self.amqp_env() if self.amqp_url else {}), **(self.redis_env() if self.redis_url else {}),
+                **(self.postgres_env() if self.postgres_dsn else {}),
+                **(self.kafka_env(delay) if self.kafka_bootstrap else {})}
 
     def secrets(self) -> list[secretsmanager.ISecret]:
         return [s for s in (self.amqp_secret, self.redis_secret, self.postgres_secret) if s is not None]
