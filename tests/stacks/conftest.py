@@ -97,7 +97,8 @@ def on_variants(*names: str) -> pytest.MarkDecorator:
 
 
 @pytest.fixture(scope="module")
-def resources(variant: str, variants: Callable[[str], tuple[Template, Path, Any]]) -> dict[str, dict[str, Any]]:
+def resources(variant: str,
+              variants: Callable[[str], tuple[Template, Path, Any]]) -> dict[str, dict[str, Any]]:
     return variants(variant)[0].to_json()["Resources"]
 
 

@@ -529,7 +529,8 @@ def _pass_roles(dep: Deployment, requests: list[dict[str, Any]]) -> list[Call]:
 
 @pytest.fixture(scope="module")
 def probed(deployment: Deployment) -> list[tuple[Probe, dict[str, Any]]]:
-    emr = [_emr_probe(deployment)] if _of_kind(deployment.resources, "AWS::EMRServerless::Application") else []
+    has_emr = _of_kind(deployment.resources, "AWS::EMRServerless::Application")
+    emr = [_emr_probe(deployment)] if has_emr else []
     probes = [*_lambda_probes(deployment), *_ecs_probes(deployment), *_scheduler_probes(deployment),
               *emr, *_lambda_service_probes(deployment)]
     with ThreadPoolExecutor(max_workers=6) as pool:
