@@ -17,6 +17,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 from aws_cdk import Stack
 from aws_cdk.assertions import Template
 
+from scripts.costs import VARIANTS
 from stacks import constants
 from stacks.application import build_app, stacks_of
 from tests.stacks.nested import template_of
@@ -55,18 +56,8 @@ def template(synthesized: tuple[Template, Path, Any]) -> Template:
 
 
 # The stacks a user may choose (issue 37): each part alone at the dev size, the parts that depend on
-# each other (scheduled calls: rpc and delay; spark needs both), and all five at each size.
-P, S = constants.CTX_PARTS, constants.CTX_SIZE
-VARIANTS: dict[str, dict[str, Any]] = {
-    "rpc-dev": {P: ["rpc"], S: "dev"},
-    "delay-dev": {P: ["delay"], S: "dev"},
-    "pending-dev": {P: ["pending"], S: "dev"},
-    "bus-dev": {P: ["bus"], S: "dev"},
-    "rpc+delay-dev": {P: ["rpc", "delay"], S: "dev"},
-    "spark-dev": {P: ["spark", "rpc", "delay"], S: "dev"},
-    "all-dev": {S: "dev"},
-    "all-production": {S: "production"},
-}
+# each other (scheduled calls: rpc and delay; spark needs both), and all five at each size; the same
+# choices docs/deployment.md prices (scripts/costs.py).
 DEFAULT = "default"  # cdk.json's context alone: the ``synthesized`` app
 
 
