@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from constructs import Construct
 
 from stacks import constants, sizes
 from stacks.base_image import BUILD_ARG, REPO_ROOT, local_tag
-from switchyard.core import errors
-from switchyard.core.errors import InvalidNameError
+from stacks.context import ConfigError, parse_parts
+from stacks.context import build as _build
+from stacks.context import check as _check
+from stacks.context import count as _count
+from stacks.context import flag as _flag
+from stacks.context import from_json as _json
 from switchyard.delay.settings import DelaySettings, validate_schema, validate_topic
 from switchyard.rpc.drivers.ecs import CAPACITY_PROVIDERS, DEFAULT_CAPACITY_PROVIDER
 from switchyard.rpc.protocol import MAX_POOL_NAME_CHARS, validate_pool
@@ -31,7 +35,6 @@ _ECR_IMAGE = re.compile(r"\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a
 # A pool's own Dockerfile starts from Switchyard's image, whichever the deploy passes as the build arg.
 _FROM_BASE = re.compile(rf"^\s*ARG\s+{BUILD_ARG}\b.*^\s*FROM\s+\$\{{?{BUILD_ARG}\}}?\b", re.M | re.S | re.I)
 
-T = TypeVar("T")
 
 # Fargate's valid cpu -> memory (MiB) combinations for the sizes a worker plausibly needs.
 FARGATE_MEMORY = {
@@ -41,76 +44,6 @@ FARGATE_MEMORY = {
     2048: tuple(range(4096, 16385, 1024)),
     4096: tuple(range(8192, 30721, 1024)),
 }
-
-
-class ConfigError(errors.ConfigError, ValueError):
-    """A context value the deployment cannot use; the message names the key and what to write.
-
-    The core's ``ConfigError`` (a setting the process cannot use), and a ``ValueError`` as the
-    validators' errors are, so one ``except ValueError`` in parsing turns both into this."""
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.capitalize() for part in rest)
-
-
-def _json(raw: str, where: str) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{where}: not valid JSON ({exc})") from exc
-
-
-def _build(cls: type[T], raw: Any, where: str) -> T:
-    """``cls`` from a JSON object whose keys are the camelCase field names; unknown keys are errors."""
-    if raw is None:
-        raw = {}
-    if isinstance(raw, str):  # -c switchyard:delay='{"partitions": 6}'
-        raw = _json(raw, where)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a JSON object, got {type(raw).__name__}")
-    by_key = {_camel(f.name): f for f in fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(raw) - set(by_key))
-    if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {unknown}; known: {sorted(by_key)}")
-    values = {}
-    for key, value in raw.items():
-        default = getattr(cls, by_key[key].name, None)
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise ConfigError(f"{where}.{key} must be true or false, got {value!r}")
-        if (
-            isinstance(default, int)
-            and not isinstance(default, bool)
-            and (isinstance(value, bool) or not isinstance(value, int))
-        ):
-            raise ConfigError(f"{where}.{key} must be an integer, got {value!r}")
-        values[by_key[key].name] = value
-    try:
-        return cls(**values)
-    except InvalidNameError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-
-
-def _check(ok: bool, where: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"{where}: {message}")
-
-
-def _flag(raw: Any, where: str) -> bool:
-    """A boolean from cdk.json (true) or the command line (-c key=true arrives as a string)."""
-    if raw is None or isinstance(raw, bool):
-        return bool(raw)
-    _check(str(raw).lower() in ("true", "false"), where, f"must be true or false, got {raw!r}")
-    return str(raw).lower() == "true"
-
-
-def _count(raw: Any, where: str, default: int) -> int:
-    """An integer from cdk.json or the command line (a string there)."""
-    if raw is None:
-        return default
-    _check(str(raw).isdigit(), where, f"must be a whole number, got {raw!r}")
-    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -357,30 +290,6 @@ class BusConfig:
         _check(self.workers >= 1, constants.CTX_BUS, "workers must be at least 1 (events wait for one)")
         _check(self.capacity_provider in CAPACITY_PROVIDERS, constants.CTX_BUS,
                f"capacityProvider must be one of {list(CAPACITY_PROVIDERS)}, got {self.capacity_provider!r}")
-
-
-def parse_parts(raw: Any) -> frozenset[str]:
-    """``switchyard:parts``: a list (or a comma-separated string) of part names, each part's needs
-    chosen too; unset: every part."""
-    where = constants.CTX_PARTS
-    if raw in (None, ""):
-        return frozenset(constants.PARTS)
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw) if raw.lstrip().startswith("[") else raw.split(",")
-        except ValueError as exc:
-            raise ConfigError(f"{where}: not valid JSON ({exc})") from exc
-    _check(isinstance(raw, list) and bool(raw), where,
-           f"must be a list of parts from {list(constants.PARTS)}, got {raw!r}")
-    names = [str(name).strip() for name in raw]
-    unknown = sorted(set(names) - set(constants.PARTS))
-    _check(not unknown, where, f"unknown part(s) {unknown}; the parts: {list(constants.PARTS)}")
-    chosen = frozenset(names)
-    for part, (needs, why) in constants.PART_NEEDS.items():
-        missing = [need for need in needs if need not in chosen]
-        _check(part not in chosen or not missing, where,
-               f"{part} needs {' and '.join(needs)} ({why}): add {', '.join(missing)}, or leave {part} out")
-    return chosen
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from aws_cdk import CustomResource, Duration, Fn, RemovalPolicy, Stack
@@ -30,7 +29,6 @@ from constructs import Construct
 from stacks import constants
 from stacks.broker import BrokerConstruct
 from stacks.config import ConfigError, DeploymentConfig, PoolConfig
-from stacks.constants import PART_DELAY, PART_RPC
 from stacks.data import DataConstruct, chosen
 from stacks.grants import (
     ecs_pool_access,
@@ -51,7 +49,7 @@ from stacks.parameters import (
     secret_arn_env,
 )
 from stacks.platform import lambda_architecture, lambda_runtime
-from stacks.pool_stacks import pool_scope
+from stacks.pool_stacks import POOL_QUEUES, POOL_ROLES, PoolFunctions, pool_scope
 from stacks.workers import WorkersConstruct, worker_family
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.observability import DELAY_SERVICE, DEPLOY_SERVICE, SCHEDULED_SERVICE, pool_service
@@ -62,9 +60,6 @@ from switchyard.rpc.control.access import BrokerRole
 from switchyard.rpc.protocol import DEAD_LETTER_PROBE_VHOST
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-POOL_QUEUES = {"orphans": "orphan", "dead_letters": "dl", "activity": "activity"}  # handler -> queue suffix
-POOL_ROLES = {"orphans": BrokerRole.ORPHANS, "dead_letters": BrokerRole.DEAD_LETTERS,  # handler -> user
-              "activity": BrokerRole.ACTIVITY, "reconcile": BrokerRole.RECONCILE}
 
 
 def code_version() -> str:
@@ -76,22 +71,6 @@ def code_version() -> str:
             digest.update(path.read_bytes())
     digest.update((REPO_ROOT / "requirements.txt").read_bytes())
     return digest.hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class PoolFunctions:
-    orphans: lambda_.Function
-    dead_letters: lambda_.Function
-    activity: lambda_.Function
-    reconcile: lambda_.Function
-
-    def all(self) -> dict[str, lambda_.Function]:
-        return {
-            "orphans": self.orphans,
-            "dead_letters": self.dead_letters,
-            "activity": self.activity,
-            "reconcile": self.reconcile,
-        }
 
 
 class FunctionsConstruct(Construct):
@@ -124,19 +103,19 @@ class FunctionsConstruct(Construct):
         self._code: dict[str, lambda_.Code] = {}  # one per stack: an asset belongs to one
         self.functions: dict[str, lambda_.Function] = {}
         self.providers: list[cr.Provider] = []
-        rpc, delay = config.has(PART_RPC), config.has(PART_DELAY)
+        rpc, delay = config.has(constants.PART_RPC), config.has(constants.PART_DELAY)
         self.deploy = {**(self._build_pools_resource() if rpc else {}),
                        **(self._build_delay_resources() if delay else {})}
         self.pools = {pool.name: self._build_pool(pool) for pool in config.pools}
         self._kafka_failures = self._build_kafka_failures() if delay else None
         self.delay = self._build_delay() if delay else {}
         # Scheduled calls go from the delay scheduler into the pools: with both parts only.
-        self._scheduled = self._build_scheduled() if config.has(PART_RPC, PART_DELAY) else None
+        self._scheduled = self._build_scheduled() if rpc and delay else None
         self.schedules = self._build_schedules()
 
     @property
     def broker(self) -> BrokerConstruct:
-        return chosen(self._broker, PART_RPC)
+        return chosen(self._broker, constants.PART_RPC)
 
     @property
     def workers(self) -> WorkersConstruct:
@@ -144,16 +123,11 @@ class FunctionsConstruct(Construct):
 
     @property
     def kafka_failures(self) -> sqs.Queue:
-        return chosen(self._kafka_failures, PART_DELAY)
+        return chosen(self._kafka_failures, constants.PART_DELAY)
 
     @property
     def scheduled(self) -> lambda_.Function:
         return chosen(self._scheduled, "rpc and delay")
-
-    @property
-    def has_scheduled(self) -> bool:
-        """The scheduled-call relay is deployed (rpc and delay both are)."""
-        return self._scheduled is not None
 
     # -- building blocks ------------------------------------------------------------------------
     def _build_layer(self, layer_dir: str) -> lambda_.LayerVersion:

@@ -278,7 +278,7 @@ class MonitoringConstruct(Construct):
                 specs.append(errors_or_throttles(f"{pool.name}-{role}", fn, pool.name))
         for role, fn in aws.functions.delay.items():
             specs.append(errors_or_throttles(f"delay-{role}", fn))
-        if aws.functions.has_scheduled:
+        if self.config.has(PART_DELAY, PART_RPC):
             specs.append(errors_or_throttles("scheduled-relay", aws.functions.scheduled))
         if self.config.has(PART_DELAY):
             specs += self._delay_aws_specs(aws)
@@ -437,7 +437,7 @@ class MonitoringConstruct(Construct):
         every = {
             **{f"{p}-{r}": fn for p, fns in aws.functions.pools.items() for r, fn in fns.all().items()},
             **{f"delay-{r}": fn for r, fn in aws.functions.delay.items()},
-            **({"scheduled-relay": aws.functions.scheduled} if aws.functions.has_scheduled else {}),
+            **({"scheduled-relay": aws.functions.scheduled} if self.config.has(PART_DELAY, PART_RPC) else {}),
         }
         widgets: list[cw.IWidget] = [] if not every else [
             cw.GraphWidget(

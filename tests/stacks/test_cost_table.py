@@ -113,11 +113,12 @@ def _priced(name: str, variants: Callable[[str], tuple[Template, Path, Any]]) ->
     return monthly(load_resources(outdir, stack.artifact_id))
 
 
-def test_the_page_prices_each_choice_as_its_template_does(
+def test_the_pages_price_each_choice_as_its_template_does(
         variants: Callable[[str], tuple[Template, Path, Any]]) -> None:
-    page = DOC.read_text()
-    expected = costs.render(page, {name: _priced(name, variants) for name in costs.VARIANTS})
-    assert page == expected, "docs/deployment.md's table of choices differs: python -m scripts.costs docs"
+    priced = {name: _priced(name, variants) for name in costs.VARIANTS}
+    for path, render in ((DOC, costs.render), (ROOT / costs.README, costs.render_readme)):
+        page = path.read_text()
+        assert page == render(page, priced), f"{path.name}'s table of choices differs: python -m scripts.costs docs"
 
 
 @pytest.mark.parametrize("name", list(costs.VARIANTS))
