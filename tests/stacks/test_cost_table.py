@@ -118,7 +118,7 @@ def test_the_pages_price_each_choice_as_its_template_does(
     priced = {name: _priced(name, variants) for name in costs.VARIANTS}
     for path, render in ((DOC, costs.render), (ROOT / costs.README, costs.render_readme)):
         page = path.read_text()
-        assert page == render(page, priced), f"{path.name}'s table of choices differs: python -m scripts.costs docs"
+        assert page == render(page, priced), f"{path.name}'s table of choices: python -m scripts.costs docs"
 
 
 @pytest.mark.parametrize("name", list(costs.VARIANTS))
