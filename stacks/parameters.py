@@ -14,7 +14,7 @@ environments are built from it too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,8 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from stacks.config import ConfigError, DelayConfig
+from stacks import constants
+from stacks.config import ConfigError, DelayConfig, DeploymentConfig
 from stacks.names import runtime_names
 from switchyard.core.config import (
     AMQP_URL,
@@ -111,6 +112,20 @@ class ServiceEndpoints:
 
     def secrets(self) -> list[secretsmanager.ISecret]:
         return [s for s in (self.amqp_secret, self.redis_secret, self.postgres_secret) if s is not None]
+
+
+def chosen_endpoints(config: DeploymentConfig, *, broker: Callable[[], dict[str, Any]],
+                     redis: Callable[[], dict[str, Any]],
+                     delay: Callable[[], dict[str, Any]]) -> ServiceEndpoints:
+    """A target's endpoints of the services its chosen parts use (switchyard:parts): the broker's
+    (rpc), Redis's (rpc, pending, bus), Postgres's and MSK's (delay); each callable gives its
+    service's ``ServiceEndpoints`` fields and is called only when a chosen part uses it."""
+    fields: dict[str, Any] = {}
+    for used, part in ((config.has(constants.PART_RPC), broker), (config.redis_needed, redis),
+                       (config.has(constants.PART_DELAY), delay)):
+        if used:
+            fields.update(part())
+    return ServiceEndpoints(**fields)
 
 
 class ConfigParametersConstruct(Construct):

@@ -14,13 +14,13 @@ from stacks.broker import BrokerConstruct
 from stacks.bus import BUS_CONSTRUCT_ID, BusConstruct
 from stacks.config import ConfigError, DeploymentConfig
 from stacks.constants import PART_BUS, PART_DELAY, PART_PENDING, PART_RPC, PART_SPARK
-from stacks.data import DataConstruct
+from stacks.data import DataConstruct, chosen
 from stacks.functions import FunctionsConstruct
 from stacks.log_retention import retain_unmanaged_logs
 from stacks.monitoring import AwsResources, MonitoringConstruct
 from stacks.names import dashboard_name
 from stacks.network import NetworkConstruct
-from stacks.parameters import ConfigParametersConstruct, ServiceEndpoints
+from stacks.parameters import ConfigParametersConstruct, ServiceEndpoints, chosen_endpoints
 from stacks.pending import PENDING_CONSTRUCT_ID, PendingConstruct
 from stacks.pool_stacks import pool_stacks
 from stacks.workers import WorkersConstruct
@@ -82,21 +82,22 @@ class SwitchyardStack(Stack):
     def _endpoints(self) -> ServiceEndpoints:
         """The deployed parts' services: the broker (rpc), Redis (rpc, pending, bus), Postgres and MSK
         (delay); a service no chosen part uses is left out of every environment and parameter."""
-        urls: dict[str, Any] = {}
-        if self.broker is not None:
+        def broker() -> dict[str, Any]:
             # The deployed configuration's broker user is the clients' (the EMR job, an operator's
             # calls); each function and worker names its own role's secret in its environment.
-            urls.update(amqp_url=self.broker.amqp_url_template,
-                        management_url=self.broker.management_url_template,
-                        amqp_secret=self.broker.user_secret(BrokerRole.CLIENTS))
-        if self.config.redis_needed:
-            urls.update(redis_url=self.data.redis_url_template, redis_secret=self.data.redis_secret,
-                        redis_cluster=self.config.redis.cluster_mode)
-        if self.config.has(PART_DELAY):
-            urls.update(postgres_dsn=self.data.postgres_dsn_template,
-                        postgres_secret=self.data.postgres_secret,
-                        kafka_bootstrap=self.data.kafka_bootstrap, kafka_auth="aws-msk-iam")
-        return ServiceEndpoints(**urls)
+            rpc = chosen(self.broker, PART_RPC)
+            return {"amqp_url": rpc.amqp_url_template, "management_url": rpc.management_url_template,
+                    "amqp_secret": rpc.user_secret(BrokerRole.CLIENTS)}
+
+        data = self.data
+        return chosen_endpoints(
+            self.config, broker=broker,
+            redis=lambda: {"redis_url": data.redis_url_template, "redis_secret": data.redis_secret,
+                           "redis_cluster": self.config.redis.cluster_mode},
+            delay=lambda: {"postgres_dsn": data.postgres_dsn_template,
+                           "postgres_secret": data.postgres_secret,
+                           "kafka_bootstrap": data.kafka_bootstrap, "kafka_auth": "aws-msk-iam"})
+
 
     def resource_counts(self) -> dict[str, int]:
         """Resources per template: this stack's (by its name) and each pool's nested stack's."""

@@ -19,7 +19,7 @@ from stacks.broker import BrokerSettings
 from stacks.config import ConfigError, DeploymentConfig
 from stacks.names import alarm_prefix
 from switchyard.core.deployed_config import metrics_namespace
-from tests.stacks.conftest import VARIANTS
+from tests.stacks.conftest import VARIANTS, synth
 from tests.stacks.test_alarm_metrics_emitted import PARTS as EMITTING
 from tests.stacks.test_alarm_metrics_emitted import _metrics
 
@@ -186,3 +186,17 @@ def test_an_explicit_key_wins_over_the_size() -> None:
     broker = BrokerSettings.from_context(scope)
     assert (broker.instance_type, broker.engine_version, broker.deployment_mode) == (
         "mq.m7g.large", "4.2", "SINGLE_INSTANCE")
+
+
+@pytest.mark.parametrize("parts", [["rpc"], ["delay"], ["bus"]])
+def test_the_localstack_target_follows_the_parts(parts: list[str], layer_dir: str,
+                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The LocalStack target (what a local deployment reads) holds the chosen parts' settings and
+    alarms only: an RPC-only stack names no Postgres or Kafka, a delay-only one no broker or Redis."""
+    local = {constants.CTX_TARGET: constants.TARGET_LOCALSTACK, constants.CTX_PARTS: parts}
+    template, _, stack = synth(layer_dir, tmp_path_factory.mktemp("cdk.out.local-parts"), **local)
+    found = [(what, owners) for what, owners in _things(template.to_json(), alarm_prefix(stack))
+             if what.startswith(("parameter", "alarm"))]
+    chosen_parts = frozenset(parts)
+    assert [what for what, owners in found if owners is not None and not _allowed(owners, chosen_parts)] == []
+    assert any(owners is not None for _, owners in found)  # the part's own settings and alarms are there
