@@ -165,7 +165,7 @@ class BusConstruct(Construct):
         allow_from(self.network.redis_sg, constants.REDIS_PORT, "Redis over TLS from the event bus workers",
                    group)
         provider = self.functions.config.bus.capacity_provider
-        return ecs.FargateService(
+        service = ecs.FargateService(
             self,
             "Workers",
             cluster=self.workers.cluster,
@@ -180,6 +180,9 @@ class BusConstruct(Construct):
             min_healthy_percent=100,
             circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
         )
+        if provider != "FARGATE":  # a strategy may name only an associated provider: after the association
+            service.node.add_dependency(self.workers.cluster)
+        return service
 
     def _bus_metric(self, name: str, statistic: str) -> cw.Metric:
         return cw.Metric(namespace=metrics_namespace(self), metric_name=name, dimensions_map={"Bus": "all"},

@@ -200,3 +200,13 @@ def test_the_localstack_target_follows_the_parts(parts: list[str], layer_dir: st
     chosen_parts = frozenset(parts)
     assert [what for what, owners in found if owners is not None and not _allowed(owners, chosen_parts)] == []
     assert any(owners is not None for _, owners in found)  # the part's own settings and alarms are there
+
+
+def test_the_bus_workers_on_spot_start_after_the_cluster_associates_it(
+        variants: Callable[[str], tuple[Template, Path, Any]]) -> None:
+    """ECS refuses a service whose strategy names a provider the cluster has not associated yet."""
+    resources = variants("bus-dev")[0].to_json()["Resources"]
+    kind = "AWS::ECS::ClusterCapacityProviderAssociations"
+    (association,) = [k for k, r in resources.items() if r["Type"] == kind]
+    (service,) = [r for r in resources.values() if r["Type"] == "AWS::ECS::Service"]
+    assert association in service.get("DependsOn", [])
