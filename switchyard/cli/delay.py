@@ -55,7 +55,11 @@ def _run(args: argparse.Namespace) -> int:
     show(f"switchyard delay: running {', '.join(local.roles)}: {settings.input_topic} -> "
          f"{settings.output_topic} (schema {settings.schema}); Ctrl-C to stop", file=sys.stderr)
     while not stopped.wait(0.5):
-        pass
+        if ended := local.ended():
+            for role, why in ended.items():
+                show(f"switchyard delay: error: the {role} loop ended: {why}; stopping", file=sys.stderr)
+            local.join()
+            return 1
     local.join()
     return 0
 

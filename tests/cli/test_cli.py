@@ -112,3 +112,29 @@ def test_local_control_plane_serves_calls_from_the_command_line(tmp_path) -> Non
         with PoolTopology(pool, settings) as topology:
             topology.delete(force=True)
         PoolState(connect_redis(settings.connections), pool).clear()
+
+
+def test_delay_run_whose_role_dies_says_so_and_exits_non_zero(monkeypatch, capfd) -> None:
+    """A role's loop that ends (here: its handler cannot be loaded) stops the runner with exit 1 and
+    a line naming it; it used to keep running, saying it ran all of them."""
+    import signal as signals
+
+    from switchyard.cli import main
+    from switchyard.core.config import Connections
+    from switchyard.delay.store import PostgresDelayStore
+    from switchyard.local import delay_runtime
+
+    schema = unique("died")
+    monkeypatch.setenv("SWITCHYARD_DELAY_SCHEMA", schema)
+    monkeypatch.setitem(delay_runtime.FUNCTIONS, "sweep", "no_such_handler")
+    handlers = {s: signals.getsignal(s) for s in (signals.SIGINT, signals.SIGTERM)}
+    try:
+        code = main(["delay", "run", "--roles", "sweep"])
+    finally:
+        for sig, handler in handlers.items():
+            signals.signal(sig, handler)
+        with PostgresDelayStore(Connections.from_env().postgres_dsn, schema) as dropping:
+            dropping.drop_schema()
+    err = capfd.readouterr().err
+    assert code == 1, err
+    assert "switchyard delay: error: the sweep loop ended" in err, err
