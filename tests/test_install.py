@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, unique
+from tests.conftest import ROOT, unique, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -122,6 +122,14 @@ def test_the_readme_client_and_worker_run_from_the_wheel(installed, tmp_path: Pa
         assert result.returncode == 0, result.stderr
         (figures,) = json.loads(result.stdout)["rpc"]["pools"]
         assert [g["key"] for g in figures["groups"]] == [key]
+        # No control plane runs here: status says so, and where the worker's reports wait.
+        reports = wait_for(lambda: json.loads(run([switchyard, "pool", "status", "-p", pool, "--json"], env,
+                                                  app).stdout)["activity_waiting"], timeout=30, interval=1.0,
+                           what="the worker's activity reports in the activity queue")
+        result = run([switchyard, "status", "-p", pool], env, app)
+        assert f"{key!r}" in result.stdout and "untracked" in result.stdout, result.stdout
+        assert "no control plane is running" in result.stdout and "worker reports wait" in result.stdout
+        assert reports >= 1
     finally:
         if worker is not None:
             worker.terminate()
@@ -131,7 +139,8 @@ def test_the_readme_client_and_worker_run_from_the_wheel(installed, tmp_path: Pa
                 worker.kill()
                 out, _ = worker.communicate()
             assert worker.returncode == 0, out
-        result = run([switchyard, "pool", "delete", "--pool", pool, "--force"], env, app)
+        # The worker's own activity reports are telemetry, not data: no --force needed.
+        result = run([switchyard, "pool", "delete", "--pool", pool], env, app)
         assert result.returncode == 0, result.stderr
 
 

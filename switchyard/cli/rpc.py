@@ -21,6 +21,7 @@ from switchyard.cli.options import (
 )
 from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
+from switchyard.core.observability import redact_url
 from switchyard.core.tracing import TRACEPARENT_HEADER, parse
 from switchyard.rpc import protocol
 from switchyard.rpc.client import RpcClient
@@ -29,12 +30,14 @@ from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.settings import (
     CALL_TIMEOUT,
     DELIVERY_LIMIT,
+    KEY,
+    POOL,
     QUEUE_TYPE,
     REQUEST_TTL,
     PoolPolicy,
     RpcSettings,
 )
-from switchyard.rpc.worker import run_worker
+from switchyard.rpc.worker import WorkerConfig, run_worker
 
 
 def _settings(args: argparse.Namespace) -> RpcSettings:
@@ -184,15 +187,28 @@ def worker_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str
     env = {variable: value for variable, value in environ.items() if variable.startswith("WORKER_")}
     env.update({variable: value for flag, variable in WORKER_FLAGS.items()
                 if (value := getattr(args, flag, None)) is not None})
+    for variable, setting in (("WORKER_POOL", POOL), ("WORKER_KEY", KEY)):  # the documented names
+        if variable not in env and (value := setting.raw()) is not None:
+            env[variable] = value
     # "" is a key like any other (the protocol allows the empty key): only absence is missing
     if "WORKER_POOL" not in env or "WORKER_KEY" not in env:
-        raise ConfigError("a worker needs a pool and a key: give --pool and --key (or WORKER_POOL and "
-                          "WORKER_KEY, which the worker group drivers set)")
+        raise ConfigError(f"a worker needs a pool and a key: give --pool and --key (or {POOL.name} and "
+                          f"{KEY.name})")
     return env
 
 
+def announce_worker(config: WorkerConfig, settings: RpcSettings, handler: str) -> None:
+    """The worker's one start line (stderr): what it serves, with what, on which broker."""
+    queue = "" if config.requests_queue == protocol.request_queue(config.pool, config.key) else \
+        f", queue {config.requests_queue!r}"
+    show(f"switchyard worker {config.worker_id}: pool {config.pool!r}, key {config.key!r}{queue}, handler "
+         f"{handler}, broker {redact_url(settings.connections.amqp_url)}; SIGTERM or Ctrl-C to stop",
+         file=sys.stderr, flush=True)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
-    stats = run_worker(args.handler, env=worker_env(args, os.environ))
+    stats = run_worker(args.handler, env=worker_env(args, os.environ),
+                       announce=lambda config, settings: announce_worker(config, settings, args.handler))
     show(f"worker stopped: {stats.handled} handled, {stats.errors} errors, {stats.requeued} requeued",
          file=sys.stderr)
     return 0
@@ -274,12 +290,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     worker = subparsers.add_parser(
         "worker", help="run a worker: serve one key's requests with a handler until SIGTERM",
-        description="Run a worker. Each flag may instead come from its WORKER_* variable (the worker "
-                    "group drivers set them); a flag wins over its variable.")
+        description="Run a worker. Each flag may instead come from its variable (the worker group "
+                    "drivers set the WORKER_* ones); a flag wins over its variable. It prints one line to "
+                    "stderr when it starts: what it serves, with which handler, on which broker.")
     worker.add_argument("--handler", required=True,
                         help="module:function taking a Request, e.g. switchyard.rpc.examples:echo")
-    worker.add_argument("--pool", help=f"pool name (WORKER_POOL): {POOL_RULE}")
-    worker.add_argument("--key", help="the key this worker serves (WORKER_KEY)")
+    worker.add_argument("--pool", help=f"pool name ({POOL.name}; WORKER_POOL): {POOL_RULE}")
+    worker.add_argument("--key", help=f"the key this worker serves ({KEY.name}; WORKER_KEY)")
     worker.add_argument("--id", help="this worker's id in replies and activity events "
                                      "(WORKER_ID; default host-pid-random)")
     worker.add_argument("--requests-queue", metavar="QUEUE",

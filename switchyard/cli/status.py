@@ -57,10 +57,15 @@ def pool_lines(pool: PoolFigures, now: float, max_groups: int) -> list[str]:
         lines.append(f"  {'key':32} {'state':9} {'workers':>7} {'backlog':>8}  last activity")
     for g in pool.groups[:max_groups]:
         seen = None if g.last_activity_ms is None else g.last_activity_ms / 1000
-        lines.append(f"  {printable(repr(g.key), 32):32} {g.state:9} {g.workers:>7} {g.backlog:>8}  "
-                     f"{ago(seen, now)}")
+        last = "untracked" if g.state == "no state" else ago(seen, now)  # rpc.status.NO_STATE
+        lines.append(f"  {printable(repr(g.key), 32):32} {g.state:9} {g.workers:>7} {g.backlog:>8}  {last}")
     if len(pool.groups) > max_groups:
         lines.append(f"  ... and {len(pool.groups) - max_groups} more (--max-groups, or --json)")
+    if not pool.control_plane:
+        waiting = f"; {pool.activity_waiting} worker reports wait in {protocol.activity_queue(pool.pool)}" \
+            if pool.activity_waiting else ""
+        lines.append(f"  no control plane is running{waiting} (it tracks groups and starts workers: "
+                     f"switchyard local --pool {pool.pool}, or the deployed stack)")
     return lines
 
 
@@ -129,6 +134,14 @@ def _frames(overview: Overview, count: int | None, interval: float,
 
 def cmd_status(args: argparse.Namespace) -> int:
     pools = [protocol.validate_pool(pool) for pool in args.pool or ()]
+    if pools:  # a pool named that does not exist is an error, as in `switchyard pool status`
+        from switchyard.rpc.control.topology import PoolTopology
+        from switchyard.rpc.settings import RpcSettings
+
+        settings = RpcSettings.from_env()
+        for pool in pools:
+            with PoolTopology(pool, settings) as topology:
+                topology.require()
     overview = Overview(pools)
     count = args.count if args.watch else 1
     last: SystemStatus | None = None
@@ -151,6 +164,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         overview.close()
     if last is not None and not last.reachable and not args.watch:
         return print_error(NOTHING_REACHABLE)
+    if last is not None and not args.watch:
+        rpc = last.part("rpc")
+        if rpc.unreachable is not None:
+            return print_error(f"the RPC pools could not be read: {rpc.unreachable}")
     return 0
 
 

@@ -138,3 +138,20 @@ def test_delay_run_whose_role_dies_says_so_and_exits_non_zero(monkeypatch, capfd
     err = capfd.readouterr().err
     assert code == 1, err
     assert "switchyard delay: error: the sweep loop ended" in err, err
+
+
+def test_a_pool_no_one_declared_is_the_same_one_line_error_in_status_and_pool_status() -> None:
+    pool = unique("nosuch")
+    for command in (("status", "-p", pool), ("pool", "status", "-p", pool), ("status", "--pool", pool, "--json")):
+        result = run(*command)
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        assert result.stdout == "" and result.stderr.count("\n") == 1, (command, result.stderr)
+        assert f"pool {pool!r} is not initialized" in result.stderr and "switchyard pool init" in result.stderr
+
+
+def test_status_with_the_broker_down_fails_and_shows_no_pool() -> None:
+    """The broker on a closed port: the RPC part is unreachable (not a list of healthy pools), exit 1."""
+    result = run("status", "-b", "amqp://guest:guest@127.0.0.1:1/%2F")
+    assert result.returncode == 1, result.stdout
+    assert "RPC pools\n  unreachable: cannot reach RabbitMQ at 127.0.0.1:1" in result.stdout, result.stdout
+    assert "the RPC pools could not be read" in result.stderr and result.stderr.count("\n") == 1
