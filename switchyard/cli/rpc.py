@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -27,6 +28,7 @@ from switchyard.rpc import protocol
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.client.schedule import collect
 from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.errors import CallError, CallTimeoutError
 from switchyard.rpc.settings import (
     CALL_TIMEOUT,
     DELIVERY_LIMIT,
@@ -127,12 +129,24 @@ def cmd_schedule(args: argparse.Namespace, body: bytes) -> int:
     with RpcClient(args.pool, settings, timeout=args.timeout) as client:
         call_id = client.schedule(args.key, body, at=args.at, reply=args.reply_queue,
                                   expiration_ms=args.expiration_ms).result(client.default_timeout)
+    from switchyard.delay.settings import DelaySettings
+    from switchyard.delay.status import runner_seen
+
+    delay = DelaySettings.from_env()
+    seen = runner_seen(settings.connections.kafka_bootstrap, delay.consumer_group)
     at = args.at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     if args.json:
-        print(json.dumps({"status": "scheduled", "id": call_id, "at": at, "reply_queue": args.reply_queue}))
+        print(json.dumps({"status": "scheduled", "id": call_id, "at": at, "reply_queue": args.reply_queue,
+                          "topic": delay.input_topic, "runner_seen": seen}))
     else:
         where = f"; answer in reply queue {args.reply_queue}" if args.reply_queue else "; no answer kept"
-        show(f"scheduled {call_id} at {at}{where}")
+        show(f"scheduled {call_id} at {at}: queued to Kafka topic {delay.input_topic} for the delay "
+             f"scheduler{where}")
+    if not seen:
+        show(f"switchyard: warning: {'no' if seen is False else 'could not tell whether a'} delay runner "
+             f"reads {delay.input_topic} (consumer group {delay.consumer_group}): the call waits in Kafka "
+             "until one runs (switchyard delay run, or the deployed scheduler; switchyard delay status "
+             "shows what it holds)", file=sys.stderr)
     return 0
 
 
@@ -151,6 +165,19 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 1 if missing else 0
 
 
+def _control_plane_hint(pool: str) -> str:
+    return f"switchyard local --pool {pool}, or deploy the pool's control plane"
+
+
+def who_serves(pool: str, key: str, settings: RpcSettings) -> tuple[int | None, bool | None]:
+    """The workers on ``key``'s request queue (None: the key has no queue: its requests go to the
+    orphan queue), and whether a control plane consumes that (None: the pool is not initialized)."""
+    with PoolTopology(pool, settings) as topology:
+        queue = topology.queue_status(protocol.request_queue(pool, key))
+        orphans = topology.queue_status(protocol.orphan_queue(pool))
+    return (queue[1] if queue else None), (None if orphans is None else orphans[1] > 0)
+
+
 def cmd_call(args: argparse.Namespace) -> int:
     body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode()
     if args.at is not None:
@@ -159,9 +186,24 @@ def cmd_call(args: argparse.Namespace) -> int:
         raise ConfigError("--reply-queue goes with --at (a call now answers to this command)")
     settings = RpcSettings.from_env()
     require("amqp", connections=settings.connections)
+    workers, control_plane = who_serves(args.pool, args.key, settings)
+    if workers is None and control_plane is False:  # nothing can answer: say so now, not after the timeout
+        key = shlex.quote(args.key)
+        raise CallError(f"no group serves key {args.key!r} in pool {args.pool!r} and no control plane "
+                        f"is running to start one: run {_control_plane_hint(args.pool)}; or bind the key "
+                        f"and run a worker for it (switchyard pool bind -p {args.pool} -k {key}; "
+                        f"switchyard worker -p {args.pool} -k {key} --handler module:function)")
     with RpcClient(args.pool, settings, timeout=args.timeout, confirm=args.confirm) as client:
         started = time.perf_counter()
-        response = client.call(args.key, body, expiration_ms=args.expiration_ms)
+        try:
+            response = client.call(args.key, body, expiration_ms=args.expiration_ms)
+        except CallTimeoutError as exc:
+            workers, control_plane = who_serves(args.pool, args.key, settings)
+            why = ("no group serves the key (it has no request queue)" if workers is None else
+                   f"{workers} worker(s) on the key's queue")
+            if not control_plane:
+                why += f", and no control plane is running ({_control_plane_hint(args.pool)})"
+            raise CallTimeoutError(f"{exc}: {why}") from exc
         elapsed = time.perf_counter() - started
     trace = parse(response.headers.get(TRACEPARENT_HEADER))  # the worker's span: `switchyard trace ID`
     trace_id = trace.trace_id if trace is not None else None

@@ -142,11 +142,13 @@ def test_delay_run_whose_role_dies_says_so_and_exits_non_zero(monkeypatch, capfd
 
 def test_a_pool_no_one_declared_is_the_same_one_line_error_in_status_and_pool_status() -> None:
     pool = unique("nosuch")
-    for command in (("status", "-p", pool), ("pool", "status", "-p", pool), ("status", "--pool", pool, "--json")):
+    for command in (("status", "-p", pool), ("pool", "status", "-p", pool),
+                    ("status", "--pool", pool, "--json")):
         result = run(*command)
         assert result.returncode == 1, (command, result.stdout, result.stderr)
         assert result.stdout == "" and result.stderr.count("\n") == 1, (command, result.stderr)
-        assert f"pool {pool!r} is not initialized" in result.stderr and "switchyard pool init" in result.stderr
+        assert f"pool {pool!r} is not initialized" in result.stderr
+        assert "switchyard pool init" in result.stderr
 
 
 def test_status_with_the_broker_down_fails_and_shows_no_pool() -> None:
@@ -155,3 +157,31 @@ def test_status_with_the_broker_down_fails_and_shows_no_pool() -> None:
     assert result.returncode == 1, result.stdout
     assert "RPC pools\n  unreachable: cannot reach RabbitMQ at 127.0.0.1:1" in result.stdout, result.stdout
     assert "the RPC pools could not be read" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_call_nothing_can_answer_fails_at_once_and_a_scheduled_one_says_where_it_waits() -> None:
+    """A key with no queue in a pool with no control plane: a one-line error at once, not a 30 s
+    timeout. ``--at`` with no delay runner: queued to Kafka, and a warning that no runner reads it."""
+    pool = unique("cli")
+    with PoolTopology(pool, RpcSettings.from_env()) as topology:
+        topology.declare()
+    try:
+        result = run("call", "-p", pool, "-k", "nobody", "--timeout", "20")
+        assert result.returncode == 1, result.stdout
+        assert "no group serves key 'nobody'" in result.stderr, result.stderr
+        assert "no control plane is running" in result.stderr and result.stderr.count("\n") == 1
+        with PoolTopology(pool, RpcSettings.from_env()) as topology:
+            topology.ensure_request_queue("bound")
+        result = run("call", "-p", pool, "-k", "bound", "--timeout", "1")  # waits: a worker may come
+        assert result.returncode == 1, result.stdout
+        assert "no response for key 'bound' within 1s: 0 worker(s) on the key's queue, and no control " \
+               "plane is running" in result.stderr, result.stderr
+        topic = unique("cli-in")
+        result = run("call", "-p", pool, "-k", "later", "--at", "+5s", SWITCHYARD_DELAY_INPUT_TOPIC=topic,
+                     SWITCHYARD_DELAY_CONSUMER_GROUP=unique("cli-group"))
+        assert result.returncode == 0, result.stderr
+        assert f"queued to Kafka topic {topic}" in result.stdout, result.stdout
+        assert f"warning: no delay runner reads {topic}" in result.stderr, result.stderr
+    finally:
+        with PoolTopology(pool, RpcSettings.from_env()) as topology:
+            topology.delete(force=True)
