@@ -22,6 +22,7 @@ from switchyard.cli.options import (
     use_stack,
 )
 from switchyard.cli.preflight import unavailable
+from switchyard.core.docs import docs_link
 from switchyard.core.errors import SwitchyardError
 from switchyard.core.observability import redact_url
 from switchyard.core.settings import SHIP_METRICS, TRACEBACK
@@ -50,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(
         prog="switchyard",
         description="Route work to the right worker, at the right time, without losing it.",
-        epilog="Configuration comes from SWITCHYARD_* environment variables; see docs/configuration.md. "
+        epilog="Configuration comes from SWITCHYARD_* environment variables (switchyard config shows them; "
+               f"each is described at {docs_link('configuration.md')}). "
                f"An error is one line on stderr; exit 2 for usage, 1 for failures ({TRACEBACK_ENV}=1 "
                "shows an unexpected error's traceback).",
     )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_json_option, iso_time, print_error, show
 from switchyard.cli.overview import PARTS, Overview, SystemStatus
+from switchyard.core.docs import docs_link
 from switchyard.core.errors import ConfigError
 from switchyard.core.observability import printable
 from switchyard.rpc import protocol
@@ -206,8 +207,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "status", help="the whole system: pools and groups, delay scheduler, bus subscribers, pending "
                        "endpoints",
         description=f"Read every part ({', '.join(PARTS)}) from its services and print the figures. A part "
-                    "whose services do not answer is shown as unreachable; exit 1 only when no part could "
-                    "be read. See docs/operations.md.")
+                    "whose services do not answer is shown as unreachable; exit 1 when the RPC pools "
+                    "(the broker) or no part could be read, or a pool named with --pool does not exist. "
+                    f"See {docs_link('operations.md')}.")
     _pool_filter(status)
     status.add_argument("--watch", action="store_true",
                         help="redraw every --interval seconds until Ctrl-C (with --json: one JSON document "
