@@ -139,6 +139,8 @@ def test_the_readme_client_and_worker_run_from_the_wheel(installed, tmp_path: Pa
                 worker.kill()
                 out, _ = worker.communicate()
             assert worker.returncode == 0, out
+            assert "switchyard worker " in out and f"pool {pool!r}, key {key!r}, handler worker:handler, " \
+                   "broker amqp://" in out, out  # its one start line
         # The worker's own activity reports are telemetry, not data: no --force needed.
         result = run([switchyard, "pool", "delete", "--pool", pool], env, app)
         assert result.returncode == 0, result.stderr

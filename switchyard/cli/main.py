@@ -40,6 +40,7 @@ COMMAND_MODULES = (
     "switchyard.cli.spark",
     "switchyard.cli.status",
     "switchyard.cli.trace",
+    "switchyard.cli.completion",
 )
 # Set to see the traceback of an unexpected error (a bug to report) instead of its one line.
 TRACEBACK_ENV = TRACEBACK.name

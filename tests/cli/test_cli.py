@@ -185,3 +185,21 @@ def test_a_call_nothing_can_answer_fails_at_once_and_a_scheduled_one_says_where_
     finally:
         with PoolTopology(pool, RpcSettings.from_env()) as topology:
             topology.delete(force=True)
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_shell_completion_completes_commands_subcommands_and_flags(shell: str) -> None:
+    result = run("completion", shell)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("autoload -U +X bashcompinit") == (shell == "zsh")
+    if shell == "zsh":
+        return  # the same script after bash's completion support (zsh is not on every machine)
+    probe = ('_complete() { COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _switchyard; '
+             'echo "${COMPREPLY[*]}"; }\n'
+             "_complete switchyard pool st\n_complete switchyard call -\n_complete switchyard del\n")
+    done = subprocess.run(["bash", "-c", result.stdout + probe], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    pool, call, top = done.stdout.splitlines()
+    assert pool == "status"
+    assert {"-p", "-k", "--pool", "--key", "--at", "-b", "--broker-url", "--json"} <= set(call.split())
+    assert top == "delay"
