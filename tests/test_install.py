@@ -218,3 +218,8 @@ def test_the_local_runtime_runs_from_the_wheel(installed, tmp_path: Path) -> Non
     result = run([switchyard, "trace", trace_id], env, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "rpc: handled" in result.stdout and "rpc: orphan forwarded" in result.stdout, result.stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = run([switchyard, "trace", trace_id], env, elsewhere)  # where nothing ran: says where to look
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert f"there is no trace log at {elsewhere}" in result.stderr and "--log PATH" in result.stderr
