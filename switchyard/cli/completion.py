@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from switchyard.cli.options import show
+
 EMPTY = '""'  # the top level's path in a case arm
 ZSH_PRELUDE = "autoload -U +X bashcompinit && bashcompinit\n"
 BASH_DRIVER = r"""
@@ -67,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         top.add_argument("--version", action="store_true")
         top_sub = top.add_subparsers()
         top_sub.choices.update(subparsers.choices)
-        print(script(top, args.shell), end="")
+        show(*script(top, args.shell).splitlines())  # plain lines: nothing in them to escape
         return 0
 
     completion.set_defaults(func=cmd_completion)
