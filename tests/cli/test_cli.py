@@ -203,3 +203,22 @@ def test_shell_completion_completes_commands_subcommands_and_flags(shell: str) -
     assert pool == "status"
     assert {"-p", "-k", "--pool", "--key", "--at", "-b", "--broker-url", "--json"} <= set(call.split())
     assert top == "delay"
+
+
+def test_a_docs_page_is_linked_by_the_documentation_url_when_the_metadata_has_one(monkeypatch) -> None:
+    from email.message import Message
+
+    from switchyard.core import docs
+
+    found = Message()
+    found["Project-URL"] = "Source, https://example.test/src"
+    found["Project-URL"] = "Documentation, https://example.test/docs/"
+    monkeypatch.setattr(docs.metadata, "metadata", lambda _name: found)
+    docs.docs_base.cache_clear()
+    try:
+        assert docs.docs_link("configuration.md") == "https://example.test/docs/configuration.md"
+        monkeypatch.setattr(docs.metadata, "metadata", lambda _name: Message())
+        docs.docs_base.cache_clear()
+        assert docs.docs_link("configuration.md") == "docs/configuration.md in Switchyard's source"
+    finally:
+        docs.docs_base.cache_clear()
