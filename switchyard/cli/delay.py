@@ -17,6 +17,7 @@ from switchyard.cli.local import invoke_handler, read_event
 from switchyard.cli.options import AT_LEAST_ONE, COUNT, add_commands, add_json_option, show
 from switchyard.cli.preflight import require
 from switchyard.core.config import KAFKA_BOOTSTRAP, Connections
+from switchyard.core.docs import docs_link
 from switchyard.core.errors import ConfigError
 from switchyard.core.tracing import enable_trace_log
 from switchyard.delay.errors import BrokerError
@@ -55,7 +56,11 @@ def _run(args: argparse.Namespace) -> int:
     show(f"switchyard delay: running {', '.join(local.roles)}: {settings.input_topic} -> "
          f"{settings.output_topic} (schema {settings.schema}); Ctrl-C to stop", file=sys.stderr)
     while not stopped.wait(0.5):
-        pass
+        if ended := local.ended():
+            for role, why in ended.items():
+                show(f"switchyard delay: error: the {role} loop ended: {why}; stopping", file=sys.stderr)
+            local.join()
+            return 1
     local.join()
     return 0
 
@@ -184,7 +189,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     delay = subparsers.add_parser(
         "delay", help="persistent delay scheduler (Chronos): Kafka in, Postgres underneath, Kafka out",
         description="Persistent delay scheduler. Configuration: SWITCHYARD_DELAY_* variables "
-                    "(docs/configuration.md).",
+                    f"({docs_link('configuration.md')}).",
     )
     delay.set_defaults(func=lambda _args: delay.print_help() or 2)
     sub = add_commands(delay, "delay_command")
