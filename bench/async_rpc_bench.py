@@ -2,8 +2,8 @@
 pattern (``aio_pika.patterns.RPC``: its client and its worker), in one run and one event loop.
 
 A third side isolates the client: aio-pika's RPC tutorial client (futures by correlation id, its
-callback queue RabbitMQ's direct reply-to) calling the same Switchyard worker through the pool's exchange. Each
-worker is its own process with the same prefetch and queue type (started once). As in
+callback queue RabbitMQ's direct reply-to) calling the same Switchyard worker through the pool's
+exchange. Each worker is its own process with the same prefetch and queue type (started once). As in
 ``rpc_bench.py`` the sides take turns in short rounds and the ratio of Switchyard's rate to each
 baseline is reported per round, then as the median. Sequential (one coroutine calling, one call at a
 time) and concurrent (N coroutines, one call each in flight) modes; only the calls are timed. Not the
