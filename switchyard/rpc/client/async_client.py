@@ -9,7 +9,7 @@ blocking client's tests hold for both.
 Nothing waits on the loop's thread: a call waits for a free slot on the loop (an
 ``asyncio.Semaphore`` as large as the slot table, released only after the core freed the slot;
 ``ClientBusyError`` when none freed within the call's timeout), and for its answer on an asyncio
-future. A task cancelled while it waits frees its slot at once (``_ClientCore.abandon``): a request
+future. A task cancelled while it waits frees its slot at once (``abandon``): a request
 still in the outbox is not published, and an answer that comes anyway is counted stale. Opening,
 closing, ``schedule`` (its first use of a reply queue declares it) and ``collect`` do blocking I/O,
 in a worker thread (``asyncio.to_thread``). A client serves the event loop it was opened on.
@@ -151,7 +151,7 @@ class AsyncRpcClient:
         else:
             await free.acquire()  # a free permit: returns at once
         try:
-            call = core.submit_call(key, body, timeout, expiration_ms, headers, reply, slot_wait=0)
+            call = core.submit(key, body, timeout, expiration_ms, headers, reply, slot_wait=0)
         except BaseException:
             free.release()
             raise
@@ -180,7 +180,7 @@ class AsyncRpcClient:
 
         def on_waiter_done(future: asyncio.Future[Any]) -> None:
             if future.cancelled():
-                core.abandon(call)
+                abandon(core, call)
 
         call.future.add_done_callback(hand_over)
         waiter.add_done_callback(on_waiter_done)
@@ -233,3 +233,13 @@ class AsyncRpcClient:
                         tb: TracebackType | None) -> None:
         await self.close()
 
+
+def abandon(core: _ClientCore, call: Call) -> bool:
+    """Free the slot of a call nobody waits for anymore (its task was cancelled) now, not at its
+    deadline, and cancel its future: still in the outbox, it is not published; an answer that comes
+    anyway is stale (the slot's sequence number moved on). False: it was settled already. The core
+    settles every call through ``slots.complete`` too, under the table's lock, so only one side wins."""
+    if core.slots.complete(call.slot, call.seq) is None:
+        return False
+    call.future.cancel()
+    return True

@@ -115,28 +115,13 @@ class _ClientCore:
 
     # -- caller threads ---------------------------------------------------------------------
     def submit(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
-               headers: Mapping[str, Any] | None, reply: bool = True) -> Future:
-        return self.submit_call(key, body, timeout, expiration_ms, headers, reply).future
-
-    def submit_call(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
-                    headers: Mapping[str, Any] | None, reply: bool = True,
-                    slot_wait: float | None = None) -> Call:
-        """``submit``, returning the call (``abandon`` takes it). ``slot_wait``: how long to wait for a
-        free slot here (default: the timeout); the asyncio client waits on its loop instead, and passes 0."""
+               headers: Mapping[str, Any] | None, reply: bool = True, slot_wait: float | None = None) -> Call:
+        """Queue a request; its ``future`` settles it. ``slot_wait``: how long to wait for a slot (default:
+        the timeout; the asyncio client waits on its loop and passes 0)."""
         call = self._enqueue(key, body, timeout, expiration_ms, headers, reply, slot_wait)
         if not self._on_io():
             self._wake()
         return call
-
-    def abandon(self, call: Call) -> bool:
-        """Free the slot of a call whose caller stopped waiting (an asyncio task cancelled), now and
-        not at its deadline, and cancel its future. A call still in the outbox is then not published;
-        a response that comes anyway is stale (its slot's sequence number moved on). False: the call
-        was settled already. Every settlement goes through ``slots.complete``, so only one side wins."""
-        if self.slots.complete(call.slot, call.seq) is None:
-            return False
-        call.future.cancel()
-        return True
 
     def call(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
              headers: Mapping[str, Any] | None) -> Response:

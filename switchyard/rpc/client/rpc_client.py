@@ -96,7 +96,7 @@ class RpcClient:
         its queue instead of being worked on (0: no expiration). A malformed request raises here,
         for this caller only.
         """
-        return self._core.submit(key, body, timeout, expiration_ms, headers)
+        return self._core.submit(key, body, timeout, expiration_ms, headers).future
 
     def send(
         self,
@@ -114,7 +114,7 @@ class RpcClient:
         return or a lost connection, and with ``CallTimeoutError`` if no confirm came within
         ``timeout``. ``expiration_ms`` defaults to 0 (the request waits for a worker however long).
         """
-        return self._core.submit(key, body, timeout, expiration_ms, headers, reply=False)
+        return self._core.submit(key, body, timeout, expiration_ms, headers, reply=False).future
 
     def call(self, key: str, body: bytes | str = b"", *, timeout: float | None = None,
              expiration_ms: int | None = None, headers: Mapping[str, Any] | None = None) -> Response:
