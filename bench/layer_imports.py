@@ -90,7 +90,7 @@ def handlers(functions: Path = FUNCTIONS) -> dict[str, str]:
     found = {}
     for path in sorted(functions.glob("*.py")):
         text = path.read_text()
-        found[path.stem] = "on_event" if "def on_event" in text else "lambda_handler"
+        found[path.stem] = "on_event" if "import on_event" in text else "lambda_handler"
     return found
 
 

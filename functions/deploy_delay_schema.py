@@ -1,15 +1,5 @@
-"""Migrates the delay store's schema (`switchyard delay migrate`) on each deploy.
+"""Lambda entry point of ``switchyard.aws.handlers.deploy_delay_schema`` (the code lives in the package)."""
 
-A CloudFormation custom resource (CDK Provider framework); idempotent; Delete keeps the data.
-The logic is ``switchyard.aws.deploy.migrate_delay_schema``.
-"""
+from switchyard.aws.handlers.deploy_delay_schema import on_event
 
-from typing import Any
-
-from switchyard.aws import deploy
-from switchyard.core.observability import logger
-
-
-@logger.inject_lambda_context
-def on_event(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    return deploy.migrate_delay_schema(event)
+__all__ = ["on_event"]

@@ -1,16 +1,5 @@
-"""Declares every configured pool (`switchyard pool init`, with its policies) on each deploy.
+"""Lambda entry point of ``switchyard.aws.handlers.deploy_pools`` (the code lives in the package)."""
 
-A CloudFormation custom resource (CDK Provider framework); idempotent; Delete keeps the data and
-stops the pools' worker tasks (so the cluster can be deleted).
-The logic is ``switchyard.aws.deploy.declare_pools``.
-"""
+from switchyard.aws.handlers.deploy_pools import on_event
 
-from typing import Any
-
-from switchyard.aws import deploy
-from switchyard.core.observability import logger
-
-
-@logger.inject_lambda_context
-def on_event(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    return deploy.declare_pools(event)
+__all__ = ["on_event"]

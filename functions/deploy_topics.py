@@ -1,15 +1,5 @@
-"""Creates the delay scheduler's input and output topics on MSK on each deploy.
+"""Lambda entry point of ``switchyard.aws.handlers.deploy_topics`` (the code lives in the package)."""
 
-A CloudFormation custom resource (CDK Provider framework); idempotent; Delete keeps the data.
-The logic is ``switchyard.aws.deploy.create_topics``.
-"""
+from switchyard.aws.handlers.deploy_topics import on_event
 
-from typing import Any
-
-from switchyard.aws import deploy
-from switchyard.core.observability import logger
-
-
-@logger.inject_lambda_context
-def on_event(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-    return deploy.create_topics(event)
+__all__ = ["on_event"]

@@ -1,15 +1,5 @@
-"""RPC activity tracker: Amazon MQ event source on ``{pool}-activity``.
+"""Lambda entry point of ``switchyard.aws.handlers.rpc_activity`` (the code lives in the package)."""
 
-One state update per key per batch; activity keeps a group Active and re-binds an Unbound one.
-"""
+from switchyard.aws.handlers.rpc_activity import lambda_handler
 
-from switchyard.aws.services import control_plane
-from switchyard.core.observability import lambda_handler_for
-from switchyard.rpc import metrics
-from switchyard.rpc.control.rmq_event import RmqEvent, messages_from_event
-
-lambda_handler = lambda_handler_for(
-    lambda event, _context: control_plane().track_activity(messages_from_event(event)),
-    data_class=RmqEvent,
-    metric_prefix=metrics.ACTIVITY_PREFIX,
-)
+__all__ = ["lambda_handler"]

@@ -1,16 +1,5 @@
-"""RPC orphan handler: Amazon MQ event source on ``{pool}-orphan``.
+"""Lambda entry point of ``switchyard.aws.handlers.rpc_orphans`` (the code lives in the package)."""
 
-Returns only when every orphan of the batch is forwarded and confirmed; raising makes the
-mapping redeliver the whole batch (duplicates are possible, losses are not).
-"""
+from switchyard.aws.handlers.rpc_orphans import lambda_handler
 
-from switchyard.aws.services import control_plane
-from switchyard.core.observability import lambda_handler_for
-from switchyard.rpc import metrics
-from switchyard.rpc.control.rmq_event import RmqEvent, messages_from_event
-
-lambda_handler = lambda_handler_for(
-    lambda event, _context: control_plane().forward_orphans(messages_from_event(event)),
-    data_class=RmqEvent,
-    metric_prefix=metrics.ORPHAN_PREFIX,
-)
+__all__ = ["lambda_handler"]

@@ -12,15 +12,17 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import venv
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, unique
+from tests.conftest import ROOT, unique, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -120,6 +122,14 @@ def test_the_readme_client_and_worker_run_from_the_wheel(installed, tmp_path: Pa
         assert result.returncode == 0, result.stderr
         (figures,) = json.loads(result.stdout)["rpc"]["pools"]
         assert [g["key"] for g in figures["groups"]] == [key]
+        # No control plane runs here: status says so, and where the worker's reports wait.
+        reports = wait_for(lambda: json.loads(run([switchyard, "pool", "status", "-p", pool, "--json"], env,
+                                                  app).stdout)["activity_waiting"], timeout=30, interval=1.0,
+                           what="the worker's activity reports in the activity queue")
+        result = run([switchyard, "status", "-p", pool], env, app)
+        assert f"{key!r}" in result.stdout and "untracked" in result.stdout, result.stdout
+        assert "no control plane is running" in result.stdout and "worker reports wait" in result.stdout
+        assert reports >= 1
     finally:
         if worker is not None:
             worker.terminate()
@@ -129,5 +139,87 @@ def test_the_readme_client_and_worker_run_from_the_wheel(installed, tmp_path: Pa
                 worker.kill()
                 out, _ = worker.communicate()
             assert worker.returncode == 0, out
-        result = run([switchyard, "pool", "delete", "--pool", pool, "--force"], env, app)
+            assert "switchyard worker " in out and f"pool {pool!r}, key {key!r}, handler worker:handler, " \
+                   "broker amqp://" in out, out  # its one start line
+        # The worker's own activity reports are telemetry, not data: no --force needed.
+        result = run([switchyard, "pool", "delete", "--pool", pool], env, app)
         assert result.returncode == 0, result.stderr
+
+
+def started(args: list[str], env: dict[str, str], cwd: Path, banner: str) -> subprocess.Popen[str]:
+    """A daemon of the wheel, once it printed the line that says it runs (stdout and stderr merged);
+    a start that never comes kills it, and the test fails on its output."""
+    proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    guard = threading.Timer(60, proc.kill)
+    guard.start()
+    seen: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if banner in line:
+                return proc
+        raise AssertionError(f"{args[1:3]} exited {proc.wait()} before saying {banner!r}:\n{''.join(seen)}")
+    finally:
+        guard.cancel()
+
+
+def stopped(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    """SIGINT (Ctrl-C), then its exit code and what it printed since it started."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return proc.returncode, out
+
+
+def test_the_local_runtime_runs_from_the_wheel(installed, tmp_path: Path) -> None:
+    """The control plane, the delay runner, a handler invoked on its packaged sample event, the demo
+    and the trace it follows: the handlers' code is in the package, not only in a checkout."""
+    from switchyard.core.config import Connections
+    from switchyard.delay.store import PostgresDelayStore
+
+    env_dir, env = installed
+    switchyard = str(env_dir / "bin" / "switchyard")
+    pool = unique("install")
+    result = run([switchyard, "pool", "init", "--pool", pool], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    try:
+        result = run([switchyard, "invoke", "rpc_reconcile"],
+                     dict(env, SWITCHYARD_RPC_POOL=pool, SWITCHYARD_RPC_DRIVER="noop"), tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert isinstance(json.loads(result.stdout), dict), result.stdout
+        local = started([switchyard, "local", "--pool", pool, "--status-every", "0.5"], env, tmp_path,
+                        f"control plane of pool {pool!r} running")
+        code, out = stopped(local)
+        assert code == 0 and "stopped: workers terminated" in out, out
+    finally:
+        run([switchyard, "pool", "delete", "--pool", pool, "--force"], env, tmp_path)
+
+    schema = unique("install").replace("-", "_")
+    delay_env = dict(env, SWITCHYARD_DELAY_SCHEMA=schema, SWITCHYARD_DELAY_INPUT_TOPIC=f"{schema}-in",
+                     SWITCHYARD_DELAY_OUTPUT_TOPIC=f"{schema}-out", SWITCHYARD_DELAY_CONSUMER_GROUP=schema)
+    try:
+        runner = started([switchyard, "delay", "run"], delay_env, tmp_path,
+                         "switchyard delay: running enqueue, fire, sweep, scheduled")
+        code, out = stopped(runner)
+        assert code == 0 and "Traceback" not in out, out
+    finally:
+        with PostgresDelayStore(Connections.from_env().postgres_dsn, schema) as dropping:
+            dropping.drop_schema()
+
+    result = run([switchyard, "demo", "--seconds", "1", "--keys", "1", "--unbind-delay", "1",
+                  "--stop-delay", "1"], env, tmp_path)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    (trace_id,) = re.findall(r"switchyard trace ([0-9a-f]{32})", result.stdout)
+    result = run([switchyard, "trace", trace_id], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "rpc: handled" in result.stdout and "rpc: orphan forwarded" in result.stdout, result.stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = run([switchyard, "trace", trace_id], env, elsewhere)  # where nothing ran: says where to look
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert f"there is no trace log at {elsewhere}" in result.stderr and "--log PATH" in result.stderr

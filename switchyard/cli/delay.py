@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import signal
 import sys
@@ -17,10 +18,12 @@ from switchyard.cli.local import invoke_handler, read_event
 from switchyard.cli.options import AT_LEAST_ONE, COUNT, add_commands, add_json_option, show
 from switchyard.cli.preflight import require
 from switchyard.core.config import KAFKA_BOOTSTRAP, Connections
+from switchyard.core.docs import docs_link
 from switchyard.core.errors import ConfigError
+from switchyard.core.observability import printable
 from switchyard.core.tracing import enable_trace_log
 from switchyard.delay.errors import BrokerError
-from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
+from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER, ParkedMessage
 from switchyard.delay.parsing import format_deadline, parse_deadline
 from switchyard.delay.service import build_service
 from switchyard.delay.settings import DELAY, DelaySettings, validate_topic
@@ -55,7 +58,11 @@ def _run(args: argparse.Namespace) -> int:
     show(f"switchyard delay: running {', '.join(local.roles)}: {settings.input_topic} -> "
          f"{settings.output_topic} (schema {settings.schema}); Ctrl-C to stop", file=sys.stderr)
     while not stopped.wait(0.5):
-        pass
+        if ended := local.ended():
+            for role, why in ended.items():
+                show(f"switchyard delay: error: the {role} loop ended: {why}; stopping", file=sys.stderr)
+            local.join()
+            return 1
     local.join()
     return 0
 
@@ -137,25 +144,49 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+SHOWN_VALUE_CHARS = 200  # of a parked value, in the human listing (--json: all --value-bytes)
+
+
+def _bytes_json(data: bytes | None) -> dict[str, Any] | None:
+    """Bytes for JSON: as text (undecodable bytes replaced) and exactly, in base64."""
+    if data is None:
+        return None
+    return {"text": data.decode("utf-8", "replace"), "base64": base64.b64encode(data).decode("ascii")}
+
+
+def _bytes_shown(data: bytes | None, width: int = 0) -> str:
+    return "(null)" if data is None else printable(data.decode("utf-8", "replace"), width)
+
+
+def _parked_json(m: ParkedMessage) -> dict[str, Any]:
+    return {"id": m.id, "deadline": m.deadline.isoformat(), "parked_at": m.parked_at.isoformat(),
+            "bytes": m.size or 0, "reason": m.reason, "key": _bytes_json(m.key),
+            "value": _bytes_json(m.value), "value_truncated": (m.size or 0) > len(m.value or b""),
+            "headers": [{"name": name, "value": _bytes_json(value)} for name, value in m.headers]}
+
+
 def _parked(args: argparse.Namespace) -> int:
     svc = _store()
     try:
         svc.store.migrate()
-        rows = svc.store.parked(args.limit)
+        rows = svc.store.parked(args.limit, args.value_bytes)
     finally:
         svc.close()
     if args.json:
-        print(json.dumps([{"id": message_id, "deadline": deadline.isoformat(),
-                           "parked_at": parked_at.isoformat(), "bytes": size or 0, "reason": reason}
-                          for message_id, deadline, parked_at, reason, size in rows]))
+        print(json.dumps([_parked_json(m) for m in rows]))
         return 0
     if not rows:
         show(f"no parked messages in schema {svc.settings.schema}")
         return 0
-    show(f"{len(rows)} parked message(s) in schema {svc.settings.schema}, newest first "
-         "(refused for good; fix the cause, then `switchyard delay replay`):",
-         *(f"  {message_id}  deadline {deadline.isoformat()}  parked {parked_at.isoformat()}  "
-           f"{size or 0} bytes  {reason}" for message_id, deadline, parked_at, reason, size in rows))
+    lines = [f"{len(rows)} parked message(s) in schema {svc.settings.schema}, newest first "
+             "(refused for good; fix the cause, then `switchyard delay replay`):"]
+    for m in rows:
+        lines += [f"  {m.id}  deadline {m.deadline.isoformat()}  parked {m.parked_at.isoformat()}  "
+                  f"{m.size or 0} bytes  {m.reason}",
+                  f"    key     {_bytes_shown(m.key)}",
+                  f"    value   {_bytes_shown(m.value, SHOWN_VALUE_CHARS)}",
+                  *(f"    header  {name}: {_bytes_shown(value)}" for name, value in m.headers)]
+    show(*lines)
     return 0
 
 
@@ -184,7 +215,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     delay = subparsers.add_parser(
         "delay", help="persistent delay scheduler (Chronos): Kafka in, Postgres underneath, Kafka out",
         description="Persistent delay scheduler. Configuration: SWITCHYARD_DELAY_* variables "
-                    "(docs/configuration.md).",
+                    f"({docs_link('configuration.md')}).",
     )
     delay.set_defaults(func=lambda _args: delay.print_help() or 2)
     sub = add_commands(delay, "delay_command")
@@ -236,6 +267,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parked = sub.add_parser("parked", help="list messages refused for good (output broker, relay)",
                             description="Messages moved to parked_messages instead of being retried forever.")
     parked.add_argument("--limit", type=AT_LEAST_ONE, default=100, help="at most this many, newest first")
+    parked.add_argument("--value-bytes", type=AT_LEAST_ONE, default=1024,
+                        help="read at most this many bytes of each value (the listing shows 200 characters; "
+                             "--json all of them)")
     add_json_option(parked)
     parked.set_defaults(func=_parked)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from switchyard.cli.options import COUNT, NON_NEGATIVE, POSITIVE, add_stack_option, show
 from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
-from switchyard.local.functions import FUNCTIONS_DIR, load_function
+from switchyard.local.functions import HANDLERS, SAMPLE_EVENT, SAMPLE_EVENTS_DIR, load_function
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.rpc.settings import STOP_DELAY, UNBIND_DELAY
 
@@ -69,7 +69,15 @@ def cmd_local(args: argparse.Namespace) -> int:
     with LocalControlPlane(control) as runtime:
         show(f"control plane of pool {control.pool!r} running (unbind after {control.delays.unbind_s:g} s, "
              f"stop after {control.delays.stop_s:g} s); Ctrl-C to stop", flush=True)
-        while not stop.wait(args.status_every):
+        due = time.monotonic() + args.status_every
+        while not stop.wait(min(0.5, args.status_every)):
+            if ended := runtime.ended():
+                show(f"error: control plane of pool {control.pool!r}: {', '.join(ended)} ended (see the "
+                     "error above); stopping", file=sys.stderr)
+                return 1
+            if time.monotonic() < due:
+                continue
+            due += args.status_every
             groups = runtime.plane.state.groups()
             running = runtime.driver.list_running(control.pool)
             summary = "; ".join(f"{k!r}: {g.status.value}, {WORKERS[k in running]}"
@@ -87,16 +95,16 @@ def cmd_invoke(args: argparse.Namespace) -> int:
     from switchyard.local.metrics_shipper import service_for_function
 
     quiet_metrics(service_for_function(name))
-    if not (FUNCTIONS_DIR / f"{name}.py").exists():
-        available = ", ".join(sorted(p.stem for p in FUNCTIONS_DIR.glob("*.py")))
-        raise ConfigError(f"no function {name!r}; available: {available}")
-    event = read_event(args.event)
+    if name not in HANDLERS:
+        raise ConfigError(f"no function {name!r}; available: {', '.join(sorted(HANDLERS))}")
+    path = args.event or sample_event(name)
+    event = read_event(path)
     if name in CONTROL_PLANE_FUNCTIONS:  # locally, workers it starts run the demo handler if none is set
         from switchyard.aws import services
         from switchyard.local.rpc_runtime import local_plane
 
         services.control_plane.install(local_plane())
-    result = invoke_handler(load_function(name), name, event, args.event,
+    result = invoke_handler(load_function(name), name, event, path,
                             FakeLambdaContext(name, args.timeout_ms))
     json.dump(result, sys.stdout, indent=2, default=str)
     print()
@@ -111,7 +119,14 @@ def _raised_by_event_wrapper(exc: BaseException) -> bool:
     return tb is not None and "data_classes" in Path(tb.tb_frame.f_code.co_filename).parts
 
 
-SAMPLE_EVENTS = frozenset(p.name for p in (FUNCTIONS_DIR.parent / "events").glob("*.json"))
+SAMPLE_EVENTS = frozenset(p.name for p in SAMPLE_EVENTS_DIR.glob("*.json"))
+
+
+def sample_event(name: str) -> str:
+    """The path of ``name``'s sample event (shipped with the package), for an invoke without --event."""
+    if name not in SAMPLE_EVENT:
+        raise ConfigError(f"{name} has no sample event: pass --event FILE")
+    return str(SAMPLE_EVENTS_DIR / SAMPLE_EVENT[name])
 
 
 def read_event(path: str) -> dict[str, Any]:
@@ -135,7 +150,8 @@ def invoke_handler(module: Any, name: str, event: dict[str, Any], path: str, con
         if not isinstance(field, str) or field in event or not _raised_by_event_wrapper(exc):
             raise
         raise ConfigError(f"event file {path} has no {field!r}: it is not the event {name} takes; "
-                          f"start from a sample in events/ ({', '.join(sorted(SAMPLE_EVENTS))})") from exc
+                          f"start from a sample in {SAMPLE_EVENTS_DIR} "
+                          f"({', '.join(sorted(SAMPLE_EVENTS))})") from exc
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -152,8 +168,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_stack_option(local)
     local.set_defaults(func=cmd_local)
 
-    invoke = subparsers.add_parser("invoke", help="call one Lambda handler of functions/ with an event file")
-    invoke.add_argument("function", help="e.g. rpc_orphans, rpc_dead_letters, rpc_activity, rpc_reconcile")
-    invoke.add_argument("--event", required=True, help="JSON event file, e.g. events/rmq_orphan.json")
+    invoke = subparsers.add_parser("invoke", help="call one Lambda handler (functions/NAME.py) with an event")
+    invoke.add_argument("function",
+                        help="e.g. rpc_orphans, rpc_dead_letters, rpc_activity, rpc_reconcile")
+    invoke.add_argument("-e", "--event",
+                        help="JSON event file (default: the function's sample event, in the package)")
     invoke.add_argument("--timeout-ms", type=COUNT, default=60_000, help="the fake context's time budget")
     invoke.set_defaults(func=cmd_invoke)

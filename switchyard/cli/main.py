@@ -11,8 +11,18 @@ import warnings
 from collections.abc import Iterator, Sequence
 
 from switchyard import __version__
-from switchyard.cli.options import CliParser, add_commands, add_stack_option, print_error, use_stack
+from switchyard.cli.options import (
+    CliParser,
+    add_commands,
+    add_connection_options,
+    add_short_flags,
+    add_stack_option,
+    print_error,
+    use_connections,
+    use_stack,
+)
 from switchyard.cli.preflight import unavailable
+from switchyard.core.docs import docs_link
 from switchyard.core.errors import SwitchyardError
 from switchyard.core.observability import redact_url
 from switchyard.core.settings import SHIP_METRICS, TRACEBACK
@@ -30,6 +40,7 @@ COMMAND_MODULES = (
     "switchyard.cli.spark",
     "switchyard.cli.status",
     "switchyard.cli.trace",
+    "switchyard.cli.completion",
     "switchyard.cli.cost",
 )
 # Set to see the traceback of an unexpected error (a bug to report) instead of its one line.
@@ -42,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(
         prog="switchyard",
         description="Route work to the right worker, at the right time, without losing it.",
-        epilog="Configuration comes from SWITCHYARD_* environment variables; see docs/configuration.md. "
+        epilog="Configuration comes from SWITCHYARD_* environment variables (switchyard config shows them; "
+               f"each is described at {docs_link('configuration.md')}). "
                f"An error is one line on stderr; exit 2 for usage, 1 for failures ({TRACEBACK_ENV}=1 "
                "shows an unexpected error's traceback).",
     )
@@ -51,9 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = add_commands(parser, "command")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    add_connection_options(parser)
     for command in commands(parser):  # every command reads settings a deployed stack may hold
         if not any("--stack" in action.option_strings for action in command._actions):
             add_stack_option(command)
+        add_connection_options(command)
+        add_short_flags(command)
     return parser
 
 
@@ -115,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Library warnings (Powertools' "no metrics to publish") are not the user's to act on.
     warnings.filterwarnings("ignore", category=UserWarning, module=r"aws_lambda_powertools\.")
     try:
+        use_connections(args)
         if getattr(args, "stack", None):
             use_stack(args.stack)
         with metrics_routed(getattr(args, "ships_metrics", False)):

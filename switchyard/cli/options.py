@@ -11,6 +11,8 @@ from typing import NoReturn, TextIO
 
 from switchyard.core.deployed_config import CONFIG_PATH_ENV, config_path, deployed_values
 from switchyard.core.observability import printable
+from switchyard.core.reader import Setting
+from switchyard.core.settings import AMQP_URL, KAFKA_BOOTSTRAP, MANAGEMENT_URL, POSTGRES_DSN, REDIS_URL
 from switchyard.delay.parsing import parse_deadline
 
 
@@ -93,6 +95,45 @@ def add_stack_option(parser: argparse.ArgumentParser) -> None:
         "--stack", metavar="NAME", default=argparse.SUPPRESS,  # SUPPRESS: a subcommand's copy keeps the top's
         help="read the configuration of this deployed stack (SSM parameters and secrets at "
              "AWS_ENDPOINT_URL), as its Lambda functions do; e.g. SwitchyardLocal on LocalStack")
+
+
+# The connection settings every command may take as a flag (as aws-cli's --endpoint-url, Celery's -b).
+CONNECTION_FLAGS: tuple[tuple[tuple[str, ...], Setting[str]], ...] = (
+    (("-b", "--broker-url"), AMQP_URL),
+    (("--management-url",), MANAGEMENT_URL),
+    (("--redis-url",), REDIS_URL),
+    (("--postgres-dsn",), POSTGRES_DSN),
+    (("--kafka-bootstrap",), KAFKA_BOOTSTRAP),  # HOST:PORT[,HOST:PORT]
+)
+# Short forms: every command's --pool is also -p, --key also -k.
+SHORT_FLAGS = {"--pool": "-p", "--key": "-k"}
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """The connection flags, each instead of its variable (SUPPRESS: a subcommand's copy keeps the
+    top's)."""
+    group = parser.add_argument_group("connections (each flag instead of its variable)")
+    for flags, setting in CONNECTION_FLAGS:
+        shown = f"{setting.name} (default {setting.default})".replace("%", "%%")  # argparse %-formats help
+        group.add_argument(*flags, dest=setting.name, metavar=flags[-1].rpartition("-")[2].upper(),
+                           default=argparse.SUPPRESS, help=shown)
+
+
+def use_connections(args: argparse.Namespace) -> None:
+    """The connection flags given, as their variables: like ``--stack``, they hold for the whole
+    process and the processes it starts (the local runtime's workers connect with them too)."""
+    for _, setting in CONNECTION_FLAGS:
+        if value := getattr(args, setting.name, None):
+            os.environ[setting.name] = value
+
+
+def add_short_flags(parser: argparse.ArgumentParser) -> None:
+    """``SHORT_FLAGS`` on ``parser``'s options that have the long form (a taken short form is left)."""
+    for action in parser._actions:
+        for long, short in SHORT_FLAGS.items():
+            if long in action.option_strings and short not in parser._option_string_actions:
+                action.option_strings = [short, *action.option_strings]
+                parser._option_string_actions[short] = action
 
 
 def add_commands(parser: argparse.ArgumentParser, dest: str, *,

@@ -23,7 +23,8 @@ from switchyard.core.observability import redact_url
 from switchyard.core.reader import CONFIG_PATH
 
 PARTS = ("rpc", "delay", "bus", "pending")
-SERVICES = {"rpc": ("redis", "management"), "delay": ("postgres",), "bus": ("redis",), "pending": ("redis",)}
+SERVICES = {"rpc": ("amqp", "redis", "management"), "delay": ("postgres",), "bus": ("redis",),
+            "pending": ("redis",)}
 READ_TIMEOUT_S = 5.0  # the longest one part's read may take (each client's own timeout)
 OK, UNREACHABLE = "ok", "unreachable"  # a part's state
 

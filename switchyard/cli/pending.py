@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_commands, add_json_option, show
 from switchyard.cli.preflight import reach, require
+from switchyard.core.docs import docs_link
 from switchyard.core.errors import ConfigError
 from switchyard.core.tracing import enable_trace_log
 from switchyard.pending.settings import PENDING, TOKENS
@@ -121,7 +122,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pending = subparsers.add_parser(
         "pending", help="pending request queue: RPC to polling services through Redis",
         description="Pending request queue. Configuration: SWITCHYARD_PENDING_* variables "
-                    "(docs/configuration.md).")
+                    f"({docs_link('configuration.md')}).")
     pending.set_defaults(func=lambda _args: pending.print_help() or 2)
     sub = add_commands(pending, "pending_command")
 

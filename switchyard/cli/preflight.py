@@ -115,7 +115,8 @@ def reach(host: str, port: int, timeout_s: float = TIMEOUT_S) -> str | None:
 def _hint(service: Service) -> str:
     if CONFIG_PATH.read(os.environ):
         return f"check the stack's {service.variable} (switchyard --stack NAME config) and the route to it"
-    return f"start it with ./dev services or set {service.variable}"
+    return (f"start {service.label} there, or set {service.variable} to where it runs (in a Switchyard "
+            "checkout: ./dev services)")
 
 
 def require(*names: str, connections: Connections | None = None) -> None:

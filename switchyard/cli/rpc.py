@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -21,20 +22,24 @@ from switchyard.cli.options import (
 )
 from switchyard.cli.preflight import require
 from switchyard.core.errors import ConfigError
+from switchyard.core.observability import redact_url
 from switchyard.core.tracing import TRACEPARENT_HEADER, parse
 from switchyard.rpc import protocol
 from switchyard.rpc.client import RpcClient
 from switchyard.rpc.client.schedule import collect
 from switchyard.rpc.control.topology import PoolTopology
+from switchyard.rpc.errors import CallError, CallTimeoutError
 from switchyard.rpc.settings import (
     CALL_TIMEOUT,
     DELIVERY_LIMIT,
+    KEY,
+    POOL,
     QUEUE_TYPE,
     REQUEST_TTL,
     PoolPolicy,
     RpcSettings,
 )
-from switchyard.rpc.worker import run_worker
+from switchyard.rpc.worker import WorkerConfig, run_worker
 
 
 def _settings(args: argparse.Namespace) -> RpcSettings:
@@ -124,12 +129,24 @@ def cmd_schedule(args: argparse.Namespace, body: bytes) -> int:
     with RpcClient(args.pool, settings, timeout=args.timeout) as client:
         call_id = client.schedule(args.key, body, at=args.at, reply=args.reply_queue,
                                   expiration_ms=args.expiration_ms).result(client.default_timeout)
+    from switchyard.delay.settings import DelaySettings
+    from switchyard.delay.status import runner_seen
+
+    delay = DelaySettings.from_env()
+    seen = runner_seen(settings.connections.kafka_bootstrap, delay.consumer_group)
     at = args.at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     if args.json:
-        print(json.dumps({"status": "scheduled", "id": call_id, "at": at, "reply_queue": args.reply_queue}))
+        print(json.dumps({"status": "scheduled", "id": call_id, "at": at, "reply_queue": args.reply_queue,
+                          "topic": delay.input_topic, "runner_seen": seen}))
     else:
         where = f"; answer in reply queue {args.reply_queue}" if args.reply_queue else "; no answer kept"
-        show(f"scheduled {call_id} at {at}{where}")
+        show(f"scheduled {call_id} at {at}: queued to Kafka topic {delay.input_topic} for the delay "
+             f"scheduler{where}")
+    if not seen:
+        show(f"switchyard: warning: {'no' if seen is False else 'could not tell whether a'} delay runner "
+             f"reads {delay.input_topic} (consumer group {delay.consumer_group}): the call waits in Kafka "
+             "until one runs (switchyard delay run, or the deployed scheduler; switchyard delay status "
+             "shows what it holds)", file=sys.stderr)
     return 0
 
 
@@ -148,6 +165,19 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 1 if missing else 0
 
 
+def _control_plane_hint(pool: str) -> str:
+    return f"switchyard local --pool {pool}, or deploy the pool's control plane"
+
+
+def who_serves(pool: str, key: str, settings: RpcSettings) -> tuple[int | None, bool | None]:
+    """The workers on ``key``'s request queue (None: the key has no queue: its requests go to the
+    orphan queue), and whether a control plane consumes that (None: the pool is not initialized)."""
+    with PoolTopology(pool, settings) as topology:
+        queue = topology.queue_status(protocol.request_queue(pool, key))
+        orphans = topology.queue_status(protocol.orphan_queue(pool))
+    return (queue[1] if queue else None), (None if orphans is None else orphans[1] > 0)
+
+
 def cmd_call(args: argparse.Namespace) -> int:
     body = sys.stdin.buffer.read() if args.body == "-" else args.body.encode()
     if args.at is not None:
@@ -156,9 +186,24 @@ def cmd_call(args: argparse.Namespace) -> int:
         raise ConfigError("--reply-queue goes with --at (a call now answers to this command)")
     settings = RpcSettings.from_env()
     require("amqp", connections=settings.connections)
+    workers, control_plane = who_serves(args.pool, args.key, settings)
+    if workers is None and control_plane is False:  # nothing can answer: say so now, not after the timeout
+        key = shlex.quote(args.key)
+        raise CallError(f"no group serves key {args.key!r} in pool {args.pool!r} and no control plane "
+                        f"is running to start one: run {_control_plane_hint(args.pool)}; or bind the key "
+                        f"and run a worker for it (switchyard pool bind -p {args.pool} -k {key}; "
+                        f"switchyard worker -p {args.pool} -k {key} --handler module:function)")
     with RpcClient(args.pool, settings, timeout=args.timeout, confirm=args.confirm) as client:
         started = time.perf_counter()
-        response = client.call(args.key, body, expiration_ms=args.expiration_ms)
+        try:
+            response = client.call(args.key, body, expiration_ms=args.expiration_ms)
+        except CallTimeoutError as exc:
+            workers, control_plane = who_serves(args.pool, args.key, settings)
+            why = ("no group serves the key (it has no request queue)" if workers is None else
+                   f"{workers} worker(s) on the key's queue")
+            if not control_plane:
+                why += f", and no control plane is running ({_control_plane_hint(args.pool)})"
+            raise CallTimeoutError(f"{exc}: {why}") from exc
         elapsed = time.perf_counter() - started
     trace = parse(response.headers.get(TRACEPARENT_HEADER))  # the worker's span: `switchyard trace ID`
     trace_id = trace.trace_id if trace is not None else None
@@ -184,15 +229,28 @@ def worker_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str
     env = {variable: value for variable, value in environ.items() if variable.startswith("WORKER_")}
     env.update({variable: value for flag, variable in WORKER_FLAGS.items()
                 if (value := getattr(args, flag, None)) is not None})
+    for variable, setting in (("WORKER_POOL", POOL), ("WORKER_KEY", KEY)):  # the documented names
+        if variable not in env and (value := setting.raw()) is not None:
+            env[variable] = value
     # "" is a key like any other (the protocol allows the empty key): only absence is missing
     if "WORKER_POOL" not in env or "WORKER_KEY" not in env:
-        raise ConfigError("a worker needs a pool and a key: give --pool and --key (or WORKER_POOL and "
-                          "WORKER_KEY, which the worker group drivers set)")
+        raise ConfigError(f"a worker needs a pool and a key: give --pool and --key (or {POOL.name} and "
+                          f"{KEY.name})")
     return env
 
 
+def announce_worker(config: WorkerConfig, settings: RpcSettings, handler: str) -> None:
+    """The worker's one start line (stderr): what it serves, with what, on which broker."""
+    queue = "" if config.requests_queue == protocol.request_queue(config.pool, config.key) else \
+        f", queue {config.requests_queue!r}"
+    show(f"switchyard worker {config.worker_id}: pool {config.pool!r}, key {config.key!r}{queue}, handler "
+         f"{handler}, broker {redact_url(settings.connections.amqp_url)}; SIGTERM or Ctrl-C to stop",
+         file=sys.stderr, flush=True)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
-    stats = run_worker(args.handler, env=worker_env(args, os.environ))
+    stats = run_worker(args.handler, env=worker_env(args, os.environ),
+                       announce=lambda config, settings: announce_worker(config, settings, args.handler))
     show(f"worker stopped: {stats.handled} handled, {stats.errors} errors, {stats.requeued} requeued",
          file=sys.stderr)
     return 0
@@ -274,12 +332,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     worker = subparsers.add_parser(
         "worker", help="run a worker: serve one key's requests with a handler until SIGTERM",
-        description="Run a worker. Each flag may instead come from its WORKER_* variable (the worker "
-                    "group drivers set them); a flag wins over its variable.")
+        description="Run a worker. Each flag may instead come from its variable (the worker group "
+                    "drivers set the WORKER_* ones); a flag wins over its variable. It prints one line to "
+                    "stderr when it starts: what it serves, with which handler, on which broker.")
     worker.add_argument("--handler", required=True,
                         help="module:function taking a Request, e.g. switchyard.rpc.examples:echo")
-    worker.add_argument("--pool", help=f"pool name (WORKER_POOL): {POOL_RULE}")
-    worker.add_argument("--key", help="the key this worker serves (WORKER_KEY)")
+    worker.add_argument("--pool", help=f"pool name ({POOL.name}; WORKER_POOL): {POOL_RULE}")
+    worker.add_argument("--key", help=f"the key this worker serves ({KEY.name}; WORKER_KEY)")
     worker.add_argument("--id", help="this worker's id in replies and activity events "
                                      "(WORKER_ID; default host-pid-random)")
     worker.add_argument("--requests-queue", metavar="QUEUE",

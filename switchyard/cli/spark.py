@@ -84,8 +84,8 @@ def run_publish(args: argparse.Namespace) -> int:
     try:
         from switchyard.spark import job
     except ImportError as exc:
-        raise ConfigError(f"pyspark is not installed ({exc}); install requirements-spark.txt "
-                          "(./dev setup does)") from exc
+        raise ConfigError(f"pyspark is not installed ({exc}): pip install 'switchyard[spark]' (and a "
+                          "Java 17+ runtime, which Spark needs)") from exc
     return job.main(options_from_args(args), args.master)
 
 
@@ -116,7 +116,8 @@ PUBLISH_DESCRIPTION = (
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``spark`` and its subcommands to the ``switchyard`` command line."""
     spark = subparsers.add_parser("spark", help="the PySpark pipeline: publish requests in bulk",
-                                  description="The PySpark pipeline (pyspark: requirements-spark.txt).")
+                                  description="The PySpark pipeline (pyspark: pip install "
+                                              "'switchyard[spark]').")
     spark.set_defaults(func=lambda _args: spark.print_help() or 2)
     sub = add_commands(spark, "spark_command")
     publish = sub.add_parser("publish", help="run the publish job with a local (or given) Spark master",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_json_option, iso_time, print_error, show
 from switchyard.cli.overview import PARTS, Overview, SystemStatus
+from switchyard.core.docs import docs_link
 from switchyard.core.errors import ConfigError
 from switchyard.core.observability import printable
 from switchyard.rpc import protocol
@@ -57,10 +58,15 @@ def pool_lines(pool: PoolFigures, now: float, max_groups: int) -> list[str]:
         lines.append(f"  {'key':32} {'state':9} {'workers':>7} {'backlog':>8}  last activity")
     for g in pool.groups[:max_groups]:
         seen = None if g.last_activity_ms is None else g.last_activity_ms / 1000
-        lines.append(f"  {printable(repr(g.key), 32):32} {g.state:9} {g.workers:>7} {g.backlog:>8}  "
-                     f"{ago(seen, now)}")
+        last = "untracked" if g.state == "no state" else ago(seen, now)  # rpc.status.NO_STATE
+        lines.append(f"  {printable(repr(g.key), 32):32} {g.state:9} {g.workers:>7} {g.backlog:>8}  {last}")
     if len(pool.groups) > max_groups:
         lines.append(f"  ... and {len(pool.groups) - max_groups} more (--max-groups, or --json)")
+    if not pool.control_plane:
+        waiting = f"; {pool.activity_waiting} worker reports wait in {protocol.activity_queue(pool.pool)}" \
+            if pool.activity_waiting else ""
+        lines.append(f"  no control plane is running{waiting} (it tracks groups and starts workers: "
+                     f"switchyard local --pool {pool.pool}, or the deployed stack)")
     return lines
 
 
@@ -129,6 +135,14 @@ def _frames(overview: Overview, count: int | None, interval: float,
 
 def cmd_status(args: argparse.Namespace) -> int:
     pools = [protocol.validate_pool(pool) for pool in args.pool or ()]
+    if pools:  # a pool named that does not exist is an error, as in `switchyard pool status`
+        from switchyard.rpc.control.topology import PoolTopology
+        from switchyard.rpc.settings import RpcSettings
+
+        settings = RpcSettings.from_env()
+        for pool in pools:
+            with PoolTopology(pool, settings) as topology:
+                topology.require()
     overview = Overview(pools)
     count = args.count if args.watch else 1
     last: SystemStatus | None = None
@@ -151,6 +165,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         overview.close()
     if last is not None and not last.reachable and not args.watch:
         return print_error(NOTHING_REACHABLE)
+    if last is not None and not args.watch:
+        rpc = last.part("rpc")
+        if rpc.unreachable is not None:
+            return print_error(f"the RPC pools could not be read: {rpc.unreachable}")
     return 0
 
 
@@ -189,8 +207,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "status", help="the whole system: pools and groups, delay scheduler, bus subscribers, pending "
                        "endpoints",
         description=f"Read every part ({', '.join(PARTS)}) from its services and print the figures. A part "
-                    "whose services do not answer is shown as unreachable; exit 1 only when no part could "
-                    "be read. See docs/operations.md.")
+                    "whose services do not answer is shown as unreachable; exit 1 when the RPC pools "
+                    "(the broker) or no part could be read, or a pool named with --pool does not exist. "
+                    f"See {docs_link('operations.md')}.")
     _pool_filter(status)
     status.add_argument("--watch", action="store_true",
                         help="redraw every --interval seconds until Ctrl-C (with --json: one JSON document "

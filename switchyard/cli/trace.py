@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -33,8 +34,14 @@ def cmd_trace(args: argparse.Namespace) -> int:
     path = args.log or trace_log_path() or DEFAULT_TRACE_LOG
     hops = read_hops(args.trace_id, path)
     if not hops:
-        raise SwitchyardError(f"no hop of trace {args.trace_id} in {path} (or {path}.1); the local runtime "
-                              f"writes it (`switchyard local`, `switchyard demo`; {TRACE_LOG_ENV})")
+        where = os.path.abspath(path)
+        what = f"no hop of trace {args.trace_id} in {where}" if os.path.exists(path) else \
+            f"there is no trace log at {where}"
+        raise SwitchyardError(
+            f"{what} (or its .1): "
+            "`switchyard local`, `delay run` and `demo` write hops there (relative to the directory they "
+            f"run in) for themselves and the workers they start; a worker, client or app of yours writes "
+            f"them only with {TRACE_LOG_ENV}=PATH set; run this where they ran, or give --log PATH")
     if args.json:
         print(json.dumps({"trace_id": args.trace_id, "log": path, "hops": hops}))
         return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 # The two headers every input record must carry (case-sensitive, as Kafka header names are).
 MESSAGE_ID_HEADER = "chronosMessageId"
@@ -84,6 +85,20 @@ class StuckMessage:
     id: str
     readied_at: datetime
     readied_by: str
+
+
+class ParkedMessage(NamedTuple):
+    """A message refused for good, as ``switchyard delay parked`` shows it: what a person needs to
+    fix the cause before a replay. ``value`` is the first bytes of it (``size`` is the whole)."""
+
+    id: str
+    deadline: datetime
+    parked_at: datetime
+    reason: str
+    size: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
 
 
 @dataclass(frozen=True)

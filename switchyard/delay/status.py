@@ -72,3 +72,21 @@ def delay_status(store: PostgresDelayStore) -> DelayStatus:
         oldest_due_s=max(0.0, (now - earliest).total_seconds()) if earliest else 0.0,
         next_deadline=earliest.timestamp() if earliest else None,
         lateness_p99_ms=max(recent) if recent else None, lateness=lateness, at=now.timestamp())
+
+
+def runner_seen(bootstrap: str, group: str, timeout_s: float = 3.0) -> bool | None:
+    """Whether a delay runner reads the input topic now: its consumer group has members (the group
+    is Stable or rebalancing), as Kafka tells it. None: Kafka did not say (the caller says so)."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    from switchyard.core.msk_auth import kafka_security_config
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, **kafka_security_config()})
+    try:
+        (future,) = admin.describe_consumer_groups([group], request_timeout=timeout_s).values()
+        state = future.result(timeout=timeout_s + 1).state
+    except Exception:  # an older broker, a timeout: not knowing is not an error of the call
+        return None
+    return state in (ConsumerGroupState.STABLE, ConsumerGroupState.PREPARING_REBALANCING,
+                     ConsumerGroupState.COMPLETING_REBALANCING)

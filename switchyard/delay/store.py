@@ -37,7 +37,14 @@ from switchyard.delay.errors import (
     TransientStoreError,
     UnstorableMessageError,
 )
-from switchyard.delay.model import DelayedMessage, InputRecord, LatenessWindow, ReadyMessage, StuckMessage
+from switchyard.delay.model import (
+    DelayedMessage,
+    InputRecord,
+    LatenessWindow,
+    ParkedMessage,
+    ReadyMessage,
+    StuckMessage,
+)
 from switchyard.delay.parsing import headers_from_json, headers_to_json
 from switchyard.delay.queries import bind_schema, migrations, schema_queries
 from switchyard.delay.settings import libpq_root_cert, validate_schema
@@ -331,10 +338,14 @@ class PostgresDelayStore:
         with self._session() as conn:
             conn.execute(self._q["park_records"], params)
 
-    def parked(self, limit: int = 100) -> list[tuple[str, datetime, datetime, str, int | None]]:
-        """``(id, deadline, parked_at, reason, value bytes)`` of the parked messages, newest first."""
+    def parked(self, limit: int = 100, value_bytes: int = 1024) -> list[ParkedMessage]:
+        """The parked messages, newest first, each value cut to its first ``value_bytes``."""
         with self._session() as conn:
-            return [tuple(row) for row in conn.execute(self._q["parked"], {"limit": limit})]
+            rows = conn.execute(self._q["parked"], {"limit": limit, "value_bytes": value_bytes}).fetchall()
+        return [ParkedMessage(message_id, deadline, parked_at, reason, size,
+                              None if key is None else bytes(key), None if value is None else bytes(value),
+                              headers_from_json(headers))
+                for message_id, deadline, parked_at, reason, size, key, value, headers in rows]
 
     def parked_count(self) -> int:
         with self._session() as conn:

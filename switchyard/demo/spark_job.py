@@ -18,8 +18,8 @@ def spark_part(out: Printer, pool: str, keys: list[str], rows: int = 2000) -> No
         from pyspark.sql import SparkSession
 
         from switchyard.spark import job
-    except ImportError as exc:  # pyspark is installed by ./dev setup (requirements-spark.txt)
-        out.line(f"skipped: {exc} (run ./dev setup)")
+    except ImportError as exc:  # pyspark: the [spark] extra
+        out.line(f"skipped: {exc} (pip install 'switchyard[spark]' to run it)")
         return
     with tempfile.TemporaryDirectory(prefix="switchyard-spark-demo-") as tmp:
         source = Path(tmp) / "requests.jsonl"

@@ -2,14 +2,15 @@
 
 The MSK bridge feeds the enqueue handler; the fire and sweep handlers run as back-to-back
 scheduled invocations, whose fake context reports no time left once Ctrl-C / SIGTERM is received.
-A second bridge, on the output topic, feeds the scheduled-call relay (``functions/rpc_scheduled.py``)
-as its AWS mapping does: fired records that name a pool go into that pool.
+A second bridge, on the output topic, feeds the scheduled-call relay
+(``switchyard.aws.handlers.rpc_scheduled``) as its AWS mapping does: fired records that name a pool
+go into that pool.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from types import ModuleType
 
@@ -32,7 +33,7 @@ RELAY_FETCH_WAIT_MS = 10  # tansu answers a fetch when this runs out, not at the
 
 
 def load_function(role: str) -> ModuleType:
-    """``functions/delay_<role>.py`` (the Lambda code itself, not a copy)."""
+    """The Lambda handler of ``functions/delay_<role>.py`` (that very code, not a copy)."""
     return local_functions.load_function(FUNCTIONS[role])
 
 
@@ -58,6 +59,7 @@ class LocalRuntime:
         self.invocation_ms = invocation_ms
         self.stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.errors: dict[str, str] = {}
 
     def _bridge(self, role: str) -> None:
         handler = load_function(role).lambda_handler
@@ -90,10 +92,24 @@ class LocalRuntime:
         svc = install_service(self.settings, self.connections)
         svc.store.migrate()
         for role in self.roles:
-            target = partial(self._bridge if role in BRIDGED else self._ticks, role)
+            target = partial(self._guarded, self._bridge if role in BRIDGED else self._ticks, role)
             thread = threading.Thread(target=target, name=f"delay-{role}", daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _guarded(self, loop: Callable[[str], None], role: str) -> None:
+        """``loop(role)``, its error kept for ``ended`` (the runner names it and exits)."""
+        try:
+            loop(role)
+        except Exception as exc:
+            self.errors[role] = f"{type(exc).__name__}: {exc}"
+
+    def ended(self) -> dict[str, str]:
+        """The roles whose loop ended before ``stop``, with why (a daemon must say so, not run on empty)."""
+        if self.stop.is_set():
+            return {}
+        dead = [t.name.removeprefix("delay-") for t in self._threads if not t.is_alive()]
+        return {role: self.errors.get(role, "returned") for role in dead}
 
     def join(self, timeout_s: float = 15.0) -> None:
         """Stop the loops and wait for them to finish what they hold."""

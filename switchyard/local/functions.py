@@ -1,37 +1,33 @@
-"""Load the Lambda handlers of ``functions/`` by path, so the local runtime runs that very code.
-
-``functions/`` is not part of the installed package (Lambda deploys it as its own asset), so it
-is imported from the source tree, once per process.
-"""
+"""The Lambda handlers by name, so the local runtime runs that very code: ``switchyard.aws.handlers``
+(``functions/<name>.py``, Lambda's entry points, re-export them), installed with the package."""
 
 from __future__ import annotations
 
-import importlib.util
-import threading
+import importlib
+import pkgutil
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-FUNCTIONS_DIR = Path(__file__).resolve().parents[2] / "functions"
-_loaded: dict[str, ModuleType] = {}
-_lock = threading.Lock()
+from switchyard.aws import handlers
+
+HANDLERS = frozenset(m.name for m in pkgutil.iter_modules(handlers.__path__))
+# Sample events in the exact AWS shapes, shipped with the package (``events/`` in a checkout)
+SAMPLE_EVENTS_DIR = Path(handlers.__path__[0]).parent / "events"
+SCHEDULE_SAMPLE = "eventbridge_schedule.json"
+SAMPLE_EVENT = {"rpc_orphans": "rmq_orphan.json", "rpc_dead_letters": "rmq_dead_letter.json",
+                "rpc_activity": "rmq_activity.json", "rpc_reconcile": SCHEDULE_SAMPLE,
+                "delay_enqueue": "msk_delay_input.json", "delay_fire": SCHEDULE_SAMPLE,
+                "delay_sweep": SCHEDULE_SAMPLE, "bus_housekeeping": SCHEDULE_SAMPLE}
 
 
 def load_function(name: str) -> ModuleType:
-    """Import ``functions/<name>.py`` (cached)."""
-    with _lock:
-        if name in _loaded:
-            return _loaded[name]
-        path = FUNCTIONS_DIR / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(f"switchyard_functions.{name}", path)
-        if spec is None or spec.loader is None or not path.exists():
-            raise ImportError(f"cannot load {path}: run Switchyard from its source tree")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _loaded[name] = module
-        return module
+    """The handler module of ``functions/<name>.py`` (imported once per process)."""
+    if name not in HANDLERS:
+        raise ImportError(f"no Lambda handler {name!r}; available: {', '.join(sorted(HANDLERS))}")
+    return importlib.import_module(f"{handlers.__name__}.{name}")
 
 
 def scheduled_event(rule: str) -> dict[str, Any]:

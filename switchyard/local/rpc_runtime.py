@@ -94,6 +94,12 @@ class LocalControlPlane:
                 logger.exception("reconciler pass failed", extra={"pool": self.control.pool})
             self._stop.wait(self.control.reconcile_interval_s)
 
+    def ended(self) -> list[str]:
+        """The threads (event sources, the reconciler) that ended before ``stop``."""
+        if self._stop.is_set():
+            return []
+        return [t.name for t in self._threads if not t.is_alive()]
+
     def stop(self) -> None:
         """Stop the bridges (each settles its batch in hand), the ticker, then the workers."""
         self._stop.set()

@@ -8,13 +8,14 @@ connection helpers all three share, and the part's shape: ``settings``, ``errors
 wired once per process).
 """
 
-from switchyard.rpc.client import Response, RpcClient
+from switchyard.rpc.client import AsyncRpcClient, Response, RpcClient
 from switchyard.rpc.control.topology import PoolTopology, init_pool
 from switchyard.rpc.protocol import Event, QueueType, Status
 from switchyard.rpc.settings import PoolPolicy, RpcSettings
 from switchyard.rpc.worker import Request, Requeue, Worker, WorkerConfig
 
 __all__ = [
+    "AsyncRpcClient",
     "Event",
     "PoolPolicy",
     "PoolTopology",

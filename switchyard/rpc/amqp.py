@@ -87,7 +87,7 @@ def connect(amqp_url: str, name: str, heartbeat: int | None = None) -> pika.Bloc
         return connection
     raise BrokerUnavailableError(
         f"cannot connect to RabbitMQ at {', '.join(failures)}. "
-        f"Check {AMQP_URL.name}, or start the local stack with ./dev services."
+        f"Start RabbitMQ there, or set {AMQP_URL.name} (switchyard -b URL) to where it runs."
     ) from last
 
 

@@ -68,8 +68,11 @@ ACTIVITY_INTERVAL = _rpc(
     "ACTIVITY_INTERVAL", 1.0,
     "at most one `request-received` report per this many seconds (`0`: every request; the worker's "
     "`WORKER_ACTIVITY_INTERVAL` wins)", unit="s")
-POOL = _rpc("POOL", "", "the pool a control plane (Lambda functions) manages; `switchyard local --pool` "
-            "names its own")
+POOL = _rpc("POOL", "", "the pool a control plane (Lambda functions) manages and `switchyard worker` "
+            "serves; `switchyard local --pool` and `switchyard worker --pool` name their own (a worker also "
+            "reads `WORKER_POOL`, which the worker group drivers set)")
+KEY = Setting("SWITCHYARD_RPC_KEY", "", "the key `switchyard worker` serves (`--key` wins; a worker also "
+              "reads `WORKER_KEY`, which the worker group drivers set)")
 UNBIND_DELAY = _rpc("UNBIND_DELAY", 300.0, "seconds without orphan or activity before a group's queue is "
                     "unbound (`switchyard local --unbind-delay` wins)", unit="s")
 STOP_DELAY = _rpc("STOP_DELAY", 600.0, "seconds unbound (and idle) before the group stops and its queue is "

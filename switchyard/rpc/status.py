@@ -4,7 +4,8 @@ console): each pool's worker groups with their state (from the pool's store), wo
 activity seen, and the latency the workers report (``x-switchyard-latency``, kept by the tracker).
 
 A request queue with no group in the store (``switchyard pool bind``, workers started by hand) is
-listed with the state ``no state``; a group whose queue is gone shows 0 workers and 0 backlog.
+listed with the state ``no state``: no control plane has tracked it (its workers' activity reports
+wait in ``{pool}-activity``); a group whose queue is gone shows 0 workers and 0 backlog.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class PoolFigures:
     poison: int  # set aside for a person ({pool}-poison)
     latency_p99_ms: float | None  # worst p99 of the last RECENT_S (None: no report)
     latency: tuple[LatencyPoint, ...]  # oldest first
+    control_plane: bool = False  # something consumes its orphan queue (a control plane runs)
+    activity_waiting: int = 0  # worker reports no activity tracker has read ({pool}-activity)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,9 +108,12 @@ def pool_figures(pool: str, client: RedisClient, management: ManagementApi,
 
     series = latency_series(state.latency(), now_s)
     recent = [pt.p99_ms for pt in series if pt.at >= now_s - RECENT_S]
+    orphan = by_name.get(protocol.orphan_queue(pool))
     return PoolFigures(pool, tuple(by_key[k] for k in sorted(by_key)), depth(protocol.orphan_queue(pool)),
                        depth(protocol.dl_queue(pool)), depth(protocol.poison_queue(pool)),
-                       max(recent) if recent else None, series)
+                       max(recent) if recent else None, series,
+                       control_plane=orphan is not None and _count(orphan, "consumers") > 0,
+                       activity_waiting=depth(protocol.activity_queue(pool)))
 
 
 def _count(queue: dict[str, Any], field: str) -> int:

@@ -112,3 +112,113 @@ def test_local_control_plane_serves_calls_from_the_command_line(tmp_path) -> Non
         with PoolTopology(pool, settings) as topology:
             topology.delete(force=True)
         PoolState(connect_redis(settings.connections), pool).clear()
+
+
+def test_delay_run_whose_role_dies_says_so_and_exits_non_zero(monkeypatch, capfd) -> None:
+    """A role's loop that ends (here: its handler cannot be loaded) stops the runner with exit 1 and
+    a line naming it; it used to keep running, saying it ran all of them."""
+    import signal as signals
+
+    from switchyard.cli import main
+    from switchyard.core.config import Connections
+    from switchyard.delay.store import PostgresDelayStore
+    from switchyard.local import delay_runtime
+
+    schema = unique("died")
+    monkeypatch.setenv("SWITCHYARD_DELAY_SCHEMA", schema)
+    monkeypatch.setitem(delay_runtime.FUNCTIONS, "sweep", "no_such_handler")
+    handlers = {s: signals.getsignal(s) for s in (signals.SIGINT, signals.SIGTERM)}
+    try:
+        code = main(["delay", "run", "--roles", "sweep"])
+    finally:
+        for sig, handler in handlers.items():
+            signals.signal(sig, handler)
+        with PostgresDelayStore(Connections.from_env().postgres_dsn, schema) as dropping:
+            dropping.drop_schema()
+    err = capfd.readouterr().err
+    assert code == 1, err
+    assert "switchyard delay: error: the sweep loop ended" in err, err
+
+
+def test_a_pool_no_one_declared_is_the_same_one_line_error_in_status_and_pool_status() -> None:
+    pool = unique("nosuch")
+    for command in (("status", "-p", pool), ("pool", "status", "-p", pool),
+                    ("status", "--pool", pool, "--json")):
+        result = run(*command)
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        assert result.stdout == "" and result.stderr.count("\n") == 1, (command, result.stderr)
+        assert f"pool {pool!r} is not initialized" in result.stderr
+        assert "switchyard pool init" in result.stderr
+
+
+def test_status_with_the_broker_down_fails_and_shows_no_pool() -> None:
+    """The broker on a closed port: the RPC part is unreachable (not a list of healthy pools), exit 1."""
+    result = run("status", "-b", "amqp://guest:guest@127.0.0.1:1/%2F")
+    assert result.returncode == 1, result.stdout
+    assert "RPC pools\n  unreachable: cannot reach RabbitMQ at 127.0.0.1:1" in result.stdout, result.stdout
+    assert "the RPC pools could not be read" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_call_nothing_can_answer_fails_at_once_and_a_scheduled_one_says_where_it_waits() -> None:
+    """A key with no queue in a pool with no control plane: a one-line error at once, not a 30 s
+    timeout. ``--at`` with no delay runner: queued to Kafka, and a warning that no runner reads it."""
+    pool = unique("cli")
+    with PoolTopology(pool, RpcSettings.from_env()) as topology:
+        topology.declare()
+    try:
+        result = run("call", "-p", pool, "-k", "nobody", "--timeout", "20")
+        assert result.returncode == 1, result.stdout
+        assert "no group serves key 'nobody'" in result.stderr, result.stderr
+        assert "no control plane is running" in result.stderr and result.stderr.count("\n") == 1
+        with PoolTopology(pool, RpcSettings.from_env()) as topology:
+            topology.ensure_request_queue("bound")
+        result = run("call", "-p", pool, "-k", "bound", "--timeout", "1")  # waits: a worker may come
+        assert result.returncode == 1, result.stdout
+        assert "no response for key 'bound' within 1s: 0 worker(s) on the key's queue, and no control " \
+               "plane is running" in result.stderr, result.stderr
+        topic = unique("cli-in")
+        result = run("call", "-p", pool, "-k", "later", "--at", "+5s", SWITCHYARD_DELAY_INPUT_TOPIC=topic,
+                     SWITCHYARD_DELAY_CONSUMER_GROUP=unique("cli-group"))
+        assert result.returncode == 0, result.stderr
+        assert f"queued to Kafka topic {topic}" in result.stdout, result.stdout
+        assert f"warning: no delay runner reads {topic}" in result.stderr, result.stderr
+    finally:
+        with PoolTopology(pool, RpcSettings.from_env()) as topology:
+            topology.delete(force=True)
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_shell_completion_completes_commands_subcommands_and_flags(shell: str) -> None:
+    result = run("completion", shell)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("autoload -U +X bashcompinit") == (shell == "zsh")
+    if shell == "zsh":
+        return  # the same script after bash's completion support (zsh is not on every machine)
+    probe = ('_complete() { COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _switchyard; '
+             'echo "${COMPREPLY[*]}"; }\n'
+             "_complete switchyard pool st\n_complete switchyard call -\n_complete switchyard del\n")
+    done = subprocess.run(["bash", "-c", result.stdout + probe], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    pool, call, top = done.stdout.splitlines()
+    assert pool == "status"
+    assert {"-p", "-k", "--pool", "--key", "--at", "-b", "--broker-url", "--json"} <= set(call.split())
+    assert top == "delay"
+
+
+def test_a_docs_page_is_linked_by_the_documentation_url_when_the_metadata_has_one(monkeypatch) -> None:
+    from email.message import Message
+
+    from switchyard.core import docs
+
+    found = Message()
+    found["Project-URL"] = "Source, https://example.test/src"
+    found["Project-URL"] = "Documentation, https://example.test/docs/"
+    monkeypatch.setattr(docs.metadata, "metadata", lambda _name: found)
+    docs.docs_base.cache_clear()
+    try:
+        assert docs.docs_link("configuration.md") == "https://example.test/docs/configuration.md"
+        monkeypatch.setattr(docs.metadata, "metadata", lambda _name: Message())
+        docs.docs_base.cache_clear()
+        assert docs.docs_link("configuration.md") == "docs/configuration.md in Switchyard's source"
+    finally:
+        docs.docs_base.cache_clear()

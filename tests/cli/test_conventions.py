@@ -116,7 +116,7 @@ def test_worker_flags_win_over_their_variables(monkeypatch) -> None:
 
     seen = {}
 
-    def fake_run_worker(handler: str, env: dict[str, str]):
+    def fake_run_worker(handler: str, env: dict[str, str], announce=None):
         seen["config"] = WorkerConfig.from_env(env=env)
         return type("Stats", (), {"handled": 0, "errors": 0, "requeued": 0})()
 
@@ -135,6 +135,36 @@ def test_worker_flags_win_over_their_variables(monkeypatch) -> None:
     assert {v: os.environ[v] for v in variables} == variables
 
 
+def test_a_worker_prints_one_start_line_and_reads_the_documented_names(monkeypatch, capsys) -> None:
+    """``SWITCHYARD_RPC_POOL``/``SWITCHYARD_RPC_KEY`` (documented) stand for the drivers' ``WORKER_*``;
+    the start line names pool, key, handler and broker, the broker's password masked."""
+    from switchyard.cli import main
+    from switchyard.cli import rpc as rpc_cli
+    from switchyard.rpc.settings import RpcSettings
+    from switchyard.rpc.worker import WorkerConfig
+
+    def fake_run_worker(handler: str, env: dict[str, str], announce=None):
+        settings = RpcSettings.from_env()
+        announce(WorkerConfig.from_env(settings, env), settings)
+        return type("Stats", (), {"handled": 0, "errors": 0, "requeued": 0})()
+
+    monkeypatch.setattr(rpc_cli, "run_worker", fake_run_worker)
+    for variable in ("WORKER_POOL", "WORKER_KEY", "WORKER_ID"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("SWITCHYARD_RPC_POOL", "documented")
+    monkeypatch.setenv("SWITCHYARD_RPC_KEY", "infra=42")
+    monkeypatch.setenv("SWITCHYARD_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")  # the flag wins
+    assert main(["worker", "--handler", "switchyard.rpc.examples:echo", "--id", "w1",
+                 "-b", "amqp://alice:s3cret@127.0.0.1:5672/%2F"]) == 0
+    start, stopped = capsys.readouterr().err.splitlines()
+    assert start == ("switchyard worker w1: pool 'documented', key 'infra=42', handler "
+                     "switchyard.rpc.examples:echo, broker amqp://alice:***@127.0.0.1:5672/%2F; "
+                     "SIGTERM or Ctrl-C to stop"), start
+    assert stopped.startswith("worker stopped: 0 handled")
+    assert main(["worker", "--handler", "switchyard.rpc.examples:echo", "-p", "flag", "-k", "k2"]) == 0
+    assert "pool 'flag', key 'k2'" in capsys.readouterr().err
+
+
 def test_the_empty_key_is_a_key(monkeypatch) -> None:
     """The protocol allows the empty key: a worker for it starts (only an absent key is missing)."""
     from switchyard.cli import main
@@ -143,7 +173,7 @@ def test_the_empty_key_is_a_key(monkeypatch) -> None:
 
     seen = {}
 
-    def fake_run_worker(handler: str, env: dict[str, str]):
+    def fake_run_worker(handler: str, env: dict[str, str], announce=None):
         seen["config"] = WorkerConfig.from_env(env=env)
         return type("Stats", (), {"handled": 0, "errors": 0, "requeued": 0})()
 

@@ -47,8 +47,8 @@ def test_delay_parked_prints_a_message_id_and_reason_escaped(parked_schema: str)
         return run.stdout
 
     out = parked()
-    assert "\x1b" not in out and len(out.splitlines()) == 2, out
-    assert out.splitlines()[1].startswith(f"  {ESCAPED}  deadline ") and out.rstrip().endswith(ESCAPED)
+    assert "\x1b" not in out and len(out.splitlines()) == 4, out  # the message, its key and value
+    assert out.splitlines()[1].startswith(f"  {ESCAPED}  deadline ") and out.splitlines()[1].endswith(ESCAPED)
     (row,) = json.loads(parked("--json"))
     assert (row["id"], row["reason"]) == (FORGED, FORGED)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_local_workers_run_the_demo_handler_unless_one_is_set(monkeypatch: pytes
 def test_invoke_gives_every_control_plane_function_the_local_plane() -> None:
     """``switchyard invoke`` installs the local plane (demo handler default) for exactly these."""
     from switchyard.cli.local import CONTROL_PLANE_FUNCTIONS
-    from switchyard.local.functions import FUNCTIONS_DIR
+    from switchyard.local.functions import HANDLERS, load_function
 
-    using = {path.stem for path in FUNCTIONS_DIR.glob("*.py") if "control_plane()" in path.read_text()}
+    using = {name for name in HANDLERS if "control_plane()" in Path(load_function(name).__file__).read_text()}
     assert using == CONTROL_PLANE_FUNCTIONS

@@ -38,7 +38,8 @@ def test_a_closed_service_fails_fast_in_one_line(argv, env, variable, label) -> 
     result, elapsed = run(*argv, **env)
     assert result.returncode == 1
     assert result.stderr == (f"switchyard: error: cannot reach {label} at {CLOSED} ({variable}): connection "
-                             f"refused; start it with ./dev services or set {variable}\n")
+                             f"refused; start {label} there, or set {variable} to where it runs "
+                             "(in a Switchyard checkout: ./dev services)\n")
     assert elapsed < 3.0
     assert "hunter2" not in result.stderr
 
@@ -72,7 +73,8 @@ def test_a_driver_connection_error_names_its_setting() -> None:
 
     message = unavailable(redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:1."))
     assert message == ("Redis is unavailable (SWITCHYARD_REDIS_URL): Error 111 connecting to 127.0.0.1:1; "
-                       "start it with ./dev services or set SWITCHYARD_REDIS_URL")
+                       "start Redis there, or set SWITCHYARD_REDIS_URL to where it runs (in a Switchyard "
+                       "checkout: ./dev services)")
     assert unavailable(ValueError("x")) is None
 
 

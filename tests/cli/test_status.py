@@ -211,8 +211,9 @@ def test_a_part_that_is_down_is_named_and_the_others_are_shown(system: System) -
     status = json.loads(done.stdout)
     assert status["delay"] == {"state": "unreachable",
                                "reason": "cannot reach Postgres at 127.0.0.1:1 (SWITCHYARD_POSTGRES_DSN): "
-                                         "connection refused; start it with ./dev services or set "
-                                         "SWITCHYARD_POSTGRES_DSN"}
+                                         "connection refused; start Postgres there, or set "
+                                         "SWITCHYARD_POSTGRES_DSN to where it runs (in a Switchyard "
+                                         "checkout: ./dev services)"}
     assert status["bus"]["subscribers"][0]["events"] == 3 and len(status["rpc"]["pools"]) == 1
     human = switchyard(system, "status", "--pool", system.pool,
                        SWITCHYARD_POSTGRES_DSN="postgresql://postgres:hunter2@127.0.0.1:1/switchyard")

@@ -20,7 +20,7 @@ from switchyard.delay.model import DEADLINE_HEADER, MESSAGE_ID_HEADER
 from switchyard.delay.service import DelayService
 from switchyard.delay.settings import DelaySettings
 from switchyard.local import delay_runtime as runtime
-from switchyard.local.functions import FUNCTIONS_DIR
+from switchyard.local.functions import SAMPLE_EVENTS_DIR
 from switchyard.local.lambda_context import FakeLambdaContext
 from switchyard.local.msk_bridge import MskBridge, MskBridgeConfig
 from tests.conftest import wait_for
@@ -213,7 +213,7 @@ def test_signed_header_bytes_and_null_header_values_are_decoded(handler_service:
 
 
 def test_sample_event_file_is_accepted(handler_service: DelayService) -> None:
-    event = json.loads((FUNCTIONS_DIR.parent / "events/msk_delay_input.json").read_text())
+    event = json.loads((SAMPLE_EVENTS_DIR / "msk_delay_input.json").read_text())
     result = asdict(enqueue_function.enqueue(KafkaEvent(event), None))
     assert (result["received"], result["enqueued"], len(result["dropped"])) == (3, 2, 1)
     assert enqueue_handler(event, FakeLambdaContext("delay_enqueue", 60_000)) == {"batchItemFailures": []}

@@ -299,8 +299,8 @@ def test_a_message_the_broker_refuses_for_good_is_parked_not_retried_forever(
     assert (first.fired, first.parked) == (2, 1) and first.released == 0
     assert set(output.wait_for_ids({"small-1", "small-2"}, timeout=10)) == {"small-1", "small-2"}
     assert store.counts() == (0, 0)  # nothing left to retry
-    [(message_id, _deadline, _parked_at, reason, size)] = store.parked()
-    assert (message_id, size) == ("huge", 5000) and "refuses this message" in reason
+    [parked] = store.parked()
+    assert (parked.id, parked.size) == ("huge", 5000) and "refuses this message" in parked.reason
     again = fire_loop(svc).run(countdown(svc.settings.stop_margin_ms + 500))
     assert (again.readied, again.parked, again.publish_failures) == (0, 0, 0)
     assert "huge" not in output.ids()

@@ -95,8 +95,12 @@ def test_fast_call_is_two_writes_two_scripts_two_pops_eighteen_commands(private_
     assert counts["blpop"] == calls, counts  # each caller waits on its answer list ...
     assert "publish" not in counts, counts  # ... so no response goes over pub/sub
     assert counts["blmove"] <= calls + 1, counts  # (+ the pop waiting for the next request)
-    # (+ the waiting pop and its PEXPIRE, the reaper's UNLINK, a connection's health-check PING)
-    assert sum(counts.values()) <= 18 * calls + 5, counts
+    # Off the call's path, so not per call: the connections' health-check PINGs (more of them when
+    # a loaded machine leaves a connection idle past its check interval) and the reaper's UNLINK.
+    background = {name: counts.pop(name, 0) for name in ("ping", "unlink")}
+    assert sum(background.values()) <= 10, background
+    # (+ the waiting pop and its PEXPIRE, the HELLO of a connection opened during the calls)
+    assert sum(counts.values()) <= 18 * calls + 3, counts
 
 
 def test_calls_beyond_the_answer_waits_get_their_response_on_the_node_channel(

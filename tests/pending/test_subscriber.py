@@ -137,8 +137,8 @@ def test_a_lone_caller_reading_through_a_cut_connection_gets_its_lost_response(
             assert request is not None
             wait_for(lambda: blocked_in(thread, "_read_until"), interval=0.01,
                      what="the caller waiting for its response, reading for itself")
+            cut_at = time.monotonic()  # (before the cut: a thread preempted after it would shorten it)
             proxy.cut(1.5)
-            cut_at = time.monotonic()
             service_node.apply_response(request, "after the cut")  # published to nobody
             thread.join(15)
             elapsed = time.monotonic() - cut_at
@@ -178,8 +178,8 @@ def test_a_caller_waiting_on_its_answer_list_through_a_cut_connection_gets_its_r
             assert request is not None
             wait_for(lambda: any(c.get("cmd") == "blpop" for c in private_redis.client().client_list()),
                      interval=0.01, what="the caller blocked in its answer-list pop")
+            cut_at = time.monotonic()  # (before the cut: a thread preempted after it would shorten it)
             proxy.cut(1.5)
-            cut_at = time.monotonic()
             assert service_node.apply_response(request, "after the cut") is Delivery.DELIVERED
             thread.join(15)
             elapsed = time.monotonic() - cut_at
@@ -207,8 +207,8 @@ def test_a_poller_blocked_through_a_cut_connection_takes_the_request_queued_duri
             poller.start()
             wait_for(lambda: blocked_in(poller, "dequeue", "read_response"), interval=0.01,
                      what="the poller blocked in its pop")
+            cut_at = time.monotonic()  # (before the cut: a thread preempted after it would shorten it)
             proxy.cut(1.5)
-            cut_at = time.monotonic()
             call = threading.Thread(target=_catch, args=(caller.queue_and_wait, "cut-pop", 1), daemon=True)
             call.start()
             poller.join(15)

@@ -132,8 +132,11 @@ FROM unnest(%(ids)s::text[], %(seqs)s::bigint[], %(headers)s::jsonb[], %(keys)s:
 ON CONFLICT (id, seq) DO NOTHING;
 
 -- parked --
--- The parked messages, newest first, for `switchyard delay parked`.
-SELECT id, deadline, parked_at, reason, octet_length(message_value) FROM {schema}.parked_messages
+-- The parked messages, newest first, for `switchyard delay parked`: with their key, headers and the
+-- first value_bytes of their value (a message parked for its size can be megabytes).
+SELECT id, deadline, parked_at, reason, octet_length(message_value), message_key,
+       substring(message_value FROM 1 FOR %(value_bytes)s), message_headers
+FROM {schema}.parked_messages
 ORDER BY parked_at DESC
 LIMIT %(limit)s;
 

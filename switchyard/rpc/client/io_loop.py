@@ -115,11 +115,13 @@ class _ClientCore:
 
     # -- caller threads ---------------------------------------------------------------------
     def submit(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
-               headers: Mapping[str, Any] | None, reply: bool = True) -> Future:
-        call = self._enqueue(key, body, timeout, expiration_ms, headers, reply)
+               headers: Mapping[str, Any] | None, reply: bool = True, slot_wait: float | None = None) -> Call:
+        """Queue a request; its ``future`` settles it. ``slot_wait``: how long to wait for a slot (default:
+        the timeout; the asyncio client waits on its loop and passes 0)."""
+        call = self._enqueue(key, body, timeout, expiration_ms, headers, reply, slot_wait)
         if not self._on_io():
             self._wake()
-        return call.future
+        return call
 
     def call(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
              headers: Mapping[str, Any] | None) -> Response:
@@ -134,14 +136,14 @@ class _ClientCore:
         return cast(Response, call.future.result(call.timeout + 5.0))
 
     def _enqueue(self, key: str, body: bytes | str, timeout: float | None, expiration_ms: int | None,
-                 headers: Mapping[str, Any] | None, reply: bool) -> Call:
+                 headers: Mapping[str, Any] | None, reply: bool, slot_wait: float | None = None) -> Call:
         """Encode a request (a bad one raises here, for its caller), take a slot, queue it."""
         timeout = self.default_timeout if timeout is None else timeout
         call = encode_request(key, body, timeout, expiration_ms, headers, reply=reply,
                               reply_queue=self._reply_queue, frame_max=self._frame_max)
         if self._closing:
             raise ClientClosedError("the client is closed")
-        taken = self.slots.acquire(call, 0 if self._on_io() else timeout)
+        taken = self.slots.acquire(call, 0 if self._on_io() else timeout if slot_wait is None else slot_wait)
         if taken is None:
             raise ClientBusyError(
                 f"all {self.slots.size} slots stayed busy for {timeout:.3g}s; "

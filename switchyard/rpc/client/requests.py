@@ -34,6 +34,14 @@ class Call:
     attempts: int = 0  # publishes: more than one, it was re-sent after a lost connection
 
 
+def check_timeout(timeout: float) -> float:
+    """A call's timeout, checked: a positive, finite number of seconds (ValueError otherwise)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout)\
+            or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return timeout
+
+
 def encode_request(key: str, body: bytes | str, timeout: float, expiration_ms: int | None,
                    headers: Mapping[str, Any] | None, *, reply: bool, reply_queue: str,
                    frame_max: int) -> Call:
@@ -45,9 +53,7 @@ def encode_request(key: str, body: bytes | str, timeout: float, expiration_ms: i
         body = bytes(body)
     elif not isinstance(body, bytes):
         raise TypeError(f"a request body must be bytes or str, not {type(body).__name__}")
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout)\
-            or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    check_timeout(timeout)
     if expiration_ms is None:
         expiration_ms = max(1, int(timeout * 1000))
     elif isinstance(expiration_ms, bool) or not isinstance(expiration_ms, int) or expiration_ms < 0:

@@ -2,8 +2,8 @@
 
 One connection, one channel and one reply queue per client, driven by a background I/O thread, or
 by a thread in ``call`` when no other thread drives it (``io_loop``).
-Every public method is thread-safe. ``submit`` returns a ``concurrent.futures.Future`` (wrap it
-with ``asyncio.wrap_future`` in async code); ``call`` blocks for the response; ``send`` publishes a
+Every public method is thread-safe. ``submit`` returns a ``concurrent.futures.Future`` (asyncio code
+uses ``AsyncRpcClient``, the same core); ``call`` blocks for the response; ``send`` publishes a
 request that expects no response (the keyed RPC design: no reply-to) and its future resolves once the broker
 has it. Futures complete in the thread driving the connection (the I/O thread, or a thread in
 ``call``): their done-callbacks must not block, but they may call ``submit``, ``send`` and ``close``.
@@ -96,7 +96,7 @@ class RpcClient:
         its queue instead of being worked on (0: no expiration). A malformed request raises here,
         for this caller only.
         """
-        return self._core.submit(key, body, timeout, expiration_ms, headers)
+        return self._core.submit(key, body, timeout, expiration_ms, headers).future
 
     def send(
         self,
@@ -114,7 +114,7 @@ class RpcClient:
         return or a lost connection, and with ``CallTimeoutError`` if no confirm came within
         ``timeout``. ``expiration_ms`` defaults to 0 (the request waits for a worker however long).
         """
-        return self._core.submit(key, body, timeout, expiration_ms, headers, reply=False)
+        return self._core.submit(key, body, timeout, expiration_ms, headers, reply=False).future
 
     def call(self, key: str, body: bytes | str = b"", *, timeout: float | None = None,
              expiration_ms: int | None = None, headers: Mapping[str, Any] | None = None) -> Response:

@@ -139,7 +139,7 @@ class CallScheduler:
 
 
 def collect(settings: RpcSettings, reply: str, ids: Iterable[str] | None = None,
-            timeout: float = 0.0) -> dict[str, Response]:
+            timeout: float = 0.0, stop: threading.Event | None = None) -> dict[str, Response]:
     """Take the answers in the durable reply queue ``reply``: those of ``ids`` (waiting up to
     ``timeout`` seconds for them all), or every answer there now (``ids`` None). Answers taken are
     removed from the queue; others stay for their own collectors. Keyed by call id.
@@ -148,7 +148,8 @@ def collect(settings: RpcSettings, reply: str, ids: Iterable[str] | None = None,
     mid-queue: the queue is read from its head one answer per round trip (some thousands a second),
     so an answer behind more than that stays for the next collect. The answers it passes over are
     held (unacked, invisible to others) only while it reads; before each wait they go back, so
-    another collector of the same queue finds its own meanwhile."""
+    another collector of the same queue finds its own meanwhile. ``stop`` set: it returns what it has
+    taken so far at its next round trip (the asyncio client's cancelled collect puts those back)."""
     queue = protocol.reply_queue(reply)
     wanted = None if ids is None else set(ids)
     found: dict[str, Response] = {}
@@ -172,6 +173,8 @@ def collect(settings: RpcSettings, reply: str, ids: Iterable[str] | None = None,
                     held = True
             if wanted is not None and (wanted <= found.keys() or time.monotonic() >= end):
                 break
+            if stop is not None and stop.is_set():
+                break
             if method is None:
                 if wanted is None:
                     break
@@ -185,3 +188,22 @@ def collect(settings: RpcSettings, reply: str, ids: Iterable[str] | None = None,
             connection.close()
         raise BrokerError(f"collecting from {queue!r}: {exc!r}") from exc
     return found
+
+
+def put_back(settings: RpcSettings, reply: str, answers: Iterable[Response]) -> None:
+    """Publish answers taken by ``collect`` back into the reply queue ``reply`` (persistent, their call
+    id and headers), for a collector whose caller went away before it could have them."""
+    queue = protocol.reply_queue(reply)
+    try:
+        connection = connect(settings.connections.amqp_url, "switchyard-collect")
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            for answer in answers:
+                channel.basic_publish("", queue, answer.body, pika.BasicProperties(
+                    correlation_id=answer.correlation_id, headers=dict(answer.headers),
+                    delivery_mode=pika.DeliveryMode.Persistent))
+        finally:
+            connection.close()
+    except pika.exceptions.AMQPError as exc:
+        raise BrokerError(f"putting answers back into {queue!r}: {exc!r}") from exc

@@ -15,6 +15,7 @@ import requests
 
 from switchyard.core.config import service_urls
 from switchyard.core.observability import logger
+from switchyard.core.settings import MANAGEMENT_URL
 from switchyard.rpc.errors import BrokerUnavailableError, ManagementApiError
 
 PAGE_SIZE = 500  # the management API refuses larger pages
@@ -98,7 +99,8 @@ class ManagementApi:
             return response
         raise BrokerUnavailableError(
             f"RabbitMQ management API unreachable at {'; '.join(failures)}. "
-            "Is the rabbitmq_management plugin enabled (./dev services)?"
+            "Is the rabbitmq_management plugin enabled (rabbitmq-plugins enable rabbitmq_management), "
+            f"and does {MANAGEMENT_URL.name} point at it?"
         )
 
     def put_policy(

@@ -223,11 +223,14 @@ class PoolTopology:
         """Remove the pool: its own queues, exchanges and policies, and nothing of anyone else's.
 
         Unless ``force``, refuses (``PoolNotEmptyError``) while any of its queues holds messages,
-        counted exactly by passive declare; returns the number of messages dropped.
+        counted exactly by passive declare; returns the number of messages dropped. The activity
+        queue does not count: it holds the workers' own telemetry, not anyone's requests.
         """
         queues = self.own_queues()
         if not force:
-            waiting = {q: status[0] for q in queues if (status := self.queue_status(q)) and status[0]}
+            telemetry = protocol.activity_queue(self.pool)
+            waiting = {q: status[0] for q in queues
+                       if q != telemetry and (status := self.queue_status(q)) and status[0]}
             if waiting:
                 raise PoolNotEmptyError(self.pool, waiting)
         at_least_once = self._at_least_once_definitions()

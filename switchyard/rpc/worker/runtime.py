@@ -53,7 +53,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import pika
@@ -482,11 +482,15 @@ class Worker:
 
 
 def run_worker(handler_spec: str, settings: RpcSettings | None = None,
-               env: Mapping[str, str] | None = None) -> WorkerStats:
+               env: Mapping[str, str] | None = None,
+               announce: Callable[[WorkerConfig, RpcSettings], None] | None = None) -> WorkerStats:
     """Entry point of ``switchyard worker``: configure from the worker protocol's variables (``env``,
-    default the process environment) and serve until SIGTERM."""
+    default the process environment) and serve until SIGTERM. ``announce``: called once the handler
+    is loaded and the configuration read, before the first connection (the command's start line)."""
     settings = settings or RpcSettings.from_env()
     worker = Worker(load_handler(handler_spec), WorkerConfig.from_env(settings, env), settings)
+    if announce is not None:
+        announce(worker.config, settings)
     worker.install_signal_handlers()
     worker.run()
     return worker.stats
