@@ -2,6 +2,9 @@
 # Local services for Switchyard, all bound to 127.0.0.1.
 #
 #   scripts/services.sh [start]   use what already listens on each standard port, start the rest
+#   scripts/services.sh start --parts rpc,bus   only what those parts need (no test-only brokers, no
+#                                               AWS emulators): rpc RabbitMQ + Redis, delay Postgres
+#                                               + Kafka, pending and bus Redis, spark rpc's and delay's
 #   scripts/services.sh stop      stop only what this script started (pid and marker files in .local/)
 #   scripts/services.sh status    one line per service: answering or not
 #
@@ -489,6 +492,27 @@ status_all() {
     fi
 }
 
+# The services each part needs locally (docs/development.md, "Which services each part needs").
+start_parts() {
+    local need=","
+    [ "$1" ] || die "--parts needs a list: rpc, delay, pending, bus, spark (e.g. --parts rpc,bus)"
+    local part
+    for part in ${1//,/ }; do
+        case "$part" in
+        rpc) need+="redis,rabbitmq," ;;
+        delay) need+="postgres,tansu," ;;
+        pending | bus) need+="redis," ;;
+        spark) need+="redis,rabbitmq,postgres,tansu," ;;
+        *) die "--parts: unknown part '$part'; the parts: rpc, delay, pending, bus, spark" ;;
+        esac
+    done
+    [[ $need == *,postgres,* ]] && start_postgres
+    [[ $need == *,redis,* ]] && start_redis
+    [[ $need == *,rabbitmq,* ]] && start_rabbitmq
+    [[ $need == *,tansu,* ]] && start_tansu
+    return 0
+}
+
 # ---------------------------------------------------------------------- main
 main() {
     mkdir -p "$LOGS"
@@ -499,7 +523,7 @@ main() {
         status_all
         return
         ;;
-    *) die "usage: scripts/services.sh [start|stop|status]" ;;
+    *) die "usage: scripts/services.sh [start [--parts LIST]|stop|status]" ;;
     esac
     # Serialize concurrent runs: the second one waits, then finds everything running.
     # (Every daemon is started with fd 8 closed, so none of them keeps holding this lock.)
@@ -512,6 +536,11 @@ main() {
         return
     fi
     command -v curl >/dev/null 2>&1 || apt_install curl
+    if [ "${2:-}" = --parts ]; then
+        start_parts "${3:-}"
+        [ "$FAILED" = 0 ] || die "some services are not ready (see above)."
+        return
+    fi
     start_postgres
     start_redis
     start_redis_cluster

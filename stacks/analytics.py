@@ -21,7 +21,7 @@ from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.grants import kafka_access
 from stacks.names import physical_name
-from stacks.network import NetworkConstruct
+from stacks.network import NetworkConstruct, allow_from
 from switchyard.rpc.control.access import BrokerRole
 
 
@@ -84,6 +84,11 @@ class AnalyticsConstruct(Construct):
                 image_uri=config.emr_image
             ) if config.emr_image else None,
         )
+        # The jobs' clients: MSK's and the broker's groups admit EMR's (stacks/network.py makes it).
+        allow_from(network.msk_sg, constants.MSK_IAM_PORT, "Kafka SASL/IAM", network.emr_sg)
+        for port, what in ((constants.AMQPS_PORT, "AMQPS"),
+                           (constants.HTTPS_PORT, "RabbitMQ management API")):
+            allow_from(broker.security_group, port, what, network.emr_sg)
         self.job_role = iam.Role(
             self,
             "JobRole",

@@ -12,7 +12,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from stacks import constants
+from stacks import constants, sizes
 from stacks.names import broker_users_secret_prefix, physical_name
 from stacks.network import allow_from
 from switchyard.rpc.control.access import BrokerRole, BrokerUser, deployment_users
@@ -46,7 +46,7 @@ class BrokerSettings:
     @classmethod
     def from_context(cls, scope: Construct) -> BrokerSettings:
         def ctx(key: str, default: str) -> str:
-            value = scope.node.try_get_context(key)
+            value = sizes.context(scope, key)  # the key's, else its switchyard:size's (stacks/sizes.py)
             return default if value in (None, "") else str(value)
 
         return cls(

@@ -44,7 +44,6 @@ from switchyard.core.settings import LOG_LEVEL
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUS_CONSTRUCT_ID = "Bus"
 BUS_NAME = "main"  # SWITCHYARD_BUS_NAME: the Redis hash tag of the bus's keys
-BUS_WORKERS = 2  # ECS tasks; each runs SWITCHYARD_BUS_WORKER_THREADS delivery threads
 BUS_WORKER_CPU = 512
 BUS_WORKER_MEMORY_MIB = 1024
 BUS_API_TIMEOUT_S = 29  # API Gateway REST's integration timeout
@@ -165,17 +164,25 @@ class BusConstruct(Construct):
             description="Switchyard event bus workers: Redis and the subscribers callbacks")
         allow_from(self.network.redis_sg, constants.REDIS_PORT, "Redis over TLS from the event bus workers",
                    group)
-        return ecs.FargateService(
+        provider = self.functions.config.bus.capacity_provider
+        service = ecs.FargateService(
             self,
             "Workers",
             cluster=self.workers.cluster,
             task_definition=task,
-            desired_count=BUS_WORKERS,
+            desired_count=self.functions.config.bus.workers,
+            # FARGATE: the launch type, as before; FARGATE_SPOT: cheaper, a task may be stopped (the
+            # cluster associates both providers, stacks/workers.py).
+            capacity_provider_strategies=None if provider == "FARGATE" else [
+                ecs.CapacityProviderStrategy(capacity_provider=provider, weight=1)],
             security_groups=[group],
             vpc_subnets=self.network.egress_subnets,
             min_healthy_percent=100,
             circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
         )
+        if provider != "FARGATE":  # a strategy may name only an associated provider: after the association
+            service.node.add_dependency(self.workers.cluster)
+        return service
 
     def _bus_metric(self, name: str, statistic: str) -> cw.Metric:
         return cw.Metric(namespace=metrics_namespace(self), metric_name=name, dimensions_map={"Bus": "all"},

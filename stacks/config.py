@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from constructs import Construct
 
-from stacks import constants
+from stacks import constants, sizes
 from stacks.base_image import BUILD_ARG, REPO_ROOT, local_tag
-from switchyard.core import errors
-from switchyard.core.errors import InvalidNameError
+from stacks.context import ConfigError, parse_parts
+from stacks.context import build as _build
+from stacks.context import check as _check
+from stacks.context import count as _count
+from stacks.context import flag as _flag
+from stacks.context import from_json as _json
 from switchyard.delay.settings import DelaySettings, validate_schema, validate_topic
 from switchyard.rpc.drivers.ecs import CAPACITY_PROVIDERS, DEFAULT_CAPACITY_PROVIDER
 from switchyard.rpc.protocol import MAX_POOL_NAME_CHARS, validate_pool
@@ -31,7 +35,6 @@ _ECR_IMAGE = re.compile(r"\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/[a
 # A pool's own Dockerfile starts from Switchyard's image, whichever the deploy passes as the build arg.
 _FROM_BASE = re.compile(rf"^\s*ARG\s+{BUILD_ARG}\b.*^\s*FROM\s+\$\{{?{BUILD_ARG}\}}?\b", re.M | re.S | re.I)
 
-T = TypeVar("T")
 
 # Fargate's valid cpu -> memory (MiB) combinations for the sizes a worker plausibly needs.
 FARGATE_MEMORY = {
@@ -41,72 +44,6 @@ FARGATE_MEMORY = {
     2048: tuple(range(4096, 16385, 1024)),
     4096: tuple(range(8192, 30721, 1024)),
 }
-
-
-class ConfigError(errors.ConfigError, ValueError):
-    """A context value the deployment cannot use; the message names the key and what to write.
-
-    The core's ``ConfigError`` (a setting the process cannot use), and a ``ValueError`` as the
-    validators' errors are, so one ``except ValueError`` in parsing turns both into this."""
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.capitalize() for part in rest)
-
-
-def _build(cls: type[T], raw: Any, where: str) -> T:
-    """``cls`` from a JSON object whose keys are the camelCase field names; unknown keys are errors."""
-    if raw is None:
-        raw = {}
-    if isinstance(raw, str):  # -c switchyard:delay='{"partitions": 6}'
-        try:
-            raw = json.loads(raw)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: not valid JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a JSON object, got {type(raw).__name__}")
-    by_key = {_camel(f.name): f for f in fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(raw) - set(by_key))
-    if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {unknown}; known: {sorted(by_key)}")
-    values = {}
-    for key, value in raw.items():
-        default = getattr(cls, by_key[key].name, None)
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise ConfigError(f"{where}.{key} must be true or false, got {value!r}")
-        if (
-            isinstance(default, int)
-            and not isinstance(default, bool)
-            and (isinstance(value, bool) or not isinstance(value, int))
-        ):
-            raise ConfigError(f"{where}.{key} must be an integer, got {value!r}")
-        values[by_key[key].name] = value
-    try:
-        return cls(**values)
-    except InvalidNameError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-
-
-def _check(ok: bool, where: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"{where}: {message}")
-
-
-def _flag(raw: Any, where: str) -> bool:
-    """A boolean from cdk.json (true) or the command line (-c key=true arrives as a string)."""
-    if raw is None or isinstance(raw, bool):
-        return bool(raw)
-    _check(str(raw).lower() in ("true", "false"), where, f"must be true or false, got {raw!r}")
-    return str(raw).lower() == "true"
-
-
-def _count(raw: Any, where: str, default: int) -> int:
-    """An integer from cdk.json or the command line (a string there)."""
-    if raw is None:
-        return default
-    _check(str(raw).isdigit(), where, f"must be a whole number, got {raw!r}")
-    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -343,6 +280,19 @@ class RedisConfig:
 
 
 @dataclass(frozen=True)
+class BusConfig:
+    """The event bus's delivery workers: an ECS service of ``workers`` always-on tasks."""
+
+    workers: int = constants.BUS_WORKERS
+    capacity_provider: str = DEFAULT_CAPACITY_PROVIDER  # FARGATE_SPOT: cheaper, a task may be stopped
+
+    def __post_init__(self) -> None:
+        _check(self.workers >= 1, constants.CTX_BUS, "workers must be at least 1 (events wait for one)")
+        _check(self.capacity_provider in CAPACITY_PROVIDERS, constants.CTX_BUS,
+               f"capacityProvider must be one of {list(CAPACITY_PROVIDERS)}, got {self.capacity_provider!r}")
+
+
+@dataclass(frozen=True)
 class ConcurrencyConfig:
     """Reserved concurrency of the functions that loop (fire, sweep), and the account's Lambda limit.
 
@@ -398,12 +348,30 @@ class DeploymentConfig:
     production: bool = False
     nat_gateways: int = constants.VPC_NAT_GATEWAYS  # one per AZ (VPC_MAX_AZS) survives the loss of an AZ
     account_concurrency: int = 0  # the account's Lambda limit as ./dev deploy read it (0: not read)
+    parts: frozenset[str] = frozenset(constants.PARTS)  # what the stack deploys (switchyard:parts)
+    size: str = ""  # switchyard:size: dev, production, or "" (each key's own default)
+    bus: BusConfig = field(default_factory=BusConfig)
+
+    def has(self, *parts: str) -> bool:
+        """Whether every one of ``parts`` is deployed."""
+        return all(part in self.parts for part in parts)
+
+    @property
+    def redis_needed(self) -> bool:
+        """ElastiCache holds the rpc pools' state, the pending queue and the bus."""
+        return bool(self.parts & {constants.PART_RPC, constants.PART_PENDING, constants.PART_BUS})
+
+    @property
+    def ecs_needed(self) -> bool:
+        """The ECS cluster runs the rpc pools' workers and the bus's delivery workers."""
+        return bool(self.parts & {constants.PART_RPC, constants.PART_BUS})
 
     def __post_init__(self) -> None:
         _check(1 <= self.nat_gateways <= constants.VPC_MAX_AZS, constants.CTX_NAT_GATEWAYS,
                f"natGateways must be 1-{constants.VPC_MAX_AZS} (one per availability zone at most)")
         names = [p.name for p in self.pools]
-        _check(bool(names), constants.CTX_POOLS, "configure at least one pool")
+        _check(bool(names) or not self.has(constants.PART_RPC), constants.CTX_POOLS,
+               "configure at least one pool")
         dupes = sorted({n for n in names if names.count(n) > 1})
         _check(not dupes, constants.CTX_POOLS, f"pool names must be unique, repeated: {dupes}")
         _check(self.msk.replication_factor <= self.msk.broker_nodes, constants.CTX_MSK, "too few brokers")
@@ -419,7 +387,7 @@ class DeploymentConfig:
         budget = self.postgres_connection_budget
         limit = self.postgres.max_connections * constants.POSTGRES_BUDGET_SHARE // 100
         _check(
-            budget <= limit,
+            budget <= limit or not self.has(constants.PART_DELAY),
             constants.CTX_POSTGRES,
             f"the delay functions may open {budget} connections (enqueue and the scheduled-call relay: "
             f"one per partition each, "
@@ -465,8 +433,14 @@ class DeploymentConfig:
 
     @classmethod
     def from_context(cls, scope: Construct) -> DeploymentConfig:
-        def ctx(key: str) -> Any:
-            return scope.node.try_get_context(key)
+        def ctx(key: str) -> Any:  # the key's value over its size's (stacks/sizes.py)
+            return sizes.context(scope, key, parse=lambda raw: _json(raw, key))
+
+        try:
+            size = sizes.size_of(scope)
+        except sizes.SizeError as exc:
+            raise ConfigError(str(exc)) from exc
+        parts = parse_parts(scope.node.try_get_context(constants.CTX_PARTS))
 
         raw_pools = ctx(constants.CTX_POOLS)
         if isinstance(raw_pools, str):
@@ -479,9 +453,14 @@ class DeploymentConfig:
         if not isinstance(raw_pools, list) or not all(isinstance(p, dict) and "name" in p for p in raw_pools):
             raise ConfigError(f'{constants.CTX_POOLS} must be a list of objects with a "name", '
                               f'got {raw_pools!r}')
-        pools = tuple(_build(PoolConfig, p, f"{constants.CTX_POOLS}[{p['name']!r}]") for p in raw_pools)
+        provider = sizes.preset(scope, "pool.capacityProvider")
+        pools = tuple(_build(PoolConfig, {**({"capacityProvider": provider} if provider else {}), **p},
+                             f"{constants.CTX_POOLS}[{p['name']!r}]") for p in raw_pools)
         return cls(
-            pools=pools,
+            pools=pools if constants.PART_RPC in parts else (),
+            parts=parts,
+            size=size,
+            bus=_build(BusConfig, ctx(constants.CTX_BUS), constants.CTX_BUS),
             delay=_build(DelayConfig, ctx(constants.CTX_DELAY), constants.CTX_DELAY),
             msk=_build(MskConfig, ctx(constants.CTX_MSK), constants.CTX_MSK),
             postgres=_build(PostgresConfig, ctx(constants.CTX_POSTGRES), constants.CTX_POSTGRES),

@@ -103,6 +103,15 @@ CTX_CALL_TIMEOUT = "switchyard:callTimeoutSeconds"  # the deployment's default c
 CTX_STACKS = "switchyard:stacks"
 CTX_PRODUCTION = "switchyard:production"  # true: deletion protection and snapshots (stacks/data.py)
 CTX_NAT_GATEWAYS = "switchyard:natGateways"  # 1 (default, cheapest) up to VPC_MAX_AZS (one per AZ)
+CTX_BUS = "switchyard:bus"  # the event bus's delivery workers: how many, on which capacity provider
+# Which parts a stack deploys (default all) and the size that picks their instance types (stacks/sizes.py).
+CTX_PARTS = "switchyard:parts"
+CTX_SIZE = "switchyard:size"
+PART_RPC, PART_DELAY, PART_PENDING, PART_BUS, PART_SPARK = "rpc", "delay", "pending", "bus", "spark"
+PARTS = (PART_RPC, PART_DELAY, PART_PENDING, PART_BUS, PART_SPARK)
+# What a part cannot be deployed without, and why (synth fails naming both).
+PART_NEEDS = {PART_SPARK: ((PART_DELAY, PART_RPC),
+                           "its jobs schedule calls: rows through the delay input topic, into the pools")}
 # Which stack the app builds: the AWS deployment or what LocalStack can host (the rest runs locally).
 CTX_TARGET = "switchyard:target"
 TARGET_AWS = "aws"
@@ -186,6 +195,7 @@ WORKER_START_S = 10  # the worker process: imports, AMQP connection, consume
 DEFAULT_AWS_CALL_TIMEOUT_S = 120  # the deployment's default: the estimate above (71 s) with room to spare
 
 # ECS
+BUS_WORKERS = 2  # the bus's delivery tasks (switchyard:bus workers); each runs its delivery threads
 WORKER_CONTAINER = "worker"
 WORKER_STOP_TIMEOUT_S = 120  # Fargate's maximum: SIGTERM, then SIGKILL this much later
 WORKER_FAMILY_SUFFIX = "worker-"  # a pool's task definition family: {stack}-worker-{pool}

@@ -19,7 +19,7 @@ encrypt in transit and at rest, and keep their credentials in Secrets Manager:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from aws_cdk import Duration, Fn, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
@@ -43,6 +43,14 @@ REDIS_GROUP_SUFFIX = "state"  # {stack}-state, lower case, at most 40 characters
 REDIS_GROUP_ID_CHARS = 40
 POSTGRES_DATABASE = "switchyard"
 POSTGRES_USER = "switchyard"
+T = TypeVar("T")
+
+
+def chosen(value: T | None, part: str) -> T:
+    """A service of a part the stack deploys: asking for one it does not is the stack's own bug."""
+    if value is None:
+        raise AssertionError(f"built only with {part} in {constants.CTX_PARTS}")
+    return value
 
 
 class DataConstruct(Construct):
@@ -55,9 +63,32 @@ class DataConstruct(Construct):
         self.network = network
         self.config = config
         self.isolated = network.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)
-        self.kafka, self.kafka_bootstrap_lookup = self._build_kafka()
-        self.postgres = self._build_postgres()
-        self.redis_secret, self.redis = self._build_redis()
+        # Only the chosen parts' services (switchyard:parts): MSK and RDS are the delay scheduler's,
+        # ElastiCache the pools', the pending queue's and the bus's.
+        delay = config.has(constants.PART_DELAY)
+        self._kafka = self._build_kafka() if delay else None
+        self._postgres = self._build_postgres() if delay else None
+        self._redis = self._build_redis() if config.redis_needed else None
+
+    @property
+    def kafka(self) -> msk.CfnCluster:
+        return chosen(self._kafka, constants.PART_DELAY)[0]
+
+    @property
+    def kafka_bootstrap_lookup(self) -> cr.AwsCustomResource:
+        return chosen(self._kafka, constants.PART_DELAY)[1]
+
+    @property
+    def postgres(self) -> rds.DatabaseInstance:
+        return chosen(self._postgres, constants.PART_DELAY)
+
+    @property
+    def redis_secret(self) -> secretsmanager.Secret:
+        return chosen(self._redis, "rpc, pending or bus")[0]
+
+    @property
+    def redis(self) -> elasticache.CfnReplicationGroup:
+        return chosen(self._redis, "rpc, pending or bus")[1]
 
     # -- MSK ------------------------------------------------------------------------------------
     def _build_kafka(self) -> tuple[msk.CfnCluster, cr.AwsCustomResource]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from aws_cdk import CustomResource, Duration, Fn, RemovalPolicy, Stack
@@ -30,7 +29,7 @@ from constructs import Construct
 from stacks import constants
 from stacks.broker import BrokerConstruct
 from stacks.config import ConfigError, DeploymentConfig, PoolConfig
-from stacks.data import DataConstruct
+from stacks.data import DataConstruct, chosen
 from stacks.grants import (
     ecs_pool_access,
     ecs_stop_access,
@@ -50,7 +49,7 @@ from stacks.parameters import (
     secret_arn_env,
 )
 from stacks.platform import lambda_architecture, lambda_runtime
-from stacks.pool_stacks import pool_scope
+from stacks.pool_stacks import POOL_QUEUES, POOL_ROLES, PoolFunctions, pool_scope
 from stacks.workers import WorkersConstruct, worker_family
 from switchyard.core.deployed_config import CONFIG_PATH_ENV
 from switchyard.core.observability import DELAY_SERVICE, DEPLOY_SERVICE, SCHEDULED_SERVICE, pool_service
@@ -61,9 +60,6 @@ from switchyard.rpc.control.access import BrokerRole
 from switchyard.rpc.protocol import DEAD_LETTER_PROBE_VHOST
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-POOL_QUEUES = {"orphans": "orphan", "dead_letters": "dl", "activity": "activity"}  # handler -> queue suffix
-POOL_ROLES = {"orphans": BrokerRole.ORPHANS, "dead_letters": BrokerRole.DEAD_LETTERS,  # handler -> user
-              "activity": BrokerRole.ACTIVITY, "reconcile": BrokerRole.RECONCILE}
 
 
 def code_version() -> str:
@@ -77,22 +73,6 @@ def code_version() -> str:
     return digest.hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class PoolFunctions:
-    orphans: lambda_.Function
-    dead_letters: lambda_.Function
-    activity: lambda_.Function
-    reconcile: lambda_.Function
-
-    def all(self) -> dict[str, lambda_.Function]:
-        return {
-            "orphans": self.orphans,
-            "dead_letters": self.dead_letters,
-            "activity": self.activity,
-            "reconcile": self.reconcile,
-        }
-
-
 class FunctionsConstruct(Construct):
     """``layer``, ``pools[name]`` (four functions each), ``delay`` (enqueue, fire, sweep), ``scheduled``
     (the scheduled-call relay), ``deploy``."""
@@ -103,9 +83,9 @@ class FunctionsConstruct(Construct):
         construct_id: str,
         *,
         network: NetworkConstruct,
-        broker: BrokerConstruct,
+        broker: BrokerConstruct | None,
         data: DataConstruct,
-        workers: WorkersConstruct,
+        workers: WorkersConstruct | None,
         config: DeploymentConfig,
         endpoints: ServiceEndpoints,
         parameters: ConfigParametersConstruct,
@@ -115,24 +95,39 @@ class FunctionsConstruct(Construct):
         deployed configuration, which every function may read (its path in SWITCHYARD_CONFIG_PATH)."""
         super().__init__(scope, construct_id)
         self.endpoints, self.parameters = endpoints, parameters
-        self.network, self.broker, self.data, self.workers, self.config = (
-            network,
-            broker,
-            data,
-            workers,
-            config,
-        )
+        # The broker and the workers are the rpc part's (None without it: switchyard:parts).
+        self.network, self.data, self.config = network, data, config
+        self._broker, self._workers = broker, workers
         self.stack = Stack.of(self)
         self.layer = self._build_layer(layer_dir)
         self._code: dict[str, lambda_.Code] = {}  # one per stack: an asset belongs to one
         self.functions: dict[str, lambda_.Function] = {}
         self.providers: list[cr.Provider] = []
-        self.deploy = self._build_deploy_resources()
+        rpc, delay = config.has(constants.PART_RPC), config.has(constants.PART_DELAY)
+        self.deploy = {**(self._build_pools_resource() if rpc else {}),
+                       **(self._build_delay_resources() if delay else {})}
         self.pools = {pool.name: self._build_pool(pool) for pool in config.pools}
-        self.kafka_failures = self._build_kafka_failures()
-        self.delay = self._build_delay()
-        self.scheduled = self._build_scheduled()
+        self._kafka_failures = self._build_kafka_failures() if delay else None
+        self.delay = self._build_delay() if delay else {}
+        # Scheduled calls go from the delay scheduler into the pools: with both parts only.
+        self._scheduled = self._build_scheduled() if rpc and delay else None
         self.schedules = self._build_schedules()
+
+    @property
+    def broker(self) -> BrokerConstruct:
+        return chosen(self._broker, constants.PART_RPC)
+
+    @property
+    def workers(self) -> WorkersConstruct:
+        return chosen(self._workers, "rpc or bus")
+
+    @property
+    def kafka_failures(self) -> sqs.Queue:
+        return chosen(self._kafka_failures, constants.PART_DELAY)
+
+    @property
+    def scheduled(self) -> lambda_.Function:
+        return chosen(self._scheduled, "rpc and delay")
 
     # -- building blocks ------------------------------------------------------------------------
     def _build_layer(self, layer_dir: str) -> lambda_.LayerVersion:
@@ -264,8 +259,7 @@ class FunctionsConstruct(Construct):
         self.providers.append(provider)
         return fn, resource
 
-    def _build_deploy_resources(self) -> dict[str, CustomResource]:
-        d = self.config.delay
+    def _build_pools_resource(self) -> dict[str, CustomResource]:
         # The admin's one process: it declares the pools and makes every role's user from its secret.
         users = [{"Role": user.role.value, "Pool": user.pool or "", "Application": user.application or "",
                   "SecretArn": secret.secret_arn} for user, secret in self.broker.users.items()]
@@ -282,6 +276,10 @@ class FunctionsConstruct(Construct):
         read_secrets_named(pools_fn, broker_users_secret_prefix(self))
         ecs_stop_access(pools_fn, self.workers.cluster)
         pools.node.add_dependency(self.workers.cluster)  # its capacity provider associations too
+        return {"pools": pools}
+
+    def _build_delay_resources(self) -> dict[str, CustomResource]:
+        d = self.config.delay
         schema_fn, schema = self._custom_resource(
             "DelaySchema",
             "deploy_delay_schema",
@@ -301,7 +299,7 @@ class FunctionsConstruct(Construct):
             self._kafka_env(),
         )
         kafka_access(topics_fn, self.data.kafka.attr_arn, create=(d.input_topic, d.output_topic))
-        return {"pools": pools, "schema": schema, "topics": topics}
+        return {"schema": schema, "topics": topics}
 
     # -- RPC control plane, per pool -------------------------------------------------------------
     def _pool_env(self, pool: PoolConfig, driver: str, broker_user: secretsmanager.ISecret) -> dict[str, str]:
@@ -484,7 +482,8 @@ class FunctionsConstruct(Construct):
         """One minute each (EventBridge's finest); each function loops inside its invocation."""
         wanted = {f"{name}-reconcile": (pool_scope(self, name), fns.reconcile)
                   for name, fns in self.pools.items()}
-        wanted.update({"delay-fire": (self, self.delay["fire"]), "delay-sweep": (self, self.delay["sweep"])})
+        if self.delay:
+            wanted.update({f"delay-{role}": (self, self.delay[role]) for role in ("fire", "sweep")})
         schedules = {}
         for name, (scope, fn) in wanted.items():
             schedules[name] = scheduler.Schedule(
@@ -496,5 +495,6 @@ class FunctionsConstruct(Construct):
                 description=f"Switchyard {name}: every minute (EventBridge Scheduler's finest rate)",
             )
             # Deleted before the pools resource stops the workers: no tick starts a group after it.
-            schedules[name].node.add_dependency(self.deploy["pools"])
+            if "pools" in self.deploy:
+                schedules[name].node.add_dependency(self.deploy["pools"])
         return schedules

@@ -29,7 +29,7 @@ from stacks.analytics import pipeline_bucket
 from stacks.config import DeploymentConfig
 from stacks.monitoring import MonitoringConstruct
 from stacks.names import alarm_name
-from stacks.parameters import ConfigParametersConstruct, ServiceEndpoints
+from stacks.parameters import ConfigParametersConstruct, ServiceEndpoints, chosen_endpoints
 from switchyard.core.config import Connections
 
 LOCAL_BROKER_CREDENTIALS = {"username": "guest", "password": "guest"}  # the local RabbitMQ's user
@@ -42,18 +42,17 @@ def _with_placeholders(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{{username}}:{{password}}@{host}"))
 
 
-def local_endpoints(broker_secret: secretsmanager.ISecret) -> ServiceEndpoints:
-    """The local services (their defaults in ``switchyard.core.config.Connections``), broker credentials
-    from ``broker_secret`` as on AWS."""
+def local_endpoints(broker_secret: secretsmanager.ISecret, config: DeploymentConfig) -> ServiceEndpoints:
+    """The local services (their defaults in ``switchyard.core.config.Connections``) the chosen parts
+    use (switchyard:parts), broker credentials from ``broker_secret`` as on AWS."""
     local = Connections()
-    return ServiceEndpoints(
-        amqp_url=_with_placeholders(local.amqp_url),
-        management_url=_with_placeholders(local.management_url),
-        redis_url=local.redis_url,
-        postgres_dsn=local.postgres_dsn,
-        kafka_bootstrap=local.kafka_bootstrap,
-        amqp_secret=broker_secret,
-    )
+    return chosen_endpoints(
+        config,
+        broker=lambda: {"amqp_url": _with_placeholders(local.amqp_url),
+                        "management_url": _with_placeholders(local.management_url),
+                        "amqp_secret": broker_secret},
+        redis=lambda: {"redis_url": local.redis_url},
+        delay=lambda: {"postgres_dsn": local.postgres_dsn, "kafka_bootstrap": local.kafka_bootstrap})
 
 
 class LocalStackTargetStack(Stack):
@@ -71,7 +70,7 @@ class LocalStackTargetStack(Stack):
             secret_string_value=SecretValue.unsafe_plain_text(json.dumps(LOCAL_BROKER_CREDENTIALS)),
             removal_policy=RemovalPolicy.DESTROY,
         )
-        self.endpoints = local_endpoints(self.broker_secret)
+        self.endpoints = local_endpoints(self.broker_secret, self.config)
         self.parameters = ConfigParametersConstruct(self, constants.CONFIG_CONSTRUCT_ID,
                                                     values=self.endpoints.shared_env(self.config.delay))
         self.runtime_role = iam.Role(

@@ -32,12 +32,14 @@ def _helpers(stack: Stack) -> list[CfnResource]:
     return found
 
 
-def retain_unmanaged_logs(stack: Stack, *, apis: Sequence[apigw.RestApi], broker: amazonmq.CfnBroker) -> None:
+def retain_unmanaged_logs(stack: Stack, *, apis: Sequence[apigw.RestApi],
+                          broker: amazonmq.CfnBroker | None) -> None:
     names = {f"Helper{i}": Fn.join("", ["/aws/lambda/", fn.ref]) for i, fn in enumerate(_helpers(stack))}
     for i, api in enumerate(apis):
         stage = api.deployment_stage
         names[f"ApiExecution{i}"] = Fn.join(
             "", ["API-Gateway-Execution-Logs_", api.rest_api_id, "/", stage.stage_name])
-    names["BrokerGeneral"] = Fn.join("", ["/aws/amazonmq/broker/", broker.ref, "/general"])
+    if broker is not None:
+        names["BrokerGeneral"] = Fn.join("", ["/aws/amazonmq/broker/", broker.ref, "/general"])
     for construct_id, name in names.items():
         logs.LogRetention(stack, f"LogRetention{construct_id}", log_group_name=name, retention=RETENTION)

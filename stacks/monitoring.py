@@ -26,6 +26,7 @@ from stacks.alarm_specs import PERIOD, AlarmSpec, errors_or_throttles
 from stacks.alarm_topic import build_alarm_topic
 from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig, PoolConfig
+from stacks.constants import PART_DELAY, PART_RPC
 from stacks.data import DataConstruct
 from stacks.functions import FunctionsConstruct
 from stacks.names import alarm_name, dashboard_name, metrics_namespace
@@ -48,8 +49,8 @@ class AwsResources:
 
     functions: FunctionsConstruct
     data: DataConstruct
-    workers: WorkersConstruct
-    broker: BrokerConstruct
+    workers: WorkersConstruct | None  # None: no part of the stack runs ECS tasks
+    broker: BrokerConstruct | None  # None: no rpc part
 
 
 class MonitoringConstruct(Construct):
@@ -177,8 +178,15 @@ class MonitoringConstruct(Construct):
                 "orphans wait in the staging queues and new pools cannot be declared. Reboot the broker "
                 "(aws mq reboot-broker); nothing waiting is lost. See docs/operations.md.",
             ))
+        if self.config.has(PART_DELAY):
+            specs += self._delay_specs()
+        if self.config.has(PART_DELAY, PART_RPC):
+            specs += self._scheduled_specs()
+        return specs
+
+    def _delay_specs(self) -> list[AlarmSpec]:
         sla = self.config.delay.lateness_sla_ms
-        specs += [
+        return [
             AlarmSpec(
                 "delay-backlog-overdue",
                 self._emf(delay_metrics.DELAY_MAX_TIMER_LATENESS, DELAY_SERVICE, "Maximum"),
@@ -227,6 +235,10 @@ class MonitoringConstruct(Construct):
                 "MSK did not confirm, or Postgres failed, for 10 minutes: retried messages fire late.",
                 periods=2,
             ),
+        ]
+
+    def _scheduled_specs(self) -> list[AlarmSpec]:
+        return [
             AlarmSpec(
                 "scheduled-calls-refused",
                 self._emf_sum("scheduled calls refused (parked)", SCHEDULED_SERVICE,
@@ -248,7 +260,6 @@ class MonitoringConstruct(Construct):
                 periods=2,
             ),
         ]
-        return specs
 
     def _aws_specs(self, aws: AwsResources) -> list[AlarmSpec]:
         """Alarms over AWS's own metrics of the AWS target's resources (Lambda, RDS, ElastiCache)."""
@@ -267,13 +278,19 @@ class MonitoringConstruct(Construct):
                 specs.append(errors_or_throttles(f"{pool.name}-{role}", fn, pool.name))
         for role, fn in aws.functions.delay.items():
             specs.append(errors_or_throttles(f"delay-{role}", fn))
-        specs.append(errors_or_throttles("scheduled-relay", aws.functions.scheduled))
-        specs.append(AlarmSpec(
+        if self.config.has(PART_DELAY, PART_RPC):
+            specs.append(errors_or_throttles("scheduled-relay", aws.functions.scheduled))
+        if self.config.has(PART_DELAY):
+            specs += self._delay_aws_specs(aws)
+        return specs + resource_alarm_specs(self.config, aws.functions, aws.data, aws.broker)
+
+    def _delay_aws_specs(self, aws: AwsResources) -> list[AlarmSpec]:
+        specs = [AlarmSpec(
             "kafka-batches-failed",
             aws.functions.kafka_failures.metric_approximate_number_of_messages_visible(period=PERIOD), 1,
             f"An MSK mapping gave up a batch after {constants.KAFKA_RETRY_ATTEMPTS} retries: the message "
             "names its topic, partition and offsets; produce those records again once the outage is over.",
-        ))
+        )]
         delay = self.config.delay
         specs += [
             AlarmSpec(
@@ -293,7 +310,7 @@ class MonitoringConstruct(Construct):
                 f"functions' budget is {self.config.postgres_connection_budget}: something else holds them.",
             ),
         ]
-        return specs + resource_alarm_specs(self.config, aws.functions, aws.data, aws.broker)
+        return specs
 
     @staticmethod
     def offset_lag(aws: AwsResources) -> cw.Metric:
@@ -365,7 +382,16 @@ class MonitoringConstruct(Construct):
                     ),
                 ),
             ]
-        widgets += [
+        if self.config.has(PART_DELAY):
+            widgets += self._delay_widgets()
+        if self.aws:
+            widgets += self._aws_widgets(self.aws)
+        for i in range(0, len(widgets), 3):
+            board.add_widgets(*widgets[i : i + 3])
+        return board
+
+    def _delay_widgets(self) -> list[cw.IWidget]:
+        widgets: list[cw.IWidget] = [
             cw.GraphWidget(
                 title="Delay: fire lateness (ms)",
                 width=8,
@@ -388,6 +414,10 @@ class MonitoringConstruct(Construct):
                     delay_metrics.DELAY_MESSAGES_OVERDUE,
                 ),
             ),
+        ]
+        if not self.config.has(PART_RPC):
+            return widgets
+        return [*widgets,
             self._counts_widget(
                 "Scheduled calls: relayed into the pools",
                 SCHEDULED_SERVICE,
@@ -398,11 +428,6 @@ class MonitoringConstruct(Construct):
                 ),
             ),
         ]
-        if self.aws:
-            widgets += self._aws_widgets(self.aws)
-        for i in range(0, len(widgets), 3):
-            board.add_widgets(*widgets[i : i + 3])
-        return board
 
     def _counts_widget(self, title: str, service: str, names: tuple[str, ...]) -> cw.GraphWidget:
         """One third of a row: the sums of ``names`` (EMF counts of ``service``)."""
@@ -412,9 +437,9 @@ class MonitoringConstruct(Construct):
         every = {
             **{f"{p}-{r}": fn for p, fns in aws.functions.pools.items() for r, fn in fns.all().items()},
             **{f"delay-{r}": fn for r, fn in aws.functions.delay.items()},
-            "scheduled-relay": aws.functions.scheduled,
+            **({"scheduled-relay": aws.functions.scheduled} if self.config.has(PART_DELAY, PART_RPC) else {}),
         }
-        return [
+        widgets: list[cw.IWidget] = [] if not every else [
             cw.GraphWidget(
                 title="Lambda errors per function",
                 width=12,
@@ -425,7 +450,9 @@ class MonitoringConstruct(Construct):
                 width=12,
                 left=[fn.metric_throttles(period=PERIOD, label=n) for n, fn in every.items()],
             ),
-            cw.GraphWidget(title="Delay: MSK offset lag", width=8, left=[self.offset_lag(aws)]),
+        ]
+        if self.config.has(PART_DELAY):
+            widgets += [cw.GraphWidget(title="Delay: MSK offset lag", width=8, left=[self.offset_lag(aws)]),
             cw.GraphWidget(
                 title="Postgres connections",
                 width=8,
@@ -435,10 +462,12 @@ class MonitoringConstruct(Construct):
                         value=self.config.postgres.max_connections, label="max_connections"
                     )
                 ],
-            ),
-            cw.GraphWidget(title="ElastiCache memory %", width=8,
-                           left=[metric for _, metric in redis_memory(aws.data)]),
-            cw.GraphWidget(
+            )]
+        if self.config.redis_needed:
+            widgets.append(cw.GraphWidget(title="ElastiCache memory %", width=8,
+                                          left=[metric for _, metric in redis_memory(aws.data)]))
+        if aws.workers is not None:
+            widgets.append(cw.GraphWidget(
                 title="ECS worker tasks running",
                 width=8,
                 left=[
@@ -450,5 +479,5 @@ class MonitoringConstruct(Construct):
                         dimensions_map={"ClusterName": aws.workers.cluster.cluster_name},
                     )
                 ],
-            ),
-        ]
+            ))
+        return widgets

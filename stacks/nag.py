@@ -17,6 +17,7 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct, Node
 
+from stacks import constants
 from stacks.analytics import AnalyticsConstruct
 from stacks.broker import BrokerConstruct
 from stacks.data import DataConstruct
@@ -54,11 +55,11 @@ class AwsTarget(Protocol):
     """What the AWS target's findings concern (``SwitchyardStack`` has it): nag imports no stack
     module, so the constructs inside the stack (the bus, the pending queue) can accept their own."""
 
-    broker: BrokerConstruct
+    broker: BrokerConstruct | None  # None, and the others below: the part is not deployed
     data: DataConstruct
     functions: FunctionsConstruct
-    workers: WorkersConstruct
-    analytics: AnalyticsConstruct
+    workers: WorkersConstruct | None
+    analytics: AnalyticsConstruct | None
 
     @property
     def node(self) -> Node: ...
@@ -107,7 +108,8 @@ def apply_checks(app: App) -> None:
 
 def acknowledge(stack: AwsTarget) -> None:
     """Accepted findings of ``stack``, each with its reason."""
-    for secret in (stack.broker.secret, *stack.broker.users.values()):
+    broker_secrets = (stack.broker.secret, *stack.broker.users.values()) if stack.broker else ()
+    for secret in broker_secrets:
         accept(
             secret,
             "SMG4",
@@ -118,24 +120,28 @@ def acknowledge(stack: AwsTarget) -> None:
         )
     _data(stack)
     _functions(stack)
-    _workers(stack)
-    _analytics(stack)
+    if stack.workers is not None:
+        _workers(stack.workers)
+    if stack.analytics is not None:
+        _analytics(stack, stack.analytics)
 
 
 def _data(stack: AwsTarget) -> None:
     data = stack.data
+    if data.config.has(constants.PART_DELAY):
+        _postgres(data)
+    if data.config.redis_needed:
+        _redis(data)
+    _helpers(stack)
+
+
+def _postgres(data: DataConstruct) -> None:
     accept(
         data.postgres,
         "SMG4",
         "Rotation would change the password under warm Lambda environments, which read the secret once "
         "per process; rotate by redeploying (or add single-user rotation with a reconnect-on-auth-failure "
         "in the store first).",
-    )
-    accept(
-        data.redis_secret,
-        "SMG4",
-        "ElastiCache AUTH tokens rotate with ModifyReplicationGroup (ROTATE then SET), which no managed "
-        "rotation function does; the token is reachable only from the functions' security group.",
     )
     accept(
         data.postgres,
@@ -155,12 +161,24 @@ def _data(stack: AwsTarget) -> None:
         "The port is not a secret: the instance is in isolated subnets and its security group admits "
         "5432 only from the functions' group.",
     )
+
+
+def _redis(data: DataConstruct) -> None:
+    accept(
+        data.redis_secret,
+        "SMG4",
+        "ElastiCache AUTH tokens rotate with ModifyReplicationGroup (ROTATE then SET), which no managed "
+        "rotation function does; the token is reachable only from the functions' security group.",
+    )
     accept(
         data.redis,
         "AEC4",
         "One node by default (pool state can be rebuilt from the broker and ECS by the reconciler); "
         "switchyard:redis replicas >= 1 turns on Multi-AZ with automatic failover.",
     )
+
+
+def _helpers(stack: AwsTarget) -> None:
     for child in stack.node.children:  # CDK's LogRetention singleton: RDS's exported log group
         if child.node.id.startswith("LogRetention"):
             accept(child, f"IAM4[{LAMBDA_MANAGED_POLICIES[0]}]", REASONS["IAM4"])
@@ -177,8 +195,9 @@ def _data(stack: AwsTarget) -> None:
 
 
 def _functions(stack: AwsTarget) -> None:
-    accept(stack.functions.kafka_failures, "SQS3", "It is the dead-letter destination itself: the MSK "
-           "mappings send it the batches that exhausted their retries, and an alarm watches its depth.")
+    if stack.functions.delay:
+        accept(stack.functions.kafka_failures, "SQS3", "It is the dead-letter destination itself: the MSK "
+               "mappings send it the batches that exhausted their retries, and an alarm watches its depth.")
     for fn in stack.functions.functions.values():
         for policy in LAMBDA_MANAGED_POLICIES:
             accept(fn, f"IAM4[{policy}]", REASONS["IAM4"])
@@ -212,11 +231,12 @@ def _functions(stack: AwsTarget) -> None:
         "before RunTask); every statement is conditioned on that cluster."
     )
     for name in stack.functions.pools:
+        workers = stack.functions.workers
         for fn in (stack.functions.pools[name].orphans, stack.functions.pools[name].reconcile):
-            cluster = ref_from(fn, stack.workers.cluster)
+            cluster = ref_from(fn, workers.cluster)
             for resource in (
                 f"container-instance/<{cluster}>/*",
-                f"task-definition/{stack.workers.task_definitions[name].family}:*",
+                f"task-definition/{workers.task_definitions[name].family}:*",
                 f"task/<{cluster}>/*",
             ):
                 accept(
@@ -226,7 +246,7 @@ def _functions(stack: AwsTarget) -> None:
                 )
     teardown = stack.functions.functions.get("DeployPools")
     if teardown is not None:
-        cluster = stack.get_logical_id(stack.workers.cluster.node.default_child)
+        cluster = stack.get_logical_id(stack.functions.workers.cluster.node.default_child)
         for resource in (f"container-instance/<{cluster}>/*", f"task/<{cluster}>/*"):
             rule = f"IAM5[Resource::arn:<AWS::Partition>:ecs:<AWS::Region>:<AWS::AccountId>:{resource}]"
             accept(teardown, rule,
@@ -239,8 +259,8 @@ def _functions(stack: AwsTarget) -> None:
                "named under the stack's own prefix (a stack name has no '/'), one statement for any pools.")
 
 
-def _workers(stack: AwsTarget) -> None:
-    for task in stack.workers.task_definitions.values():
+def _workers(workers: WorkersConstruct) -> None:
+    for task in workers.task_definitions.values():
         accept(
             task,
             "ECS2",
@@ -255,8 +275,7 @@ def _workers(stack: AwsTarget) -> None:
         )
 
 
-def _analytics(stack: AwsTarget) -> None:
-    analytics = stack.analytics
+def _analytics(stack: AwsTarget, analytics: AnalyticsConstruct) -> None:
     accept(
         analytics.bucket,
         "S1",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
@@ -47,29 +49,63 @@ class NetworkConstruct(Construct):
             constants.S3_ENDPOINT_ID, service=ec2.GatewayVpcEndpointAwsService.S3)
         self.functions_sg = self._group(constants.FUNCTIONS_SG_ID,
                                         "Switchyard Lambda functions: clients only")
-        # The functions behind the public APIs run whatever an unauthenticated request makes them run
-        # until its token is checked: their group is admitted by Redis only (not RDS, MSK, the broker).
-        self.api_sg = self._group(constants.API_SG_ID, "Switchyard public API functions: Redis clients only")
-        self.workers_sg = self._group(constants.WORKERS_SG_ID, "Switchyard ECS worker tasks: clients only")
-        self.emr_sg = self._group(constants.EMR_SG_ID, "EMR Serverless jobs: clients only")
-        self.redis_sg = self._group(constants.REDIS_SG_ID,
-                                    "ElastiCache: TLS Redis protocol from the control plane")
-        self.postgres_sg = self._group(constants.POSTGRES_SG_ID,
-                                       "RDS Postgres: the delay store, from the functions")
-        self.msk_sg = self._group(constants.MSK_SG_ID, "MSK: SASL/IAM over TLS from the functions and EMR")
-        allow_from(self.redis_sg, constants.REDIS_PORT, "Redis over TLS", self.functions_sg, self.api_sg)
-        allow_from(self.postgres_sg, constants.POSTGRES_PORT, "Postgres", self.functions_sg)
-        # The MSK event source's pollers run in the cluster's subnets with the cluster's group.
-        allow_from(self.msk_sg, constants.MSK_IAM_PORT, "Kafka SASL/IAM",
-                   self.functions_sg, self.emr_sg, self.msk_sg)
-        self.sqs_endpoint = self._build_sqs_endpoint()
+        self._lazy: dict[str, ec2.SecurityGroup] = {}
+        self.sqs_endpoint: ec2.InterfaceVpcEndpoint | None = None  # made with the MSK group
 
-    def _build_sqs_endpoint(self) -> ec2.InterfaceVpcEndpoint:
+    # The other groups are made when a chosen part first asks for them (switchyard:parts): a stack
+    # without the delay scheduler has no Postgres or MSK group, and no SQS endpoint.
+    def _once(self, construct_id: str, description: str,
+              then: Callable[[ec2.SecurityGroup], None] | None = None) -> ec2.SecurityGroup:
+        if construct_id not in self._lazy:
+            self._lazy[construct_id] = group = self._group(construct_id, description)
+            if then is not None:
+                then(group)
+        return self._lazy[construct_id]
+
+    @property
+    def api_sg(self) -> ec2.SecurityGroup:
+        """The functions behind the public APIs run whatever an unauthenticated request makes them run
+        until its token is checked: their group is admitted by Redis only (not RDS, MSK, the broker)."""
+        return self._once(constants.API_SG_ID, "Switchyard public API functions: Redis clients only",
+                          lambda group: allow_from(self.redis_sg, constants.REDIS_PORT, "Redis over TLS",
+                                                   group))
+
+    @property
+    def workers_sg(self) -> ec2.SecurityGroup:
+        return self._once(constants.WORKERS_SG_ID, "Switchyard ECS worker tasks: clients only")
+
+    @property
+    def emr_sg(self) -> ec2.SecurityGroup:
+        """EMR's jobs reach MSK and the broker: AnalyticsConstruct admits it on both."""
+        return self._once(constants.EMR_SG_ID, "EMR Serverless jobs: clients only")
+
+    @property
+    def redis_sg(self) -> ec2.SecurityGroup:
+        return self._once(constants.REDIS_SG_ID, "ElastiCache: TLS Redis protocol from the control plane",
+                          lambda group: allow_from(group, constants.REDIS_PORT, "Redis over TLS",
+                                                   self.functions_sg))
+
+    @property
+    def postgres_sg(self) -> ec2.SecurityGroup:
+        return self._once(constants.POSTGRES_SG_ID, "RDS Postgres: the delay store, from the functions",
+                          lambda group: allow_from(group, constants.POSTGRES_PORT, "Postgres",
+                                                   self.functions_sg))
+
+    @property
+    def msk_sg(self) -> ec2.SecurityGroup:
+        """The MSK event source's pollers run in the cluster's subnets with the cluster's group."""
+        def admit(group: ec2.SecurityGroup) -> None:
+            allow_from(group, constants.MSK_IAM_PORT, "Kafka SASL/IAM", self.functions_sg, group)
+            self.sqs_endpoint = self._build_sqs_endpoint(group)
+
+        return self._once(constants.MSK_SG_ID, "MSK: SASL/IAM over TLS from the functions and EMR", admit)
+
+    def _build_sqs_endpoint(self, msk_sg: ec2.SecurityGroup) -> ec2.InterfaceVpcEndpoint:
         """SQS from the cluster's (isolated) subnets: the MSK mappings' on-failure destination is an
         SQS queue, which AWS asks to be reachable through an endpoint in the cluster's VPC."""
         group = self._group(constants.SQS_ENDPOINT_SG_ID,
                             "SQS endpoint: the MSK mappings on-failure destination")
-        allow_from(group, 443, "SQS over TLS", self.msk_sg)
+        allow_from(group, 443, "SQS over TLS", msk_sg)
         return self.vpc.add_interface_endpoint(
             constants.SQS_ENDPOINT_ID, service=ec2.InterfaceVpcEndpointAwsService.SQS,
             subnets=self.isolated_subnets,

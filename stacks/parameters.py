@@ -14,7 +14,7 @@ environments are built from it too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,8 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from stacks.config import ConfigError, DelayConfig
+from stacks import constants
+from stacks.config import ConfigError, DelayConfig, DeploymentConfig
 from stacks.names import runtime_names
 from switchyard.core.config import (
     AMQP_URL,
@@ -59,11 +60,11 @@ SCHEDULED_CONSUMER_GROUP = "switchyard-delay-scheduled"  # the relay's, on the o
 class ServiceEndpoints:
     """Connection settings of one target; a secret fills the placeholders of its service's URLs."""
 
-    amqp_url: str
-    management_url: str
-    redis_url: str
-    postgres_dsn: str
-    kafka_bootstrap: str
+    amqp_url: str = ""  # "": the stack does not deploy the service (switchyard:parts)
+    management_url: str = ""
+    redis_url: str = ""
+    postgres_dsn: str = ""
+    kafka_bootstrap: str = ""
     kafka_auth: str = "none"
     amqp_secret: secretsmanager.ISecret | None = None
     redis_secret: secretsmanager.ISecret | None = None
@@ -104,11 +105,27 @@ class ServiceEndpoints:
         })
 
     def shared_env(self, delay: DelayConfig) -> dict[str, str]:
-        """Every setting the parts share: what the configuration parameters hold."""
-        return {**self.amqp_env(), **self.redis_env(), **self.postgres_env(), **self.kafka_env(delay)}
+        """Every setting the deployed parts share: what the configuration parameters hold."""
+        return {**(self.amqp_env() if self.amqp_url else {}), **(self.redis_env() if self.redis_url else {}),
+                **(self.postgres_env() if self.postgres_dsn else {}),
+                **(self.kafka_env(delay) if self.kafka_bootstrap else {})}
 
     def secrets(self) -> list[secretsmanager.ISecret]:
         return [s for s in (self.amqp_secret, self.redis_secret, self.postgres_secret) if s is not None]
+
+
+def chosen_endpoints(config: DeploymentConfig, *, broker: Callable[[], dict[str, Any]],
+                     redis: Callable[[], dict[str, Any]],
+                     delay: Callable[[], dict[str, Any]]) -> ServiceEndpoints:
+    """A target's endpoints of the services its chosen parts use (switchyard:parts): the broker's
+    (rpc), Redis's (rpc, pending, bus), Postgres's and MSK's (delay); each callable gives its
+    service's ``ServiceEndpoints`` fields and is called only when a chosen part uses it."""
+    fields: dict[str, Any] = {}
+    for used, part in ((config.has(constants.PART_RPC), broker), (config.redis_needed, redis),
+                       (config.has(constants.PART_DELAY), delay)):
+        if used:
+            fields.update(part())
+    return ServiceEndpoints(**fields)
 
 
 class ConfigParametersConstruct(Construct):

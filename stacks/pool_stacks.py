@@ -11,10 +11,34 @@ references (the dashboard, the pools custom resource) as outputs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aws_cdk import NestedStack, Stack
+from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from stacks import constants
+from switchyard.rpc.control.access import BrokerRole
+
+POOL_QUEUES = {"orphans": "orphan", "dead_letters": "dl", "activity": "activity"}  # handler -> queue suffix
+POOL_ROLES = {"orphans": BrokerRole.ORPHANS, "dead_letters": BrokerRole.DEAD_LETTERS,  # handler -> user
+              "activity": BrokerRole.ACTIVITY, "reconcile": BrokerRole.RECONCILE}
+
+
+@dataclass(frozen=True)
+class PoolFunctions:
+    orphans: lambda_.Function
+    dead_letters: lambda_.Function
+    activity: lambda_.Function
+    reconcile: lambda_.Function
+
+    def all(self) -> dict[str, lambda_.Function]:
+        return {
+            "orphans": self.orphans,
+            "dead_letters": self.dead_letters,
+            "activity": self.activity,
+            "reconcile": self.reconcile,
+        }
 
 
 def root_stack(scope: Construct) -> Stack:

@@ -129,7 +129,8 @@ def _kafka(config: DeploymentConfig, data: DataConstruct) -> AlarmSpec:
 
 
 def _heartbeats(functions: FunctionsConstruct) -> list[AlarmSpec]:
-    loops = {"delay-fire": (None, functions.delay["fire"]), "delay-sweep": (None, functions.delay["sweep"]),
+    delay = ("fire", "sweep") if functions.delay else ()
+    loops = {**{f"delay-{role}": (None, functions.delay[role]) for role in delay},
              **{f"{name}-reconcile": (name, fns.reconcile) for name, fns in functions.pools.items()}}
     return [AlarmSpec(
         f"{name}-heartbeat",
@@ -145,6 +146,8 @@ def _heartbeats(functions: FunctionsConstruct) -> list[AlarmSpec]:
 
 
 def resource_alarm_specs(config: DeploymentConfig, functions: FunctionsConstruct, data: DataConstruct,
-                         broker: BrokerConstruct) -> list[AlarmSpec]:
-    return [*_redis(config, data), *_broker(broker), _postgres(data), _kafka(config, data),
-            *_heartbeats(functions)]
+                         broker: BrokerConstruct | None) -> list[AlarmSpec]:
+    """The chosen parts' services' alarms (switchyard:parts)."""
+    delay = [_postgres(data), _kafka(config, data)] if config.has(constants.PART_DELAY) else []
+    return [*(_redis(config, data) if config.redis_needed else []), *(_broker(broker) if broker else []),
+            *delay, *_heartbeats(functions)]

@@ -19,6 +19,7 @@ from constructs import Construct
 from stacks import constants
 from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig, ImageDirectory, PoolConfig
+from stacks.data import chosen
 from stacks.names import metrics_namespace, physical_name
 from stacks.network import NetworkConstruct
 from stacks.parameters import environment
@@ -47,7 +48,7 @@ class WorkersConstruct(Construct):
         construct_id: str,
         *,
         network: NetworkConstruct,
-        broker: BrokerConstruct,
+        broker: BrokerConstruct | None,
         config: DeploymentConfig,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -82,7 +83,8 @@ class WorkersConstruct(Construct):
         return self._built_image
 
     def _task_definition(self, pool: PoolConfig) -> ecs.FargateTaskDefinition:
-        secret = self.broker.user_secret(BrokerRole.WORKERS, pool.name)
+        broker = chosen(self.broker, constants.PART_RPC)
+        secret = broker.user_secret(BrokerRole.WORKERS, pool.name)
         task = ecs.FargateTaskDefinition(
             pool_scope(self, pool.name),  # in the pool's nested stack
             f"Worker-{pool.name}",
@@ -100,7 +102,7 @@ class WorkersConstruct(Construct):
             stop_timeout=Duration.seconds(constants.WORKER_STOP_TIMEOUT_S),
             logging=ecs.LogDrivers.aws_logs(stream_prefix=pool.name, log_group=self.log_group),
             environment={
-                **environment({AMQP_URL: self.broker.amqp_url_template, LOG_LEVEL: constants.LOG_LEVEL}),
+                **environment({AMQP_URL: broker.amqp_url_template, LOG_LEVEL: constants.LOG_LEVEL}),
                 **self.rpc_env,  # a handler that calls another pool waits as long as any caller
                 "POWERTOOLS_SERVICE_NAME": f"switchyard-{pool.name}-worker",
                 "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace(self),

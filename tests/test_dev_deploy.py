@@ -95,3 +95,24 @@ def test_an_account_without_api_gateways_logging_role_is_refused_with_the_fix() 
     assert done.returncode == 1 and done.stdout == ""
     (line,) = done.stderr.splitlines()
     assert "API Gateway has no CloudWatch Logs role" in line and "API Gateway's account setting" in line, line
+
+
+def test_a_stack_without_an_api_needs_no_api_gateway_logging_role() -> None:
+    """An RPC-only or delay-only stack has no API Gateway stage: API Gateway in moto's account (no
+    role) refuses the whole stack, not that one; Lambda's limit comes from LocalStack."""
+    from stacks.account_limits import chosen_parts
+
+    env = {**os.environ, "AWS_ENDPOINT_URL": LOCALSTACK, "AWS_ENDPOINT_URL_API_GATEWAY": "http://127.0.0.1:5000"}
+
+    def check(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "stacks.account_limits", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    whole = check("SwitchyardStack")
+    without_api = check("SwitchyardStack", "-c", f"{constants.CTX_PARTS}=rpc,delay")
+    assert whole.returncode == 1 and "API Gateway has no CloudWatch Logs role" in whole.stderr, whole
+    assert without_api.returncode == 0, without_api
+    assert without_api.stdout.startswith(f"{constants.CTX_ACCOUNT_CONCURRENCY}="), without_api
+    assert chosen_parts([]) == frozenset(constants.PARTS)
+    assert chosen_parts(["--context", f'{constants.CTX_PARTS}=["bus"]']) == {"bus"}
+    assert chosen_parts([f"--context={constants.CTX_PARTS}=pending"]) == {"pending"}

@@ -41,6 +41,7 @@ COMMAND_MODULES = (
     "switchyard.cli.status",
     "switchyard.cli.trace",
     "switchyard.cli.completion",
+    "switchyard.cli.cost",
 )
 # Set to see the traceback of an unexpected error (a bug to report) instead of its one line.
 TRACEBACK_ENV = TRACEBACK.name

@@ -1,10 +1,12 @@
 """One synthesis per app the stack tests share, per test session (a synth takes seconds on 2 cores):
-the default app, the cluster forms', the ``localstack`` target's, and production beside staging."""
+the default app, the cluster forms', the ``localstack`` target's, production beside staging, and each
+variant of ``switchyard:parts`` and ``switchyard:size`` (``VARIANTS``, synthesized when first asked)."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 from aws_cdk import Stack
 from aws_cdk.assertions import Template
 
+from scripts.costs import VARIANTS
 from stacks import constants
 from stacks.application import build_app, stacks_of
 from tests.stacks.nested import template_of
@@ -52,9 +55,42 @@ def template(synthesized: tuple[Template, Path, Any]) -> Template:
     return synthesized[0]
 
 
+# The stacks a user may choose (issue 37): each part alone at the dev size, the parts that depend on
+# each other (scheduled calls: rpc and delay; spark needs both), and all five at each size; the same
+# choices docs/deployment.md prices (scripts/costs.py).
+DEFAULT = "default"  # cdk.json's context alone: the ``synthesized`` app
+
+
 @pytest.fixture(scope="session")
-def resources(template: Template) -> dict[str, dict[str, Any]]:
-    return template.to_json()["Resources"]
+def variants(layer_dir: str, tmp_path_factory: pytest.TempPathFactory,
+             synthesized: tuple[Template, Path, Any]) -> Callable[[str], tuple[Template, Path, Any]]:
+    """A variant's synthesis by name (``VARIANTS`` or ``DEFAULT``), each made once per session."""
+    made = {DEFAULT: synthesized}
+
+    def get(name: str) -> tuple[Template, Path, Any]:
+        if name not in made:
+            made[name] = synth(layer_dir, tmp_path_factory.mktemp(f"cdk.out.{name}"), **VARIANTS[name])
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def variant(request: pytest.FixtureRequest) -> str:
+    """The variant a test runs on: ``DEFAULT`` unless ``on_variants`` parametrizes it."""
+    return str(getattr(request, "param", DEFAULT))
+
+
+def on_variants(*names: str) -> pytest.MarkDecorator:
+    """Run a test (or, as ``pytestmark``, a module) on each named variant's ``resources``; one module
+    fixture per variant, so a module's own module fixtures (a deployment) are made once each."""
+    return pytest.mark.parametrize("variant", names, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def resources(variant: str,
+              variants: Callable[[str], tuple[Template, Path, Any]]) -> dict[str, dict[str, Any]]:
+    return variants(variant)[0].to_json()["Resources"]
 
 
 # The cluster forms of the broker and of ElastiCache in one app (docs/deployment.md, "Cluster forms"),

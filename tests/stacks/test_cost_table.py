@@ -7,12 +7,19 @@ cluster forms' (``cluster_forms`` in conftest.py)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aws_cdk.assertions import Template
 
+from scripts import costs
 from stacks import constants
+from switchyard.aws.cost import Line, as_json, load_resources, monthly, total
 from tests.conftest import ROOT
 
 HOURS = 730  # a month, as the table prices it
@@ -97,3 +104,63 @@ def test_the_cost_table_counts_what_the_template_holds(resources: dict[str, Any]
 def test_the_msk_mappings_share_one_poller_group(resources: dict[str, Any]) -> None:
     n = counted(resources)
     assert n["mappings"] == 2 and n["groups"] == 1, n
+
+
+# -- each choice of parts and size (issue 37): switchyard/aws/cost.py prices its synthesized template --
+def _priced(name: str, variants: Callable[[str], tuple[Template, Path, Any]]) -> list[Line]:
+    """What ``switchyard cost`` reads: the variant's cloud assembly, its pools' nested templates too."""
+    _, outdir, stack = variants(name)
+    return monthly(load_resources(outdir, stack.artifact_id))
+
+
+def test_the_pages_price_each_choice_as_its_template_does(
+        variants: Callable[[str], tuple[Template, Path, Any]]) -> None:
+    priced = {name: _priced(name, variants) for name in costs.VARIANTS}
+    for path, render in ((DOC, costs.render), (ROOT / costs.README, costs.render_readme)):
+        page = path.read_text()
+        assert page == render(page, priced), f"{path.name}'s table of choices: python -m scripts.costs docs"
+
+
+@pytest.mark.parametrize("name", list(costs.VARIANTS))
+def test_each_choice_is_priced_from_what_it_runs(
+        name: str, variants: Callable[[str], tuple[Template, Path, Any]]) -> None:
+    """Every always-on service of the template is a line, counted as the template holds it (the
+    counts of the default table's first line, on each variant)."""
+    template, _, _ = variants(name)
+    resources = template.to_json()["Resources"]
+    lines = {line.item: line for line in _priced(name, variants)}
+    n = counted(resources)
+    services = {"AWS::AmazonMQ::Broker": "Amazon MQ", "AWS::MSK::Cluster": "MSK", "AWS::RDS::DBInstance":
+                "RDS Postgres", "AWS::ElastiCache::ReplicationGroup": "ElastiCache",
+                "AWS::EC2::NatGateway": "NAT gateway", "AWS::ECS::Service": "Fargate, bus workers"}
+    for kind, item in services.items():
+        assert (item in lines) == bool(_of(resources, kind)), f"{name}: {item}"
+        if item in lines:
+            assert lines[item].usd > 0 and lines[item].source.startswith("aws.amazon.com/"), lines[item]
+    assert lines["CloudWatch"].runs.startswith(f"{plural(n['alarms'], 'alarm')} ")
+    secrets = f"{plural(n['secrets'], 'secret')}, {plural(n['keys'], 'key')}"
+    assert lines["Secrets Manager, KMS"].runs == secrets
+    if n["nat"]:
+        assert lines["NAT gateway"].runs.startswith(f"{n['nat']}, ")
+    assert abs(total(lines.values()) - sum(line.usd for line in lines.values())) < 0.01
+
+
+def test_the_cli_prints_the_figure_of_a_synthesized_stack(
+        variants: Callable[[str], tuple[Template, Path, Any]]) -> None:
+    _, outdir, stack = variants("rpc-dev")
+    done = subprocess.run([sys.executable, "-m", "switchyard", "cost", "--assembly", str(outdir),
+                           "--stack-name", stack.artifact_id, "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == as_json(_priced("rpc-dev", variants))
+    missing = subprocess.run([sys.executable, "-m", "switchyard", "cost", "--assembly",
+                              str(outdir / "nope")], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1, missing.stderr
+    assert "run ./dev cdk synth" in missing.stderr
+
+
+def test_dev_costs_less_than_production_and_a_part_less_than_all(
+        variants: Callable[[str], tuple[Template, Path, Any]]) -> None:
+    month = {name: total(_priced(name, variants)) for name in costs.VARIANTS}
+    assert month["all-dev"] < month["all-production"]
+    assert max(month[f"{part}-dev"] for part in ("rpc", "delay", "bus", "pending")) < month["all-dev"]

@@ -27,6 +27,7 @@ from tests.iam_policy import (
     role_statements,
     service_refusal,
 )
+from tests.stacks.conftest import DEFAULT, VARIANTS, on_variants
 from tests.stacks.test_iam_per_role import Deployment, _lambda_service_probes, _of_kind, _role_of
 
 TLS = {"aws:SecureTransport": "true"}
@@ -154,9 +155,10 @@ def refusals(resources: dict[str, Any]) -> tuple[list[str], int]:
     return list(dict.fromkeys(out)), len(steps)
 
 
-def test_every_call_aws_makes_for_the_stack_is_allowed(resources: dict[str, Any]) -> None:
+@on_variants(DEFAULT, *VARIANTS)
+def test_every_call_aws_makes_for_the_stack_is_allowed(resources: dict[str, Any], variant: str) -> None:
     refused, checked = refusals(resources)
-    assert checked > 50, checked  # every kind of step found something to check
+    assert checked > (50 if variant == DEFAULT else 5), checked  # every kind of step found something
     assert not refused, "\n".join(refused[:8]) + f"\n({len(refused)} refused of {checked})"
 
 
@@ -167,6 +169,7 @@ def test_each_kind_of_service_call_is_found_in_the_template(resources: dict[str,
     assert _of_kind(resources, kind), f"the template has no {kind}: the check above would pass on nothing"
 
 
+@on_variants(DEFAULT, *VARIANTS)
 def test_every_service_grant_in_a_resource_policy_names_its_source(resources: dict[str, Any]) -> None:
     """A service principal allowed without ``aws:SourceAccount``/``aws:SourceArn`` may act for any
     account's resource (the confused deputy): each grant names the stack's account or resources."""
