@@ -2,7 +2,7 @@
 nested templates), priced per AWS's pricing pages (us-east-1, on-demand, 730 hours a month).
 
 Read, not deployed: ``switchyard cost`` prints it from ``cdk.out`` before a deploy, and
-docs/deployment.md's size table is generated from it (``python -m scripts.cost_docs``;
+docs/deployment.md's and the README's cost tables are generated from it (``python -m scripts.costs docs``;
 tests/stacks/test_cost_table.py keeps the two in step). Idle means no traffic: the always-on
 instances, NAT gateways, endpoints, the Lambda loops (a scheduled function whose timeout outlasts its
 one-minute rate runs the whole month), the bus's workers, alarms, secrets and keys. Per-use charges
