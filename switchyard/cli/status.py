@@ -176,11 +176,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def console_figures(overview: Overview) -> dict[str, Any]:
     """What the console shows: the status, its history's span, and per pool and key the slowest
     request of that span in the trace log (the page gives the `switchyard trace ID` that shows its hops)."""
+    from switchyard.delay.status import LATENESS_SPAN_S
     from switchyard.rpc.status import LATENCY_SLOT_S, LATENCY_SPAN_S
 
     status = overview.read()
     traces = slowest_handled(trace_log_path() or DEFAULT_TRACE_LOG, status.at - LATENCY_SPAN_S)
-    return {**status.to_dict(), "history_s": LATENCY_SPAN_S, "slot_s": LATENCY_SLOT_S, "traces": traces}
+    return {**status.to_dict(), "history_s": LATENCY_SPAN_S, "slot_s": LATENCY_SLOT_S,
+            "delay_history_s": LATENESS_SPAN_S, "traces": traces}
 
 
 def cmd_console(args: argparse.Namespace) -> int:

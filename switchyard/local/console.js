@@ -125,8 +125,14 @@ function trace(name, hop) {
   return command(name, `switchyard trace ${hop.trace_id}`, `slowest ${ms(hop.duration_ms)}, worker ${hop.worker_id}`);
 }
 
+// The key filter: part of a key; a key that matches whole opens its drill-down. From the box or #key=.
+function filterText() {
+  return document.getElementById("filter").value;
+}
+
 function groupRows(pool, traces, now) {
-  const groups = [...pool.groups].sort((a, b) => b.calls_per_s - a.calls_per_s || b.backlog - a.backlog
+  const wanted = filterText();
+  const groups = pool.groups.filter(g => !wanted || g.key.includes(wanted)).sort((a, b) => b.calls_per_s - a.calls_per_s || b.backlog - a.backlog
                                                  || (a.key < b.key ? -1 : 1));
   const rows = [];
   for (const g of groups.slice(0, MAX_GROUPS)) {
@@ -141,7 +147,7 @@ function groupRows(pool, traces, now) {
       command("group-command", `switchyard pool status --pool ${pool.pool} --json`, "all figures"));
     const id = `${pool.pool}\0${g.key}`;
     const more = el("tr", {"data-figure": "group-detail", "data-key": g.key, class: "detail"}, detail);
-    more.hidden = !opened.has(id);
+    more.hidden = !opened.has(id) && g.key !== wanted;
     const toggle = () => { more.hidden = !more.hidden; if (more.hidden) opened.delete(id); else opened.add(id); };
     row.addEventListener("click", toggle);
     row.addEventListener("keydown", event => { if (event.key === "Enter") toggle(); });
@@ -178,12 +184,16 @@ function poolBox(pool, traces, now, span) {
     chart("chart-rpc-calls", "calls answered:", pool.latency,
           [{field: "calls_per_s", label: "calls/s", color: "#1f8a4c"}], now, span, "/s")));
   const rows = groupRows(pool, traces, now);
+  if (filterText()) {
+    box.append(el("p", {class: "hint", "data-figure": "filter-count"},
+                  `${rows.length / 2} of ${pool.groups.length} keys contain “${filterText()}”`));
+  }
   if (rows.length) {
     box.append(el("p", {class: "hint"}, "a key's row opens its worker ids and its slowest trace"));
     box.append(table([["key"], ["state"], ["calls/s", "num"], ["p99 (5 min)", "num"], ["workers", "num"],
                       ["backlog", "num"], ["last activity"]], rows));
   }
-  if (pool.groups.length > MAX_GROUPS) {
+  if (pool.groups.length > MAX_GROUPS && !filterText()) {
     box.append(el("p", {class: "more"}, `and ${pool.groups.length - MAX_GROUPS} more groups (switchyard status --json)`));
   }
   return box;
@@ -212,7 +222,7 @@ function rpc(data, status) {
   return section;
 }
 
-function delay(data, now) {
+function delay(data, now, span) {
   const section = el("section", {"data-part": "delay"}, el("h2", {}, "Delay scheduler"));
   if (down(data)) return section.append(unreachable("delay", data)) || section;
   section.append(el("div", {class: "figures"},
@@ -227,7 +237,7 @@ function delay(data, now) {
                    command("delay-replay-command", "switchyard delay replay --all", "then, the cause fixed, replay them"));
   }
   section.append(chart("chart-delay-lateness", `fire lateness, schema ${data.schema}:`, data.lateness,
-                       [{field: "p99_ms", label: "p99", color: "#2b6cb0"}], now, 900, "ms"));
+                       [{field: "p99_ms", label: "p99", color: "#2b6cb0"}], now, span, "ms"));
   return section;
 }
 
@@ -253,11 +263,14 @@ function pending(data) {
   return section;
 }
 
+let latest = null;  // the last figures drawn: the filter redraws them
+
 function draw(status) {
+  latest = status;
   const now = status.at;
   document.getElementById("updated").textContent = new Date(now * 1000).toISOString().replace(/\.\d+Z$/, "Z");
   document.getElementById("source").textContent = status.source ? `stack configuration ${status.source}` : "local settings";
-  document.getElementById("app").replaceChildren(rpc(status.rpc, status), delay(status.delay, now), bus(status.bus),
+  document.getElementById("app").replaceChildren(rpc(status.rpc, status), delay(status.delay, now, status.delay_history_s || 900), bus(status.bus),
                                                  pending(status.pending));
   for (const box of document.querySelectorAll("[data-figure=pool]")) {  // where each pool is drawn (the tests read it)
     box.setAttribute("data-top", Math.round(box.getBoundingClientRect().top));
@@ -278,4 +291,16 @@ async function refresh() {
   setTimeout(refresh, interval * 1000);
 }
 
+function fromHash() {
+  let hash = location.hash.slice(1);
+  try { hash = decodeURIComponent(hash); } catch (error) { /* a malformed escape: taken as it is */ }
+  if (hash.startsWith("key=")) document.getElementById("filter").value = hash.slice(4);
+}
+
+document.getElementById("filter").addEventListener("input", event => {
+  history.replaceState(null, "", event.target.value ? `#key=${encodeURIComponent(event.target.value)}` : location.pathname);
+  if (latest) draw(latest);
+});
+window.addEventListener("hashchange", () => { fromHash(); if (latest) draw(latest); });
+fromHash();
 refresh();

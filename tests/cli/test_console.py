@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pika
 import pytest
@@ -139,12 +140,31 @@ def test_seven_pools_the_busy_one_first_above_the_fold(seven_pools: list[str], c
     assert SCREENSHOT.stat().st_size > 10_000
 
 
+def test_a_link_to_a_key_filters_the_keys_and_opens_its_drill_down(seven_pools: list[str],
+                                                                   console: Console) -> None:
+    page = Figures()
+    page.feed(chromium(f"{console.url}/#key={quote(EVIL_KEY, safe='')}", "--dump-dom"))
+    assert [a["data-key"] for a, _, _ in page.found if a["data-figure"] == "group"] == [EVIL_KEY]
+    (detail,) = [a for a, _, _ in page.found if a["data-figure"] == "group-detail"]
+    assert "hidden" not in detail  # the key named whole: its drill-down open
+    assert page.text("filter-count") == [f"1 of 2 keys contain “{EVIL_KEY}”"]
+    assert "img" not in page.tags
+    page = Figures()
+    page.feed(chromium(f"{console.url}/#key=tenant", "--dump-dom"))
+    details = [a for a, _, _ in page.found if a["data-figure"] == "group-detail"]
+    assert [a["data-key"] for a in details] == [BUSY_KEY] and "hidden" in details[0]  # a part: closed
+    page = Figures()
+    page.feed(chromium(f"{console.url}/#key=%E0%A4%A", "--dump-dom"))  # a malformed escape
+    assert page.text("pool-count") == ["7"]
+    assert page.text("filter-count") == ["0 of 2 keys contain “%E0%A4%A”"]
+
+
 def test_the_figures_hold_the_history_window_and_the_slowest_traces(seven_pools: list[str],
                                                                     console: Console) -> None:
     import requests
 
     status = requests.get(console.url + "/status.json", timeout=10).json()
-    assert (status["history_s"], status["slot_s"]) == (3600.0, 30.0)
+    assert (status["history_s"], status["slot_s"], status["delay_history_s"]) == (3600.0, 30.0, 3600.0)
     assert status["traces"][seven_pools[-1]][BUSY_KEY]["trace_id"] == TRACE_ID
     assert status["traces"][seven_pools[0]][BUSY_KEY]["duration_ms"] == 99.0
     (point,) = next(p for p in status["rpc"]["pools"] if p["pool"] == seven_pools[-1])["latency"]
