@@ -107,24 +107,29 @@ def key_figures(reports: list[LatencyReport], now_s: float) -> dict[str, tuple[f
             for key in counts.keys() | worst.keys()}
 
 
-def worker_ids(management: ManagementApi, pool: str) -> dict[str, tuple[str, ...]]:
-    """Per request queue of ``pool``: the ids of the workers consuming it (their connections' names;
-    two management API calls, one when nothing consumes)."""
+def worker_ids(management: ManagementApi, pool: str | None = None) -> dict[str, tuple[str, ...]]:
+    """Per request queue (of ``pool``, or of every pool): the ids of the workers consuming it, their
+    connections' names (two management API calls, one when nothing consumes)."""
     found: dict[str, set[str]] = {}
-    mine = [c for c in management.list_consumers()
-            if str((c.get("queue") or {}).get("name") or "").startswith(f"{pool}-req-")]
+    prefix = f"{pool}-req-" if pool else ""
+
+    def queue(consumer: dict[str, Any]) -> str:
+        return str((consumer.get("queue") or {}).get("name") or "")
+
+    mine = [c for c in management.list_consumers() if "-req-" in queue(c) and queue(c).startswith(prefix)]
     names = management.connection_names() if mine else {}
     for consumer in mine:
         channel = consumer.get("channel_details") or {}
         connection = str(channel.get("connection_name") or consumer.get("consumer_tag"))
         name = names.get(connection, connection)
-        found.setdefault(consumer["queue"]["name"], set()).add(name.removeprefix(WORKER_CONNECTION))
+        found.setdefault(queue(consumer), set()).add(name.removeprefix(WORKER_CONNECTION))
     return {queue: tuple(sorted(ids)) for queue, ids in found.items()}
 
 
-def pool_figures(pool: str, client: RedisClient, management: ManagementApi,
-                 now_s: float | None = None) -> PoolFigures:
-    """One pool's figures: its store in Redis and one management API call for its queues."""
+def pool_figures(pool: str, client: RedisClient, management: ManagementApi, now_s: float | None = None,
+                 workers: dict[str, tuple[str, ...]] | None = None) -> PoolFigures:
+    """One pool's figures: its store in Redis and one management API call for its queues (and two
+    for its workers' ids, unless ``workers`` has them: ``worker_ids()`` of several pools at once)."""
     now_s = time.time() if now_s is None else now_s
     state = PoolState(client, pool)
     groups = state.groups()
@@ -132,7 +137,7 @@ def pool_figures(pool: str, client: RedisClient, management: ManagementApi,
     by_name = {q["name"]: q for q in queues}
     reports = state.latency()
     per_key = key_figures(reports, now_s)
-    workers = worker_ids(management, pool)
+    workers = worker_ids(management, pool) if workers is None else workers
     by_key: dict[str, GroupFigures] = {}
 
     def group_figures(key: str, group_state: str, q: dict[str, Any], seen: int | None) -> GroupFigures:
