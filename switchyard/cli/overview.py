@@ -124,14 +124,15 @@ class Overview:
 
     def _rpc(self) -> PoolsStatus:
         from switchyard.rpc.control.management import ManagementApi, vhost_from_amqp_url
-        from switchyard.rpc.status import known_pools, pool_figures
+        from switchyard.rpc.status import known_pools, pool_figures, worker_ids
 
         client = self._client("rpc", lambda: (self._redis(), ManagementApi(
             self.connections.management_url, vhost_from_amqp_url(self.connections.amqp_url),
             timeout=READ_TIMEOUT_S)))
         redis, management = client
         pools = self.pools or known_pools(redis, management)
-        return PoolsStatus(tuple(pool_figures(pool, redis, management) for pool in pools))
+        workers = worker_ids(management) if pools else {}  # every pool's in one listing
+        return PoolsStatus(tuple(pool_figures(pool, redis, management, workers=workers) for pool in pools))
 
     def _delay(self) -> Any:
         from switchyard.delay.settings import DelaySettings

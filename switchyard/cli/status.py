@@ -11,13 +11,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from switchyard.cli.options import AT_LEAST_ONE, PORT, POSITIVE, add_json_option, iso_time, print_error, show
 from switchyard.cli.overview import PARTS, Overview, SystemStatus
 from switchyard.core.docs import docs_link
 from switchyard.core.errors import ConfigError
 from switchyard.core.observability import printable
+from switchyard.core.tracing import DEFAULT_TRACE_LOG, slowest_handled, trace_log_path
 from switchyard.rpc import protocol
 
 if TYPE_CHECKING:
@@ -172,6 +173,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def console_figures(overview: Overview) -> dict[str, Any]:
+    """What the console shows: the status, its history's span, and per pool and key the slowest
+    request of that span in the trace log (the page gives the `switchyard trace ID` that shows its hops)."""
+    from switchyard.delay.status import LATENESS_SPAN_S
+    from switchyard.rpc.status import LATENCY_SLOT_S, LATENCY_SPAN_S
+
+    status = overview.read()
+    traces = slowest_handled(trace_log_path() or DEFAULT_TRACE_LOG, status.at - LATENCY_SPAN_S)
+    return {**status.to_dict(), "history_s": LATENCY_SPAN_S, "slot_s": LATENCY_SLOT_S,
+            "delay_history_s": LATENESS_SPAN_S, "traces": traces}
+
+
 def cmd_console(args: argparse.Namespace) -> int:
     from switchyard.local.console import Console
 
@@ -184,7 +197,7 @@ def cmd_console(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    console = Console(lambda: overview.read().to_dict(), host=args.host, port=args.port,
+    console = Console(lambda: console_figures(overview), host=args.host, port=args.port,
                       interval_s=args.interval)
     try:
         with console:

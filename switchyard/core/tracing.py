@@ -316,3 +316,35 @@ def read_hops(trace_id: str, path: str) -> list[dict[str, Any]]:
             continue
     hops.sort(key=lambda record: record.get("time") or 0)
     return hops
+
+
+SLOWEST_TAIL_BYTES = 4 * 1024 * 1024  # how much of the trace log's end the console reads per refresh
+
+
+def slowest_handled(path: str, since_s: float, tail_bytes: int = SLOWEST_TAIL_BYTES
+                    ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per pool and worker key, the slowest request a worker handled since ``since_s`` (its
+    ``handled`` hop: ``trace_id``, ``duration_ms``, ``worker_id``, ``time``), from the end of the trace
+    log only: the console links a latency figure to ``switchyard trace ID`` with it."""
+    slowest: dict[str, dict[str, dict[str, Any]]] = {}
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - tail_bytes))
+            lines = log.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return slowest
+    for line in lines:
+        if '"handled"' not in line:  # cheap: most lines are other hops
+            continue
+        try:
+            hop = json.loads(line)
+            at, pool, key, took = float(hop["time"]), hop["pool"], hop["key"], float(hop["duration_ms"])
+            if hop["event"] != "handled":
+                continue
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a crash or a rotation, or a hop of another part
+        keys = slowest.setdefault(str(pool), {})
+        if at >= since_s and isinstance(key, str) and took > keys.get(key, {}).get("duration_ms", -1.0):
+            keys[key] = {"trace_id": str(hop.get("trace_id")), "duration_ms": took,
+                         "worker_id": hop.get("worker_id"), "time": at}
+    return {pool: keys for pool, keys in slowest.items() if keys}

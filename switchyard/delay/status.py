@@ -13,7 +13,7 @@ from switchyard.delay.fire import OVERDUE_AFTER_S
 from switchyard.delay.model import LatenessWindow
 from switchyard.delay.store import PostgresDelayStore
 
-LATENESS_SPAN_S = 900.0  # the lateness shown: the last 15 minutes of windows
+LATENESS_SPAN_S = 3600.0  # the lateness shown: the hour of windows the store keeps
 RECENT_S = 300.0  # the single lateness figure: the worst p99 of the last 5 minutes
 
 

@@ -54,7 +54,7 @@ from switchyard.rpc.ports import GroupState, GroupStatus, LatencyReport, Touch, 
 # and then the compare-and-set on the group's state still guards the reconciler's delete. Waiters
 # wait longer than this, so one redelivered batch always outlasts a dead holder's lock.
 LOCK_TTL_MS = 15_000
-LATENCY_REPORTS = 2000  # reports kept per pool: 15 minutes of ~2 workers reporting every second
+LATENCY_REPORTS = 7200  # reports kept per pool: an hour of 2 workers reporting every second (~0.5 MB)
 
 
 def _script(name: str) -> str:

@@ -312,7 +312,9 @@ def test_console_page_shows_the_figures_in_chromium(system: System, console: Con
     assert (endpoint["waiting"], endpoint["taken"], endpoint["answered"]) == ("1", "0", "0")
     charts = {a["data-figure"]: a["data-points"] for a, _, _ in page.found
               if a["data-figure"].startswith("chart-")}
-    assert charts == {"chart-rpc-latency": "1", "chart-delay-lateness": "1"}
+    assert charts == {"chart-rpc-latency": "1", "chart-rpc-calls": "1", "chart-delay-lateness": "1"}
+    # the parked message, with the commands that read and replay it beside it
+    assert page.text("delay-replay-command") == ["switchyard delay parked", "switchyard delay replay --all"]
     assert not page.text("unreachable")
     # the user's key is text in the page, never markup: no <img> element came of it
     assert "img" not in page.tags

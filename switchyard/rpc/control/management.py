@@ -149,6 +149,18 @@ class ManagementApi:
         pattern = re.compile(name_regex)
         return [queue for queue in listing if pattern.search(queue.get("name", ""))]
 
+    def list_consumers(self) -> list[dict[str, Any]]:
+        """Every consumer of the vhost: its queue and its channel's connection (the console's worker ids)."""
+        return list(self._request("GET", f"/consumers/{self._vhost}").json())
+
+    def connection_names(self) -> dict[str, str]:
+        """The vhost's connections: the broker's name of each -> the name its client gave (else the
+        broker's)."""
+        listing = self._request("GET", f"/vhosts/{self._vhost}/connections",
+                                params={"columns": "name,client_properties.connection_name"}).json()
+        return {c["name"]: str((c.get("client_properties") or {}).get("connection_name") or c["name"])
+                for c in listing if "name" in c}
+
     def put_user(self, name: str, password: str, tags: tuple[str, ...] = ()) -> None:
         """Create or update a user (password and tags replaced)."""
         body = {"password": password, "tags": ",".join(tags)}

@@ -294,8 +294,8 @@ class Worker:
             finally:
                 self._running = None
             # Written before the reply: a caller holding its answer finds the hop in the trace log.
-            tracing.hop(context, "rpc", "handled", duration_ms=took_ms, key=self.config.key,
-                        worker_id=self.config.worker_id,
+            tracing.hop(context, "rpc", "handled", duration_ms=took_ms, pool=self.config.pool,
+                        key=self.config.key, worker_id=self.config.worker_id,
                         status=status.value if status is not None else "requeued")
             if self._keeper_driving:  # end its I/O turn now rather than at its time limit
                 with contextlib.suppress(pika.exceptions.ConnectionWrongStateError):
