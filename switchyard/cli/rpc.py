@@ -122,6 +122,36 @@ def cmd_pool_delete(args: argparse.Namespace) -> int:
                    f"pool {args.pool!r} deleted ({len(queues)} queues, {dropped} messages dropped)")
 
 
+def cmd_pool_poison(args: argparse.Namespace) -> int:
+    """List the pool's set-aside requests, or (``--replay``) send them back under their keys."""
+    from switchyard.rpc.control.poison import list_poison, replay_poison
+
+    with _pool_topology(args) as (settings, topology):
+        topology.require()
+        if args.replay:
+            outcome = replay_poison(settings, args.pool, args.limit)
+            left = topology.queue_status(protocol.poison_queue(args.pool))
+            waiting = left[0] if left else 0
+            return _result(args, {"pool": args.pool, "replayed": outcome.replayed, "kept": outcome.kept,
+                                  "keys": sorted(outcome.keys), "waiting": waiting},
+                           f"replayed {outcome.replayed} request(s) of {protocol.poison_queue(args.pool)} "
+                           f"to {len(outcome.keys)} key(s); {outcome.kept} kept (no key a worker can "
+                           f"carry); {waiting} still set aside")
+        messages = list_poison(settings, args.pool, args.limit)
+    if args.json:
+        print(json.dumps({"pool": args.pool, "messages": [vars(m) for m in messages]}))
+        return 0
+    if not messages:
+        show(f"{protocol.poison_queue(args.pool)} is empty: nothing set aside")
+        return 0
+    show(f"{len(messages)} set aside in {protocol.poison_queue(args.pool)} (first {args.limit} at most; "
+         f"replay them once the cause is fixed: switchyard pool poison -p {args.pool} --replay):",
+         *(f"  key {m.key!r}  {m.size} bytes  correlation {m.correlation_id}  reason: {m.reason}"
+           if m.key is not None else f"  (no key: stays)  {m.size} bytes  reason: {m.reason}"
+           for m in messages))
+    return 0
+
+
 def cmd_schedule(args: argparse.Namespace, body: bytes) -> int:
     """``call --at``: schedule through the delay scheduler; print the call's id."""
     settings = RpcSettings.from_env()
@@ -289,6 +319,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     delete.add_argument("--force", action="store_true", help="delete even if queues still hold messages")
     add_json_option(delete)
     delete.set_defaults(func=cmd_pool_delete)
+
+    poison = pool_sub.add_parser("poison", help="list the requests set aside in the pool's poison queue, "
+                                                "or send them back under their keys (--replay)")
+    _pool_arg(poison)
+    poison.add_argument("--replay", action="store_true",
+                        help="send them back to the pool's request exchange once the cause is fixed "
+                             "(each acknowledged only after the broker confirmed its copy)")
+    poison.add_argument("--limit", type=AT_LEAST_ONE, default=100,
+                        help="messages read (default 100)")
+    add_json_option(poison)
+    poison.set_defaults(func=cmd_pool_poison)
 
     status = pool_sub.add_parser("status", help="the pool's worker groups (state, workers, backlog, last "
                                                 "activity), its orphan, dead-letter and poison queues")
