@@ -24,7 +24,8 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_a_poisoned_request_is_listed_then_replayed_to_its_fixed_key(make_pool, planes, workers, capsys) -> None:
+def test_a_poisoned_request_is_listed_then_replayed_to_its_fixed_key(make_pool, planes, workers,
+                                                                     capsys) -> None:
     pool, settings = make_pool(delivery_limit=2)
     plane = planes.start(pool, settings, handler=ECHO, interval_s=0.1, worker_env={"WORKER_PREFETCH": "1"})
     producer = Producer(settings.connections.amqp_url)

@@ -66,8 +66,11 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+_Taken = list[tuple[int, Any, bytes]]  # (delivery tag, properties, body)
+
+
 @contextlib.contextmanager
-def _taken(settings: RpcSettings, pool: str, limit: int) -> Iterator[tuple[Any, list[tuple[int, Any, bytes]]]]:
+def _taken(settings: RpcSettings, pool: str, limit: int) -> Iterator[tuple[Any, _Taken]]:
     """Up to ``limit`` messages of the poison queue, unacknowledged: what is not acknowledged
     inside the block goes back when its channel closes."""
     connection = connect(settings.connections.amqp_url, f"switchyard-poison-{pool}")
