@@ -23,15 +23,16 @@ from switchyard.rpc.service import ControlPlane, build_service
 from switchyard.rpc.settings import DEMO_HANDLER, ControlSettings, DriverSettings, RpcSettings
 
 
-def local_driver() -> WorkerGroupDriver:
+def local_driver(pool: str = "") -> WorkerGroupDriver:
     """The environment's driver, whose workers locally answer with the demo handler unless one is
-    set (a deployment must set it: production has no default)."""
-    return driver_from_env(DriverSettings.from_env(default_handler=DEMO_HANDLER))
+    set (a deployment must set it: production has no default); ``pool``: whose spares it keeps."""
+    return driver_from_env(DriverSettings.from_env(default_handler=DEMO_HANDLER), pool)
 
 
 def local_plane() -> ControlPlane:
     """The environment's control plane with ``local_driver`` (``switchyard invoke``'s)."""
-    return build_service(ControlSettings.from_env(), RpcSettings.from_env(), driver=local_driver())
+    control = ControlSettings.from_env()
+    return build_service(control, RpcSettings.from_env(), driver=local_driver(control.pool))
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class LocalControlPlane:
                  driver: WorkerGroupDriver | None = None, bridges: BridgeSettings | None = None) -> None:
         self.control = control
         self.settings = settings or RpcSettings.from_env()
-        self.plane = build_service(control, self.settings, driver=driver or local_driver())
+        self.plane = build_service(control, self.settings, driver=driver or local_driver(control.pool))
         self.bridges = bridges or BridgeSettings()
         self.sources: list[RabbitMQEventSource] = []
         self.reconcile_passes = 0
