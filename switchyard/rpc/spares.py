@@ -84,6 +84,9 @@ class SpareRegistry:
         """The worker ids of the spares waiting (``switchyard status``)."""
         return {m.decode() if isinstance(m, bytes) else str(m) for m in self.redis.smembers(self._set)}
 
+    def is_waiting(self, worker_id: str) -> bool:
+        return bool(self.redis.sismember(self._set, worker_id))
+
     def forget(self, worker_id: str) -> None:
         """A spare that died: out of the set, its list dropped."""
         self.redis.srem(self._set, worker_id)

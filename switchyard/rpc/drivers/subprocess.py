@@ -13,9 +13,11 @@ Warm spares (``min_spares`` with a ``SpareRegistry``): the driver keeps that man
 pool started with ``WORKER_SPARE=1`` and no key (``worker/spare.py``). Starting a group with no live
 worker first claims one of its own spares that registered as ready (claim_spare.lua, atomic: a
 spare goes to one key only, across control planes); the claimed process becomes the group's
-worker, and a new spare is started at once (a ``Popen``, not a wait). No spare ready, or Redis
-failing: the group starts as without spares. The table of spares is topped up on each start and
-on each ``list_running`` (every reconciler pass), where dead spares are also forgotten.
+worker. No spare ready, or Redis failing: the group starts as without spares. New spares are
+started in the background, by one thread, one at a time (each once the one before registered or
+exited): a burst of new keys that takes many spares is not slowed by as many imports at once on
+the cores serving it. Each start and each ``list_running`` (every reconciler pass) wakes it; it
+forgets dead spares and starts new ones up to ``min_spares``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ from switchyard.rpc.spares import SPARE_ENV, SpareRegistry
 from switchyard.rpc.worker.examples import INTENDED_CRASH_EXIT
 
 DEFAULT_LOG_DIR = Path(DEFAULT_WORKER_LOG_DIR)
+SPARE_READY_S = 30.0  # the longest the refiller waits for a new spare to register before the next
+SPARE_POLL_S = 0.02  # between its looks (a SISMEMBER each)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +103,9 @@ class SubprocessDriver(WorkerGroupDriver):
         self.min_spares = min_spares
         self.spares = spares
         self._spares: list[WorkerProcess] = []  # started as spares, not claimed yet (oldest first)
+        self._refill = threading.Event()
+        self._closed = False
+        self._refiller: threading.Thread | None = None
 
     # -- contract ---------------------------------------------------------------------------
     def start(self, group: WorkerGroup) -> None:
@@ -108,7 +115,7 @@ class SubprocessDriver(WorkerGroupDriver):
                 live = self._groups[group]
             for _ in range(self.min_workers - len(live)):
                 self._spawn(group)
-            self._top_up_spares()
+        self._wake_refiller()
 
     def stop(self, group: WorkerGroup) -> None:
         with self._lock:
@@ -118,8 +125,8 @@ class SubprocessDriver(WorkerGroupDriver):
         self._terminate_and_wait(procs)
 
     def list_running(self, pool: str) -> set[str]:
+        self._wake_refiller()
         with self._lock:
-            self._top_up_spares()
             groups = [group for group in self._groups if group.pool == pool]
             return {group.key for group in groups if self._reap(group)}
 
@@ -157,6 +164,10 @@ class SubprocessDriver(WorkerGroupDriver):
 
     def close(self) -> None:
         """Stop every worker of every group (terminate all first, then wait once)."""
+        self._closed = True
+        self._refill.set()
+        if self._refiller is not None:
+            self._refiller.join(SPARE_READY_S + 1)
         with self._lock:
             procs = [proc for group_procs in self._groups.values() for proc in group_procs]
             spares, self._spares = self._spares, []
@@ -215,21 +226,65 @@ class SubprocessDriver(WorkerGroupDriver):
                 return True
         return False
 
-    def _top_up_spares(self) -> None:
-        """Forget dead spares; start new ones up to ``min_spares``."""
-        if self.spares is None:
+    def _wake_refiller(self) -> None:
+        if self.spares is None or self._closed:
             return
+        self._refill.set()
+        if self._refiller is None:
+            with self._lock:
+                if self._refiller is None:
+                    self._refiller = threading.Thread(target=self._refill_loop, daemon=True,
+                                                      name=f"spares-{self.spares.pool}")
+                    self._refiller.start()
+
+    def _refill_loop(self) -> None:
+        """Forget dead spares; start new ones up to ``min_spares``, one at a time."""
+        while not self._closed:
+            self._refill.wait()
+            self._refill.clear()
+            while not self._closed:
+                with self._lock:
+                    self._forget_dead_spares()
+                    if len(self._spares) >= self.min_spares:
+                        break
+                    try:
+                        proc = self._spawn_spare()
+                    except DriverError:
+                        logger.exception("starting a spare failed; the next pass tries again")
+                        break
+                self._wait_registered(proc)
+
+    def _forget_dead_spares(self) -> None:
         for proc in [p for p in self._spares if p.process.poll() is not None]:
             self._spares.remove(proc)
             logger.warning("spare exited", extra={"worker_id": proc.worker_id,
                                                   "returncode": proc.process.returncode})
             self._forget_spare(proc)
+
+    def _spawn_spare(self) -> WorkerProcess:
+        assert self.spares is not None
         pool = self.spares.pool
-        for _ in range(self.min_spares - len(self._spares)):
-            worker_id = f"{pool}-spare-{uuid.uuid4().hex[:8]}"
-            env = {"WORKER_ID": worker_id, "WORKER_POOL": pool, SPARE_ENV: "1",
-                   "WORKER_ACTIVITY_EXCHANGE": protocol.activity_exchange(pool)}
-            self._spares.append(self._popen(worker_id, env, f"{pool}-spares", pool))
+        worker_id = f"{pool}-spare-{uuid.uuid4().hex[:8]}"
+        env = {"WORKER_ID": worker_id, "WORKER_POOL": pool, SPARE_ENV: "1",
+               "WORKER_ACTIVITY_EXCHANGE": protocol.activity_exchange(pool)}
+        proc = self._popen(worker_id, env, f"{pool}-spares", pool)
+        self._spares.append(proc)
+        return proc
+
+    def _wait_registered(self, proc: WorkerProcess) -> None:
+        """Until the new spare registered, exited or was claimed, for ``SPARE_READY_S`` at most."""
+        assert self.spares is not None
+        deadline = time.monotonic() + SPARE_READY_S
+        while not self._closed and time.monotonic() < deadline and proc.process.poll() is None:
+            try:
+                if self.spares.is_waiting(proc.worker_id):
+                    return
+            except redis.RedisError:
+                return
+            with self._lock:
+                if proc not in self._spares:
+                    return  # claimed already
+            time.sleep(SPARE_POLL_S)
 
     def _forget_spare(self, proc: WorkerProcess) -> None:
         if self.spares is not None:
