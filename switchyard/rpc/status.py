@@ -1,7 +1,8 @@
 """The keyed RPC pools' figures for people (``switchyard pool status``, ``switchyard status``, the
 console): each pool's worker groups with their state (from the pool's store), workers and backlog
 (the consumers and messages of the group's request queue, from the management API), the last
-activity seen, and the latency the workers report (``x-switchyard-latency``, kept by the tracker).
+activity seen, the warm spares waiting for a key, and the latency the workers report
+(``x-switchyard-latency``, kept by the tracker).
 
 A request queue with no group in the store (``switchyard pool bind``, workers started by hand) is
 listed with the state ``no state``; a group whose queue is gone shows 0 workers and 0 backlog.
@@ -17,6 +18,7 @@ from switchyard.core.redis_client import RedisClient
 from switchyard.rpc import protocol
 from switchyard.rpc.control.management import ManagementApi
 from switchyard.rpc.ports import LatencyReport
+from switchyard.rpc.spares import SpareRegistry
 from switchyard.rpc.store import PoolState
 
 NO_STATE = "no state"
@@ -54,6 +56,7 @@ class PoolFigures:
     poison: int  # set aside for a person ({pool}-poison)
     latency_p99_ms: float | None  # worst p99 of the last RECENT_S (None: no report)
     latency: tuple[LatencyPoint, ...]  # oldest first
+    spares: int = 0  # warm spare workers waiting for a key (switchyard.rpc.spares)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,7 +110,7 @@ def pool_figures(pool: str, client: RedisClient, management: ManagementApi,
     recent = [pt.p99_ms for pt in series if pt.at >= now_s - RECENT_S]
     return PoolFigures(pool, tuple(by_key[k] for k in sorted(by_key)), depth(protocol.orphan_queue(pool)),
                        depth(protocol.dl_queue(pool)), depth(protocol.poison_queue(pool)),
-                       max(recent) if recent else None, series)
+                       max(recent) if recent else None, series, len(SpareRegistry(client, pool).waiting()))
 
 
 def _count(queue: dict[str, Any], field: str) -> int:

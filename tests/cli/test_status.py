@@ -162,7 +162,8 @@ def test_status_json_and_human(system: System) -> None:
     human = switchyard(system, "status", "--pool", system.pool)
     assert human.returncode == 0, human.stderr
     out = human.stdout
-    assert f"{system.pool}: 2 groups; orphans 0, dead letters 0, poison 0; latency p99 7.5 ms" in out
+    assert (f"{system.pool}: 2 groups; orphans 0, dead letters 0, poison 0; spares 0; "
+            "latency p99 7.5 ms") in out
     assert "3 waiting, 1 ready, 1 overdue, 1 parked; earliest waiting row due 2 min ago" in out
     assert "lateness p99 12.5 ms" in out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("    '")}

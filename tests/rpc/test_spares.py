@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import uuid
@@ -17,9 +18,11 @@ from switchyard.core.config import Connections
 from switchyard.core.redis_client import RedisClient, connect_redis
 from switchyard.rpc.amqp import amqp_urls
 from switchyard.rpc.client import RpcClient
+from switchyard.rpc.control.topology import PoolTopology
 from switchyard.rpc.drivers import SubprocessDriver
 from switchyard.rpc.ports import WorkerGroup
 from switchyard.rpc.spares import SpareRegistry
+from switchyard.rpc.status import pool_figures
 from tests.conftest import subprocess_env, wait_for
 from tests.pending.tcp_proxy import CuttableProxy
 from tests.rpc.conftest import Planes, flush_pool_state
@@ -42,6 +45,20 @@ def answerer(client: RpcClient, key: str, timeout: float = 30.0) -> str:
     worker_id, answered_key, body = response.text().split("|", 2)
     assert (answered_key, body) == (key, "hello")
     return worker_id
+
+
+# -- the worker's imports ----------------------------------------------------------------------
+def test_the_worker_and_the_spare_import_only_what_they_run() -> None:
+    """Neither the client (its I/O loop), nor the control plane's topology and management API, nor
+    the command line: a quarter of a second of every worker start once."""
+    code = ("import sys; import switchyard.rpc.worker.__main__, switchyard.rpc.worker.spare; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith(('switchyard.', 'requests')))))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True,
+                                text=True, check=True).stdout.split())
+    assert "switchyard.rpc.worker.runtime" in loaded  # the check sees what it should
+    heavy = {"switchyard.rpc.client", "switchyard.rpc.client.io_loop", "switchyard.rpc.control.topology",
+             "switchyard.rpc.control.management", "switchyard.cli", "requests"}
+    assert loaded & heavy == set()
 
 
 # -- the registry: atomic claims ---------------------------------------------------------------
@@ -104,6 +121,8 @@ def test_a_new_key_is_served_by_a_spare_and_a_new_spare_takes_its_place(make_poo
     driver = spare_driver(tmp_path, registry)
     planes.start(pool, settings, driver=driver)
     first = wait_for(registry.waiting, timeout=30, what="a spare registered")
+    with PoolTopology(pool, settings) as topology:  # `switchyard status` counts it
+        assert pool_figures(pool, redis_client, topology.management).spares == 1
     with RpcClient(pool, settings) as client:
         assert answerer(client, "k1") == next(iter(first))  # the spare answered, as the group's worker
         assert [p.worker_id for p in driver.workers(WorkerGroup(pool, "k1"))] == list(first)
