@@ -155,6 +155,7 @@ class PoolConfig:
     min_workers: int = 1
     max_workers: int = 4
     target_backlog: int = 10
+    min_spares: int = 0  # warm spare workers bound to no key (switchyard.rpc.spares)
     unbind_delay_seconds: int = 300
     stop_delay_seconds: int = 600
     batch_size: int = 100  # Amazon MQ event source: messages per invocation (1-10,000)
@@ -185,6 +186,7 @@ class PoolConfig:
         )
         _check(1 <= self.min_workers <= self.max_workers, where, "need 1 <= minWorkers <= maxWorkers")
         _check(self.target_backlog >= 1, where, "targetBacklog must be at least 1")
+        _check(self.min_spares >= 0, where, "minSpares must be 0 or more")
         _check(
             0 < self.unbind_delay_seconds < self.stop_delay_seconds,
             where,

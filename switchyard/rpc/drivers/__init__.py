@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 from switchyard.core.errors import ConfigError
+from switchyard.core.observability import logger
 from switchyard.rpc.drivers.noop import NoopDriver
 from switchyard.rpc.drivers.subprocess import SubprocessDriver, WorkerProcess
 from switchyard.rpc.errors import DriverError
@@ -81,6 +82,9 @@ def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
     from switchyard.rpc.drivers.ecs import EcsDriver, EcsSettings, ecs_client
     from switchyard.rpc.store import WorkerGroupLock
 
+    if settings.min_spares:
+        logger.warning(f"{MIN_SPARES.name} is not used by the ECS driver yet: new keys start a task each",
+                       extra={"min_spares": settings.min_spares})
     connections = Connections.from_env()
     ecs = EcsSettings.from_env()
     return EcsDriver(
