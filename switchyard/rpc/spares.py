@@ -20,9 +20,12 @@ keys share a slot on a Redis Cluster):
 from __future__ import annotations
 
 from importlib import resources
+from typing import TYPE_CHECKING
 
-from switchyard.core.redis_client import RedisClient
 from switchyard.rpc import protocol
+
+if TYPE_CHECKING:  # a worker that is no spare reads SPARE_ENV from here without importing redis
+    from switchyard.core.redis_client import RedisClient
 
 SPARE_ENV = "WORKER_SPARE"  # the worker protocol's switch: "1" starts the worker as a spare
 

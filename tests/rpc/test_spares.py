@@ -51,14 +51,20 @@ def answerer(client: RpcClient, key: str, timeout: float = 30.0) -> str:
 def test_the_worker_and_the_spare_import_only_what_they_run() -> None:
     """Neither the client (its I/O loop), nor the control plane's topology and management API, nor
     the command line: a quarter of a second of every worker start once."""
-    code = ("import sys; import switchyard.rpc.worker.__main__, switchyard.rpc.worker.spare; "
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith(('switchyard.', 'requests')))))")
-    loaded = set(subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True,
-                                text=True, check=True).stdout.split())
-    assert "switchyard.rpc.worker.runtime" in loaded  # the check sees what it should
+    def loaded(*modules: str) -> set[str]:
+        code = (f"import sys; import {', '.join(modules)}; print(' '.join(sorted(m for m in sys.modules "
+                "if m.startswith(('switchyard.', 'requests', 'redis')))))")
+        return set(subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True,
+                                  text=True, check=True).stdout.split())
+
     heavy = {"switchyard.rpc.client", "switchyard.rpc.client.io_loop", "switchyard.rpc.control.topology",
              "switchyard.rpc.control.management", "switchyard.cli", "requests"}
-    assert loaded & heavy == set()
+    worker = loaded("switchyard.rpc.worker.__main__", "switchyard.rpc.worker.runtime")
+    assert "switchyard.rpc.worker.runtime" in worker  # the check sees what it should
+    assert worker & (heavy | {"redis"}) == set()  # a worker that is no spare needs no Redis either
+    spare = loaded("switchyard.rpc.worker.spare")
+    assert "redis" in spare
+    assert spare & heavy == set()
 
 
 # -- the registry: atomic claims ---------------------------------------------------------------
