@@ -172,11 +172,8 @@ class PoolConfig:
             object.__setattr__(self, "image", ImageDirectory.parse(self.image, where))
         _check(isinstance(self.image, str | ImageDirectory), where,
                f'image must be "", an image URI or {{"directory": ...}}, got {self.image!r}')
-        _check(
-            ":" in self.handler and all(self.handler.split(":")),
-            where,
-            f"handler must be module:function, got {self.handler!r}",
-        )
+        _check(":" in self.handler and all(self.handler.split(":")), where,
+               f"handler must be module:function, got {self.handler!r}")
         _check(self.cpu in FARGATE_MEMORY, where, f"cpu must be one of {sorted(FARGATE_MEMORY)}")
         _check(
             self.memory_mib in FARGATE_MEMORY.get(self.cpu, ()),
