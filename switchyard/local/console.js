@@ -106,6 +106,7 @@ function rpc(data, now) {
       figure("orphans", pool.orphans, "orphans"),
       figure("dead-letters", pool.dead_letters, "dead letters", pool.dead_letters > 0),
       figure("poison", pool.poison, "poison", pool.poison > 0),
+      figure("spares", pool.spares, "spares waiting"),
       figure("latency-p99", ms(pool.latency_p99_ms), "latency p99 (5 min)")));
     box.append(chart("chart-rpc-latency", "latency, delivery to reply:", pool.latency,
                      [{field: "p99_ms", label: "p99", color: "#2b6cb0"}, {field: "p50_ms", label: "p50", color: "#9f7aea"}],

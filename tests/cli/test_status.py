@@ -298,7 +298,7 @@ def test_console_page_shows_the_figures_in_chromium(system: System, console: Con
     assert page.text("pool-count") == ["1"]
     pool = page.row("pool", pool=system.pool)
     assert [pool[f] for f in ("groups", "workers", "backlog", "latency-p99")] == ["2", "1", "3", "7.5 ms"]
-    assert (pool["orphans"], pool["dead-letters"], pool["poison"]) == ("0", "0", "0")
+    assert (pool["orphans"], pool["dead-letters"], pool["poison"], pool["spares"]) == ("0", "0", "0", "0")
     busy, evil = page.row("group", key=BUSY_KEY), page.row("group", key=EVIL_KEY)
     assert [busy[f] for f in ("key", "state", "workers", "backlog")] == [BUSY_KEY, "active", "0", "3"]
     assert [evil[f] for f in ("key", "state", "workers", "backlog")] == [EVIL_KEY, "unbound", "1", "0"]
