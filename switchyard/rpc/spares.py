@@ -8,7 +8,9 @@ starts consuming the key's queue. Whoever removes a spare from the set owns it, 
 planes never hand out one spare, and a spare that *withdraws* (``SREM``: stopping) cannot be
 claimed after. A spare that dies while registered stays in the set until its driver forgets it
 (``forget``); a claim of it is the same as a claim of a spare killed while adopting: its group has
-no live worker, and the reconciler starts the group as it would any other.
+no live worker, and the reconciler starts the group as it would any other. A waiting spare
+*rejoins* between its waits (register_spare.lua: back into the set unless a key is on its list), so
+a Redis that lost the set (flushed, failed over) gets its spares back within a wait's turn.
 
 Redis layout (under the pool's prefix and hash tag, ``switchyard:rpc:{<pool>}:``, so the script's two
 keys share a slot on a Redis Cluster):
@@ -38,8 +40,9 @@ class SpareRegistry:
         self.redis = client
         self.prefix = f"switchyard:rpc:{{{self.pool}}}:"
         self._set = self.prefix + "spares"
-        self._claim = client.register_script(
-            resources.files("switchyard.rpc.lua").joinpath("claim_spare.lua").read_text())
+        lua = resources.files("switchyard.rpc.lua")
+        self._claim = client.register_script(lua.joinpath("claim_spare.lua").read_text())
+        self._rejoin = client.register_script(lua.joinpath("register_spare.lua").read_text())
 
     def _list(self, worker_id: str) -> str:
         return f"{self.prefix}spare:{worker_id}"
@@ -49,6 +52,11 @@ class SpareRegistry:
         """Ready: handler imported, connection open (a key handed out before this would wait)."""
         self.redis.delete(self._list(worker_id))
         self.redis.sadd(self._set, worker_id)
+
+    def rejoin(self, worker_id: str) -> bool:
+        """Still waiting: back into the set if it was lost (a Redis flush or failover), never after a
+        claim (register_spare.lua); whether it is in the set."""
+        return bool(self._rejoin(keys=[self._set, self._list(worker_id)], args=[worker_id]))
 
     def wait(self, worker_id: str, timeout_s: float) -> str | None:
         """The key handed to this spare, or None after ``timeout_s`` (the caller's turn for I/O)."""

@@ -193,3 +193,20 @@ def test_spares_waiting_through_a_broker_outage_still_adopt_keys(make_pool, plan
             assert answerer(client, "k", timeout=60) == spare
     finally:
         proxy.close()
+
+
+def test_a_spare_rejoins_a_set_redis_lost_and_never_after_a_claim(make_pool, planes: Planes,
+                                                                 redis_client: RedisClient,
+                                                                 tmp_path: Path) -> None:
+    pool, settings = make_pool()
+    registry = SpareRegistry(redis_client, pool)
+    planes.start(pool, settings, driver=spare_driver(tmp_path, registry))
+    (spare,) = wait_for(registry.waiting, timeout=30, what="a spare registered")
+    redis_client.delete(registry.prefix + "spares")  # as a flushed or failed-over Redis would
+    assert wait_for(registry.waiting, timeout=10, what="the spare back in the set") == {spare}
+    with RpcClient(pool, settings) as client:
+        assert answerer(client, "k") == spare
+    registry.register("claimed-elsewhere")
+    assert registry.claim("claimed-elsewhere", "k2")
+    assert not registry.rejoin("claimed-elsewhere")  # its key is on its list: not claimable again
+    assert "claimed-elsewhere" not in registry.waiting()

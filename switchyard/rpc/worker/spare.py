@@ -79,6 +79,7 @@ class Spare:
             if key is not None:
                 return key
             self._pump()
+            self.registry.rejoin(self.worker_id)
         return self.registry.withdraw(self.worker_id)
 
     def _connect(self) -> None:
