@@ -284,7 +284,8 @@ def cold_start_p50(settings: RpcSettings, pool: str, cold_keys: int) -> float:
     control = ControlSettings(pool, LONG, reconcile_interval_s=1.0)
     runtime = LocalControlPlane(control, settings, driver).start()
     try:
-        samples = first_calls(pool, settings, cold_keys, timeout=60)
+        with RpcClient(pool, settings, timeout=60) as client:
+            samples = [s for s, _ in first_calls(client, [f"cold-{i}" for i in range(cold_keys)])]
     finally:
         runtime.stop()
         services.control_plane.install(None)

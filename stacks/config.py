@@ -92,6 +92,7 @@ class PoolConfig:
     min_workers: int = 1
     max_workers: int = 4
     target_backlog: int = 10
+    min_spares: int = 0  # warm spare workers bound to no key (switchyard.rpc.spares)
     unbind_delay_seconds: int = 300
     stop_delay_seconds: int = 600
     batch_size: int = 100  # Amazon MQ event source: messages per invocation (1-10,000)
@@ -108,11 +109,8 @@ class PoolConfig:
             object.__setattr__(self, "image", ImageDirectory.parse(self.image, where))
         _check(isinstance(self.image, str | ImageDirectory), where,
                f'image must be "", an image URI or {{"directory": ...}}, got {self.image!r}')
-        _check(
-            ":" in self.handler and all(self.handler.split(":")),
-            where,
-            f"handler must be module:function, got {self.handler!r}",
-        )
+        _check(":" in self.handler and all(self.handler.split(":")), where,
+               f"handler must be module:function, got {self.handler!r}")
         _check(self.cpu in FARGATE_MEMORY, where, f"cpu must be one of {sorted(FARGATE_MEMORY)}")
         _check(
             self.memory_mib in FARGATE_MEMORY.get(self.cpu, ()),
@@ -122,6 +120,7 @@ class PoolConfig:
         )
         _check(1 <= self.min_workers <= self.max_workers, where, "need 1 <= minWorkers <= maxWorkers")
         _check(self.target_backlog >= 1, where, "targetBacklog must be at least 1")
+        _check(self.min_spares >= 0, where, "minSpares must be 0 or more")
         _check(
             0 < self.unbind_delay_seconds < self.stop_delay_seconds,
             where,

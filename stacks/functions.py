@@ -317,7 +317,7 @@ class FunctionsConstruct(Construct):
                 rpc.ECS_SUBNETS: Fn.join(",", subnets.subnet_ids),
                 rpc.ECS_SECURITY_GROUPS: self.network.workers_sg.security_group_id,
                 rpc.ECS_CAPACITY_PROVIDER: pool.capacity_provider,
-                rpc.MIN_WORKERS: pool.min_workers,
+                rpc.MIN_WORKERS: pool.min_workers, rpc.MIN_SPARES: pool.min_spares,
                 rpc.MAX_WORKERS: pool.max_workers,
                 rpc.TARGET_BACKLOG: pool.target_backlog,
             }))

@@ -12,6 +12,8 @@ when it is not. Two markers name the sleeps that are not waits:
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -73,3 +75,32 @@ def test_the_checker_finds_a_bare_sleep_and_accepts_the_marked_ones(tmp_path: Pa
         "    time.sleep(0.2)  # pace: a slow handler\n"
         "    nap(3)\n")
     assert unmarked_sleeps(tmp_path) == ["test_x.py:5", "test_x.py:10"]
+
+
+# -- merge leftovers ----------------------------------------------------------------------------
+CONFLICT_MARKER = re.compile(r"^(<{7}|>{7}) ", re.M)  # a merge's "<<<<<<< HEAD" / ">>>>>>> branch"
+
+
+def conflict_markers(root: Path, files: list[str]) -> list[str]:
+    """``file:line`` of every merge conflict marker left in ``files`` (paths under ``root``)."""
+    found = []
+    for name in files:
+        try:
+            text = (root / name).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue  # binary, or a symlink to a directory
+        found += [f"{name}:{text.count(chr(10), 0, m.start()) + 1}" for m in CONFLICT_MARKER.finditer(text)]
+    return found
+
+
+def test_no_merge_conflict_marker_is_left_in_a_tracked_file() -> None:
+    """A conflict resolved in haste once left both sides and their markers in docs/operations.md."""
+    root = TESTS.parent
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True)
+    assert conflict_markers(root, tracked.stdout.splitlines()) == []
+
+
+def test_the_marker_check_finds_a_left_conflict(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("text\n<<<<<<< HEAD\nmine\n=======\ntheirs\n>>>>>>> other\n")
+    (tmp_path / "b.md").write_text("a line with <<<<<<< inside is fine\n")
+    assert conflict_markers(tmp_path, ["a.md", "b.md"]) == ["a.md:2", "a.md:6"]

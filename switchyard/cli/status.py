@@ -53,7 +53,7 @@ def ms(value: float | None) -> str:
 def pool_lines(pool: PoolFigures, now: float, max_groups: int) -> list[str]:
     """One pool: its queues' figures, latency, then a line per group."""
     lines = [f"{pool.pool}: {len(pool.groups)} group{'' if len(pool.groups) == 1 else 's'}; orphans "
-             f"{pool.orphans}, dead letters {pool.dead_letters}, poison {pool.poison}; "
+             f"{pool.orphans}, dead letters {pool.dead_letters}, poison {pool.poison}; spares {pool.spares}; "
              f"latency p99 {ms(pool.latency_p99_ms)}"]
     if pool.groups:
         lines.append(f"  {'key':32} {'state':9} {'workers':>7} {'backlog':>8}  last activity")

@@ -212,7 +212,7 @@ def demo_driver() -> SubprocessDriver:
     from switchyard.rpc.drivers import SubprocessDriver
 
     return SubprocessDriver(
-        (sys.executable, "-m", "switchyard", "worker", "--handler", "switchyard.rpc.examples:demo"),
+        (sys.executable, "-m", "switchyard.rpc.worker", "--handler", "switchyard.rpc.examples:demo"),
         min_workers=1, max_workers=2, stop_timeout=5,
         env={"SLEEPY_SECONDS": "1", LOG_LEVEL.name: "ERROR"},
     )

@@ -166,11 +166,12 @@ function poolBox(pool, traces, now, span) {
     figure("backlog", sum(pool.groups, "backlog"), "backlog", sum(pool.groups, "backlog") > 0),
     figure("orphans", pool.orphans, "orphans"),
     figure("dead-letters", pool.dead_letters, "dead letters", pool.dead_letters > 0),
-    figure("poison", pool.poison, "poison", pool.poison > 0), p99));
+    figure("poison", pool.poison, "poison", pool.poison > 0),
+    figure("spares", pool.spares, "spares waiting"), p99));
   if (pool.poison > 0) {
     box.append(el("div", {class: "command", "data-figure": "poison-note"},
-      `${pool.poison} poison: set aside for a person, not replayed (no command replays them yet); read them in the `
-      + `management UI, queue `, el("code", {}, `${pool.pool}-poison`)));
+      `${pool.poison} poison: set aside for a person, queue ${pool.pool}-poison; read them, then replay them once `
+      + `the cause is fixed: `, el("code", {}, `switchyard pool poison --pool ${pool.pool} [--replay]`)));
   }
   if (!pool.control_plane && (pool.orphans > 0 || pool.dead_letters > 0 || pool.activity_waiting > 0)) {
     box.append(command("control-plane-command", `switchyard local --pool ${pool.pool}`,

@@ -23,15 +23,16 @@ from switchyard.rpc.service import ControlPlane, build_service
 from switchyard.rpc.settings import DEMO_HANDLER, ControlSettings, DriverSettings, RpcSettings
 
 
-def local_driver() -> WorkerGroupDriver:
+def local_driver(pool: str = "") -> WorkerGroupDriver:
     """The environment's driver, whose workers locally answer with the demo handler unless one is
-    set (a deployment must set it: production has no default)."""
-    return driver_from_env(DriverSettings.from_env(default_handler=DEMO_HANDLER))
+    set (a deployment must set it: production has no default); ``pool``: whose spares it keeps."""
+    return driver_from_env(DriverSettings.from_env(default_handler=DEMO_HANDLER), pool)
 
 
 def local_plane() -> ControlPlane:
     """The environment's control plane with ``local_driver`` (``switchyard invoke``'s)."""
-    return build_service(ControlSettings.from_env(), RpcSettings.from_env(), driver=local_driver())
+    control = ControlSettings.from_env()
+    return build_service(control, RpcSettings.from_env(), driver=local_driver(control.pool))
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class BridgeSettings:
     dead_letter_batch: int = 100
     activity_batch: int = 1000
     window_s: float = 0.05
+    # A new key's first call waits out the orphans' window: 50 ms was half of a spare's adoption.
+    # A burst's orphans arrive within a few ms (and more gather while a batch is handled).
+    orphan_window_s: float = 0.005
 
 
 class LocalControlPlane:
@@ -49,7 +53,7 @@ class LocalControlPlane:
                  driver: WorkerGroupDriver | None = None, bridges: BridgeSettings | None = None) -> None:
         self.control = control
         self.settings = settings or RpcSettings.from_env()
-        self.plane = build_service(control, self.settings, driver=driver or local_driver())
+        self.plane = build_service(control, self.settings, driver=driver or local_driver(control.pool))
         self.bridges = bridges or BridgeSettings()
         self.sources: list[RabbitMQEventSource] = []
         self.reconcile_passes = 0
@@ -67,14 +71,14 @@ class LocalControlPlane:
             topology.declare()
         services.control_plane.install(self.plane)
         b = self.bridges
-        for queue, function, batch in (
-            (protocol.orphan_queue(pool), "rpc_orphans", b.orphan_batch),
-            (protocol.dl_queue(pool), "rpc_dead_letters", b.dead_letter_batch),
-            (protocol.activity_queue(pool), "rpc_activity", b.activity_batch),
+        for queue, function, batch, window_s in (
+            (protocol.orphan_queue(pool), "rpc_orphans", b.orphan_batch, min(b.window_s, b.orphan_window_s)),
+            (protocol.dl_queue(pool), "rpc_dead_letters", b.dead_letter_batch, b.window_s),
+            (protocol.activity_queue(pool), "rpc_activity", b.activity_batch, b.window_s),
         ):
             source = RabbitMQEventSource(
                 queue, load_function(function).lambda_handler, amqp_url=self.settings.connections.amqp_url,
-                function_name=f"{function}-{pool}", batch_size=batch, batching_window_s=b.window_s)
+                function_name=f"{function}-{pool}", batch_size=batch, batching_window_s=window_s)
             self.sources.append(source)
             self._threads.append(source.run_in_thread(self._stop))
         ticker = threading.Thread(target=self._tick, name=f"reconciler-{pool}", daemon=True)

@@ -8,25 +8,38 @@ connection helpers all three share, and the part's shape: ``settings``, ``errors
 wired once per process).
 """
 
-from switchyard.rpc.client import AsyncRpcClient, Response, RpcClient
-from switchyard.rpc.control.topology import PoolTopology, init_pool
-from switchyard.rpc.protocol import Event, QueueType, Status
-from switchyard.rpc.settings import PoolPolicy, RpcSettings
-from switchyard.rpc.worker import Request, Requeue, Worker, WorkerConfig
+from __future__ import annotations
 
-__all__ = [
-    "AsyncRpcClient",
-    "Event",
-    "PoolPolicy",
-    "PoolTopology",
-    "QueueType",
-    "Request",
-    "Requeue",
-    "Response",
-    "RpcClient",
-    "RpcSettings",
-    "Status",
-    "Worker",
-    "WorkerConfig",
-    "init_pool",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from switchyard.rpc.client import AsyncRpcClient, Response, RpcClient
+    from switchyard.rpc.control.topology import PoolTopology, init_pool
+    from switchyard.rpc.protocol import Event, QueueType, Status
+    from switchyard.rpc.settings import PoolPolicy, RpcSettings
+    from switchyard.rpc.worker import Request, Requeue, Worker, WorkerConfig
+
+# Imported on first use (PEP 562): a worker imports ``switchyard.rpc.worker`` and must not pay
+# for the client, its I/O loop and the control plane's topology (about 200 ms of a cold start).
+_FACES = {
+    "AsyncRpcClient": "switchyard.rpc.client", "Response": "switchyard.rpc.client",
+    "RpcClient": "switchyard.rpc.client",
+    "PoolTopology": "switchyard.rpc.control.topology", "init_pool": "switchyard.rpc.control.topology",
+    "Event": "switchyard.rpc.protocol", "QueueType": "switchyard.rpc.protocol",
+    "Status": "switchyard.rpc.protocol", "PoolPolicy": "switchyard.rpc.settings",
+    "RpcSettings": "switchyard.rpc.settings", "Request": "switchyard.rpc.worker",
+    "Requeue": "switchyard.rpc.worker", "Worker": "switchyard.rpc.worker",
+    "WorkerConfig": "switchyard.rpc.worker",
+}
+
+__all__ = ["AsyncRpcClient", "Event", "PoolPolicy", "PoolTopology", "QueueType", "Request", "Requeue",
+           "Response", "RpcClient", "RpcSettings", "Status", "Worker", "WorkerConfig", "init_pool"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FACES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_FACES[name]), name)
+    globals()[name] = value
+    return value

@@ -306,6 +306,10 @@ def _answered(channel: BlockingChannel, send: Callable[[Callable[[Any], None]], 
     answered: list[bool] = []
     result = send(lambda _frame: answered.append(True))
     deadline = time.monotonic() + timeout
+    # Passes that end when the answer came: ``process_data_events(time_limit)`` would wait out its
+    # whole limit (it ends early only for BlockingChannel's own dispatch, never for this callback),
+    # 50 ms per method: a worker's start paid it twice, confirm.select and basic.consume.
+    passes = LoopPasses(channel.connection)
     while not answered:
         if channel.is_closed:
             if quiet:
@@ -317,7 +321,7 @@ def _answered(channel: BlockingChannel, send: Callable[[Callable[[Any], None]], 
             if quiet:
                 break
             raise BrokerUnavailableError(f"the broker did not answer {what}")
-        channel.connection.process_data_events(time_limit=0.05)
+        passes.run(min(deadline, time.monotonic() + 0.05))
     return result
 
 

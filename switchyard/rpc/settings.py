@@ -114,8 +114,12 @@ WORKER_HANDLER = _rpc("WORKER_HANDLER", "",
                       "`SWITCHYARD_RPC_WORKER_COMMAND` is set; `switchyard local`: "
                       "`switchyard.rpc.examples:describe`)", shown="none")
 WORKER_COMMAND = _rpc("WORKER_COMMAND", "", "the whole worker command (shell-split)",
-                      shown="`python -m switchyard worker --handler $SWITCHYARD_RPC_WORKER_HANDLER`")
+                      shown="`python -m switchyard.rpc.worker --handler $SWITCHYARD_RPC_WORKER_HANDLER`")
 MIN_WORKERS = _rpc("MIN_WORKERS", 1, "workers per group at least (subprocess driver)")
+MIN_SPARES = _rpc(
+    "MIN_SPARES", 0,
+    "warm spare workers the pool keeps waiting, bound to no key: a new key's group adopts one instead of "
+    "starting a worker (subprocess driver; `0`: none). See [spares](benchmarks.md#warm-spares)")
 MAX_WORKERS = _rpc("MAX_WORKERS", 4, "workers per group at most (subprocess driver)")
 TARGET_BACKLOG = _rpc(
     "TARGET_BACKLOG", 10,
@@ -231,6 +235,7 @@ class DriverSettings:
     min_workers: int = 1
     max_workers: int = 4
     target_backlog: int = 10
+    min_spares: int = 0
     log_dir: str = DEFAULT_WORKER_LOG_DIR
     stop_timeout: float = 15.0
 
@@ -243,7 +248,7 @@ class DriverSettings:
         handler = WORKER_HANDLER.read(source) or default_handler
         try:
             command = tuple(shlex.split(raw_command)) if raw_command else (
-                (sys.executable, "-m", "switchyard", "worker", "--handler", handler) if handler else ())
+                (sys.executable, "-m", "switchyard.rpc.worker", "--handler", handler) if handler else ())
         except ValueError as exc:
             raise ConfigError(f"{WORKER_COMMAND.name} cannot be split: {exc}") from exc
         settings = build(cls, DRIVER_SETTINGS, source, command=command)
@@ -264,5 +269,6 @@ CONTROL = {"reconcile_interval_s": RECONCILE_INTERVAL,
            "dead_letter_probe_vhost": DEAD_LETTER_PROBE_VHOST,
            "dead_letter_probe_secret_arn": DEAD_LETTER_PROBE_SECRET_ARN}
 DRIVER_SETTINGS = {"driver": DRIVER, "min_workers": MIN_WORKERS, "max_workers": MAX_WORKERS,
+                   "min_spares": MIN_SPARES,
                    "target_backlog": TARGET_BACKLOG, "log_dir": WORKER_LOG_DIR,
                    "stop_timeout": WORKER_STOP_TIMEOUT}

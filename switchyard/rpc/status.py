@@ -1,7 +1,8 @@
 """The keyed RPC pools' figures for people (``switchyard pool status``, ``switchyard status``, the
 console): each pool's worker groups with their state (from the pool's store), workers and backlog
 (the consumers and messages of the group's request queue, from the management API), the last
-activity seen, and the latency the workers report (``x-switchyard-latency``, kept by the tracker).
+activity seen, the warm spares waiting for a key, and the latency the workers report
+(``x-switchyard-latency``, kept by the tracker).
 
 A request queue with no group in the store (``switchyard pool bind``, workers started by hand) is
 listed with the state ``no state``: no control plane has tracked it (its workers' activity reports
@@ -18,6 +19,7 @@ from switchyard.core.redis_client import RedisClient
 from switchyard.rpc import protocol
 from switchyard.rpc.control.management import ManagementApi
 from switchyard.rpc.ports import LatencyReport
+from switchyard.rpc.spares import SpareRegistry
 from switchyard.rpc.store import PoolState
 
 NO_STATE = "no state"
@@ -64,6 +66,7 @@ class PoolFigures:
     control_plane: bool = False  # something consumes its orphan queue (a control plane runs)
     activity_waiting: int = 0  # worker reports no activity tracker has read ({pool}-activity)
     calls_per_s: float = 0.0  # requests answered per second, the last RATE_S, every key
+    spares: int = 0  # warm spare workers waiting for a key (switchyard.rpc.spares)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -164,7 +167,8 @@ def pool_figures(pool: str, client: RedisClient, management: ManagementApi, now_
                        max(recent) if recent else None, series,
                        control_plane=orphan is not None and _count(orphan, "consumers") > 0,
                        activity_waiting=depth(protocol.activity_queue(pool)),
-                       calls_per_s=round(sum(calls for calls, _ in per_key.values()), 3))
+                       calls_per_s=round(sum(calls for calls, _ in per_key.values()), 3),
+                       spares=len(SpareRegistry(client, pool).waiting()))
 
 
 def _count(queue: dict[str, Any], field: str) -> int:

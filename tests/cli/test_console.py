@@ -119,6 +119,7 @@ def test_seven_pools_the_busy_one_first_above_the_fold(seven_pools: list[str], c
     assert pool["latency-p99"] == "27.0 ms"
     assert pool["pool-trace-command"] == f"switchyard trace {TRACE_ID}"  # the slowest of this pool only
     assert page.text("poison-note")[0].startswith("2 poison: set aside for a person")
+    assert page.text("poison-note")[0].endswith(f"switchyard pool poison --pool {busy} [--replay]")
     assert page.text("calls-total") == ["2.5/s"]
     rows = [a["data-key"] for a, _, _ in page.found if a["data-figure"] == "group"]
     assert rows == [BUSY_KEY, EVIL_KEY]  # the busiest key first

@@ -162,7 +162,8 @@ def test_status_json_and_human(system: System) -> None:
     human = switchyard(system, "status", "--pool", system.pool)
     assert human.returncode == 0, human.stderr
     out = human.stdout
-    assert f"{system.pool}: 2 groups; orphans 0, dead letters 0, poison 0; latency p99 7.5 ms" in out
+    assert (f"{system.pool}: 2 groups; orphans 0, dead letters 0, poison 0; spares 0; "
+            "latency p99 7.5 ms") in out
     assert "3 waiting, 1 ready, 1 overdue, 1 parked; earliest waiting row due 2 min ago" in out
     assert "lateness p99 12.5 ms" in out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("    '")}
@@ -298,7 +299,7 @@ def test_console_page_shows_the_figures_in_chromium(system: System, console: Con
     assert page.text("pool-count") == ["1"]
     pool = page.row("pool", pool=system.pool)
     assert [pool[f] for f in ("groups", "workers", "backlog", "latency-p99")] == ["2", "1", "3", "7.5 ms"]
-    assert (pool["orphans"], pool["dead-letters"], pool["poison"]) == ("0", "0", "0")
+    assert (pool["orphans"], pool["dead-letters"], pool["poison"], pool["spares"]) == ("0", "0", "0", "0")
     busy, evil = page.row("group", key=BUSY_KEY), page.row("group", key=EVIL_KEY)
     assert [busy[f] for f in ("key", "state", "workers", "backlog")] == [BUSY_KEY, "active", "0", "3"]
     assert [evil[f] for f in ("key", "state", "workers", "backlog")] == [EVIL_KEY, "unbound", "1", "0"]

@@ -83,15 +83,17 @@ def test_noop_driver_reports_what_it_was_told_and_does_nothing() -> None:
 
 def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("SWITCHYARD_RPC_DRIVER", "SWITCHYARD_RPC_WORKER_COMMAND", "SWITCHYARD_RPC_WORKER_HANDLER",
-                 "SWITCHYARD_RPC_MIN_WORKERS", "SWITCHYARD_RPC_MAX_WORKERS", "SWITCHYARD_RPC_TARGET_BACKLOG"):
+                 "SWITCHYARD_RPC_MIN_WORKERS", "SWITCHYARD_RPC_MAX_WORKERS", "SWITCHYARD_RPC_TARGET_BACKLOG",
+                 "SWITCHYARD_RPC_MIN_SPARES"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigError, match="SWITCHYARD_RPC_WORKER_HANDLER is not set") as refused:
         DriverSettings.from_env()  # no demo in production: a worker must be told what to run
     assert "\n" not in str(refused.value)
     default = DriverSettings.from_env(default_handler=DEMO_HANDLER)  # switchyard local's
-    assert default.command == COMMAND
-    assert (default.driver, default.min_workers, default.max_workers, default.target_backlog) == (
-        "subprocess", 1, 4, 10)
+    # The lean entry point, not the whole command line (issue 40: a second of a first call).
+    assert default.command == (sys.executable, "-m", "switchyard.rpc.worker", "--handler", DEMO_HANDLER)
+    assert (default.driver, default.min_workers, default.max_workers, default.target_backlog,
+            default.min_spares) == ("subprocess", 1, 4, 10, 0)
     assert isinstance(driver_from_env(default), SubprocessDriver)
 
     monkeypatch.setenv("SWITCHYARD_RPC_WORKER_HANDLER", "tests.rpc.handlers:whoami")

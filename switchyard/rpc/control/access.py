@@ -41,11 +41,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from switchyard.core.errors import ConfigError
 from switchyard.rpc import protocol
-from switchyard.rpc.control.management import ManagementApi
+
+if TYPE_CHECKING:  # the worker imports this module for its user names only, not the API client
+    from switchyard.rpc.control.management import ManagementApi
 
 USERNAME_PREFIX = "switchyard-"
 POLICYMAKER = "policymaker"

@@ -8,9 +8,10 @@
 * ``SWITCHYARD_RPC_WORKER_HANDLER``: ``module:function``, required (``switchyard local`` defaults it to
   ``switchyard.rpc.examples:describe``);
 * ``SWITCHYARD_RPC_WORKER_COMMAND``: the whole command, shell-split (default
-  ``<sys.executable> -m switchyard worker --handler <SWITCHYARD_RPC_WORKER_HANDLER>``);
+  ``<sys.executable> -m switchyard.rpc.worker --handler <SWITCHYARD_RPC_WORKER_HANDLER>``: the lean
+  entry point, not the whole command line);
 * ``SWITCHYARD_RPC_MIN_WORKERS`` (1), ``SWITCHYARD_RPC_MAX_WORKERS`` (4), ``SWITCHYARD_RPC_TARGET_BACKLOG``
-  (10 waiting requests per worker);
+  (10 waiting requests per worker), ``SWITCHYARD_RPC_MIN_SPARES`` (0: warm spare workers, subprocess driver);
 * ``SWITCHYARD_RPC_WORKER_LOG_DIR`` (``.local/logs/workers``), ``SWITCHYARD_RPC_WORKER_STOP_TIMEOUT_S``
   (15 s between SIGTERM and SIGKILL).
 * ECS (``ecs.py``): ``SWITCHYARD_RPC_ECS_CLUSTER``, ``SWITCHYARD_RPC_ECS_SUBNETS`` and
@@ -22,11 +23,14 @@
 
 from __future__ import annotations
 
+from switchyard.core.errors import ConfigError
+from switchyard.core.observability import logger
 from switchyard.rpc.drivers.noop import NoopDriver
 from switchyard.rpc.drivers.subprocess import SubprocessDriver, WorkerProcess
 from switchyard.rpc.errors import DriverError
 from switchyard.rpc.ports import WorkerGroup, WorkerGroupDriver, desired_workers
-from switchyard.rpc.settings import DriverSettings
+from switchyard.rpc.settings import MIN_SPARES, POOL, DriverSettings
+from switchyard.rpc.spares import SpareRegistry
 
 __all__ = [
     "DriverError",
@@ -41,8 +45,9 @@ __all__ = [
 ]
 
 
-def driver_from_env(settings: DriverSettings | None = None) -> WorkerGroupDriver:
-    """The driver ``SWITCHYARD_RPC_DRIVER`` names, configured from the environment."""
+def driver_from_env(settings: DriverSettings | None = None, pool: str = "") -> WorkerGroupDriver:
+    """The driver ``SWITCHYARD_RPC_DRIVER`` names, configured from the environment (``pool``: whose
+    spares it keeps, default ``SWITCHYARD_RPC_POOL``; needed only with ``SWITCHYARD_RPC_MIN_SPARES``)."""
     settings = settings or DriverSettings.from_env()
     if settings.driver == "noop":
         return NoopDriver()
@@ -55,7 +60,20 @@ def driver_from_env(settings: DriverSettings | None = None) -> WorkerGroupDriver
         target_backlog=settings.target_backlog,
         log_dir=settings.log_dir,
         stop_timeout=settings.stop_timeout,
+        min_spares=settings.min_spares,
+        spares=_spare_registry(pool) if settings.min_spares else None,
     )
+
+
+def _spare_registry(pool: str) -> SpareRegistry:
+    """The pool's spare registry, on ``SWITCHYARD_REDIS_URL`` as the pool state is."""
+    from switchyard.core.config import Connections
+    from switchyard.core.redis_client import connect_redis
+
+    pool = pool or POOL.read()
+    if not pool:
+        raise ConfigError(f"{MIN_SPARES.name} needs the pool whose spares to keep: set {POOL.name}")
+    return SpareRegistry(connect_redis(Connections.from_env()), pool)
 
 
 def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
@@ -64,6 +82,9 @@ def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
     from switchyard.rpc.drivers.ecs import EcsDriver, EcsSettings, ecs_client
     from switchyard.rpc.store import WorkerGroupLock
 
+    if settings.min_spares:
+        logger.warning(f"{MIN_SPARES.name} is not used by the ECS driver yet: new keys start a task each",
+                       extra={"min_spares": settings.min_spares})
     connections = Connections.from_env()
     ecs = EcsSettings.from_env()
     return EcsDriver(

@@ -115,7 +115,8 @@ _QUEUE_POLL_S = 0.2  # between consumes of a request queue not declared yet
 class Worker:
     """Consumes one request queue and answers each request. ``run()`` blocks until stopped."""
 
-    def __init__(self, handler: Handler, config: WorkerConfig, settings: RpcSettings | None = None) -> None:
+    def __init__(self, handler: Handler, config: WorkerConfig, settings: RpcSettings | None = None,
+                 connection: pika.BlockingConnection | None = None) -> None:
         self.handler = handler
         self.config = config
         self.settings = settings or RpcSettings.from_env()
@@ -126,7 +127,7 @@ class Worker:
         self._stopping = False
         self.consuming = False  # from the consume-ok until the worker stops taking requests
         self._last_activity = float("-inf")
-        self._connection: pika.BlockingConnection | None = None
+        self._connection = connection  # a spare's, opened ahead (``spare``); else opened by ``run``
         self._channel: BlockingChannel | None = None
         self._shed_channel: BlockingChannel | None = None
         # Answered requests' acks, on ``_channel``.
@@ -204,7 +205,9 @@ class Worker:
         cfg = self.config
         deadline = time.monotonic() + cfg.queue_wait
         while True:
-            connection = connect(self.settings.connections.amqp_url, f"switchyard-worker-{cfg.worker_id}")
+            connection = self._connection
+            if connection is None or not connection.is_open:
+                connection = connect(self.settings.connections.amqp_url, f"switchyard-worker-{cfg.worker_id}")
             self._connection = connection
             consuming = None
             try:

@@ -1,0 +1,35 @@
+"""A pool's ``minSpares`` (issue 40): the stack takes it per pool and hands it to the pool's control
+plane as ``SWITCHYARD_RPC_MIN_SPARES``; a negative count fails synth naming the key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aws_cdk import App, Stack
+
+from stacks import constants
+from stacks.config import ConfigError, DeploymentConfig
+from switchyard.rpc.settings import MIN_SPARES
+from tests.stacks.conftest import synth
+from tests.stacks.test_switchyard_stack import one_function
+
+pytestmark = pytest.mark.slow
+
+
+def test_min_spares_reaches_the_pools_control_plane(layer_dir: str,
+                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+    pools = json.dumps([{"name": constants.EXAMPLE_POOL, "minSpares": 2}])
+    template, _, _ = synth(layer_dir, tmp_path_factory.mktemp("cdk.out.spares"),
+                           **{constants.CTX_POOLS: pools})
+    _, orphans = one_function(template.to_json()["Resources"], "rpc_orphans")
+    assert orphans["Properties"]["Environment"]["Variables"][MIN_SPARES.name] == "2"
+
+
+def test_min_spares_defaults_to_none_and_refuses_a_negative_count() -> None:
+    def config(pools: list[dict]) -> DeploymentConfig:
+        return DeploymentConfig.from_context(Stack(App(context={constants.CTX_POOLS: pools})))
+
+    assert config([{"name": "a"}]).pools[0].min_spares == 0
+    with pytest.raises(ConfigError, match="minSpares must be 0 or more"):
+        config([{"name": "a", "minSpares": -1}])
