@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import string
 
+from switchyard.core import parts
+
 # Stack
 STACK_ID = "SwitchyardStack"
 LOCALSTACK_STACK_ID = "SwitchyardLocal"  # the `localstack` target's stack (stacks/localstack_stack.py)
@@ -107,8 +109,9 @@ CTX_BUS = "switchyard:bus"  # the event bus's delivery workers: how many, on whi
 # Which parts a stack deploys (default all) and the size that picks their instance types (stacks/sizes.py).
 CTX_PARTS = "switchyard:parts"
 CTX_SIZE = "switchyard:size"
-PART_RPC, PART_DELAY, PART_PENDING, PART_BUS, PART_SPARK = "rpc", "delay", "pending", "bus", "spark"
-PARTS = (PART_RPC, PART_DELAY, PART_PENDING, PART_BUS, PART_SPARK)
+PART_RPC, PART_DELAY, PART_PENDING, PART_BUS = parts.RPC, parts.DELAY, parts.PENDING, parts.BUS
+PART_SPARK = parts.SPARK
+PARTS = parts.PARTS
 # What a part cannot be deployed without, and why (synth fails naming both).
 PART_NEEDS = {PART_SPARK: ((PART_DELAY, PART_RPC),
                            "its jobs schedule calls: rows through the delay input topic, into the pools")}

@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from switchyard.cli.preflight import require, unavailable
+from switchyard.core import parts
 from switchyard.core.config import Connections
 from switchyard.core.errors import SwitchyardError
 from switchyard.core.observability import redact_url
 from switchyard.core.reader import CONFIG_PATH
 
-PARTS = ("rpc", "delay", "bus", "pending")
-SERVICES = {"rpc": ("amqp", "redis", "management"), "delay": ("postgres",), "bus": ("redis",),
-            "pending": ("redis",)}
+PARTS = (parts.RPC, parts.DELAY, parts.BUS, parts.PENDING)  # the parts with figures to read
+# What reading a part's figures needs (less than running it: delay's figures are all in Postgres).
+SERVICES = {parts.RPC: ("amqp", "redis", "management"), parts.DELAY: ("postgres",), parts.BUS: ("redis",),
+            parts.PENDING: ("redis",)}
 READ_TIMEOUT_S = 5.0  # the longest one part's read may take (each client's own timeout)
 OK, UNREACHABLE = "ok", "unreachable"  # a part's state
 

@@ -15,6 +15,7 @@ import argparse
 import os
 
 from switchyard.cli.options import add_stack_option
+from switchyard.core import parts
 from switchyard.demo.delay_scheduler import delay_scheduler_part
 from switchyard.demo.event_bus import event_bus_part
 from switchyard.demo.pending_queue import pending_queue_part
@@ -38,21 +39,41 @@ def run_demo(args: argparse.Namespace) -> int:
 
     trace_log = enable_trace_log()  # `switchyard trace ID` follows one request of the demo
 
-    require("amqp", "management", "redis", "postgres", "kafka")  # one line, in a second, if one is down
+    chosen = args.parts
+    require(*parts.services_of(chosen))  # one line, in a second, if one is down
     if not args.verbose:
         logger.setLevel("ERROR")
     out = Printer()
-    options = PoolOptions(pool=args.pool, keys=args.keys, seconds=args.seconds, concurrency=args.concurrency,
-                          unbind_delay=args.unbind_delay, stop_delay=args.stop_delay, keep=args.keep)
-    pool_run = rpc_pool_part(out, options, RpcSettings.from_env())
-    print_summary(out, pool_run)
-    delay_scheduler_part(out)
-    scheduled_calls_part(out)
-    event_bus_part(out)
-    pending_queue_part(out)
-    if trace_log is not None:
+    pool_run = None
+    if parts.RPC in chosen:  # with the Spark job while its traffic runs, when spark is chosen
+        options = PoolOptions(pool=args.pool, keys=args.keys, seconds=args.seconds,
+                              concurrency=args.concurrency, unbind_delay=args.unbind_delay,
+                              stop_delay=args.stop_delay, keep=args.keep, spark=parts.SPARK in chosen)
+        pool_run = rpc_pool_part(out, options, RpcSettings.from_env())
+        print_summary(out, pool_run)
+    if parts.DELAY in chosen:
+        delay_scheduler_part(out)
+        if parts.RPC in chosen:
+            scheduled_calls_part(out)
+    if parts.BUS in chosen:
+        event_bus_part(out)
+    if parts.PENDING in chosen:
+        pending_queue_part(out)
+    if trace_log is not None and pool_run is not None:
         follow_one_request(out, trace_log, pool_run.pool)
     return 0
+
+
+def _parts(raw: str) -> tuple[str, ...]:
+    """``--parts``: the chosen parts, spark with what it needs."""
+    try:
+        chosen = parts.parse_parts(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if parts.SPARK in chosen and not {parts.RPC, parts.DELAY} <= set(chosen):
+        raise argparse.ArgumentTypeError("spark needs rpc and delay (its rows are calls scheduled through "
+                                         "the delay scheduler into a pool): add them, or leave spark out")
+    return chosen
 
 
 def follow_one_request(out: Printer, trace_log: str, pool: str) -> None:
@@ -81,5 +102,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--pool", help="pool name (default: a fresh demo_<6 hex digits>)")
     demo.add_argument("--keep", action="store_true", help="keep the pool afterwards")
     demo.add_argument("--verbose", action="store_true", help="show the structured logs too")
+    demo.add_argument("--parts", type=_parts, default=parts.PARTS, metavar="LIST",
+                      help=f"the parts to show, comma-separated (default all: {','.join(parts.PARTS)}); "
+                           "only their services need to run (rpc: RabbitMQ and Redis; delay: Postgres and "
+                           "Kafka; pending, bus: Redis)")
     add_stack_option(demo)
     demo.set_defaults(func=run_demo)

@@ -42,6 +42,7 @@ class PoolOptions:
     unbind_delay: float = 3.0
     stop_delay: float = 3.0
     keep: bool = False
+    spark: bool = True  # the Spark job's step (it needs the delay scheduler's services too)
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,8 @@ def rpc_pool_part(out: Printer, options: PoolOptions, settings: RpcSettings) -> 
             negative_responses(out, client)
             expiration(out, client, settings.worker_prefetch)
             stats = client.stats
-        spark_part(out, pool, keys)
+        if options.spark:
+            spark_part(out, pool, keys)
         idle(out, runtime, driver, watcher, pool, options)
     finally:
         watcher.stop()
