@@ -130,13 +130,11 @@ def cmd_pool_poison(args: argparse.Namespace) -> int:
         topology.require()
         if args.replay:
             outcome = replay_poison(settings, args.pool, args.limit)
-            left = topology.queue_status(protocol.poison_queue(args.pool))
-            waiting = left[0] if left else 0
             return _result(args, {"pool": args.pool, "replayed": outcome.replayed, "kept": outcome.kept,
-                                  "keys": sorted(outcome.keys), "waiting": waiting},
+                                  "keys": sorted(outcome.keys)},
                            f"replayed {outcome.replayed} request(s) of {protocol.poison_queue(args.pool)} "
-                           f"to {len(outcome.keys)} key(s); {outcome.kept} kept (no key a worker can "
-                           f"carry); {waiting} still set aside")
+                           f"to {len(outcome.keys)} key(s); {outcome.kept} kept in it (no key a worker "
+                           "can carry)")
         messages = list_poison(settings, args.pool, args.limit)
     if args.json:
         print(json.dumps({"pool": args.pool, "messages": [vars(m) for m in messages]}))

@@ -67,5 +67,5 @@ def test_no_url_answering_is_one_line_naming_each_without_its_password() -> None
     with pytest.raises(BrokerUnavailableError) as caught:
         connect(urls, "switchyard-test-urls")
     message = str(caught.value)
-    assert "\n" not in message and "Check SWITCHYARD_AMQP_URL" in message
+    assert "\n" not in message and "set SWITCHYARD_AMQP_URL" in message
     assert "pw-" not in message and message.count("amqp://guest:***@127.0.0.1:") == 3
