@@ -10,6 +10,7 @@ from aws_cdk import App, Stack
 
 from stacks import constants
 from stacks.config import ConfigError, DeploymentConfig
+from switchyard.rpc.drivers.ecs import TAG_POOL
 from switchyard.rpc.settings import MIN_SPARES
 from tests.stacks.conftest import synth
 from tests.stacks.test_switchyard_stack import one_function
@@ -22,8 +23,18 @@ def test_min_spares_reaches_the_pools_control_plane(layer_dir: str,
     pools = json.dumps([{"name": constants.EXAMPLE_POOL, "minSpares": 2}])
     template, _, _ = synth(layer_dir, tmp_path_factory.mktemp("cdk.out.spares"),
                            **{constants.CTX_POOLS: pools})
-    _, orphans = one_function(template.to_json()["Resources"], "rpc_orphans")
+    resources = template.to_json()["Resources"]
+    _, orphans = one_function(resources, "rpc_orphans")
     assert orphans["Properties"]["Environment"]["Variables"][MIN_SPARES.name] == "2"
+    # A start adopts a running spare task and tags it the group's: only tasks of that pool.
+    role = orphans["Properties"]["Role"]["Fn::GetAtt"][0]
+    statements = [s for r in resources.values() if r["Type"] == "AWS::IAM::Policy"
+                  and {"Ref": role} in r["Properties"]["Roles"]
+                  for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    on_pool = f"aws:ResourceTag/{TAG_POOL}"
+    adopt = [s["Condition"]["StringEquals"][on_pool] for s in statements if s["Action"] == "ecs:TagResource"
+             and on_pool in s.get("Condition", {}).get("StringEquals", {})]
+    assert adopt == [constants.EXAMPLE_POOL]
 
 
 def test_min_spares_defaults_to_none_and_refuses_a_negative_count() -> None:
