@@ -10,10 +10,12 @@ from aws_cdk import App, Stack
 
 from stacks import constants
 from stacks.config import ConfigError, DeploymentConfig
+from switchyard.core.aws_secrets import source_variable
+from switchyard.core.config import REDIS_URL
 from switchyard.rpc.drivers.ecs import TAG_POOL
 from switchyard.rpc.settings import MIN_SPARES
 from tests.stacks.conftest import synth
-from tests.stacks.test_switchyard_stack import one_function
+from tests.stacks.test_switchyard_stack import one_function, policy_statements
 
 pytestmark = pytest.mark.slow
 
@@ -27,14 +29,21 @@ def test_min_spares_reaches_the_pools_control_plane(layer_dir: str,
     _, orphans = one_function(resources, "rpc_orphans")
     assert orphans["Properties"]["Environment"]["Variables"][MIN_SPARES.name] == "2"
     # A start adopts a running spare task and tags it the group's: only tasks of that pool.
-    role = orphans["Properties"]["Role"]["Fn::GetAtt"][0]
-    statements = [s for r in resources.values() if r["Type"] == "AWS::IAM::Policy"
-                  and {"Ref": role} in r["Properties"]["Roles"]
-                  for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    statements = policy_statements(resources, orphans)
     on_pool = f"aws:ResourceTag/{TAG_POOL}"
     adopt = [s["Condition"]["StringEquals"][on_pool] for s in statements if s["Action"] == "ecs:TagResource"
              and on_pool in s.get("Condition", {}).get("StringEquals", {})]
     assert adopt == [constants.EXAMPLE_POOL]
+    # Its spare tasks register and wait in Redis: the URL, the AUTH token injected, the port open.
+    family = f"{constants.WORKER_FAMILY_SUFFIX}{constants.EXAMPLE_POOL}"
+    (task,) = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::ECS::TaskDefinition"
+               and r["Properties"]["Family"].endswith(family)]
+    (container,) = task["ContainerDefinitions"]
+    assert REDIS_URL.name in {e["Name"] for e in container["Environment"]}
+    assert source_variable("REDIS", "password") in {e["Name"] for e in container["Secrets"]}
+    ingress = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::EC2::SecurityGroupIngress"
+               and r["Properties"].get("FromPort") == constants.REDIS_PORT]
+    assert any("spare workers" in rule.get("Description", "") for rule in ingress)
 
 
 def test_min_spares_defaults_to_none_and_refuses_a_negative_count() -> None:
