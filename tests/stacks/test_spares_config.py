@@ -10,6 +10,7 @@ from aws_cdk import App, Stack
 
 from stacks import constants
 from stacks.config import ConfigError, DeploymentConfig
+from switchyard.aws import cost
 from switchyard.core.aws_secrets import source_variable
 from switchyard.core.config import REDIS_URL
 from switchyard.rpc.drivers.ecs import TAG_POOL
@@ -44,6 +45,11 @@ def test_min_spares_reaches_the_pools_control_plane(layer_dir: str,
     ingress = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::EC2::SecurityGroupIngress"
                and r["Properties"].get("FromPort") == constants.REDIS_PORT]
     assert any("spare workers" in rule.get("Description", "") for rule in ingress)
+    # Two idle spares of 0.25 vCPU / 0.5 GB on demand, a month: the cost table's row.
+    (row,) = [line for line in cost.monthly(resources) if line.item == "Fargate, RPC spares"]
+    hourly = 0.25 * cost.FARGATE_VCPU_HOURLY + 0.5 * cost.FARGATE_GB_HOURLY
+    assert row.usd == pytest.approx(2 * hourly * 730)
+    assert "2 spares" in row.runs
 
 
 def test_min_spares_defaults_to_none_and_refuses_a_negative_count() -> None:
