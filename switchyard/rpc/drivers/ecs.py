@@ -283,7 +283,8 @@ class EcsDriver(WorkerGroupDriver):
         """
         if self.spares is None or pool != self.spares.pool:
             return 0
-        waiting = [task for task in self._spare_tasks(pool) if key_from_tags(task.get("tags", [])) is None]
+        started = self._spare_tasks(pool)
+        waiting = [task for task in started if key_from_tags(task.get("tags", [])) is None]
         alive = {_tag(task, TAG_SPARE) for task in waiting}
         for worker_id in self.spares.waiting() - alive:
             logger.warning("spare without a task forgotten", extra={"pool": pool, "worker_id": worker_id})
@@ -298,10 +299,14 @@ class EcsDriver(WorkerGroupDriver):
                                extra={"pool": pool, "max_tasks": self.settings.max_tasks,
                                       "spares": len(waiting), "starting": max(0, room)})
             wanted = min(wanted, room)
-        seen = sorted(str(t.get("taskArn")) for t in waiting)
+        # The token: the spare tasks seen (adopted ones too) and the minute, so a pass that saw what
+        # the one before it saw (ListTasks lagging its RunTask) sends the same requests, and a later
+        # pass, after a spare was adopted and replaced, never repeats an earlier pass's token.
+        seen = sorted(str(t.get("taskArn")) for t in started)
+        minute = str(int(time.time() // 60))
         failures: list[str] = []
         for index in range(max(0, wanted)):
-            token = hashlib.sha256("|".join([pool, "spare", str(index), *seen]).encode()).hexdigest()
+            token = hashlib.sha256("|".join([pool, "spare", minute, str(index), *seen]).encode()).hexdigest()
             worker_id = f"{pool}-spare-{token[:8]}"
             environment = {"WORKER_ID": worker_id, "WORKER_POOL": pool, SPARE_ENV: "1",
                            "WORKER_ACTIVITY_EXCHANGE": protocol.activity_exchange(pool)}
