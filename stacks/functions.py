@@ -345,7 +345,7 @@ class FunctionsConstruct(Construct):
                 self._probe_user(fn)
             if starts_groups:
                 ecs_pool_access(fn, cluster=self.workers.cluster, family=worker_family(self, pool.name),
-                                task=self.workers.task_definitions[pool.name])
+                                task=self.workers.task_definitions[pool.name], spares_of=pool)
             if role in POOL_QUEUES:
                 self._amazon_mq_source(scope, fn, pool, POOL_QUEUES[role])
             made[role] = fn

@@ -12,7 +12,9 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_secretsmanager as secretsmanager
 
+from stacks.config import PoolConfig
 from stacks.parameters import DELAY_CONSUMER_GROUP
+from switchyard.rpc.drivers.ecs import TAG_POOL
 
 
 def read_secrets(fn: lambda_.Function, *secrets: secretsmanager.ISecret) -> None:
@@ -101,10 +103,12 @@ def ecs_stop_access(fn: lambda_.Function, cluster: ecs.ICluster) -> None:
 
 
 def ecs_pool_access(
-    fn: lambda_.Function, *, cluster: ecs.ICluster, task: ecs.TaskDefinition, family: str
+    fn: lambda_.Function, *, cluster: ecs.ICluster, task: ecs.TaskDefinition, family: str,
+    spares_of: PoolConfig | None = None,
 ) -> None:
     """Run, tag, list, describe and stop a pool's worker tasks (``family``) in the one cluster; pass
-    their roles."""
+    their roles. ``spares_of``: the pool; with ``minSpares`` a group's start tags the running spare
+    task it adopts with the group and key (only tasks tagged with that pool)."""
     stack = Stack.of(fn)
     family_arn = stack.format_arn(service="ecs", resource="task-definition", resource_name=f"{family}:*")
     task_arns = stack.format_arn(service="ecs", resource="task", resource_name=f"{cluster.cluster_name}/*")
@@ -120,6 +124,14 @@ def ecs_pool_access(
             conditions={"StringEquals": {"ecs:CreateAction": "RunTask"}},
         )
     )
+    if spares_of is not None and spares_of.min_spares:
+        fn.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["ecs:TagResource"],
+                resources=[task_arns],
+                conditions={"StringEquals": {f"aws:ResourceTag/{TAG_POOL}": spares_of.name}},
+            )
+        )
     roles = [task.task_role.role_arn]
     if task.execution_role is not None:
         roles.append(task.execution_role.role_arn)

@@ -49,10 +49,10 @@ class SwitchyardStack(Stack):
             clients=[self.network.functions_sg, self.network.workers_sg],  # EMR's: AnalyticsConstruct
             pools=[pool.name for pool in self.config.pools]) if has(PART_RPC) else None
         self.data = DataConstruct(self, constants.DATA_CONSTRUCT_ID, network=self.network, config=self.config)
+        self.endpoints = self._endpoints()
         self.workers = WorkersConstruct(
             self, constants.WORKERS_CONSTRUCT_ID, network=self.network, broker=self.broker,
-            config=self.config) if self.config.ecs_needed else None
-        self.endpoints = self._endpoints()
+            config=self.config, endpoints=self.endpoints) if self.config.ecs_needed else None
         # The callers' default timeout on AWS outlives a new key's wait for a Fargate task.
         rpc_env = self.workers.rpc_env if self.workers and has(PART_RPC) else {}
         self.parameters = ConfigParametersConstruct(self, constants.CONFIG_CONSTRUCT_ID, values={

@@ -21,8 +21,8 @@ from stacks.broker import BrokerConstruct
 from stacks.config import DeploymentConfig, ImageDirectory, PoolConfig
 from stacks.data import chosen
 from stacks.names import metrics_namespace, physical_name
-from stacks.network import NetworkConstruct
-from stacks.parameters import environment
+from stacks.network import NetworkConstruct, allow_from
+from stacks.parameters import ServiceEndpoints, environment
 from stacks.platform import fargate_platform, pool_image, worker_image
 from stacks.pool_stacks import pool_scope
 from switchyard.core.aws_secrets import INJECTED_FIELDS, source_variable
@@ -50,10 +50,15 @@ class WorkersConstruct(Construct):
         network: NetworkConstruct,
         broker: BrokerConstruct | None,
         config: DeploymentConfig,
+        endpoints: ServiceEndpoints,
     ) -> None:
         super().__init__(scope, construct_id)
         self.network = network
         self.broker = broker
+        self.endpoints = endpoints
+        if any(pool.min_spares for pool in config.pools):  # a spare registers and waits in Redis
+            allow_from(network.redis_sg, constants.REDIS_PORT, "Redis over TLS from the spare workers",
+                       network.workers_sg)
         # FARGATE and FARGATE_SPOT associated: RunTask's capacityProviderStrategy (the driver's, each
         # pool's capacityProvider) may only name providers associated with the cluster.
         self.cluster = ecs.Cluster(
@@ -107,9 +112,21 @@ class WorkersConstruct(Construct):
                 "POWERTOOLS_SERVICE_NAME": f"switchyard-{pool.name}-worker",
                 "POWERTOOLS_METRICS_NAMESPACE": metrics_namespace(self),
                 "WORKER_POOL": pool.name,  # WORKER_KEY, WORKER_ID...: set per task by the driver
+                **self._spare_env(pool),
             },
             # The pool's workers user (switchyard/rpc/control/access.py): request queues, replies, activity.
-            secrets={source_variable("AMQP", field): ecs.Secret.from_secrets_manager(secret, field)
-                     for field in INJECTED_FIELDS},
+            secrets={**{source_variable("AMQP", field): ecs.Secret.from_secrets_manager(secret, field)
+                        for field in INJECTED_FIELDS}, **self._spare_secrets(pool)},
         )
         return task
+
+    def _spare_env(self, pool: PoolConfig) -> dict[str, str]:
+        """A pool with spares: its workers reach Redis (a spare registers there and waits for a key)."""
+        return self.endpoints.redis_settings() if pool.min_spares else {}
+
+    def _spare_secrets(self, pool: PoolConfig) -> dict[str, ecs.Secret]:
+        redis_secret = self.endpoints.redis_secret
+        if not pool.min_spares or redis_secret is None:
+            return {}
+        field = "password"  # the AUTH token's secret holds only it (stacks/data.py)
+        return {source_variable("REDIS", field): ecs.Secret.from_secrets_manager(redis_secret, field)}

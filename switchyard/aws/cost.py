@@ -5,7 +5,8 @@ Read, not deployed: ``switchyard cost`` prints it from ``cdk.out`` before a depl
 docs/deployment.md's and the README's cost tables are generated from it (``python -m scripts.costs docs``;
 tests/stacks/test_cost_table.py keeps the two in step). Idle means no traffic: the always-on
 instances, NAT gateways, endpoints, the Lambda loops (a scheduled function whose timeout outlasts its
-one-minute rate runs the whole month), the bus's workers, alarms, secrets and keys. Per-use charges
+one-minute rate runs the whole month), the bus's workers, the pools' warm spares (``minSpares``), alarms,
+secrets and keys. Per-use charges
 (requests, data, RPC worker tasks, EMR jobs, the MSK event pollers' hours) are named, not added.
 """
 
@@ -16,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from switchyard.rpc.settings import ECS_CAPACITY_PROVIDER, ECS_TASK_DEFINITION, MIN_SPARES
 
 HOURS = 730  # a month, as AWS's pages price one
 SECONDS = HOURS * 3600
@@ -154,17 +157,42 @@ def _fargate(resources: dict[str, dict[str, Any]]) -> Iterable[Line]:
     for service in _of(resources, "AWS::ECS::Service"):
         task = tasks[service["TaskDefinition"]["Ref"]]
         n = int(service.get("DesiredCount", 1))
-        vcpu, gb = int(task["Cpu"]) / 1024, int(task["Memory"]) / 1024
         providers = [s["CapacityProvider"] for s in service.get("CapacityProviderStrategy", [])]
         spot = providers == ["FARGATE_SPOT"]
-        share = FARGATE_SPOT_SHARE if spot else 1.0
-        usd = n * share * (vcpu * FARGATE_VCPU_HOURLY + gb * FARGATE_GB_HOURLY) * HOURS
+        vcpu, gb, usd = _task_month(task, n, spot)
         yield Line("Fargate, bus workers", f"{_plural(n, 'task')} x {vcpu:g} vCPU / {gb:g} GB, always on"
                    + (", Spot (its price moves)" if spot else ""), usd, FARGATE)
+    yield from _spares(resources, tasks)
     pools = len(tasks) - len(_of(resources, "AWS::ECS::Service"))
     if pools:
         yield Line("Fargate, RPC workers", f"{_plural(pools, 'pool')}: a task per running worker, "
                    "started per key (none idle)", 0.0, FARGATE)
+
+
+def _task_month(task: dict[str, Any], n: int, spot: bool) -> tuple[float, float, float]:
+    """A task definition's vCPU and GB, and ``n`` such tasks' month always on."""
+    vcpu, gb = int(task["Cpu"]) / 1024, int(task["Memory"]) / 1024
+    share = FARGATE_SPOT_SHARE if spot else 1.0
+    return vcpu, gb, n * share * (vcpu * FARGATE_VCPU_HOURLY + gb * FARGATE_GB_HOURLY) * HOURS
+
+
+def _spares(resources: dict[str, dict[str, Any]], tasks: dict[str, dict[str, Any]]) -> Iterable[Line]:
+    """A pool's warm spares (``minSpares``, in its control plane's environment): tasks of the pool's
+    size that run the whole month, on its capacity provider."""
+    pools: dict[str, tuple[int, str]] = {}
+    for fn in _of(resources, "AWS::Lambda::Function"):
+        env = fn.get("Environment", {}).get("Variables", {})
+        family, spares = env.get(ECS_TASK_DEFINITION.name), int(env.get(MIN_SPARES.name) or 0)
+        if isinstance(family, str) and spares:
+            pools[family] = (spares, env.get(ECS_CAPACITY_PROVIDER.name, "FARGATE"))
+    for family, (n, provider) in sorted(pools.items()):
+        task = next((t for t in tasks.values() if t.get("Family") == family), None)
+        if task is None:
+            continue
+        spot = provider == "FARGATE_SPOT"
+        vcpu, gb, usd = _task_month(task, n, spot)
+        yield Line("Fargate, RPC spares", f"{_plural(n, 'spare')} of {family} x {vcpu:g} vCPU / {gb:g} GB, "
+                   "always on (minSpares)" + (", Spot (its price moves)" if spot else ""), usd, FARGATE)
 
 
 def _lambda(resources: dict[str, dict[str, Any]]) -> Iterable[Line]:

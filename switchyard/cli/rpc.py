@@ -39,6 +39,7 @@ from switchyard.rpc.settings import (
     PoolPolicy,
     RpcSettings,
 )
+from switchyard.rpc.spares import SPARE_ENV
 from switchyard.rpc.worker import WorkerConfig, run_worker
 
 
@@ -251,9 +252,9 @@ WORKER_FLAGS = {"pool": "WORKER_POOL", "key": "WORKER_KEY", "id": "WORKER_ID",
                 "requests_queue": "WORKER_REQUESTS_QUEUE", "activity_exchange": "WORKER_ACTIVITY_EXCHANGE"}
 
 
-def worker_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
+def worker_env(args: argparse.Namespace, environ: Mapping[str, str], spare: bool = False) -> dict[str, str]:
     """The worker protocol's variables (every ``WORKER_*``: prefetch, queue wait, ...) with the flags
-    given on top (passed on as values, never written back)."""
+    given on top (passed on as values, never written back). A ``spare`` has no key yet."""
     env = {variable: value for variable, value in environ.items() if variable.startswith("WORKER_")}
     env.update({variable: value for flag, variable in WORKER_FLAGS.items()
                 if (value := getattr(args, flag, None)) is not None})
@@ -261,7 +262,7 @@ def worker_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str
         if variable not in env and (value := setting.raw()) is not None:
             env[variable] = value
     # "" is a key like any other (the protocol allows the empty key): only absence is missing
-    if "WORKER_POOL" not in env or "WORKER_KEY" not in env:
+    if "WORKER_POOL" not in env or ("WORKER_KEY" not in env and not spare):
         raise ConfigError(f"a worker needs a pool and a key: give --pool and --key (or {POOL.name} and "
                           f"{KEY.name})")
     return env
@@ -277,8 +278,19 @@ def announce_worker(config: WorkerConfig, settings: RpcSettings, handler: str) -
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    stats = run_worker(args.handler, env=worker_env(args, os.environ),
-                       announce=lambda config, settings: announce_worker(config, settings, args.handler))
+    # A warm spare (the drivers' WORKER_SPARE=1, no key: an ECS spare task runs this command).
+    spare = os.environ.get(SPARE_ENV) == "1" and args.key is None and KEY.raw() is None
+    env = worker_env(args, os.environ, spare=spare)
+    if spare and "WORKER_KEY" not in env:
+        from switchyard.rpc.worker.spare import run_spare
+
+        show(f"switchyard worker {env.get('WORKER_ID', '')}: a spare of pool {env['WORKER_POOL']!r}, "
+             f"handler {args.handler}, waiting for a key; SIGTERM or Ctrl-C to stop",
+             file=sys.stderr, flush=True)
+        stats = run_spare(args.handler, env=env)
+    else:
+        stats = run_worker(args.handler, env=env,
+                           announce=lambda config, settings: announce_worker(config, settings, args.handler))
     show(f"worker stopped: {stats.handled} handled, {stats.errors} errors, {stats.requeued} requeued",
          file=sys.stderr)
     return 0

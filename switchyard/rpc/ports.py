@@ -195,6 +195,11 @@ class WorkerGroupDriver(ABC):
         """
         return self.worker_count(group)
 
+    def keep_spares(self, pool: str) -> int:
+        """Start warm spares up to the driver's minimum (the reconciler's every pass); how many it
+        started. Drivers that keep none, or keep them otherwise (the subprocess driver's thread): 0."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op for drivers that hold nothing
         """Release what the driver holds (the subprocess driver stops its workers)."""
 

@@ -107,6 +107,9 @@ ECS_SUBNETS = _rpc("ECS_SUBNETS", (), "ECS driver: the worker tasks' subnets (co
                    shown="none")
 ECS_SECURITY_GROUPS = _rpc("ECS_SECURITY_GROUPS", (),
                            "ECS driver: the worker tasks' security groups (comma-separated ids)")
+ECS_MAX_TASKS = _rpc("ECS_MAX_TASKS", 0,
+                     "ECS driver: the pool's tasks at most before it starts a warm spare (spares count; "
+                     "`0`: no cap)")
 ECS_CONTAINER = _rpc("ECS_CONTAINER", "worker",
                      "ECS driver: the container that gets the worker protocol's variables")
 WORKER_HANDLER = _rpc("WORKER_HANDLER", "",
@@ -119,7 +122,8 @@ MIN_WORKERS = _rpc("MIN_WORKERS", 1, "workers per group at least (subprocess dri
 MIN_SPARES = _rpc(
     "MIN_SPARES", 0,
     "warm spare workers the pool keeps waiting, bound to no key: a new key's group adopts one instead of "
-    "starting a worker (subprocess driver; `0`: none). See [spares](benchmarks.md#warm-spares)")
+    "starting a worker or a task (subprocess and ECS drivers; `0`: none). "
+    "See [spares](benchmarks.md#warm-spares)")
 MAX_WORKERS = _rpc("MAX_WORKERS", 4, "workers per group at most (subprocess driver)")
 TARGET_BACKLOG = _rpc(
     "TARGET_BACKLOG", 10,

@@ -29,18 +29,25 @@ import redis
 
 from switchyard.core.config import Connections
 from switchyard.core.errors import ConfigError
+from switchyard.core.redis_client import connect_redis
+from switchyard.rpc.control.reconciler import Reconciler
 from switchyard.rpc.drivers import DriverError, DriverSettings, WorkerGroup, driver_from_env
 from switchyard.rpc.drivers.ecs import (
     DEFAULT_CAPACITY_PROVIDER,
     TAG_KEY,
+    TAG_SPARE,
     EcsDriver,
     EcsSettings,
     ecs_client,
     key_from_tags,
     key_tags,
 )
-from switchyard.rpc.store import WorkerGroupLock
+from switchyard.rpc.settings import Delays
+from switchyard.rpc.spares import SpareRegistry
+from switchyard.rpc.store import PoolState, WorkerGroupLock
 from tests.conftest import unique
+from tests.rpc.conftest import flush_pool_state
+from tests.rpc.fakes import FakeQueues
 
 MOTO = "http://127.0.0.1:5000"
 AWKWARD_KEYS = ["infra=42", "", "ключ/🙂 with spaces", "x" * 3000, "a%2Fb\x00c"]
@@ -96,10 +103,10 @@ def redis_client() -> Iterator[redis.Redis]:
     client.close()
 
 
-def make_driver(cluster: str, redis_client: redis.Redis, network: tuple[str, str],
+def make_driver(cluster: str, redis_client: redis.Redis, network: tuple[str, str], max_tasks: int = 0,
                 **kwargs: Any) -> EcsDriver:
     subnet, group = network
-    settings = EcsSettings(cluster=cluster, subnets=(subnet,), security_groups=(group,))
+    settings = EcsSettings(cluster=cluster, subnets=(subnet,), security_groups=(group,), max_tasks=max_tasks)
     return EcsDriver(settings, lock=WorkerGroupLock(redis_client), client=ecs_client(MOTO), **kwargs)
 
 
@@ -296,3 +303,124 @@ def test_the_capacity_provider_comes_from_the_environment_and_must_be_fargates(
 def test_moto_is_the_ecs_under_test() -> None:
     """Guard: these tests must never reach a real account."""
     assert boto3.client("ecs", endpoint_url=MOTO, region_name="us-east-1").meta.endpoint_url == MOTO
+
+
+# -- warm spares (issue 40) ----------------------------------------------------------------------
+@pytest.fixture
+def spares(pool: str) -> Iterator[SpareRegistry]:
+    """The pool's spare registry on the tests' Redis (a cluster with SWITCHYARD_REDIS_CLUSTER=1)."""
+    client = connect_redis(Connections.from_env())
+    yield SpareRegistry(client, pool)
+    flush_pool_state(client, pool)
+    client.close()
+
+
+def spare_tasks(cluster: str, pool: str) -> list[dict[str, Any]]:
+    client = ecs_client(MOTO)
+    arns = client.list_tasks(cluster=cluster, startedBy=f"{pool}-spares", desiredStatus="RUNNING")["taskArns"]
+    if not arns:
+        return []
+    return client.describe_tasks(cluster=cluster, tasks=arns, include=["TAGS"])["tasks"]
+
+
+def task_env(task: dict[str, Any]) -> dict[str, str]:
+    (override,) = task["overrides"]["containerOverrides"]
+    return {e["name"]: e["value"] for e in override["environment"]}
+
+
+def register_all(cluster: str, pool: str, spares: SpareRegistry) -> list[str]:
+    """What each spare task's worker does once ready (moto runs no container): register."""
+    worker_ids = [task_env(task)["WORKER_ID"] for task in spare_tasks(cluster, pool)]
+    for worker_id in worker_ids:
+        spares.register(worker_id)
+    return worker_ids
+
+
+def one_pass(driver: EcsDriver, pool: str, *active: str) -> int:
+    """One real reconciler pass over a pool whose ``active`` keys were just seen (queues faked: no
+    broker); the spares it started."""
+    state = PoolState(connect_redis(Connections.from_env()), pool)
+    state.mark_initialized()
+    if active:
+        state.touch(active)
+    outcome = Reconciler(state, FakeQueues(pool), driver, Delays()).run_pass()  # type: ignore[arg-type]
+    assert outcome.driver_errors == 0
+    return outcome.spares_started
+
+
+def test_a_reconciler_pass_tops_spares_up_and_the_next_pass_launches_nothing(
+        cluster: str, pool: str, redis_client: redis.Redis, network: tuple[str, str],
+        spares: SpareRegistry) -> None:
+    driver = make_driver(cluster, redis_client, network, min_spares=2, spares=spares)
+    assert one_pass(driver, pool) == 2
+    assert one_pass(driver, pool) == 0  # started, not registered yet: counted all the same
+    tasks = spare_tasks(cluster, pool)
+    assert len(tasks) == 2
+    for task in tasks:
+        env = task_env(task)
+        assert env["WORKER_SPARE"] == "1" and env["WORKER_POOL"] == pool and "WORKER_KEY" not in env
+        assert {t["key"]: t["value"] for t in task["tags"]}[TAG_SPARE] == env["WORKER_ID"]
+        assert key_from_tags(task["tags"]) is None
+    register_all(cluster, pool, spares)
+    assert one_pass(driver, pool) == 0  # registered now: still the same two
+    assert driver.list_running(pool) == set()  # spares are no group
+
+
+def test_a_start_claims_a_registered_spare_and_runs_no_task(
+        cluster: str, pool: str, redis_client: redis.Redis, network: tuple[str, str],
+        spares: SpareRegistry) -> None:
+    driver = make_driver(cluster, redis_client, network, min_spares=1, spares=spares)
+    driver.keep_spares(pool)
+    (worker_id,) = register_all(cluster, pool, spares)
+    group = WorkerGroup(pool, "ключ/🙂 adopted")
+    driver.start(group)
+    assert running_tasks(cluster, group) == []  # no RunTask for the group
+    assert spares.wait(worker_id, 0.5) == group.key  # the spare was handed the key
+    (adopted,) = [t for t in spare_tasks(cluster, pool) if key_from_tags(t["tags"]) == group.key]
+    assert task_env(adopted)["WORKER_ID"] == worker_id
+    assert driver.list_running(pool) == {group.key}
+    assert driver.worker_count(group) == 1
+    driver.start(group)  # idempotent: the adopted task is the group's
+    assert running_tasks(cluster, group) == [] and driver.worker_count(group) == 1
+    assert one_pass(driver, pool, group.key) == 1  # the claimed spare replaced, the group kept
+    assert len(spare_tasks(cluster, pool)) == 2
+    driver.stop(group)
+    assert driver.worker_count(group) == 0 and driver.list_running(pool) == set()
+
+
+def test_with_no_spare_ready_a_start_runs_a_task_as_without_spares(
+        cluster: str, pool: str, redis_client: redis.Redis, network: tuple[str, str],
+        spares: SpareRegistry) -> None:
+    driver = make_driver(cluster, redis_client, network, min_spares=1, spares=spares)
+    driver.keep_spares(pool)  # started, never registered: not claimable
+    group = WorkerGroup(pool, "k")
+    driver.start(group)
+    assert len(running_tasks(cluster, group)) == 1
+    (spare,) = spare_tasks(cluster, pool)
+    assert key_from_tags(spare["tags"]) is None  # still waiting for a key
+
+
+def test_the_pool_task_limit_caps_spares(cluster: str, pool: str, redis_client: redis.Redis,
+                                         network: tuple[str, str], spares: SpareRegistry) -> None:
+    driver = make_driver(cluster, redis_client, network, max_tasks=3, min_workers=2, max_workers=2,
+                         min_spares=3, spares=spares)
+    driver.start(WorkerGroup(pool, "k"))  # two tasks
+    assert driver.keep_spares(pool) == 1
+    assert driver.keep_spares(pool) == 0
+    assert len(spare_tasks(cluster, pool)) == 1
+
+
+def test_a_registered_spare_whose_task_stopped_is_forgotten_and_replaced(
+        cluster: str, pool: str, redis_client: redis.Redis, network: tuple[str, str],
+        spares: SpareRegistry) -> None:
+    driver = make_driver(cluster, redis_client, network, min_spares=1, spares=spares)
+    driver.keep_spares(pool)
+    (worker_id,) = register_all(cluster, pool, spares)
+    (task,) = spare_tasks(cluster, pool)
+    ecs_client(MOTO).stop_task(cluster=cluster, task=task["taskArn"])  # a Spot interruption
+    assert driver.keep_spares(pool) == 1
+    assert worker_id not in spares.waiting()
+    group = WorkerGroup(pool, "k")
+    driver.start(group)  # the new spare is not ready: a task, never the dead spare
+    assert len(running_tasks(cluster, group)) == 1
+    assert spares.wait(worker_id, 0.1) is None

@@ -118,6 +118,31 @@ def test_a_withdrawn_spare_cannot_be_claimed_and_a_claimed_one_keeps_its_key(
         flush_pool_state(redis_client, pool)
 
 
+def test_the_cli_worker_started_as_a_spare_waits_for_a_key(redis_client: RedisClient) -> None:
+    """``switchyard worker`` is the ECS task's command: with WORKER_SPARE=1 and no key it is a spare
+    (registers, waits), and SIGTERM withdraws it."""
+    pool = registry_pool()
+    registry = SpareRegistry(redis_client, pool)
+    worker_id = f"{pool}-spare-cli"
+    proc = subprocess.Popen([sys.executable, "-m", "switchyard", "worker", "--handler", WHOAMI],
+                            env=subprocess_env(WORKER_SPARE="1", WORKER_ID=worker_id, WORKER_POOL=pool),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: registry.is_waiting(worker_id) or proc.poll() is not None, timeout=30,
+                 what="the CLI spare registered")
+        assert proc.poll() is None, proc.communicate()[0].decode()
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=30)[0].decode()
+        assert proc.returncode == 0, output
+        assert "waiting for a key" in output
+        assert not registry.is_waiting(worker_id)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        flush_pool_state(redis_client, pool)
+
+
 # -- the driver and the control plane ---------------------------------------------------------------
 def test_a_new_key_is_served_by_a_spare_and_a_new_spare_takes_its_place(make_pool, planes: Planes,
                                                                           redis_client: RedisClient,

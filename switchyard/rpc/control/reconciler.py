@@ -63,6 +63,7 @@ class ReconcileOutcome:
     waiting_for_consumers: int = 0
     groups_started: int = 0
     groups_stopped: int = 0
+    spares_started: int = 0  # warm spares the driver started this pass (``keep_spares``)
     driver_errors: int = 0
     queue_errors: int = 0
     tombstones_purged: int = 0
@@ -131,6 +132,7 @@ class Reconciler:
                     outcome.queue_errors += 1
                     logger.exception("request queue step failed", extra={"pool": self.pool, "key": group.key})
             running = self._converge_groups(outcome, now, groups)
+            self._keep_spares(outcome)
             if self.cadence is None or self.cadence.due():
                 started = self.cadence.clock() if self.cadence else 0.0
                 queues = self._observe_depths(outcome, running)
@@ -144,6 +146,14 @@ class Reconciler:
                 outcome.depths = dict(self.cadence.depths)  # as last listed (no scaling on them)
             self._probe_dead_lettering(outcome)
         return outcome
+
+    def _keep_spares(self, outcome: ReconcileOutcome) -> None:
+        """After the groups: a spare the pass's starts claimed is replaced on the same pass."""
+        try:
+            outcome.spares_started += self.driver.keep_spares(self.pool)
+        except Exception:  # the next pass tries again
+            outcome.driver_errors += 1
+            logger.exception("starting warm spares failed", extra={"pool": self.pool})
 
     def _probe_dead_lettering(self, outcome: ReconcileOutcome) -> None:
         """Classic-queue pools never dead-letter at least once: nothing to probe for them."""

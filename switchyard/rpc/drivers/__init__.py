@@ -11,20 +11,20 @@
   ``<sys.executable> -m switchyard.rpc.worker --handler <SWITCHYARD_RPC_WORKER_HANDLER>``: the lean
   entry point, not the whole command line);
 * ``SWITCHYARD_RPC_MIN_WORKERS`` (1), ``SWITCHYARD_RPC_MAX_WORKERS`` (4), ``SWITCHYARD_RPC_TARGET_BACKLOG``
-  (10 waiting requests per worker), ``SWITCHYARD_RPC_MIN_SPARES`` (0: warm spare workers, subprocess driver);
+  (10 waiting requests per worker), ``SWITCHYARD_RPC_MIN_SPARES`` (0: warm spare workers);
 * ``SWITCHYARD_RPC_WORKER_LOG_DIR`` (``.local/logs/workers``), ``SWITCHYARD_RPC_WORKER_STOP_TIMEOUT_S``
   (15 s between SIGTERM and SIGKILL).
 * ECS (``ecs.py``): ``SWITCHYARD_RPC_ECS_CLUSTER``, ``SWITCHYARD_RPC_ECS_SUBNETS`` and
   ``SWITCHYARD_RPC_ECS_SECURITY_GROUPS`` (comma-separated), ``SWITCHYARD_RPC_ECS_TASK_DEFINITION``
   (``switchyard-worker-{pool}``), ``SWITCHYARD_RPC_ECS_CONTAINER`` (``worker``),
-  ``SWITCHYARD_RPC_ECS_CAPACITY_PROVIDER`` (``FARGATE`` or ``FARGATE_SPOT``; default ``FARGATE``); the
+  ``SWITCHYARD_RPC_ECS_CAPACITY_PROVIDER`` (``FARGATE`` or ``FARGATE_SPOT``; default ``FARGATE``),
+  ``SWITCHYARD_RPC_ECS_MAX_TASKS`` (0: no cap on the pool's tasks before a spare starts); the
   group lock lives in ``SWITCHYARD_REDIS_URL``.
 """
 
 from __future__ import annotations
 
 from switchyard.core.errors import ConfigError
-from switchyard.core.observability import logger
 from switchyard.rpc.drivers.noop import NoopDriver
 from switchyard.rpc.drivers.subprocess import SubprocessDriver, WorkerProcess
 from switchyard.rpc.errors import DriverError
@@ -52,7 +52,7 @@ def driver_from_env(settings: DriverSettings | None = None, pool: str = "") -> W
     if settings.driver == "noop":
         return NoopDriver()
     if settings.driver == "ecs":
-        return _ecs_driver_from_env(settings)
+        return _ecs_driver_from_env(settings, pool)
     return SubprocessDriver(
         settings.command,
         min_workers=settings.min_workers,
@@ -76,15 +76,12 @@ def _spare_registry(pool: str) -> SpareRegistry:
     return SpareRegistry(connect_redis(Connections.from_env()), pool)
 
 
-def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
+def _ecs_driver_from_env(settings: DriverSettings, pool: str) -> WorkerGroupDriver:
     """The ECS driver (imported here: only the deployment needs boto3's ECS client)."""
     from switchyard.core.config import Connections
     from switchyard.rpc.drivers.ecs import EcsDriver, EcsSettings, ecs_client
     from switchyard.rpc.store import WorkerGroupLock
 
-    if settings.min_spares:
-        logger.warning(f"{MIN_SPARES.name} is not used by the ECS driver yet: new keys start a task each",
-                       extra={"min_spares": settings.min_spares})
     connections = Connections.from_env()
     ecs = EcsSettings.from_env()
     return EcsDriver(
@@ -94,4 +91,6 @@ def _ecs_driver_from_env(settings: DriverSettings) -> WorkerGroupDriver:
         min_workers=settings.min_workers,
         max_workers=settings.max_workers,
         target_backlog=settings.target_backlog,
+        min_spares=settings.min_spares,
+        spares=_spare_registry(pool) if settings.min_spares else None,
     )

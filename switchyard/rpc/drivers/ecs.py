@@ -33,6 +33,19 @@ the pool and a ``DescribeTasks`` per 100 tasks) when the group already has the s
 calls ECS (under the group's lock) only to change it: two calls per group per pass would be 20,000
 a minute at 10,000 groups, far above ECS's API rate.
 
+Warm spares (``min_spares`` with a ``SpareRegistry``, issue 40): tasks of the pool's task definition
+started with ``WORKER_SPARE=1`` and no key (``worker/spare.py``), ``startedBy`` ``{pool}-spares``
+and tagged ``switchyard:spare``. Starting a group with no live task first claims one that
+registered as ready (claim_spare.lua, atomic across control planes: a spare goes to one key only),
+then tags it with the group and the key, so ``list_running``, ``scale`` and ``stop`` treat it as
+the group's task; no spare ready: ``RunTask`` as without spares. A Lambda keeps no thread, so the
+reconciler tops the spares up on each pass (``keep_spares``): the spares counted are the pool's
+spare tasks ECS wants running and no key adopted (registered or still starting), so a pass after a
+pass launches nothing more; they count against ``max_tasks`` (all the pool's tasks) and run on the
+pool's capacity provider, Spot included. A claim whose tagging fails stops that task (it finishes
+the request in hand) and starts the group with ``RunTask``: an untagged task would serve the key
+out of the driver's sight.
+
 Failures: the boto3 client uses the standard retry mode (throttling and 5xx are retried with
 backoff); what still fails raises ``DriverError``, which the callers count (the reconciler's
 ``driver_errors``, the orphan handler's ``group_start_failures``) and retry on their next pass.
@@ -52,6 +65,7 @@ from typing import Any
 from switchyard.core.config import build
 from switchyard.core.errors import ConfigError
 from switchyard.core.observability import logger
+from switchyard.rpc import protocol
 from switchyard.rpc.errors import DriverError
 from switchyard.rpc.ports import (
     GroupLock,
@@ -64,13 +78,16 @@ from switchyard.rpc.settings import (
     ECS_CAPACITY_PROVIDER,
     ECS_CLUSTER,
     ECS_CONTAINER,
+    ECS_MAX_TASKS,
     ECS_SECURITY_GROUPS,
     ECS_SUBNETS,
     ECS_TASK_DEFINITION,
 )
+from switchyard.rpc.spares import SPARE_ENV, SpareRegistry
 
 TAG_POOL = "switchyard:pool"
 TAG_GROUP = "switchyard:group"
+TAG_SPARE = "switchyard:spare"  # a task started as a warm spare; its worker id
 TAG_KEY = "switchyard:key"  # switchyard:key:0, switchyard:key:1, ... (base64url of the UTF-8 key)
 TAG_VALUE_CHARS = 256
 MAX_KEY_TAGS = 40  # ECS allows 50 tags per task; the rest are the pool, the group and spares
@@ -97,6 +114,7 @@ class EcsSettings:
     task_definition: str = DEFAULT_TASK_DEFINITION
     container: str = DEFAULT_CONTAINER
     capacity_provider: str = DEFAULT_CAPACITY_PROVIDER
+    max_tasks: int = 0  # the pool's tasks at most before a spare starts (0: no cap)
     lock_ttl_s: float = 30.0
     lock_wait_s: float = 10.0
 
@@ -110,13 +128,15 @@ class EcsSettings:
         if self.capacity_provider not in CAPACITY_PROVIDERS:
             raise ConfigError(f"{ECS_CAPACITY_PROVIDER.name} must be one of "
                               f"{', '.join(CAPACITY_PROVIDERS)}, got {self.capacity_provider!r}")
+        if self.max_tasks < 0:
+            raise ConfigError(f"{ECS_MAX_TASKS.name} must be 0 (no cap) or more")
 
     @classmethod
     def from_env(cls, source: Mapping[str, str] | None = None) -> EcsSettings:
         """The ECS driver's settings (``SWITCHYARD_RPC_ECS_*``)."""
         spec = {"cluster": ECS_CLUSTER, "subnets": ECS_SUBNETS, "security_groups": ECS_SECURITY_GROUPS,
                 "task_definition": ECS_TASK_DEFINITION, "container": ECS_CONTAINER,
-                "capacity_provider": ECS_CAPACITY_PROVIDER}
+                "capacity_provider": ECS_CAPACITY_PROVIDER, "max_tasks": ECS_MAX_TASKS}
         return build(cls, spec, source)
 
     def task_definition_for(self, pool: str) -> str:
@@ -177,8 +197,14 @@ class EcsDriver(WorkerGroupDriver):
         min_workers: int = 1,
         max_workers: int = 4,
         target_backlog: int = 10,
+        min_spares: int = 0,
+        spares: SpareRegistry | None = None,
     ) -> None:
         check_sizes(min_workers, max_workers, target_backlog)
+        if min_spares < 0 or (min_spares and spares is None):
+            raise ConfigError("min_spares must be 0, or at least 1 with a spare registry (the pool's Redis)")
+        self.min_spares = min_spares
+        self.spares = spares
         self.settings = settings
         self.lock = lock
         self.client = client or ecs_client()
@@ -192,6 +218,8 @@ class EcsDriver(WorkerGroupDriver):
     def start(self, group: WorkerGroup) -> None:
         with self.lock(group):
             live = self._group_tasks(group)
+            if not live:
+                live = self._adopt(group)
             self._run(group, self.min_workers - len(live), live)
 
     def stop(self, group: WorkerGroup) -> None:
@@ -210,6 +238,8 @@ class EcsDriver(WorkerGroupDriver):
             if task.get("desiredStatus") != "RUNNING" or _tag(task, TAG_POOL) != pool:
                 continue
             key = key_from_tags(task.get("tags", []))
+            if key is None and _tag(task, TAG_SPARE) is not None:
+                continue  # a spare no key adopted yet
             if key is None:
                 logger.warning("ECS task without a readable key tag ignored",
                                extra={"task": task.get("taskArn")})
@@ -245,6 +275,80 @@ class EcsDriver(WorkerGroupDriver):
                 self._stop(group, surplus)
         return wanted
 
+    def keep_spares(self, pool: str) -> int:
+        """Start spare tasks up to ``min_spares`` (capped by ``max_tasks``); how many it started.
+
+        Counted: the pool's spare tasks no key adopted, registered or still starting; the registry's
+        spares with no such task (stopped, Spot-interrupted) are forgotten.
+        """
+        if self.spares is None or pool != self.spares.pool:
+            return 0
+        started = self._spare_tasks(pool)
+        waiting = [task for task in started if key_from_tags(task.get("tags", [])) is None]
+        alive = {_tag(task, TAG_SPARE) for task in waiting}
+        for worker_id in self.spares.waiting() - alive:
+            logger.warning("spare without a task forgotten", extra={"pool": pool, "worker_id": worker_id})
+            self.spares.forget(worker_id)
+        wanted = self.min_spares - len(waiting)
+        if wanted > 0 and self.settings.max_tasks:
+            pool_tasks = self._call("list_tasks", paginate=True, cluster=self.settings.cluster,
+                                    family=self.settings.family_for(pool), desiredStatus="RUNNING")
+            room = self.settings.max_tasks - len(pool_tasks)
+            if room < wanted:
+                logger.warning("spares capped by the pool's task limit",
+                               extra={"pool": pool, "max_tasks": self.settings.max_tasks,
+                                      "spares": len(waiting), "starting": max(0, room)})
+            wanted = min(wanted, room)
+        # The token: the spare tasks seen (adopted ones too) and the minute, so a pass that saw what
+        # the one before it saw (ListTasks lagging its RunTask) sends the same requests, and a later
+        # pass, after a spare was adopted and replaced, never repeats an earlier pass's token.
+        seen = sorted(str(t.get("taskArn")) for t in started)
+        minute = str(int(time.time() // 60))
+        failures: list[str] = []
+        for index in range(max(0, wanted)):
+            token = hashlib.sha256("|".join([pool, "spare", minute, str(index), *seen]).encode()).hexdigest()
+            worker_id = f"{pool}-spare-{token[:8]}"
+            environment = {"WORKER_ID": worker_id, "WORKER_POOL": pool, SPARE_ENV: "1",
+                           "WORKER_ACTIVITY_EXCHANGE": protocol.activity_exchange(pool)}
+            tags = [{"key": TAG_POOL, "value": pool}, {"key": TAG_SPARE, "value": worker_id}]
+            failures += self._run_task(pool, _spares_started_by(pool), environment, tags, token, worker_id)
+        _raise_failures(failures, _spares_started_by(pool))
+        return max(0, wanted)
+
+    # -- spares ---------------------------------------------------------------------------------
+    def _spare_tasks(self, pool: str) -> list[dict[str, Any]]:
+        """The pool's tasks started as spares that ECS wants running (adopted ones included)."""
+        arns = self._call("list_tasks", paginate=True, cluster=self.settings.cluster,
+                          startedBy=_spares_started_by(pool))
+        return [task for task in self._describe(arns) if task.get("desiredStatus") == "RUNNING"]
+
+    def _adopt(self, group: WorkerGroup) -> list[dict[str, Any]]:
+        """Hand the group's key to a ready spare task and tag it the group's: ``[task]``, or ``[]``."""
+        if self.spares is None or group.pool != self.spares.pool:
+            return []
+        for task in self._spare_tasks(group.pool):
+            worker_id = _tag(task, TAG_SPARE)
+            if worker_id is None or key_from_tags(task.get("tags", [])) is not None:
+                continue
+            try:
+                claimed = self.spares.claim(worker_id, group.key)
+            except Exception:  # Redis failing: start as without spares
+                logger.warning("claiming a spare failed; starting a task", extra={"group_id": group.group_id})
+                return []
+            if not claimed:
+                continue  # not registered yet, or another control plane's key
+            try:
+                self._call("tag_resource", resourceArn=task["taskArn"], tags=self._group_tags(group))
+            except DriverError:
+                logger.exception("tagging an adopted spare failed; stopping it, starting a task",
+                                 extra={"group_id": group.group_id, "worker_id": worker_id})
+                self._stop(group, [task])
+                return []
+            logger.info("spare adopted a group", extra={"group_id": group.group_id, "worker_id": worker_id,
+                                                        "task": task.get("taskArn")})
+            return [task]
+        return []
+
     # -- ECS calls ----------------------------------------------------------------------------
     def _call(self, operation: str, *, paginate: bool = False, **kwargs: Any) -> Any:
         """One ECS call; botocore's failures (after its retries) become ``DriverError``."""
@@ -271,7 +375,15 @@ class EcsDriver(WorkerGroupDriver):
         # ListTasks accepts startedBy only as its sole filter; desiredStatus defaults to RUNNING.
         arns = self._call("list_tasks", paginate=True, cluster=self.settings.cluster,
                           startedBy=group.group_id)
-        return [task for task in self._describe(arns) if task.get("desiredStatus") == "RUNNING"]
+        tasks = [task for task in self._describe(arns) if task.get("desiredStatus") == "RUNNING"]
+        if self.spares is not None:  # spares this group adopted were started by the pool's spares
+            tasks += [task for task in self._spare_tasks(group.pool)
+                      if _tag(task, TAG_GROUP) == group.group_id]
+        return tasks
+
+    def _group_tags(self, group: WorkerGroup) -> list[dict[str, str]]:
+        return [{"key": TAG_POOL, "value": group.pool}, {"key": TAG_GROUP, "value": group.group_id},
+                *key_tags(group.key)]
 
     def _run(self, group: WorkerGroup, count: int, live: Sequence[dict[str, Any]]) -> None:
         """Start ``count`` tasks, one ``RunTask`` each (every worker gets its own ``WORKER_ID``).
@@ -279,41 +391,43 @@ class EcsDriver(WorkerGroupDriver):
         The client token (and the worker id) derive from the group, the tasks seen and the index:
         two callers that saw the same tasks send identical requests, and ECS starts one task.
         """
-        tags = [{"key": TAG_POOL, "value": group.pool}, {"key": TAG_GROUP, "value": group.group_id},
-                *key_tags(group.key)]
+        tags = self._group_tags(group)
         seen = sorted(str(t.get("taskArn")) for t in live)
         failures: list[str] = []
         for index in range(max(0, count)):
             token = hashlib.sha256("|".join([group.group_id, str(index), *seen]).encode()).hexdigest()
             worker_id = f"{group.group_id}-{token[:8]}"
-            response = self._call(
-                "run_task",
-                cluster=self.settings.cluster,
-                taskDefinition=self.settings.task_definition_for(group.pool),
-                count=1,
-                startedBy=group.group_id,
-                group=f"switchyard:{group.pool}",
-                capacityProviderStrategy=[{"capacityProvider": self.settings.capacity_provider, "weight": 1}],
-                networkConfiguration={"awsvpcConfiguration": {
-                    "subnets": list(self.settings.subnets),
-                    "securityGroups": list(self.settings.security_groups),
-                    "assignPublicIp": "DISABLED",
-                }},
-                overrides={"containerOverrides": [{
-                    "name": self.settings.container,
-                    "environment": [{"name": k, "value": v} for k, v in group.environment(worker_id).items()],
-                }]},
-                tags=tags,
-                clientToken=token[:64],
-            )
-            failures.extend(f"{f.get('reason')} {f.get('detail', '')}".strip()
-                            for f in response.get("failures", []))
-            if response.get("tasks"):
-                logger.info("worker task started", extra={"group_id": group.group_id, "worker_id": worker_id,
-                                                          "task": response["tasks"][0].get("taskArn")})
-        if failures:
-            raise DriverError(f"ECS could not start {len(failures)} task(s) of {group.group_id}: "
-                              f"{sorted(set(failures))}")
+            failures += self._run_task(group.pool, group.group_id, group.environment(worker_id), tags,
+                                       token, worker_id)
+        _raise_failures(failures, group.group_id)
+
+    def _run_task(self, pool: str, started_by: str, environment: Mapping[str, str],
+                  tags: list[dict[str, str]], token: str, worker_id: str) -> list[str]:
+        """One task of the pool's definition on its capacity provider; ECS's failures to start it."""
+        response = self._call(
+            "run_task",
+            cluster=self.settings.cluster,
+            taskDefinition=self.settings.task_definition_for(pool),
+            count=1,
+            startedBy=started_by,
+            group=f"switchyard:{pool}",
+            capacityProviderStrategy=[{"capacityProvider": self.settings.capacity_provider, "weight": 1}],
+            networkConfiguration={"awsvpcConfiguration": {
+                "subnets": list(self.settings.subnets),
+                "securityGroups": list(self.settings.security_groups),
+                "assignPublicIp": "DISABLED",
+            }},
+            overrides={"containerOverrides": [{
+                "name": self.settings.container,
+                "environment": [{"name": k, "value": v} for k, v in environment.items()],
+            }]},
+            tags=tags,
+            clientToken=token[:64],
+        )
+        if response.get("tasks"):
+            logger.info("worker task started", extra={"group_id": started_by, "worker_id": worker_id,
+                                                      "task": response["tasks"][0].get("taskArn")})
+        return [f"{f.get('reason')} {f.get('detail', '')}".strip() for f in response.get("failures", [])]
 
     def _stop(self, group: WorkerGroup, tasks: Sequence[dict[str, Any]]) -> None:
         errors = []
@@ -325,6 +439,17 @@ class EcsDriver(WorkerGroupDriver):
                 errors.append(str(exc))
         if errors:
             raise DriverError(f"stopping {len(errors)} task(s) of {group.group_id} failed: {errors[0]}")
+
+
+def _raise_failures(failures: Sequence[str], started_by: str) -> None:
+    if failures:
+        raise DriverError(f"ECS could not start {len(failures)} task(s) of {started_by}: "
+                          f"{sorted(set(failures))}")
+
+
+def _spares_started_by(pool: str) -> str:
+    """Spare tasks' ``startedBy`` (a group id is ``{pool}-`` and 24 hex digits: never this)."""
+    return f"{pool}-spares"
 
 
 def _tag(task: dict[str, Any], name: str) -> str | None:
