@@ -77,6 +77,7 @@ RECONCILE_DEAD_LETTERING_STRANDED = "ReconcileDeadLetteringStranded"
 RECONCILE_LEADERLESS_REDECLARED = "ReconcileLeaderlessRedeclared"
 RECONCILE_LEADERLESS_WAITING = "ReconcileLeaderlessWaiting"
 RECONCILE_DEPTHS_SKIPPED = "ReconcileDepthsSkipped"
+RECONCILE_SPARES_STARTED = "ReconcileSparesStarted"  # warm spare tasks started (ECS driver)
 
 # control.scheduled.ScheduledOutcome
 SCHEDULED_RECORDS = "ScheduledRecords"
@@ -141,6 +142,7 @@ EMITTED: frozenset[str] = frozenset({
     RECONCILE_LEADERLESS_REDECLARED,
     RECONCILE_LEADERLESS_WAITING,
     RECONCILE_DEPTHS_SKIPPED,
+    RECONCILE_SPARES_STARTED,
     SCHEDULED_RECORDS,
     SCHEDULED_PUBLISHED,
     SCHEDULED_WITHOUT_POOL,
