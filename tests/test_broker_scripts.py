@@ -55,5 +55,5 @@ def test_the_single_brokers_script_finds_its_own_node_beside_the_cluster() -> No
         subprocess.run([str(ROOT / "scripts/rabbitmq4.sh"), "restart"], check=True, capture_output=True,
                        timeout=180)
         single = _listener(port)
-        assert single is not None and single > max(nodes), (single, nodes)
+        assert single is not None, nodes  # (not "a larger pid": pids wrap, as the final trial's did)
     assert _node_pid() == str(single), (single, nodes)
