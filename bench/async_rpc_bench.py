@@ -35,7 +35,7 @@ import aio_pika  # noqa: E402
 from aio_pika.patterns import RPC  # noqa: E402
 
 from bench.plain_pika import connect  # noqa: E402
-from bench.rpc_bench import load, wait_consumers  # noqa: E402
+from bench.rpc_bench import clean_up, load, wait_consumers  # noqa: E402
 from switchyard.core.latency import LatencySummary  # noqa: E402
 from switchyard.rpc import AsyncRpcClient, protocol  # noqa: E402
 from switchyard.rpc.control.topology import PoolTopology  # noqa: E402
@@ -188,15 +188,7 @@ def run_all(args: argparse.Namespace, settings: RpcSettings, pool: str,
         return {mode: asyncio.run(run_mode(mode, args, settings, pool, url, method))
                 for mode in args.modes.split(",")}
     finally:
-        for worker in workers:
-            worker.terminate()
-        for worker in workers:
-            worker.wait(20)
-        with PoolTopology(pool, settings) as topology:
-            topology.delete(force=True)
-        connection = connect(url)
-        connection.channel().queue_delete(method)
-        connection.close()
+        clean_up(workers, settings, pool, url, method)
 
 
 def main() -> int:

@@ -181,16 +181,21 @@ def run_all(args: argparse.Namespace, settings: RpcSettings, pool: str, url: str
         summary = {mode: run_mode(mode, args, settings, pool, url, plain_queue)
                    for mode in args.modes.split(",")}
     finally:
-        for worker in workers:
-            worker.terminate()
-        for worker in workers:
-            worker.wait(20)
-        with PoolTopology(pool, settings) as topology:
-            topology.delete(force=True)
-        connection = connect(url)
-        connection.channel().queue_delete(plain_queue)
-        connection.close()
+        clean_up(workers, settings, pool, url, plain_queue)
     return summary
+
+
+def clean_up(workers: list[subprocess.Popen], settings: RpcSettings, pool: str, url: str, queue: str) -> None:
+    """Stop the run's workers, delete its pool and the baseline's queue (both benches' ``finally``)."""
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.wait(20)
+    with PoolTopology(pool, settings) as topology:
+        topology.delete(force=True)
+    connection = connect(url)
+    connection.channel().queue_delete(queue)
+    connection.close()
 
 
 def run_mode(mode: str, args: argparse.Namespace, settings: RpcSettings, pool: str, url: str,
